@@ -1,0 +1,1 @@
+//! Wire types of amp's JSONL stream.

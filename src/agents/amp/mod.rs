@@ -1,0 +1,4 @@
+//! Amp: how to run `amp -x --stream-json`, and its events.
+
+pub mod events;
+pub mod translate;

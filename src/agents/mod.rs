@@ -1,0 +1,180 @@
+//! The coding-agent CLIs we drive: what each one needs to run, and the contract of its translator.
+//!
+//! Every agent lives in its own folder (`amp/`, `opencode/`) with its wire types (`events.rs`), its pure
+//! translation to ACP (`translate.rs`) and its command line (`mod.rs`). Adding an agent means adding a folder
+//! and one arm to [`AgentKind`].
+
+pub mod amp;
+pub mod opencode;
+
+use std::path::{Path, PathBuf};
+
+use agent_client_protocol::v1::schema::SessionUpdate;
+use serde::Serialize;
+
+/// Which CLI a session runs. Persisted with the session, so it never changes for one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentKind {
+    /// Sourcegraph's Amp (`amp -x --stream-json`).
+    Amp,
+    /// OpenCode (`opencode run --format json`).
+    #[value(name = "opencode")]
+    OpenCode,
+}
+
+impl AgentKind {
+    /// The stable lower-case name used in the store, on the command line and in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentKind::Amp => "amp",
+            AgentKind::OpenCode => "opencode",
+        }
+    }
+
+    /// Parses the name written by [`AgentKind::as_str`].
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "amp" => Some(AgentKind::Amp),
+            "opencode" => Some(AgentKind::OpenCode),
+            _ => None,
+        }
+    }
+
+    /// The name users know the agent by, for titles and messages.
+    pub fn display_name(self) -> &'static str {
+        match self {
+            AgentKind::Amp => "Amp",
+            AgentKind::OpenCode => "OpenCode",
+        }
+    }
+
+    /// A fresh translator for one turn of this agent.
+    pub fn translator(self, context: TranslateContext) -> Box<dyn Translator> {
+        match self {
+            AgentKind::Amp => Box::new(amp::translate::AmpTranslator::new(context)),
+            AgentKind::OpenCode => Box::new(opencode::translate::OpenCodeTranslator::new(context)),
+        }
+    }
+}
+
+impl std::fmt::Display for AgentKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a translator needs to know about the turn it translates. Plain data, so translation stays pure.
+#[derive(Clone, Debug)]
+pub struct TranslateContext {
+    /// The editor's workspace: every path shown to the editor is absolute and under this root when the CLI
+    /// worked inside its own workspace.
+    pub workspace: PathBuf,
+    /// Where the workspace appears to the CLI. Equal to `workspace` for the local sandbox; a remote
+    /// sandbox mounts it elsewhere, and paths the CLI reports are rewritten from here to `workspace`.
+    pub agent_workspace: PathBuf,
+    /// The client advertised `clientCapabilities._meta.terminal_output`: shell output goes through Zed's
+    /// display-only terminal `_meta` extension instead of a fenced block.
+    pub terminal_output: bool,
+    /// Context window of the model in use, in tokens, for `usage_update.size`.
+    pub context_window: u64,
+}
+
+impl TranslateContext {
+    /// Maps a path the CLI reported (absolute in its view, or relative to its workspace) to an absolute
+    /// path in the editor's workspace.
+    pub fn editor_path(&self, reported: &str) -> PathBuf {
+        let path = Path::new(reported);
+        if path.is_absolute() {
+            match path.strip_prefix(&self.agent_workspace) {
+                Ok(rest) => self.workspace.join(rest),
+                Err(_) => path.to_path_buf(),
+            }
+        } else {
+            self.workspace.join(path)
+        }
+    }
+
+    /// A path for a human title: relative to the workspace when it is inside it, else absolute.
+    pub fn display_path(&self, reported: &str) -> String {
+        let absolute = self.editor_path(reported);
+        match absolute.strip_prefix(&self.workspace) {
+            Ok(rest) if !rest.as_os_str().is_empty() => rest.display().to_string(),
+            _ => absolute.display().to_string(),
+        }
+    }
+}
+
+/// How a turn ended, as far as the CLI's own output says. The session decides the final answer from this,
+/// the exit status and whether the user cancelled.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TurnEnd {
+    /// The agent finished normally.
+    EndTurn,
+    /// The model hit its output-length limit.
+    MaxTokens,
+    /// The agent hit its own limit of model requests.
+    MaxTurnRequests,
+    /// The provider's content filter refused.
+    Refusal,
+    /// The CLI reports that the user cancelled (e.g. Amp's "User cancelled (SIGINT/SIGTERM)").
+    Cancelled,
+    /// The provider rejected the credentials: answered as ACP `auth_required` (-32000) with these words.
+    AuthRequired {
+        /// The CLI's own message.
+        message: String,
+    },
+    /// Any other failure the CLI reported, in its own words.
+    Error {
+        /// The CLI's own message.
+        message: String,
+    },
+}
+
+/// One thing a translator learned from a CLI line.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "output", rename_all = "snake_case")]
+pub enum Output {
+    /// An ACP update to persist and send to the editor, in order.
+    Update(SessionUpdate),
+    /// The CLI's own conversation id (OpenCode `ses_…`, Amp `T-…`): persisted so the next turn continues it.
+    NativeSessionId {
+        /// The id as the CLI prints it.
+        id: String,
+    },
+    /// The CLI said how the turn ends. More output may follow (e.g. OpenCode prints nothing after an
+    /// error, Amp exits after its result line); the last one wins.
+    End(TurnEnd),
+    /// A line that was not a known event: kept for logs and error messages, never shown as agent output.
+    Unparsed {
+        /// The line, truncated to a sane length.
+        line: String,
+    },
+}
+
+/// Turns one CLI's stdout, line by line, into ACP updates. Implementations are pure: no I/O, no clock,
+/// no randomness, so a recorded stream always yields the same updates (the golden tests rely on it).
+pub trait Translator: Send {
+    /// Translates one stdout line (without its newline).
+    fn line(&mut self, line: &str) -> Vec<Output>;
+
+    /// The CLI's stdout is closed: closes whatever is still open (e.g. a tool call that never got its
+    /// result is reported failed), so the editor never shows a spinner forever.
+    fn finish(&mut self) -> Vec<Output>;
+}
+
+/// Runs every line of a recorded stream through a fresh translator, then finishes it. Used by the golden
+/// tests and the benchmarks; the session feeds lines one at a time as they arrive.
+pub fn translate_all(kind: AgentKind, context: TranslateContext, stream: &str) -> Vec<Output> {
+    let mut translator = kind.translator(context);
+    let mut outputs = Vec::new();
+    for line in stream.lines() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        outputs.extend(translator.line(line));
+    }
+    outputs.extend(translator.finish());
+    outputs
+}

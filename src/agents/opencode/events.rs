@@ -1,0 +1,1 @@
+//! Wire types of opencode's JSONL stream.
