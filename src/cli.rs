@@ -34,22 +34,10 @@ struct Cli {
 #[derive(Args, Debug)]
 struct Settings {
     /// The agent CLI that new sessions run.
-    #[arg(
-        long,
-        global = true,
-        env = "ACP_SANDBOX_AGENT",
-        value_enum,
-        default_value = "opencode"
-    )]
+    #[arg(long, global = true, env = "ACP_SANDBOX_AGENT", value_enum, default_value = "opencode")]
     agent: AgentKind,
     /// Where CLIs run: bubblewrap when available (auto), bubblewrap or fail (bwrap), or no sandbox (none).
-    #[arg(
-        long,
-        global = true,
-        env = "ACP_SANDBOX_SANDBOX",
-        value_enum,
-        default_value = "auto"
-    )]
+    #[arg(long, global = true, env = "ACP_SANDBOX_SANDBOX", value_enum, default_value = "auto")]
     sandbox: SandboxChoice,
     /// Sessions, logs and installed CLIs live here [default: the platform data dir].
     #[arg(long, global = true, env = "ACP_SANDBOX_DATA_DIR")]
@@ -64,36 +52,16 @@ struct Settings {
     #[arg(long, global = true, env = "ACP_SANDBOX_AMP_BIN")]
     amp_bin: Option<PathBuf>,
     /// End a turn whose CLI prints nothing for this many seconds.
-    #[arg(
-        long,
-        global = true,
-        env = "ACP_SANDBOX_IDLE_TIMEOUT",
-        default_value_t = 900
-    )]
+    #[arg(long, global = true, env = "ACP_SANDBOX_IDLE_TIMEOUT", default_value_t = 900)]
     idle_timeout: u64,
     /// At most this many updates are replayed when the editor reopens a session.
-    #[arg(
-        long,
-        global = true,
-        env = "ACP_SANDBOX_REPLAY_LIMIT",
-        default_value_t = 5000
-    )]
+    #[arg(long, global = true, env = "ACP_SANDBOX_REPLAY_LIMIT", default_value_t = 5000)]
     replay_limit: usize,
     /// Context window (tokens) shown in the editor's usage meter.
-    #[arg(
-        long,
-        global = true,
-        env = "ACP_SANDBOX_CONTEXT_WINDOW",
-        default_value_t = 200_000
-    )]
+    #[arg(long, global = true, env = "ACP_SANDBOX_CONTEXT_WINDOW", default_value_t = 200_000)]
     context_window: u64,
     /// Amp modes offered in the editor (comma-separated; the first is the default).
-    #[arg(
-        long,
-        global = true,
-        env = "ACP_SANDBOX_AMP_MODES",
-        value_delimiter = ','
-    )]
+    #[arg(long, global = true, env = "ACP_SANDBOX_AMP_MODES", value_delimiter = ',')]
     amp_modes: Vec<String>,
 }
 
@@ -143,10 +111,7 @@ enum SessionsCommand {
 
 impl Settings {
     fn config(&self) -> Config {
-        let data_dir = self
-            .data_dir
-            .clone()
-            .unwrap_or_else(Config::default_data_dir);
+        let data_dir = self.data_dir.clone().unwrap_or_else(Config::default_data_dir);
         let mut config = Config::new(self.agent, data_dir);
         config.sandbox = self.sandbox;
         config.model = self.model.clone();
@@ -155,12 +120,8 @@ impl Settings {
         config.idle_timeout = Duration::from_secs(self.idle_timeout.max(1));
         config.replay_limit = self.replay_limit;
         config.context_window = self.context_window;
-        let modes: Vec<String> = self
-            .amp_modes
-            .iter()
-            .map(|m| m.trim().to_string())
-            .filter(|m| !m.is_empty())
-            .collect();
+        let modes: Vec<String> =
+            self.amp_modes.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
         if !modes.is_empty() {
             config.amp_modes = modes;
         }
@@ -176,19 +137,12 @@ pub fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let config = cli.settings.config();
     let quiet = !matches!(cli.command, None | Some(Command::Serve));
-    let _guard =
-        acp_sandbox::logging::init(&config.log_path(), if quiet { "warn" } else { "info" });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let _guard = acp_sandbox::logging::init(&config.log_path(), if quiet { "warn" } else { "info" });
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         match cli.command {
             None | Some(Command::Serve) => serve(config).await,
-            Some(Command::Prompt {
-                text,
-                json,
-                session,
-            }) => prompt(config, text, json, session).await,
+            Some(Command::Prompt { text, json, session }) => prompt(config, text, json, session).await,
             Some(Command::Sessions { command }) => sessions(config, command).await,
             Some(Command::Doctor) => doctor(config),
         }
@@ -204,9 +158,7 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     );
     let bridge = Arc::new(Bridge::open(config).context("cannot start")?);
     tracing::info!("sandbox: {}", bridge.isolation().describe());
-    acp_sandbox::server::serve(bridge)
-        .await
-        .map_err(|e| anyhow::anyhow!("ACP connection failed: {e}"))?;
+    acp_sandbox::server::serve(bridge).await.map_err(|e| anyhow::anyhow!("ACP connection failed: {e}"))?;
     tracing::info!("the editor closed the connection; exiting");
     Ok(ExitCode::SUCCESS)
 }
@@ -246,8 +198,7 @@ impl UpdateSink for PrintSink {
                     let mut out = std::io::stdout().lock();
                     let _ = write!(out, "{}", text.text);
                     let _ = out.flush();
-                    *self.at_line_start.lock().unwrap_or_else(|p| p.into_inner()) =
-                        text.text.ends_with('\n');
+                    *self.at_line_start.lock().unwrap_or_else(|p| p.into_inner()) = text.text.ends_with('\n');
                 }
             }
             SessionUpdate::AgentThoughtChunk(chunk) => {
@@ -280,9 +231,7 @@ impl UpdateSink for PrintSink {
                                 .map(str::to_string),
                             _ => None,
                         },
-                        ToolCallContent::Diff(diff) => {
-                            Some(format!("diff of {}", diff.path.display()))
-                        }
+                        ToolCallContent::Diff(diff) => Some(format!("diff of {}", diff.path.display())),
                         _ => None,
                     })
                     .map(|d| format!(": {d}"))
@@ -318,21 +267,14 @@ impl LowercaseKind for String {
     }
 }
 
-async fn prompt(
-    config: Config,
-    text: Option<String>,
-    json: bool,
-    session: Option<String>,
-) -> anyhow::Result<ExitCode> {
+async fn prompt(config: Config, text: Option<String>, json: bool, session: Option<String>) -> anyhow::Result<ExitCode> {
     let text = match text.as_deref() {
         Some("-") | None => {
             if std::io::stdin().is_terminal() {
                 eprintln!("Type the prompt, then Ctrl-D:");
             }
             let mut buffer = String::new();
-            std::io::stdin()
-                .read_to_string(&mut buffer)
-                .context("reading the prompt from stdin")?;
+            std::io::stdin().read_to_string(&mut buffer).context("reading the prompt from stdin")?;
             buffer
         }
         Some(text) => text.to_string(),
@@ -340,23 +282,15 @@ async fn prompt(
     let bridge = Arc::new(Bridge::open(config).context("cannot start")?);
     let session_id = match session {
         Some(id) => {
-            bridge
-                .resume_session(&id)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            bridge.resume_session(&id).map_err(|e| anyhow::anyhow!("{e}"))?;
             id
         }
         None => {
             let cwd = std::env::current_dir()?;
-            bridge
-                .new_session(&cwd)
-                .map_err(|e| anyhow::anyhow!("{e}"))?
-                .0
+            bridge.new_session(&cwd).map_err(|e| anyhow::anyhow!("{e}"))?.0
         }
     };
-    let sink = Arc::new(PrintSink {
-        json,
-        at_line_start: Mutex::new(true),
-    });
+    let sink = Arc::new(PrintSink { json, at_line_start: Mutex::new(true) });
     let cancel_bridge = bridge.clone();
     let cancel_id = session_id.clone();
     tokio::spawn(async move {
@@ -365,9 +299,7 @@ async fn prompt(
             cancel_bridge.cancel(&cancel_id);
         }
     });
-    let result = bridge
-        .prompt(&session_id, vec![ContentBlock::from(text)], sink.clone())
-        .await;
+    let result = bridge.prompt(&session_id, vec![ContentBlock::from(text)], sink.clone()).await;
     if !*sink.at_line_start.lock().unwrap_or_else(|p| p.into_inner()) {
         println!();
     }
@@ -386,17 +318,10 @@ async fn prompt(
 }
 
 async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<ExitCode> {
-    let bridge = Bridge::open(Config {
-        sandbox: SandboxChoice::None,
-        ..config
-    })
-    .context("cannot open the store")?;
+    let bridge = Bridge::open(Config { sandbox: SandboxChoice::None, ..config }).context("cannot open the store")?;
     match command {
         SessionsCommand::List { cwd } => {
-            let records =
-                bridge
-                    .store()
-                    .list_sessions(cwd.as_ref().and_then(|c| c.to_str()), None, 1000)?;
+            let records = bridge.store().list_sessions(cwd.as_ref().and_then(|c| c.to_str()), None, 1000)?;
             if records.is_empty() {
                 eprintln!("no sessions");
             }
@@ -418,35 +343,22 @@ async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<Ex
             };
             println!("session     {}", record.id);
             println!("agent       {}", record.agent);
-            println!(
-                "title       {}",
-                record.title.as_deref().unwrap_or("(untitled)")
-            );
+            println!("title       {}", record.title.as_deref().unwrap_or("(untitled)"));
             println!("workspace   {}", record.cwd);
             println!(
                 "sandbox     {} {}",
                 record.sandbox_provider,
                 record.sandbox_id.as_deref().unwrap_or("(not created yet)")
             );
-            println!(
-                "cli session {}",
-                record.native_id.as_deref().unwrap_or("(none yet)")
-            );
+            println!("cli session {}", record.native_id.as_deref().unwrap_or("(none yet)"));
             println!("config      {}", record.config);
             println!("created     {}", rfc3339(record.created_at));
             println!("updated     {}", rfc3339(record.updated_at));
             let history = bridge.store().history(&id, usize::MAX)?;
             for (turn, events) in history.turns {
                 let outcome = turn.stop_reason.or(turn.error).unwrap_or_default();
-                println!(
-                    "\nturn {} at {}: {:?} {}",
-                    turn.id,
-                    rfc3339(turn.started_at),
-                    turn.status,
-                    outcome
-                );
-                let prompt: Vec<ContentBlock> =
-                    serde_json::from_value(turn.prompt).unwrap_or_default();
+                println!("\nturn {} at {}: {:?} {}", turn.id, rfc3339(turn.started_at), turn.status, outcome);
+                let prompt: Vec<ContentBlock> = serde_json::from_value(turn.prompt).unwrap_or_default();
                 for block in prompt {
                     if let ContentBlock::Text(text) = block {
                         println!("  > {}", text.text.replace('\n', "\n  > "));
@@ -456,10 +368,7 @@ async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<Ex
             }
         }
         SessionsCommand::Rm { id } => {
-            bridge
-                .delete_session(&id)
-                .await
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            bridge.delete_session(&id).await.map_err(|e| anyhow::anyhow!("{e}"))?;
             eprintln!("deleted {id}");
         }
     }
@@ -474,23 +383,13 @@ fn doctor(config: Config) -> anyhow::Result<ExitCode> {
     for agent in [AgentKind::OpenCode, AgentKind::Amp] {
         let package = agent.package();
         let found = if let Some(path) = config.bin_override(agent) {
-            format!(
-                "{} (from ACP_SANDBOX_{}_BIN)",
-                path.display(),
-                agent.as_str().to_uppercase()
-            )
+            format!("{} (from ACP_SANDBOX_{}_BIN)", path.display(), agent.as_str().to_uppercase())
         } else if let Ok(path) = which::which(package.bin) {
             format!("{} (on PATH)", path.display())
         } else if package.executable(&config.tools_dir()).exists() {
-            format!(
-                "{} (installed by acp-sandbox)",
-                package.executable(&config.tools_dir()).display()
-            )
+            format!("{} (installed by acp-sandbox)", package.executable(&config.tools_dir()).display())
         } else if which::which("npm").is_ok() {
-            format!(
-                "not installed: {}@{} will be installed from npm on first use",
-                package.name, package.version
-            )
+            format!("not installed: {}@{} will be installed from npm on first use", package.name, package.version)
         } else {
             "NOT FOUND, and npm is missing to install it".to_string()
         };
@@ -498,21 +397,14 @@ fn doctor(config: Config) -> anyhow::Result<ExitCode> {
         if let Some(variable) = agent.required_credential() {
             let state = match std::env::var(variable) {
                 Ok(value) if !value.trim().is_empty() => "set".to_string(),
-                _ => format!(
-                    "MISSING: {} will refuse to run until {variable} is set",
-                    agent.display_name()
-                ),
+                _ => format!("MISSING: {} will refuse to run until {variable} is set", agent.display_name()),
             };
             println!("{:<10}  {variable}: {state}", "");
         }
     }
     println!();
     match Isolation::resolve(config.sandbox) {
-        Ok(isolation) => println!(
-            "sandbox     {} (--sandbox {})",
-            isolation.describe(),
-            config.sandbox.as_str()
-        ),
+        Ok(isolation) => println!("sandbox     {} (--sandbox {})", isolation.describe(), config.sandbox.as_str()),
         Err(e) => println!("sandbox     ERROR: {e}"),
     }
     if let Err(why) = probe_bwrap() {
@@ -520,14 +412,8 @@ fn doctor(config: Config) -> anyhow::Result<ExitCode> {
     }
     match acp_sandbox::store::Store::open(&config.database_path()) {
         Ok(store) => {
-            let count = store
-                .list_sessions(None, None, 100_000)
-                .map(|s| s.len())
-                .unwrap_or(0);
-            println!(
-                "store       {} ({count} sessions)",
-                config.database_path().display()
-            );
+            let count = store.list_sessions(None, None, 100_000).map(|s| s.len()).unwrap_or(0);
+            println!("store       {} ({count} sessions)", config.database_path().display());
         }
         Err(e) => println!("store       ERROR: {e}"),
     }

@@ -74,9 +74,7 @@ impl Config {
             idle_timeout: Duration::from_secs(600),
             replay_limit: 5000,
             context_window: 200_000,
-            amp_modes: ["medium", "low", "high", "ultra"]
-                .map(String::from)
-                .to_vec(),
+            amp_modes: ["medium", "low", "high", "ultra"].map(String::from).to_vec(),
             opencode_models: Vec::new(),
         }
     }
@@ -118,8 +116,7 @@ pub fn opencode_models_from(config_dir: &std::path::Path) -> Vec<String> {
         let Ok(text) = std::fs::read_to_string(config_dir.join("opencode").join(name)) else {
             continue;
         };
-        let Ok(value) = serde_json::from_str::<serde_json::Value>(&strip_line_comments(&text))
-        else {
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&strip_line_comments(&text)) else {
             continue;
         };
         for key in ["model", "small_model"] {
@@ -181,10 +178,7 @@ mod tests {
             "{ // comment\n \"model\": \"a/b\", \"provider\": {\"fake\": {\"models\": {\"m1\": {}, \"m2\": {}}}}}",
         )
         .unwrap();
-        assert_eq!(
-            opencode_models_from(dir.path()),
-            ["a/b", "fake/m1", "fake/m2"]
-        );
+        assert_eq!(opencode_models_from(dir.path()), ["a/b", "fake/m1", "fake/m2"]);
         assert!(opencode_models_from(&dir.path().join("missing")).is_empty());
     }
 }

@@ -76,27 +76,15 @@ pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
     let message = error.to_string();
     match error {
         Error::SessionNotFound(id) => {
-            agent_client_protocol::Error::new(ErrorCode::RESOURCE_NOT_FOUND, message)
-                .data(json!({ "sessionId": id }))
+            agent_client_protocol::Error::new(ErrorCode::RESOURCE_NOT_FOUND, message).data(json!({ "sessionId": id }))
         }
         Error::MissingCredential { variable, .. } => {
-            agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message)
-                .data(json!({ "variable": variable }))
+            agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message).data(json!({ "variable": variable }))
         }
-        Error::AuthRejected(_) => {
-            agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message)
-        }
-        Error::TurnInProgress => {
-            agent_client_protocol::Error::new(ErrorCode::INVALID_REQUEST, message)
-        }
-        Error::InvalidParams(_) => {
-            agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message)
-        }
-        Error::CliFailed {
-            stderr_tail,
-            exit_code,
-            ..
-        } => {
+        Error::AuthRejected(_) => agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message),
+        Error::TurnInProgress => agent_client_protocol::Error::new(ErrorCode::INVALID_REQUEST, message),
+        Error::InvalidParams(_) => agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message),
+        Error::CliFailed { stderr_tail, exit_code, .. } => {
             let shown = if stderr_tail.trim().is_empty() {
                 message
             } else {

@@ -10,12 +10,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// Installs the global subscriber. `default_filter` applies when `RUST_LOG` is unset. Keep the returned
 /// guard alive: it flushes the file on exit.
 pub fn init(log_file: &Path, default_filter: &str) -> Option<WorkerGuard> {
-    let filter =
-        || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let stderr = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_filter(filter());
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(false).with_filter(filter());
     let file = log_file.parent().and_then(|dir| {
         std::fs::create_dir_all(dir).ok()?;
         let name = log_file.file_name()?;
@@ -24,14 +20,9 @@ pub fn init(log_file: &Path, default_filter: &str) -> Option<WorkerGuard> {
     });
     match file {
         Some((writer, guard)) => {
-            let file_layer = tracing_subscriber::fmt::layer()
-                .with_writer(writer)
-                .with_ansi(false)
-                .with_filter(filter());
-            let _ = tracing_subscriber::registry()
-                .with(stderr)
-                .with(file_layer)
-                .try_init();
+            let file_layer =
+                tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(false).with_filter(filter());
+            let _ = tracing_subscriber::registry().with(stderr).with(file_layer).try_init();
             Some(guard)
         }
         None => {

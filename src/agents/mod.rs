@@ -30,9 +30,7 @@ pub struct TurnRequest<'a> {
 }
 
 /// Which CLI a session runs. Persisted with the session, so it never changes for one.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentKind {
     /// Sourcegraph's Amp (`amp -x --stream-json`).

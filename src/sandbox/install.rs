@@ -32,10 +32,7 @@ impl NpmPackage {
 
     /// The executable once installed.
     pub fn executable(&self, tools_dir: &Path) -> PathBuf {
-        self.dir(tools_dir)
-            .join("node_modules")
-            .join(".bin")
-            .join(self.bin)
+        self.dir(tools_dir).join("node_modules").join(".bin").join(self.bin)
     }
 }
 
@@ -50,11 +47,7 @@ pub async fn install(package: NpmPackage, tools_dir: &Path) -> Result<PathBuf, S
         message: "npm is not installed; install Node.js and npm, or put the CLI on PATH".into(),
     })?;
     let target = package.dir(tools_dir);
-    let staging = tools_dir.join(format!(
-        ".staging-{}-{}",
-        std::process::id(),
-        uuid::Uuid::new_v4()
-    ));
+    let staging = tools_dir.join(format!(".staging-{}-{}", std::process::id(), uuid::Uuid::new_v4()));
     tokio::fs::create_dir_all(&staging)
         .await
         .map_err(|e| SandboxError::io(format!("create {}", staging.display()), e))?;
@@ -62,38 +55,20 @@ pub async fn install(package: NpmPackage, tools_dir: &Path) -> Result<PathBuf, S
     tracing::info!(package = %spec, into = %target.display(), "installing CLI from npm");
     // npm runs with the bridge's own environment: it needs the user's proxy and CA settings.
     let output = Command::new(&npm)
-        .args([
-            "install",
-            "--no-audit",
-            "--no-fund",
-            "--loglevel",
-            "error",
-            "--prefix",
-        ])
+        .args(["install", "--no-audit", "--no-fund", "--loglevel", "error", "--prefix"])
         .arg(&staging)
         .arg(&spec)
         .stdin(Stdio::null())
         .output()
         .await
-        .map_err(|source| SandboxError::Spawn {
-            program: npm.display().to_string(),
-            source,
-        })?;
+        .map_err(|source| SandboxError::Spawn { program: npm.display().to_string(), source })?;
     if !output.status.success() {
         let _ = tokio::fs::remove_dir_all(&staging).await;
-        return Err(SandboxError::Install {
-            package: spec,
-            message: tail(&output.stderr),
-        });
+        return Err(SandboxError::Install { package: spec, message: tail(&output.stderr) });
     }
-    let staged_bin = package
-        .executable(&staging)
-        .parent()
-        .map(|bin| bin.join(package.bin));
-    let runs = |path: &Option<PathBuf>| {
-        path.as_ref()
-            .is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 1024))
-    };
+    let staged_bin = package.executable(&staging).parent().map(|bin| bin.join(package.bin));
+    let runs =
+        |path: &Option<PathBuf>| path.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 1024));
     if !runs(&staged_bin)
         && let Some(script) = package.postinstall
     {
@@ -113,10 +88,7 @@ pub async fn install(package: NpmPackage, tools_dir: &Path) -> Result<PathBuf, S
             let _ = tokio::fs::remove_dir_all(&staging).await;
         }
         Err(e) => {
-            return Err(SandboxError::io(
-                format!("move {} into place", target.display()),
-                e,
-            ));
+            return Err(SandboxError::io(format!("move {} into place", target.display()), e));
         }
     }
     if executable.exists() {

@@ -17,10 +17,7 @@ use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
-use super::{
-    ExecSpec, ExitInfo, ProcessHandle, RunningProcess, Sandbox, SandboxError, SandboxProvider,
-    SandboxSpec,
-};
+use super::{ExecSpec, ExitInfo, ProcessHandle, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec};
 use crate::config::SandboxChoice;
 
 /// How the local provider isolates commands.
@@ -39,9 +36,7 @@ impl Isolation {
             SandboxChoice::None => Ok(Isolation::None("--sandbox none was given".into())),
             SandboxChoice::Bwrap => match probe_bwrap() {
                 Ok(path) => Ok(Isolation::Bwrap(path)),
-                Err(why) => Err(SandboxError::Unavailable(format!(
-                    "--sandbox bwrap cannot work here: {why}"
-                ))),
+                Err(why) => Err(SandboxError::Unavailable(format!("--sandbox bwrap cannot work here: {why}"))),
             },
             SandboxChoice::Auto => Ok(match probe_bwrap() {
                 Ok(path) => Isolation::Bwrap(path),
@@ -67,19 +62,9 @@ pub fn probe_bwrap() -> Result<PathBuf, String> {
     static PROBE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     PROBE
         .get_or_init(|| {
-            let path = which::which("bwrap")
-                .map_err(|_| "bubblewrap (bwrap) is not installed".to_string())?;
+            let path = which::which("bwrap").map_err(|_| "bubblewrap (bwrap) is not installed".to_string())?;
             let output = std::process::Command::new(&path)
-                .args([
-                    "--ro-bind",
-                    "/",
-                    "/",
-                    "--dev",
-                    "/dev",
-                    "--proc",
-                    "/proc",
-                    "--unshare-pid",
-                ])
+                .args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid"])
                 .args(["--die-with-parent", "--", "true"])
                 .stdin(Stdio::null())
                 .output()
@@ -88,10 +73,7 @@ pub fn probe_bwrap() -> Result<PathBuf, String> {
                 Ok(path)
             } else {
                 let stderr = String::from_utf8_lossy(&output.stderr);
-                Err(format!(
-                    "bubblewrap cannot create namespaces here: {}",
-                    stderr.trim()
-                ))
+                Err(format!("bubblewrap cannot create namespaces here: {}", stderr.trim()))
             }
         })
         .clone()
@@ -106,10 +88,7 @@ pub struct LocalProvider {
 impl LocalProvider {
     /// A provider keeping state dirs under `sessions_dir`.
     pub fn new(sessions_dir: PathBuf, isolation: Isolation) -> Self {
-        Self {
-            sessions_dir,
-            isolation,
-        }
+        Self { sessions_dir, isolation }
     }
 
     /// How commands are isolated.
@@ -139,11 +118,7 @@ impl SandboxProvider for LocalProvider {
         Ok(dir.display().to_string())
     }
 
-    async fn connect(
-        &self,
-        id: &str,
-        spec: &SandboxSpec,
-    ) -> Result<Option<Arc<dyn Sandbox>>, SandboxError> {
+    async fn connect(&self, id: &str, spec: &SandboxSpec) -> Result<Option<Arc<dyn Sandbox>>, SandboxError> {
         let state_dir = PathBuf::from(id);
         if !state_dir.join("home").is_dir() {
             return Ok(None);
@@ -186,35 +161,15 @@ impl LocalSandbox {
     pub fn bwrap_args(&self, spec: &ExecSpec) -> Vec<String> {
         let mut args: Vec<String> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(|s| s.to_string()));
-        push(&[
-            "--die-with-parent",
-            "--new-session",
-            "--unshare-pid",
-            "--unshare-ipc",
-            "--unshare-uts",
-        ]);
+        push(&["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]);
         // /tmp must be mounted before the binds: the workspace or the state dir may live under /tmp.
-        push(&[
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "--tmpfs",
-            "/tmp",
-        ]);
+        push(&["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]);
         for dir in [&self.state_dir, &self.workspace] {
             let dir = dir.display().to_string();
             push(&["--bind", &dir, &dir]);
         }
         for (host, target) in &spec.read_only {
-            push(&[
-                "--ro-bind-try",
-                &host.display().to_string(),
-                &target.display().to_string(),
-            ]);
+            push(&["--ro-bind-try", &host.display().to_string(), &target.display().to_string()]);
         }
         push(&["--chdir", &spec.cwd.display().to_string(), "--"]);
         args.push(spec.program.display().to_string());
@@ -269,19 +224,13 @@ impl Sandbox for LocalSandbox {
             .process_group(0)
             .kill_on_drop(true);
         let program = spec.program.display().to_string();
-        let mut child = command.spawn().map_err(|source| SandboxError::Spawn {
-            program: program.clone(),
-            source,
-        })?;
+        let mut child = command.spawn().map_err(|source| SandboxError::Spawn { program: program.clone(), source })?;
         let pid = child.id();
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
         let (Some(mut stdin), Some(stdout), Some(stderr)) = (stdin, stdout, stderr) else {
-            return Err(SandboxError::Spawn {
-                program,
-                source: std::io::Error::other("missing stdio pipes"),
-            });
+            return Err(SandboxError::Spawn { program, source: std::io::Error::other("missing stdio pipes") });
         };
         let input = spec.stdin;
         // Written from a task: a prompt larger than the pipe buffer must not block reading stdout.
@@ -293,11 +242,7 @@ impl Sandbox for LocalSandbox {
         Ok(RunningProcess {
             stdout: Box::pin(stdout),
             stderr: Box::pin(stderr),
-            handle: Box::new(LocalProcess {
-                child,
-                pid,
-                exited: None,
-            }),
+            handle: Box::new(LocalProcess { child, pid, exited: None }),
         })
     }
 }
@@ -324,16 +269,9 @@ impl ProcessHandle for LocalProcess {
         if let Some(exit) = self.exited {
             return Ok(exit);
         }
-        let status = self
-            .child
-            .wait()
-            .await
-            .map_err(|e| SandboxError::io("wait for the CLI", e))?;
+        let status = self.child.wait().await.map_err(|e| SandboxError::io("wait for the CLI", e))?;
         use std::os::unix::process::ExitStatusExt;
-        let exit = ExitInfo {
-            code: status.code(),
-            signal: status.signal(),
-        };
+        let exit = ExitInfo { code: status.code(), signal: status.signal() };
         self.exited = Some(exit);
         // Whatever the CLI left behind in its process group goes with it.
         if let Some(pid) = self.pid {
@@ -361,10 +299,7 @@ pub fn kill_tree(root: u32) {
     let _ = killpg(Pid::from_raw(root), Signal::SIGSTOP);
     loop {
         let found = descendants(root);
-        let fresh: Vec<i32> = found
-            .into_iter()
-            .filter(|pid| !seen.contains(pid))
-            .collect();
+        let fresh: Vec<i32> = found.into_iter().filter(|pid| !seen.contains(pid)).collect();
         if fresh.is_empty() {
             break;
         }
@@ -388,11 +323,7 @@ fn descendants(root: i32) -> Vec<i32> {
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
     let mut in_group = Vec::new();
     for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<i32>().ok())
-        else {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -403,10 +334,9 @@ fn descendants(root: i32) -> Vec<i32> {
             continue;
         };
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        let (Some(ppid), Some(pgrp)) = (
-            fields.get(1).and_then(|f| f.parse().ok()),
-            fields.get(2).and_then(|f| f.parse::<i32>().ok()),
-        ) else {
+        let (Some(ppid), Some(pgrp)) =
+            (fields.get(1).and_then(|f| f.parse().ok()), fields.get(2).and_then(|f| f.parse::<i32>().ok()))
+        else {
             continue;
         };
         children.entry(ppid).or_default().push(pid);
@@ -442,30 +372,17 @@ mod tests {
             program: "/opt/opencode".into(),
             args: vec!["run".into(), "--format".into(), "json".into()],
             cwd: "/tmp/ws".into(),
-            read_only: vec![(
-                "/home/u/.config/opencode".into(),
-                "/tmp/data/sessions/s1/config/opencode".into(),
-            )],
+            read_only: vec![("/home/u/.config/opencode".into(), "/tmp/data/sessions/s1/config/opencode".into())],
             ..ExecSpec::default()
         };
         let args = sandbox.bwrap_args(&spec).join(" ");
         let tmpfs = args.find("--tmpfs /tmp").unwrap();
         assert!(tmpfs < args.find("--bind /tmp/ws /tmp/ws").unwrap());
-        assert!(
-            tmpfs
-                < args
-                    .find("--bind /tmp/data/sessions/s1 /tmp/data/sessions/s1")
-                    .unwrap()
-        );
+        assert!(tmpfs < args.find("--bind /tmp/data/sessions/s1 /tmp/data/sessions/s1").unwrap());
         assert!(args.contains("--ro-bind / /"));
         assert!(args.contains("--unshare-pid") && args.contains("--die-with-parent"));
-        assert!(
-            !args.contains("--unshare-net"),
-            "the CLI needs its model's API"
-        );
-        assert!(args.contains(
-            "--ro-bind-try /home/u/.config/opencode /tmp/data/sessions/s1/config/opencode"
-        ));
+        assert!(!args.contains("--unshare-net"), "the CLI needs its model's API");
+        assert!(args.contains("--ro-bind-try /home/u/.config/opencode /tmp/data/sessions/s1/config/opencode"));
         assert!(args.ends_with("--chdir /tmp/ws -- /opt/opencode run --format json"));
     }
 
@@ -478,10 +395,7 @@ mod tests {
             workspace: dir.path().into(),
             isolation: Isolation::None("test".into()),
         };
-        let script = format!(
-            "setsid sleep 1000 & echo $! > {}; sleep 1000",
-            pid_file.display()
-        );
+        let script = format!("setsid sleep 1000 & echo $! > {}; sleep 1000", pid_file.display());
         let mut process = sandbox
             .exec(ExecSpec {
                 program: "/bin/sh".into(),
@@ -506,13 +420,8 @@ mod tests {
         // The grandchild is not our child: poll until the kernel has removed it (or it is a zombie).
         let mut alive = true;
         for _ in 0..100 {
-            let state =
-                std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
-            if state.is_empty()
-                || state
-                    .rsplit_once(')')
-                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-            {
+            let state = std::fs::read_to_string(format!("/proc/{grandchild}/stat")).unwrap_or_default();
+            if state.is_empty() || state.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')) {
                 alive = false;
                 break;
             }

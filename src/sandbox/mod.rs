@@ -49,10 +49,7 @@ pub enum SandboxError {
 
 impl SandboxError {
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        SandboxError::Io {
-            what: what.into(),
-            source,
-        }
+        SandboxError::Io { what: what.into(), source }
     }
 }
 
@@ -151,11 +148,7 @@ pub trait SandboxProvider: Send + Sync {
     /// Creates a sandbox for a session and returns its id.
     async fn create(&self, spec: &SandboxSpec) -> Result<String, SandboxError>;
     /// Reconnects to an existing sandbox (resuming it if suspended); `None` when it no longer exists.
-    async fn connect(
-        &self,
-        id: &str,
-        spec: &SandboxSpec,
-    ) -> Result<Option<Arc<dyn Sandbox>>, SandboxError>;
+    async fn connect(&self, id: &str, spec: &SandboxSpec) -> Result<Option<Arc<dyn Sandbox>>, SandboxError>;
     /// Lets the sandbox sleep between turns, where the provider can.
     async fn suspend(&self, id: &str) -> Result<(), SandboxError>;
     /// Frees the sandbox and everything in it. Destroying a missing sandbox succeeds.

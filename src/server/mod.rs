@@ -8,12 +8,11 @@ use std::sync::Arc;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse,
-    DeleteSessionRequest, DeleteSessionResponse, Implementation, InitializeRequest,
-    InitializeResponse, ListSessionsRequest, ListSessionsResponse, LoadSessionRequest,
-    LoadSessionResponse, NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest,
-    PromptResponse, ResumeSessionRequest, ResumeSessionResponse, SessionCapabilities,
-    SessionCloseCapabilities, SessionDeleteCapabilities, SessionInfo, SessionListCapabilities,
+    AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse, DeleteSessionRequest,
+    DeleteSessionResponse, Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest,
+    ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
+    PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
+    SessionCapabilities, SessionCloseCapabilities, SessionDeleteCapabilities, SessionInfo, SessionListCapabilities,
     SessionNotification, SessionResumeCapabilities, SessionUpdate, SetSessionConfigOptionRequest,
     SetSessionConfigOptionResponse,
 };
@@ -38,10 +37,7 @@ impl UpdateSink for ConnectionSink {
     }
 }
 
-fn respond<T>(
-    responder: Responder<T>,
-    result: crate::error::Result<T>,
-) -> Result<(), agent_client_protocol::Error>
+fn respond<T>(responder: Responder<T>, result: crate::error::Result<T>) -> Result<(), agent_client_protocol::Error>
 where
     T: agent_client_protocol::JsonRpcResponse + Send,
 {
@@ -82,12 +78,10 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                                 .delete(SessionDeleteCapabilities::new()),
                         );
                     responder.respond(
-                        InitializeResponse::new(ProtocolVersion::V1)
-                            .agent_capabilities(capabilities)
-                            .agent_info(
-                                Implementation::new("acp-sandbox", env!("CARGO_PKG_VERSION"))
-                                    .title(format!("{} (sandboxed)", agent.display_name())),
-                            ),
+                        InitializeResponse::new(ProtocolVersion::V1).agent_capabilities(capabilities).agent_info(
+                            Implementation::new("acp-sandbox", env!("CARGO_PKG_VERSION"))
+                                .title(format!("{} (sandboxed)", agent.display_name())),
+                        ),
                     )
                 }
             },
@@ -207,8 +201,7 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     let sink: Arc<dyn UpdateSink> = Arc::new(ConnectionSink { connection: cx.clone() });
                     tokio::spawn(async move {
                         let session_id = request.session_id.to_string();
-                        let result =
-                            bridge.prompt(&session_id, request.prompt, sink).await.map(PromptResponse::new);
+                        let result = bridge.prompt(&session_id, request.prompt, sink).await.map(PromptResponse::new);
                         if let Err(e) = respond(responder, result) {
                             tracing::debug!(session = %session_id, "could not answer the prompt: {e}");
                         }

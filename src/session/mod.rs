@@ -88,8 +88,7 @@ impl Bridge {
         if let Isolation::None(why) = &isolation {
             tracing::warn!("CLIs run WITHOUT a sandbox: {why}");
         }
-        let provider: Arc<dyn SandboxProvider> =
-            Arc::new(LocalProvider::new(config.sessions_dir(), isolation.clone()));
+        let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), isolation.clone()));
         Ok(Self {
             config,
             store,
@@ -118,9 +117,7 @@ impl Bridge {
 
     /// Records what the client can render (from `initialize`).
     pub fn set_client_terminal_output(&self, supported: bool) {
-        self.client
-            .terminal_output
-            .store(supported, Ordering::Relaxed);
+        self.client.terminal_output.store(supported, Ordering::Relaxed);
     }
 
     fn live(&self, id: &str) -> Arc<LiveSession> {
@@ -129,18 +126,13 @@ impl Bridge {
     }
 
     fn record(&self, id: &str) -> Result<SessionRecord> {
-        self.store
-            .session(id)?
-            .ok_or_else(|| Error::SessionNotFound(id.to_string()))
+        self.store.session(id)?.ok_or_else(|| Error::SessionNotFound(id.to_string()))
     }
 
     /// Creates a session. The sandbox is prepared on the first prompt, so this answers at once.
     pub fn new_session(&self, cwd: &Path) -> Result<(String, Vec<SessionConfigOption>)> {
         if !cwd.is_absolute() {
-            return Err(Error::InvalidParams(format!(
-                "cwd must be an absolute path, got {}",
-                cwd.display()
-            )));
+            return Err(Error::InvalidParams(format!("cwd must be an absolute path, got {}", cwd.display())));
         }
         let now = now_ms();
         let mut config = json!({});
@@ -171,11 +163,7 @@ impl Bridge {
 
     /// Replays the whole conversation through `sink`, then returns its config options. The next prompt
     /// continues the same CLI conversation.
-    pub fn load_session(
-        &self,
-        id: &str,
-        sink: &dyn UpdateSink,
-    ) -> Result<Vec<SessionConfigOption>> {
+    pub fn load_session(&self, id: &str, sink: &dyn UpdateSink) -> Result<Vec<SessionConfigOption>> {
         let record = self.record(id)?;
         self.store.mark_orphaned_turns(id)?;
         let history = self.store.history(id, self.config.replay_limit)?;
@@ -194,50 +182,31 @@ impl Bridge {
         for (turn, events) in history.turns {
             let blocks: Vec<ContentBlock> = serde_json::from_value(turn.prompt).unwrap_or_default();
             for block in blocks {
-                sink.send(
-                    id,
-                    SessionUpdate::UserMessageChunk(ContentChunk::new(block)),
-                );
+                sink.send(id, SessionUpdate::UserMessageChunk(ContentChunk::new(block)));
             }
             for event in events {
                 match serde_json::from_value::<SessionUpdate>(event) {
                     Ok(update) => sink.send(id, update),
-                    Err(e) => tracing::warn!(
-                        session = id,
-                        "skipping a stored update that no longer parses: {e}"
-                    ),
+                    Err(e) => tracing::warn!(session = id, "skipping a stored update that no longer parses: {e}"),
                 }
             }
             match turn.status {
-                TurnStatus::Interrupted => sink.send(
-                    id,
-                    note("_This turn was interrupted: acp-sandbox stopped before it finished._"),
-                ),
+                TurnStatus::Interrupted => {
+                    sink.send(id, note("_This turn was interrupted: acp-sandbox stopped before it finished._"))
+                }
                 TurnStatus::Failed => {
                     let error = turn.error.unwrap_or_default();
-                    sink.send(
-                        id,
-                        note(&format!("_This turn failed: {}_", first_line(&error))),
-                    )
+                    sink.send(id, note(&format!("_This turn failed: {}_", first_line(&error))))
                 }
-                TurnStatus::Running => {
-                    sink.send(id, note("_This turn is still running in another window._"))
-                }
+                TurnStatus::Running => sink.send(id, note("_This turn is still running in another window._")),
                 TurnStatus::Done => {}
             }
         }
         if let Some(title) = &record.title {
-            sink.send(
-                id,
-                SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title.clone())),
-            );
+            sink.send(id, SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title.clone())));
         }
         self.live(id);
-        Ok(options::config_options(
-            self.agent_of(&record),
-            &record.config,
-            &self.config,
-        ))
+        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config))
     }
 
     /// Reattaches a session without replay.
@@ -245,21 +214,16 @@ impl Bridge {
         let record = self.record(id)?;
         self.store.mark_orphaned_turns(id)?;
         self.live(id);
-        Ok(options::config_options(
-            self.agent_of(&record),
-            &record.config,
-            &self.config,
-        ))
+        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config))
     }
 
     /// Lists sessions, newest first. The cursor is opaque to the client.
     pub fn list_sessions(&self, cwd: Option<&Path>, cursor: Option<&str>) -> Result<SessionPage> {
         let before = match cursor {
             None => None,
-            Some(cursor) => Some(
-                parse_cursor(cursor)
-                    .ok_or_else(|| Error::InvalidParams(format!("invalid cursor: {cursor}")))?,
-            ),
+            Some(cursor) => {
+                Some(parse_cursor(cursor).ok_or_else(|| Error::InvalidParams(format!("invalid cursor: {cursor}")))?)
+            }
         };
         let cwd = cwd.map(|c| c.display().to_string());
         let records = self.store.list_sessions(
@@ -269,11 +233,7 @@ impl Bridge {
         )?;
         let has_more = records.len() > LIST_PAGE;
         let records = &records[..records.len().min(LIST_PAGE)];
-        let next_cursor = if has_more {
-            records.last().map(|r| format!("{}:{}", r.updated_at, r.id))
-        } else {
-            None
-        };
+        let next_cursor = if has_more { records.last().map(|r| format!("{}:{}", r.updated_at, r.id)) } else { None };
         Ok(SessionPage {
             sessions: records
                 .iter()
@@ -315,18 +275,9 @@ impl Bridge {
 
     /// Cancels the running turn of a session. A cancel for an idle or unknown session does nothing.
     pub fn cancel(&self, id: &str) {
-        let live = self
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .cloned();
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
         if let Some(live) = live
-            && let Some(token) = live
-                .running
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_ref()
+            && let Some(token) = live.running.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
         {
             tracing::info!(session = id, "cancelling the running turn");
             token.cancel();
@@ -334,12 +285,7 @@ impl Bridge {
     }
 
     /// Changes a config option from the next turn on; answers the complete list.
-    pub fn set_config_option(
-        &self,
-        id: &str,
-        option: &str,
-        value: &str,
-    ) -> Result<Vec<SessionConfigOption>> {
+    pub fn set_config_option(&self, id: &str, option: &str, value: &str) -> Result<Vec<SessionConfigOption>> {
         let record = self.record(id)?;
         let agent = self.agent_of(&record);
         let config = options::apply(agent, &record.config, option, value, &self.config)?;
@@ -349,22 +295,14 @@ impl Bridge {
 
     /// Runs one prompt turn to its end. Updates go to `sink` (and the store) as they happen; every one
     /// of them is sent before this returns.
-    pub async fn prompt(
-        &self,
-        id: &str,
-        blocks: Vec<ContentBlock>,
-        sink: Arc<dyn UpdateSink>,
-    ) -> Result<StopReason> {
+    pub async fn prompt(&self, id: &str, blocks: Vec<ContentBlock>, sink: Arc<dyn UpdateSink>) -> Result<StopReason> {
         let record = self.record(id)?;
         let agent = self.agent_of(&record);
         let credential = match agent.required_credential() {
             Some(variable) => match std::env::var(variable) {
                 Ok(value) if !value.trim().is_empty() => Some((variable, value)),
                 _ => {
-                    return Err(Error::MissingCredential {
-                        agent: agent.display_name(),
-                        variable,
-                    });
+                    return Err(Error::MissingCredential { agent: agent.display_name(), variable });
                 }
             },
             None => None,
@@ -379,17 +317,7 @@ impl Bridge {
             *running = Some(token.clone());
             token
         };
-        let result = turn::Turn {
-            bridge: self,
-            record,
-            agent,
-            credential,
-            blocks,
-            sink,
-            cancel: token,
-        }
-        .run()
-        .await;
+        let result = turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token }.run().await;
         *live.running.lock().unwrap_or_else(|p| p.into_inner()) = None;
         result
     }
@@ -412,10 +340,7 @@ impl Bridge {
     /// The user's own config and data dirs (for the CLIs' configuration).
     fn user_dirs() -> (PathBuf, PathBuf) {
         match directories::BaseDirs::new() {
-            Some(dirs) => (
-                dirs.config_dir().to_path_buf(),
-                dirs.data_dir().to_path_buf(),
-            ),
+            Some(dirs) => (dirs.config_dir().to_path_buf(), dirs.data_dir().to_path_buf()),
             None => (PathBuf::from("/nonexistent"), PathBuf::from("/nonexistent")),
         }
     }
@@ -423,9 +348,7 @@ impl Bridge {
 
 /// An agent message that is ours, not the CLI's: notes in italics.
 fn note(text: &str) -> SessionUpdate {
-    SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::from(format!(
-        "\n\n{text}\n\n"
-    ))))
+    SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::from(format!("\n\n{text}\n\n"))))
 }
 
 fn first_line(text: &str) -> &str {

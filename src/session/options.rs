@@ -3,8 +3,7 @@
 //! Values persist in the session's config object and apply from the next turn on.
 
 use agent_client_protocol::v1::schema::{
-    SessionConfigKind, SessionConfigOption, SessionConfigOptionCategory, SessionConfigSelect,
-    SessionConfigSelectOption,
+    SessionConfigKind, SessionConfigOption, SessionConfigOptionCategory, SessionConfigSelect, SessionConfigSelectOption,
 };
 use serde_json::{Value, json};
 
@@ -26,11 +25,7 @@ pub fn default_key(agent: AgentKind) -> &'static str {
 /// The choices for an agent's option: (value, name).
 fn choices(agent: AgentKind, config: &Config) -> Vec<(String, String)> {
     match agent {
-        AgentKind::Amp => config
-            .amp_modes
-            .iter()
-            .map(|mode| (mode.clone(), capitalize(mode)))
-            .collect(),
+        AgentKind::Amp => config.amp_modes.iter().map(|mode| (mode.clone(), capitalize(mode))).collect(),
         AgentKind::OpenCode => {
             let mut choices = vec![(DEFAULT.to_string(), "OpenCode default".to_string())];
             for model in &config.opencode_models {
@@ -51,26 +46,16 @@ fn capitalize(text: &str) -> String {
 
 /// The current value of the agent's option in a session config.
 pub fn current(agent: AgentKind, session_config: &Value, config: &Config) -> String {
-    let stored = session_config
-        .get(default_key(agent))
-        .and_then(Value::as_str);
+    let stored = session_config.get(default_key(agent)).and_then(Value::as_str);
     match (agent, stored) {
         (_, Some(value)) => value.to_string(),
-        (AgentKind::Amp, None) => config
-            .amp_modes
-            .first()
-            .cloned()
-            .unwrap_or_else(|| "medium".into()),
+        (AgentKind::Amp, None) => config.amp_modes.first().cloned().unwrap_or_else(|| "medium".into()),
         (AgentKind::OpenCode, None) => DEFAULT.to_string(),
     }
 }
 
 /// The complete option list of a session.
-pub fn config_options(
-    agent: AgentKind,
-    session_config: &Value,
-    config: &Config,
-) -> Vec<SessionConfigOption> {
+pub fn config_options(agent: AgentKind, session_config: &Value, config: &Config) -> Vec<SessionConfigOption> {
     let mut choices = choices(agent, config);
     let current = current(agent, session_config, config);
     if !choices.iter().any(|(value, _)| *value == current) {
@@ -81,10 +66,8 @@ pub fn config_options(
         AgentKind::Amp => ("Mode", SessionConfigOptionCategory::Mode),
         AgentKind::OpenCode => ("Model", SessionConfigOptionCategory::Model),
     };
-    let options: Vec<SessionConfigSelectOption> = choices
-        .into_iter()
-        .map(|(value, name)| SessionConfigSelectOption::new(value, name))
-        .collect();
+    let options: Vec<SessionConfigSelectOption> =
+        choices.into_iter().map(|(value, name)| SessionConfigSelectOption::new(value, name)).collect();
     vec![
         SessionConfigOption::new(
             default_key(agent),
@@ -96,43 +79,23 @@ pub fn config_options(
 }
 
 /// Applies a change, returning the new session config. Unknown options or values are invalid params.
-pub fn apply(
-    agent: AgentKind,
-    session_config: &Value,
-    option: &str,
-    value: &str,
-    config: &Config,
-) -> Result<Value> {
+pub fn apply(agent: AgentKind, session_config: &Value, option: &str, value: &str, config: &Config) -> Result<Value> {
     if option != default_key(agent) {
-        return Err(Error::InvalidParams(format!(
-            "{} has no config option {option:?}",
-            agent.display_name()
-        )));
+        return Err(Error::InvalidParams(format!("{} has no config option {option:?}", agent.display_name())));
     }
-    let known = choices(agent, config)
-        .iter()
-        .any(|(choice, _)| choice == value)
+    let known = choices(agent, config).iter().any(|(choice, _)| choice == value)
         || current(agent, session_config, config) == value;
     if !known {
-        return Err(Error::InvalidParams(format!(
-            "{value:?} is not a value of {option}"
-        )));
+        return Err(Error::InvalidParams(format!("{value:?} is not a value of {option}")));
     }
-    let mut updated = if session_config.is_object() {
-        session_config.clone()
-    } else {
-        json!({})
-    };
+    let mut updated = if session_config.is_object() { session_config.clone() } else { json!({}) };
     updated[option] = json!(value);
     Ok(updated)
 }
 
 /// The model to pass to OpenCode, if one was chosen.
 pub fn opencode_model(session_config: &Value) -> Option<&str> {
-    session_config
-        .get("model")
-        .and_then(Value::as_str)
-        .filter(|model| *model != DEFAULT)
+    session_config.get("model").and_then(Value::as_str).filter(|model| *model != DEFAULT)
 }
 
 /// The mode to pass to Amp, if one was chosen.
@@ -162,25 +125,9 @@ mod tests {
 
     #[test]
     fn apply_validates_and_persists() {
-        let updated = apply(
-            AgentKind::OpenCode,
-            &json!({}),
-            "model",
-            "fake/fake-model",
-            &config(),
-        )
-        .unwrap();
+        let updated = apply(AgentKind::OpenCode, &json!({}), "model", "fake/fake-model", &config()).unwrap();
         assert_eq!(opencode_model(&updated), Some("fake/fake-model"));
-        assert!(
-            apply(
-                AgentKind::OpenCode,
-                &json!({}),
-                "model",
-                "nope/nope",
-                &config()
-            )
-            .is_err()
-        );
+        assert!(apply(AgentKind::OpenCode, &json!({}), "model", "nope/nope", &config()).is_err());
         assert!(apply(AgentKind::OpenCode, &json!({}), "mode", "x", &config()).is_err());
         let amp = apply(AgentKind::Amp, &json!({}), "mode", "high", &config()).unwrap();
         assert_eq!(amp_mode(&amp), Some("high"));

@@ -30,35 +30,22 @@ pub fn render(blocks: &[ContentBlock], accepts_images: bool) -> RenderedPrompt {
                 EmbeddedResourceResource::TextResourceContents(contents) => {
                     let path = uri_to_path(&contents.uri);
                     rendered.text.push_str(&path);
-                    context.push(format!(
-                        "<context ref=\"{path}\">\n{}\n</context>",
-                        contents.text
-                    ));
+                    context.push(format!("<context ref=\"{path}\">\n{}\n</context>", contents.text));
                 }
                 EmbeddedResourceResource::BlobResourceContents(contents) => {
                     rendered.text.push_str(&uri_to_path(&contents.uri));
                 }
-                _ => rendered
-                    .dropped
-                    .push("an unknown kind of embedded resource".into()),
+                _ => rendered.dropped.push("an unknown kind of embedded resource".into()),
             },
             ContentBlock::Image(image) => {
                 let bytes = base64::engine::general_purpose::STANDARD.decode(image.data.as_bytes());
                 match bytes {
                     Ok(bytes) if accepts_images => {
-                        let name = format!(
-                            "image-{}.{}",
-                            rendered.images.len() + 1,
-                            extension(&image.mime_type)
-                        );
+                        let name = format!("image-{}.{}", rendered.images.len() + 1, extension(&image.mime_type));
                         rendered.images.push((name, bytes));
                     }
-                    Ok(_) => rendered
-                        .dropped
-                        .push(format!("an image ({})", image.mime_type)),
-                    Err(_) => rendered
-                        .dropped
-                        .push("an image whose data is not valid base64".into()),
+                    Ok(_) => rendered.dropped.push(format!("an image ({})", image.mime_type)),
+                    Err(_) => rendered.dropped.push("an image whose data is not valid base64".into()),
                 }
             }
             ContentBlock::Audio(_) => rendered.dropped.push("audio".into()),
@@ -106,9 +93,8 @@ fn percent_decode(text: &str) -> String {
     while i < bytes.len() {
         if bytes[i] == b'%'
             && i + 2 < bytes.len()
-            && let Some(value) = std::str::from_utf8(&bytes[i + 1..i + 3])
-                .ok()
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            && let Some(value) =
+                std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok())
         {
             out.push(value);
             i += 3;
@@ -155,18 +141,12 @@ mod tests {
             ContentBlock::Text(TextContent::new("fix ")),
             ContentBlock::ResourceLink(ResourceLink::new("a b.rs", "file:///w/a%20b.rs")),
             ContentBlock::Text(TextContent::new(" using ")),
-            ContentBlock::Resource(EmbeddedResource::new(
-                EmbeddedResourceResource::TextResourceContents(TextResourceContents::new(
-                    "fn x() {}",
-                    "file:///w/x.rs",
-                )),
-            )),
+            ContentBlock::Resource(EmbeddedResource::new(EmbeddedResourceResource::TextResourceContents(
+                TextResourceContents::new("fn x() {}", "file:///w/x.rs"),
+            ))),
         ];
         let rendered = render(&blocks, false);
-        assert_eq!(
-            rendered.text,
-            "fix /w/a b.rs using /w/x.rs\n\n<context ref=\"/w/x.rs\">\nfn x() {}\n</context>"
-        );
+        assert_eq!(rendered.text, "fix /w/a b.rs using /w/x.rs\n\n<context ref=\"/w/x.rs\">\nfn x() {}\n</context>");
     }
 
     #[test]

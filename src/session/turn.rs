@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, SessionInfoUpdate, SessionUpdate, StopReason, ToolCall, ToolCallContent,
-    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    ContentBlock, SessionInfoUpdate, SessionUpdate, StopReason, ToolCall, ToolCallContent, ToolCallStatus,
+    ToolCallUpdate, ToolCallUpdateFields, ToolKind,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
@@ -67,10 +67,7 @@ impl Emitter {
     fn send(&self, update: SessionUpdate) {
         match serde_json::to_value(&update) {
             Ok(value) => {
-                if let Err(e) = self
-                    .store
-                    .append_event(&self.session_id, self.turn_id, &value)
-                {
+                if let Err(e) = self.store.append_event(&self.session_id, self.turn_id, &value) {
                     tracing::error!(session = %self.session_id, "could not persist an update: {e}");
                 }
             }
@@ -95,24 +92,13 @@ impl Turn<'_> {
         let store = self.bridge.store.clone();
         let prompt_json = serde_json::to_value(&self.blocks).unwrap_or_default();
         let turn_id = store.start_turn(&self.record.id, &prompt_json)?;
-        let emitter = Emitter {
-            store: store.clone(),
-            sink: self.sink.clone(),
-            session_id: self.record.id.clone(),
-            turn_id,
-        };
+        let emitter =
+            Emitter { store: store.clone(), sink: self.sink.clone(), session_id: self.record.id.clone(), turn_id };
         let session_id = self.record.id.clone();
         let result = self.run_turn(&emitter).await;
         let stored = match &result {
-            Ok(stop) => store.end_turn(
-                turn_id,
-                TurnStatus::Done,
-                Some(stop_reason_name(*stop)),
-                None,
-            ),
-            Err(error) => {
-                store.end_turn(turn_id, TurnStatus::Failed, None, Some(&error.to_string()))
-            }
+            Ok(stop) => store.end_turn(turn_id, TurnStatus::Done, Some(stop_reason_name(*stop)), None),
+            Err(error) => store.end_turn(turn_id, TurnStatus::Failed, None, Some(&error.to_string())),
         };
         if let Err(e) = stored {
             tracing::error!(session = %session_id, "could not record the end of the turn: {e}");
@@ -129,18 +115,13 @@ impl Turn<'_> {
     async fn run_turn(&self, emit: &Emitter) -> Result<StopReason> {
         let workspace = PathBuf::from(&self.record.cwd);
         if !workspace.is_dir() {
-            return Err(Error::InvalidParams(format!(
-                "the workspace {} does not exist",
-                workspace.display()
-            )));
+            return Err(Error::InvalidParams(format!("the workspace {} does not exist", workspace.display())));
         }
         if self.record.title.is_none()
             && let Some(title) = prompt::title(&self.blocks)
         {
             self.bridge.store.set_title(&self.record.id, &title)?;
-            emit.send(SessionUpdate::SessionInfoUpdate(
-                SessionInfoUpdate::new().title(title),
-            ));
+            emit.send(SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title)));
         }
         let rendered = prompt::render(&self.blocks, self.agent.accepts_images());
         if !rendered.dropped.is_empty() {
@@ -148,35 +129,19 @@ impl Turn<'_> {
                 "_{} cannot take {}; {} left out of this prompt._",
                 self.agent.display_name(),
                 rendered.dropped.join(", "),
-                if rendered.dropped.len() == 1 {
-                    "it was"
-                } else {
-                    "they were"
-                }
+                if rendered.dropped.len() == 1 { "it was" } else { "they were" }
             )));
         }
         let executable = self.executable(emit).await?;
         let sandbox = self.sandbox(&workspace).await?;
         let mut native_id = self.record.native_id.clone();
         loop {
-            match self
-                .attempt(
-                    emit,
-                    sandbox.as_ref(),
-                    &executable,
-                    native_id.as_deref(),
-                    &rendered,
-                )
-                .await?
-            {
+            match self.attempt(emit, sandbox.as_ref(), &executable, native_id.as_deref(), &rendered).await? {
                 Attempt::Finished(result) => return result,
                 Attempt::ConversationMissing => {
                     let Some(old) = native_id.take() else {
                         return Err(Error::CliFailed {
-                            message: format!(
-                                "{} could not start a conversation",
-                                self.agent.display_name()
-                            ),
+                            message: format!("{} could not start a conversation", self.agent.display_name()),
                             stderr_tail: String::new(),
                             exit_code: None,
                         });
@@ -211,24 +176,15 @@ impl Turn<'_> {
         emit.send(SessionUpdate::ToolCall(
             ToolCall::new(
                 call_id.clone(),
-                format!(
-                    "Installing {} {} (first use)",
-                    self.agent.display_name(),
-                    package.version
-                ),
+                format!("Installing {} {} (first use)", self.agent.display_name(), package.version),
             )
             .kind(ToolKind::Other)
             .status(ToolCallStatus::InProgress)
-            .raw_input(
-                serde_json::json!({ "npm": format!("{}@{}", package.name, package.version) }),
-            ),
+            .raw_input(serde_json::json!({ "npm": format!("{}@{}", package.name, package.version) })),
         ));
         match install::install(package, &tools).await {
             Ok(path) => {
-                emit.send(update(
-                    &call_id,
-                    ToolCallUpdateFields::new().status(ToolCallStatus::Completed),
-                ));
+                emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Completed)));
                 Ok(path)
             }
             Err(e) => {
@@ -251,10 +207,7 @@ impl Turn<'_> {
     /// The session's sandbox: reconnected when it exists, created (and persisted) otherwise.
     async fn sandbox(&self, workspace: &std::path::Path) -> Result<Arc<dyn Sandbox>> {
         let provider = self.bridge.provider();
-        let spec = SandboxSpec {
-            session_id: self.record.id.clone(),
-            workspace: workspace.to_path_buf(),
-        };
+        let spec = SandboxSpec { session_id: self.record.id.clone(), workspace: workspace.to_path_buf() };
         if let Some(id) = &self.record.sandbox_id
             && self.record.sandbox_provider == provider.name()
         {
@@ -264,13 +217,9 @@ impl Turn<'_> {
             tracing::warn!(session = %self.record.id, sandbox = %id, "the session's sandbox is gone; creating a new one");
         }
         let id = provider.create(&spec).await?;
-        self.bridge
-            .store
-            .set_sandbox(&self.record.id, provider.name(), Some(&id))?;
+        self.bridge.store.set_sandbox(&self.record.id, provider.name(), Some(&id))?;
         provider.connect(&id, &spec).await?.ok_or_else(|| {
-            Error::Sandbox(crate::sandbox::SandboxError::Unavailable(format!(
-                "the new sandbox {id} vanished"
-            )))
+            Error::Sandbox(crate::sandbox::SandboxError::Unavailable(format!("the new sandbox {id} vanished")))
         })
     }
 
@@ -279,9 +228,7 @@ impl Turn<'_> {
     fn environment(&self, sandbox: &dyn Sandbox) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = std::env::vars()
             .filter(|(name, _)| {
-                BASE_ENV.contains(&name.as_str())
-                    || name.starts_with("LC_")
-                    || self.agent.passes_env(name)
+                BASE_ENV.contains(&name.as_str()) || name.starts_with("LC_") || self.agent.passes_env(name)
             })
             .collect();
         let state = sandbox.state_dir();
@@ -314,14 +261,14 @@ impl Turn<'_> {
         let mut files = Vec::new();
         if !rendered.images.is_empty() {
             let dir = prompt::attachments_dir(sandbox.state_dir(), emit.turn_id);
-            tokio::fs::create_dir_all(&dir).await.map_err(|e| {
-                crate::sandbox::SandboxError::io(format!("create {}", dir.display()), e)
-            })?;
+            tokio::fs::create_dir_all(&dir)
+                .await
+                .map_err(|e| crate::sandbox::SandboxError::io(format!("create {}", dir.display()), e))?;
             for (name, bytes) in &rendered.images {
                 let path = dir.join(name);
-                tokio::fs::write(&path, bytes).await.map_err(|e| {
-                    crate::sandbox::SandboxError::io(format!("write {}", path.display()), e)
-                })?;
+                tokio::fs::write(&path, bytes)
+                    .await
+                    .map_err(|e| crate::sandbox::SandboxError::io(format!("write {}", path.display()), e))?;
                 files.push(path);
             }
         }
@@ -340,9 +287,7 @@ impl Turn<'_> {
             env: self.environment(sandbox),
             cwd: sandbox.workspace().to_path_buf(),
             stdin: rendered.text.clone().into_bytes(),
-            read_only: self
-                .agent
-                .user_config(&user_config, &user_data, sandbox.state_dir()),
+            read_only: self.agent.user_config(&user_config, &user_data, sandbox.state_dir()),
         };
         tracing::info!(
             session = %self.record.id,
@@ -352,10 +297,8 @@ impl Turn<'_> {
             "running the CLI"
         );
         let mut process = sandbox.exec(spec).await?;
-        let stderr_task = tokio::spawn(stderr_tail(std::mem::replace(
-            &mut process.stderr,
-            Box::pin(tokio::io::empty()),
-        )));
+        let stderr_task =
+            tokio::spawn(stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
         let context = TranslateContext {
             workspace: PathBuf::from(&self.record.cwd),
             agent_workspace: sandbox.workspace().to_path_buf(),
@@ -363,10 +306,7 @@ impl Turn<'_> {
             context_window: self.bridge.config().context_window,
         };
         let mut translator = self.agent.translator(context);
-        let mut state = StreamState {
-            native_id: native_id.map(str::to_string),
-            ..StreamState::default()
-        };
+        let mut state = StreamState { native_id: native_id.map(str::to_string), ..StreamState::default() };
         let mut reader = BufReader::new(process.stdout);
         let idle = self.bridge.config().idle_timeout;
         let mut line = Vec::new();
@@ -403,31 +343,19 @@ impl Turn<'_> {
         }
         let name = self.agent.display_name();
         tracing::debug!(session = %self.record.id, exit = %exit.describe(), "the CLI exited");
-        let failure = |message: String| Error::CliFailed {
-            message,
-            stderr_tail: stderr.clone(),
-            exit_code: exit.code,
-        };
+        let failure = |message: String| Error::CliFailed { message, stderr_tail: stderr.clone(), exit_code: exit.code };
         let result = match stop {
             Stop::Cancelled => Ok(StopReason::Cancelled),
-            Stop::Stalled => Err(Error::Stalled {
-                agent: name,
-                seconds: idle.as_secs(),
-            }),
+            Stop::Stalled => Err(Error::Stalled { agent: name, seconds: idle.as_secs() }),
             Stop::Eof => {
-                if native_id.is_some()
-                    && !exit.success()
-                    && !state.updates
-                    && self.agent.session_missing(&stderr)
-                {
+                if native_id.is_some() && !exit.success() && !state.updates && self.agent.session_missing(&stderr) {
                     return Ok(Attempt::ConversationMissing);
                 }
                 match state.end.take() {
                     Some(TurnEnd::EndTurn) if exit.success() => Ok(StopReason::EndTurn),
-                    Some(TurnEnd::EndTurn) => Err(failure(format!(
-                        "{name} finished its answer but then exited with {}",
-                        exit.describe()
-                    ))),
+                    Some(TurnEnd::EndTurn) => {
+                        Err(failure(format!("{name} finished its answer but then exited with {}", exit.describe())))
+                    }
                     Some(TurnEnd::MaxTokens) => Ok(StopReason::MaxTokens),
                     Some(TurnEnd::MaxTurnRequests) => Ok(StopReason::MaxTurnRequests),
                     Some(TurnEnd::Refusal) => Ok(StopReason::Refusal),
@@ -435,12 +363,7 @@ impl Turn<'_> {
                     Some(TurnEnd::AuthRequired { message }) => Err(Error::AuthRejected(message)),
                     Some(TurnEnd::Error { message }) => Err(failure(message)),
                     None if exit.success() => Ok(StopReason::EndTurn),
-                    None => Err(failure(crash_message(
-                        name,
-                        &exit.describe(),
-                        &stderr,
-                        &state.unparsed,
-                    ))),
+                    None => Err(failure(crash_message(name, &exit.describe(), &stderr, &state.unparsed))),
                 }
             }
         };
@@ -456,9 +379,7 @@ impl Turn<'_> {
             Output::NativeSessionId { id } => {
                 if state.native_id.as_deref() != Some(id.as_str()) {
                     tracing::info!(session = %self.record.id, native = %id, "the CLI conversation id");
-                    self.bridge
-                        .store
-                        .set_native_id(&self.record.id, Some(&id))?;
+                    self.bridge.store.set_native_id(&self.record.id, Some(&id))?;
                     state.native_id = Some(id);
                 }
             }
@@ -497,11 +418,8 @@ fn update(id: &str, fields: ToolCallUpdateFields) -> SessionUpdate {
 /// The message of a CLI that died without saying why in its stream: its own `Error:` line if it printed
 /// one, otherwise how it exited.
 fn crash_message(name: &str, exit: &str, stderr: &str, unparsed: &VecDeque<String>) -> String {
-    let said = stderr
-        .lines()
-        .rev()
-        .find(|line| line.trim_start().starts_with("Error"))
-        .map(|line| strip_ansi(line.trim()));
+    let said =
+        stderr.lines().rev().find(|line| line.trim_start().starts_with("Error")).map(|line| strip_ansi(line.trim()));
     match said {
         Some(line) => format!("{name} failed ({exit}): {line}"),
         None if !unparsed.is_empty() => {

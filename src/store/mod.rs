@@ -127,10 +127,7 @@ pub struct Store {
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// Formats epoch milliseconds as RFC 3339 (what ACP's `updatedAt` wants).
@@ -179,10 +176,8 @@ impl Store {
     /// Opens (and creates or migrates) the store at `path`.
     pub fn open(path: &Path) -> Result<Self> {
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| StoreError::Io {
-                path: parent.display().to_string(),
-                source,
-            })?;
+            std::fs::create_dir_all(parent)
+                .map_err(|source| StoreError::Io { path: parent.display().to_string(), source })?;
         }
         let connection = Connection::open(path)?;
         connection.busy_timeout(Duration::from_secs(10))?;
@@ -192,17 +187,13 @@ impl Store {
         connection.pragma_update(None, "synchronous", "NORMAL")?;
         connection.pragma_update(None, "foreign_keys", "ON")?;
         connection.execute_batch(SCHEMA)?;
-        Ok(Self {
-            connection: Mutex::new(connection),
-        })
+        Ok(Self { connection: Mutex::new(connection) })
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock cannot leave SQLite inconsistent (it has its own transactions),
         // so a poisoned lock is still safe to use.
-        self.connection
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Inserts a new session.
@@ -261,10 +252,7 @@ impl Store {
             Some((time, id)) => (Some(time), Some(id)),
             None => (None, None),
         };
-        let rows = statement.query_map(
-            params![cwd, before_time, before_id, limit as i64],
-            session_from_row,
-        )?;
+        let rows = statement.query_map(params![cwd, before_time, before_id, limit as i64], session_from_row)?;
         let mut sessions = Vec::new();
         for row in rows {
             sessions.push(row??);
@@ -274,9 +262,7 @@ impl Store {
 
     /// Deletes a session with its turns and events. Deleting an unknown id is not an error.
     pub fn delete_session(&self, id: &str) -> Result<bool> {
-        let deleted = self
-            .lock()
-            .execute("DELETE FROM sessions WHERE id = ?1", params![id])?;
+        let deleted = self.lock().execute("DELETE FROM sessions WHERE id = ?1", params![id])?;
         Ok(deleted > 0)
     }
 
@@ -300,19 +286,13 @@ impl Store {
 
     /// Sets the title shown in the history.
     pub fn set_title(&self, id: &str, title: &str) -> Result<()> {
-        self.lock().execute(
-            "UPDATE sessions SET title = ?2 WHERE id = ?1",
-            params![id, title],
-        )?;
+        self.lock().execute("UPDATE sessions SET title = ?2 WHERE id = ?1", params![id, title])?;
         Ok(())
     }
 
     /// Replaces the session's config object.
     pub fn set_config(&self, id: &str, config: &Value) -> Result<()> {
-        self.lock().execute(
-            "UPDATE sessions SET config = ?2 WHERE id = ?1",
-            params![id, config.to_string()],
-        )?;
+        self.lock().execute("UPDATE sessions SET config = ?2 WHERE id = ?1", params![id, config.to_string()])?;
         Ok(())
     }
 
@@ -325,10 +305,7 @@ impl Store {
             params![session_id, prompt.to_string(), std::process::id(), now],
         )?;
         let turn_id = connection.last_insert_rowid();
-        connection.execute(
-            "UPDATE sessions SET updated_at = ?2 WHERE id = ?1",
-            params![session_id, now],
-        )?;
+        connection.execute("UPDATE sessions SET updated_at = ?2 WHERE id = ?1", params![session_id, now])?;
         Ok(turn_id)
     }
 
@@ -365,9 +342,8 @@ impl Store {
     /// Marks as interrupted the running turns of a session whose owning process is gone (killed bridge).
     pub fn mark_orphaned_turns(&self, session_id: &str) -> Result<usize> {
         let connection = self.lock();
-        let mut statement = connection.prepare(
-            "SELECT id, owner_pid FROM turns WHERE session_id = ?1 AND status = 'running'",
-        )?;
+        let mut statement =
+            connection.prepare("SELECT id, owner_pid FROM turns WHERE session_id = ?1 AND status = 'running'")?;
         let running: Vec<(i64, i64)> = statement
             .query_map(params![session_id], |row| Ok((row.get(0)?, row.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?;
@@ -388,23 +364,18 @@ impl Store {
     /// Whether another live process runs a turn of this session right now.
     pub fn running_elsewhere(&self, session_id: &str) -> Result<bool> {
         let connection = self.lock();
-        let mut statement = connection
-            .prepare("SELECT owner_pid FROM turns WHERE session_id = ?1 AND status = 'running'")?;
-        let owners: Vec<i64> = statement
-            .query_map(params![session_id], |row| row.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        Ok(owners
-            .into_iter()
-            .any(|pid| pid as u32 != std::process::id() && process_alive(pid)))
+        let mut statement =
+            connection.prepare("SELECT owner_pid FROM turns WHERE session_id = ?1 AND status = 'running'")?;
+        let owners: Vec<i64> =
+            statement.query_map(params![session_id], |row| row.get(0))?.collect::<rusqlite::Result<_>>()?;
+        Ok(owners.into_iter().any(|pid| pid as u32 != std::process::id() && process_alive(pid)))
     }
 
     /// Number of turns of a session.
     pub fn turn_count(&self, session_id: &str) -> Result<usize> {
-        let count: i64 = self.lock().query_row(
-            "SELECT COUNT(*) FROM turns WHERE session_id = ?1",
-            params![session_id],
-            |row| row.get(0),
-        )?;
+        let count: i64 =
+            self.lock()
+                .query_row("SELECT COUNT(*) FROM turns WHERE session_id = ?1", params![session_id], |row| row.get(0))?;
         Ok(count as usize)
     }
 
@@ -431,8 +402,7 @@ impl Store {
                 })
             })?
             .collect::<rusqlite::Result<_>>()?;
-        let mut events_statement =
-            connection.prepare("SELECT payload FROM events WHERE turn_id = ?1 ORDER BY id")?;
+        let mut events_statement = connection.prepare("SELECT payload FROM events WHERE turn_id = ?1 ORDER BY id")?;
         let mut kept = Vec::new();
         let mut budget = limit;
         let mut omitted_turns = 0;
@@ -441,9 +411,8 @@ impl Store {
                 omitted_turns += 1;
                 continue;
             }
-            let payloads: Vec<String> = events_statement
-                .query_map(params![turn.id], |row| row.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
+            let payloads: Vec<String> =
+                events_statement.query_map(params![turn.id], |row| row.get(0))?.collect::<rusqlite::Result<_>>()?;
             // The prompt itself counts as one update.
             let cost = payloads.len() + 1;
             if cost > budget && !kept.is_empty() {
@@ -453,37 +422,29 @@ impl Store {
             budget = budget.saturating_sub(cost);
             let mut events = Vec::with_capacity(payloads.len());
             for payload in payloads {
-                events.push(
-                    serde_json::from_str(&payload)
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                );
+                events.push(serde_json::from_str(&payload).map_err(|e| StoreError::Corrupt(e.to_string()))?);
             }
             kept.push((turn, events));
         }
         kept.reverse();
-        Ok(History {
-            omitted_turns,
-            turns: kept,
-        })
+        Ok(History { omitted_turns, turns: kept })
     }
 }
 
 fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<SessionRecord>> {
     let config: String = row.get(7)?;
-    Ok(serde_json::from_str(&config)
-        .map_err(|e| StoreError::Corrupt(e.to_string()))
-        .map(|config| SessionRecord {
-            id: row.get_unwrap(0),
-            agent: row.get_unwrap(1),
-            cwd: row.get_unwrap(2),
-            sandbox_provider: row.get_unwrap(3),
-            sandbox_id: row.get_unwrap(4),
-            native_id: row.get_unwrap(5),
-            title: row.get_unwrap(6),
-            config,
-            created_at: row.get_unwrap(8),
-            updated_at: row.get_unwrap(9),
-        }))
+    Ok(serde_json::from_str(&config).map_err(|e| StoreError::Corrupt(e.to_string())).map(|config| SessionRecord {
+        id: row.get_unwrap(0),
+        agent: row.get_unwrap(1),
+        cwd: row.get_unwrap(2),
+        sandbox_provider: row.get_unwrap(3),
+        sandbox_id: row.get_unwrap(4),
+        native_id: row.get_unwrap(5),
+        title: row.get_unwrap(6),
+        config,
+        created_at: row.get_unwrap(8),
+        updated_at: row.get_unwrap(9),
+    }))
 }
 
 fn process_alive(pid: i64) -> bool {
@@ -528,27 +489,13 @@ mod tests {
         store.create_session(&record("b", "/w1", 2)).unwrap();
         store.create_session(&record("c", "/w2", 3)).unwrap();
         store.set_native_id("a", Some("ses_1")).unwrap();
-        assert_eq!(
-            store.session("a").unwrap().unwrap().native_id.as_deref(),
-            Some("ses_1")
-        );
+        assert_eq!(store.session("a").unwrap().unwrap().native_id.as_deref(), Some("ses_1"));
 
-        let all: Vec<String> = store
-            .list_sessions(None, None, 10)
-            .unwrap()
-            .into_iter()
-            .map(|s| s.id)
-            .collect();
-        assert_eq!(
-            all,
-            ["a", "c", "b"],
-            "set_native_id bumps updated_at, so a is newest"
-        );
+        let all: Vec<String> = store.list_sessions(None, None, 10).unwrap().into_iter().map(|s| s.id).collect();
+        assert_eq!(all, ["a", "c", "b"], "set_native_id bumps updated_at, so a is newest");
         let w1 = store.list_sessions(Some("/w1"), None, 1).unwrap();
         assert_eq!(w1.len(), 1);
-        let next = store
-            .list_sessions(Some("/w1"), Some((w1[0].updated_at, &w1[0].id)), 1)
-            .unwrap();
+        let next = store.list_sessions(Some("/w1"), Some((w1[0].updated_at, &w1[0].id)), 1).unwrap();
         assert_eq!(next[0].id, "b");
         assert!(store.delete_session("a").unwrap());
         assert!(!store.delete_session("a").unwrap());
@@ -561,17 +508,11 @@ mod tests {
         let store = Store::open(&dir.path().join("db.sqlite3")).unwrap();
         store.create_session(&record("s", "/w", 1)).unwrap();
         for turn in 0..3 {
-            let id = store
-                .start_turn("s", &json!([{"type": "text", "text": format!("p{turn}")}]))
-                .unwrap();
+            let id = store.start_turn("s", &json!([{"type": "text", "text": format!("p{turn}")}])).unwrap();
             for n in 0..4 {
-                store
-                    .append_event("s", id, &json!({"n": n, "turn": turn}))
-                    .unwrap();
+                store.append_event("s", id, &json!({"n": n, "turn": turn})).unwrap();
             }
-            store
-                .end_turn(id, TurnStatus::Done, Some("end_turn"), None)
-                .unwrap();
+            store.end_turn(id, TurnStatus::Done, Some("end_turn"), None).unwrap();
         }
         let full = store.history("s", 100).unwrap();
         assert_eq!((full.omitted_turns, full.turns.len()), (0, 3));
@@ -587,19 +528,9 @@ mod tests {
         let store = Store::open(&dir.path().join("db.sqlite3")).unwrap();
         store.create_session(&record("s", "/w", 1)).unwrap();
         let turn = store.start_turn("s", &json!([])).unwrap();
-        assert_eq!(
-            store.mark_orphaned_turns("s").unwrap(),
-            0,
-            "our own running turn is left alone"
-        );
+        assert_eq!(store.mark_orphaned_turns("s").unwrap(), 0, "our own running turn is left alone");
         // Pretend a dead process owned it.
-        store
-            .lock()
-            .execute(
-                "UPDATE turns SET owner_pid = 999999999 WHERE id = ?1",
-                params![turn],
-            )
-            .unwrap();
+        store.lock().execute("UPDATE turns SET owner_pid = 999999999 WHERE id = ?1", params![turn]).unwrap();
         assert_eq!(store.mark_orphaned_turns("s").unwrap(), 1);
         let history = store.history("s", 10).unwrap();
         assert_eq!(history.turns[0].0.status, TurnStatus::Interrupted);

@@ -29,15 +29,7 @@ pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
     if let Some(thread) = turn.native_id {
         args.extend(["threads", "continue", thread].map(String::from));
     }
-    args.extend(
-        [
-            "-x",
-            "--stream-json",
-            "--stream-json-thinking",
-            "--dangerously-allow-all",
-        ]
-        .map(String::from),
-    );
+    args.extend(["-x", "--stream-json", "--stream-json-thinking", "--dangerously-allow-all"].map(String::from));
     if turn.native_id.is_none() {
         // Without it the thread is archived after the run and cannot be continued.
         args.push("--no-archive-after-execute".into());
@@ -55,15 +47,10 @@ pub fn passes_env(name: &str) -> bool {
 
 /// The user's Amp settings, shown read-only inside the session's state dir.
 pub fn user_config(user_config_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
-    vec![(
-        user_config_dir.join("amp"),
-        state_dir.join("config").join("amp"),
-    )]
+    vec![(user_config_dir.join("amp"), state_dir.join("config").join("amp"))]
 }
 
 /// Whether stderr says the thread we continue is gone or cannot be continued.
 pub fn session_missing(stderr: &str) -> bool {
-    stderr.contains("does not exist")
-        || stderr.contains("is archived")
-        || stderr.contains("Invalid thread")
+    stderr.contains("does not exist") || stderr.contains("is archived") || stderr.contains("Invalid thread")
 }

@@ -13,18 +13,12 @@ use super::TurnRequest;
 use crate::sandbox::install::NpmPackage;
 
 /// The pinned npm package installed on first use.
-pub const PACKAGE: NpmPackage = NpmPackage {
-    name: "opencode-ai",
-    version: "1.18.33",
-    bin: "opencode",
-    postinstall: Some("postinstall.mjs"),
-};
+pub const PACKAGE: NpmPackage =
+    NpmPackage { name: "opencode-ai", version: "1.18.33", bin: "opencode", postinstall: Some("postinstall.mjs") };
 
 /// The argv after the executable.
 pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
-    let mut args: Vec<String> = ["run", "--format", "json", "--auto", "--thinking"]
-        .map(String::from)
-        .to_vec();
+    let mut args: Vec<String> = ["run", "--format", "json", "--auto", "--thinking"].map(String::from).to_vec();
     if let Some(model) = turn.model {
         args.extend(["--model".to_string(), model.to_string()]);
     }
@@ -58,20 +52,10 @@ pub fn fixed_env() -> Vec<(String, String)> {
 }
 
 /// The user's OpenCode configuration and credentials, shown read-only inside the session's state dir.
-pub fn user_config(
-    user_config_dir: &Path,
-    user_data_dir: &Path,
-    state_dir: &Path,
-) -> Vec<(PathBuf, PathBuf)> {
+pub fn user_config(user_config_dir: &Path, user_data_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
     vec![
-        (
-            user_config_dir.join("opencode"),
-            state_dir.join("config").join("opencode"),
-        ),
-        (
-            user_data_dir.join("opencode").join("auth.json"),
-            state_dir.join("data").join("opencode").join("auth.json"),
-        ),
+        (user_config_dir.join("opencode"), state_dir.join("config").join("opencode")),
+        (user_data_dir.join("opencode").join("auth.json"), state_dir.join("data").join("opencode").join("auth.json")),
     ]
 }
 
