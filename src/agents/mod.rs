@@ -218,6 +218,9 @@ pub enum TurnEnd {
 /// One thing a translator learned from a CLI line.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "output", rename_all = "snake_case")]
+// Outputs live for one line's worth of work and are moved straight out; boxing the update would only add
+// an allocation per update.
+#[allow(clippy::large_enum_variant)]
 pub enum Output {
     /// An ACP update to persist and send to the editor, in order.
     Update(SessionUpdate),

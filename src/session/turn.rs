@@ -419,7 +419,7 @@ fn update(id: &str, fields: ToolCallUpdateFields) -> SessionUpdate {
 /// one, otherwise how it exited.
 fn crash_message(name: &str, exit: &str, stderr: &str, unparsed: &VecDeque<String>) -> String {
     let said =
-        stderr.lines().rev().find(|line| line.trim_start().starts_with("Error")).map(|line| strip_ansi(line.trim()));
+        stderr.lines().rev().map(|line| strip_ansi(line.trim())).find(|line| line.starts_with("Error"));
     match said {
         Some(line) => format!("{name} failed ({exit}): {line}"),
         None if !unparsed.is_empty() => {
