@@ -16,7 +16,9 @@ impl AmpTranslator {
 
 impl Translator for AmpTranslator {
     fn line(&mut self, line: &str) -> Vec<Output> {
-        vec![Output::Unparsed { line: line.to_string() }]
+        vec![Output::Unparsed {
+            line: line.to_string(),
+        }]
     }
 
     fn finish(&mut self) -> Vec<Output> {
