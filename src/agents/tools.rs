@@ -336,6 +336,14 @@ pub fn str_field<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
         .filter(|text| !text.trim().is_empty())
 }
 
+/// A directory for a title: relative to the workspace, `.` for the workspace itself.
+pub fn shown_dir(context: &TranslateContext, path: &str) -> String {
+    if context.editor_path(path) == context.workspace {
+        return ".".to_string();
+    }
+    context.display_path(path)
+}
+
 /// The first line number of the new side of a unified diff (`@@ -a,b +c,d @@`), for a location line.
 pub fn first_hunk_line(patch: &str) -> Option<u32> {
     let header = patch.lines().find(|line| line.starts_with("@@ "))?;

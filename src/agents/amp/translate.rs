@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::events::{AssistantMessage, Block, Event, MessageContent, RunResult};
 use crate::agents::tools::{
     ToolStart, abandon_tool, cap, diff_content, error_content, fence, finish_shell, finish_tool,
-    location, one_line, plan_from_todos, str_field, text_content, unparsed,
+    location, one_line, plan_from_todos, shown_dir, str_field, text_content, unparsed,
 };
 use crate::agents::{Output, TranslateContext, Translator, TurnEnd};
 
@@ -329,7 +329,7 @@ fn result_content(tool: &OpenTool, text: &str, parsed: &Value) -> Option<Vec<Too
 /// Kind, title, locations and input-derived content of an Amp tool.
 fn classify(context: &TranslateContext, name: &str, input: &Value) -> ToolStart {
     let path = str_field(input, "path");
-    let shown = path.map(|path| context.display_path(path));
+    let shown = path.map(|path| shown_dir(context, path));
     let at = |kind: ToolKind, verb: &str| match path {
         Some(path) => ToolStart::new(name, format!("{verb} {}", context.display_path(path)), kind)
             .locations(vec![location(context.editor_path(path), None)]),

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::events::{ErrorInfo, Event, Line, StepFinishPart, TextPart, ToolPart};
 use crate::agents::tools::{
     ToolStart, cap, diff_content, error_content, fence, finish_shell, finish_tool, first_hunk_line,
-    location, one_line, plan_from_todos, str_field, text_content, unparsed,
+    location, one_line, plan_from_todos, shown_dir, str_field, text_content, unparsed,
 };
 use crate::agents::{Output, TranslateContext, Translator, TurnEnd};
 
@@ -60,7 +60,9 @@ impl OpenCodeTranslator {
         if used > 0 {
             let mut usage = UsageUpdate::new(used, self.context.context_window);
             if part.cost.is_some() {
-                usage = usage.cost(Cost::new(self.cost, "USD"));
+                // Summing binary floats leaves noise like 0.016300000000000002; no provider bills below 1e-9.
+                let cost = (self.cost * 1e9).round() / 1e9;
+                usage = usage.cost(Cost::new(cost, "USD"));
             }
             outputs.push(Output::Update(SessionUpdate::UsageUpdate(usage)));
         }
@@ -221,7 +223,7 @@ fn classify(
 ) -> ToolStart {
     let title = title.filter(|title| !title.trim().is_empty());
     let file = str_field(input, "filePath").or_else(|| str_field(input, "filepath"));
-    let path_or = |key: &str| str_field(input, key).map(|path| context.display_path(path));
+    let path_or = |key: &str| str_field(input, key).map(|path| shown_dir(context, path));
     match tool.to_ascii_lowercase().as_str() {
         "bash" | "shell" => {
             let command = str_field(input, "command").or_else(|| str_field(input, "cmd"));
