@@ -6,7 +6,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use acp_sandbox::agents::{AgentKind, TranslateContext, translate_all};
+use acp_sandbox::agents::{AgentKind, Output, TranslateContext, translate_all};
+use agent_client_protocol::v1::schema::SessionUpdate;
 
 /// The cwd each CLI ran in when the fixtures were recorded.
 fn workspace(kind: AgentKind) -> &'static str {
@@ -70,6 +71,7 @@ fn check_agent(kind: AgentKind) {
             let golden = golden_dir.join(&name);
             expected_files.push(name.clone());
             let outputs = translate_all(kind, context(kind, terminal), &stream);
+            assert_wire_round_trip(&name, &outputs);
             let actual = serde_json::to_string_pretty(&outputs).expect("serialize") + "\n";
             if update {
                 fs::write(&golden, &actual).expect("write golden");
@@ -107,6 +109,21 @@ fn check_agent(kind: AgentKind) {
         failures.is_empty(),
         "golden mismatches for {kind}: {failures:#?}"
     );
+}
+
+/// Every update must read back as the same ACP type: a shape the schema cannot parse would be dropped by
+/// the editor, however good it looks in a golden.
+fn assert_wire_round_trip(name: &str, outputs: &[Output]) {
+    for output in outputs {
+        if let Output::Update(update) = output {
+            let wire = serde_json::to_value(update).expect("serialize update");
+            let back: SessionUpdate =
+                serde_json::from_value(wire.clone()).unwrap_or_else(|error| {
+                    panic!("{name}: {wire} does not parse as a SessionUpdate: {error}")
+                });
+            assert_eq!(&back, update, "{name}: {wire} changes on a round trip");
+        }
+    }
 }
 
 #[test]

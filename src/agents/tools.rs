@@ -115,7 +115,7 @@ pub fn one_line(text: &str, max: usize) -> String {
 
 /// What a translator knows about a tool when it starts, independent of the CLI it came from.
 pub struct ToolStart {
-    /// The CLI's tool name (ACP `name`).
+    /// The CLI's tool name (ACP `name`); empty when unknown.
     pub name: String,
     /// Human title: the command, "Read src/a.rs", the pattern…
     pub title: String,
@@ -175,12 +175,13 @@ impl ToolStart {
         raw_input: Value,
     ) -> SessionUpdate {
         let mut content = self.content.clone();
+        let name = (!self.name.is_empty()).then(|| self.name.clone());
         let mut call = ToolCall::new(id.to_string(), self.title.clone())
-            .name(self.name.clone())
+            .name(name)
             .kind(self.kind)
             .status(ToolCallStatus::InProgress)
             .locations(self.locations.clone())
-            .raw_input(cap_json(raw_input));
+            .raw_input((!raw_input.is_null()).then(|| cap_json(raw_input)));
         if let (Some(cwd), true) = (&self.shell_cwd, context.terminal_output) {
             content.insert(0, ToolCallContent::Terminal(Terminal::new(id.to_string())));
             call = call.meta(meta(

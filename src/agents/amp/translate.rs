@@ -35,7 +35,7 @@ pub struct AmpTranslator {
     /// Open tool cards, in the order they were opened so `finish` is deterministic.
     open: Vec<OpenTool>,
     /// Todo tools shown as a plan only, whose results are therefore not tool updates.
-    todo_ids: Vec<String>,
+    todo_ids: Vec<(String, String)>,
     /// The stop reason of the last assistant message: `result` says success even after `max_tokens`.
     last_stop_reason: Option<String>,
     /// The last turn end reported, so the `result` does not repeat it.
@@ -114,14 +114,14 @@ impl AmpTranslator {
     fn tool_use(&mut self, id: String, name: String, input: Value) -> Vec<Output> {
         let lower = name.to_ascii_lowercase();
         if matches!(lower.as_str(), "todo_write" | "todowrite") {
-            self.todo_ids.push(id);
+            self.todo_ids.push((id, name));
             return plan_from_todos(&input)
                 .map(Output::Update)
                 .into_iter()
                 .collect();
         }
         if matches!(lower.as_str(), "todo_read" | "todoread") {
-            self.todo_ids.push(id);
+            self.todo_ids.push((id, name));
             return Vec::new();
         }
         let start = classify(&self.context, &name, &input);
@@ -152,8 +152,8 @@ impl AmpTranslator {
             _ => Value::String(text.clone()),
         };
 
-        if let Some(index) = self.todo_ids.iter().position(|todo| *todo == id) {
-            let todo = self.todo_ids.remove(index);
+        if let Some(index) = self.todo_ids.iter().position(|(todo, _)| *todo == id) {
+            let (todo, name) = self.todo_ids.remove(index);
             if !is_error {
                 // `todo_read` answers with the list: worth showing as the plan too.
                 return plan_from_todos(&raw_output)
@@ -162,7 +162,7 @@ impl AmpTranslator {
                     .collect();
             }
             // A failed todo update would vanish without a card to carry its error.
-            let start = ToolStart::new("todo_write", "Update the plan", ToolKind::Think);
+            let start = ToolStart::new(&name, "Update the plan", ToolKind::Think);
             let mut outputs = vec![Output::Update(start.to_update(
                 &self.context,
                 &todo,
@@ -183,7 +183,7 @@ impl AmpTranslator {
             None => {
                 // A result whose tool_use we never saw: open a card for it so the editor, which rejects
                 // updates for unknown ids, still shows the result.
-                let start = ToolStart::new("unknown", "Tool result", ToolKind::Other);
+                let start = ToolStart::new("", "Tool result", ToolKind::Other);
                 outputs.push(Output::Update(start.to_update(
                     &self.context,
                     &id,
