@@ -31,9 +31,7 @@ pub struct TurnRequest<'a> {
 }
 
 /// Which CLI a session runs. Persisted with the session, so it never changes for one.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentKind {
     /// Sourcegraph's Amp (`amp -x --stream-json`).
@@ -226,9 +224,6 @@ pub enum TurnEnd {
 #[serde(tag = "output", rename_all = "snake_case")]
 // Outputs live for one line's worth of work and are moved straight out; boxing the update would only add
 // an allocation per update.
-#[allow(clippy::large_enum_variant)]
-pub enum Output {
-    /// An ACP update to persist and send to the editor, in order.
     Update(SessionUpdate),
     /// The CLI's own conversation id (OpenCode `ses_…`, Amp `T-…`): persisted so the next turn continues it.
     NativeSessionId {
