@@ -222,8 +222,8 @@ pub enum TurnEnd {
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "output", rename_all = "snake_case")]
-// Outputs live for one line's worth of work and are moved straight out; boxing the update would only add
-// an allocation per update.
+pub enum Output {
+    /// An ACP update to persist and send to the editor, in order.
     Update(SessionUpdate),
     /// The CLI's own conversation id (OpenCode `ses_…`, Amp `T-…`): persisted so the next turn continues it.
     NativeSessionId {
