@@ -41,22 +41,38 @@ fn schema_validation_accepts_crate_messages_and_rejects_malformed_ones() {
         acp::SessionUpdate::AgentMessageChunk(acp::ContentChunk::new("hello".into())),
     );
     schemas
-        .validate("SessionNotification", &serde_json::to_value(&chunk).unwrap())
+        .validate(
+            "SessionNotification",
+            &serde_json::to_value(&chunk).unwrap(),
+        )
         .unwrap();
     let done = acp::PromptResponse::new(acp::StopReason::Cancelled);
-    schemas.validate("PromptResponse", &serde_json::to_value(&done).unwrap()).unwrap();
+    schemas
+        .validate("PromptResponse", &serde_json::to_value(&done).unwrap())
+        .unwrap();
     let not_found = acp::Error::session_not_found("s-9");
-    schemas.validate("Error", &serde_json::to_value(&not_found).unwrap()).unwrap();
+    schemas
+        .validate("Error", &serde_json::to_value(&not_found).unwrap())
+        .unwrap();
 
     for (schema, bad) in [
         ("PromptResponse", json!({"stopReason": "finished"})),
         ("PromptResponse", json!({})),
-        ("SessionNotification", json!({"sessionId": "s-1", "update": {"sessionUpdate": "agent_message_chunk"}})),
-        ("SessionNotification", json!({"update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}})),
+        (
+            "SessionNotification",
+            json!({"sessionId": "s-1", "update": {"sessionUpdate": "agent_message_chunk"}}),
+        ),
+        (
+            "SessionNotification",
+            json!({"update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}}),
+        ),
         ("NewSessionResponse", json!({"sessionId": 42})),
         ("Error", json!({"message": "no code"})),
         ("InitializeResponse", json!({"agentCapabilities": {}})),
     ] {
-        assert!(schemas.validate(schema, &bad).is_err(), "{schema} accepted {bad}");
+        assert!(
+            schemas.validate(schema, &bad).is_err(),
+            "{schema} accepted {bad}"
+        );
     }
 }

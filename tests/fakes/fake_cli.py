@@ -17,6 +17,7 @@ Scenarios (both agents unless noted):
   error400* (error event, exit 1), thinking+, error-inference+ (error result, exit 0), cancelled+,
   crash (garbage, a partial line and stderr text, exit 3), garbage (non-JSON lines, then a normal answer),
   slow (a text event every FAKE_DELAY_MS=200 ms, FAKE_COUNT=50 times), hang (starts, then sleeps forever),
+  probe (tries writing in the workspace, its parent, HOME and /tmp; results in <cwd>/.fake-cli/probe.json),
   child (starts a grandchild `sleep 1000` in its own session, writes its pid to <cwd>/.fake-cli/child.pid, sleeps).
   (* OpenCode only, + Amp only.) Amp prints the `User cancelled (SIGINT/SIGTERM)` error result and exits 0 on
   SIGTERM/SIGINT once it has started streaming, like the real one; OpenCode just dies from the signal.
@@ -72,7 +73,7 @@ def fake_dir():
     return path
 
 
-def record(agent, argv, stdin, scenario):
+def record(agent, argv, stdin, scenario, session=None):
     """Append the invocation to <cwd>/.fake-cli/invocations.jsonl (one write, so records never interleave)."""
     entry = {
         "agent": agent,
@@ -85,6 +86,7 @@ def record(agent, argv, stdin, scenario):
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "scenario": scenario,
+        "session": session,
     }
     line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
     fd = os.open(fake_dir() / "invocations.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -126,6 +128,25 @@ def crash(first_line):
     sys.stderr.write("fake-cli: simulated crash: segmentation fault in the event loop\n")
     sys.stderr.flush()
     sys.exit(3)
+
+
+def probe():
+    """Tries to create a file in a few places and writes what happened to <cwd>/.fake-cli/probe.json, so the
+    sandbox tests can see what the CLI may write. The /tmp file is left behind, to check /tmp is private."""
+    cwd = Path(os.getcwd())
+    targets = {"workspace": cwd, "workspace_parent": cwd.parent, "home": Path(os.environ.get("HOME", "/nonexistent")),
+               "tmp": Path("/tmp")}
+    results = {}
+    for label, directory in targets.items():
+        path = directory / f"acp-sandbox-probe-{uuid.uuid4().hex}"
+        try:
+            path.write_text("probe")
+            results[label] = {"path": str(path), "writable": True}
+            if label != "tmp":
+                path.unlink()
+        except OSError as error:
+            results[label] = {"path": str(path), "writable": False, "error": str(error)}
+    (fake_dir() / "probe.json").write_text(json.dumps(results, indent=1))
 
 
 def emit_garbage():
@@ -236,12 +257,12 @@ def run_opencode(args):
     prompt = " ".join(opts["message"] + [stdin.decode("utf-8", errors="replace")])
     continued = opts.get("session")
     scenario = scenario_of(prompt) or ("followup" if continued else "text")
-    record("opencode", args, stdin, scenario)
+    sid = continued or new_opencode_session_id()
+    record("opencode", args, stdin, scenario, sid)
 
     if continued and continued.startswith("ses_gone"):
         sys.stderr.write((FIXTURES / "opencode" / "opencode-session-notfound.stderr.txt").read_text())
         sys.exit(1)
-    sid = continued or new_opencode_session_id()
     cwd = os.getcwd()
     msg, _ = oc_ids()
 
@@ -257,6 +278,10 @@ def run_opencode(args):
 
     if scenario == "crash":
         crash(json.dumps(oc_step_start(sid, msg), separators=(",", ":")))
+    elif scenario == "probe":
+        probe()
+        for line in opencode_fixture_lines(OPENCODE_FIXTURES["text"], sid, cwd):
+            emit(line)
     elif scenario == "garbage":
         emit_garbage()
         for line in opencode_fixture_lines(OPENCODE_FIXTURES["text"], sid, cwd):
@@ -448,19 +473,15 @@ def run_amp(args):
         prompt = message or text
     continued = opts.get("continue")
     scenario = scenario_of(prompt) or ("continue" if continued else "text")
-    record("amp", args, stdin, scenario)
+    match = AMP_THREAD_RE.match(opts["threads"][0]) if continued else None
+    thread = (match.group(1) if match else None) if continued else f"T-{uuid.uuid4()}"
+    record("amp", args, stdin, scenario, thread or opts["threads"][0])
     if not prompt:
         fail("No valid messages found in stdin")
-
-    if continued:
-        match = AMP_THREAD_RE.match(opts["threads"][0])
-        if not match:
-            fail(f"Invalid thread URL or ID: {opts['threads'][0]}")
-        thread = match.group(1)
-        if thread == AMP_MISSING_THREAD:
-            fail(f"Thread https://ampcode.com/threads/{thread} does not exist.")
-    else:
-        thread = f"T-{uuid.uuid4()}"
+    if continued and not match:
+        fail(f"Invalid thread URL or ID: {opts['threads'][0]}")
+    if thread == AMP_MISSING_THREAD:
+        fail(f"Thread https://ampcode.com/threads/{thread} does not exist.")
     stream = AmpStream(thread, cwd, bool(opts.get("stream_json_thinking")))
 
     if scenario in ("tools", "tool-error", "cancelled", "child") and not opts.get("allow_all"):
@@ -474,6 +495,9 @@ def run_amp(args):
     elif scenario == "crash":
         crash(json.dumps({"type": "system", "subtype": "init", "cwd": cwd, "session_id": thread, "tools": AMP_TOOLS,
                           "mcp_servers": [], "agent_mode": "medium"}, separators=(",", ":")))
+    elif scenario == "probe":
+        probe()
+        stream.replay(AMP_FIXTURES["text"], prompt)
     elif scenario == "garbage":
         emit_garbage()
         stream.replay(AMP_FIXTURES["text"], prompt)

@@ -31,10 +31,12 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The bridge binary under test.
 pub fn bridge_bin() -> PathBuf {
-    PathBuf::from(
-        option_env!("CARGO_BIN_EXE_acp-sandbox")
-            .expect("cargo did not build the acp-sandbox binary for the tests (is src/main.rs there?)"),
-    )
+    match option_env!("CARGO_BIN_EXE_acp-sandbox") {
+        Some(path) => PathBuf::from(path),
+        None => panic!(
+            "cargo did not build the acp-sandbox binary for the tests (is src/main.rs there?)"
+        ),
+    }
 }
 
 /// The directory with the fake `opencode` and `amp` executables.
@@ -87,6 +89,10 @@ pub struct BridgeOptions {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub env_remove: Vec<String>,
+    /// Start as `acp-sandbox serve ...` instead of the bare `acp-sandbox ...` that editors run.
+    pub serve_subcommand: bool,
+    /// Pass agent, sandbox and data dir as `ACP_SANDBOX_*` variables instead of flags.
+    pub config_via_env: bool,
 }
 
 /// The Amp key the tests give the bridge (the fake only checks that one is set).
@@ -102,16 +108,27 @@ impl BridgeOptions {
             data_dir: data_dir.to_path_buf(),
             args: vec![],
             env: vec![
-                ("ACP_SANDBOX_OPENCODE_BIN".into(), fakes.join("opencode").display().to_string()),
-                ("ACP_SANDBOX_AMP_BIN".into(), fakes.join("amp").display().to_string()),
+                (
+                    "ACP_SANDBOX_OPENCODE_BIN".into(),
+                    fakes.join("opencode").display().to_string(),
+                ),
+                (
+                    "ACP_SANDBOX_AMP_BIN".into(),
+                    fakes.join("amp").display().to_string(),
+                ),
                 ("AMP_API_KEY".into(), FAKE_AMP_KEY.into()),
-                ("RUST_LOG".into(), std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into())),
+                (
+                    "RUST_LOG".into(),
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()),
+                ),
             ],
             env_remove: vec![
                 "ACP_SANDBOX_AGENT".into(),
                 "ACP_SANDBOX_SANDBOX".into(),
                 "ACP_SANDBOX_DATA_DIR".into(),
             ],
+            serve_subcommand: false,
+            config_via_env: false,
         }
     }
 
@@ -177,7 +194,10 @@ impl Turn {
     /// The stop reason, failing the test with the error if the prompt failed.
     pub fn stop_reason(&self) -> String {
         match &self.result {
-            Ok(result) => result["stopReason"].as_str().unwrap_or_default().to_string(),
+            Ok(result) => result["stopReason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
             Err(e) => panic!("the prompt failed: {e}"),
         }
     }
@@ -234,20 +254,31 @@ impl Bridge {
     /// Starts the bridge; does not initialize it.
     pub fn spawn(options: BridgeOptions) -> Bridge {
         let mut command = Command::new(bridge_bin());
+        if options.serve_subcommand {
+            command.arg("serve");
+        }
+        for key in &options.env_remove {
+            command.env_remove(key);
+        }
+        if options.config_via_env {
+            command
+                .env("ACP_SANDBOX_AGENT", &options.agent)
+                .env("ACP_SANDBOX_SANDBOX", &options.sandbox)
+                .env("ACP_SANDBOX_DATA_DIR", &options.data_dir);
+        } else {
+            command
+                .arg("--agent")
+                .arg(&options.agent)
+                .arg("--sandbox")
+                .arg(&options.sandbox)
+                .arg("--data-dir")
+                .arg(&options.data_dir);
+        }
         command
-            .arg("--agent")
-            .arg(&options.agent)
-            .arg("--sandbox")
-            .arg(&options.sandbox)
-            .arg("--data-dir")
-            .arg(&options.data_dir)
             .args(&options.args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        for key in &options.env_remove {
-            command.env_remove(key);
-        }
         for (key, value) in &options.env {
             command.env(key, value);
         }
@@ -341,7 +372,11 @@ impl Bridge {
         let recent: Vec<&String> = self.transcript.iter().rev().take(15).rev().collect();
         panic!(
             "{message}\n--- last messages from the bridge ---\n{}\n--- bridge stderr (tail) ---\n{tail}",
-            recent.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
+            recent
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
 
@@ -396,7 +431,9 @@ impl Bridge {
                 return response;
             }
             if Instant::now() > deadline {
-                self.fail(&format!("no response to request {id} within {REQUEST_TIMEOUT:?}"));
+                self.fail(&format!(
+                    "no response to request {id} within {REQUEST_TIMEOUT:?}"
+                ));
             }
             self.pump(RECV_TIMEOUT);
         }
@@ -426,7 +463,9 @@ impl Bridge {
     /// Like [`Bridge::pump`], failing the test on timeout.
     fn pump_or_fail(&mut self, what: &str) {
         if !self.pump(RECV_TIMEOUT) {
-            self.fail(&format!("timed out after {RECV_TIMEOUT:?} waiting for {what}"));
+            self.fail(&format!(
+                "timed out after {RECV_TIMEOUT:?} waiting for {what}"
+            ));
         }
     }
 
@@ -436,11 +475,15 @@ impl Bridge {
         let trimmed = line.strip_suffix('\n').unwrap_or(&line).to_string();
         self.transcript.push(trimmed.clone());
         if !line.ends_with('\n') {
-            self.fail(&format!("the bridge wrote a line without a newline before closing stdout: {trimmed:?}"));
+            self.fail(&format!(
+                "the bridge wrote a line without a newline before closing stdout: {trimmed:?}"
+            ));
         }
         let message: Value = match serde_json::from_str(&trimmed) {
             Ok(v) => v,
-            Err(e) => self.fail(&format!("the bridge wrote a non-JSON line to stdout ({e}): {trimmed:?}")),
+            Err(e) => self.fail(&format!(
+                "the bridge wrote a non-JSON line to stdout ({e}): {trimmed:?}"
+            )),
         };
         if message.get("jsonrpc") != Some(&json!("2.0")) {
             self.fail(&format!("not a JSON-RPC 2.0 message: {trimmed}"));
@@ -456,7 +499,9 @@ impl Bridge {
                 self.fail(&format!("unexpected request from the bridge (the tests grant no client capabilities): {trimmed}"));
             }
             if method != "session/update" {
-                self.fail(&format!("unexpected notification from the bridge: {trimmed}"));
+                self.fail(&format!(
+                    "unexpected notification from the bridge: {trimmed}"
+                ));
             }
             let params = message.get("params").cloned().unwrap_or(Value::Null);
             check(self, "SessionNotification", &params);
@@ -467,7 +512,9 @@ impl Bridge {
         let has_result = message.get("result").is_some();
         let has_error = message.get("error").is_some();
         if has_result == has_error {
-            self.fail(&format!("a response must have exactly one of result and error: {trimmed}"));
+            self.fail(&format!(
+                "a response must have exactly one of result and error: {trimmed}"
+            ));
         }
         let outcome = if has_error {
             let error = &message["error"];
@@ -482,7 +529,9 @@ impl Bridge {
         };
         match message.get("id") {
             Some(Value::Null) if has_error => self.null_id_errors.push_back(outcome.unwrap_err()),
-            Some(Value::Number(n)) if n.as_i64().is_some_and(|id| self.pending.contains_key(&id)) => {
+            Some(Value::Number(n))
+                if n.as_i64().is_some_and(|id| self.pending.contains_key(&id)) =>
+            {
                 let id = n.as_i64().unwrap();
                 let method = self.pending.remove(&id).unwrap();
                 if let (Ok(result), Some(schema)) = (&outcome, schema::response_schema(&method)) {
@@ -510,10 +559,19 @@ impl Bridge {
 
     /// Waits until an update of `session_id` satisfies `pred`; returns it. Earlier updates of the session are
     /// consumed; updates of other sessions stay buffered.
-    pub fn wait_update(&mut self, session_id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    pub fn wait_update(
+        &mut self,
+        session_id: &str,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         loop {
-            while let Some(pos) = self.updates.iter().position(|n| n["sessionId"] == session_id) {
+            while let Some(pos) = self
+                .updates
+                .iter()
+                .position(|n| n["sessionId"] == session_id)
+            {
                 let update = self.updates.remove(pos).unwrap()["update"].clone();
                 if pred(&update) {
                     return update;
@@ -553,13 +611,19 @@ impl Bridge {
 
     pub fn send_prompt_blocks(&mut self, session_id: &str, blocks: Vec<Value>) -> i64 {
         self.take_updates(session_id);
-        self.send_request("session/prompt", json!({"sessionId": session_id, "prompt": blocks}))
+        self.send_request(
+            "session/prompt",
+            json!({"sessionId": session_id, "prompt": blocks}),
+        )
     }
 
     /// Waits for the answer to a prompt sent with [`Bridge::send_prompt`], with the session's updates.
     pub fn finish_turn(&mut self, session_id: &str, id: i64) -> Turn {
         let result = self.wait_response(id);
-        Turn { result, updates: self.take_updates(session_id) }
+        Turn {
+            result,
+            updates: self.take_updates(session_id),
+        }
     }
 
     /// A whole turn: one text block in, the updates and the answer out.
@@ -571,9 +635,14 @@ impl Bridge {
     /// `session/load`: the updates replayed before the answer, and the answer.
     pub fn load_session(&mut self, session_id: &str, cwd: &Path) -> Turn {
         self.take_updates(session_id);
-        let result =
-            self.request("session/load", json!({"sessionId": session_id, "cwd": cwd, "mcpServers": []}));
-        Turn { result, updates: self.take_updates(session_id) }
+        let result = self.request(
+            "session/load",
+            json!({"sessionId": session_id, "cwd": cwd, "mcpServers": []}),
+        );
+        Turn {
+            result,
+            updates: self.take_updates(session_id),
+        }
     }
 
     pub fn cancel(&mut self, session_id: &str) {
@@ -611,7 +680,10 @@ impl Bridge {
     pub fn drain_stdout(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         while !self.stdout_closed && Instant::now() < deadline {
-            match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
                 Ok(Line::Stdout(line)) => self.accept(line),
                 Ok(Line::Eof) | Err(RecvTimeoutError::Disconnected) => self.stdout_closed = true,
                 Err(RecvTimeoutError::Timeout) => break,
@@ -648,7 +720,9 @@ impl Invocation {
     /// The value following `flag` in argv, if the flag is there.
     pub fn flag_value(&self, flag: &str) -> Option<String> {
         let argv = self.argv();
-        argv.iter().position(|a| a == flag).and_then(|i| argv.get(i + 1).cloned())
+        argv.iter()
+            .position(|a| a == flag)
+            .and_then(|i| argv.get(i + 1).cloned())
     }
 
     pub fn has_flag(&self, flag: &str) -> bool {
@@ -659,7 +733,9 @@ impl Invocation {
     pub fn stdin(&self) -> Vec<u8> {
         use base64::Engine;
         let b64 = self.0["stdin_b64"].as_str().expect("stdin was read");
-        base64::engine::general_purpose::STANDARD.decode(b64).unwrap()
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap()
     }
 
     pub fn env(&self, key: &str) -> Option<String> {
@@ -677,6 +753,11 @@ impl Invocation {
     pub fn pid(&self) -> i32 {
         self.0["pid"].as_i64().unwrap() as i32
     }
+
+    /// The OpenCode session / Amp thread id the fake used (generated, or the one it was asked to continue).
+    pub fn cli_session(&self) -> String {
+        self.0["session"].as_str().unwrap_or_default().to_string()
+    }
 }
 
 /// Every fake CLI run in `workspace`, oldest first.
@@ -692,6 +773,19 @@ pub fn invocations(workspace: &Path) -> Vec<Invocation> {
 }
 
 // ---- processes -----------------------------------------------------------------------------------------------
+
+/// Waits until the fake CLI has recorded at least `count` runs in `workspace`; returns them.
+pub fn wait_invocations(workspace: &Path, count: usize) -> Vec<Invocation> {
+    let found = wait_until(RECV_TIMEOUT, || invocations(workspace).len() >= count);
+    let runs = invocations(workspace);
+    assert!(
+        found,
+        "expected {count} fake CLI runs in {}, found {}",
+        workspace.display(),
+        runs.len()
+    );
+    runs
+}
 
 /// Polls `cond` every 20 ms until it holds or `timeout` passes; returns whether it held.
 pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
@@ -712,7 +806,9 @@ pub fn pid_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
             // The state follows the parenthesised command name, which may itself contain spaces or parens.
-            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
             !matches!(state, Some('Z') | Some('X') | None)
         }
         Err(_) => false,
@@ -725,7 +821,10 @@ pub struct KillOnDrop(pub i32);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if self.0 > 0 && pid_alive(self.0) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
     }
 }
