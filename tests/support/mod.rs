@@ -29,8 +29,11 @@ pub const RECV_TIMEOUT: Duration = Duration::from_secs(20);
 /// Upper bound for a whole request (a turn may stream for longer than one receive timeout).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The bridge binary under test.
+/// The bridge binary under test: `ACP_SANDBOX_E2E_BIN` if set (e.g. an installed build), else cargo's build.
 pub fn bridge_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("ACP_SANDBOX_E2E_BIN") {
+        return PathBuf::from(path);
+    }
     match option_env!("CARGO_BIN_EXE_acp-sandbox") {
         Some(path) => PathBuf::from(path),
         None => panic!(
@@ -77,6 +80,34 @@ impl TestDirs {
 
     pub fn root(&self) -> &Path {
         self.root.path()
+    }
+}
+
+impl Drop for TestDirs {
+    /// Whatever a test leaves running (a fake CLI the bridge failed to kill, its grandchild) is killed here, so
+    /// a failing test never leaks processes. Only processes that still look like ours are touched.
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(self.root.path()) else {
+            return;
+        };
+        for workspace in entries.flatten().map(|e| e.path()) {
+            for run in invocations(&workspace) {
+                kill_if_cmdline_contains(run.pid(), "fake_cli.py");
+            }
+            if let Ok(pid) = std::fs::read_to_string(workspace.join(".fake-cli/child.pid")) {
+                kill_if_cmdline_contains(pid.trim().parse().unwrap_or(0), "sleep");
+            }
+        }
+    }
+}
+
+fn kill_if_cmdline_contains(pid: i32, needle: &str) {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if pid > 0 && String::from_utf8_lossy(&cmdline).contains(needle) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 
@@ -435,7 +466,8 @@ impl Bridge {
                     "no response to request {id} within {REQUEST_TIMEOUT:?}"
                 ));
             }
-            self.pump(RECV_TIMEOUT);
+            let method = self.pending.get(&id).cloned().unwrap_or_default();
+            self.pump_or_fail(&format!("the response to {method} (id {id})"));
         }
     }
 
@@ -464,7 +496,7 @@ impl Bridge {
     fn pump_or_fail(&mut self, what: &str) {
         if !self.pump(RECV_TIMEOUT) {
             self.fail(&format!(
-                "timed out after {RECV_TIMEOUT:?} waiting for {what}"
+                "the bridge sent nothing for {RECV_TIMEOUT:?} while we waited for {what}"
             ));
         }
     }
