@@ -1,4 +1,15 @@
 //! acp-sandbox: an Agent Client Protocol server that runs the Amp and OpenCode CLIs in a sandbox.
-#![deny(clippy::print_stdout)]
+//!
+//! `server` speaks ACP and calls `session::Bridge`; the bridge persists sessions in `store`, runs each
+//! turn's CLI through `sandbox`, and turns its output into ACP updates with the pure translators in
+//! `agents`. See ARCHITECTURE.md for the map and its invariants.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod agents;
+pub mod config;
+pub mod error;
+pub mod logging;
+pub mod sandbox;
+pub mod server;
+pub mod session;
+pub mod store;

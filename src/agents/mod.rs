@@ -6,11 +6,29 @@
 
 pub mod amp;
 pub mod opencode;
+pub mod tools;
 
 use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::SessionUpdate;
 use serde::Serialize;
+
+use crate::sandbox::install::NpmPackage;
+
+/// What one turn asks of the CLI beyond the prompt text.
+#[derive(Clone, Debug, Default)]
+pub struct TurnRequest<'a> {
+    /// The CLI conversation to continue (`ses_…`, `T-…`); `None` starts a new one.
+    pub native_id: Option<&'a str>,
+    /// OpenCode model (`provider/model`).
+    pub model: Option<&'a str>,
+    /// OpenCode model variant (reasoning effort).
+    pub variant: Option<&'a str>,
+    /// Amp mode.
+    pub mode: Option<&'a str>,
+    /// Files attached to the prompt (images), as the CLI sees them.
+    pub files: &'a [PathBuf],
+}
 
 /// Which CLI a session runs. Persisted with the session, so it never changes for one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, clap::ValueEnum)]
@@ -47,6 +65,72 @@ impl AgentKind {
             AgentKind::Amp => "Amp",
             AgentKind::OpenCode => "OpenCode",
         }
+    }
+
+    /// The npm package that provides the CLI, installed on first use.
+    pub fn package(self) -> NpmPackage {
+        match self {
+            AgentKind::Amp => amp::PACKAGE,
+            AgentKind::OpenCode => opencode::PACKAGE,
+        }
+    }
+
+    /// The credential variable the CLI cannot start without, if any.
+    pub fn required_credential(self) -> Option<&'static str> {
+        match self {
+            AgentKind::Amp => Some(amp::CREDENTIAL),
+            AgentKind::OpenCode => None,
+        }
+    }
+
+    /// The CLI's argv after the executable.
+    pub fn args(self, turn: &TurnRequest<'_>) -> Vec<String> {
+        match self {
+            AgentKind::Amp => amp::args(turn),
+            AgentKind::OpenCode => opencode::args(turn),
+        }
+    }
+
+    /// Whether a variable of the bridge's environment reaches the CLI (its settings and credentials).
+    pub fn passes_env(self, name: &str) -> bool {
+        match self {
+            AgentKind::Amp => amp::passes_env(name),
+            AgentKind::OpenCode => opencode::passes_env(name),
+        }
+    }
+
+    /// Variables the bridge always sets for this CLI.
+    pub fn fixed_env(self) -> Vec<(String, String)> {
+        match self {
+            AgentKind::Amp => Vec::new(),
+            AgentKind::OpenCode => opencode::fixed_env(),
+        }
+    }
+
+    /// The user's own configuration of the CLI: (host path, path inside the session's state dir).
+    pub fn user_config(
+        self,
+        user_config_dir: &Path,
+        user_data_dir: &Path,
+        state_dir: &Path,
+    ) -> Vec<(PathBuf, PathBuf)> {
+        match self {
+            AgentKind::Amp => amp::user_config(user_config_dir, state_dir),
+            AgentKind::OpenCode => opencode::user_config(user_config_dir, user_data_dir, state_dir),
+        }
+    }
+
+    /// Whether the CLI's stderr says the conversation we asked it to continue no longer exists.
+    pub fn session_missing(self, stderr: &str) -> bool {
+        match self {
+            AgentKind::Amp => amp::session_missing(stderr),
+            AgentKind::OpenCode => opencode::session_missing(stderr),
+        }
+    }
+
+    /// Whether the CLI can take images with a prompt.
+    pub fn accepts_images(self) -> bool {
+        matches!(self, AgentKind::OpenCode)
     }
 
     /// A fresh translator for one turn of this agent.
@@ -133,6 +217,9 @@ pub enum TurnEnd {
 }
 
 /// One thing a translator learned from a CLI line.
+// Nearly every output is an update, so boxing it would cost an allocation per line to save space on the rare
+// other variants.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "output", rename_all = "snake_case")]
 pub enum Output {

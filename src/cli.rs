@@ -1,0 +1,421 @@
+//! The command line: `serve` (the default, for editors), `prompt`, `sessions` and `doctor` (for people).
+//!
+//! Only the terminal commands print to stdout; `serve` leaves stdout to the ACP connection.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acp_sandbox::agents::AgentKind;
+use acp_sandbox::config::{Config, SandboxChoice, opencode_models_from};
+use acp_sandbox::error::to_acp_error;
+use acp_sandbox::sandbox::local::{Isolation, probe_bwrap};
+use acp_sandbox::session::{Bridge, UpdateSink};
+use acp_sandbox::store::rfc3339;
+use agent_client_protocol::v1::schema::{
+    ContentBlock, SessionNotification, SessionUpdate, ToolCallContent, ToolCallStatus,
+};
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+/// Run the Amp or OpenCode coding agent in a sandbox, for editors that speak the Agent Client Protocol.
+#[derive(Parser, Debug)]
+#[command(name = "acp-sandbox", version, about)]
+struct Cli {
+    #[command(flatten)]
+    settings: Settings,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Args, Debug)]
+struct Settings {
+    /// The agent CLI that new sessions run.
+    #[arg(long, global = true, env = "ACP_SANDBOX_AGENT", value_enum, default_value = "opencode")]
+    agent: AgentKind,
+    /// Where CLIs run: bubblewrap when available (auto), bubblewrap or fail (bwrap), or no sandbox (none).
+    #[arg(long, global = true, env = "ACP_SANDBOX_SANDBOX", value_enum, default_value = "auto")]
+    sandbox: SandboxChoice,
+    /// Sessions, logs and installed CLIs live here [default: the platform data dir].
+    #[arg(long, global = true, env = "ACP_SANDBOX_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Default model for OpenCode (`provider/model`) or mode for Amp, for new sessions.
+    #[arg(long, global = true, env = "ACP_SANDBOX_MODEL")]
+    model: Option<String>,
+    /// Run this executable instead of the installed `opencode` (same argv, stdin and environment).
+    #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BIN")]
+    opencode_bin: Option<PathBuf>,
+    /// Run this executable instead of the installed `amp` (same argv, stdin and environment).
+    #[arg(long, global = true, env = "ACP_SANDBOX_AMP_BIN")]
+    amp_bin: Option<PathBuf>,
+    /// End a turn whose CLI prints nothing for this many seconds.
+    #[arg(long, global = true, env = "ACP_SANDBOX_IDLE_TIMEOUT", default_value_t = 900)]
+    idle_timeout: u64,
+    /// At most this many updates are replayed when the editor reopens a session.
+    #[arg(long, global = true, env = "ACP_SANDBOX_REPLAY_LIMIT", default_value_t = 5000)]
+    replay_limit: usize,
+    /// Context window (tokens) shown in the editor's usage meter.
+    #[arg(long, global = true, env = "ACP_SANDBOX_CONTEXT_WINDOW", default_value_t = 200_000)]
+    context_window: u64,
+    /// Amp modes offered in the editor (comma-separated; the first is the default).
+    #[arg(long, global = true, env = "ACP_SANDBOX_AMP_MODES", value_delimiter = ',')]
+    amp_modes: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve ACP on stdin/stdout (what editors run; the default).
+    Serve,
+    /// Run one turn from the terminal and print the updates as they stream.
+    Prompt {
+        /// The prompt; `-` or nothing reads it from stdin.
+        text: Option<String>,
+        /// Print the raw ACP `session/update` notifications, one JSON object per line.
+        #[arg(long)]
+        json: bool,
+        /// Continue this session instead of starting one in the current directory.
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// Inspect the stored sessions.
+    Sessions {
+        #[command(subcommand)]
+        command: SessionsCommand,
+    },
+    /// Say which CLIs are found, which sandbox is used and why, and which credentials are missing.
+    Doctor,
+}
+
+#[derive(Subcommand, Debug)]
+enum SessionsCommand {
+    /// List sessions, newest first.
+    List {
+        /// Only sessions of this workspace.
+        #[arg(long)]
+        cwd: Option<PathBuf>,
+    },
+    /// Show one session and its turns.
+    Show {
+        /// The session id.
+        id: String,
+    },
+    /// Delete a session and its sandbox.
+    Rm {
+        /// The session id.
+        id: String,
+    },
+}
+
+impl Settings {
+    fn config(&self) -> Config {
+        let data_dir = self.data_dir.clone().unwrap_or_else(Config::default_data_dir);
+        let mut config = Config::new(self.agent, data_dir);
+        config.sandbox = self.sandbox;
+        config.model = self.model.clone();
+        config.opencode_bin = self.opencode_bin.clone();
+        config.amp_bin = self.amp_bin.clone();
+        config.idle_timeout = Duration::from_secs(self.idle_timeout.max(1));
+        config.replay_limit = self.replay_limit;
+        config.context_window = self.context_window;
+        let modes: Vec<String> =
+            self.amp_modes.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
+        if !modes.is_empty() {
+            config.amp_modes = modes;
+        }
+        if let Some(dirs) = directories::BaseDirs::new() {
+            config.opencode_models = opencode_models_from(dirs.config_dir());
+        }
+        config
+    }
+}
+
+/// Parses the command line and runs the command.
+pub fn main() -> anyhow::Result<ExitCode> {
+    let cli = Cli::parse();
+    let config = cli.settings.config();
+    let quiet = !matches!(cli.command, None | Some(Command::Serve));
+    let _guard = acp_sandbox::logging::init(&config.log_path(), if quiet { "warn" } else { "info" });
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            None | Some(Command::Serve) => serve(config).await,
+            Some(Command::Prompt { text, json, session }) => prompt(config, text, json, session).await,
+            Some(Command::Sessions { command }) => sessions(config, command).await,
+            Some(Command::Doctor) => doctor(config),
+        }
+    })
+}
+
+async fn serve(config: Config) -> anyhow::Result<ExitCode> {
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        agent = %config.agent,
+        data_dir = %config.data_dir.display(),
+        "acp-sandbox starting"
+    );
+    let bridge = Arc::new(Bridge::open(config).context("cannot start")?);
+    tracing::info!("sandbox: {}", bridge.isolation().describe());
+    acp_sandbox::server::serve(bridge).await.map_err(|e| anyhow::anyhow!("ACP connection failed: {e}"))?;
+    tracing::info!("the editor closed the connection; exiting");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints updates for a person, or as JSON lines.
+struct PrintSink {
+    json: bool,
+    /// Whether the last thing printed ended a line: agent text streams without newlines.
+    at_line_start: Mutex<bool>,
+}
+
+impl PrintSink {
+    fn line(&self, text: &str) {
+        let mut at_start = self.at_line_start.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = std::io::stdout().lock();
+        if !*at_start {
+            let _ = writeln!(out);
+        }
+        let _ = writeln!(out, "{text}");
+        *at_start = true;
+    }
+}
+
+impl UpdateSink for PrintSink {
+    fn send(&self, session_id: &str, update: SessionUpdate) {
+        if self.json {
+            let notification = SessionNotification::new(session_id.to_string(), update);
+            if let Ok(text) = serde_json::to_string(&notification) {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{text}");
+            }
+            return;
+        }
+        match update {
+            SessionUpdate::AgentMessageChunk(chunk) => {
+                if let ContentBlock::Text(text) = chunk.content {
+                    let mut out = std::io::stdout().lock();
+                    let _ = write!(out, "{}", text.text);
+                    let _ = out.flush();
+                    *self.at_line_start.lock().unwrap_or_else(|p| p.into_inner()) = text.text.ends_with('\n');
+                }
+            }
+            SessionUpdate::AgentThoughtChunk(chunk) => {
+                if let ContentBlock::Text(text) = chunk.content {
+                    for line in text.text.lines() {
+                        self.line(&format!("  (thinking) {line}"));
+                    }
+                }
+            }
+            SessionUpdate::ToolCall(call) => {
+                self.line(&format!("▸ {} [{:?}]", call.title, call.kind).to_lowercase_kind());
+            }
+            SessionUpdate::ToolCallUpdate(update) => {
+                let mark = match update.fields.status {
+                    Some(ToolCallStatus::Completed) => "  ✓ done",
+                    Some(ToolCallStatus::Failed) => "  ✗ failed",
+                    _ => return,
+                };
+                let detail = update
+                    .fields
+                    .content
+                    .iter()
+                    .flatten()
+                    .find_map(|content| match content {
+                        ToolCallContent::Content(c) => match &c.content {
+                            ContentBlock::Text(t) => t
+                                .text
+                                .lines()
+                                .find(|l| !l.trim().is_empty() && !l.starts_with("```"))
+                                .map(str::to_string),
+                            _ => None,
+                        },
+                        ToolCallContent::Diff(diff) => Some(format!("diff of {}", diff.path.display())),
+                        _ => None,
+                    })
+                    .map(|d| format!(": {d}"))
+                    .unwrap_or_default();
+                self.line(&format!("{mark}{detail}"));
+            }
+            SessionUpdate::Plan(plan) => {
+                self.line("Plan:");
+                for entry in plan.entries {
+                    self.line(&format!("  [{:?}] {}", entry.status, entry.content));
+                }
+            }
+            SessionUpdate::UsageUpdate(usage) => {
+                tracing::info!(used = usage.used, size = usage.size, "usage");
+            }
+            SessionUpdate::SessionInfoUpdate(_) => {}
+            other => tracing::debug!("update: {other:?}"),
+        }
+    }
+}
+
+trait LowercaseKind {
+    fn to_lowercase_kind(self) -> String;
+}
+
+impl LowercaseKind for String {
+    /// `▸ title [Execute]` reads better as `▸ title [execute]`.
+    fn to_lowercase_kind(self) -> String {
+        match self.rfind(" [") {
+            Some(pos) => format!("{}{}", &self[..pos], self[pos..].to_lowercase()),
+            None => self,
+        }
+    }
+}
+
+async fn prompt(config: Config, text: Option<String>, json: bool, session: Option<String>) -> anyhow::Result<ExitCode> {
+    let text = match text.as_deref() {
+        Some("-") | None => {
+            if std::io::stdin().is_terminal() {
+                eprintln!("Type the prompt, then Ctrl-D:");
+            }
+            let mut buffer = String::new();
+            std::io::stdin().read_to_string(&mut buffer).context("reading the prompt from stdin")?;
+            buffer
+        }
+        Some(text) => text.to_string(),
+    };
+    let bridge = Arc::new(Bridge::open(config).context("cannot start")?);
+    let session_id = match session {
+        Some(id) => {
+            bridge.resume_session(&id).map_err(|e| anyhow::anyhow!("{e}"))?;
+            id
+        }
+        None => {
+            let cwd = std::env::current_dir()?;
+            bridge.new_session(&cwd).map_err(|e| anyhow::anyhow!("{e}"))?.0
+        }
+    };
+    let sink = Arc::new(PrintSink { json, at_line_start: Mutex::new(true) });
+    let cancel_bridge = bridge.clone();
+    let cancel_id = session_id.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\ncancelling…");
+            cancel_bridge.cancel(&cancel_id);
+        }
+    });
+    let result = bridge.prompt(&session_id, vec![ContentBlock::from(text)], sink.clone()).await;
+    if !*sink.at_line_start.lock().unwrap_or_else(|p| p.into_inner()) {
+        println!();
+    }
+    match result {
+        Ok(stop) => {
+            eprintln!("[{stop:?}] session {session_id} (continue with --session {session_id})");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            let acp = to_acp_error(&error);
+            eprintln!("error ({:?}): {}", acp.code, acp.message);
+            eprintln!("session {session_id}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<ExitCode> {
+    let bridge = Bridge::open(Config { sandbox: SandboxChoice::None, ..config }).context("cannot open the store")?;
+    match command {
+        SessionsCommand::List { cwd } => {
+            let records = bridge.store().list_sessions(cwd.as_ref().and_then(|c| c.to_str()), None, 1000)?;
+            if records.is_empty() {
+                eprintln!("no sessions");
+            }
+            for record in records {
+                println!(
+                    "{}  {:<8}  {}  {}  {}",
+                    record.id,
+                    record.agent,
+                    rfc3339(record.updated_at),
+                    record.title.as_deref().unwrap_or("(untitled)"),
+                    record.cwd
+                );
+            }
+        }
+        SessionsCommand::Show { id } => {
+            let Some(record) = bridge.store().session(&id)? else {
+                eprintln!("no session {id}");
+                return Ok(ExitCode::FAILURE);
+            };
+            println!("session     {}", record.id);
+            println!("agent       {}", record.agent);
+            println!("title       {}", record.title.as_deref().unwrap_or("(untitled)"));
+            println!("workspace   {}", record.cwd);
+            println!(
+                "sandbox     {} {}",
+                record.sandbox_provider,
+                record.sandbox_id.as_deref().unwrap_or("(not created yet)")
+            );
+            println!("cli session {}", record.native_id.as_deref().unwrap_or("(none yet)"));
+            println!("config      {}", record.config);
+            println!("created     {}", rfc3339(record.created_at));
+            println!("updated     {}", rfc3339(record.updated_at));
+            let history = bridge.store().history(&id, usize::MAX)?;
+            for (turn, events) in history.turns {
+                let outcome = turn.stop_reason.or(turn.error).unwrap_or_default();
+                println!("\nturn {} at {}: {:?} {}", turn.id, rfc3339(turn.started_at), turn.status, outcome);
+                let prompt: Vec<ContentBlock> = serde_json::from_value(turn.prompt).unwrap_or_default();
+                for block in prompt {
+                    if let ContentBlock::Text(text) = block {
+                        println!("  > {}", text.text.replace('\n', "\n  > "));
+                    }
+                }
+                println!("  {} updates", events.len());
+            }
+        }
+        SessionsCommand::Rm { id } => {
+            bridge.delete_session(&id).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            eprintln!("deleted {id}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn doctor(config: Config) -> anyhow::Result<ExitCode> {
+    println!("acp-sandbox {}", env!("CARGO_PKG_VERSION"));
+    println!("data dir    {}", config.data_dir.display());
+    println!("log file    {}", config.log_path().display());
+    println!();
+    for agent in [AgentKind::OpenCode, AgentKind::Amp] {
+        let package = agent.package();
+        let found = if let Some(path) = config.bin_override(agent) {
+            format!("{} (from ACP_SANDBOX_{}_BIN)", path.display(), agent.as_str().to_uppercase())
+        } else if let Ok(path) = which::which(package.bin) {
+            format!("{} (on PATH)", path.display())
+        } else if package.executable(&config.tools_dir()).exists() {
+            format!("{} (installed by acp-sandbox)", package.executable(&config.tools_dir()).display())
+        } else if which::which("npm").is_ok() {
+            format!("not installed: {}@{} will be installed from npm on first use", package.name, package.version)
+        } else {
+            "NOT FOUND, and npm is missing to install it".to_string()
+        };
+        println!("{:<10}  {found}", agent.display_name());
+        if let Some(variable) = agent.required_credential() {
+            let state = match std::env::var(variable) {
+                Ok(value) if !value.trim().is_empty() => "set".to_string(),
+                _ => format!("MISSING: {} will refuse to run until {variable} is set", agent.display_name()),
+            };
+            println!("{:<10}  {variable}: {state}", "");
+        }
+    }
+    println!();
+    match Isolation::resolve(config.sandbox) {
+        Ok(isolation) => println!("sandbox     {} (--sandbox {})", isolation.describe(), config.sandbox.as_str()),
+        Err(e) => println!("sandbox     ERROR: {e}"),
+    }
+    if let Err(why) = probe_bwrap() {
+        println!("            bubblewrap: {why}; install the `bubblewrap` package for isolation");
+    }
+    match acp_sandbox::store::Store::open(&config.database_path()) {
+        Ok(store) => {
+            let count = store.list_sessions(None, None, 100_000).map(|s| s.len()).unwrap_or(0);
+            println!("store       {} ({count} sessions)", config.database_path().display());
+        }
+        Err(e) => println!("store       ERROR: {e}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,184 @@
+//! Resolved settings of one bridge process: flags and environment, merged with defaults.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::agents::AgentKind;
+
+/// Which sandbox runs the CLIs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SandboxChoice {
+    /// bubblewrap when its probe works, a plain process group otherwise.
+    Auto,
+    /// bubblewrap, and a clear error when it cannot work here.
+    Bwrap,
+    /// A plain process group in the workspace: no isolation.
+    None,
+}
+
+impl SandboxChoice {
+    /// The name used on the command line and in `doctor`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxChoice::Auto => "auto",
+            SandboxChoice::Bwrap => "bwrap",
+            SandboxChoice::None => "none",
+        }
+    }
+}
+
+/// Everything the library needs to know about how it was started.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The agent that new sessions run.
+    pub agent: AgentKind,
+    /// The sandbox choice for new sessions.
+    pub sandbox: SandboxChoice,
+    /// Root of the store, the per-session state and the CLI install cache.
+    pub data_dir: PathBuf,
+    /// Model for OpenCode (`provider/model`) or mode for Amp, when the user picked one on the command line.
+    pub model: Option<String>,
+    /// An executable to run instead of the installed `opencode`.
+    pub opencode_bin: Option<PathBuf>,
+    /// An executable to run instead of the installed `amp`.
+    pub amp_bin: Option<PathBuf>,
+    /// A turn that prints nothing for this long is ended with an error and its process tree killed.
+    pub idle_timeout: Duration,
+    /// At most this many updates are replayed by `session/load`; older turns are cut with a visible note.
+    pub replay_limit: usize,
+    /// Context window size reported in `usage_update` when the model's own is unknown.
+    pub context_window: u64,
+    /// Amp modes offered in the editor's picker; the first is the default.
+    pub amp_modes: Vec<String>,
+    /// OpenCode models (`provider/model`) offered in the editor's picker, from the user's OpenCode config.
+    pub opencode_models: Vec<String>,
+}
+
+impl Config {
+    /// The default data dir of the platform, e.g. `~/.local/share/acp-sandbox`.
+    pub fn default_data_dir() -> PathBuf {
+        directories::ProjectDirs::from("", "", "acp-sandbox")
+            .map(|dirs| dirs.data_dir().to_path_buf())
+            .unwrap_or_else(|| std::env::temp_dir().join("acp-sandbox"))
+    }
+
+    /// A config for tests and tools: the given agent and data dir, defaults elsewhere.
+    pub fn new(agent: AgentKind, data_dir: PathBuf) -> Self {
+        Self {
+            agent,
+            sandbox: SandboxChoice::Auto,
+            data_dir,
+            model: None,
+            opencode_bin: None,
+            amp_bin: None,
+            idle_timeout: Duration::from_secs(600),
+            replay_limit: 5000,
+            context_window: 200_000,
+            amp_modes: ["medium", "low", "high", "ultra"].map(String::from).to_vec(),
+            opencode_models: Vec::new(),
+        }
+    }
+
+    /// The SQLite database file.
+    pub fn database_path(&self) -> PathBuf {
+        self.data_dir.join("acp-sandbox.sqlite3")
+    }
+
+    /// The log file, next to the database.
+    pub fn log_path(&self) -> PathBuf {
+        self.data_dir.join("acp-sandbox.log")
+    }
+
+    /// Per-session state (the CLI's HOME and XDG dirs) lives under here.
+    pub fn sessions_dir(&self) -> PathBuf {
+        self.data_dir.join("sessions")
+    }
+
+    /// CLIs installed on first use live under here, one folder per pinned version.
+    pub fn tools_dir(&self) -> PathBuf {
+        self.data_dir.join("tools")
+    }
+
+    /// The override executable for an agent, if any.
+    pub fn bin_override(&self, agent: AgentKind) -> Option<&PathBuf> {
+        match agent {
+            AgentKind::Amp => self.amp_bin.as_ref(),
+            AgentKind::OpenCode => self.opencode_bin.as_ref(),
+        }
+    }
+}
+
+/// The models a user's OpenCode configuration names: its default `model`, `small_model` and every
+/// `provider.<id>.models.<id>`. A missing or unreadable file yields none.
+pub fn opencode_models_from(config_dir: &std::path::Path) -> Vec<String> {
+    let mut models = Vec::new();
+    for name in ["opencode.json", "opencode.jsonc", "config.json"] {
+        let Ok(text) = std::fs::read_to_string(config_dir.join("opencode").join(name)) else {
+            continue;
+        };
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&strip_line_comments(&text)) else {
+            continue;
+        };
+        for key in ["model", "small_model"] {
+            if let Some(model) = value.get(key).and_then(|m| m.as_str()) {
+                models.push(model.to_string());
+            }
+        }
+        if let Some(providers) = value.get("provider").and_then(|p| p.as_object()) {
+            for (provider, body) in providers {
+                if let Some(list) = body.get("models").and_then(|m| m.as_object()) {
+                    models.extend(list.keys().map(|model| format!("{provider}/{model}")));
+                }
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    models.retain(|model| seen.insert(model.clone()));
+    models
+}
+
+/// Drops `//` comments outside strings (OpenCode accepts JSONC).
+fn strip_line_comments(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let mut in_string = false;
+        let mut escaped = false;
+        let mut cut = line.len();
+        let bytes = line.as_bytes();
+        for (i, &byte) in bytes.iter().enumerate() {
+            match byte {
+                b'\\' if in_string => escaped = !escaped,
+                b'"' if !escaped => in_string = !in_string,
+                b'/' if !in_string && bytes.get(i + 1) == Some(&b'/') => {
+                    cut = i;
+                    break;
+                }
+                _ => escaped = false,
+            }
+            if byte != b'\\' {
+                escaped = false;
+            }
+        }
+        out.push_str(&line[..cut]);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_come_from_the_users_opencode_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("opencode")).unwrap();
+        std::fs::write(
+            dir.path().join("opencode/opencode.jsonc"),
+            "{ // comment\n \"model\": \"a/b\", \"provider\": {\"fake\": {\"models\": {\"m1\": {}, \"m2\": {}}}}}",
+        )
+        .unwrap();
+        assert_eq!(opencode_models_from(dir.path()), ["a/b", "fake/m1", "fake/m2"]);
+        assert!(opencode_models_from(&dir.path().join("missing")).is_empty());
+    }
+}

@@ -1,0 +1,103 @@
+//! The library's error type and the one function that decides what the editor sees for each failure.
+
+use agent_client_protocol::ErrorCode;
+use serde_json::json;
+
+use crate::sandbox::SandboxError;
+use crate::store::StoreError;
+
+/// Everything that can fail while serving a request. Each variant says who returns it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The client named a session the store does not have (load, resume, prompt, set_config_option).
+    #[error("Session not found: {0}")]
+    SessionNotFound(String),
+
+    /// The agent needs a credential that is not in the bridge's environment; the CLI was not started.
+    #[error(
+        "{agent} needs the environment variable {variable}: set it in the agent server's \"env\" in the editor's settings (e.g. Zed's agent_servers) and restart the agent"
+    )]
+    MissingCredential {
+        /// The agent's display name.
+        agent: &'static str,
+        /// The variable to set.
+        variable: &'static str,
+    },
+
+    /// The CLI's provider rejected the credentials (e.g. OpenCode's ProviderAuthError).
+    #[error("{0}")]
+    AuthRejected(String),
+
+    /// A second prompt arrived while a turn of the same session is running.
+    #[error("A turn is already running in this session; wait for it to finish or cancel it first")]
+    TurnInProgress,
+
+    /// The request's parameters cannot be served (bad cursor, bad config value, relative cwd…).
+    #[error("{0}")]
+    InvalidParams(String),
+
+    /// The CLI ended the turn with an error, crashed or exited non-zero.
+    #[error("{message}")]
+    CliFailed {
+        /// The CLI's own message, or a description of how it died.
+        message: String,
+        /// The last lines the CLI wrote on stderr.
+        stderr_tail: String,
+        /// The exit code, when it exited normally.
+        exit_code: Option<i32>,
+    },
+
+    /// The CLI printed nothing for too long (or looped) and was killed.
+    #[error(
+        "{agent} produced no output for {seconds} s and was stopped; the conversation is kept and the next prompt continues it"
+    )]
+    Stalled {
+        /// The agent's display name.
+        agent: &'static str,
+        /// How long it was silent.
+        seconds: u64,
+    },
+
+    /// The CLI could not be found or installed.
+    #[error("{0}")]
+    CliUnavailable(String),
+
+    /// The sandbox could not be prepared or could not run the CLI.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+
+    /// The store failed; the request did not take effect.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Maps a library error to the JSON-RPC error the editor receives.
+pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
+    let message = error.to_string();
+    match error {
+        Error::SessionNotFound(id) => {
+            agent_client_protocol::Error::new(ErrorCode::RESOURCE_NOT_FOUND, message).data(json!({ "sessionId": id }))
+        }
+        Error::MissingCredential { variable, .. } => {
+            agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message).data(json!({ "variable": variable }))
+        }
+        Error::AuthRejected(_) => agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message),
+        Error::TurnInProgress => agent_client_protocol::Error::new(ErrorCode::INVALID_REQUEST, message),
+        Error::InvalidParams(_) => agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message),
+        Error::CliFailed { stderr_tail, exit_code, .. } => {
+            let shown = if stderr_tail.trim().is_empty() {
+                message
+            } else {
+                format!("{message}\n\nstderr:\n{}", stderr_tail.trim_end())
+            };
+            agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, shown)
+                .data(json!({ "stderr": stderr_tail, "exitCode": exit_code }))
+        }
+        Error::Stalled { .. } | Error::CliUnavailable(_) | Error::Sandbox(_) | Error::Store(_) => {
+            agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, message)
+        }
+    }
+}
+
+/// Result alias for the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,35 @@
+//! Logging: `tracing` to stderr and to a log file in the data dir. Never to stdout (the ACP channel).
+
+use std::path::Path;
+
+use tracing_appender::non_blocking::WorkerGuard;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Installs the global subscriber. `default_filter` applies when `RUST_LOG` is unset. Keep the returned
+/// guard alive: it flushes the file on exit.
+pub fn init(log_file: &Path, default_filter: &str) -> Option<WorkerGuard> {
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(false).with_filter(filter());
+    let file = log_file.parent().and_then(|dir| {
+        std::fs::create_dir_all(dir).ok()?;
+        let name = log_file.file_name()?;
+        let appender = tracing_appender::rolling::never(dir, name);
+        Some(tracing_appender::non_blocking(appender))
+    });
+    match file {
+        Some((writer, guard)) => {
+            let file_layer =
+                tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(false).with_filter(filter());
+            let _ = tracing_subscriber::registry().with(stderr).with(file_layer).try_init();
+            Some(guard)
+        }
+        None => {
+            let _ = tracing_subscriber::registry().with(stderr).try_init();
+            None
+        }
+    }
+}
+
+use tracing_subscriber::Layer as _;

@@ -1,0 +1,156 @@
+//! Sandboxes: where a session's CLI runs. The only module that spawns processes.
+//!
+//! A [`SandboxProvider`] creates, reconnects to, suspends and destroys the sandbox of one session; a
+//! [`Sandbox`] runs commands in it with streamed stdout and stderr. The local provider (bubblewrap or a
+//! plain process group) is the embedded default; remote providers (E2B, Daytona) fit the same shape: their
+//! ids are persisted with the session, and `connect` answers `None` when the sandbox is gone.
+
+pub mod install;
+pub mod local;
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::io::AsyncRead;
+
+/// A sandbox failure.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The requested isolation cannot work on this machine (e.g. `--sandbox bwrap` without bubblewrap).
+    #[error("sandbox unavailable: {0}")]
+    Unavailable(String),
+    /// The sandbox's files could not be prepared.
+    #[error("sandbox: {what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The command could not be started.
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Installing a CLI failed.
+    #[error("installing {package} failed: {message}")]
+    Install {
+        /// The npm package.
+        package: String,
+        /// npm's words.
+        message: String,
+    },
+}
+
+impl SandboxError {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        SandboxError::Io { what: what.into(), source }
+    }
+}
+
+/// What a session's sandbox is made for.
+#[derive(Clone, Debug)]
+pub struct SandboxSpec {
+    /// Our session id.
+    pub session_id: String,
+    /// The editor's workspace, writable by the CLI.
+    pub workspace: PathBuf,
+}
+
+/// One command to run inside a sandbox.
+#[derive(Clone, Debug, Default)]
+pub struct ExecSpec {
+    /// The executable (absolute, or looked up on the sandbox's PATH).
+    pub program: PathBuf,
+    /// Its arguments, passed as they are (never through a shell).
+    pub args: Vec<String>,
+    /// The complete environment: nothing else is inherited.
+    pub env: Vec<(String, String)>,
+    /// Working directory (also exported as `PWD`, which OpenCode reads instead of getcwd).
+    pub cwd: PathBuf,
+    /// Written to stdin, which is then closed: both CLIs read stdin to EOF and hang on an open pipe.
+    pub stdin: Vec<u8>,
+    /// Host paths made visible read-only at a path inside the sandbox (the user's own CLI configuration).
+    pub read_only: Vec<(PathBuf, PathBuf)>,
+}
+
+/// How a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// The exit code, when it exited.
+    pub code: Option<i32>,
+    /// The signal that killed it, when it was killed.
+    pub signal: Option<i32>,
+}
+
+impl ExitInfo {
+    /// Exited with status 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// A human description: "exit code 3" or "signal 9".
+    pub fn describe(&self) -> String {
+        match (self.code, self.signal) {
+            (Some(code), _) => format!("exit code {code}"),
+            (None, Some(signal)) => format!("signal {signal}"),
+            (None, None) => "an unknown status".to_string(),
+        }
+    }
+}
+
+/// A byte stream from a running process.
+pub type OutputStream = Pin<Box<dyn AsyncRead + Send>>;
+
+/// A started command: its output streams and a handle to end it.
+pub struct RunningProcess {
+    /// The process's stdout.
+    pub stdout: OutputStream,
+    /// The process's stderr.
+    pub stderr: OutputStream,
+    /// Waits for or ends the process.
+    pub handle: Box<dyn ProcessHandle>,
+}
+
+/// Control over a started command.
+#[async_trait]
+pub trait ProcessHandle: Send {
+    /// Ends the process and everything it started, at once. Calling it again does nothing.
+    async fn kill(&mut self);
+    /// Waits until the process exits.
+    async fn wait(&mut self) -> Result<ExitInfo, SandboxError>;
+}
+
+/// A live sandbox of one session.
+#[async_trait]
+pub trait Sandbox: Send + Sync {
+    /// Where the editor's workspace appears to commands in this sandbox.
+    fn workspace(&self) -> &Path;
+    /// The session's private state dir in the sandbox: the CLI's HOME and XDG dirs live under it and
+    /// persist across turns, restarts of the bridge and restarts of the sandbox.
+    fn state_dir(&self) -> &Path;
+    /// One line for logs and `doctor`: what isolates this sandbox.
+    fn isolation(&self) -> String;
+    /// Starts a command with streamed output.
+    async fn exec(&self, spec: ExecSpec) -> Result<RunningProcess, SandboxError>;
+}
+
+/// Creates and finds sandboxes of one kind.
+#[async_trait]
+pub trait SandboxProvider: Send + Sync {
+    /// Persisted next to the sandbox id, so a session always returns to the provider that owns its sandbox.
+    fn name(&self) -> &'static str;
+    /// Creates a sandbox for a session and returns its id.
+    async fn create(&self, spec: &SandboxSpec) -> Result<String, SandboxError>;
+    /// Reconnects to an existing sandbox (resuming it if suspended); `None` when it no longer exists.
+    async fn connect(&self, id: &str, spec: &SandboxSpec) -> Result<Option<Arc<dyn Sandbox>>, SandboxError>;
+    /// Lets the sandbox sleep between turns, where the provider can.
+    async fn suspend(&self, id: &str) -> Result<(), SandboxError>;
+    /// Frees the sandbox and everything in it. Destroying a missing sandbox succeeds.
+    async fn destroy(&self, id: &str) -> Result<(), SandboxError>;
+}

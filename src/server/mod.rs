@@ -1,0 +1,228 @@
+//! The ACP server: the only module that knows the JSON-RPC connection (official `agent-client-protocol`).
+//!
+//! Handlers are thin: they call [`Bridge`] and map its errors with [`to_acp_error`]. A prompt turn runs in
+//! its own tokio task so the dispatch loop keeps reading (a `session/cancel` must get through while a turn
+//! runs) and so a panicking turn cannot take the connection down: the SDK answers its dropped responder.
+
+use std::sync::Arc;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse, DeleteSessionRequest,
+    DeleteSessionResponse, Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest,
+    ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
+    PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
+    SessionCapabilities, SessionCloseCapabilities, SessionDeleteCapabilities, SessionInfo, SessionListCapabilities,
+    SessionNotification, SessionResumeCapabilities, SessionUpdate, SetSessionConfigOptionRequest,
+    SetSessionConfigOptionResponse,
+};
+use agent_client_protocol::v1::{ConnectionTo, Responder};
+use agent_client_protocol::{Agent, Client, Stdio};
+
+use crate::error::to_acp_error;
+use crate::session::{Bridge, UpdateSink};
+
+/// Sends updates to the editor over the connection's single outgoing queue.
+struct ConnectionSink {
+    connection: ConnectionTo<Client>,
+}
+
+impl UpdateSink for ConnectionSink {
+    fn send(&self, session_id: &str, update: SessionUpdate) {
+        let notification = SessionNotification::new(session_id.to_string(), update);
+        if let Err(e) = self.connection.send_notification(notification) {
+            // The editor went away; the update is already persisted and will be replayed on load.
+            tracing::debug!(session = session_id, "could not send an update: {e}");
+        }
+    }
+}
+
+fn respond<T>(responder: Responder<T>, result: crate::error::Result<T>) -> Result<(), agent_client_protocol::Error>
+where
+    T: agent_client_protocol::JsonRpcResponse + Send,
+{
+    match result {
+        Ok(value) => responder.respond(value),
+        Err(error) => responder.respond_with_error(to_acp_error(&error)),
+    }
+}
+
+/// Serves ACP on stdin/stdout until the editor closes stdin, then ends every running turn.
+pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Error> {
+    let result = Agent
+        .v1()
+        .name("acp-sandbox")
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                async move |request: InitializeRequest, responder: Responder<InitializeResponse>, _cx| {
+                    let terminal_output = request
+                        .client_capabilities
+                        .meta
+                        .as_ref()
+                        .and_then(|meta| meta.get("terminal_output"))
+                        .and_then(|value| value.as_bool())
+                        .unwrap_or(false);
+                    bridge.set_client_terminal_output(terminal_output);
+                    let agent = bridge.config().agent;
+                    let capabilities = AgentCapabilities::new()
+                        .load_session(true)
+                        .prompt_capabilities(
+                            PromptCapabilities::new().embedded_context(true).image(agent.accepts_images()),
+                        )
+                        .session_capabilities(
+                            SessionCapabilities::new()
+                                .list(SessionListCapabilities::new())
+                                .resume(SessionResumeCapabilities::new())
+                                .close(SessionCloseCapabilities::new())
+                                .delete(SessionDeleteCapabilities::new()),
+                        );
+                    responder.respond(
+                        InitializeResponse::new(ProtocolVersion::V1).agent_capabilities(capabilities).agent_info(
+                            Implementation::new("acp-sandbox", env!("CARGO_PKG_VERSION"))
+                                .title(format!("{} (sandboxed)", agent.display_name())),
+                        ),
+                    )
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, _cx| {
+                    if !request.mcp_servers.is_empty() {
+                        tracing::info!(
+                            count = request.mcp_servers.len(),
+                            "the editor offered MCP servers; they are not passed into the sandbox"
+                        );
+                    }
+                    let result = bridge
+                        .new_session(&request.cwd)
+                        .map(|(id, options)| NewSessionResponse::new(id).config_options(options));
+                    respond(responder, result)
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                async move |request: LoadSessionRequest, responder: Responder<LoadSessionResponse>, cx| {
+                    let sink = ConnectionSink { connection: cx.clone() };
+                    let result = bridge
+                        .load_session(&request.session_id.to_string(), &sink)
+                        .map(|options| LoadSessionResponse::new().config_options(options));
+                    respond(responder, result)
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                async move |request: ResumeSessionRequest, responder: Responder<ResumeSessionResponse>, _cx| {
+                    let result = bridge
+                        .resume_session(&request.session_id.to_string())
+                        .map(|options| ResumeSessionResponse::new().config_options(options));
+                    respond(responder, result)
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                async move |request: ListSessionsRequest, responder: Responder<ListSessionsResponse>, _cx| {
+                    let result = bridge.list_sessions(request.cwd.as_deref(), request.cursor.as_deref()).map(|page| {
+                        let sessions = page
+                            .sessions
+                            .into_iter()
+                            .map(|s| SessionInfo::new(s.id, s.cwd).title(s.title).updated_at(s.updated_at))
+                            .collect();
+                        ListSessionsResponse::new(sessions).next_cursor(page.next_cursor)
+                    });
+                    respond(responder, result)
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                async move |request: CloseSessionRequest, responder: Responder<CloseSessionResponse>, _cx| {
+                    let result =
+                        bridge.close_session(&request.session_id.to_string()).map(|()| CloseSessionResponse::new());
+                    respond(responder, result)
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                async move |request: DeleteSessionRequest, responder: Responder<DeleteSessionResponse>, _cx| {
+                    let bridge = bridge.clone();
+                    tokio::spawn(async move {
+                        let result = bridge
+                            .delete_session(&request.session_id.to_string())
+                            .await
+                            .map(|()| DeleteSessionResponse::new());
+                        let _ = respond(responder, result);
+                    });
+                    Ok(())
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                async move |request: SetSessionConfigOptionRequest,
+                            responder: Responder<SetSessionConfigOptionResponse>,
+                            _cx| {
+                    let value = match request.value.as_value_id() {
+                        Some(value) => value.to_string(),
+                        None => request.value.as_bool().map(|b| b.to_string()).unwrap_or_default(),
+                    };
+                    let result = bridge
+                        .set_config_option(&request.session_id.to_string(), &request.config_id.to_string(), &value)
+                        .map(SetSessionConfigOptionResponse::new);
+                    respond(responder, result)
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                async move |request: PromptRequest, responder: Responder<PromptResponse>, cx| {
+                    let bridge = bridge.clone();
+                    let sink: Arc<dyn UpdateSink> = Arc::new(ConnectionSink { connection: cx.clone() });
+                    tokio::spawn(async move {
+                        let session_id = request.session_id.to_string();
+                        let result = bridge.prompt(&session_id, request.prompt, sink).await.map(PromptResponse::new);
+                        if let Err(e) = respond(responder, result) {
+                            tracing::debug!(session = %session_id, "could not answer the prompt: {e}");
+                        }
+                    });
+                    Ok(())
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_notification(
+            {
+                let bridge = bridge.clone();
+                async move |notification: CancelNotification, _cx| {
+                    bridge.cancel(&notification.session_id.to_string());
+                    Ok(())
+                }
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .connect_to(Stdio::new())
+        .await;
+    bridge.shutdown();
+    result
+}

@@ -1,0 +1,361 @@
+//! Sessions: creating, listing, replaying and deleting them, and running one turn at a time per session.
+//!
+//! [`Bridge`] is what the ACP server (and the `prompt` command) call. It knows nothing of JSON-RPC: updates
+//! go out through an [`UpdateSink`], and failures are [`Error`]s that `server` maps to ACP errors.
+
+pub mod options;
+pub mod prompt;
+mod turn;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use agent_client_protocol::v1::schema::{
+    ContentBlock, ContentChunk, SessionConfigOption, SessionInfoUpdate, SessionUpdate, StopReason,
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::agents::AgentKind;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::sandbox::SandboxProvider;
+use crate::sandbox::local::{Isolation, LocalProvider};
+use crate::store::{SessionRecord, Store, TurnStatus, now_ms, rfc3339};
+
+/// Where a session's updates go: the editor's connection, or the terminal for `acp-sandbox prompt`.
+pub trait UpdateSink: Send + Sync {
+    /// Sends one update of one session. Must not block: it queues.
+    fn send(&self, session_id: &str, update: SessionUpdate);
+}
+
+/// A session as listed in the history.
+#[derive(Clone, Debug)]
+pub struct SessionSummary {
+    /// Our id.
+    pub id: String,
+    /// Its workspace.
+    pub cwd: String,
+    /// Its title, once it had a prompt.
+    pub title: Option<String>,
+    /// Last activity, RFC 3339.
+    pub updated_at: String,
+}
+
+/// A page of the history.
+#[derive(Clone, Debug)]
+pub struct SessionPage {
+    /// The sessions, newest first.
+    pub sessions: Vec<SessionSummary>,
+    /// Opaque cursor of the next page.
+    pub next_cursor: Option<String>,
+}
+
+/// What the bridge was told about its client.
+#[derive(Debug, Default)]
+struct ClientInfo {
+    terminal_output: AtomicBool,
+}
+
+/// The state of a session that this process has touched.
+#[derive(Default)]
+struct LiveSession {
+    /// Cancels the running turn, if any.
+    running: Mutex<Option<CancellationToken>>,
+}
+
+/// All sessions of one bridge process.
+pub struct Bridge {
+    config: Config,
+    store: Arc<Store>,
+    provider: Arc<dyn SandboxProvider>,
+    isolation: Isolation,
+    live: Mutex<HashMap<String, Arc<LiveSession>>>,
+    client: ClientInfo,
+    /// Cancelled when the bridge shuts down: every running turn ends and kills its CLI.
+    shutdown: CancellationToken,
+}
+
+const LIST_PAGE: usize = 50;
+
+impl Bridge {
+    /// Opens the store and decides the sandbox. Fails when `--sandbox bwrap` cannot work.
+    pub fn open(config: Config) -> Result<Self> {
+        let store = Arc::new(Store::open(&config.database_path())?);
+        let isolation = Isolation::resolve(config.sandbox)?;
+        if let Isolation::None(why) = &isolation {
+            tracing::warn!("CLIs run WITHOUT a sandbox: {why}");
+        }
+        let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), isolation.clone()));
+        Ok(Self {
+            config,
+            store,
+            provider,
+            isolation,
+            live: Mutex::default(),
+            client: ClientInfo::default(),
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    /// The settings this bridge runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The store, for the `sessions` command.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// How CLIs are isolated.
+    pub fn isolation(&self) -> &Isolation {
+        &self.isolation
+    }
+
+    /// Records what the client can render (from `initialize`).
+    pub fn set_client_terminal_output(&self, supported: bool) {
+        self.client.terminal_output.store(supported, Ordering::Relaxed);
+    }
+
+    fn live(&self, id: &str) -> Arc<LiveSession> {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.entry(id.to_string()).or_default().clone()
+    }
+
+    fn record(&self, id: &str) -> Result<SessionRecord> {
+        self.store.session(id)?.ok_or_else(|| Error::SessionNotFound(id.to_string()))
+    }
+
+    /// Creates a session. The sandbox is prepared on the first prompt, so this answers at once.
+    pub fn new_session(&self, cwd: &Path) -> Result<(String, Vec<SessionConfigOption>)> {
+        if !cwd.is_absolute() {
+            return Err(Error::InvalidParams(format!("cwd must be an absolute path, got {}", cwd.display())));
+        }
+        let now = now_ms();
+        let mut config = json!({});
+        if let Some(model) = &self.config.model {
+            config[options::default_key(self.config.agent)] = json!(model);
+        }
+        let record = SessionRecord {
+            id: format!("sess_{}", uuid::Uuid::new_v4().simple()),
+            agent: self.config.agent.as_str().to_string(),
+            cwd: cwd.display().to_string(),
+            sandbox_provider: self.provider.name().to_string(),
+            sandbox_id: None,
+            native_id: None,
+            title: None,
+            config,
+            created_at: now,
+            updated_at: now,
+        };
+        self.store.create_session(&record)?;
+        tracing::info!(session = %record.id, cwd = %record.cwd, agent = %record.agent, "new session");
+        let options = options::config_options(self.agent_of(&record), &record.config, &self.config);
+        Ok((record.id, options))
+    }
+
+    fn agent_of(&self, record: &SessionRecord) -> AgentKind {
+        AgentKind::parse(&record.agent).unwrap_or(self.config.agent)
+    }
+
+    /// Replays the whole conversation through `sink`, then returns its config options. The next prompt
+    /// continues the same CLI conversation.
+    pub fn load_session(&self, id: &str, sink: &dyn UpdateSink) -> Result<Vec<SessionConfigOption>> {
+        let record = self.record(id)?;
+        self.store.mark_orphaned_turns(id)?;
+        let history = self.store.history(id, self.config.replay_limit)?;
+        if history.omitted_turns > 0 {
+            sink.send(
+                id,
+                note(&format!(
+                    "_{} earlier turn{} of this conversation {} not shown here; the agent still remembers {}._",
+                    history.omitted_turns,
+                    if history.omitted_turns == 1 { "" } else { "s" },
+                    if history.omitted_turns == 1 { "is" } else { "are" },
+                    if history.omitted_turns == 1 { "it" } else { "them" },
+                )),
+            );
+        }
+        for (turn, events) in history.turns {
+            let blocks: Vec<ContentBlock> = serde_json::from_value(turn.prompt).unwrap_or_default();
+            for block in blocks {
+                sink.send(id, SessionUpdate::UserMessageChunk(ContentChunk::new(block)));
+            }
+            for event in events {
+                match serde_json::from_value::<SessionUpdate>(event) {
+                    Ok(update) => sink.send(id, update),
+                    Err(e) => tracing::warn!(session = id, "skipping a stored update that no longer parses: {e}"),
+                }
+            }
+            match turn.status {
+                TurnStatus::Interrupted => {
+                    sink.send(id, note("_This turn was interrupted: acp-sandbox stopped before it finished._"))
+                }
+                TurnStatus::Failed => {
+                    let error = turn.error.unwrap_or_default();
+                    sink.send(id, note(&format!("_This turn failed: {}_", first_line(&error))))
+                }
+                TurnStatus::Running => sink.send(id, note("_This turn is still running in another window._")),
+                TurnStatus::Done => {}
+            }
+        }
+        if let Some(title) = &record.title {
+            sink.send(id, SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title.clone())));
+        }
+        self.live(id);
+        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config))
+    }
+
+    /// Reattaches a session without replay.
+    pub fn resume_session(&self, id: &str) -> Result<Vec<SessionConfigOption>> {
+        let record = self.record(id)?;
+        self.store.mark_orphaned_turns(id)?;
+        self.live(id);
+        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config))
+    }
+
+    /// Lists sessions, newest first. The cursor is opaque to the client.
+    pub fn list_sessions(&self, cwd: Option<&Path>, cursor: Option<&str>) -> Result<SessionPage> {
+        let before = match cursor {
+            None => None,
+            Some(cursor) => {
+                Some(parse_cursor(cursor).ok_or_else(|| Error::InvalidParams(format!("invalid cursor: {cursor}")))?)
+            }
+        };
+        let cwd = cwd.map(|c| c.display().to_string());
+        let records = self.store.list_sessions(
+            cwd.as_deref(),
+            before.as_ref().map(|(time, id)| (*time, id.as_str())),
+            LIST_PAGE + 1,
+        )?;
+        let has_more = records.len() > LIST_PAGE;
+        let records = &records[..records.len().min(LIST_PAGE)];
+        let next_cursor = if has_more { records.last().map(|r| format!("{}:{}", r.updated_at, r.id)) } else { None };
+        Ok(SessionPage {
+            sessions: records
+                .iter()
+                .map(|r| SessionSummary {
+                    id: r.id.clone(),
+                    cwd: r.cwd.clone(),
+                    title: r.title.clone(),
+                    updated_at: rfc3339(r.updated_at),
+                })
+                .collect(),
+            next_cursor,
+        })
+    }
+
+    /// Cancels any running turn and forgets the session's in-memory state. The session stays stored.
+    pub fn close_session(&self, id: &str) -> Result<()> {
+        self.cancel(id);
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.remove(id);
+        Ok(())
+    }
+
+    /// Cancels any running turn, frees the sandbox and removes the session from the store. Unknown ids
+    /// succeed.
+    pub async fn delete_session(&self, id: &str) -> Result<()> {
+        self.close_session(id)?;
+        let Some(record) = self.store.session(id)? else {
+            return Ok(());
+        };
+        if let Some(sandbox_id) = &record.sandbox_id
+            && record.sandbox_provider == self.provider.name()
+        {
+            self.provider.destroy(sandbox_id).await?;
+        }
+        self.store.delete_session(id)?;
+        tracing::info!(session = id, "deleted session");
+        Ok(())
+    }
+
+    /// Cancels the running turn of a session. A cancel for an idle or unknown session does nothing.
+    pub fn cancel(&self, id: &str) {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
+        if let Some(live) = live
+            && let Some(token) = live.running.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
+        {
+            tracing::info!(session = id, "cancelling the running turn");
+            token.cancel();
+        }
+    }
+
+    /// Changes a config option from the next turn on; answers the complete list.
+    pub fn set_config_option(&self, id: &str, option: &str, value: &str) -> Result<Vec<SessionConfigOption>> {
+        let record = self.record(id)?;
+        let agent = self.agent_of(&record);
+        let config = options::apply(agent, &record.config, option, value, &self.config)?;
+        self.store.set_config(id, &config)?;
+        Ok(options::config_options(agent, &config, &self.config))
+    }
+
+    /// Runs one prompt turn to its end. Updates go to `sink` (and the store) as they happen; every one
+    /// of them is sent before this returns.
+    pub async fn prompt(&self, id: &str, blocks: Vec<ContentBlock>, sink: Arc<dyn UpdateSink>) -> Result<StopReason> {
+        let record = self.record(id)?;
+        let agent = self.agent_of(&record);
+        let credential = match agent.required_credential() {
+            Some(variable) => match std::env::var(variable) {
+                Ok(value) if !value.trim().is_empty() => Some((variable, value)),
+                _ => {
+                    return Err(Error::MissingCredential { agent: agent.display_name(), variable });
+                }
+            },
+            None => None,
+        };
+        let live = self.live(id);
+        let token = {
+            let mut running = live.running.lock().unwrap_or_else(|p| p.into_inner());
+            if running.is_some() || self.store.running_elsewhere(id)? {
+                return Err(Error::TurnInProgress);
+            }
+            let token = self.shutdown.child_token();
+            *running = Some(token.clone());
+            token
+        };
+        let result = turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token }.run().await;
+        *live.running.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        result
+    }
+
+    /// Ends every running turn (their CLIs are killed). Called when the client goes away.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// The sandbox provider.
+    fn provider(&self) -> &Arc<dyn SandboxProvider> {
+        &self.provider
+    }
+
+    /// The editor's choice of terminal rendering.
+    fn terminal_output(&self) -> bool {
+        self.client.terminal_output.load(Ordering::Relaxed)
+    }
+
+    /// The user's own config and data dirs (for the CLIs' configuration).
+    fn user_dirs() -> (PathBuf, PathBuf) {
+        match directories::BaseDirs::new() {
+            Some(dirs) => (dirs.config_dir().to_path_buf(), dirs.data_dir().to_path_buf()),
+            None => (PathBuf::from("/nonexistent"), PathBuf::from("/nonexistent")),
+        }
+    }
+}
+
+/// An agent message that is ours, not the CLI's: notes in italics.
+fn note(text: &str) -> SessionUpdate {
+    SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::from(format!("\n\n{text}\n\n"))))
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("")
+}
+
+fn parse_cursor(cursor: &str) -> Option<(i64, String)> {
+    let (time, id) = cursor.split_once(':')?;
+    Some((time.parse().ok()?, id.to_string()))
+}

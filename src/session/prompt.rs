@@ -1,0 +1,172 @@
+//! Turning ACP prompt content into what the CLI reads on stdin, plus attached files and a title.
+
+use std::path::PathBuf;
+
+use agent_client_protocol::v1::schema::{ContentBlock, EmbeddedResourceResource};
+use base64::Engine;
+
+/// A prompt ready for a CLI.
+#[derive(Debug, Default, PartialEq)]
+pub struct RenderedPrompt {
+    /// Written to the CLI's stdin, then closed.
+    pub text: String,
+    /// Images to write into the sandbox and attach (`opencode run --file`): (file name, bytes).
+    pub images: Vec<(String, Vec<u8>)>,
+    /// Content the CLI cannot take, said in words for the log.
+    pub dropped: Vec<String>,
+}
+
+/// Renders prompt blocks. Text and links stay inline in their order (Zed splits "fix @a.rs now" into
+/// three blocks); embedded resources are referenced inline and their contents appended as context, so
+/// the request reads naturally. A single text block reaches the CLI byte for byte.
+pub fn render(blocks: &[ContentBlock], accepts_images: bool) -> RenderedPrompt {
+    let mut rendered = RenderedPrompt::default();
+    let mut context = Vec::new();
+    for block in blocks {
+        match block {
+            ContentBlock::Text(text) => rendered.text.push_str(&text.text),
+            ContentBlock::ResourceLink(link) => rendered.text.push_str(&uri_to_path(&link.uri)),
+            ContentBlock::Resource(resource) => match &resource.resource {
+                EmbeddedResourceResource::TextResourceContents(contents) => {
+                    let path = uri_to_path(&contents.uri);
+                    rendered.text.push_str(&path);
+                    context.push(format!("<context ref=\"{path}\">\n{}\n</context>", contents.text));
+                }
+                EmbeddedResourceResource::BlobResourceContents(contents) => {
+                    rendered.text.push_str(&uri_to_path(&contents.uri));
+                }
+                _ => rendered.dropped.push("an unknown kind of embedded resource".into()),
+            },
+            ContentBlock::Image(image) => {
+                let bytes = base64::engine::general_purpose::STANDARD.decode(image.data.as_bytes());
+                match bytes {
+                    Ok(bytes) if accepts_images => {
+                        let name = format!("image-{}.{}", rendered.images.len() + 1, extension(&image.mime_type));
+                        rendered.images.push((name, bytes));
+                    }
+                    Ok(_) => rendered.dropped.push(format!("an image ({})", image.mime_type)),
+                    Err(_) => rendered.dropped.push("an image whose data is not valid base64".into()),
+                }
+            }
+            ContentBlock::Audio(_) => rendered.dropped.push("audio".into()),
+            _ => rendered.dropped.push("an unknown content block".into()),
+        }
+    }
+    if !context.is_empty() {
+        rendered.text.push_str("\n\n");
+        rendered.text.push_str(&context.join("\n\n"));
+    }
+    rendered
+}
+
+/// A title for the history list: the first line of the prompt's text, shortened.
+pub fn title(blocks: &[ContentBlock]) -> Option<String> {
+    let text: String = blocks
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::Text(text) => Some(text.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    let line = text.lines().map(str::trim).find(|line| !line.is_empty())?;
+    const MAX: usize = 80;
+    if line.chars().count() <= MAX {
+        Some(line.to_string())
+    } else {
+        let short: String = line.chars().take(MAX - 1).collect();
+        Some(format!("{}…", short.trim_end()))
+    }
+}
+
+/// `file:///a/b` becomes `/a/b` (percent-decoded); anything else stays a URI.
+fn uri_to_path(uri: &str) -> String {
+    match uri.strip_prefix("file://") {
+        Some(path) => percent_decode(path),
+        None => uri.to_string(),
+    }
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Some(value) =
+                std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(value);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn extension(mime: &str) -> &'static str {
+    match mime {
+        "image/jpeg" | "image/jpg" => "jpg",
+        "image/gif" => "gif",
+        "image/webp" => "webp",
+        _ => "png",
+    }
+}
+
+/// Where images of a turn are written: inside the workspace's hidden folder would pollute the user's
+/// tree, so they go to the session's state dir, which the CLI can read.
+pub fn attachments_dir(state_dir: &std::path::Path, turn_id: i64) -> PathBuf {
+    state_dir.join("attachments").join(turn_id.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_client_protocol::v1::schema::{
+        EmbeddedResource, ImageContent, ResourceLink, TextContent, TextResourceContents,
+    };
+
+    #[test]
+    fn a_single_text_block_is_verbatim() {
+        let text = "$(rm -rf /) ; \"q\" 'single' \\ \n\t ü\n";
+        let rendered = render(&[ContentBlock::Text(TextContent::new(text))], false);
+        assert_eq!(rendered.text, text);
+    }
+
+    #[test]
+    fn links_stay_inline_and_resources_become_context() {
+        let blocks = vec![
+            ContentBlock::Text(TextContent::new("fix ")),
+            ContentBlock::ResourceLink(ResourceLink::new("a b.rs", "file:///w/a%20b.rs")),
+            ContentBlock::Text(TextContent::new(" using ")),
+            ContentBlock::Resource(EmbeddedResource::new(EmbeddedResourceResource::TextResourceContents(
+                TextResourceContents::new("fn x() {}", "file:///w/x.rs"),
+            ))),
+        ];
+        let rendered = render(&blocks, false);
+        assert_eq!(rendered.text, "fix /w/a b.rs using /w/x.rs\n\n<context ref=\"/w/x.rs\">\nfn x() {}\n</context>");
+    }
+
+    #[test]
+    fn images_are_attached_only_when_the_cli_takes_them() {
+        let image = ContentBlock::Image(ImageContent::new("aGVsbG8=", "image/png"));
+        assert_eq!(
+            render(std::slice::from_ref(&image), true).images,
+            vec![("image-1.png".to_string(), b"hello".to_vec())]
+        );
+        let rendered = render(&[image], false);
+        assert!(rendered.images.is_empty());
+        assert_eq!(rendered.dropped.len(), 1);
+    }
+
+    #[test]
+    fn title_is_the_first_non_empty_line_shortened() {
+        let long = format!("\n  {}\nsecond", "x".repeat(100));
+        let shortened = title(&[ContentBlock::Text(TextContent::new(long))]).unwrap();
+        assert_eq!(shortened.chars().count(), 80);
+        assert!(shortened.ends_with('…'));
+        assert_eq!(title(&[]), None);
+    }
+}

@@ -1,0 +1,521 @@
+//! One prompt turn: prepare the sandbox and the CLI, run it, translate its stream, decide the outcome.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agent_client_protocol::v1::schema::{
+    ContentBlock, SessionInfoUpdate, SessionUpdate, StopReason, ToolCall, ToolCallContent, ToolCallStatus,
+    ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio_util::sync::CancellationToken;
+
+use super::{Bridge, UpdateSink, note, options, prompt};
+use crate::agents::{AgentKind, Output, TranslateContext, TurnEnd, TurnRequest};
+use crate::error::{Error, Result};
+use crate::sandbox::{ExecSpec, OutputStream, Sandbox, SandboxSpec, install};
+use crate::store::{SessionRecord, Store, TurnStatus};
+
+/// Variables of the bridge's environment every CLI gets: what programs need to run and to reach the
+/// network (proxies, CA bundles). Everything else is dropped; each agent adds its own settings and keys.
+const BASE_ENV: &[&str] = &[
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+];
+
+/// Lines of stderr kept for error messages.
+const STDERR_TAIL_LINES: usize = 40;
+
+/// Everything one turn needs.
+pub(super) struct Turn<'a> {
+    pub bridge: &'a Bridge,
+    pub record: SessionRecord,
+    pub agent: AgentKind,
+    pub credential: Option<(&'static str, String)>,
+    pub blocks: Vec<ContentBlock>,
+    pub sink: Arc<dyn UpdateSink>,
+    pub cancel: CancellationToken,
+}
+
+/// Persists each update, then sends it: what the editor saw is what `session/load` replays.
+struct Emitter {
+    store: Arc<Store>,
+    sink: Arc<dyn UpdateSink>,
+    session_id: String,
+    turn_id: i64,
+}
+
+impl Emitter {
+    fn send(&self, update: SessionUpdate) {
+        match serde_json::to_value(&update) {
+            Ok(value) => {
+                if let Err(e) = self.store.append_event(&self.session_id, self.turn_id, &value) {
+                    tracing::error!(session = %self.session_id, "could not persist an update: {e}");
+                }
+            }
+            Err(e) => {
+                tracing::error!(session = %self.session_id, "could not serialize an update: {e}")
+            }
+        }
+        self.sink.send(&self.session_id, update);
+    }
+}
+
+/// How one run of the CLI ended.
+enum Attempt {
+    /// The turn is over.
+    Finished(Result<StopReason>),
+    /// The CLI says the conversation we continue no longer exists: start a fresh one.
+    ConversationMissing,
+}
+
+impl Turn<'_> {
+    pub async fn run(self) -> Result<StopReason> {
+        let store = self.bridge.store.clone();
+        let prompt_json = serde_json::to_value(&self.blocks).unwrap_or_default();
+        let turn_id = store.start_turn(&self.record.id, &prompt_json)?;
+        let emitter =
+            Emitter { store: store.clone(), sink: self.sink.clone(), session_id: self.record.id.clone(), turn_id };
+        let session_id = self.record.id.clone();
+        let result = self.run_turn(&emitter).await;
+        let stored = match &result {
+            Ok(stop) => store.end_turn(turn_id, TurnStatus::Done, Some(stop_reason_name(*stop)), None),
+            Err(error) => store.end_turn(turn_id, TurnStatus::Failed, None, Some(&error.to_string())),
+        };
+        if let Err(e) = stored {
+            tracing::error!(session = %session_id, "could not record the end of the turn: {e}");
+        }
+        match &result {
+            Ok(stop) => {
+                tracing::info!(session = %session_id, stop = stop_reason_name(*stop), "turn ended")
+            }
+            Err(error) => tracing::warn!(session = %session_id, "turn failed: {error}"),
+        }
+        result
+    }
+
+    async fn run_turn(&self, emit: &Emitter) -> Result<StopReason> {
+        let workspace = PathBuf::from(&self.record.cwd);
+        if !workspace.is_dir() {
+            return Err(Error::InvalidParams(format!("the workspace {} does not exist", workspace.display())));
+        }
+        if self.record.title.is_none()
+            && let Some(title) = prompt::title(&self.blocks)
+        {
+            self.bridge.store.set_title(&self.record.id, &title)?;
+            emit.send(SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title)));
+        }
+        let rendered = prompt::render(&self.blocks, self.agent.accepts_images());
+        if !rendered.dropped.is_empty() {
+            emit.send(note(&format!(
+                "_{} cannot take {}; {} left out of this prompt._",
+                self.agent.display_name(),
+                rendered.dropped.join(", "),
+                if rendered.dropped.len() == 1 { "it was" } else { "they were" }
+            )));
+        }
+        let executable = self.executable(emit).await?;
+        let sandbox = self.sandbox(&workspace).await?;
+        let mut native_id = self.record.native_id.clone();
+        loop {
+            match self.attempt(emit, sandbox.as_ref(), &executable, native_id.as_deref(), &rendered).await? {
+                Attempt::Finished(result) => return result,
+                Attempt::ConversationMissing => {
+                    let Some(old) = native_id.take() else {
+                        return Err(Error::CliFailed {
+                            message: format!("{} could not start a conversation", self.agent.display_name()),
+                            stderr_tail: String::new(),
+                            exit_code: None,
+                        });
+                    };
+                    tracing::warn!(session = %self.record.id, native = %old, "the CLI conversation is gone; starting a fresh one");
+                    self.bridge.store.set_native_id(&self.record.id, None)?;
+                    emit.send(note(&format!(
+                        "_The earlier {} conversation ({old}) no longer exists in the sandbox, so this prompt starts a fresh one: the agent does not remember the earlier turns._",
+                        self.agent.display_name()
+                    )));
+                }
+            }
+        }
+    }
+
+    /// The CLI's executable: the override, PATH, the tools cache, or an install on first use.
+    async fn executable(&self, emit: &Emitter) -> Result<PathBuf> {
+        let config = self.bridge.config();
+        if let Some(path) = config.bin_override(self.agent) {
+            return Ok(path.clone());
+        }
+        let package = self.agent.package();
+        if let Ok(path) = which::which(package.bin) {
+            return Ok(path);
+        }
+        let tools = config.tools_dir();
+        let cached = package.executable(&tools);
+        if cached.exists() {
+            return Ok(cached);
+        }
+        let call_id = format!("install-{}", package.bin);
+        emit.send(SessionUpdate::ToolCall(
+            ToolCall::new(
+                call_id.clone(),
+                format!("Installing {} {} (first use)", self.agent.display_name(), package.version),
+            )
+            .kind(ToolKind::Other)
+            .status(ToolCallStatus::InProgress)
+            .raw_input(serde_json::json!({ "npm": format!("{}@{}", package.name, package.version) })),
+        ));
+        match install::install(package, &tools).await {
+            Ok(path) => {
+                emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Completed)));
+                Ok(path)
+            }
+            Err(e) => {
+                emit.send(update(
+                    &call_id,
+                    ToolCallUpdateFields::new()
+                        .status(ToolCallStatus::Failed)
+                        .content(vec![ToolCallContent::from(e.to_string())]),
+                ));
+                Err(Error::CliUnavailable(format!(
+                    "{} is not installed and could not be installed: {e}. Put `{}` on PATH or set ACP_SANDBOX_{}_BIN.",
+                    self.agent.display_name(),
+                    package.bin,
+                    self.agent.as_str().to_uppercase()
+                )))
+            }
+        }
+    }
+
+    /// The session's sandbox: reconnected when it exists, created (and persisted) otherwise.
+    async fn sandbox(&self, workspace: &std::path::Path) -> Result<Arc<dyn Sandbox>> {
+        let provider = self.bridge.provider();
+        let spec = SandboxSpec { session_id: self.record.id.clone(), workspace: workspace.to_path_buf() };
+        if let Some(id) = &self.record.sandbox_id
+            && self.record.sandbox_provider == provider.name()
+        {
+            if let Some(sandbox) = provider.connect(id, &spec).await? {
+                return Ok(sandbox);
+            }
+            tracing::warn!(session = %self.record.id, sandbox = %id, "the session's sandbox is gone; creating a new one");
+        }
+        let id = provider.create(&spec).await?;
+        self.bridge.store.set_sandbox(&self.record.id, provider.name(), Some(&id))?;
+        provider.connect(&id, &spec).await?.ok_or_else(|| {
+            Error::Sandbox(crate::sandbox::SandboxError::Unavailable(format!("the new sandbox {id} vanished")))
+        })
+    }
+
+    /// The CLI's environment: a cleared one plus the allow-list, its own settings and credentials, and
+    /// HOME/XDG dirs in the session's state dir (persisted across turns: OpenCode keeps its sessions there).
+    fn environment(&self, sandbox: &dyn Sandbox) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = std::env::vars()
+            .filter(|(name, _)| {
+                BASE_ENV.contains(&name.as_str()) || name.starts_with("LC_") || self.agent.passes_env(name)
+            })
+            .collect();
+        let state = sandbox.state_dir();
+        for (name, sub) in [
+            ("HOME", "home"),
+            ("XDG_CONFIG_HOME", "config"),
+            ("XDG_DATA_HOME", "data"),
+            ("XDG_CACHE_HOME", "cache"),
+            ("XDG_STATE_HOME", "state"),
+        ] {
+            env.push((name.into(), state.join(sub).display().to_string()));
+        }
+        env.push(("TERM".into(), "dumb".into()));
+        env.extend(self.agent.fixed_env());
+        if let Some((name, value)) = &self.credential {
+            env.retain(|(existing, _)| existing != name);
+            env.push((name.to_string(), value.clone()));
+        }
+        env
+    }
+
+    async fn attempt(
+        &self,
+        emit: &Emitter,
+        sandbox: &dyn Sandbox,
+        executable: &std::path::Path,
+        native_id: Option<&str>,
+        rendered: &prompt::RenderedPrompt,
+    ) -> Result<Attempt> {
+        let mut files = Vec::new();
+        if !rendered.images.is_empty() {
+            let dir = prompt::attachments_dir(sandbox.state_dir(), emit.turn_id);
+            tokio::fs::create_dir_all(&dir)
+                .await
+                .map_err(|e| crate::sandbox::SandboxError::io(format!("create {}", dir.display()), e))?;
+            for (name, bytes) in &rendered.images {
+                let path = dir.join(name);
+                tokio::fs::write(&path, bytes)
+                    .await
+                    .map_err(|e| crate::sandbox::SandboxError::io(format!("write {}", path.display()), e))?;
+                files.push(path);
+            }
+        }
+        let config = &self.record.config;
+        let request = TurnRequest {
+            native_id,
+            model: options::opencode_model(config),
+            variant: None,
+            mode: options::amp_mode(config),
+            files: &files,
+        };
+        let (user_config, user_data) = Bridge::user_dirs();
+        let spec = ExecSpec {
+            program: executable.to_path_buf(),
+            args: self.agent.args(&request),
+            env: self.environment(sandbox),
+            cwd: sandbox.workspace().to_path_buf(),
+            stdin: rendered.text.clone().into_bytes(),
+            read_only: self.agent.user_config(&user_config, &user_data, sandbox.state_dir()),
+        };
+        tracing::info!(
+            session = %self.record.id,
+            program = %spec.program.display(),
+            args = ?spec.args,
+            env = ?spec.env.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            "running the CLI"
+        );
+        let mut process = sandbox.exec(spec).await?;
+        let stderr_task =
+            tokio::spawn(stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
+        let context = TranslateContext {
+            workspace: PathBuf::from(&self.record.cwd),
+            agent_workspace: sandbox.workspace().to_path_buf(),
+            terminal_output: self.bridge.terminal_output(),
+            context_window: self.bridge.config().context_window,
+        };
+        let mut translator = self.agent.translator(context);
+        let mut state = StreamState { native_id: native_id.map(str::to_string), ..StreamState::default() };
+        let mut reader = BufReader::new(process.stdout);
+        let idle = self.bridge.config().idle_timeout;
+        let mut line = Vec::new();
+        let mut stop = Stop::Eof;
+        loop {
+            line.clear();
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => { stop = Stop::Cancelled; break; }
+                read = tokio::time::timeout(idle, reader.read_until(b'\n', &mut line)) => match read {
+                    Err(_) => { stop = Stop::Stalled; break; }
+                    Ok(Ok(0)) => break,
+                    Ok(Ok(_)) => {
+                        let text = String::from_utf8_lossy(&line);
+                        let text = text.trim_end_matches(['\n', '\r']);
+                        if text.trim().is_empty() {
+                            continue;
+                        }
+                        for output in translator.line(text) {
+                            self.handle(output, emit, &mut state)?;
+                        }
+                    }
+                    Ok(Err(e)) => { tracing::warn!(session = %self.record.id, "reading the CLI's output failed: {e}"); break; }
+                },
+            }
+        }
+        if stop != Stop::Eof {
+            process.handle.kill().await;
+        }
+        let exit = process.handle.wait().await?;
+        let stderr = stderr_task.await.unwrap_or_default();
+        for output in translator.finish() {
+            self.handle(output, emit, &mut state)?;
+        }
+        let name = self.agent.display_name();
+        tracing::debug!(session = %self.record.id, exit = %exit.describe(), "the CLI exited");
+        let failure = |message: String| Error::CliFailed { message, stderr_tail: stderr.clone(), exit_code: exit.code };
+        let result = match stop {
+            Stop::Cancelled => Ok(StopReason::Cancelled),
+            Stop::Stalled => Err(Error::Stalled { agent: name, seconds: idle.as_secs() }),
+            Stop::Eof => {
+                if native_id.is_some() && !exit.success() && !state.updates && self.agent.session_missing(&stderr) {
+                    return Ok(Attempt::ConversationMissing);
+                }
+                match state.end.take() {
+                    Some(TurnEnd::EndTurn) if exit.success() => Ok(StopReason::EndTurn),
+                    Some(TurnEnd::EndTurn) => {
+                        Err(failure(format!("{name} finished its answer but then exited with {}", exit.describe())))
+                    }
+                    Some(TurnEnd::MaxTokens) => Ok(StopReason::MaxTokens),
+                    Some(TurnEnd::MaxTurnRequests) => Ok(StopReason::MaxTurnRequests),
+                    Some(TurnEnd::Refusal) => Ok(StopReason::Refusal),
+                    Some(TurnEnd::Cancelled) => Ok(StopReason::Cancelled),
+                    Some(TurnEnd::AuthRequired { message }) => Err(Error::AuthRejected(message)),
+                    Some(TurnEnd::Error { message }) => Err(failure(message)),
+                    None if exit.success() => Ok(StopReason::EndTurn),
+                    None => Err(failure(crash_message(name, &exit.describe(), &stderr, &state.unparsed))),
+                }
+            }
+        };
+        Ok(Attempt::Finished(result))
+    }
+
+    fn handle(&self, output: Output, emit: &Emitter, state: &mut StreamState) -> Result<()> {
+        match output {
+            Output::Update(update) => {
+                state.updates = true;
+                emit.send(update);
+            }
+            Output::NativeSessionId { id } => {
+                if state.native_id.as_deref() != Some(id.as_str()) {
+                    tracing::info!(session = %self.record.id, native = %id, "the CLI conversation id");
+                    self.bridge.store.set_native_id(&self.record.id, Some(&id))?;
+                    state.native_id = Some(id);
+                }
+            }
+            Output::End(end) => state.end = Some(end),
+            Output::Unparsed { line } => {
+                tracing::debug!(session = %self.record.id, "unparsed CLI line: {line}");
+                if state.unparsed.len() == 10 {
+                    state.unparsed.pop_front();
+                }
+                state.unparsed.push_back(line);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct StreamState {
+    native_id: Option<String>,
+    end: Option<TurnEnd>,
+    updates: bool,
+    unparsed: VecDeque<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    Eof,
+    Cancelled,
+    Stalled,
+}
+
+fn update(id: &str, fields: ToolCallUpdateFields) -> SessionUpdate {
+    SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields))
+}
+
+/// The message of a CLI that died without saying why in its stream: its own `Error:` line if it printed
+/// one, otherwise how it exited.
+fn crash_message(name: &str, exit: &str, stderr: &str, unparsed: &VecDeque<String>) -> String {
+    let said = stderr.lines().rev().map(|line| strip_ansi(line.trim())).find(|line| line.starts_with("Error"));
+    match said {
+        Some(line) => format!("{name} failed ({exit}): {line}"),
+        None if !unparsed.is_empty() => {
+            format!(
+                "{name} exited with {exit}; its last output was: {}",
+                unparsed.back().map(String::as_str).unwrap_or("")
+            )
+        }
+        None => format!("{name} exited with {exit} before finishing the turn"),
+    }
+}
+
+/// Removes terminal colour codes (OpenCode colours its errors even when not on a TTY).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for next in chars.by_ref() {
+                    if next.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Reads a stream to its end, keeping only its last lines (bounded memory for chatty CLIs).
+async fn stderr_tail(mut stream: OutputStream) -> String {
+    let mut lines: VecDeque<String> = VecDeque::new();
+    let mut pending = Vec::new();
+    let mut buffer = [0u8; 8192];
+    loop {
+        let n = match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        pending.extend_from_slice(&buffer[..n]);
+        while let Some(pos) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=pos).collect();
+            let text = strip_ansi(String::from_utf8_lossy(&line).trim_end());
+            tracing::debug!(target: "acp_sandbox::cli_stderr", "{text}");
+            lines.push_back(text.chars().take(2000).collect());
+            if lines.len() > STDERR_TAIL_LINES {
+                lines.pop_front();
+            }
+        }
+        if pending.len() > 64 * 1024 {
+            pending.clear();
+        }
+    }
+    if !pending.is_empty() {
+        lines.push_back(strip_ansi(String::from_utf8_lossy(&pending).trim_end()));
+    }
+    Vec::from(lines).join("\n")
+}
+
+/// The wire name of a stop reason, for the store and logs.
+pub fn stop_reason_name(stop: StopReason) -> &'static str {
+    match stop {
+        StopReason::EndTurn => "end_turn",
+        StopReason::MaxTokens => "max_tokens",
+        StopReason::MaxTurnRequests => "max_turn_requests",
+        StopReason::Refusal => "refusal",
+        StopReason::Cancelled => "cancelled",
+        _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_message_prefers_the_clis_own_error_line() {
+        let stderr = "booting\n\u{1b}[91mError: Session not found\u{1b}[0m\n";
+        assert_eq!(
+            crash_message("OpenCode", "exit code 1", stderr, &VecDeque::new()),
+            "OpenCode failed (exit code 1): Error: Session not found"
+        );
+        assert_eq!(
+            crash_message("Amp", "signal 9", "", &VecDeque::new()),
+            "Amp exited with signal 9 before finishing the turn"
+        );
+    }
+
+    #[tokio::test]
+    async fn stderr_tail_keeps_the_last_lines() {
+        let text: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let tail = stderr_tail(Box::pin(std::io::Cursor::new(text.into_bytes()))).await;
+        assert!(tail.starts_with("line 60\n"));
+        assert!(tail.ends_with("line 99"));
+    }
+}
