@@ -38,6 +38,7 @@ fn cancel_kills_the_cli_process_tree_and_the_prompt_answers_cancelled() {
         wait_until(Duration::from_secs(5), || !pid_alive(grandchild)),
         "the CLI's grandchild {grandchild} (own session, like OpenCode's bash tool) survived the cancel"
     );
+    assert_no_processes_under(&ws, "after the cancel");
 
     let next = bridge.prompt(&sid, "Say hello again");
     assert_eq!(next.stop_reason(), "end_turn", "the session must work after a cancel");
@@ -68,4 +69,41 @@ fn closing_a_session_cancels_its_running_turn() {
     let turn = bridge.finish_turn(&sid, id);
     assert_eq!(turn.stop_reason(), "cancelled");
     assert!(wait_until(Duration::from_secs(5), || !pid_alive(grandchild)), "the grandchild survived the close");
+}
+
+#[test]
+fn amp_cancel_kills_the_grandchild_amp_leaves_behind() {
+    let dirs = TestDirs::new("amp-cancel-tree");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("amp", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    let (id, cli, grandchild) = start_turn_with_grandchild(&mut bridge, &sid, &ws);
+    let _guards = (KillOnDrop(cli), KillOnDrop(grandchild));
+    bridge.cancel(&sid);
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "cancelled");
+    assert!(wait_until(Duration::from_secs(5), || !pid_alive(grandchild)), "Amp's grandchild survived the cancel");
+    assert_no_processes_under(&ws, "after the cancel");
+}
+
+#[test]
+fn cancel_inside_bwrap_ends_every_process_of_the_turn() {
+    if let Err(why) = bwrap_usable() {
+        eprintln!("SKIPPED cancel_inside_bwrap_ends_every_process_of_the_turn: {why}");
+        return;
+    }
+    let dirs = TestDirs::new("bwrap-cancel");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data).sandbox("bwrap"));
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt(&sid, "SCENARIO:child run the test suite in the background");
+    let pid_file = ws.join(".fake-cli/child.pid");
+    assert!(wait_until(RECV_TIMEOUT, || pid_file.exists()), "the fake never started its grandchild");
+    assert!(
+        processes_under(&ws).iter().any(|(_, cmd)| cmd.starts_with("sleep 1000")),
+        "the sandboxed grandchild is not visible: {:?}",
+        processes_under(&ws)
+    );
+    bridge.cancel(&sid);
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "cancelled");
+    assert_no_processes_under(&ws, "after the cancel");
 }

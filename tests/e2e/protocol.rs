@@ -143,4 +143,5 @@ fn stdin_eof_exits_0_and_kills_the_running_cli_tree() {
         wait_until(Duration::from_secs(5), || !pid_alive(grandchild)),
         "the CLI's grandchild {grandchild} (its own session, like OpenCode's bash tool) outlived the bridge"
     );
+    assert_no_processes_under(&ws, "after the bridge exited");
 }

@@ -79,6 +79,11 @@ impl Drop for TestDirs {
     /// Whatever a test leaves running (a fake CLI the bridge failed to kill, its grandchild) is killed here, so
     /// a failing test never leaks processes. Only processes that still look like ours are touched.
     fn drop(&mut self) {
+        for (pid, cmdline) in processes_under(self.root.path()) {
+            if cmdline.contains("fake_cli.py") || cmdline.starts_with("sleep 1000") {
+                kill_if_cmdline_contains(pid, &cmdline);
+            }
+        }
         let Ok(entries) = std::fs::read_dir(self.root.path()) else {
             return;
         };
@@ -745,6 +750,28 @@ pub fn pid_alive(pid: i32) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// Live processes whose working directory is `dir` or below: what is left of the turns run there. Works for
+/// sandboxed CLIs too, whose pids inside their PID namespace mean nothing out here.
+pub fn processes_under(dir: &Path) -> Vec<(i32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return vec![] };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir)))
+        .filter(|&pid| pid_alive(pid))
+        .map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            (pid, String::from_utf8_lossy(&cmdline).replace('\0', " ").trim().to_string())
+        })
+        .collect()
+}
+
+/// Asserts that no process is left running in `dir` (waiting up to 5 s for them to go).
+pub fn assert_no_processes_under(dir: &Path, when: &str) {
+    let gone = wait_until(Duration::from_secs(5), || processes_under(dir).is_empty());
+    assert!(gone, "processes left running in {} {when}: {:?}", dir.display(), processes_under(dir));
 }
 
 /// Kills `pid` with SIGKILL when dropped, so a test that fails never leaks the processes it started.
