@@ -112,3 +112,29 @@ fn amp_cancel_answers_cancelled() {
     let cli = invocations(&ws)[0].pid();
     assert!(wait_until(Duration::from_secs(5), || !pid_alive(cli)), "Amp survived the cancel");
 }
+
+#[test]
+fn amp_mode_chosen_with_set_config_option_reaches_amp() {
+    let dirs = TestDirs::new("amp-mode");
+    let ws = dirs.workspace("ws");
+    let mut bridge = amp_bridge(&dirs);
+    let new = bridge.request("session/new", serde_json::json!({"cwd": ws, "mcpServers": []})).unwrap();
+    let sid = new["sessionId"].as_str().unwrap().to_string();
+    let mode = new["configOptions"]
+        .as_array()
+        .and_then(|options| options.iter().find(|o| o["category"] == "mode"))
+        .unwrap_or_else(|| panic!("no mode config option: {new}"))
+        .clone();
+    assert!(mode["options"].as_array().unwrap().iter().any(|o| o["value"] == "high"), "{mode}");
+
+    let set = bridge.request(
+        "session/set_config_option",
+        serde_json::json!({"sessionId": sid, "configId": mode["id"], "value": "high"}),
+    );
+    let set = set.unwrap_or_else(|e| bridge.fail(&format!("set_config_option: {e}")));
+    let current = set["configOptions"].as_array().unwrap().iter().find(|o| o["id"] == mode["id"]).unwrap().clone();
+    assert_eq!(current["currentValue"], "high", "{set}");
+
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    assert_eq!(invocations(&ws)[0].flag_value("--mode").as_deref(), Some("high"), "{:?}", invocations(&ws)[0].argv());
+}
