@@ -234,3 +234,34 @@ fn second_prompt_during_a_running_turn_gets_a_clear_error() {
     assert_eq!(first.stop_reason(), "cancelled");
     assert_eq!(invocations(&ws).len(), 1, "the rejected prompt must not start the CLI");
 }
+
+#[test]
+fn edit_shows_a_diff_of_the_file_in_the_workspace() {
+    let dirs = TestDirs::new("edit");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:edit Change hello.txt");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    let diffs: Vec<&Value> =
+        turn.updates.iter().filter_map(|u| u["content"].as_array()).flatten().filter(|c| c["type"] == "diff").collect();
+    assert!(!diffs.is_empty(), "no diff content: {:?}", turn.updates);
+    let expected = ws.join("hello.txt");
+    for diff in diffs {
+        assert_eq!(diff["path"].as_str().map(Path::new), Some(expected.as_path()), "{diff}");
+        assert!(diff["newText"].as_str().unwrap_or_default().contains("hello EDITED by fake model"), "{diff}");
+    }
+}
+
+#[test]
+fn silent_cli_is_ended_after_the_idle_timeout() {
+    let dirs = TestDirs::new("idle");
+    let ws = dirs.workspace("ws");
+    let options = BridgeOptions::new("opencode", &dirs.data).env("ACP_SANDBOX_IDLE_TIMEOUT", "1");
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:hang say nothing");
+    eprintln!("a silent CLI ends the turn with: {:?}", turn.result);
+    assert_no_processes_under(&ws, "after the idle timeout");
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session works afterwards");
+}
