@@ -23,6 +23,7 @@ fn context(kind: AgentKind, terminal_output: bool) -> TranslateContext {
         agent_workspace: workspace(kind).into(),
         terminal_output,
         context_window: 200_000,
+        turn_key: String::new(),
     }
 }
 

@@ -57,7 +57,7 @@ impl AmpTranslator {
 
     fn assistant(&mut self, message: AssistantMessage) -> Vec<Output> {
         self.messages += 1;
-        let message_id = message.id.unwrap_or_else(|| format!("amp-msg-{}", self.messages));
+        let message_id = message.id.unwrap_or_else(|| format!("amp-msg-{}{}", self.context.turn_key, self.messages));
         let blocks = match message.content {
             MessageContent::Text(text) => vec![Block::Text { text }],
             MessageContent::Blocks(blocks) => blocks,

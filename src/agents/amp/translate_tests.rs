@@ -9,6 +9,7 @@ fn context(terminal_output: bool) -> TranslateContext {
         agent_workspace: "/sandbox/ws".into(),
         terminal_output,
         context_window: 1000,
+        turn_key: String::new(),
     }
 }
 

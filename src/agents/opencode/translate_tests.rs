@@ -9,6 +9,7 @@ fn context() -> TranslateContext {
         agent_workspace: "/sandbox/ws".into(),
         terminal_output: false,
         context_window: 1000,
+        turn_key: String::new(),
     }
 }
 
