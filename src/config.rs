@@ -138,7 +138,7 @@ pub fn opencode_models_from(config_dir: &std::path::Path) -> Vec<String> {
 }
 
 /// Drops `//` comments outside strings (OpenCode accepts JSONC).
-fn strip_line_comments(text: &str) -> String {
+pub fn strip_line_comments(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         let mut in_string = false;

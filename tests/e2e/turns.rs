@@ -282,3 +282,23 @@ fn silent_cli_is_ended_after_the_idle_timeout() {
     assert_no_processes_under(&ws, "after the idle timeout");
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session works afterwards");
 }
+
+#[test]
+fn opencode_commands_are_offered_and_run_with_their_arguments() {
+    let dirs = TestDirs::new("slash-commands");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let update =
+        bridge.wait_update(&sid, "available_commands_update", |u| u["sessionUpdate"] == "available_commands_update");
+    let names: Vec<&str> =
+        update["availableCommands"].as_array().unwrap().iter().filter_map(|c| c["name"].as_str()).collect();
+    assert!(names.contains(&"init") && names.contains(&"review"), "{update}");
+
+    assert_eq!(bridge.prompt(&sid, "/review branch main").stop_reason(), "end_turn");
+    let run = &invocations(&ws)[0];
+    assert_eq!(run.flag_value("--command").as_deref(), Some("review"), "{:?}", run.argv());
+    assert_eq!(run.stdin_text(), "branch main", "the rest of the prompt is the command's arguments");
+    assert_eq!(bridge.prompt(&sid, "/etc/hosts looks wrong").stop_reason(), "end_turn");
+    assert!(!invocations(&ws)[1].has_flag("--command"), "a path is not a command");
+}
