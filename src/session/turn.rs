@@ -302,7 +302,7 @@ impl Turn<'_> {
         let request = TurnRequest {
             native_id,
             model: options::opencode_model(config),
-            variant: None,
+            variant: options::opencode_variant(config),
             mode: options::amp_mode(config),
             files: &files,
             command,

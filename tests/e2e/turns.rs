@@ -302,3 +302,43 @@ fn opencode_commands_are_offered_and_run_with_their_arguments() {
     assert_eq!(bridge.prompt(&sid, "/etc/hosts looks wrong").stop_reason(), "end_turn");
     assert!(!invocations(&ws)[1].has_flag("--command"), "a path is not a command");
 }
+
+#[test]
+fn models_and_variants_of_the_users_opencode_config_are_offered_and_reach_the_cli() {
+    let dirs = TestDirs::new("models");
+    let ws = dirs.workspace("ws");
+    let config = dirs.root().join("xdg-config");
+    std::fs::create_dir_all(config.join("opencode")).unwrap();
+    std::fs::write(
+        config.join("opencode/opencode.json"),
+        r#"{"provider": {"fake": {"models": {"fast": {}, "thinker": {"variants": {"high": {}, "low": {}}}}}}}"#,
+    )
+    .unwrap();
+    let options = BridgeOptions::new("opencode", &dirs.data).env("XDG_CONFIG_HOME", config.to_str().unwrap());
+    let mut bridge = Bridge::start(options);
+    let created = bridge.request("session/new", json!({"cwd": ws, "mcpServers": []})).unwrap();
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    let offered: Vec<&str> = created["configOptions"][0]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|option| option["value"].as_str())
+        .collect();
+    assert_eq!(offered, ["default", "fake/fast", "fake/thinker"], "{created}");
+
+    let set = |bridge: &mut Bridge, id: &str, value: &str| {
+        bridge
+            .request("session/set_config_option", json!({"sessionId": sid, "configId": id, "value": value}))
+            .unwrap_or_else(|e| panic!("set {id}={value}: {e}"))
+    };
+    let after_model = set(&mut bridge, "model", "fake/thinker");
+    assert_eq!(after_model["configOptions"][1]["id"], "variant", "{after_model}");
+    set(&mut bridge, "variant", "high");
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    let run = &invocations(&ws)[0];
+    assert_eq!(run.flag_value("--model").as_deref(), Some("fake/thinker"));
+    assert_eq!(run.flag_value("--variant").as_deref(), Some("high"));
+    let bad =
+        bridge.request("session/set_config_option", json!({"sessionId": sid, "configId": "model", "value": "x/y"}));
+    assert!(bad.is_err(), "an unknown model is refused");
+}
