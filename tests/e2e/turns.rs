@@ -342,3 +342,35 @@ fn models_and_variants_of_the_users_opencode_config_are_offered_and_reach_the_cl
         bridge.request("session/set_config_option", json!({"sessionId": sid, "configId": "model", "value": "x/y"}));
     assert!(bad.is_err(), "an unknown model is refused");
 }
+
+#[test]
+fn an_image_reaches_opencode_as_an_attached_file() {
+    let dirs = TestDirs::new("image");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let init = bridge.initialize();
+    assert_eq!(init["agentCapabilities"]["promptCapabilities"]["image"], true, "{init}");
+    let sid = bridge.new_session(&ws);
+    // "hello" in base64.
+    let id = bridge.send_prompt_blocks(
+        &sid,
+        vec![
+            json!({"type": "text", "text": "What is in this picture?"}),
+            json!({"type": "image", "mimeType": "image/png", "data": "aGVsbG8="}),
+        ],
+    );
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "end_turn");
+    let run = &invocations(&ws)[0];
+    let file = run.flag_value("--file").unwrap_or_else(|| panic!("no --file in {:?}", run.argv()));
+    assert!(file.ends_with(".png"), "{file}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"hello");
+    assert_eq!(run.stdin_text(), "What is in this picture?");
+}
+
+#[test]
+fn amp_does_not_advertise_images() {
+    let dirs = TestDirs::new("amp-image");
+    let mut bridge = Bridge::spawn(BridgeOptions::new("amp", &dirs.data));
+    let init = bridge.initialize();
+    assert_eq!(init["agentCapabilities"]["promptCapabilities"]["image"], false, "{init}");
+}
