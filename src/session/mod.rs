@@ -143,7 +143,7 @@ impl Bridge {
         let record = SessionRecord {
             id: format!("sess_{}", uuid::Uuid::new_v4().simple()),
             agent: self.config.agent.as_str().to_string(),
-            cwd: cwd.display().to_string(),
+            cwd: normalize(cwd),
             sandbox_provider: self.provider.name().to_string(),
             sandbox_id: None,
             native_id: None,
@@ -245,7 +245,7 @@ impl Bridge {
                 Some(parse_cursor(cursor).ok_or_else(|| Error::InvalidParams(format!("invalid cursor: {cursor}")))?)
             }
         };
-        let cwd = cwd.map(|c| c.display().to_string());
+        let cwd = cwd.map(normalize);
         let records = self.store.list_sessions(
             cwd.as_deref(),
             before.as_ref().map(|(time, id)| (*time, id.as_str())),
@@ -381,6 +381,11 @@ fn note(text: &str) -> SessionUpdate {
     SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::from(format!("\n\n{text}\n\n"))))
 }
 
+/// A workspace path as stored and compared: `/a/b/` and `/a/./b` are `/a/b`.
+fn normalize(path: &Path) -> String {
+    path.components().collect::<PathBuf>().display().to_string()
+}
+
 fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or("")
 }
@@ -388,4 +393,17 @@ fn first_line(text: &str) -> &str {
 fn parse_cursor(cursor: &str) -> Option<(i64, String)> {
     let (time, id) = cursor.split_once(':')?;
     Some((time.parse().ok()?, id.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_paths_are_normalized() {
+        assert_eq!(normalize(Path::new("/a/b/")), "/a/b");
+        assert_eq!(normalize(Path::new("/a/./b")), "/a/b");
+        assert_eq!(parse_cursor("17:sess_x"), Some((17, "sess_x".to_string())));
+        assert_eq!(parse_cursor("nonsense"), None);
+    }
 }
