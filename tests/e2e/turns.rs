@@ -374,3 +374,33 @@ fn amp_does_not_advertise_images() {
     let init = bridge.initialize();
     assert_eq!(init["agentCapabilities"]["promptCapabilities"]["image"], false, "{init}");
 }
+
+#[test]
+fn shell_output_uses_zeds_terminal_extension_when_the_client_advertises_it() {
+    let dirs = TestDirs::new("terminal-meta");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::spawn(BridgeOptions::new("opencode", &dirs.data));
+    bridge
+        .request(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {"terminal": true, "_meta": {"terminal_output": true}}}),
+        )
+        .unwrap();
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:tools write, run and read");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    let call = turn
+        .updates
+        .iter()
+        .find(|u| u["sessionUpdate"] == "tool_call" && u["kind"] == "execute")
+        .unwrap_or_else(|| panic!("no execute card: {:?}", turn.updates));
+    let terminal = call["_meta"]["terminal_info"]["terminal_id"].clone();
+    assert!(terminal.is_string(), "{call}");
+    assert_eq!(call["content"][0]["terminalId"], terminal, "{call}");
+    let output: String = turn.updates.iter().filter_map(|u| u["_meta"]["terminal_output"]["data"].as_str()).collect();
+    assert!(output.contains("bash-ok"), "the command's output goes to the terminal: {output:?}");
+    assert!(
+        turn.updates.iter().any(|u| u["_meta"]["terminal_exit"]["exit_code"] == 0),
+        "the terminal is closed with the exit code"
+    );
+}
