@@ -6,6 +6,7 @@
 
 pub mod amp;
 pub mod opencode;
+pub mod tools;
 
 use std::path::{Path, PathBuf};
 
@@ -30,7 +31,9 @@ pub struct TurnRequest<'a> {
 }
 
 /// Which CLI a session runs. Persisted with the session, so it never changes for one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentKind {
     /// Sourcegraph's Amp (`amp -x --stream-json`).
@@ -216,6 +219,9 @@ pub enum TurnEnd {
 }
 
 /// One thing a translator learned from a CLI line.
+// Nearly every output is an update, so boxing it would cost an allocation per line to save space on the rare
+// other variants.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "output", rename_all = "snake_case")]
 pub enum Output {

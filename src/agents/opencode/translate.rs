@@ -1,25 +1,484 @@
-//! Pure translation of opencode's JSONL events into ACP updates (placeholder until the real mapping lands).
+//! Pure translation of opencode's JSONL events (`run --format json`) into ACP updates.
+//!
+//! OpenCode prints every part once, complete: text as one chunk, and each tool only when it has finished,
+//! so a tool becomes a `tool_call` immediately followed by its closing `tool_call_update`.
 
-use crate::agents::{Output, TranslateContext, Translator};
+use agent_client_protocol::v1::schema::{
+    ContentBlock, ContentChunk, Cost, MessageId, SessionUpdate, ToolCallContent, ToolCallStatus,
+    ToolKind, UsageUpdate,
+};
+use serde_json::{Value, json};
+
+use super::events::{ErrorInfo, Event, Line, StepFinishPart, TextPart, ToolPart};
+use crate::agents::tools::{
+    ToolStart, cap, diff_content, error_content, fence, finish_shell, finish_tool, first_hunk_line,
+    location, one_line, plan_from_todos, shown_dir, str_field, text_content, unparsed,
+};
+use crate::agents::{Output, TranslateContext, Translator, TurnEnd};
 
 /// Translator state for one turn.
 pub struct OpenCodeTranslator {
-    _context: TranslateContext,
+    context: TranslateContext,
+    /// Whether the native session id was already reported.
+    sent_session_id: bool,
+    /// Cost of the model calls of this turn so far: ACP's `cost` is cumulative.
+    cost: f64,
 }
 
 impl OpenCodeTranslator {
     /// A translator for one turn.
     pub fn new(context: TranslateContext) -> Self {
-        Self { _context: context }
+        Self {
+            context,
+            sent_session_id: false,
+            cost: 0.0,
+        }
+    }
+
+    fn chunk(part: TextPart, thought: bool) -> Vec<Output> {
+        if part.ignored || part.text.is_empty() {
+            return Vec::new();
+        }
+        let chunk = ContentChunk::new(ContentBlock::from(part.text))
+            .message_id(part.message_id.map(MessageId::new));
+        let update = if thought {
+            SessionUpdate::AgentThoughtChunk(chunk)
+        } else {
+            SessionUpdate::AgentMessageChunk(chunk)
+        };
+        vec![Output::Update(update)]
+    }
+
+    fn step_finish(&mut self, part: StepFinishPart) -> Vec<Output> {
+        let mut outputs = Vec::new();
+        // What the next call will read back: this call's whole input (cached or not) plus its answer.
+        // Reasoning is left out because providers drop it from later requests.
+        let tokens = &part.tokens;
+        let used = tokens.input + tokens.cache.read + tokens.cache.write + tokens.output;
+        self.cost += part.cost.unwrap_or(0.0);
+        // A call cut off mid-stream reports all zeros; a zero would wrongly empty the editor's meter.
+        if used > 0 {
+            let mut usage = UsageUpdate::new(used, self.context.context_window);
+            if part.cost.is_some() {
+                // Summing binary floats leaves noise like 0.016300000000000002; no provider bills below 1e-9.
+                let cost = (self.cost * 1e9).round() / 1e9;
+                usage = usage.cost(Cost::new(cost, "USD"));
+            }
+            outputs.push(Output::Update(SessionUpdate::UsageUpdate(usage)));
+        }
+        let end = match part.reason.as_str() {
+            "stop" => Some(TurnEnd::EndTurn),
+            "length" => Some(TurnEnd::MaxTokens),
+            "content-filter" => Some(TurnEnd::Refusal),
+            _ => None,
+        };
+        outputs.extend(end.map(Output::End));
+        outputs
+    }
+
+    fn tool(&self, part: Box<ToolPart>) -> Vec<Output> {
+        let id = part
+            .call_id
+            .or(part.id)
+            .unwrap_or_else(|| format!("opencode-{}", part.tool));
+        let state = part.state;
+        let failed = state.status == "error";
+        let name = part.tool.to_ascii_lowercase();
+
+        // Todo tools only update the plan (as claude-agent-acp does); a failing one still gets a card so its
+        // error is not lost.
+        if (name == "todowrite" || name == "todoread") && !failed {
+            let todos = if state.metadata.get("todos").is_some() {
+                &state.metadata
+            } else {
+                &state.input
+            };
+            let plan = plan_from_todos(todos).or_else(|| {
+                state
+                    .output
+                    .as_deref()
+                    .and_then(|output| plan_from_todos(&json!(output)))
+            });
+            return plan.map(Output::Update).into_iter().collect();
+        }
+
+        let start = classify(
+            &self.context,
+            &part.tool,
+            &state.input,
+            state.title.as_deref(),
+            &state.metadata,
+        );
+        let mut updates = vec![start.to_update(&self.context, &id, state.input.clone())];
+        let mut raw_output = if failed {
+            json!({ "error": state.error })
+        } else {
+            json!({ "output": state.output })
+        };
+        if !state.metadata.is_null() {
+            raw_output["metadata"] = state.metadata.clone();
+        }
+
+        if start.shell_cwd.is_some() {
+            let output = str_field(&state.metadata, "output")
+                .or(state.output.as_deref())
+                .unwrap_or("");
+            let output = if failed && output.is_empty() {
+                state.error.as_deref().unwrap_or("")
+            } else {
+                output
+            };
+            let exit = state.metadata.get("exit").and_then(Value::as_i64);
+            let ok = !failed && exit.is_none_or(|code| code == 0);
+            let status = if ok {
+                ToolCallStatus::Completed
+            } else {
+                ToolCallStatus::Failed
+            };
+            updates.extend(finish_shell(
+                &self.context,
+                &id,
+                output,
+                exit,
+                status,
+                Some(raw_output),
+            ));
+        } else if failed {
+            let error = state.error.as_deref().unwrap_or("");
+            updates.push(finish_tool(
+                &id,
+                ToolCallStatus::Failed,
+                Some(error_content(error)),
+                Some(raw_output),
+            ));
+        } else {
+            let output = state.output.as_deref().unwrap_or("");
+            let content = result_content(&start, &name, output, &state.metadata);
+            updates.push(finish_tool(
+                &id,
+                ToolCallStatus::Completed,
+                content,
+                Some(raw_output),
+            ));
+        }
+        updates.into_iter().map(Output::Update).collect()
+    }
+}
+
+/// The content of a completed tool: diffs stay as they are, a subagent shows its answer, anything else
+/// its output in a fence.
+fn result_content(
+    start: &ToolStart,
+    name: &str,
+    output: &str,
+    metadata: &Value,
+) -> Option<Vec<ToolCallContent>> {
+    if start.has_diff() {
+        return None;
+    }
+    if start.kind == ToolKind::Think {
+        return Some(vec![text_content(cap(&task_result(output)))]);
+    }
+    if matches!(name, "patch" | "apply_patch") {
+        let patch = str_field(metadata, "diff").unwrap_or(output);
+        return Some(vec![text_content(fence(&cap(patch), "diff"))]);
+    }
+    // `read` wraps the file in `<path>`/`<content>` tags with line numbers for the model; the editor gets
+    // the plain text OpenCode keeps for display.
+    let display = metadata
+        .get("display")
+        .filter(|display| str_field(display, "type") == Some("file"));
+    let output = display
+        .and_then(|display| display.get("text"))
+        .and_then(Value::as_str)
+        .unwrap_or(output);
+    if output.trim().is_empty() {
+        return None;
+    }
+    Some(vec![text_content(fence(&cap(output), ""))])
+}
+
+/// The subagent's answer from a `task` output (`<task …><task_result>…</task_result></task>`); the whole
+/// output when it has another shape.
+pub fn task_result(output: &str) -> String {
+    for tag in ["task_result", "task_error"] {
+        let open = format!("<{tag}>");
+        let close = format!("</{tag}>");
+        if let Some(start) = output.find(&open) {
+            let rest = &output[start + open.len()..];
+            let end = rest.rfind(&close).unwrap_or(rest.len());
+            return rest[..end].trim().to_string();
+        }
+    }
+    output.trim().to_string()
+}
+
+/// Kind, title, locations and input-derived content of an OpenCode tool.
+fn classify(
+    context: &TranslateContext,
+    tool: &str,
+    input: &Value,
+    title: Option<&str>,
+    metadata: &Value,
+) -> ToolStart {
+    let title = title.filter(|title| !title.trim().is_empty());
+    let file = str_field(input, "filePath").or_else(|| str_field(input, "filepath"));
+    let path_or = |key: &str| str_field(input, key).map(|path| shown_dir(context, path));
+    match tool.to_ascii_lowercase().as_str() {
+        "bash" | "shell" => {
+            let command = str_field(input, "command").or_else(|| str_field(input, "cmd"));
+            let cwd = str_field(input, "workdir")
+                .map_or_else(|| context.workspace.clone(), |dir| context.editor_path(dir));
+            ToolStart::new(tool, command.or(title).unwrap_or(tool), ToolKind::Execute).shell(cwd)
+        }
+        "read" => match file {
+            Some(file) => {
+                let line = input
+                    .get("offset")
+                    .and_then(Value::as_u64)
+                    .filter(|line| *line > 0);
+                ToolStart::new(
+                    tool,
+                    format!("Read {}", context.display_path(file)),
+                    ToolKind::Read,
+                )
+                .locations(vec![location(
+                    context.editor_path(file),
+                    line.map(|line| line as u32),
+                )])
+            }
+            None => ToolStart::new(tool, title.unwrap_or("Read"), ToolKind::Read),
+        },
+        "write" => match file {
+            Some(file) => {
+                let path = context.editor_path(file);
+                let content = input.get("content").and_then(Value::as_str).unwrap_or("");
+                // Overwriting an existing file: OpenCode does not say what was there, so the diff shows the
+                // new content as if the file were new. Still the most useful view of what was written.
+                ToolStart::new(
+                    tool,
+                    format!("Write {}", context.display_path(file)),
+                    ToolKind::Edit,
+                )
+                .locations(vec![location(path.clone(), None)])
+                .content(vec![diff_content(path, None, cap(content))])
+            }
+            None => ToolStart::new(tool, title.unwrap_or("Write"), ToolKind::Edit),
+        },
+        "edit" | "multiedit" => match file {
+            Some(file) => {
+                let path = context.editor_path(file);
+                let edits = match input.get("edits").and_then(Value::as_array) {
+                    Some(edits) => edits.iter().collect(),
+                    None => vec![input],
+                };
+                let diffs = edits
+                    .into_iter()
+                    .filter_map(|edit| {
+                        let old = edit.get("oldString").and_then(Value::as_str)?;
+                        let new = edit.get("newString").and_then(Value::as_str)?;
+                        // OpenCode's edit with an empty oldString creates the file.
+                        let old = (!old.is_empty()).then(|| cap(old));
+                        Some(diff_content(path.clone(), old, cap(new)))
+                    })
+                    .collect();
+                let patch = metadata
+                    .get("filediff")
+                    .and_then(|diff| str_field(diff, "patch"))
+                    .or_else(|| str_field(metadata, "diff"));
+                let line = patch.and_then(first_hunk_line);
+                ToolStart::new(
+                    tool,
+                    format!("Edit {}", context.display_path(file)),
+                    ToolKind::Edit,
+                )
+                .locations(vec![location(path, line)])
+                .content(diffs)
+            }
+            None => ToolStart::new(tool, title.unwrap_or("Edit"), ToolKind::Edit),
+        },
+        "patch" | "apply_patch" => {
+            let files: Vec<String> = match metadata.get("files").and_then(Value::as_array) {
+                Some(files) => files
+                    .iter()
+                    .filter_map(|file| {
+                        str_field(file, "movePath").or_else(|| str_field(file, "filePath"))
+                    })
+                    .map(str::to_string)
+                    .collect(),
+                None => patch_files(str_field(input, "patchText").unwrap_or("")),
+            };
+            let shown: Vec<String> = files
+                .iter()
+                .map(|file| context.display_path(file))
+                .collect();
+            let title = if shown.is_empty() {
+                "Apply patch".to_string()
+            } else {
+                format!("Patch {}", shown.join(", "))
+            };
+            let locations = files
+                .iter()
+                .map(|file| location(context.editor_path(file), None))
+                .collect();
+            ToolStart::new(tool, title, ToolKind::Edit).locations(locations)
+        }
+        "glob" => {
+            let pattern = str_field(input, "pattern").unwrap_or("files");
+            let title = match path_or("path") {
+                Some(path) => format!("Find {pattern} in {path}"),
+                None => format!("Find {pattern}"),
+            };
+            ToolStart::new(tool, title, ToolKind::Search).locations(search_location(context, input))
+        }
+        "grep" => {
+            let pattern = str_field(input, "pattern").unwrap_or("");
+            let mut title = format!("Grep {pattern}");
+            if let Some(include) = str_field(input, "include") {
+                title.push_str(&format!(" ({include})"));
+            }
+            if let Some(path) = path_or("path") {
+                title.push_str(&format!(" in {path}"));
+            }
+            ToolStart::new(tool, title, ToolKind::Search).locations(search_location(context, input))
+        }
+        "list" | "ls" => {
+            let path = path_or("path").unwrap_or_else(|| ".".to_string());
+            ToolStart::new(tool, format!("List {path}"), ToolKind::Read)
+                .locations(search_location(context, input))
+        }
+        "codesearch" => {
+            let query = str_field(input, "query").unwrap_or("");
+            ToolStart::new(
+                tool,
+                format!("Code search: {}", one_line(query, 100)),
+                ToolKind::Search,
+            )
+        }
+        "webfetch" => {
+            let url = str_field(input, "url").or(title).unwrap_or("");
+            ToolStart::new(tool, format!("Fetch {url}"), ToolKind::Fetch)
+        }
+        "websearch" => {
+            let query = str_field(input, "query").or(title).unwrap_or("");
+            ToolStart::new(
+                tool,
+                format!("Web search: {}", one_line(query, 100)),
+                ToolKind::Fetch,
+            )
+        }
+        "task" => {
+            let description = str_field(input, "description").or(title).unwrap_or("Task");
+            let title = match str_field(input, "subagent_type") {
+                Some(agent) => format!("{description} (@{agent})"),
+                None => description.to_string(),
+            };
+            let prompt = str_field(input, "prompt")
+                .map(|prompt| vec![text_content(cap(prompt))])
+                .unwrap_or_default();
+            ToolStart::new(tool, title, ToolKind::Think).content(prompt)
+        }
+        "todowrite" | "todoread" => ToolStart::new(tool, "Update the plan", ToolKind::Think),
+        "skill" => {
+            let name = str_field(input, "name").or(title).unwrap_or("skill");
+            ToolStart::new(tool, format!("Skill: {name}"), ToolKind::Other)
+        }
+        "question" => {
+            let question = input
+                .get("questions")
+                .and_then(Value::as_array)
+                .and_then(|questions| questions.first())
+                .and_then(|first| {
+                    str_field(first, "question").or_else(|| str_field(first, "header"))
+                });
+            ToolStart::new(
+                tool,
+                one_line(question.or(title).unwrap_or("Question"), 100),
+                ToolKind::Other,
+            )
+        }
+        _ => ToolStart::new(tool, title.unwrap_or(tool), ToolKind::Other),
+    }
+}
+
+/// The directory a search tool looked in, when it said.
+fn search_location(
+    context: &TranslateContext,
+    input: &Value,
+) -> Vec<agent_client_protocol::v1::schema::ToolCallLocation> {
+    str_field(input, "path")
+        .map(|path| location(context.editor_path(path), None))
+        .into_iter()
+        .collect()
+}
+
+/// The files an OpenCode patch names (`*** Add File: a`, `*** Update File: b`, `*** Move to: c`…).
+fn patch_files(patch: &str) -> Vec<String> {
+    patch
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("*** ")?;
+            ["Add File:", "Update File:", "Delete File:", "Move to:"]
+                .iter()
+                .find_map(|prefix| rest.strip_prefix(prefix))
+                .map(|path| path.trim().to_string())
+        })
+        .collect()
+}
+
+/// The turn end an OpenCode error name stands for.
+fn error_end(error: ErrorInfo) -> TurnEnd {
+    let message = str_field(&error.data, "message")
+        .map(str::to_string)
+        .unwrap_or_else(|| error.name.clone());
+    match error.name.as_str() {
+        "ProviderAuthError" => TurnEnd::AuthRequired { message },
+        "MessageOutputLengthError" => TurnEnd::MaxTokens,
+        "ContentFilterError" => TurnEnd::Refusal,
+        "MessageAbortedError" => TurnEnd::Cancelled,
+        _ => {
+            let status = error.data.get("statusCode").and_then(Value::as_u64);
+            let message = match status {
+                Some(code) if !message.contains(&code.to_string()) => {
+                    format!("{message} (HTTP {code})")
+                }
+                _ => message,
+            };
+            TurnEnd::Error { message }
+        }
     }
 }
 
 impl Translator for OpenCodeTranslator {
     fn line(&mut self, line: &str) -> Vec<Output> {
-        vec![Output::Unparsed { line: line.to_string() }]
+        let Ok(parsed) = serde_json::from_str::<Line>(line) else {
+            return vec![unparsed(line)];
+        };
+        let mut outputs = Vec::new();
+        if let (false, Some(id)) = (
+            self.sent_session_id,
+            parsed.session_id.filter(|id| !id.is_empty()),
+        ) {
+            self.sent_session_id = true;
+            outputs.push(Output::NativeSessionId { id });
+        }
+        match parsed.event {
+            Event::StepStart {} | Event::Unknown => {}
+            Event::Text { part } => outputs.extend(Self::chunk(part, false)),
+            Event::Reasoning { part } => outputs.extend(Self::chunk(part, true)),
+            Event::ToolUse { part } => outputs.extend(self.tool(part)),
+            Event::StepFinish { part } => outputs.extend(self.step_finish(part)),
+            Event::Error { error } => outputs.push(Output::End(error_end(error))),
+        }
+        outputs
     }
 
     fn finish(&mut self) -> Vec<Output> {
+        // Every tool is printed complete, so nothing can be left open.
         Vec::new()
     }
 }
+
+#[cfg(test)]
+#[path = "translate_tests.rs"]
+mod tests;

@@ -1,0 +1,422 @@
+//! Shared building blocks for the agent translators: tool cards, shell output (fenced or Zed's terminal
+//! `_meta`), diffs, plans, fences and size caps. Pure functions only, like the translators that use them.
+
+use std::path::PathBuf;
+
+use agent_client_protocol::v1::schema::{
+    Content, ContentBlock, Diff, Meta, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus,
+    SessionUpdate, Terminal, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus,
+    ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+};
+use serde_json::{Value, json};
+
+use crate::agents::{Output, TranslateContext};
+
+/// Most text one tool card carries (per content block and per `rawOutput` string): a runaway `cat` must not
+/// turn into a multi-megabyte notification that the editor and the session store both have to swallow.
+pub const MAX_TOOL_TEXT: usize = 256 * 1024;
+
+/// Most of an unparsed line that is kept: enough to recognise it in a log or an error message.
+pub const MAX_UNPARSED: usize = 2000;
+
+/// Shown in place of a tool that never reported back (the CLI exited or was killed mid-tool).
+pub const TOOL_NEVER_FINISHED: &str = "The agent stopped before this tool finished.";
+
+/// Cuts `text` to at most `max` bytes on a char boundary, saying how much was cut so a reader never
+/// mistakes a truncated output for the whole of it.
+pub fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n… [truncated {} bytes]", &text[..end], text.len() - end)
+}
+
+/// [`truncate`] at the per-tool cap.
+pub fn cap(text: &str) -> String {
+    truncate(text, MAX_TOOL_TEXT)
+}
+
+/// Caps every string inside a JSON value, so `rawOutput` obeys the same limit as the visible content.
+pub fn cap_json(value: Value) -> Value {
+    match value {
+        Value::String(text) if text.len() > MAX_TOOL_TEXT => Value::String(cap(&text)),
+        Value::Array(items) => Value::Array(items.into_iter().map(cap_json).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(key, item)| (key, cap_json(item)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// A line that is not a known event, kept (shortened) for logs.
+pub fn unparsed(line: &str) -> Output {
+    Output::Unparsed {
+        line: truncate(line, MAX_UNPARSED),
+    }
+}
+
+/// Wraps `text` in a Markdown code fence longer than any backtick run inside it, so tool output can never
+/// close the fence early and leak into the surrounding Markdown.
+pub fn fence(text: &str, lang: &str) -> String {
+    let mut longest = 0;
+    let mut run = 0;
+    for ch in text.chars() {
+        if ch == '`' {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    let ticks = "`".repeat(longest.max(2) + 1);
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    format!("{ticks}{lang}\n{body}\n{ticks}")
+}
+
+/// A Markdown text block as tool content.
+pub fn text_content(text: impl Into<String>) -> ToolCallContent {
+    ToolCallContent::Content(Content::new(ContentBlock::from(text.into())))
+}
+
+/// A diff as tool content. `old` is `None` for a new file.
+pub fn diff_content(path: PathBuf, old: Option<String>, new: String) -> ToolCallContent {
+    ToolCallContent::Diff(Diff::new(path, new).old_text(old))
+}
+
+/// A location to follow, with a line when one is known.
+pub fn location(path: PathBuf, line: Option<u32>) -> ToolCallLocation {
+    ToolCallLocation::new(path).line(line)
+}
+
+/// One line of `text`, at most `max` chars, for titles built from free text (a subagent's task, a query).
+pub fn one_line(text: &str, max: usize) -> String {
+    let first = text
+        .lines()
+        .find(|line| !line.trim().is_empty())
+        .unwrap_or("")
+        .trim();
+    if first.chars().count() <= max {
+        let more = text.trim().lines().count() > 1;
+        return if more {
+            format!("{first}…")
+        } else {
+            first.to_string()
+        };
+    }
+    let cut: String = first.chars().take(max).collect();
+    format!("{cut}…")
+}
+
+/// What a translator knows about a tool when it starts, independent of the CLI it came from.
+pub struct ToolStart {
+    /// The CLI's tool name (ACP `name`).
+    pub name: String,
+    /// Human title: the command, "Read src/a.rs", the pattern…
+    pub title: String,
+    /// ACP kind, which picks the card Zed draws.
+    pub kind: ToolKind,
+    /// Absolute editor paths the tool touches.
+    pub locations: Vec<ToolCallLocation>,
+    /// Content known from the input alone (diffs, a subagent's prompt).
+    pub content: Vec<ToolCallContent>,
+    /// `Some(cwd)` for shell tools: their output goes to a terminal (when the client has one) or a fence.
+    pub shell_cwd: Option<PathBuf>,
+}
+
+impl ToolStart {
+    /// A plain card of `kind` titled `title`.
+    pub fn new(name: &str, title: impl Into<String>, kind: ToolKind) -> Self {
+        Self {
+            name: name.to_string(),
+            title: title.into(),
+            kind,
+            locations: Vec::new(),
+            content: Vec::new(),
+            shell_cwd: None,
+        }
+    }
+
+    /// Adds locations.
+    pub fn locations(mut self, locations: Vec<ToolCallLocation>) -> Self {
+        self.locations = locations;
+        self
+    }
+
+    /// Adds input-derived content.
+    pub fn content(mut self, content: Vec<ToolCallContent>) -> Self {
+        self.content = content;
+        self
+    }
+
+    /// Marks a shell tool running in `cwd`.
+    pub fn shell(mut self, cwd: PathBuf) -> Self {
+        self.shell_cwd = Some(cwd);
+        self
+    }
+
+    /// Whether the card shows diffs, which the completion must not replace on success.
+    pub fn has_diff(&self) -> bool {
+        self.content
+            .iter()
+            .any(|item| matches!(item, ToolCallContent::Diff(_)))
+    }
+
+    /// The `tool_call` that opens the card, already running: both CLIs only report tools they execute.
+    pub fn to_update(
+        &self,
+        context: &TranslateContext,
+        id: &str,
+        raw_input: Value,
+    ) -> SessionUpdate {
+        let mut content = self.content.clone();
+        let mut call = ToolCall::new(id.to_string(), self.title.clone())
+            .name(self.name.clone())
+            .kind(self.kind)
+            .status(ToolCallStatus::InProgress)
+            .locations(self.locations.clone())
+            .raw_input(cap_json(raw_input));
+        if let (Some(cwd), true) = (&self.shell_cwd, context.terminal_output) {
+            content.insert(0, ToolCallContent::Terminal(Terminal::new(id.to_string())));
+            call = call.meta(meta(
+                "terminal_info",
+                json!({ "terminal_id": id, "cwd": cwd }),
+            ));
+        }
+        SessionUpdate::ToolCall(call.content(content))
+    }
+}
+
+/// A `_meta` object with one key.
+fn meta(key: &str, value: Value) -> Meta {
+    let mut map = Meta::new();
+    map.insert(key.to_string(), value);
+    map
+}
+
+/// The final `tool_call_update` of a non-shell tool: status, optional replacement content, raw output.
+pub fn finish_tool(
+    id: &str,
+    status: ToolCallStatus,
+    content: Option<Vec<ToolCallContent>>,
+    raw_output: Option<Value>,
+) -> SessionUpdate {
+    let mut fields = ToolCallUpdateFields::new().status(status);
+    if let Some(content) = content {
+        fields = fields.content(content);
+    }
+    if let Some(raw_output) = raw_output {
+        fields = fields.raw_output(cap_json(raw_output));
+    }
+    SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields))
+}
+
+/// The closing updates of a shell tool. With the terminal extension: the output as `terminal_output`,
+/// then `terminal_exit` with the status; otherwise the output as a fenced `console` block.
+/// `exit_code` is `None` when the CLI did not say (killed, rejected).
+pub fn finish_shell(
+    context: &TranslateContext,
+    id: &str,
+    output: &str,
+    exit_code: Option<i64>,
+    status: ToolCallStatus,
+    raw_output: Option<Value>,
+) -> Vec<SessionUpdate> {
+    let output = cap(output);
+    let mut fields = ToolCallUpdateFields::new().status(status);
+    if let Some(raw_output) = raw_output {
+        fields = fields.raw_output(cap_json(raw_output));
+    }
+    if context.terminal_output {
+        let mut updates = Vec::new();
+        if !output.is_empty() {
+            updates.push(SessionUpdate::ToolCallUpdate(
+                ToolCallUpdate::new(id.to_string(), ToolCallUpdateFields::new()).meta(meta(
+                    "terminal_output",
+                    json!({ "terminal_id": id, "data": output }),
+                )),
+            ));
+        }
+        let exit = json!({ "terminal_id": id, "exit_code": exit_code, "signal": null });
+        updates.push(SessionUpdate::ToolCallUpdate(
+            ToolCallUpdate::new(id.to_string(), fields).meta(meta("terminal_exit", exit)),
+        ));
+        return updates;
+    }
+    let mut text = if output.is_empty() {
+        String::new()
+    } else {
+        fence(&output, "console")
+    };
+    match exit_code {
+        Some(0) => {}
+        Some(code) => text.push_str(&format!("\n\nExited with code {code}.")),
+        None => {}
+    }
+    let text = text.trim_start().to_string();
+    let content = if text.is_empty() {
+        Vec::new()
+    } else {
+        vec![text_content(text)]
+    };
+    vec![SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
+        id.to_string(),
+        fields.content(content),
+    ))]
+}
+
+/// Closes a tool whose result never came (the stream ended first), as failed. A terminal card keeps its
+/// terminal (replacing the content would drop it) and gets the note as its last output instead.
+pub fn abandon_tool(context: &TranslateContext, id: &str, shell: bool) -> Vec<SessionUpdate> {
+    if shell && context.terminal_output {
+        let note = format!("\n{TOOL_NEVER_FINISHED}\n");
+        return finish_shell(context, id, &note, None, ToolCallStatus::Failed, None);
+    }
+    vec![finish_tool(
+        id,
+        ToolCallStatus::Failed,
+        Some(vec![text_content(TOOL_NEVER_FINISHED)]),
+        None,
+    )]
+}
+
+/// The content shown for a failed tool: its error text, fenced so paths and symbols stay literal.
+pub fn error_content(error: &str) -> Vec<ToolCallContent> {
+    if error.trim().is_empty() {
+        return vec![text_content("The tool failed without saying why.")];
+    }
+    vec![text_content(fence(&cap(error), ""))]
+}
+
+/// Extracts a plan entry list from a todo array as both CLIs write it (`content`/`text`/`description`,
+/// `status`, `priority`). Unknown statuses count as pending; `cancelled` counts as completed because ACP
+/// has no cancelled state and the entry is no longer to do.
+pub fn plan_from_todos(todos: &Value) -> Option<SessionUpdate> {
+    let items = match todos {
+        Value::Array(items) => items,
+        Value::Object(map) => map.get("todos")?.as_array()?,
+        Value::String(text) => return plan_from_todos(&serde_json::from_str(text).ok()?),
+        _ => return None,
+    };
+    let entries = items
+        .iter()
+        .filter_map(|item| {
+            let content = ["content", "text", "description", "title"]
+                .iter()
+                .find_map(|key| item.get(*key).and_then(Value::as_str))?;
+            let status = item.get("status").and_then(Value::as_str).unwrap_or("");
+            let status = match status.to_ascii_lowercase().replace('-', "_").as_str() {
+                "in_progress" | "active" | "doing" | "running" => PlanEntryStatus::InProgress,
+                "completed" | "complete" | "done" | "cancelled" | "canceled" => {
+                    PlanEntryStatus::Completed
+                }
+                _ => PlanEntryStatus::Pending,
+            };
+            let priority = match item.get("priority").and_then(Value::as_str).unwrap_or("") {
+                "high" => PlanEntryPriority::High,
+                "low" => PlanEntryPriority::Low,
+                _ => PlanEntryPriority::Medium,
+            };
+            Some(PlanEntry::new(content, priority, status))
+        })
+        .collect();
+    Some(SessionUpdate::Plan(Plan::new(entries)))
+}
+
+/// Reads a string field of a JSON object, trimmed to `None` when empty.
+pub fn str_field<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
+    value
+        .get(key)
+        .and_then(Value::as_str)
+        .filter(|text| !text.trim().is_empty())
+}
+
+/// A directory for a title: relative to the workspace, `.` for the workspace itself.
+pub fn shown_dir(context: &TranslateContext, path: &str) -> String {
+    if context.editor_path(path) == context.workspace {
+        return ".".to_string();
+    }
+    context.display_path(path)
+}
+
+/// The first line number of the new side of a unified diff (`@@ -a,b +c,d @@`), for a location line.
+pub fn first_hunk_line(patch: &str) -> Option<u32> {
+    let header = patch.lines().find(|line| line.starts_with("@@ "))?;
+    let plus = header
+        .split_whitespace()
+        .find(|part| part.starts_with('+'))?;
+    plus.trim_start_matches('+').split(',').next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fence_is_longer_than_any_backtick_run() {
+        assert_eq!(fence("plain", "sh"), "```sh\nplain\n```");
+        assert_eq!(fence("a ```` b", ""), "`````\na ```` b\n`````");
+        assert_eq!(
+            fence("ends with newline\n", ""),
+            "```\nends with newline\n```"
+        );
+    }
+
+    #[test]
+    fn truncate_respects_char_boundaries_and_says_so() {
+        let text = "é".repeat(10);
+        let cut = truncate(&text, 5);
+        assert!(cut.starts_with("éé\n"));
+        assert!(cut.ends_with("[truncated 16 bytes]"));
+        assert_eq!(truncate("short", 10), "short");
+    }
+
+    #[test]
+    fn cap_json_caps_nested_strings() {
+        let big = "x".repeat(MAX_TOOL_TEXT + 10);
+        let capped = cap_json(json!({ "a": [big] }));
+        let text = capped["a"][0].as_str().unwrap_or_default();
+        assert!(text.len() < MAX_TOOL_TEXT + 100);
+        assert!(text.ends_with("[truncated 10 bytes]"));
+    }
+
+    #[test]
+    fn todos_map_statuses_and_priorities() {
+        let plan = plan_from_todos(&json!([
+            {"content": "a", "status": "cancelled", "priority": "low"},
+            {"content": "b", "status": "in-progress"},
+            {"content": "c", "status": "todo", "priority": "high"},
+            {"status": "pending"}
+        ]));
+        let value = serde_json::to_value(plan).unwrap_or_default();
+        assert_eq!(
+            value["entries"],
+            json!([
+                {"content": "a", "status": "completed", "priority": "low"},
+                {"content": "b", "status": "in_progress", "priority": "medium"},
+                {"content": "c", "status": "pending", "priority": "high"}
+            ])
+        );
+    }
+
+    #[test]
+    fn hunk_line() {
+        assert_eq!(
+            first_hunk_line("--- a\n+++ b\n@@ -3,2 +5,4 @@\n-x"),
+            Some(5)
+        );
+        assert_eq!(first_hunk_line("no hunks"), None);
+    }
+
+    #[test]
+    fn one_line_titles() {
+        assert_eq!(one_line("short", 10), "short");
+        assert_eq!(one_line("first\nsecond", 10), "first…");
+        assert_eq!(one_line("abcdefghijkl", 5), "abcde…");
+    }
+}

@@ -1,0 +1,120 @@
+//! Golden tests of the translators: every recorded CLI stream in `tests/fixtures/<agent>/` is translated
+//! and compared with `tests/golden/<agent>/<fixture>.json` (fenced output) and `<fixture>.terminal.json`
+//! (Zed's terminal `_meta`). `UPDATE_GOLDENS=1 cargo test --test golden` rewrites them; review the diff by
+//! eye, since the goldens are the spec.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use acp_sandbox::agents::{AgentKind, TranslateContext, translate_all};
+
+/// The cwd each CLI ran in when the fixtures were recorded.
+fn workspace(kind: AgentKind) -> &'static str {
+    match kind {
+        AgentKind::Amp => "/tmp/ws",
+        AgentKind::OpenCode => "/tmp/ws-oc",
+    }
+}
+
+fn context(kind: AgentKind, terminal_output: bool) -> TranslateContext {
+    TranslateContext {
+        workspace: workspace(kind).into(),
+        agent_workspace: workspace(kind).into(),
+        terminal_output,
+        context_window: 200_000,
+    }
+}
+
+/// Recorded stdout streams of `kind`: `*.jsonl`, minus what was fed to the CLI's stdin.
+fn fixtures(kind: AgentKind) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(kind.as_str());
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap_or_else(|error| panic!("reading {}: {error}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|path| {
+            let name = path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .unwrap_or("");
+            name.ends_with(".jsonl") && !name.contains(".stdin.") && !name.contains("-acp-")
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no fixtures in {}", dir.display());
+    files
+}
+
+fn check_agent(kind: AgentKind) {
+    let update = std::env::var("UPDATE_GOLDENS").is_ok_and(|value| value == "1");
+    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(kind.as_str());
+    fs::create_dir_all(&golden_dir).expect("golden dir");
+    let mut expected_files = Vec::new();
+    let mut failures = Vec::new();
+    for fixture in fixtures(kind) {
+        let stream = fs::read_to_string(&fixture).expect("fixture");
+        let stem = fixture
+            .file_stem()
+            .and_then(|stem| stem.to_str())
+            .expect("fixture name")
+            .to_string();
+        for terminal in [false, true] {
+            let name = if terminal {
+                format!("{stem}.terminal.json")
+            } else {
+                format!("{stem}.json")
+            };
+            let golden = golden_dir.join(&name);
+            expected_files.push(name.clone());
+            let outputs = translate_all(kind, context(kind, terminal), &stream);
+            let actual = serde_json::to_string_pretty(&outputs).expect("serialize") + "\n";
+            if update {
+                fs::write(&golden, &actual).expect("write golden");
+                continue;
+            }
+            match fs::read_to_string(&golden) {
+                Ok(expected) if expected == actual => {}
+                Ok(expected) => {
+                    eprintln!(
+                        "{name}:\n{}",
+                        pretty_assertions::StrComparison::new(&expected, &actual)
+                    );
+                    failures.push(name);
+                }
+                Err(_) => failures.push(format!("{name} (missing: run with UPDATE_GOLDENS=1)")),
+            }
+        }
+    }
+    // A golden whose fixture was removed or renamed would otherwise rot unnoticed.
+    for entry in fs::read_dir(&golden_dir).expect("golden dir") {
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .to_string();
+        if !expected_files.contains(&name) {
+            if update {
+                fs::remove_file(golden_dir.join(&name)).expect("remove stale golden");
+            } else {
+                failures.push(format!("{name} (stale: no such fixture)"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "golden mismatches for {kind}: {failures:#?}"
+    );
+}
+
+#[test]
+fn opencode_goldens() {
+    check_agent(AgentKind::OpenCode);
+}
+
+#[test]
+fn amp_goldens() {
+    check_agent(AgentKind::Amp);
+}
