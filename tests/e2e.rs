@@ -1,0 +1,18 @@
+//! End-to-end tests of acp-sandbox: the real binary, driven over stdio like Zed drives it, running fake
+//! OpenCode/Amp CLIs (`tests/fakes/`) that replay recorded event streams (`tests/fixtures/`).
+//!
+//! Every line the bridge writes is checked against the ACP JSON Schemas in `schemas/acp/` (see `support`).
+//! Run: `cargo test --test e2e`; `UPDATE_SCHEMAS=1 cargo test --test e2e schemas` regenerates the schemas.
+
+mod support;
+
+mod e2e {
+    mod amp;
+    mod cancel;
+    mod errors;
+    mod persistence;
+    mod protocol;
+    mod sandbox;
+    mod schemas;
+    mod turns;
+}

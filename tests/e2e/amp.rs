@@ -1,0 +1,172 @@
+//! Turns against the fake Amp: the command lines of a new and a continued thread, the key check, thinking,
+//! error results, and cancellation through Amp's own SIGTERM handler.
+
+use std::time::Duration;
+
+use crate::support::*;
+
+const AMP_TEXT_ANSWER: &str = "Hello! How can I help you today?";
+const AMP_CONTINUE_ANSWER: &str = "Yes - you asked me to say hello.";
+
+fn amp_bridge(dirs: &TestDirs) -> Bridge {
+    Bridge::start(BridgeOptions::new("amp", &dirs.data))
+}
+
+#[test]
+fn amp_prompt_streams_the_answer_and_follow_up_continues_the_thread() {
+    let dirs = TestDirs::new("amp-turns");
+    let ws = dirs.workspace("ws");
+    let mut bridge = amp_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let first = bridge.prompt(&sid, "Say hello");
+    assert_eq!(first.stop_reason(), "end_turn");
+    assert!(
+        first.agent_text().contains(AMP_TEXT_ANSWER),
+        "{:?}",
+        first.updates
+    );
+    let second = bridge.prompt(&sid, "Do you remember what I asked first?");
+    assert_eq!(second.stop_reason(), "end_turn");
+    assert!(
+        second.agent_text().contains(AMP_CONTINUE_ANSWER),
+        "{:?}",
+        second.updates
+    );
+
+    let runs = invocations(&ws);
+    assert_eq!(runs.len(), 2);
+    let argv = runs[0].argv();
+    assert_eq!(argv[0], "-x", "argv: {argv:?}");
+    for flag in [
+        "--stream-json",
+        "--dangerously-allow-all",
+        "--no-archive-after-execute",
+    ] {
+        assert!(runs[0].has_flag(flag), "first turn lacks {flag}: {argv:?}");
+    }
+    assert_eq!(runs[0].stdin(), b"Say hello");
+    assert_eq!(
+        runs[0].env("AMP_API_KEY").as_deref(),
+        Some(FAKE_AMP_KEY),
+        "Amp needs its key"
+    );
+    assert_eq!(runs[0].cwd(), ws);
+
+    let argv = runs[1].argv();
+    let thread = runs[0].cli_session();
+    assert_eq!(
+        &argv[..3],
+        ["threads", "continue", thread.as_str()],
+        "argv: {argv:?}"
+    );
+    assert!(
+        runs[1].has_flag("-x") && runs[1].has_flag("--stream-json"),
+        "argv: {argv:?}"
+    );
+    assert_eq!(runs[1].stdin(), b"Do you remember what I asked first?");
+}
+
+#[test]
+fn missing_amp_api_key_is_32000_naming_the_variable_and_amp_is_never_started() {
+    let dirs = TestDirs::new("amp-nokey");
+    let ws = dirs.workspace("ws");
+    let mut bridge =
+        Bridge::start(BridgeOptions::new("amp", &dirs.data).without_env("AMP_API_KEY"));
+    let error = match bridge.request(
+        "session/new",
+        serde_json::json!({"cwd": ws, "mcpServers": []}),
+    ) {
+        Err(error) => error,
+        Ok(new) => {
+            let sid = new["sessionId"].as_str().unwrap().to_string();
+            bridge
+                .prompt(&sid, "Say hello")
+                .result
+                .expect_err("a prompt without AMP_API_KEY must fail")
+        }
+    };
+    assert_eq!(error.code, -32000, "{error}");
+    assert!(
+        error.message.contains("AMP_API_KEY"),
+        "the message must name AMP_API_KEY: {error}"
+    );
+    assert!(
+        invocations(&ws).is_empty(),
+        "Amp was started without a key (it would block on its login prompt)"
+    );
+}
+
+#[test]
+fn amp_thinking_blocks_become_thought_chunks() {
+    let dirs = TestDirs::new("amp-thinking");
+    let ws = dirs.workspace("ws");
+    let mut bridge = amp_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:thinking What is 2+2?");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert!(
+        turn.agent_text().contains("2 + 2 = 4."),
+        "{:?}",
+        turn.updates
+    );
+    let thoughts = text_of(&turn.updates, "agent_thought_chunk");
+    assert!(
+        thoughts.contains("trivial arithmetic"),
+        "{:?}",
+        turn.updates
+    );
+    assert!(invocations(&ws)[0].has_flag("--stream-json-thinking"));
+}
+
+#[test]
+fn amp_error_result_fails_the_prompt_with_its_message() {
+    let dirs = TestDirs::new("amp-error");
+    let ws = dirs.workspace("ws");
+    let mut bridge = amp_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:error-inference Say hello");
+    let error = turn
+        .result
+        .expect_err("an error result must fail the prompt although Amp exits 0");
+    assert!(error.full_text().contains("overloaded (529)"), "{error}");
+}
+
+#[test]
+fn amp_tool_use_streams_tool_calls() {
+    let dirs = TestDirs::new("amp-tools");
+    let ws = dirs.workspace("ws");
+    let mut bridge = amp_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(
+        &sid,
+        "SCENARIO:tools Write hello.txt, cat it with bash, then read it",
+    );
+    assert_eq!(turn.stop_reason(), "end_turn");
+    let tool_calls = turn
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "tool_call")
+        .count();
+    assert_eq!(tool_calls, 3, "{:?}", kinds(&turn.updates));
+}
+
+#[test]
+fn amp_cancel_answers_cancelled() {
+    let dirs = TestDirs::new("amp-cancel");
+    let ws = dirs.workspace("ws");
+    let mut bridge = amp_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt(&sid, "SCENARIO:cancelled Run the long test suite");
+    let _guard = KillOnDrop(wait_invocations(&ws, 1)[0].pid());
+    bridge.wait_update(&sid, "the Bash tool call", |u| {
+        u["sessionUpdate"] == "tool_call"
+    });
+    bridge.cancel(&sid);
+    let turn = bridge.finish_turn(&sid, id);
+    assert_eq!(turn.stop_reason(), "cancelled");
+    let cli = invocations(&ws)[0].pid();
+    assert!(
+        wait_until(Duration::from_secs(5), || !pid_alive(cli)),
+        "Amp survived the cancel"
+    );
+}

@@ -1,0 +1,95 @@
+//! `session/cancel` and `session/close` end the CLI's whole process tree and the prompt answers `cancelled`.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::support::*;
+
+/// Starts a `SCENARIO:child` turn and returns (prompt request id, CLI pid, grandchild pid) once both run.
+fn start_turn_with_grandchild(
+    bridge: &mut Bridge,
+    sid: &str,
+    ws: &std::path::Path,
+) -> (i64, i32, i32) {
+    let id = bridge.send_prompt(sid, "SCENARIO:child run the test suite in the background");
+    let cli = wait_invocations(ws, 1)[0].pid();
+    let pid_file = ws.join(".fake-cli/child.pid");
+    assert!(
+        wait_until(RECV_TIMEOUT, || pid_file.exists()),
+        "the fake never started its grandchild"
+    );
+    let grandchild = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(pid_alive(grandchild));
+    (id, cli, grandchild)
+}
+
+#[test]
+fn cancel_kills_the_cli_process_tree_and_the_prompt_answers_cancelled() {
+    let dirs = TestDirs::new("cancel");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    let (id, cli, grandchild) = start_turn_with_grandchild(&mut bridge, &sid, &ws);
+    let _guards = (KillOnDrop(cli), KillOnDrop(grandchild));
+
+    let cancelled_at = Instant::now();
+    bridge.cancel(&sid);
+    let turn = bridge.finish_turn(&sid, id);
+    let took = cancelled_at.elapsed();
+    assert_eq!(turn.stop_reason(), "cancelled");
+    assert!(
+        took < Duration::from_secs(5),
+        "cancel took {took:?} (expected about 1 s)"
+    );
+    eprintln!("cancel answered in {took:?}");
+    assert!(
+        wait_until(Duration::from_secs(5), || !pid_alive(cli)),
+        "the CLI {cli} survived the cancel"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || !pid_alive(grandchild)),
+        "the CLI's grandchild {grandchild} (own session, like OpenCode's bash tool) survived the cancel"
+    );
+
+    let next = bridge.prompt(&sid, "Say hello again");
+    assert_eq!(
+        next.stop_reason(),
+        "end_turn",
+        "the session must work after a cancel"
+    );
+}
+
+#[test]
+fn cancel_of_an_idle_session_is_harmless() {
+    let dirs = TestDirs::new("cancel-idle");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    bridge.cancel(&sid);
+    bridge.cancel("no-such-session");
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+}
+
+#[test]
+fn closing_a_session_cancels_its_running_turn() {
+    let dirs = TestDirs::new("close");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    let (id, cli, grandchild) = start_turn_with_grandchild(&mut bridge, &sid, &ws);
+    let _guards = (KillOnDrop(cli), KillOnDrop(grandchild));
+
+    let closed = bridge.request("session/close", json!({"sessionId": sid}));
+    assert!(closed.is_ok(), "session/close: {closed:?}");
+    let turn = bridge.finish_turn(&sid, id);
+    assert_eq!(turn.stop_reason(), "cancelled");
+    assert!(
+        wait_until(Duration::from_secs(5), || !pid_alive(grandchild)),
+        "the grandchild survived the close"
+    );
+}

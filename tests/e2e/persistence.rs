@@ -1,0 +1,146 @@
+//! Sessions survive the bridge: after a SIGKILL mid-turn (what Zed does on close), a new bridge on the same data
+//! dir lists them, `session/load` replays their history before answering, and the next prompt continues the same
+//! CLI session.
+
+use serde_json::json;
+
+use crate::support::*;
+
+const FIRST_PROMPT: &str = "Say hello to the persistence test";
+const FIRST_ANSWER: &str = "Hello from the fake model. This is a plain text answer.";
+const FOLLOWUP_ANSWER: &str = "Yes, I remember: this is turn two of the same session.";
+
+/// Runs a completed first turn and a second one that is SIGKILLed mid-stream; returns the session id and the CLI
+/// session id of the first turn.
+fn session_interrupted_by_kill9(dirs: &TestDirs, ws: &std::path::Path) -> (String, String) {
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(ws);
+    assert_eq!(bridge.prompt(&sid, FIRST_PROMPT).stop_reason(), "end_turn");
+    bridge.send_prompt(
+        &sid,
+        "SCENARIO:slow FAKE_COUNT=300 FAKE_DELAY_MS=100 a long answer",
+    );
+    let runs = wait_invocations(ws, 2);
+    let _guard = KillOnDrop(runs[1].pid());
+    bridge.wait_update(&sid, "a streamed chunk of the slow turn", |u| {
+        u["sessionUpdate"] == "agent_message_chunk"
+            && u["content"]["text"]
+                .as_str()
+                .unwrap_or("")
+                .contains("slow chunk")
+    });
+    bridge.kill9();
+    (sid, runs[0].cli_session())
+}
+
+#[test]
+fn sessions_survive_kill_9_and_load_replays_history_then_continues_the_cli_session() {
+    let dirs = TestDirs::new("kill9");
+    let ws = dirs.workspace("ws");
+    let (sid, cli_session) = session_interrupted_by_kill9(&dirs, &ws);
+
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let list = bridge.request("session/list", json!({})).unwrap();
+    let listed = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["sessionId"] == sid.as_str())
+        .unwrap_or_else(|| panic!("session {sid} not listed after the restart: {list}"))
+        .clone();
+    assert_eq!(listed["cwd"], json!(ws), "{listed}");
+    let title = listed["title"].as_str().unwrap_or_default();
+    assert!(
+        !title.trim().is_empty(),
+        "the listed session has no title: {listed}"
+    );
+
+    let loaded = bridge.load_session(&sid, &ws);
+    assert!(loaded.result.is_ok(), "session/load: {:?}", loaded.result);
+    let replay = &loaded.updates;
+    let user = text_of(replay, "user_message_chunk");
+    assert!(
+        user.contains(FIRST_PROMPT),
+        "the first prompt is not replayed: {:?}",
+        kinds(replay)
+    );
+    assert!(
+        user.contains("a long answer"),
+        "the interrupted prompt is not replayed: {:?}",
+        kinds(replay)
+    );
+    let agent = text_of(replay, "agent_message_chunk");
+    assert!(
+        agent.contains(FIRST_ANSWER),
+        "the first answer is not replayed: {replay:?}"
+    );
+    assert!(
+        agent.contains("slow chunk 1 of 300"),
+        "chunks streamed before the kill are not replayed"
+    );
+    let first_user = replay
+        .iter()
+        .position(|u| u["sessionUpdate"] == "user_message_chunk")
+        .unwrap();
+    let first_agent = replay
+        .iter()
+        .position(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .unwrap();
+    assert!(
+        first_user < first_agent,
+        "replay out of order: {:?}",
+        kinds(replay)
+    );
+
+    let next = bridge.prompt(&sid, "Do you remember?");
+    assert_eq!(next.stop_reason(), "end_turn");
+    assert!(
+        next.agent_text().contains(FOLLOWUP_ANSWER),
+        "{:?}",
+        next.updates
+    );
+    let runs = invocations(&ws);
+    assert_eq!(runs.len(), 3);
+    assert_eq!(
+        runs[2].flag_value("--session").as_deref(),
+        Some(cli_session.as_str()),
+        "the prompt after the restart must continue the CLI session: {:?}",
+        runs[2].argv()
+    );
+}
+
+#[test]
+fn resume_restores_a_session_without_replay_and_continues_it() {
+    let dirs = TestDirs::new("resume");
+    let ws = dirs.workspace("ws");
+    let (sid, cli_session) = {
+        let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+        let sid = bridge.new_session(&ws);
+        assert_eq!(bridge.prompt(&sid, FIRST_PROMPT).stop_reason(), "end_turn");
+        bridge.kill9();
+        (sid, invocations(&ws)[0].cli_session())
+    };
+
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let resumed = bridge.request("session/resume", json!({"sessionId": sid, "cwd": ws}));
+    assert!(resumed.is_ok(), "session/resume: {resumed:?}");
+    let replayed: Vec<_> = bridge
+        .take_updates(&sid)
+        .into_iter()
+        .filter(|u| {
+            u["sessionUpdate"] == "user_message_chunk"
+                || u["sessionUpdate"] == "agent_message_chunk"
+        })
+        .collect();
+    assert!(
+        replayed.is_empty(),
+        "session/resume must not replay history: {replayed:?}"
+    );
+
+    let next = bridge.prompt(&sid, "Do you remember?");
+    assert_eq!(next.stop_reason(), "end_turn");
+    assert_eq!(
+        invocations(&ws)[1].flag_value("--session").as_deref(),
+        Some(cli_session.as_str())
+    );
+}

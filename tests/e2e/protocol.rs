@@ -1,0 +1,204 @@
+//! Connection-level behaviour: initialize, how the server is configured, malformed input, unknown sessions,
+//! listing and deleting sessions, and a clean exit on stdin EOF.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::*;
+
+#[test]
+fn initialize_advertises_protocol_1_session_capabilities_and_agent_name() {
+    let dirs = TestDirs::new("init");
+    let mut bridge = Bridge::spawn(BridgeOptions::new("opencode", &dirs.data));
+    let init = bridge.initialize();
+    assert_eq!(init["protocolVersion"], 1, "{init}");
+    assert_eq!(init["agentCapabilities"]["loadSession"], true, "{init}");
+    let caps = &init["agentCapabilities"]["sessionCapabilities"];
+    for cap in ["list", "resume", "close", "delete"] {
+        assert!(
+            caps[cap].is_object(),
+            "sessionCapabilities.{cap} is not advertised: {init}"
+        );
+    }
+    assert_eq!(init["agentInfo"]["name"], "acp-sandbox", "{init}");
+}
+
+#[test]
+fn serve_subcommand_and_env_variables_configure_the_server_like_flags() {
+    let dirs = TestDirs::new("env-config");
+    let mut options = BridgeOptions::new("opencode", &dirs.data);
+    options.serve_subcommand = true;
+    options.config_via_env = true;
+    let mut bridge = Bridge::start(options);
+    let ws = dirs.workspace("ws");
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "Say hello");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(
+        invocations(&ws).len(),
+        1,
+        "the fake OpenCode (from ACP_SANDBOX_OPENCODE_BIN) ran once"
+    );
+    assert!(
+        std::fs::read_dir(&dirs.data).unwrap().next().is_some(),
+        "ACP_SANDBOX_DATA_DIR was not used: {} is empty",
+        dirs.data.display()
+    );
+}
+
+#[test]
+fn malformed_json_line_gets_parse_error_and_the_bridge_keeps_serving() {
+    let dirs = TestDirs::new("malformed");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    bridge.send_raw(r#"{"jsonrpc":"2.0","id":99,"method":"session/new","params":{"cwd": oops"#);
+    let error = bridge.wait_null_id_error();
+    assert_eq!(error.code, -32700, "{error}");
+
+    let ws = dirs.workspace("ws");
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+}
+
+#[test]
+fn unknown_session_id_on_load_prompt_and_resume_is_32002_with_the_session_id() {
+    let dirs = TestDirs::new("unknown-session");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let id = "no-such-session-0000";
+    let attempts = [
+        (
+            "session/load",
+            json!({"sessionId": id, "cwd": ws, "mcpServers": []}),
+        ),
+        (
+            "session/prompt",
+            json!({"sessionId": id, "prompt": [{"type": "text", "text": "hi"}]}),
+        ),
+        ("session/resume", json!({"sessionId": id, "cwd": ws})),
+    ];
+    for (method, params) in attempts {
+        let error = bridge
+            .request(method, params)
+            .expect_err(&format!("{method} of an unknown session succeeded"));
+        assert_eq!(error.code, -32002, "{method}: {error}");
+        assert_eq!(
+            error.data.as_ref().map(|d| &d["sessionId"]),
+            Some(&json!(id)),
+            "{method}: {error}"
+        );
+    }
+    assert!(
+        invocations(&ws).is_empty(),
+        "no CLI may run for an unknown session"
+    );
+}
+
+#[test]
+fn deleting_an_unknown_session_succeeds() {
+    let dirs = TestDirs::new("delete-unknown");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let result = bridge.request("session/delete", json!({"sessionId": "never-existed"}));
+    assert!(
+        result.is_ok(),
+        "session/delete of an unknown id must succeed silently: {result:?}"
+    );
+}
+
+#[test]
+fn deleted_session_is_gone_from_list_and_load() {
+    let dirs = TestDirs::new("delete");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    bridge
+        .request("session/delete", json!({"sessionId": sid}))
+        .unwrap();
+
+    let list = bridge.request("session/list", json!({})).unwrap();
+    assert!(
+        !list["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["sessionId"] == sid.as_str()),
+        "deleted session still listed: {list}"
+    );
+    let error = bridge
+        .load_session(&sid, &ws)
+        .result
+        .expect_err("load of a deleted session");
+    assert_eq!(error.code, -32002, "{error}");
+}
+
+#[test]
+fn session_list_filters_by_cwd() {
+    let dirs = TestDirs::new("list-cwd");
+    let (ws_a, ws_b) = (dirs.workspace("project-a"), dirs.workspace("project-b"));
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid_a = bridge.new_session(&ws_a);
+    let sid_b = bridge.new_session(&ws_b);
+
+    let ids = |list: &serde_json::Value| -> Vec<String> {
+        list["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["sessionId"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let only_a = bridge
+        .request("session/list", json!({"cwd": ws_a}))
+        .unwrap();
+    assert_eq!(ids(&only_a), vec![sid_a.clone()], "{only_a}");
+    assert_eq!(only_a["sessions"][0]["cwd"], json!(ws_a), "{only_a}");
+
+    let all = ids(&bridge.request("session/list", json!({})).unwrap());
+    assert!(all.contains(&sid_a) && all.contains(&sid_b), "{all:?}");
+
+    let none = bridge
+        .request(
+            "session/list",
+            json!({"cwd": dirs.root().join("elsewhere")}),
+        )
+        .unwrap();
+    assert_eq!(none["sessions"], json!([]), "{none}");
+}
+
+#[test]
+fn stdin_eof_exits_0_and_kills_the_running_cli_tree() {
+    let dirs = TestDirs::new("eof");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    bridge.send_prompt(&sid, "SCENARIO:child start something long");
+    let cli = wait_invocations(&ws, 1)[0].pid();
+    let _cli_guard = KillOnDrop(cli);
+    let child_pid_file = ws.join(".fake-cli/child.pid");
+    assert!(
+        wait_until(RECV_TIMEOUT, || child_pid_file.exists()),
+        "the fake never started its grandchild"
+    );
+    let grandchild: i32 = std::fs::read_to_string(&child_pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _grandchild_guard = KillOnDrop(grandchild);
+
+    bridge.close_stdin();
+    bridge.drain_stdout(RECV_TIMEOUT);
+    let status = bridge
+        .wait_exit(RECV_TIMEOUT)
+        .unwrap_or_else(|| bridge.fail("the bridge did not exit on stdin EOF"));
+    assert_eq!(status.code(), Some(0), "exit status on stdin EOF: {status}");
+    assert!(
+        wait_until(Duration::from_secs(5), || !pid_alive(cli)),
+        "the CLI process {cli} outlived the bridge"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || !pid_alive(grandchild)),
+        "the CLI's grandchild {grandchild} (its own session, like OpenCode's bash tool) outlived the bridge"
+    );
+}

@@ -1,0 +1,326 @@
+//! Prompt turns against the fake OpenCode: streamed updates, how the CLI is run (argv, stdin, cwd, environment),
+//! follow-ups continuing the CLI session, and one turn at a time per session.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// The answer recorded in `tests/fixtures/opencode/opencode-text.jsonl`.
+const TEXT_ANSWER: &str = "Hello from the fake model. This is a plain text answer.";
+/// The answer recorded in `tests/fixtures/opencode/opencode-followup.jsonl` (a turn continuing a session).
+const FOLLOWUP_ANSWER: &str = "Yes, I remember: this is turn two of the same session.";
+
+fn opencode_bridge(dirs: &TestDirs) -> Bridge {
+    Bridge::start(BridgeOptions::new("opencode", &dirs.data))
+}
+
+/// Every `tool_call_update` must follow the `tool_call` that introduced its id.
+fn assert_tool_updates_follow_their_calls(updates: &[Value]) {
+    let mut known = HashSet::new();
+    for update in updates {
+        match update["sessionUpdate"].as_str() {
+            Some("tool_call") => {
+                known.insert(update["toolCallId"].as_str().unwrap().to_string());
+            }
+            Some("tool_call_update") => {
+                let id = update["toolCallId"].as_str().unwrap();
+                assert!(
+                    known.contains(id),
+                    "tool_call_update before its tool_call: {update}"
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn prompt_streams_the_cli_answer_as_agent_message_chunks_and_ends_the_turn() {
+    let dirs = TestDirs::new("text-turn");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "Say hello");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert!(
+        turn.agent_text().contains(TEXT_ANSWER),
+        "updates: {:?}",
+        turn.updates
+    );
+
+    let runs = invocations(&ws);
+    assert_eq!(runs.len(), 1);
+    let argv = runs[0].argv();
+    assert_eq!(&argv[..3], ["run", "--format", "json"], "argv: {argv:?}");
+    assert!(runs[0].has_flag("--auto"), "argv: {argv:?}");
+    assert!(
+        !runs[0].has_flag("--session"),
+        "a new session must not pass --session: {argv:?}"
+    );
+    assert_eq!(runs[0].stdin(), b"Say hello");
+}
+
+#[test]
+fn follow_up_prompt_continues_the_same_cli_session() {
+    let dirs = TestDirs::new("follow-up");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    let second = bridge.prompt(&sid, "Do you remember?");
+    assert_eq!(second.stop_reason(), "end_turn");
+    assert!(
+        second.agent_text().contains(FOLLOWUP_ANSWER),
+        "updates: {:?}",
+        second.updates
+    );
+
+    let runs = invocations(&ws);
+    assert_eq!(runs.len(), 2);
+    let first_cli_session = runs[0].cli_session();
+    assert_eq!(
+        runs[1].flag_value("--session").as_deref(),
+        Some(first_cli_session.as_str()),
+        "the 2nd run must continue the CLI session of the 1st: {:?}",
+        runs[1].argv()
+    );
+}
+
+#[test]
+fn sessions_of_one_bridge_get_separate_cli_sessions() {
+    let dirs = TestDirs::new("two-sessions");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let a = bridge.new_session(&ws);
+    let b = bridge.new_session(&ws);
+    assert_ne!(a, b);
+    assert_eq!(bridge.prompt(&a, "Say hello").stop_reason(), "end_turn");
+    let turn_b = bridge.prompt(&b, "Say hello");
+    assert_eq!(turn_b.stop_reason(), "end_turn");
+    assert!(
+        turn_b.agent_text().contains(TEXT_ANSWER),
+        "session b got a follow-up of a: {:?}",
+        turn_b.updates
+    );
+    assert!(
+        !invocations(&ws)[1].has_flag("--session"),
+        "session b must start its own CLI session"
+    );
+}
+
+#[test]
+fn prompt_text_reaches_the_cli_stdin_byte_for_byte() {
+    let dirs = TestDirs::new("stdin-bytes");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let text = "$(rm -rf /) ; \"quotes\" 'single' \\ \n\t ü `id` && echo $HOME | cat > /etc/x\r\n\n  trailing  ";
+    assert_eq!(bridge.prompt(&sid, text).stop_reason(), "end_turn");
+    let runs = invocations(&ws);
+    assert_eq!(String::from_utf8_lossy(&runs[0].stdin()), text);
+    assert_eq!(runs[0].stdin(), text.as_bytes());
+    assert!(
+        !runs[0].argv().iter().any(|a| a.contains("rm -rf")),
+        "the prompt must not be in argv"
+    );
+}
+
+#[test]
+fn several_text_blocks_reach_stdin_joined_by_blank_lines() {
+    let dirs = TestDirs::new("stdin-blocks");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt_blocks(
+        &sid,
+        vec![
+            json!({"type": "text", "text": "first block"}),
+            json!({"type": "text", "text": "second block"}),
+        ],
+    );
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "end_turn");
+    assert_eq!(invocations(&ws)[0].stdin(), b"first block\n\nsecond block");
+}
+
+#[test]
+fn cli_runs_in_the_workspace_with_a_cleared_environment() {
+    let dirs = TestDirs::new("cli-env");
+    let ws = dirs.workspace("ws");
+    let options = BridgeOptions::new("opencode", &dirs.data).env("ACP_E2E_CANARY", "must-not-leak");
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+
+    let run = &invocations(&ws)[0];
+    assert_eq!(run.cwd(), ws);
+    assert_eq!(
+        run.env("PWD").as_deref().map(Path::new),
+        Some(ws.as_path()),
+        "OpenCode takes its directory from PWD"
+    );
+    assert_eq!(run.env("TERM").as_deref(), Some("dumb"));
+    assert!(run.env("PATH").is_some(), "PATH is on the allow-list");
+    assert_eq!(
+        run.env("ACP_E2E_CANARY"),
+        None,
+        "the bridge's environment leaked into the CLI"
+    );
+    assert_eq!(
+        run.env("AMP_API_KEY"),
+        None,
+        "Amp's credential leaked into OpenCode"
+    );
+    assert_eq!(
+        run.env("ACP_SANDBOX_OPENCODE_BIN"),
+        None,
+        "the bridge's own settings leaked into the CLI"
+    );
+    let home = run.env("HOME").expect("HOME is set for the CLI");
+    assert_ne!(
+        Some(home.clone()),
+        std::env::var("HOME").ok(),
+        "HOME must be the session's state dir"
+    );
+    assert!(Path::new(&home).is_absolute(), "HOME={home}");
+}
+
+#[test]
+fn model_flag_is_passed_to_the_cli() {
+    let dirs = TestDirs::new("model");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(
+        BridgeOptions::new("opencode", &dirs.data)
+            .arg("--model")
+            .arg("fake/fake-model"),
+    );
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    assert_eq!(
+        invocations(&ws)[0].flag_value("--model").as_deref(),
+        Some("fake/fake-model")
+    );
+}
+
+#[test]
+fn tool_use_streams_tool_calls_before_their_updates() {
+    let dirs = TestDirs::new("tools");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(
+        &sid,
+        "SCENARIO:tools Write hello.txt, cat it with bash, then read it",
+    );
+    assert_eq!(turn.stop_reason(), "end_turn");
+    let tool_calls = turn
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "tool_call")
+        .count();
+    assert_eq!(
+        tool_calls,
+        3,
+        "write, bash and read: {:?}",
+        kinds(&turn.updates)
+    );
+    assert_tool_updates_follow_their_calls(&turn.updates);
+    assert!(
+        turn.agent_text().contains("Done"),
+        "the final text is streamed too: {:?}",
+        turn.updates
+    );
+}
+
+#[test]
+fn todo_list_becomes_a_plan() {
+    let dirs = TestDirs::new("todo");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:todo Plan the work");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert!(
+        kinds(&turn.updates).contains(&"plan".to_string()),
+        "{:?}",
+        kinds(&turn.updates)
+    );
+}
+
+#[test]
+fn reasoning_is_streamed_as_thought_chunks_when_thinking_is_on() {
+    let dirs = TestDirs::new("reasoning");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:reasoning What is 2+2?");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert!(
+        turn.agent_text().contains("2 + 2 = 4."),
+        "{:?}",
+        turn.updates
+    );
+    if invocations(&ws)[0].has_flag("--thinking") {
+        let thoughts = text_of(&turn.updates, "agent_thought_chunk");
+        assert!(
+            thoughts.contains("Let me think about this."),
+            "{:?}",
+            turn.updates
+        );
+    }
+}
+
+#[test]
+fn non_json_lines_from_the_cli_are_skipped() {
+    let dirs = TestDirs::new("garbage");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:garbage Say hello");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert!(
+        turn.agent_text().contains(TEXT_ANSWER),
+        "{:?}",
+        turn.updates
+    );
+}
+
+#[test]
+fn second_prompt_during_a_running_turn_gets_a_clear_error() {
+    let dirs = TestDirs::new("busy");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let first = bridge.send_prompt(
+        &sid,
+        "SCENARIO:slow FAKE_COUNT=200 FAKE_DELAY_MS=100 stream for a while",
+    );
+    let _guard = KillOnDrop(wait_invocations(&ws, 1)[0].pid());
+    bridge.wait_update(&sid, "the first streamed chunk", |u| {
+        u["sessionUpdate"] == "agent_message_chunk"
+    });
+
+    let second = bridge.send_request(
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "SCENARIO:text interrupting"}]}),
+    );
+    let error = bridge
+        .wait_response(second)
+        .expect_err("a 2nd prompt while a turn runs must be rejected");
+    assert!(
+        !error.message.trim().is_empty(),
+        "the error must say why: {error}"
+    );
+    eprintln!("second prompt during a turn: {error}");
+
+    bridge.cancel(&sid);
+    let first = bridge.finish_turn(&sid, first);
+    assert_eq!(first.stop_reason(), "cancelled");
+    assert_eq!(
+        invocations(&ws).len(),
+        1,
+        "the rejected prompt must not start the CLI"
+    );
+}

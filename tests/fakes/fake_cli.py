@@ -1,0 +1,536 @@
+#!/usr/bin/python3
+"""Fake `opencode` / `amp` CLIs for the end-to-end tests of acp-sandbox.
+
+Usage: fake_cli.py opencode|amp ARGS...   (normally through the `opencode` / `amp` wrappers next to this file)
+
+It behaves like the real CLI as far as the bridge can tell (see /work/shared/research/CLIS.md):
+  * parses the real command line and rejects unknown flags (exit 1, `Error: ...` on stderr);
+  * reads the prompt from stdin to EOF (OpenCode hangs on an open pipe; Amp gives up after 30 s);
+  * picks a scenario from a `SCENARIO:<name>` marker in the prompt (default: a plain text answer) and replays the
+    recorded fixture for it from ../fixtures/{opencode,amp}/, with the session/thread id and workspace paths
+    rewritten to this run's;
+  * appends one JSON line describing the invocation (argv, stdin, cwd, PWD, environment, pid) to
+    <cwd>/.fake-cli/invocations.jsonl, so tests can check what the bridge passed.
+
+Scenarios (both agents unless noted):
+  text (default; `followup`/`continue` text on a continued session), tools, edit*, todo*, reasoning*, toolerror*,
+  error400* (error event, exit 1), thinking+, error-inference+ (error result, exit 0), cancelled+,
+  crash (garbage, a partial line and stderr text, exit 3), garbage (non-JSON lines, then a normal answer),
+  slow (a text event every FAKE_DELAY_MS=200 ms, FAKE_COUNT=50 times), hang (starts, then sleeps forever),
+  probe (tries writing in the workspace, its parent, HOME and /tmp; results in <cwd>/.fake-cli/probe.json),
+  child (starts a grandchild `sleep 1000` in its own session, writes its pid to <cwd>/.fake-cli/child.pid, sleeps).
+  (* OpenCode only, + Amp only.) Amp prints the `User cancelled (SIGINT/SIGTERM)` error result and exits 0 on
+  SIGTERM/SIGINT once it has started streaming, like the real one; OpenCode just dies from the signal.
+"""
+
+import base64
+import json
+import os
+import random
+import re
+import select
+import signal
+import string
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FOREVER = 10**6
+
+
+def fail(message, code=1):
+    """Exit like a real CLI failure: `Error: ...` on stderr, no JSON on stdout."""
+    sys.stderr.write(f"Error: {message}\n")
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+def emit(line):
+    """Write one stdout line and flush it at once, as the real CLIs do."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def emit_json(obj):
+    emit(json.dumps(obj, separators=(",", ":"), ensure_ascii=False))
+
+
+def sleep_forever():
+    while True:
+        time.sleep(FOREVER)
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+def fake_dir():
+    path = Path(os.getcwd()) / ".fake-cli"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def record(agent, argv, stdin, scenario, session=None):
+    """Append the invocation to <cwd>/.fake-cli/invocations.jsonl (one write, so records never interleave)."""
+    entry = {
+        "agent": agent,
+        "argv": argv,
+        "stdin": None if stdin is None else stdin.decode("utf-8", errors="replace"),
+        "stdin_b64": None if stdin is None else base64.b64encode(stdin).decode("ascii"),
+        "cwd": os.getcwd(),
+        "pwd": os.environ.get("PWD"),
+        "env": dict(os.environ),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "scenario": scenario,
+        "session": session,
+    }
+    line = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
+    fd = os.open(fake_dir() / "invocations.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def scenario_of(prompt):
+    match = re.search(r"SCENARIO:([A-Za-z0-9_-]+)", prompt)
+    return match.group(1) if match else None
+
+
+def prompt_option(prompt, name, default):
+    match = re.search(rf"FAKE_{name}=(\d+)", prompt)
+    return int(match.group(1)) if match else default
+
+
+def start_grandchild():
+    """Like OpenCode's bash tool: a child in its own session, so killing our process group does not reach it."""
+    child = subprocess.Popen(
+        ["sleep", "1000"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    (fake_dir() / "child.pid").write_text(str(child.pid))
+    return child
+
+
+def crash(first_line):
+    """Some valid output, garbage, a partial line, a message on stderr, then exit 3."""
+    emit(first_line)
+    emit("panic: runtime error: index out of range [3] with length 3")
+    sys.stdout.write('{"type":"text","timestamp":17959431')
+    sys.stdout.flush()
+    sys.stderr.write("fake-cli: simulated crash: segmentation fault in the event loop\n")
+    sys.stderr.flush()
+    sys.exit(3)
+
+
+def probe():
+    """Tries to create a file in a few places and writes what happened to <cwd>/.fake-cli/probe.json, so the
+    sandbox tests can see what the CLI may write. The /tmp file is left behind, to check /tmp is private."""
+    cwd = Path(os.getcwd())
+    targets = {"workspace": cwd, "workspace_parent": cwd.parent, "home": Path(os.environ.get("HOME", "/nonexistent")),
+               "tmp": Path("/tmp")}
+    results = {}
+    for label, directory in targets.items():
+        path = directory / f"acp-sandbox-probe-{uuid.uuid4().hex}"
+        try:
+            path.write_text("probe")
+            results[label] = {"path": str(path), "writable": True}
+            if label != "tmp":
+                path.unlink()
+        except OSError as error:
+            results[label] = {"path": str(path), "writable": False, "error": str(error)}
+    (fake_dir() / "probe.json").write_text(json.dumps(results, indent=1))
+
+
+def emit_garbage():
+    for line in ["this line is not JSON", "", "{not json either", "[1, 2", "\x1b[31mcolored noise\x1b[0m"]:
+        emit(line)
+
+
+def json_escaped(text):
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# OpenCode: `opencode run --format json [--auto] [--thinking] [--model M] [--session ses_...]`, prompt on stdin.
+# --------------------------------------------------------------------------------------------------------------
+
+OPENCODE_VALUE_FLAGS = {
+    "--model": "model", "-m": "model", "--session": "session", "-s": "session", "--format": "format",
+    "--agent": "agent", "--title": "title", "--dir": "dir", "--variant": "variant", "--log-level": "log_level",
+    "--command": "command", "--attach": "attach", "--password": "password", "-p": "password",
+    "--username": "username", "-u": "username", "--port": "port", "--file": "file", "-f": "file",
+}
+OPENCODE_BOOL_FLAGS = {
+    "--auto": "auto", "--yolo": "auto", "--dangerously-skip-permissions": "auto", "--thinking": "thinking",
+    "--print-logs": "print_logs", "--pure": "pure", "--continue": "continue", "-c": "continue", "--fork": "fork",
+    "--share": "share", "--interactive": "interactive", "-i": "interactive",
+}
+OPENCODE_FIXTURES = {
+    "text": "opencode-text.jsonl",
+    "followup": "opencode-followup.jsonl",
+    "tools": "opencode-tools.jsonl",
+    "edit": "opencode-edit.jsonl",
+    "todo": "opencode-todo.jsonl",
+    "toolerror": "opencode-toolerror.jsonl",
+    "error400": "opencode-error400.jsonl",
+}
+
+
+def parse_opencode(args):
+    if args[:1] == ["--version"]:
+        print("1.18.33")
+        sys.exit(0)
+    if args[:1] != ["run"]:
+        fail(f"fake opencode only implements `run`, got {args[:1]}")
+    opts = {"format": "default", "message": []}
+    rest = iter(args[1:])
+    for arg in rest:
+        name, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if name in OPENCODE_VALUE_FLAGS:
+            value = inline if eq else next(rest, None)
+            if value is None:
+                fail(f"Not enough arguments following: {name.lstrip('-')}")
+            opts[OPENCODE_VALUE_FLAGS[name]] = value
+        elif name in OPENCODE_BOOL_FLAGS and not eq:
+            opts[OPENCODE_BOOL_FLAGS[name]] = True
+        elif arg == "--":
+            opts["message"].extend(rest)
+        elif arg.startswith("-") and arg != "-":
+            fail(f"Unknown argument: {arg}")
+        else:
+            opts["message"].append(arg)
+    if opts["format"] not in ("default", "json"):
+        fail(f'Invalid values:\n  Argument: format, Given: "{opts["format"]}", Choices: "default", "json"')
+    if opts["format"] != "json":
+        fail("fake opencode only implements --format json")
+    return opts
+
+
+def new_opencode_session_id():
+    return "ses_" + "".join(random.choices(string.ascii_letters + string.digits, k=26))
+
+
+def oc_ids():
+    suffix = "".join(random.choices(string.ascii_letters + string.digits, k=20))
+    return f"msg_{suffix}", f"prt_{suffix}"
+
+
+def oc_step_start(sid, msg):
+    return {"type": "step_start", "timestamp": now_ms(), "sessionID": sid,
+            "part": {"id": oc_ids()[1], "messageID": msg, "sessionID": sid, "type": "step-start"}}
+
+
+def oc_text(sid, msg, text):
+    t = now_ms()
+    return {"type": "text", "timestamp": t, "sessionID": sid,
+            "part": {"id": oc_ids()[1], "messageID": msg, "sessionID": sid, "type": "text", "text": text,
+                     "time": {"start": t, "end": t}}}
+
+
+def oc_step_finish(sid, msg):
+    return {"type": "step_finish", "timestamp": now_ms(), "sessionID": sid,
+            "part": {"id": oc_ids()[1], "reason": "stop", "messageID": msg, "sessionID": sid, "type": "step-finish",
+                     "tokens": {"total": 120, "input": 100, "output": 20, "reasoning": 0,
+                                "cache": {"write": 0, "read": 0}}, "cost": 0}}
+
+
+def opencode_fixture_lines(name, sid, cwd):
+    """The fixture's lines with its session id and its workspace (/tmp/ws-oc) rewritten to this run's."""
+    lines = (FIXTURES / "opencode" / name).read_text().splitlines()
+    recorded_sid = json.loads(lines[0])["sessionID"]
+    return [line.replace(recorded_sid, sid).replace("/tmp/ws-oc", json_escaped(cwd)) for line in lines]
+
+
+def run_opencode(args):
+    opts = parse_opencode(args)
+    if opts.get("dir"):
+        os.chdir(opts["dir"])
+    stdin = b"" if sys.stdin.isatty() else sys.stdin.buffer.read()  # an open pipe blocks here forever, like OpenCode
+    prompt = " ".join(opts["message"] + [stdin.decode("utf-8", errors="replace")])
+    continued = opts.get("session")
+    scenario = scenario_of(prompt) or ("followup" if continued else "text")
+    sid = continued or new_opencode_session_id()
+    record("opencode", args, stdin, scenario, sid)
+
+    if continued and continued.startswith("ses_gone"):
+        sys.stderr.write((FIXTURES / "opencode" / "opencode-session-notfound.stderr.txt").read_text())
+        sys.exit(1)
+    cwd = os.getcwd()
+    msg, _ = oc_ids()
+
+    if scenario == "reasoning":
+        scenario_file = "opencode-reasoning-thinking.jsonl" if opts.get("thinking") else \
+            "opencode-reasoning-nothinking.jsonl"
+    else:
+        scenario_file = OPENCODE_FIXTURES.get(scenario)
+    if scenario_file:
+        for line in opencode_fixture_lines(scenario_file, sid, cwd):
+            emit(line)
+        sys.exit(1 if scenario == "error400" else 0)
+
+    if scenario == "crash":
+        crash(json.dumps(oc_step_start(sid, msg), separators=(",", ":")))
+    elif scenario == "probe":
+        probe()
+        for line in opencode_fixture_lines(OPENCODE_FIXTURES["text"], sid, cwd):
+            emit(line)
+    elif scenario == "garbage":
+        emit_garbage()
+        for line in opencode_fixture_lines(OPENCODE_FIXTURES["text"], sid, cwd):
+            emit(line)
+    elif scenario == "slow":
+        count, delay = prompt_option(prompt, "COUNT", 50), prompt_option(prompt, "DELAY_MS", 200)
+        emit_json(oc_step_start(sid, msg))
+        for i in range(count):
+            time.sleep(delay / 1000)
+            emit_json(oc_text(sid, msg, f"slow chunk {i + 1} of {count}. "))
+        emit_json(oc_step_finish(sid, msg))
+    elif scenario == "hang":
+        emit_json(oc_step_start(sid, msg))
+        sleep_forever()
+    elif scenario == "child":
+        start_grandchild()
+        emit_json(oc_step_start(sid, msg))
+        sleep_forever()
+    else:
+        fail(f"fake opencode: unknown scenario {scenario!r}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Amp: `amp -x --stream-json ...` or `amp threads continue T-... -x --stream-json ...`, prompt on stdin.
+# --------------------------------------------------------------------------------------------------------------
+
+AMP_VALUE_FLAGS = {
+    "--mode": "mode", "-m": "mode", "--settings-file": "settings_file", "--log-level": "log_level",
+    "--log-file": "log_file", "--mcp-config": "mcp_config", "--visibility": "visibility", "--title": "title",
+    "--label": "label", "-l": "label", "--executor": "executor", "--features": "features",
+}
+AMP_BOOL_FLAGS = {
+    "--stream-json": "stream_json", "--stream-json-thinking": "stream_json_thinking",
+    "--stream-json-input": "stream_json_input", "--dangerously-allow-all": "allow_all",
+    "--no-archive-after-execute": "no_archive", "--fast": "fast", "--last": "last",
+}
+AMP_FIXTURES = {
+    "text": "amp-text.reconstructed.jsonl",
+    "continue": "amp-continue.reconstructed.jsonl",
+    "tools": "amp-tools.reconstructed.jsonl",
+    "thinking": "amp-thinking.reconstructed.jsonl",
+    "error-inference": "amp-error-inference.reconstructed.jsonl",
+    "tool-error": "amp-tool-error.reconstructed.jsonl",
+}
+AMP_RECORDED_THREAD = "T-7d3f9a2c-1b4e-4c8a-9f6d-2e5b8c1a0f37"
+AMP_MISSING_THREAD = "T-00000000-0000-0000-0000-000000000000"
+AMP_THREAD_RE = re.compile(r"^(?:https://ampcode\.com/threads/)?(T-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
+AMP_TOOLS = ["Bash", "create_file", "edit_file", "glob", "Grep", "Read", "read_web_page", "web_search", "skill",
+             "get_diagnostics", "find_thread"]
+AMP_CANCELLED = "User cancelled (SIGINT/SIGTERM)"
+
+
+def parse_amp(args):
+    opts = {"threads": []}
+    rest = list(args)
+    if rest[:1] in (["threads"], ["thread"], ["t"]):
+        if rest[1:2] not in (["continue"], ["c"]):
+            fail(f"fake amp only implements `threads continue`, got {rest[:2]}")
+        opts["continue"] = True
+        rest = rest[2:]
+    i = 0
+    while i < len(rest):
+        arg, i = rest[i], i + 1
+        name, eq, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if name in ("-x", "--execute"):
+            opts["execute"] = True
+            if eq:
+                opts["message"] = inline
+            elif i < len(rest) and not rest[i].startswith("-"):  # an optional value: taken unless it is a flag
+                opts["message"], i = rest[i], i + 1
+        elif name in AMP_VALUE_FLAGS:
+            if not eq and i >= len(rest):
+                fail(f"option '{name}' argument missing")
+            value, i = (inline, i) if eq else (rest[i], i + 1)
+            opts[AMP_VALUE_FLAGS[name]] = value
+        elif name in AMP_BOOL_FLAGS and not eq:
+            opts[AMP_BOOL_FLAGS[name]] = True
+        elif arg.startswith("-"):
+            fail(f"unknown option '{arg}'")
+        elif opts.get("continue"):
+            opts["threads"].append(arg)
+        else:
+            fail(f"unknown command '{arg}'")
+    if opts.get("stream_json_thinking"):
+        opts["stream_json"] = True
+    if opts.get("stream_json") and not opts.get("execute"):
+        fail("The --stream-json flag requires --execute mode")
+    if not opts.get("execute"):
+        fail("fake amp only implements execute mode (-x)")
+    if not opts.get("stream_json"):
+        fail("fake amp only implements --stream-json")
+    if opts.get("continue") and len(opts["threads"]) != 1:
+        fail("Execute mode can only continue exactly one thread")
+    return opts
+
+
+def read_amp_stdin(timeout=30.0):
+    """Amp reads a non-TTY stdin (at most 1 MiB) and gives up after 30 s on an open pipe."""
+    if sys.stdin.isatty():
+        return b""
+    data, deadline = b"", time.monotonic() + timeout
+    while True:
+        ready, _, _ = select.select([0], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            fail("Timeout while reading from stdin")
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return data[: 1 << 20]
+        data += chunk
+
+
+class AmpStream:
+    """Writes Amp stream-json lines for one thread, and answers SIGTERM/SIGINT like Amp does while streaming."""
+
+    def __init__(self, thread, cwd, thinking):
+        self.thread, self.cwd, self.thinking, self.turns = thread, cwd, thinking, 0
+
+    def emit(self, obj):
+        if obj.get("type") == "assistant":
+            self.turns += 1
+            if not self.thinking:
+                obj["message"]["content"] = [b for b in obj["message"]["content"]
+                                             if b.get("type") not in ("thinking", "redacted_thinking")]
+        emit_json(obj)
+
+    def start(self, prompt):
+        emit_json({"type": "system", "subtype": "init", "cwd": self.cwd, "session_id": self.thread,
+                   "tools": AMP_TOOLS, "mcp_servers": [], "agent_mode": "medium"})
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        self.user(prompt)
+
+    def user(self, prompt):
+        emit_json({"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": prompt}]},
+                   "parent_tool_use_id": None, "session_id": self.thread})
+
+    def assistant(self, content, stop_reason="end_turn"):
+        self.emit({"type": "assistant", "message": {
+            "type": "message", "role": "assistant", "content": content, "stop_reason": stop_reason,
+            "usage": {"input_tokens": 10, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                      "output_tokens": 5, "service_tier": "standard"}},
+            "parent_tool_use_id": None, "session_id": self.thread})
+
+    def success(self, text):
+        emit_json({"type": "result", "subtype": "success", "duration_ms": 1000, "is_error": False,
+                   "num_turns": self.turns, "result": text, "session_id": self.thread})
+
+    def error(self, message):
+        emit_json({"type": "result", "subtype": "error_during_execution", "duration_ms": 1000, "is_error": True,
+                   "num_turns": self.turns, "error": message, "session_id": self.thread})
+
+    def on_signal(self, _signum, _frame):
+        self.error(AMP_CANCELLED)
+        os._exit(0)
+
+    def replay(self, name, prompt, stop_before_result=False):
+        """Replays a fixture: thread id, workspace (/tmp/ws) and the echoed prompt rewritten to this run's."""
+        lines = (FIXTURES / "amp" / name).read_text().splitlines()
+        for index, line in enumerate(lines):
+            line = line.replace(AMP_RECORDED_THREAD, self.thread)
+            line = re.sub(r'/tmp/ws(?=[/"])', lambda _: json_escaped(self.cwd), line)
+            obj = json.loads(line)
+            if obj["type"] == "system":
+                self.start(prompt)
+            elif obj["type"] == "user" and index == 1:
+                continue  # the echo of the prompt: start() already wrote it with the real prompt
+            elif obj["type"] == "result" and stop_before_result:
+                return
+            else:
+                self.emit(obj)
+
+
+def run_amp(args):
+    opts = parse_amp(args)
+    cwd = os.getcwd()
+    if not os.environ.get("AMP_API_KEY"):
+        record("amp", args, None, None)
+        sys.stdout.write("No API key found. Starting login flow...\nIf your browser does not open automatically, "
+                         "visit:\n\nhttps://ampcode.com/auth/cli-login?authToken=" + "0" * 64 +
+                         "\n\nWhen prompted, paste your code here: ")
+        sys.stdout.flush()
+        sleep_forever()
+    stdin = read_amp_stdin()
+    message = opts.get("message")
+    text = stdin.decode("utf-8", errors="replace")
+    if message and text:
+        prompt = f"Input received on stdin:\n```\n{text}\n```\n\n{message}"
+    else:
+        prompt = message or text
+    continued = opts.get("continue")
+    scenario = scenario_of(prompt) or ("continue" if continued else "text")
+    match = AMP_THREAD_RE.match(opts["threads"][0]) if continued else None
+    thread = (match.group(1) if match else None) if continued else f"T-{uuid.uuid4()}"
+    record("amp", args, stdin, scenario, thread or opts["threads"][0])
+    if not prompt:
+        fail("No valid messages found in stdin")
+    if continued and not match:
+        fail(f"Invalid thread URL or ID: {opts['threads'][0]}")
+    if thread == AMP_MISSING_THREAD:
+        fail(f"Thread https://ampcode.com/threads/{thread} does not exist.")
+    stream = AmpStream(thread, cwd, bool(opts.get("stream_json_thinking")))
+
+    if scenario in ("tools", "tool-error", "cancelled", "child") and not opts.get("allow_all"):
+        stream.start(prompt)
+        stream.error("The following tools require user approval, which is not supported in stream JSON mode: Bash")
+    elif scenario in AMP_FIXTURES:
+        stream.replay(AMP_FIXTURES[scenario], prompt)
+    elif scenario == "cancelled":
+        stream.replay("amp-cancelled.reconstructed.jsonl", prompt, stop_before_result=True)
+        sleep_forever()
+    elif scenario == "crash":
+        crash(json.dumps({"type": "system", "subtype": "init", "cwd": cwd, "session_id": thread, "tools": AMP_TOOLS,
+                          "mcp_servers": [], "agent_mode": "medium"}, separators=(",", ":")))
+    elif scenario == "probe":
+        probe()
+        stream.replay(AMP_FIXTURES["text"], prompt)
+    elif scenario == "garbage":
+        emit_garbage()
+        stream.replay(AMP_FIXTURES["text"], prompt)
+    elif scenario == "slow":
+        count, delay = prompt_option(prompt, "COUNT", 50), prompt_option(prompt, "DELAY_MS", 200)
+        stream.start(prompt)
+        for i in range(count):
+            time.sleep(delay / 1000)
+            stream.assistant([{"type": "text", "text": f"slow chunk {i + 1} of {count}. "}],
+                             "end_turn" if i + 1 == count else None)
+        stream.success(f"slow chunk {count} of {count}. ")
+    elif scenario == "hang":
+        stream.start(prompt)
+        sleep_forever()
+    elif scenario == "child":
+        start_grandchild()
+        stream.start(prompt)
+        stream.assistant([{"type": "tool_use", "id": "toolu_child", "name": "Bash", "input": {"cmd": "sleep 1000"}}],
+                         "tool_use")
+        sleep_forever()
+    else:
+        fail(f"fake amp: unknown scenario {scenario!r}")
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] not in ("opencode", "amp"):
+        fail("usage: fake_cli.py opencode|amp ARGS...")
+    agent, args = sys.argv[1], sys.argv[2:]
+    if agent == "opencode":
+        run_opencode(args)
+    else:
+        run_amp(args)
+
+
+if __name__ == "__main__":
+    main()

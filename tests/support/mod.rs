@@ -1,0 +1,849 @@
+//! Test support for the end-to-end tests: spawns the real `acp-sandbox` binary with the fake CLIs and talks ACP to
+//! it over stdio, one JSON-RPC message per line.
+//!
+//! Every line the bridge writes to stdout is parsed and checked: it must be JSON-RPC 2.0, responses must answer a
+//! request we sent and match the ACP schema of that request's method, `session/update` params must match
+//! `SessionNotification`, errors must match `Error`. Anything else (a stray log line, an unknown notification, an
+//! unexpected request) fails the test at once, with the bridge's stderr attached.
+
+#![allow(dead_code)] // each test module uses a different part of the harness
+
+pub mod schema;
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use schema::Schemas;
+
+/// Upper bound for every single receive from the bridge. Only a failure bound: nothing waits this long normally.
+pub const RECV_TIMEOUT: Duration = Duration::from_secs(20);
+/// Upper bound for a whole request (a turn may stream for longer than one receive timeout).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The bridge binary under test.
+pub fn bridge_bin() -> PathBuf {
+    match option_env!("CARGO_BIN_EXE_acp-sandbox") {
+        Some(path) => PathBuf::from(path),
+        None => panic!(
+            "cargo did not build the acp-sandbox binary for the tests (is src/main.rs there?)"
+        ),
+    }
+}
+
+/// The directory with the fake `opencode` and `amp` executables.
+pub fn fakes_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakes")
+}
+
+/// A fresh directory under `CARGO_TARGET_TMPDIR`: unlike `/tmp`, it is visible (and writable where bound) inside
+/// the bubblewrap sandbox, whose `/tmp` is a private tmpfs.
+pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
+    std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).expect("create CARGO_TARGET_TMPDIR");
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("create a temp dir")
+}
+
+/// The directories of one test: a data dir for the bridge and workspaces for its sessions.
+pub struct TestDirs {
+    root: tempfile::TempDir,
+    pub data: PathBuf,
+}
+
+impl TestDirs {
+    pub fn new(name: &str) -> Self {
+        let root = temp_dir(&format!("{name}-"));
+        let data = root.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        TestDirs { root, data }
+    }
+
+    /// A new workspace directory (a session's `cwd`), canonical and absolute.
+    pub fn workspace(&self, name: &str) -> PathBuf {
+        let path = self.root.path().join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        path.canonicalize().unwrap()
+    }
+
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+}
+
+/// How to start the bridge.
+#[derive(Clone, Debug)]
+pub struct BridgeOptions {
+    pub agent: String,
+    pub sandbox: String,
+    pub data_dir: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub env_remove: Vec<String>,
+    /// Start as `acp-sandbox serve ...` instead of the bare `acp-sandbox ...` that editors run.
+    pub serve_subcommand: bool,
+    /// Pass agent, sandbox and data dir as `ACP_SANDBOX_*` variables instead of flags.
+    pub config_via_env: bool,
+}
+
+/// The Amp key the tests give the bridge (the fake only checks that one is set).
+pub const FAKE_AMP_KEY: &str = "sgamp_user_e2e_dummy_key";
+
+impl BridgeOptions {
+    /// `acp-sandbox --agent <agent> --sandbox none --data-dir <data_dir>`, with the fake CLIs and an Amp key.
+    pub fn new(agent: &str, data_dir: &Path) -> Self {
+        let fakes = fakes_dir();
+        BridgeOptions {
+            agent: agent.to_string(),
+            sandbox: "none".to_string(),
+            data_dir: data_dir.to_path_buf(),
+            args: vec![],
+            env: vec![
+                (
+                    "ACP_SANDBOX_OPENCODE_BIN".into(),
+                    fakes.join("opencode").display().to_string(),
+                ),
+                (
+                    "ACP_SANDBOX_AMP_BIN".into(),
+                    fakes.join("amp").display().to_string(),
+                ),
+                ("AMP_API_KEY".into(), FAKE_AMP_KEY.into()),
+                (
+                    "RUST_LOG".into(),
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()),
+                ),
+            ],
+            env_remove: vec![
+                "ACP_SANDBOX_AGENT".into(),
+                "ACP_SANDBOX_SANDBOX".into(),
+                "ACP_SANDBOX_DATA_DIR".into(),
+            ],
+            serve_subcommand: false,
+            config_via_env: false,
+        }
+    }
+
+    pub fn sandbox(mut self, sandbox: &str) -> Self {
+        self.sandbox = sandbox.to_string();
+        self
+    }
+
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    pub fn without_env(mut self, key: &str) -> Self {
+        self.env.retain(|(k, _)| k != key);
+        self.env_remove.push(key.to_string());
+        self
+    }
+}
+
+/// A JSON-RPC error object received from the bridge.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    /// Message and data as one string, to look for text the error must carry.
+    pub fn full_text(&self) -> String {
+        match &self.data {
+            Some(data) => format!("{} {}", self.message, data),
+            None => self.message.clone(),
+        }
+    }
+}
+
+impl fmt::Display for RpcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JSON-RPC error {}: {}", self.code, self.message)?;
+        if let Some(data) = &self.data {
+            write!(f, " (data: {data})")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the bridge answered to one prompt, with the `session/update`s it sent for the session before answering.
+#[derive(Debug)]
+pub struct Turn {
+    pub result: Result<Value, RpcError>,
+    pub updates: Vec<Value>,
+}
+
+impl Turn {
+    /// The stop reason, failing the test with the error if the prompt failed.
+    pub fn stop_reason(&self) -> String {
+        match &self.result {
+            Ok(result) => result["stopReason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            Err(e) => panic!("the prompt failed: {e}"),
+        }
+    }
+
+    pub fn agent_text(&self) -> String {
+        text_of(&self.updates, "agent_message_chunk")
+    }
+}
+
+/// The concatenated text of every update of `kind` (e.g. `agent_message_chunk`).
+pub fn text_of(updates: &[Value], kind: &str) -> String {
+    updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == kind)
+        .filter_map(|u| u["content"]["text"].as_str())
+        .collect()
+}
+
+/// The `sessionUpdate` kinds of `updates`, in order.
+pub fn kinds(updates: &[Value]) -> Vec<String> {
+    updates
+        .iter()
+        .map(|u| u["sessionUpdate"].as_str().unwrap_or("?").to_string())
+        .collect()
+}
+
+enum Line {
+    Stdout(String),
+    Eof,
+}
+
+/// A running bridge and the client side of its ACP connection.
+pub struct Bridge {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<Line>,
+    stdout_closed: bool,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    next_id: i64,
+    /// Requests sent and not answered yet: id -> method.
+    pending: HashMap<i64, String>,
+    /// Responses that arrived while we waited for something else.
+    responses: HashMap<i64, Result<Value, RpcError>>,
+    /// `session/update` params not consumed yet, in arrival order.
+    updates: VecDeque<Value>,
+    /// Error responses with `id: null` (parse errors).
+    null_id_errors: VecDeque<RpcError>,
+    /// Every message received, for failure messages.
+    transcript: Vec<String>,
+    pub options: BridgeOptions,
+}
+
+impl Bridge {
+    /// Starts the bridge; does not initialize it.
+    pub fn spawn(options: BridgeOptions) -> Bridge {
+        let mut command = Command::new(bridge_bin());
+        if options.serve_subcommand {
+            command.arg("serve");
+        }
+        for key in &options.env_remove {
+            command.env_remove(key);
+        }
+        if options.config_via_env {
+            command
+                .env("ACP_SANDBOX_AGENT", &options.agent)
+                .env("ACP_SANDBOX_SANDBOX", &options.sandbox)
+                .env("ACP_SANDBOX_DATA_DIR", &options.data_dir);
+        } else {
+            command
+                .arg("--agent")
+                .arg(&options.agent)
+                .arg("--sandbox")
+                .arg(&options.sandbox)
+                .arg("--data-dir")
+                .arg(&options.data_dir);
+        }
+        command
+            .args(&options.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (key, value) in &options.env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("spawn acp-sandbox");
+
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            loop {
+                let mut line = String::new();
+                match reader.read_line(&mut line) {
+                    Ok(0) | Err(_) => {
+                        let _ = tx.send(Line::Eof);
+                        return;
+                    }
+                    Ok(_) => {
+                        if tx.send(Line::Stdout(line)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let sink = stderr.clone();
+        let mut pipe = child.stderr.take().unwrap();
+        thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+
+        Bridge {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            stdout_closed: false,
+            stderr,
+            next_id: 0,
+            pending: HashMap::new(),
+            responses: HashMap::new(),
+            updates: VecDeque::new(),
+            null_id_errors: VecDeque::new(),
+            transcript: Vec::new(),
+            options,
+        }
+    }
+
+    /// Starts the bridge and completes `initialize`.
+    pub fn start(options: BridgeOptions) -> Bridge {
+        let mut bridge = Bridge::spawn(options);
+        bridge.initialize();
+        bridge
+    }
+
+    /// Sends `initialize` the way Zed does (protocol 1, no client fs/terminal) and returns the result.
+    pub fn initialize(&mut self) -> Value {
+        self.request(
+            "initialize",
+            json!({
+                "protocolVersion": 1,
+                "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false},
+                "clientInfo": {"name": "acp-sandbox-e2e", "title": "acp-sandbox e2e tests", "version": "0.0.0"}
+            }),
+        )
+        .unwrap_or_else(|e| self.fail(&format!("initialize failed: {e}")))
+    }
+
+    /// The bridge's stderr so far (its logs).
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+
+    /// Fails the test with `message`, the last messages received and the bridge's stderr tail.
+    pub fn fail(&self, message: &str) -> ! {
+        let stderr = self.stderr();
+        let tail: String = stderr
+            .lines()
+            .rev()
+            .take(60)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        let recent: Vec<&String> = self.transcript.iter().rev().take(15).rev().collect();
+        panic!(
+            "{message}\n--- last messages from the bridge ---\n{}\n--- bridge stderr (tail) ---\n{tail}",
+            recent
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
+    // ---- sending -----------------------------------------------------------------------------------------------
+
+    /// Writes one raw line (a newline is appended).
+    pub fn send_raw(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin already closed");
+        let ok = stdin
+            .write_all(line.as_bytes())
+            .and_then(|_| stdin.write_all(b"\n"))
+            .and_then(|_| stdin.flush());
+        if let Err(e) = ok {
+            self.fail(&format!("writing to the bridge's stdin failed: {e}"));
+        }
+    }
+
+    /// Sends a request without waiting; returns its id for [`Bridge::wait_response`].
+    pub fn send_request(&mut self, method: &str, params: Value) -> i64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.pending.insert(id, method.to_string());
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        self.send_raw(&message.to_string());
+        id
+    }
+
+    /// Sends a notification (no answer expected).
+    pub fn notify(&mut self, method: &str, params: Value) {
+        let message = json!({"jsonrpc": "2.0", "method": method, "params": params});
+        self.send_raw(&message.to_string());
+    }
+
+    /// Sends a request and waits for its response, buffering the notifications that arrive meanwhile.
+    pub fn request(&mut self, method: &str, params: Value) -> Result<Value, RpcError> {
+        let id = self.send_request(method, params);
+        self.wait_response(id)
+    }
+
+    /// Closes the bridge's stdin (what an editor does when it goes away cleanly).
+    pub fn close_stdin(&mut self) {
+        self.stdin.take();
+    }
+
+    // ---- receiving ---------------------------------------------------------------------------------------------
+
+    /// Waits for the response to request `id`.
+    pub fn wait_response(&mut self, id: i64) -> Result<Value, RpcError> {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            if let Some(response) = self.responses.remove(&id) {
+                return response;
+            }
+            if Instant::now() > deadline {
+                self.fail(&format!(
+                    "no response to request {id} within {REQUEST_TIMEOUT:?}"
+                ));
+            }
+            self.pump(RECV_TIMEOUT);
+        }
+    }
+
+    /// Reads and checks one message from the bridge, waiting at most `timeout`. Returns false on timeout.
+    fn pump(&mut self, timeout: Duration) -> bool {
+        if self.stdout_closed {
+            self.fail("the bridge closed its stdout while a message was still expected");
+        }
+        match self.lines.recv_timeout(timeout) {
+            Ok(Line::Stdout(line)) => {
+                self.accept(line);
+                true
+            }
+            Ok(Line::Eof) | Err(RecvTimeoutError::Disconnected) => {
+                self.stdout_closed = true;
+                let status = self.child.try_wait().ok().flatten();
+                self.fail(&format!(
+                    "the bridge closed its stdout while a message was still expected (exit status: {status:?})"
+                ));
+            }
+            Err(RecvTimeoutError::Timeout) => false,
+        }
+    }
+
+    /// Like [`Bridge::pump`], failing the test on timeout.
+    fn pump_or_fail(&mut self, what: &str) {
+        if !self.pump(RECV_TIMEOUT) {
+            self.fail(&format!(
+                "timed out after {RECV_TIMEOUT:?} waiting for {what}"
+            ));
+        }
+    }
+
+    /// Validates one stdout line and files it as a response, an update or a null-id error.
+    fn accept(&mut self, line: String) {
+        let schemas = Schemas::get();
+        let trimmed = line.strip_suffix('\n').unwrap_or(&line).to_string();
+        self.transcript.push(trimmed.clone());
+        if !line.ends_with('\n') {
+            self.fail(&format!(
+                "the bridge wrote a line without a newline before closing stdout: {trimmed:?}"
+            ));
+        }
+        let message: Value = match serde_json::from_str(&trimmed) {
+            Ok(v) => v,
+            Err(e) => self.fail(&format!(
+                "the bridge wrote a non-JSON line to stdout ({e}): {trimmed:?}"
+            )),
+        };
+        if message.get("jsonrpc") != Some(&json!("2.0")) {
+            self.fail(&format!("not a JSON-RPC 2.0 message: {trimmed}"));
+        }
+        let check = |this: &Self, schema: &str, value: &Value| {
+            if let Err(e) = schemas.validate(schema, value) {
+                this.fail(&format!("schema violation: {e}\nmessage: {trimmed}"));
+            }
+        };
+
+        if let Some(method) = message.get("method").and_then(Value::as_str) {
+            if message.get("id").is_some() {
+                self.fail(&format!("unexpected request from the bridge (the tests grant no client capabilities): {trimmed}"));
+            }
+            if method != "session/update" {
+                self.fail(&format!(
+                    "unexpected notification from the bridge: {trimmed}"
+                ));
+            }
+            let params = message.get("params").cloned().unwrap_or(Value::Null);
+            check(self, "SessionNotification", &params);
+            self.updates.push_back(params);
+            return;
+        }
+
+        let has_result = message.get("result").is_some();
+        let has_error = message.get("error").is_some();
+        if has_result == has_error {
+            self.fail(&format!(
+                "a response must have exactly one of result and error: {trimmed}"
+            ));
+        }
+        let outcome = if has_error {
+            let error = &message["error"];
+            check(self, "Error", error);
+            Err(RpcError {
+                code: error["code"].as_i64().unwrap_or_default(),
+                message: error["message"].as_str().unwrap_or_default().to_string(),
+                data: error.get("data").cloned(),
+            })
+        } else {
+            Ok(message["result"].clone())
+        };
+        match message.get("id") {
+            Some(Value::Null) if has_error => self.null_id_errors.push_back(outcome.unwrap_err()),
+            Some(Value::Number(n))
+                if n.as_i64().is_some_and(|id| self.pending.contains_key(&id)) =>
+            {
+                let id = n.as_i64().unwrap();
+                let method = self.pending.remove(&id).unwrap();
+                if let (Ok(result), Some(schema)) = (&outcome, schema::response_schema(&method)) {
+                    check(self, schema, result);
+                }
+                self.responses.insert(id, outcome);
+            }
+            _ => self.fail(&format!("a response to no request of ours: {trimmed}")),
+        }
+    }
+
+    /// Takes every buffered `session/update` of `session_id` (the `update` objects).
+    pub fn take_updates(&mut self, session_id: &str) -> Vec<Value> {
+        let mut taken = Vec::new();
+        self.updates.retain(|n| {
+            if n["sessionId"] == session_id {
+                taken.push(n["update"].clone());
+                false
+            } else {
+                true
+            }
+        });
+        taken
+    }
+
+    /// Waits until an update of `session_id` satisfies `pred`; returns it. Earlier updates of the session are
+    /// consumed; updates of other sessions stay buffered.
+    pub fn wait_update(
+        &mut self,
+        session_id: &str,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            while let Some(pos) = self
+                .updates
+                .iter()
+                .position(|n| n["sessionId"] == session_id)
+            {
+                let update = self.updates.remove(pos).unwrap()["update"].clone();
+                if pred(&update) {
+                    return update;
+                }
+            }
+            if Instant::now() > deadline {
+                self.fail(&format!("no update of {session_id} matching {what}"));
+            }
+            self.pump_or_fail(what);
+        }
+    }
+
+    /// Waits for an error response with `id: null` (the answer to an unparsable line).
+    pub fn wait_null_id_error(&mut self) -> RpcError {
+        loop {
+            if let Some(error) = self.null_id_errors.pop_front() {
+                return error;
+            }
+            self.pump_or_fail("an error response with id null");
+        }
+    }
+
+    // ---- ACP helpers -------------------------------------------------------------------------------------------
+
+    /// `session/new` in `cwd`; returns the session id.
+    pub fn new_session(&mut self, cwd: &Path) -> String {
+        let result = self
+            .request("session/new", json!({"cwd": cwd, "mcpServers": []}))
+            .unwrap_or_else(|e| self.fail(&format!("session/new failed: {e}")));
+        result["sessionId"].as_str().expect("sessionId").to_string()
+    }
+
+    /// Sends a prompt made of one text block, without waiting. Stale updates of the session are dropped first.
+    pub fn send_prompt(&mut self, session_id: &str, text: &str) -> i64 {
+        self.send_prompt_blocks(session_id, vec![json!({"type": "text", "text": text})])
+    }
+
+    pub fn send_prompt_blocks(&mut self, session_id: &str, blocks: Vec<Value>) -> i64 {
+        self.take_updates(session_id);
+        self.send_request(
+            "session/prompt",
+            json!({"sessionId": session_id, "prompt": blocks}),
+        )
+    }
+
+    /// Waits for the answer to a prompt sent with [`Bridge::send_prompt`], with the session's updates.
+    pub fn finish_turn(&mut self, session_id: &str, id: i64) -> Turn {
+        let result = self.wait_response(id);
+        Turn {
+            result,
+            updates: self.take_updates(session_id),
+        }
+    }
+
+    /// A whole turn: one text block in, the updates and the answer out.
+    pub fn prompt(&mut self, session_id: &str, text: &str) -> Turn {
+        let id = self.send_prompt(session_id, text);
+        self.finish_turn(session_id, id)
+    }
+
+    /// `session/load`: the updates replayed before the answer, and the answer.
+    pub fn load_session(&mut self, session_id: &str, cwd: &Path) -> Turn {
+        self.take_updates(session_id);
+        let result = self.request(
+            "session/load",
+            json!({"sessionId": session_id, "cwd": cwd, "mcpServers": []}),
+        );
+        Turn {
+            result,
+            updates: self.take_updates(session_id),
+        }
+    }
+
+    pub fn cancel(&mut self, session_id: &str) {
+        self.notify("session/cancel", json!({"sessionId": session_id}));
+    }
+
+    // ---- process control ---------------------------------------------------------------------------------------
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, like Zed closing the project; waits for the process to be gone.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the bridge to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whatever the bridge still writes after its last expected message must be valid too; returns when stdout
+    /// closes or after `timeout`.
+    pub fn drain_stdout(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.stdout_closed && Instant::now() < deadline {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(Line::Stdout(line)) => self.accept(line),
+                Ok(Line::Eof) | Err(RecvTimeoutError::Disconnected) => self.stdout_closed = true,
+                Err(RecvTimeoutError::Timeout) => break,
+            }
+        }
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// ---- the fake CLIs' records ----------------------------------------------------------------------------------
+
+/// One run of a fake CLI, as it recorded itself in `<cwd>/.fake-cli/invocations.jsonl`.
+#[derive(Clone, Debug)]
+pub struct Invocation(pub Value);
+
+impl Invocation {
+    pub fn argv(&self) -> Vec<String> {
+        self.0["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// The value following `flag` in argv, if the flag is there.
+    pub fn flag_value(&self, flag: &str) -> Option<String> {
+        let argv = self.argv();
+        argv.iter()
+            .position(|a| a == flag)
+            .and_then(|i| argv.get(i + 1).cloned())
+    }
+
+    pub fn has_flag(&self, flag: &str) -> bool {
+        self.argv().iter().any(|a| a == flag)
+    }
+
+    /// stdin exactly as the CLI received it.
+    pub fn stdin(&self) -> Vec<u8> {
+        use base64::Engine;
+        let b64 = self.0["stdin_b64"].as_str().expect("stdin was read");
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap()
+    }
+
+    pub fn env(&self, key: &str) -> Option<String> {
+        self.0["env"][key].as_str().map(str::to_string)
+    }
+
+    pub fn env_keys(&self) -> Vec<String> {
+        self.0["env"].as_object().unwrap().keys().cloned().collect()
+    }
+
+    pub fn cwd(&self) -> PathBuf {
+        PathBuf::from(self.0["cwd"].as_str().unwrap())
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.0["pid"].as_i64().unwrap() as i32
+    }
+
+    /// The OpenCode session / Amp thread id the fake used (generated, or the one it was asked to continue).
+    pub fn cli_session(&self) -> String {
+        self.0["session"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+/// Every fake CLI run in `workspace`, oldest first.
+pub fn invocations(workspace: &Path) -> Vec<Invocation> {
+    let path = workspace.join(".fake-cli/invocations.jsonl");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text
+            .lines()
+            .map(|l| Invocation(serde_json::from_str(l).expect("invocation record is JSON")))
+            .collect(),
+        Err(_) => vec![],
+    }
+}
+
+// ---- processes -----------------------------------------------------------------------------------------------
+
+/// Waits until the fake CLI has recorded at least `count` runs in `workspace`; returns them.
+pub fn wait_invocations(workspace: &Path, count: usize) -> Vec<Invocation> {
+    let found = wait_until(RECV_TIMEOUT, || invocations(workspace).len() >= count);
+    let runs = invocations(workspace);
+    assert!(
+        found,
+        "expected {count} fake CLI runs in {}, found {}",
+        workspace.display(),
+        runs.len()
+    );
+    runs
+}
+
+/// Polls `cond` every 20 ms until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `pid` is a live process (zombies count as dead).
+pub fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the parenthesised command name, which may itself contain spaces or parens.
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            !matches!(state, Some('Z') | Some('X') | None)
+        }
+        Err(_) => false,
+    }
+}
+
+/// Kills `pid` with SIGKILL when dropped, so a test that fails never leaks the processes it started.
+pub struct KillOnDrop(pub i32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.0 > 0 && pid_alive(self.0) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Whether unprivileged bubblewrap works here; `Err` says why not.
+pub fn bwrap_usable() -> Result<(), String> {
+    match Command::new("bwrap")
+        .args(["--unshare-user", "--ro-bind", "/", "/", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+    {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "`bwrap --unshare-user --ro-bind / / true` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Err(format!("cannot run bwrap: {e}")),
+    }
+}
