@@ -23,6 +23,9 @@ use support::*;
 /// The OpenCode version `.ci/install-opencode.sh` installs.
 const OPENCODE_VERSION: &str = "1.18.33";
 
+/// The `.gitignore` OpenCode 1.18.33 creates in every config dir it loads, when it is missing.
+const OPENCODE_CONFIG_GITIGNORE: &str = "node_modules\npackage.json\npackage-lock.json\nbun.lock\n.gitignore";
+
 // ---- finding OpenCode ----------------------------------------------------------------------------------------
 
 /// The real OpenCode executable, or `None` when the tests are told to skip. Panics when it cannot be found.
@@ -176,6 +179,9 @@ impl World {
         let config = template.replace("http://127.0.0.1:18080/v1", &server.base_url());
         assert_ne!(config, template, "the fixture config names the placeholder base URL");
         std::fs::write(user_config.join("opencode/opencode.json"), config).unwrap();
+        // What OpenCode itself writes into its config dir on its first run (`Config.ensureGitignore`): a user who
+        // has used OpenCode has it. `fresh_user_config_under_bwrap` covers a config dir without it.
+        std::fs::write(user_config.join("opencode/.gitignore"), OPENCODE_CONFIG_GITIGNORE).unwrap();
         Some(World { root, opencode, server, data, home, user_config })
     }
 
@@ -478,6 +484,18 @@ fn processes_with_argv(argv: &[&str]) -> Vec<i32> {
         .collect()
 }
 
+/// Live processes whose working directory is `dir` (OpenCode, its bash tool and the tool's children).
+fn processes_in(dir: &Path) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir))
+        .filter(|pid| pid_alive(*pid))
+        .collect()
+}
+
 fn cancel_long_bash(sandbox: &str, test: &str) {
     let Some(world) = World::new(test) else { return };
     let ws = world.workspace("ws");
@@ -495,10 +513,12 @@ fn cancel_long_bash(sandbox: &str, test: &str) {
             && !processes_with_argv(&grandchild_argv).is_empty()
     });
     let leftovers = || [processes_with_argv(&child_argv), processes_with_argv(&grandchild_argv)].concat();
-    let _guards: Vec<KillOnDrop> = leftovers().into_iter().map(KillOnDrop).collect();
+    let _guards: Vec<KillOnDrop> = leftovers().into_iter().chain(processes_in(&ws)).map(KillOnDrop).collect();
     if !started {
         bridge.fail("the long bash tool did not start (no longbash.started or no sleep processes)");
     }
+    let running = processes_in(&ws);
+    assert!(running.len() >= 3, "OpenCode, its shell and the sleeps run in the workspace: {running:?}");
     let cancelled_at = Instant::now();
     bridge.cancel(&sid);
     let turn = bridge.finish_turn(&sid, id);
@@ -509,6 +529,8 @@ fn cancel_long_bash(sandbox: &str, test: &str) {
     }
     let gone = wait_until(Duration::from_secs(10), || leftovers().is_empty());
     assert!(gone, "the bash tool's child and grandchild survived the cancel: {:?}", leftovers());
+    let all_gone = wait_until(Duration::from_secs(10), || processes_in(&ws).is_empty());
+    assert!(all_gone, "processes still running in the workspace after the cancel: {:?}", processes_in(&ws));
     assert!(!ws.join("longbash.finished").exists());
 
     // The interrupted OpenCode session goes on.
@@ -606,4 +628,39 @@ fn model_flag_reaches_opencode() {
     assert_end_turn(&bridge, &turn);
     let chats = world.server.chats("text");
     assert_eq!(chats.last().unwrap()["body"]["model"], "other-model", "--model fake/other-model is the model called");
+}
+
+// ---- a user config dir OpenCode never wrote to ---------------------------------------------------------------
+
+/// OpenCode creates `.gitignore` in its global config dir when it is missing (`Config.ensureGitignore`) and only
+/// tolerates EACCES there, not EROFS. A user whose `~/.config/opencode` lacks that file (a config written by hand
+/// or by a dotfiles tool, never used by OpenCode itself) must still be able to run under bubblewrap, and OpenCode
+/// must not write into the user's real config dir under `--sandbox none` either.
+fn fresh_user_config(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let gitignore = world.user_config.join("opencode/.gitignore");
+    std::fs::remove_file(&gitignore).unwrap();
+    let ws = world.workspace("ws");
+    let mut bridge = world.start(sandbox);
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:text hello", "fresh user config");
+    assert_end_turn(&bridge, &turn);
+    assert!(turn.agent_text().contains("PLAIN-ANSWER-OK"));
+    assert!(
+        !gitignore.exists(),
+        "OpenCode wrote into the user's own config dir {}",
+        gitignore.parent().unwrap().display()
+    );
+}
+
+#[test]
+fn fresh_user_config_under_bwrap() {
+    if bwrap_ok("fresh_user_config_under_bwrap") {
+        fresh_user_config("bwrap", "fresh_user_config_under_bwrap");
+    }
+}
+
+#[test]
+fn fresh_user_config_under_none_is_not_written_to() {
+    fresh_user_config("none", "fresh_user_config_under_none");
 }

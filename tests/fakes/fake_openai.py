@@ -90,7 +90,7 @@ def script(scenario, arg, step):
         # the process group and session. The test cancels the turn and checks both are gone.
         n = int(arg or "3171")
         if step == 0:
-            command = f"setsid sleep {n + 1} & echo started > longbash.started; sleep {n}; echo finished"
+            command = f"setsid sleep {n + 1} & echo started > longbash.started; sleep {n}; echo finished > longbash.finished"
             return [tool("bash", {"command": command, "description": "Sleep for a long time", "timeout": 600000})]
         return [say("LONGBASH-DONE")]
     if scenario == "error":
