@@ -158,8 +158,19 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     );
     let bridge = Arc::new(Bridge::open(config).context("cannot start")?);
     tracing::info!("sandbox: {}", bridge.isolation().describe());
-    acp_sandbox::server::serve(bridge).await.map_err(|e| anyhow::anyhow!("ACP connection failed: {e}"))?;
-    tracing::info!("the editor closed the connection; exiting");
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    tokio::select! {
+        result = acp_sandbox::server::serve(bridge.clone()) => {
+            result.map_err(|e| anyhow::anyhow!("ACP connection failed: {e}"))?;
+            tracing::info!("the editor closed the connection; exiting");
+        }
+        // A polite stop still ends every CLI: dropping the runtime kills their process trees.
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; exiting"),
+        _ = terminate.recv() => tracing::info!("terminated; exiting"),
+        _ = hangup.recv() => tracing::info!("hung up; exiting"),
+    }
+    bridge.shutdown();
     Ok(ExitCode::SUCCESS)
 }
 

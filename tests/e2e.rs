@@ -9,6 +9,7 @@ mod support;
 mod e2e {
     mod amp;
     mod cancel;
+    mod commands;
     mod errors;
     mod persistence;
     mod protocol;

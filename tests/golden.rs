@@ -6,7 +6,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use acp_sandbox::agents::{AgentKind, TranslateContext, translate_all};
+use acp_sandbox::agents::{AgentKind, Output, TranslateContext, translate_all};
+use agent_client_protocol::v1::schema::SessionUpdate;
 
 /// The cwd each CLI ran in when the fixtures were recorded.
 fn workspace(kind: AgentKind) -> &'static str {
@@ -22,22 +23,18 @@ fn context(kind: AgentKind, terminal_output: bool) -> TranslateContext {
         agent_workspace: workspace(kind).into(),
         terminal_output,
         context_window: 200_000,
+        turn_key: String::new(),
     }
 }
 
 /// Recorded stdout streams of `kind`: `*.jsonl`, minus what was fed to the CLI's stdin.
 fn fixtures(kind: AgentKind) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(kind.as_str());
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(kind.as_str());
     let mut files: Vec<PathBuf> = fs::read_dir(&dir)
         .unwrap_or_else(|error| panic!("reading {}: {error}", dir.display()))
         .map(|entry| entry.expect("directory entry").path())
         .filter(|path| {
-            let name = path
-                .file_name()
-                .and_then(|name| name.to_str())
-                .unwrap_or("");
+            let name = path.file_name().and_then(|name| name.to_str()).unwrap_or("");
             name.ends_with(".jsonl") && !name.contains(".stdin.") && !name.contains("-acp-")
         })
         .collect();
@@ -48,28 +45,19 @@ fn fixtures(kind: AgentKind) -> Vec<PathBuf> {
 
 fn check_agent(kind: AgentKind) {
     let update = std::env::var("UPDATE_GOLDENS").is_ok_and(|value| value == "1");
-    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(kind.as_str());
+    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(kind.as_str());
     fs::create_dir_all(&golden_dir).expect("golden dir");
     let mut expected_files = Vec::new();
     let mut failures = Vec::new();
     for fixture in fixtures(kind) {
         let stream = fs::read_to_string(&fixture).expect("fixture");
-        let stem = fixture
-            .file_stem()
-            .and_then(|stem| stem.to_str())
-            .expect("fixture name")
-            .to_string();
+        let stem = fixture.file_stem().and_then(|stem| stem.to_str()).expect("fixture name").to_string();
         for terminal in [false, true] {
-            let name = if terminal {
-                format!("{stem}.terminal.json")
-            } else {
-                format!("{stem}.json")
-            };
+            let name = if terminal { format!("{stem}.terminal.json") } else { format!("{stem}.json") };
             let golden = golden_dir.join(&name);
             expected_files.push(name.clone());
             let outputs = translate_all(kind, context(kind, terminal), &stream);
+            assert_wire_round_trip(&name, &outputs);
             let actual = serde_json::to_string_pretty(&outputs).expect("serialize") + "\n";
             if update {
                 fs::write(&golden, &actual).expect("write golden");
@@ -78,10 +66,7 @@ fn check_agent(kind: AgentKind) {
             match fs::read_to_string(&golden) {
                 Ok(expected) if expected == actual => {}
                 Ok(expected) => {
-                    eprintln!(
-                        "{name}:\n{}",
-                        pretty_assertions::StrComparison::new(&expected, &actual)
-                    );
+                    eprintln!("{name}:\n{}", pretty_assertions::StrComparison::new(&expected, &actual));
                     failures.push(name);
                 }
                 Err(_) => failures.push(format!("{name} (missing: run with UPDATE_GOLDENS=1)")),
@@ -90,11 +75,7 @@ fn check_agent(kind: AgentKind) {
     }
     // A golden whose fixture was removed or renamed would otherwise rot unnoticed.
     for entry in fs::read_dir(&golden_dir).expect("golden dir") {
-        let name = entry
-            .expect("entry")
-            .file_name()
-            .to_string_lossy()
-            .to_string();
+        let name = entry.expect("entry").file_name().to_string_lossy().to_string();
         if !expected_files.contains(&name) {
             if update {
                 fs::remove_file(golden_dir.join(&name)).expect("remove stale golden");
@@ -103,10 +84,20 @@ fn check_agent(kind: AgentKind) {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "golden mismatches for {kind}: {failures:#?}"
-    );
+    assert!(failures.is_empty(), "golden mismatches for {kind}: {failures:#?}");
+}
+
+/// Every update must read back as the same ACP type: a shape the schema cannot parse would be dropped by
+/// the editor, however good it looks in a golden.
+fn assert_wire_round_trip(name: &str, outputs: &[Output]) {
+    for output in outputs {
+        if let Output::Update(update) = output {
+            let wire = serde_json::to_value(update).expect("serialize update");
+            let back: SessionUpdate = serde_json::from_value(wire.clone())
+                .unwrap_or_else(|error| panic!("{name}: {wire} does not parse as a SessionUpdate: {error}"));
+            assert_eq!(&back, update, "{name}: {wire} changes on a round trip");
+        }
+    }
 }
 
 #[test]

@@ -31,9 +31,7 @@ pub struct TurnRequest<'a> {
 }
 
 /// Which CLI a session runs. Persisted with the session, so it never changes for one.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, clap::ValueEnum,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum AgentKind {
     /// Sourcegraph's Amp (`amp -x --stream-json`).
@@ -164,6 +162,9 @@ pub struct TranslateContext {
     pub terminal_output: bool,
     /// Context window of the model in use, in tokens, for `usage_update.size`.
     pub context_window: u64,
+    /// Makes ids the translator invents unique across the turns of a session (e.g. the turn's number);
+    /// empty in the golden tests.
+    pub turn_key: String,
 }
 
 impl TranslateContext {

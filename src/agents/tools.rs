@@ -4,9 +4,8 @@
 use std::path::PathBuf;
 
 use agent_client_protocol::v1::schema::{
-    Content, ContentBlock, Diff, Meta, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus,
-    SessionUpdate, Terminal, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus,
-    ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    Content, ContentBlock, Diff, Meta, Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, SessionUpdate, Terminal,
+    ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
 };
 use serde_json::{Value, json};
 
@@ -45,20 +44,14 @@ pub fn cap_json(value: Value) -> Value {
     match value {
         Value::String(text) if text.len() > MAX_TOOL_TEXT => Value::String(cap(&text)),
         Value::Array(items) => Value::Array(items.into_iter().map(cap_json).collect()),
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .map(|(key, item)| (key, cap_json(item)))
-                .collect(),
-        ),
+        Value::Object(map) => Value::Object(map.into_iter().map(|(key, item)| (key, cap_json(item))).collect()),
         other => other,
     }
 }
 
 /// A line that is not a known event, kept (shortened) for logs.
 pub fn unparsed(line: &str) -> Output {
-    Output::Unparsed {
-        line: truncate(line, MAX_UNPARSED),
-    }
+    Output::Unparsed { line: truncate(line, MAX_UNPARSED) }
 }
 
 /// Wraps `text` in a Markdown code fence longer than any backtick run inside it, so tool output can never
@@ -96,18 +89,10 @@ pub fn location(path: PathBuf, line: Option<u32>) -> ToolCallLocation {
 
 /// One line of `text`, at most `max` chars, for titles built from free text (a subagent's task, a query).
 pub fn one_line(text: &str, max: usize) -> String {
-    let first = text
-        .lines()
-        .find(|line| !line.trim().is_empty())
-        .unwrap_or("")
-        .trim();
+    let first = text.lines().find(|line| !line.trim().is_empty()).unwrap_or("").trim();
     if first.chars().count() <= max {
         let more = text.trim().lines().count() > 1;
-        return if more {
-            format!("{first}…")
-        } else {
-            first.to_string()
-        };
+        return if more { format!("{first}…") } else { first.to_string() };
     }
     let cut: String = first.chars().take(max).collect();
     format!("{cut}…")
@@ -115,7 +100,7 @@ pub fn one_line(text: &str, max: usize) -> String {
 
 /// What a translator knows about a tool when it starts, independent of the CLI it came from.
 pub struct ToolStart {
-    /// The CLI's tool name (ACP `name`).
+    /// The CLI's tool name (ACP `name`); empty when unknown.
     pub name: String,
     /// Human title: the command, "Read src/a.rs", the pattern…
     pub title: String,
@@ -162,31 +147,22 @@ impl ToolStart {
 
     /// Whether the card shows diffs, which the completion must not replace on success.
     pub fn has_diff(&self) -> bool {
-        self.content
-            .iter()
-            .any(|item| matches!(item, ToolCallContent::Diff(_)))
+        self.content.iter().any(|item| matches!(item, ToolCallContent::Diff(_)))
     }
 
     /// The `tool_call` that opens the card, already running: both CLIs only report tools they execute.
-    pub fn to_update(
-        &self,
-        context: &TranslateContext,
-        id: &str,
-        raw_input: Value,
-    ) -> SessionUpdate {
+    pub fn to_update(&self, context: &TranslateContext, id: &str, raw_input: Value) -> SessionUpdate {
         let mut content = self.content.clone();
+        let name = (!self.name.is_empty()).then(|| self.name.clone());
         let mut call = ToolCall::new(id.to_string(), self.title.clone())
-            .name(self.name.clone())
+            .name(name)
             .kind(self.kind)
             .status(ToolCallStatus::InProgress)
             .locations(self.locations.clone())
-            .raw_input(cap_json(raw_input));
+            .raw_input((!raw_input.is_null()).then(|| cap_json(raw_input)));
         if let (Some(cwd), true) = (&self.shell_cwd, context.terminal_output) {
             content.insert(0, ToolCallContent::Terminal(Terminal::new(id.to_string())));
-            call = call.meta(meta(
-                "terminal_info",
-                json!({ "terminal_id": id, "cwd": cwd }),
-            ));
+            call = call.meta(meta("terminal_info", json!({ "terminal_id": id, "cwd": cwd })));
         }
         SessionUpdate::ToolCall(call.content(content))
     }
@@ -236,10 +212,8 @@ pub fn finish_shell(
         let mut updates = Vec::new();
         if !output.is_empty() {
             updates.push(SessionUpdate::ToolCallUpdate(
-                ToolCallUpdate::new(id.to_string(), ToolCallUpdateFields::new()).meta(meta(
-                    "terminal_output",
-                    json!({ "terminal_id": id, "data": output }),
-                )),
+                ToolCallUpdate::new(id.to_string(), ToolCallUpdateFields::new())
+                    .meta(meta("terminal_output", json!({ "terminal_id": id, "data": output }))),
             ));
         }
         let exit = json!({ "terminal_id": id, "exit_code": exit_code, "signal": null });
@@ -248,26 +222,15 @@ pub fn finish_shell(
         ));
         return updates;
     }
-    let mut text = if output.is_empty() {
-        String::new()
-    } else {
-        fence(&output, "console")
-    };
+    let mut text = if output.is_empty() { String::new() } else { fence(&output, "console") };
     match exit_code {
         Some(0) => {}
         Some(code) => text.push_str(&format!("\n\nExited with code {code}.")),
         None => {}
     }
     let text = text.trim_start().to_string();
-    let content = if text.is_empty() {
-        Vec::new()
-    } else {
-        vec![text_content(text)]
-    };
-    vec![SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
-        id.to_string(),
-        fields.content(content),
-    ))]
+    let content = if text.is_empty() { Vec::new() } else { vec![text_content(text)] };
+    vec![SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields.content(content)))]
 }
 
 /// Closes a tool whose result never came (the stream ended first), as failed. A terminal card keeps its
@@ -277,12 +240,7 @@ pub fn abandon_tool(context: &TranslateContext, id: &str, shell: bool) -> Vec<Se
         let note = format!("\n{TOOL_NEVER_FINISHED}\n");
         return finish_shell(context, id, &note, None, ToolCallStatus::Failed, None);
     }
-    vec![finish_tool(
-        id,
-        ToolCallStatus::Failed,
-        Some(vec![text_content(TOOL_NEVER_FINISHED)]),
-        None,
-    )]
+    vec![finish_tool(id, ToolCallStatus::Failed, Some(vec![text_content(TOOL_NEVER_FINISHED)]), None)]
 }
 
 /// The content shown for a failed tool: its error text, fenced so paths and symbols stay literal.
@@ -312,9 +270,7 @@ pub fn plan_from_todos(todos: &Value) -> Option<SessionUpdate> {
             let status = item.get("status").and_then(Value::as_str).unwrap_or("");
             let status = match status.to_ascii_lowercase().replace('-', "_").as_str() {
                 "in_progress" | "active" | "doing" | "running" => PlanEntryStatus::InProgress,
-                "completed" | "complete" | "done" | "cancelled" | "canceled" => {
-                    PlanEntryStatus::Completed
-                }
+                "completed" | "complete" | "done" | "cancelled" | "canceled" => PlanEntryStatus::Completed,
                 _ => PlanEntryStatus::Pending,
             };
             let priority = match item.get("priority").and_then(Value::as_str).unwrap_or("") {
@@ -330,10 +286,7 @@ pub fn plan_from_todos(todos: &Value) -> Option<SessionUpdate> {
 
 /// Reads a string field of a JSON object, trimmed to `None` when empty.
 pub fn str_field<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
-    value
-        .get(key)
-        .and_then(Value::as_str)
-        .filter(|text| !text.trim().is_empty())
+    value.get(key).and_then(Value::as_str).filter(|text| !text.trim().is_empty())
 }
 
 /// A directory for a title: relative to the workspace, `.` for the workspace itself.
@@ -347,9 +300,7 @@ pub fn shown_dir(context: &TranslateContext, path: &str) -> String {
 /// The first line number of the new side of a unified diff (`@@ -a,b +c,d @@`), for a location line.
 pub fn first_hunk_line(patch: &str) -> Option<u32> {
     let header = patch.lines().find(|line| line.starts_with("@@ "))?;
-    let plus = header
-        .split_whitespace()
-        .find(|part| part.starts_with('+'))?;
+    let plus = header.split_whitespace().find(|part| part.starts_with('+'))?;
     plus.trim_start_matches('+').split(',').next()?.parse().ok()
 }
 
@@ -361,10 +312,7 @@ mod tests {
     fn fence_is_longer_than_any_backtick_run() {
         assert_eq!(fence("plain", "sh"), "```sh\nplain\n```");
         assert_eq!(fence("a ```` b", ""), "`````\na ```` b\n`````");
-        assert_eq!(
-            fence("ends with newline\n", ""),
-            "```\nends with newline\n```"
-        );
+        assert_eq!(fence("ends with newline\n", ""), "```\nends with newline\n```");
     }
 
     #[test]
@@ -406,10 +354,7 @@ mod tests {
 
     #[test]
     fn hunk_line() {
-        assert_eq!(
-            first_hunk_line("--- a\n+++ b\n@@ -3,2 +5,4 @@\n-x"),
-            Some(5)
-        );
+        assert_eq!(first_hunk_line("--- a\n+++ b\n@@ -3,2 +5,4 @@\n-x"), Some(5));
         assert_eq!(first_hunk_line("no hunks"), None);
     }
 

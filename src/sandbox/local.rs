@@ -211,6 +211,12 @@ impl Sandbox for LocalSandbox {
                 }
                 let mut command = Command::new(&spec.program);
                 command.args(&spec.args).current_dir(&spec.cwd);
+                // SAFETY: the closure runs in the forked child before exec and only makes one
+                // async-signal-safe syscall. If the bridge is killed (Zed SIGKILLs it), the CLI dies too
+                // instead of running on unsupervised; bubblewrap does the same with --die-with-parent.
+                unsafe {
+                    command.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from));
+                }
                 command
             }
         };

@@ -164,9 +164,9 @@ mod tests {
     #[test]
     fn title_is_the_first_non_empty_line_shortened() {
         let long = format!("\n  {}\nsecond", "x".repeat(100));
-        let title = title(&[ContentBlock::Text(TextContent::new(long))]).unwrap();
-        assert_eq!(title.chars().count(), 80);
-        assert!(title.ends_with('…'));
+        let shortened = title(&[ContentBlock::Text(TextContent::new(long))]).unwrap();
+        assert_eq!(shortened.chars().count(), 80);
+        assert!(shortened.ends_with('…'));
         assert_eq!(title(&[]), None);
     }
 }

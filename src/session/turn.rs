@@ -61,10 +61,24 @@ struct Emitter {
     sink: Arc<dyn UpdateSink>,
     session_id: String,
     turn_id: i64,
+    /// What earlier turns cost: added to this turn's running cost, since ACP reports it per session.
+    prior_cost: f64,
+    /// This turn's running cost as the CLI reported it.
+    turn_cost: std::sync::Mutex<f64>,
 }
 
 impl Emitter {
     fn send(&self, update: SessionUpdate) {
+        let update = match update {
+            SessionUpdate::UsageUpdate(mut usage) => {
+                if let Some(cost) = usage.cost.as_mut() {
+                    *self.turn_cost.lock().unwrap_or_else(|p| p.into_inner()) = cost.amount;
+                    cost.amount += self.prior_cost;
+                }
+                SessionUpdate::UsageUpdate(usage)
+            }
+            other => other,
+        };
         match serde_json::to_value(&update) {
             Ok(value) => {
                 if let Err(e) = self.store.append_event(&self.session_id, self.turn_id, &value) {
@@ -92,13 +106,20 @@ impl Turn<'_> {
         let store = self.bridge.store.clone();
         let prompt_json = serde_json::to_value(&self.blocks).unwrap_or_default();
         let turn_id = store.start_turn(&self.record.id, &prompt_json)?;
-        let emitter =
-            Emitter { store: store.clone(), sink: self.sink.clone(), session_id: self.record.id.clone(), turn_id };
+        let emitter = Emitter {
+            store: store.clone(),
+            sink: self.sink.clone(),
+            session_id: self.record.id.clone(),
+            turn_id,
+            prior_cost: store.session_cost(&self.record.id)?,
+            turn_cost: std::sync::Mutex::new(0.0),
+        };
         let session_id = self.record.id.clone();
         let result = self.run_turn(&emitter).await;
+        let cost = *emitter.turn_cost.lock().unwrap_or_else(|p| p.into_inner());
         let stored = match &result {
-            Ok(stop) => store.end_turn(turn_id, TurnStatus::Done, Some(stop_reason_name(*stop)), None),
-            Err(error) => store.end_turn(turn_id, TurnStatus::Failed, None, Some(&error.to_string())),
+            Ok(stop) => store.end_turn(turn_id, TurnStatus::Done, Some(stop_reason_name(*stop)), None, cost),
+            Err(error) => store.end_turn(turn_id, TurnStatus::Failed, None, Some(&error.to_string()), cost),
         };
         if let Err(e) = stored {
             tracing::error!(session = %session_id, "could not record the end of the turn: {e}");
@@ -304,6 +325,7 @@ impl Turn<'_> {
             agent_workspace: sandbox.workspace().to_path_buf(),
             terminal_output: self.bridge.terminal_output(),
             context_window: self.bridge.config().context_window,
+            turn_key: format!("{}-", emit.turn_id),
         };
         let mut translator = self.agent.translator(context);
         let mut state = StreamState { native_id: native_id.map(str::to_string), ..StreamState::default() };
@@ -418,8 +440,7 @@ fn update(id: &str, fields: ToolCallUpdateFields) -> SessionUpdate {
 /// The message of a CLI that died without saying why in its stream: its own `Error:` line if it printed
 /// one, otherwise how it exited.
 fn crash_message(name: &str, exit: &str, stderr: &str, unparsed: &VecDeque<String>) -> String {
-    let said =
-        stderr.lines().rev().find(|line| line.trim_start().starts_with("Error")).map(|line| strip_ansi(line.trim()));
+    let said = stderr.lines().rev().map(|line| strip_ansi(line.trim())).find(|line| line.starts_with("Error"));
     match said {
         Some(line) => format!("{name} failed ({exit}): {line}"),
         None if !unparsed.is_empty() => {

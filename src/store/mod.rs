@@ -158,6 +158,7 @@ CREATE TABLE IF NOT EXISTS turns (
     stop_reason TEXT,
     error TEXT,
     owner_pid INTEGER NOT NULL,
+    cost REAL NOT NULL DEFAULT 0,
     started_at INTEGER NOT NULL,
     ended_at INTEGER
 );
@@ -318,19 +319,20 @@ impl Store {
         Ok(())
     }
 
-    /// Ends a turn.
+    /// Ends a turn, recording what it cost (as the CLI reports it: USD for both).
     pub fn end_turn(
         &self,
         turn_id: i64,
         status: TurnStatus,
         stop_reason: Option<&str>,
         error: Option<&str>,
+        cost: f64,
     ) -> Result<()> {
         let connection = self.lock();
         let now = now_ms();
         connection.execute(
-            "UPDATE turns SET status = ?2, stop_reason = ?3, error = ?4, ended_at = ?5 WHERE id = ?1",
-            params![turn_id, status.as_str(), stop_reason, error, now],
+            "UPDATE turns SET status = ?2, stop_reason = ?3, error = ?4, ended_at = ?5, cost = ?6 WHERE id = ?1",
+            params![turn_id, status.as_str(), stop_reason, error, now, cost],
         )?;
         connection.execute(
             "UPDATE sessions SET updated_at = ?2 WHERE id = (SELECT session_id FROM turns WHERE id = ?1)",
@@ -369,6 +371,16 @@ impl Store {
         let owners: Vec<i64> =
             statement.query_map(params![session_id], |row| row.get(0))?.collect::<rusqlite::Result<_>>()?;
         Ok(owners.into_iter().any(|pid| pid as u32 != std::process::id() && process_alive(pid)))
+    }
+
+    /// What the session's turns cost together: ACP's usage cost is per session, the CLIs report it per turn.
+    pub fn session_cost(&self, session_id: &str) -> Result<f64> {
+        let cost: f64 = self.lock().query_row(
+            "SELECT COALESCE(SUM(cost), 0) FROM turns WHERE session_id = ?1",
+            params![session_id],
+            |row| row.get(0),
+        )?;
+        Ok(cost)
     }
 
     /// Number of turns of a session.
@@ -512,8 +524,9 @@ mod tests {
             for n in 0..4 {
                 store.append_event("s", id, &json!({"n": n, "turn": turn})).unwrap();
             }
-            store.end_turn(id, TurnStatus::Done, Some("end_turn"), None).unwrap();
+            store.end_turn(id, TurnStatus::Done, Some("end_turn"), None, 0.5).unwrap();
         }
+        assert_eq!(store.session_cost("s").unwrap(), 1.5);
         let full = store.history("s", 100).unwrap();
         assert_eq!((full.omitted_turns, full.turns.len()), (0, 3));
         assert_eq!(full.turns[0].1[0], json!({"n": 0, "turn": 0}));

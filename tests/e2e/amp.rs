@@ -20,80 +20,44 @@ fn amp_prompt_streams_the_answer_and_follow_up_continues_the_thread() {
     let sid = bridge.new_session(&ws);
     let first = bridge.prompt(&sid, "Say hello");
     assert_eq!(first.stop_reason(), "end_turn");
-    assert!(
-        first.agent_text().contains(AMP_TEXT_ANSWER),
-        "{:?}",
-        first.updates
-    );
+    assert!(first.agent_text().contains(AMP_TEXT_ANSWER), "{:?}", first.updates);
     let second = bridge.prompt(&sid, "Do you remember what I asked first?");
     assert_eq!(second.stop_reason(), "end_turn");
-    assert!(
-        second.agent_text().contains(AMP_CONTINUE_ANSWER),
-        "{:?}",
-        second.updates
-    );
+    assert!(second.agent_text().contains(AMP_CONTINUE_ANSWER), "{:?}", second.updates);
 
     let runs = invocations(&ws);
     assert_eq!(runs.len(), 2);
     let argv = runs[0].argv();
     assert_eq!(argv[0], "-x", "argv: {argv:?}");
-    for flag in [
-        "--stream-json",
-        "--dangerously-allow-all",
-        "--no-archive-after-execute",
-    ] {
+    for flag in ["--stream-json", "--dangerously-allow-all", "--no-archive-after-execute"] {
         assert!(runs[0].has_flag(flag), "first turn lacks {flag}: {argv:?}");
     }
-    assert_eq!(runs[0].stdin(), b"Say hello");
-    assert_eq!(
-        runs[0].env("AMP_API_KEY").as_deref(),
-        Some(FAKE_AMP_KEY),
-        "Amp needs its key"
-    );
+    assert_eq!(runs[0].stdin_text(), "Say hello");
+    assert_eq!(runs[0].env("AMP_API_KEY").as_deref(), Some(FAKE_AMP_KEY), "Amp needs its key");
     assert_eq!(runs[0].cwd(), ws);
 
     let argv = runs[1].argv();
     let thread = runs[0].cli_session();
-    assert_eq!(
-        &argv[..3],
-        ["threads", "continue", thread.as_str()],
-        "argv: {argv:?}"
-    );
-    assert!(
-        runs[1].has_flag("-x") && runs[1].has_flag("--stream-json"),
-        "argv: {argv:?}"
-    );
-    assert_eq!(runs[1].stdin(), b"Do you remember what I asked first?");
+    assert_eq!(&argv[..3], ["threads", "continue", thread.as_str()], "argv: {argv:?}");
+    assert!(runs[1].has_flag("-x") && runs[1].has_flag("--stream-json"), "argv: {argv:?}");
+    assert_eq!(runs[1].stdin_text(), "Do you remember what I asked first?");
 }
 
 #[test]
 fn missing_amp_api_key_is_32000_naming_the_variable_and_amp_is_never_started() {
     let dirs = TestDirs::new("amp-nokey");
     let ws = dirs.workspace("ws");
-    let mut bridge =
-        Bridge::start(BridgeOptions::new("amp", &dirs.data).without_env("AMP_API_KEY"));
-    let error = match bridge.request(
-        "session/new",
-        serde_json::json!({"cwd": ws, "mcpServers": []}),
-    ) {
+    let mut bridge = Bridge::start(BridgeOptions::new("amp", &dirs.data).without_env("AMP_API_KEY"));
+    let error = match bridge.request("session/new", serde_json::json!({"cwd": ws, "mcpServers": []})) {
         Err(error) => error,
         Ok(new) => {
             let sid = new["sessionId"].as_str().unwrap().to_string();
-            bridge
-                .prompt(&sid, "Say hello")
-                .result
-                .expect_err("a prompt without AMP_API_KEY must fail")
+            bridge.prompt(&sid, "Say hello").result.expect_err("a prompt without AMP_API_KEY must fail")
         }
     };
     assert_eq!(error.code, -32000, "{error}");
-    assert!(
-        error.message.contains("AMP_API_KEY"),
-        "the message must name AMP_API_KEY: {error}"
-    );
-    assert!(
-        invocations(&ws).is_empty(),
-        "Amp was started without a key (it would block on its login prompt)"
-    );
+    assert!(error.message.contains("AMP_API_KEY"), "the message must name AMP_API_KEY: {error}");
+    assert!(invocations(&ws).is_empty(), "Amp was started without a key (it would block on its login prompt)");
 }
 
 #[test]
@@ -104,17 +68,9 @@ fn amp_thinking_blocks_become_thought_chunks() {
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "SCENARIO:thinking What is 2+2?");
     assert_eq!(turn.stop_reason(), "end_turn");
-    assert!(
-        turn.agent_text().contains("2 + 2 = 4."),
-        "{:?}",
-        turn.updates
-    );
+    assert!(turn.agent_text().contains("2 + 2 = 4."), "{:?}", turn.updates);
     let thoughts = text_of(&turn.updates, "agent_thought_chunk");
-    assert!(
-        thoughts.contains("trivial arithmetic"),
-        "{:?}",
-        turn.updates
-    );
+    assert!(thoughts.contains("trivial arithmetic"), "{:?}", turn.updates);
     assert!(invocations(&ws)[0].has_flag("--stream-json-thinking"));
 }
 
@@ -125,9 +81,7 @@ fn amp_error_result_fails_the_prompt_with_its_message() {
     let mut bridge = amp_bridge(&dirs);
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "SCENARIO:error-inference Say hello");
-    let error = turn
-        .result
-        .expect_err("an error result must fail the prompt although Amp exits 0");
+    let error = turn.result.expect_err("an error result must fail the prompt although Amp exits 0");
     assert!(error.full_text().contains("overloaded (529)"), "{error}");
 }
 
@@ -137,16 +91,9 @@ fn amp_tool_use_streams_tool_calls() {
     let ws = dirs.workspace("ws");
     let mut bridge = amp_bridge(&dirs);
     let sid = bridge.new_session(&ws);
-    let turn = bridge.prompt(
-        &sid,
-        "SCENARIO:tools Write hello.txt, cat it with bash, then read it",
-    );
+    let turn = bridge.prompt(&sid, "SCENARIO:tools Write hello.txt, cat it with bash, then read it");
     assert_eq!(turn.stop_reason(), "end_turn");
-    let tool_calls = turn
-        .updates
-        .iter()
-        .filter(|u| u["sessionUpdate"] == "tool_call")
-        .count();
+    let tool_calls = turn.updates.iter().filter(|u| u["sessionUpdate"] == "tool_call").count();
     assert_eq!(tool_calls, 3, "{:?}", kinds(&turn.updates));
 }
 
@@ -158,15 +105,36 @@ fn amp_cancel_answers_cancelled() {
     let sid = bridge.new_session(&ws);
     let id = bridge.send_prompt(&sid, "SCENARIO:cancelled Run the long test suite");
     let _guard = KillOnDrop(wait_invocations(&ws, 1)[0].pid());
-    bridge.wait_update(&sid, "the Bash tool call", |u| {
-        u["sessionUpdate"] == "tool_call"
-    });
+    bridge.wait_update(&sid, "the Bash tool call", |u| u["sessionUpdate"] == "tool_call");
     bridge.cancel(&sid);
     let turn = bridge.finish_turn(&sid, id);
     assert_eq!(turn.stop_reason(), "cancelled");
     let cli = invocations(&ws)[0].pid();
-    assert!(
-        wait_until(Duration::from_secs(5), || !pid_alive(cli)),
-        "Amp survived the cancel"
+    assert!(wait_until(Duration::from_secs(5), || !pid_alive(cli)), "Amp survived the cancel");
+}
+
+#[test]
+fn amp_mode_chosen_with_set_config_option_reaches_amp() {
+    let dirs = TestDirs::new("amp-mode");
+    let ws = dirs.workspace("ws");
+    let mut bridge = amp_bridge(&dirs);
+    let new = bridge.request("session/new", serde_json::json!({"cwd": ws, "mcpServers": []})).unwrap();
+    let sid = new["sessionId"].as_str().unwrap().to_string();
+    let mode = new["configOptions"]
+        .as_array()
+        .and_then(|options| options.iter().find(|o| o["category"] == "mode"))
+        .unwrap_or_else(|| panic!("no mode config option: {new}"))
+        .clone();
+    assert!(mode["options"].as_array().unwrap().iter().any(|o| o["value"] == "high"), "{mode}");
+
+    let set = bridge.request(
+        "session/set_config_option",
+        serde_json::json!({"sessionId": sid, "configId": mode["id"], "value": "high"}),
     );
+    let set = set.unwrap_or_else(|e| bridge.fail(&format!("set_config_option: {e}")));
+    let current = set["configOptions"].as_array().unwrap().iter().find(|o| o["id"] == mode["id"]).unwrap().clone();
+    assert_eq!(current["currentValue"], "high", "{set}");
+
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    assert_eq!(invocations(&ws)[0].flag_value("--mode").as_deref(), Some("high"), "{:?}", invocations(&ws)[0].argv());
 }

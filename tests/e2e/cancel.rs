@@ -7,23 +7,12 @@ use serde_json::json;
 use crate::support::*;
 
 /// Starts a `SCENARIO:child` turn and returns (prompt request id, CLI pid, grandchild pid) once both run.
-fn start_turn_with_grandchild(
-    bridge: &mut Bridge,
-    sid: &str,
-    ws: &std::path::Path,
-) -> (i64, i32, i32) {
+fn start_turn_with_grandchild(bridge: &mut Bridge, sid: &str, ws: &std::path::Path) -> (i64, i32, i32) {
     let id = bridge.send_prompt(sid, "SCENARIO:child run the test suite in the background");
     let cli = wait_invocations(ws, 1)[0].pid();
     let pid_file = ws.join(".fake-cli/child.pid");
-    assert!(
-        wait_until(RECV_TIMEOUT, || pid_file.exists()),
-        "the fake never started its grandchild"
-    );
-    let grandchild = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    assert!(wait_until(RECV_TIMEOUT, || pid_file.exists()), "the fake never started its grandchild");
+    let grandchild = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
     assert!(pid_alive(grandchild));
     (id, cli, grandchild)
 }
@@ -42,26 +31,17 @@ fn cancel_kills_the_cli_process_tree_and_the_prompt_answers_cancelled() {
     let turn = bridge.finish_turn(&sid, id);
     let took = cancelled_at.elapsed();
     assert_eq!(turn.stop_reason(), "cancelled");
-    assert!(
-        took < Duration::from_secs(5),
-        "cancel took {took:?} (expected about 1 s)"
-    );
+    assert!(took < Duration::from_secs(5), "cancel took {took:?} (expected about 1 s)");
     eprintln!("cancel answered in {took:?}");
-    assert!(
-        wait_until(Duration::from_secs(5), || !pid_alive(cli)),
-        "the CLI {cli} survived the cancel"
-    );
+    assert!(wait_until(Duration::from_secs(5), || !pid_alive(cli)), "the CLI {cli} survived the cancel");
     assert!(
         wait_until(Duration::from_secs(5), || !pid_alive(grandchild)),
         "the CLI's grandchild {grandchild} (own session, like OpenCode's bash tool) survived the cancel"
     );
+    assert_no_processes_under(&ws, "after the cancel");
 
     let next = bridge.prompt(&sid, "Say hello again");
-    assert_eq!(
-        next.stop_reason(),
-        "end_turn",
-        "the session must work after a cancel"
-    );
+    assert_eq!(next.stop_reason(), "end_turn", "the session must work after a cancel");
 }
 
 #[test]
@@ -88,8 +68,42 @@ fn closing_a_session_cancels_its_running_turn() {
     assert!(closed.is_ok(), "session/close: {closed:?}");
     let turn = bridge.finish_turn(&sid, id);
     assert_eq!(turn.stop_reason(), "cancelled");
+    assert!(wait_until(Duration::from_secs(5), || !pid_alive(grandchild)), "the grandchild survived the close");
+}
+
+#[test]
+fn amp_cancel_kills_the_grandchild_amp_leaves_behind() {
+    let dirs = TestDirs::new("amp-cancel-tree");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("amp", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    let (id, cli, grandchild) = start_turn_with_grandchild(&mut bridge, &sid, &ws);
+    let _guards = (KillOnDrop(cli), KillOnDrop(grandchild));
+    bridge.cancel(&sid);
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "cancelled");
+    assert!(wait_until(Duration::from_secs(5), || !pid_alive(grandchild)), "Amp's grandchild survived the cancel");
+    assert_no_processes_under(&ws, "after the cancel");
+}
+
+#[test]
+fn cancel_inside_bwrap_ends_every_process_of_the_turn() {
+    if let Err(why) = bwrap_usable() {
+        eprintln!("SKIPPED cancel_inside_bwrap_ends_every_process_of_the_turn: {why}");
+        return;
+    }
+    let dirs = TestDirs::new("bwrap-cancel");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data).sandbox("bwrap"));
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt(&sid, "SCENARIO:child run the test suite in the background");
+    let pid_file = ws.join(".fake-cli/child.pid");
+    assert!(wait_until(RECV_TIMEOUT, || pid_file.exists()), "the fake never started its grandchild");
     assert!(
-        wait_until(Duration::from_secs(5), || !pid_alive(grandchild)),
-        "the grandchild survived the close"
+        processes_under(&ws).iter().any(|(_, cmd)| cmd.starts_with("sleep 1000")),
+        "the sandboxed grandchild is not visible: {:?}",
+        processes_under(&ws)
     );
+    bridge.cancel(&sid);
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "cancelled");
+    assert_no_processes_under(&ws, "after the cancel");
 }

@@ -16,18 +16,12 @@ fn session_interrupted_by_kill9(dirs: &TestDirs, ws: &std::path::Path) -> (Strin
     let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
     let sid = bridge.new_session(ws);
     assert_eq!(bridge.prompt(&sid, FIRST_PROMPT).stop_reason(), "end_turn");
-    bridge.send_prompt(
-        &sid,
-        "SCENARIO:slow FAKE_COUNT=300 FAKE_DELAY_MS=100 a long answer",
-    );
+    bridge.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=300 FAKE_DELAY_MS=100 a long answer");
     let runs = wait_invocations(ws, 2);
     let _guard = KillOnDrop(runs[1].pid());
     bridge.wait_update(&sid, "a streamed chunk of the slow turn", |u| {
         u["sessionUpdate"] == "agent_message_chunk"
-            && u["content"]["text"]
-                .as_str()
-                .unwrap_or("")
-                .contains("slow chunk")
+            && u["content"]["text"].as_str().unwrap_or("").contains("slow chunk")
     });
     bridge.kill9();
     (sid, runs[0].cli_session())
@@ -50,55 +44,24 @@ fn sessions_survive_kill_9_and_load_replays_history_then_continues_the_cli_sessi
         .clone();
     assert_eq!(listed["cwd"], json!(ws), "{listed}");
     let title = listed["title"].as_str().unwrap_or_default();
-    assert!(
-        !title.trim().is_empty(),
-        "the listed session has no title: {listed}"
-    );
+    assert!(!title.trim().is_empty(), "the listed session has no title: {listed}");
 
     let loaded = bridge.load_session(&sid, &ws);
     assert!(loaded.result.is_ok(), "session/load: {:?}", loaded.result);
     let replay = &loaded.updates;
     let user = text_of(replay, "user_message_chunk");
-    assert!(
-        user.contains(FIRST_PROMPT),
-        "the first prompt is not replayed: {:?}",
-        kinds(replay)
-    );
-    assert!(
-        user.contains("a long answer"),
-        "the interrupted prompt is not replayed: {:?}",
-        kinds(replay)
-    );
+    assert!(user.contains(FIRST_PROMPT), "the first prompt is not replayed: {:?}", kinds(replay));
+    assert!(user.contains("a long answer"), "the interrupted prompt is not replayed: {:?}", kinds(replay));
     let agent = text_of(replay, "agent_message_chunk");
-    assert!(
-        agent.contains(FIRST_ANSWER),
-        "the first answer is not replayed: {replay:?}"
-    );
-    assert!(
-        agent.contains("slow chunk 1 of 300"),
-        "chunks streamed before the kill are not replayed"
-    );
-    let first_user = replay
-        .iter()
-        .position(|u| u["sessionUpdate"] == "user_message_chunk")
-        .unwrap();
-    let first_agent = replay
-        .iter()
-        .position(|u| u["sessionUpdate"] == "agent_message_chunk")
-        .unwrap();
-    assert!(
-        first_user < first_agent,
-        "replay out of order: {:?}",
-        kinds(replay)
-    );
+    assert!(agent.contains(FIRST_ANSWER), "the first answer is not replayed: {replay:?}");
+    assert!(agent.contains("slow chunk 1 of 300"), "chunks streamed before the kill are not replayed");
+    let first_user = replay.iter().position(|u| u["sessionUpdate"] == "user_message_chunk").unwrap();
+    let first_agent = replay.iter().position(|u| u["sessionUpdate"] == "agent_message_chunk").unwrap();
+    assert!(first_user < first_agent, "replay out of order: {:?}", kinds(replay));
 
     let next = bridge.prompt(&sid, "Do you remember?");
     assert_eq!(next.stop_reason(), "end_turn");
-    assert!(
-        next.agent_text().contains(FOLLOWUP_ANSWER),
-        "{:?}",
-        next.updates
-    );
+    assert!(next.agent_text().contains(FOLLOWUP_ANSWER), "{:?}", next.updates);
     let runs = invocations(&ws);
     assert_eq!(runs.len(), 3);
     assert_eq!(
@@ -127,20 +90,11 @@ fn resume_restores_a_session_without_replay_and_continues_it() {
     let replayed: Vec<_> = bridge
         .take_updates(&sid)
         .into_iter()
-        .filter(|u| {
-            u["sessionUpdate"] == "user_message_chunk"
-                || u["sessionUpdate"] == "agent_message_chunk"
-        })
+        .filter(|u| u["sessionUpdate"] == "user_message_chunk" || u["sessionUpdate"] == "agent_message_chunk")
         .collect();
-    assert!(
-        replayed.is_empty(),
-        "session/resume must not replay history: {replayed:?}"
-    );
+    assert!(replayed.is_empty(), "session/resume must not replay history: {replayed:?}");
 
     let next = bridge.prompt(&sid, "Do you remember?");
     assert_eq!(next.stop_reason(), "end_turn");
-    assert_eq!(
-        invocations(&ws)[1].flag_value("--session").as_deref(),
-        Some(cli_session.as_str())
-    );
+    assert_eq!(invocations(&ws)[1].flag_value("--session").as_deref(), Some(cli_session.as_str()));
 }

@@ -16,10 +16,7 @@ fn initialize_advertises_protocol_1_session_capabilities_and_agent_name() {
     assert_eq!(init["agentCapabilities"]["loadSession"], true, "{init}");
     let caps = &init["agentCapabilities"]["sessionCapabilities"];
     for cap in ["list", "resume", "close", "delete"] {
-        assert!(
-            caps[cap].is_object(),
-            "sessionCapabilities.{cap} is not advertised: {init}"
-        );
+        assert!(caps[cap].is_object(), "sessionCapabilities.{cap} is not advertised: {init}");
     }
     assert_eq!(init["agentInfo"]["name"], "acp-sandbox", "{init}");
 }
@@ -35,11 +32,7 @@ fn serve_subcommand_and_env_variables_configure_the_server_like_flags() {
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "Say hello");
     assert_eq!(turn.stop_reason(), "end_turn");
-    assert_eq!(
-        invocations(&ws).len(),
-        1,
-        "the fake OpenCode (from ACP_SANDBOX_OPENCODE_BIN) ran once"
-    );
+    assert_eq!(invocations(&ws).len(), 1, "the fake OpenCode (from ACP_SANDBOX_OPENCODE_BIN) ran once");
     assert!(
         std::fs::read_dir(&dirs.data).unwrap().next().is_some(),
         "ACP_SANDBOX_DATA_DIR was not used: {} is empty",
@@ -67,31 +60,16 @@ fn unknown_session_id_on_load_prompt_and_resume_is_32002_with_the_session_id() {
     let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
     let id = "no-such-session-0000";
     let attempts = [
-        (
-            "session/load",
-            json!({"sessionId": id, "cwd": ws, "mcpServers": []}),
-        ),
-        (
-            "session/prompt",
-            json!({"sessionId": id, "prompt": [{"type": "text", "text": "hi"}]}),
-        ),
+        ("session/load", json!({"sessionId": id, "cwd": ws, "mcpServers": []})),
+        ("session/prompt", json!({"sessionId": id, "prompt": [{"type": "text", "text": "hi"}]})),
         ("session/resume", json!({"sessionId": id, "cwd": ws})),
     ];
     for (method, params) in attempts {
-        let error = bridge
-            .request(method, params)
-            .expect_err(&format!("{method} of an unknown session succeeded"));
+        let error = bridge.request(method, params).expect_err(&format!("{method} of an unknown session succeeded"));
         assert_eq!(error.code, -32002, "{method}: {error}");
-        assert_eq!(
-            error.data.as_ref().map(|d| &d["sessionId"]),
-            Some(&json!(id)),
-            "{method}: {error}"
-        );
+        assert_eq!(error.data.as_ref().map(|d| &d["sessionId"]), Some(&json!(id)), "{method}: {error}");
     }
-    assert!(
-        invocations(&ws).is_empty(),
-        "no CLI may run for an unknown session"
-    );
+    assert!(invocations(&ws).is_empty(), "no CLI may run for an unknown session");
 }
 
 #[test]
@@ -99,10 +77,7 @@ fn deleting_an_unknown_session_succeeds() {
     let dirs = TestDirs::new("delete-unknown");
     let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
     let result = bridge.request("session/delete", json!({"sessionId": "never-existed"}));
-    assert!(
-        result.is_ok(),
-        "session/delete of an unknown id must succeed silently: {result:?}"
-    );
+    assert!(result.is_ok(), "session/delete of an unknown id must succeed silently: {result:?}");
 }
 
 #[test]
@@ -112,23 +87,14 @@ fn deleted_session_is_gone_from_list_and_load() {
     let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
     let sid = bridge.new_session(&ws);
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
-    bridge
-        .request("session/delete", json!({"sessionId": sid}))
-        .unwrap();
+    bridge.request("session/delete", json!({"sessionId": sid})).unwrap();
 
     let list = bridge.request("session/list", json!({})).unwrap();
     assert!(
-        !list["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|s| s["sessionId"] == sid.as_str()),
+        !list["sessions"].as_array().unwrap().iter().any(|s| s["sessionId"] == sid.as_str()),
         "deleted session still listed: {list}"
     );
-    let error = bridge
-        .load_session(&sid, &ws)
-        .result
-        .expect_err("load of a deleted session");
+    let error = bridge.load_session(&sid, &ws).result.expect_err("load of a deleted session");
     assert_eq!(error.code, -32002, "{error}");
 }
 
@@ -141,28 +107,16 @@ fn session_list_filters_by_cwd() {
     let sid_b = bridge.new_session(&ws_b);
 
     let ids = |list: &serde_json::Value| -> Vec<String> {
-        list["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["sessionId"].as_str().unwrap().to_string())
-            .collect()
+        list["sessions"].as_array().unwrap().iter().map(|s| s["sessionId"].as_str().unwrap().to_string()).collect()
     };
-    let only_a = bridge
-        .request("session/list", json!({"cwd": ws_a}))
-        .unwrap();
+    let only_a = bridge.request("session/list", json!({"cwd": ws_a})).unwrap();
     assert_eq!(ids(&only_a), vec![sid_a.clone()], "{only_a}");
     assert_eq!(only_a["sessions"][0]["cwd"], json!(ws_a), "{only_a}");
 
     let all = ids(&bridge.request("session/list", json!({})).unwrap());
     assert!(all.contains(&sid_a) && all.contains(&sid_b), "{all:?}");
 
-    let none = bridge
-        .request(
-            "session/list",
-            json!({"cwd": dirs.root().join("elsewhere")}),
-        )
-        .unwrap();
+    let none = bridge.request("session/list", json!({"cwd": dirs.root().join("elsewhere")})).unwrap();
     assert_eq!(none["sessions"], json!([]), "{none}");
 }
 
@@ -176,29 +130,18 @@ fn stdin_eof_exits_0_and_kills_the_running_cli_tree() {
     let cli = wait_invocations(&ws, 1)[0].pid();
     let _cli_guard = KillOnDrop(cli);
     let child_pid_file = ws.join(".fake-cli/child.pid");
-    assert!(
-        wait_until(RECV_TIMEOUT, || child_pid_file.exists()),
-        "the fake never started its grandchild"
-    );
-    let grandchild: i32 = std::fs::read_to_string(&child_pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    assert!(wait_until(RECV_TIMEOUT, || child_pid_file.exists()), "the fake never started its grandchild");
+    let grandchild: i32 = std::fs::read_to_string(&child_pid_file).unwrap().trim().parse().unwrap();
     let _grandchild_guard = KillOnDrop(grandchild);
 
     bridge.close_stdin();
     bridge.drain_stdout(RECV_TIMEOUT);
-    let status = bridge
-        .wait_exit(RECV_TIMEOUT)
-        .unwrap_or_else(|| bridge.fail("the bridge did not exit on stdin EOF"));
+    let status = bridge.wait_exit(RECV_TIMEOUT).unwrap_or_else(|| bridge.fail("the bridge did not exit on stdin EOF"));
     assert_eq!(status.code(), Some(0), "exit status on stdin EOF: {status}");
-    assert!(
-        wait_until(Duration::from_secs(5), || !pid_alive(cli)),
-        "the CLI process {cli} outlived the bridge"
-    );
+    assert!(wait_until(Duration::from_secs(5), || !pid_alive(cli)), "the CLI process {cli} outlived the bridge");
     assert!(
         wait_until(Duration::from_secs(5), || !pid_alive(grandchild)),
         "the CLI's grandchild {grandchild} (its own session, like OpenCode's bash tool) outlived the bridge"
     );
+    assert_no_processes_under(&ws, "after the bridge exited");
 }

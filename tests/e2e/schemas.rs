@@ -40,28 +40,16 @@ fn schema_validation_accepts_crate_messages_and_rejects_malformed_ones() {
         acp::SessionId::new("s-1"),
         acp::SessionUpdate::AgentMessageChunk(acp::ContentChunk::new("hello".into())),
     );
-    schemas
-        .validate(
-            "SessionNotification",
-            &serde_json::to_value(&chunk).unwrap(),
-        )
-        .unwrap();
+    schemas.validate("SessionNotification", &serde_json::to_value(&chunk).unwrap()).unwrap();
     let done = acp::PromptResponse::new(acp::StopReason::Cancelled);
-    schemas
-        .validate("PromptResponse", &serde_json::to_value(&done).unwrap())
-        .unwrap();
+    schemas.validate("PromptResponse", &serde_json::to_value(&done).unwrap()).unwrap();
     let not_found = acp::Error::session_not_found("s-9");
-    schemas
-        .validate("Error", &serde_json::to_value(&not_found).unwrap())
-        .unwrap();
+    schemas.validate("Error", &serde_json::to_value(&not_found).unwrap()).unwrap();
 
     for (schema, bad) in [
         ("PromptResponse", json!({"stopReason": "finished"})),
         ("PromptResponse", json!({})),
-        (
-            "SessionNotification",
-            json!({"sessionId": "s-1", "update": {"sessionUpdate": "agent_message_chunk"}}),
-        ),
+        ("SessionNotification", json!({"sessionId": "s-1", "update": {"sessionUpdate": "agent_message_chunk"}})),
         (
             "SessionNotification",
             json!({"update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x"}}}),
@@ -70,9 +58,6 @@ fn schema_validation_accepts_crate_messages_and_rejects_malformed_ones() {
         ("Error", json!({"message": "no code"})),
         ("InitializeResponse", json!({"agentCapabilities": {}})),
     ] {
-        assert!(
-            schemas.validate(schema, &bad).is_err(),
-            "{schema} accepted {bad}"
-        );
+        assert!(schemas.validate(schema, &bad).is_err(), "{schema} accepted {bad}");
     }
 }

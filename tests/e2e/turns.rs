@@ -27,10 +27,7 @@ fn assert_tool_updates_follow_their_calls(updates: &[Value]) {
             }
             Some("tool_call_update") => {
                 let id = update["toolCallId"].as_str().unwrap();
-                assert!(
-                    known.contains(id),
-                    "tool_call_update before its tool_call: {update}"
-                );
+                assert!(known.contains(id), "tool_call_update before its tool_call: {update}");
             }
             _ => {}
         }
@@ -45,22 +42,15 @@ fn prompt_streams_the_cli_answer_as_agent_message_chunks_and_ends_the_turn() {
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "Say hello");
     assert_eq!(turn.stop_reason(), "end_turn");
-    assert!(
-        turn.agent_text().contains(TEXT_ANSWER),
-        "updates: {:?}",
-        turn.updates
-    );
+    assert!(turn.agent_text().contains(TEXT_ANSWER), "updates: {:?}", turn.updates);
 
     let runs = invocations(&ws);
     assert_eq!(runs.len(), 1);
     let argv = runs[0].argv();
     assert_eq!(&argv[..3], ["run", "--format", "json"], "argv: {argv:?}");
     assert!(runs[0].has_flag("--auto"), "argv: {argv:?}");
-    assert!(
-        !runs[0].has_flag("--session"),
-        "a new session must not pass --session: {argv:?}"
-    );
-    assert_eq!(runs[0].stdin(), b"Say hello");
+    assert!(!runs[0].has_flag("--session"), "a new session must not pass --session: {argv:?}");
+    assert_eq!(runs[0].stdin_text(), "Say hello");
 }
 
 #[test]
@@ -72,11 +62,7 @@ fn follow_up_prompt_continues_the_same_cli_session() {
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
     let second = bridge.prompt(&sid, "Do you remember?");
     assert_eq!(second.stop_reason(), "end_turn");
-    assert!(
-        second.agent_text().contains(FOLLOWUP_ANSWER),
-        "updates: {:?}",
-        second.updates
-    );
+    assert!(second.agent_text().contains(FOLLOWUP_ANSWER), "updates: {:?}", second.updates);
 
     let runs = invocations(&ws);
     assert_eq!(runs.len(), 2);
@@ -100,15 +86,8 @@ fn sessions_of_one_bridge_get_separate_cli_sessions() {
     assert_eq!(bridge.prompt(&a, "Say hello").stop_reason(), "end_turn");
     let turn_b = bridge.prompt(&b, "Say hello");
     assert_eq!(turn_b.stop_reason(), "end_turn");
-    assert!(
-        turn_b.agent_text().contains(TEXT_ANSWER),
-        "session b got a follow-up of a: {:?}",
-        turn_b.updates
-    );
-    assert!(
-        !invocations(&ws)[1].has_flag("--session"),
-        "session b must start its own CLI session"
-    );
+    assert!(turn_b.agent_text().contains(TEXT_ANSWER), "session b got a follow-up of a: {:?}", turn_b.updates);
+    assert!(!invocations(&ws)[1].has_flag("--session"), "session b must start its own CLI session");
 }
 
 #[test]
@@ -122,10 +101,7 @@ fn prompt_text_reaches_the_cli_stdin_byte_for_byte() {
     let runs = invocations(&ws);
     assert_eq!(String::from_utf8_lossy(&runs[0].stdin()), text);
     assert_eq!(runs[0].stdin(), text.as_bytes());
-    assert!(
-        !runs[0].argv().iter().any(|a| a.contains("rm -rf")),
-        "the prompt must not be in argv"
-    );
+    assert!(!runs[0].argv().iter().any(|a| a.contains("rm -rf")), "the prompt must not be in argv");
 }
 
 #[test]
@@ -136,13 +112,10 @@ fn several_text_blocks_reach_stdin_joined_by_blank_lines() {
     let sid = bridge.new_session(&ws);
     let id = bridge.send_prompt_blocks(
         &sid,
-        vec![
-            json!({"type": "text", "text": "first block"}),
-            json!({"type": "text", "text": "second block"}),
-        ],
+        vec![json!({"type": "text", "text": "first block"}), json!({"type": "text", "text": "second block"})],
     );
     assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "end_turn");
-    assert_eq!(invocations(&ws)[0].stdin(), b"first block\n\nsecond block");
+    assert_eq!(invocations(&ws)[0].stdin_text(), "first block\n\nsecond block");
 }
 
 #[test]
@@ -156,52 +129,35 @@ fn cli_runs_in_the_workspace_with_a_cleared_environment() {
 
     let run = &invocations(&ws)[0];
     assert_eq!(run.cwd(), ws);
-    assert_eq!(
-        run.env("PWD").as_deref().map(Path::new),
-        Some(ws.as_path()),
-        "OpenCode takes its directory from PWD"
-    );
+    assert_eq!(run.env("PWD").as_deref().map(Path::new), Some(ws.as_path()), "OpenCode takes its directory from PWD");
     assert_eq!(run.env("TERM").as_deref(), Some("dumb"));
     assert!(run.env("PATH").is_some(), "PATH is on the allow-list");
-    assert_eq!(
-        run.env("ACP_E2E_CANARY"),
-        None,
-        "the bridge's environment leaked into the CLI"
-    );
-    assert_eq!(
-        run.env("AMP_API_KEY"),
-        None,
-        "Amp's credential leaked into OpenCode"
-    );
-    assert_eq!(
-        run.env("ACP_SANDBOX_OPENCODE_BIN"),
-        None,
-        "the bridge's own settings leaked into the CLI"
-    );
+    assert_eq!(run.env("ACP_E2E_CANARY"), None, "the bridge's environment leaked into the CLI");
+    assert_eq!(run.env("ACP_SANDBOX_OPENCODE_BIN"), None, "the bridge's own settings leaked into the CLI");
     let home = run.env("HOME").expect("HOME is set for the CLI");
-    assert_ne!(
-        Some(home.clone()),
-        std::env::var("HOME").ok(),
-        "HOME must be the session's state dir"
-    );
+    assert_ne!(Some(home.clone()), std::env::var("HOME").ok(), "HOME must be the session's state dir");
     assert!(Path::new(&home).is_absolute(), "HOME={home}");
+}
+
+#[test]
+fn opencode_does_not_receive_the_amp_key() {
+    let dirs = TestDirs::new("no-amp-key-for-opencode");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    let run = &invocations(&ws)[0];
+    assert_eq!(run.env("AMP_API_KEY"), None, "Amp's credential leaked into OpenCode");
 }
 
 #[test]
 fn model_flag_is_passed_to_the_cli() {
     let dirs = TestDirs::new("model");
     let ws = dirs.workspace("ws");
-    let mut bridge = Bridge::start(
-        BridgeOptions::new("opencode", &dirs.data)
-            .arg("--model")
-            .arg("fake/fake-model"),
-    );
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data).arg("--model").arg("fake/fake-model"));
     let sid = bridge.new_session(&ws);
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
-    assert_eq!(
-        invocations(&ws)[0].flag_value("--model").as_deref(),
-        Some("fake/fake-model")
-    );
+    assert_eq!(invocations(&ws)[0].flag_value("--model").as_deref(), Some("fake/fake-model"));
 }
 
 #[test]
@@ -210,28 +166,12 @@ fn tool_use_streams_tool_calls_before_their_updates() {
     let ws = dirs.workspace("ws");
     let mut bridge = opencode_bridge(&dirs);
     let sid = bridge.new_session(&ws);
-    let turn = bridge.prompt(
-        &sid,
-        "SCENARIO:tools Write hello.txt, cat it with bash, then read it",
-    );
+    let turn = bridge.prompt(&sid, "SCENARIO:tools Write hello.txt, cat it with bash, then read it");
     assert_eq!(turn.stop_reason(), "end_turn");
-    let tool_calls = turn
-        .updates
-        .iter()
-        .filter(|u| u["sessionUpdate"] == "tool_call")
-        .count();
-    assert_eq!(
-        tool_calls,
-        3,
-        "write, bash and read: {:?}",
-        kinds(&turn.updates)
-    );
+    let tool_calls = turn.updates.iter().filter(|u| u["sessionUpdate"] == "tool_call").count();
+    assert_eq!(tool_calls, 3, "write, bash and read: {:?}", kinds(&turn.updates));
     assert_tool_updates_follow_their_calls(&turn.updates);
-    assert!(
-        turn.agent_text().contains("Done"),
-        "the final text is streamed too: {:?}",
-        turn.updates
-    );
+    assert!(turn.agent_text().contains("Done"), "the final text is streamed too: {:?}", turn.updates);
 }
 
 #[test]
@@ -242,11 +182,7 @@ fn todo_list_becomes_a_plan() {
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "SCENARIO:todo Plan the work");
     assert_eq!(turn.stop_reason(), "end_turn");
-    assert!(
-        kinds(&turn.updates).contains(&"plan".to_string()),
-        "{:?}",
-        kinds(&turn.updates)
-    );
+    assert!(kinds(&turn.updates).contains(&"plan".to_string()), "{:?}", kinds(&turn.updates));
 }
 
 #[test]
@@ -257,18 +193,10 @@ fn reasoning_is_streamed_as_thought_chunks_when_thinking_is_on() {
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "SCENARIO:reasoning What is 2+2?");
     assert_eq!(turn.stop_reason(), "end_turn");
-    assert!(
-        turn.agent_text().contains("2 + 2 = 4."),
-        "{:?}",
-        turn.updates
-    );
+    assert!(turn.agent_text().contains("2 + 2 = 4."), "{:?}", turn.updates);
     if invocations(&ws)[0].has_flag("--thinking") {
         let thoughts = text_of(&turn.updates, "agent_thought_chunk");
-        assert!(
-            thoughts.contains("Let me think about this."),
-            "{:?}",
-            turn.updates
-        );
+        assert!(thoughts.contains("Let me think about this."), "{:?}", turn.updates);
     }
 }
 
@@ -280,11 +208,7 @@ fn non_json_lines_from_the_cli_are_skipped() {
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "SCENARIO:garbage Say hello");
     assert_eq!(turn.stop_reason(), "end_turn");
-    assert!(
-        turn.agent_text().contains(TEXT_ANSWER),
-        "{:?}",
-        turn.updates
-    );
+    assert!(turn.agent_text().contains(TEXT_ANSWER), "{:?}", turn.updates);
 }
 
 #[test]
@@ -293,34 +217,51 @@ fn second_prompt_during_a_running_turn_gets_a_clear_error() {
     let ws = dirs.workspace("ws");
     let mut bridge = opencode_bridge(&dirs);
     let sid = bridge.new_session(&ws);
-    let first = bridge.send_prompt(
-        &sid,
-        "SCENARIO:slow FAKE_COUNT=200 FAKE_DELAY_MS=100 stream for a while",
-    );
+    let first = bridge.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=200 FAKE_DELAY_MS=100 stream for a while");
     let _guard = KillOnDrop(wait_invocations(&ws, 1)[0].pid());
-    bridge.wait_update(&sid, "the first streamed chunk", |u| {
-        u["sessionUpdate"] == "agent_message_chunk"
-    });
+    bridge.wait_update(&sid, "the first streamed chunk", |u| u["sessionUpdate"] == "agent_message_chunk");
 
     let second = bridge.send_request(
         "session/prompt",
         json!({"sessionId": sid, "prompt": [{"type": "text", "text": "SCENARIO:text interrupting"}]}),
     );
-    let error = bridge
-        .wait_response(second)
-        .expect_err("a 2nd prompt while a turn runs must be rejected");
-    assert!(
-        !error.message.trim().is_empty(),
-        "the error must say why: {error}"
-    );
+    let error = bridge.wait_response(second).expect_err("a 2nd prompt while a turn runs must be rejected");
+    assert!(!error.message.trim().is_empty(), "the error must say why: {error}");
     eprintln!("second prompt during a turn: {error}");
 
     bridge.cancel(&sid);
     let first = bridge.finish_turn(&sid, first);
     assert_eq!(first.stop_reason(), "cancelled");
-    assert_eq!(
-        invocations(&ws).len(),
-        1,
-        "the rejected prompt must not start the CLI"
-    );
+    assert_eq!(invocations(&ws).len(), 1, "the rejected prompt must not start the CLI");
+}
+
+#[test]
+fn edit_shows_a_diff_of_the_file_in_the_workspace() {
+    let dirs = TestDirs::new("edit");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:edit Change hello.txt");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    let diffs: Vec<&Value> =
+        turn.updates.iter().filter_map(|u| u["content"].as_array()).flatten().filter(|c| c["type"] == "diff").collect();
+    assert!(!diffs.is_empty(), "no diff content: {:?}", turn.updates);
+    let expected = ws.join("hello.txt");
+    for diff in diffs {
+        assert_eq!(diff["path"].as_str().map(Path::new), Some(expected.as_path()), "{diff}");
+        assert!(diff["newText"].as_str().unwrap_or_default().contains("hello EDITED by fake model"), "{diff}");
+    }
+}
+
+#[test]
+fn silent_cli_is_ended_after_the_idle_timeout() {
+    let dirs = TestDirs::new("idle");
+    let ws = dirs.workspace("ws");
+    let options = BridgeOptions::new("opencode", &dirs.data).env("ACP_SANDBOX_IDLE_TIMEOUT", "1");
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:hang say nothing");
+    eprintln!("a silent CLI ends the turn with: {:?}", turn.result);
+    assert_no_processes_under(&ws, "after the idle timeout");
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session works afterwards");
 }

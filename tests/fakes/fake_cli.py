@@ -3,7 +3,7 @@
 
 Usage: fake_cli.py opencode|amp ARGS...   (normally through the `opencode` / `amp` wrappers next to this file)
 
-It behaves like the real CLI as far as the bridge can tell (see /work/shared/research/CLIS.md):
+It behaves like the real CLI as far as the bridge can tell (see the project research notes on the CLIs, CLIS.md):
   * parses the real command line and rejects unknown flags (exit 1, `Error: ...` on stderr);
   * reads the prompt from stdin to EOF (OpenCode hangs on an open pipe; Amp gives up after 30 s);
   * picks a scenario from a `SCENARIO:<name>` marker in the prompt (default: a plain text answer) and replays the

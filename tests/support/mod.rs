@@ -29,14 +29,12 @@ pub const RECV_TIMEOUT: Duration = Duration::from_secs(20);
 /// Upper bound for a whole request (a turn may stream for longer than one receive timeout).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The bridge binary under test.
+/// The bridge binary under test: `ACP_SANDBOX_E2E_BIN` if set (e.g. an installed build), else cargo's build.
 pub fn bridge_bin() -> PathBuf {
-    match option_env!("CARGO_BIN_EXE_acp-sandbox") {
-        Some(path) => PathBuf::from(path),
-        None => panic!(
-            "cargo did not build the acp-sandbox binary for the tests (is src/main.rs there?)"
-        ),
+    if let Some(path) = std::env::var_os("ACP_SANDBOX_E2E_BIN") {
+        return PathBuf::from(path);
     }
+    PathBuf::from(env!("CARGO_BIN_EXE_acp-sandbox"))
 }
 
 /// The directory with the fake `opencode` and `amp` executables.
@@ -48,10 +46,7 @@ pub fn fakes_dir() -> PathBuf {
 /// the bubblewrap sandbox, whose `/tmp` is a private tmpfs.
 pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
     std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).expect("create CARGO_TARGET_TMPDIR");
-    tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("create a temp dir")
+    tempfile::Builder::new().prefix(prefix).tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("create a temp dir")
 }
 
 /// The directories of one test: a data dir for the bridge and workspaces for its sessions.
@@ -77,6 +72,36 @@ impl TestDirs {
 
     pub fn root(&self) -> &Path {
         self.root.path()
+    }
+}
+
+impl Drop for TestDirs {
+    /// Whatever a test leaves running (a fake CLI the bridge failed to kill, its grandchild) is killed here, so
+    /// a failing test never leaks processes. Only processes that still look like ours are touched.
+    fn drop(&mut self) {
+        for (pid, cmdline) in processes_under(self.root.path()) {
+            if cmdline.contains("fake_cli.py") || cmdline.starts_with("sleep 1000") {
+                kill_if_cmdline_contains(pid, &cmdline);
+            }
+        }
+        let Ok(entries) = std::fs::read_dir(self.root.path()) else {
+            return;
+        };
+        for workspace in entries.flatten().map(|e| e.path()) {
+            for run in invocations(&workspace) {
+                kill_if_cmdline_contains(run.pid(), "fake_cli.py");
+            }
+            if let Ok(pid) = std::fs::read_to_string(workspace.join(".fake-cli/child.pid")) {
+                kill_if_cmdline_contains(pid.trim().parse().unwrap_or(0), "sleep");
+            }
+        }
+    }
+}
+
+fn kill_if_cmdline_contains(pid: i32, needle: &str) {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if pid > 0 && String::from_utf8_lossy(&cmdline).contains(needle) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     }
 }
 
@@ -108,25 +133,12 @@ impl BridgeOptions {
             data_dir: data_dir.to_path_buf(),
             args: vec![],
             env: vec![
-                (
-                    "ACP_SANDBOX_OPENCODE_BIN".into(),
-                    fakes.join("opencode").display().to_string(),
-                ),
-                (
-                    "ACP_SANDBOX_AMP_BIN".into(),
-                    fakes.join("amp").display().to_string(),
-                ),
+                ("ACP_SANDBOX_OPENCODE_BIN".into(), fakes.join("opencode").display().to_string()),
+                ("ACP_SANDBOX_AMP_BIN".into(), fakes.join("amp").display().to_string()),
                 ("AMP_API_KEY".into(), FAKE_AMP_KEY.into()),
-                (
-                    "RUST_LOG".into(),
-                    std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()),
-                ),
+                ("RUST_LOG".into(), std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into())),
             ],
-            env_remove: vec![
-                "ACP_SANDBOX_AGENT".into(),
-                "ACP_SANDBOX_SANDBOX".into(),
-                "ACP_SANDBOX_DATA_DIR".into(),
-            ],
+            env_remove: vec!["ACP_SANDBOX_AGENT".into(), "ACP_SANDBOX_SANDBOX".into(), "ACP_SANDBOX_DATA_DIR".into()],
             serve_subcommand: false,
             config_via_env: false,
         }
@@ -194,10 +206,7 @@ impl Turn {
     /// The stop reason, failing the test with the error if the prompt failed.
     pub fn stop_reason(&self) -> String {
         match &self.result {
-            Ok(result) => result["stopReason"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
+            Ok(result) => result["stopReason"].as_str().unwrap_or_default().to_string(),
             Err(e) => panic!("the prompt failed: {e}"),
         }
     }
@@ -209,19 +218,12 @@ impl Turn {
 
 /// The concatenated text of every update of `kind` (e.g. `agent_message_chunk`).
 pub fn text_of(updates: &[Value], kind: &str) -> String {
-    updates
-        .iter()
-        .filter(|u| u["sessionUpdate"] == kind)
-        .filter_map(|u| u["content"]["text"].as_str())
-        .collect()
+    updates.iter().filter(|u| u["sessionUpdate"] == kind).filter_map(|u| u["content"]["text"].as_str()).collect()
 }
 
 /// The `sessionUpdate` kinds of `updates`, in order.
 pub fn kinds(updates: &[Value]) -> Vec<String> {
-    updates
-        .iter()
-        .map(|u| u["sessionUpdate"].as_str().unwrap_or("?").to_string())
-        .collect()
+    updates.iter().map(|u| u["sessionUpdate"].as_str().unwrap_or("?").to_string()).collect()
 }
 
 enum Line {
@@ -274,11 +276,7 @@ impl Bridge {
                 .arg("--data-dir")
                 .arg(&options.data_dir);
         }
-        command
-            .args(&options.args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        command.args(&options.args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         for (key, value) in &options.env {
             command.env(key, value);
         }
@@ -360,23 +358,12 @@ impl Bridge {
     /// Fails the test with `message`, the last messages received and the bridge's stderr tail.
     pub fn fail(&self, message: &str) -> ! {
         let stderr = self.stderr();
-        let tail: String = stderr
-            .lines()
-            .rev()
-            .take(60)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join("\n");
+        let tail: String =
+            stderr.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
         let recent: Vec<&String> = self.transcript.iter().rev().take(15).rev().collect();
         panic!(
             "{message}\n--- last messages from the bridge ---\n{}\n--- bridge stderr (tail) ---\n{tail}",
-            recent
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join("\n")
+            recent.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
         );
     }
 
@@ -385,10 +372,7 @@ impl Bridge {
     /// Writes one raw line (a newline is appended).
     pub fn send_raw(&mut self, line: &str) {
         let stdin = self.stdin.as_mut().expect("stdin already closed");
-        let ok = stdin
-            .write_all(line.as_bytes())
-            .and_then(|_| stdin.write_all(b"\n"))
-            .and_then(|_| stdin.flush());
+        let ok = stdin.write_all(line.as_bytes()).and_then(|_| stdin.write_all(b"\n")).and_then(|_| stdin.flush());
         if let Err(e) = ok {
             self.fail(&format!("writing to the bridge's stdin failed: {e}"));
         }
@@ -431,11 +415,10 @@ impl Bridge {
                 return response;
             }
             if Instant::now() > deadline {
-                self.fail(&format!(
-                    "no response to request {id} within {REQUEST_TIMEOUT:?}"
-                ));
+                self.fail(&format!("no response to request {id} within {REQUEST_TIMEOUT:?}"));
             }
-            self.pump(RECV_TIMEOUT);
+            let method = self.pending.get(&id).cloned().unwrap_or_default();
+            self.pump_or_fail(&format!("the response to {method} (id {id})"));
         }
     }
 
@@ -463,9 +446,7 @@ impl Bridge {
     /// Like [`Bridge::pump`], failing the test on timeout.
     fn pump_or_fail(&mut self, what: &str) {
         if !self.pump(RECV_TIMEOUT) {
-            self.fail(&format!(
-                "timed out after {RECV_TIMEOUT:?} waiting for {what}"
-            ));
+            self.fail(&format!("the bridge sent nothing for {RECV_TIMEOUT:?} while we waited for {what}"));
         }
     }
 
@@ -475,15 +456,11 @@ impl Bridge {
         let trimmed = line.strip_suffix('\n').unwrap_or(&line).to_string();
         self.transcript.push(trimmed.clone());
         if !line.ends_with('\n') {
-            self.fail(&format!(
-                "the bridge wrote a line without a newline before closing stdout: {trimmed:?}"
-            ));
+            self.fail(&format!("the bridge wrote a line without a newline before closing stdout: {trimmed:?}"));
         }
         let message: Value = match serde_json::from_str(&trimmed) {
             Ok(v) => v,
-            Err(e) => self.fail(&format!(
-                "the bridge wrote a non-JSON line to stdout ({e}): {trimmed:?}"
-            )),
+            Err(e) => self.fail(&format!("the bridge wrote a non-JSON line to stdout ({e}): {trimmed:?}")),
         };
         if message.get("jsonrpc") != Some(&json!("2.0")) {
             self.fail(&format!("not a JSON-RPC 2.0 message: {trimmed}"));
@@ -496,12 +473,12 @@ impl Bridge {
 
         if let Some(method) = message.get("method").and_then(Value::as_str) {
             if message.get("id").is_some() {
-                self.fail(&format!("unexpected request from the bridge (the tests grant no client capabilities): {trimmed}"));
+                self.fail(&format!(
+                    "unexpected request from the bridge (the tests grant no client capabilities): {trimmed}"
+                ));
             }
             if method != "session/update" {
-                self.fail(&format!(
-                    "unexpected notification from the bridge: {trimmed}"
-                ));
+                self.fail(&format!("unexpected notification from the bridge: {trimmed}"));
             }
             let params = message.get("params").cloned().unwrap_or(Value::Null);
             check(self, "SessionNotification", &params);
@@ -512,9 +489,7 @@ impl Bridge {
         let has_result = message.get("result").is_some();
         let has_error = message.get("error").is_some();
         if has_result == has_error {
-            self.fail(&format!(
-                "a response must have exactly one of result and error: {trimmed}"
-            ));
+            self.fail(&format!("a response must have exactly one of result and error: {trimmed}"));
         }
         let outcome = if has_error {
             let error = &message["error"];
@@ -529,9 +504,7 @@ impl Bridge {
         };
         match message.get("id") {
             Some(Value::Null) if has_error => self.null_id_errors.push_back(outcome.unwrap_err()),
-            Some(Value::Number(n))
-                if n.as_i64().is_some_and(|id| self.pending.contains_key(&id)) =>
-            {
+            Some(Value::Number(n)) if n.as_i64().is_some_and(|id| self.pending.contains_key(&id)) => {
                 let id = n.as_i64().unwrap();
                 let method = self.pending.remove(&id).unwrap();
                 if let (Ok(result), Some(schema)) = (&outcome, schema::response_schema(&method)) {
@@ -559,19 +532,10 @@ impl Bridge {
 
     /// Waits until an update of `session_id` satisfies `pred`; returns it. Earlier updates of the session are
     /// consumed; updates of other sessions stay buffered.
-    pub fn wait_update(
-        &mut self,
-        session_id: &str,
-        what: &str,
-        pred: impl Fn(&Value) -> bool,
-    ) -> Value {
+    pub fn wait_update(&mut self, session_id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         loop {
-            while let Some(pos) = self
-                .updates
-                .iter()
-                .position(|n| n["sessionId"] == session_id)
-            {
+            while let Some(pos) = self.updates.iter().position(|n| n["sessionId"] == session_id) {
                 let update = self.updates.remove(pos).unwrap()["update"].clone();
                 if pred(&update) {
                     return update;
@@ -611,19 +575,13 @@ impl Bridge {
 
     pub fn send_prompt_blocks(&mut self, session_id: &str, blocks: Vec<Value>) -> i64 {
         self.take_updates(session_id);
-        self.send_request(
-            "session/prompt",
-            json!({"sessionId": session_id, "prompt": blocks}),
-        )
+        self.send_request("session/prompt", json!({"sessionId": session_id, "prompt": blocks}))
     }
 
     /// Waits for the answer to a prompt sent with [`Bridge::send_prompt`], with the session's updates.
     pub fn finish_turn(&mut self, session_id: &str, id: i64) -> Turn {
         let result = self.wait_response(id);
-        Turn {
-            result,
-            updates: self.take_updates(session_id),
-        }
+        Turn { result, updates: self.take_updates(session_id) }
     }
 
     /// A whole turn: one text block in, the updates and the answer out.
@@ -635,14 +593,8 @@ impl Bridge {
     /// `session/load`: the updates replayed before the answer, and the answer.
     pub fn load_session(&mut self, session_id: &str, cwd: &Path) -> Turn {
         self.take_updates(session_id);
-        let result = self.request(
-            "session/load",
-            json!({"sessionId": session_id, "cwd": cwd, "mcpServers": []}),
-        );
-        Turn {
-            result,
-            updates: self.take_updates(session_id),
-        }
+        let result = self.request("session/load", json!({"sessionId": session_id, "cwd": cwd, "mcpServers": []}));
+        Turn { result, updates: self.take_updates(session_id) }
     }
 
     pub fn cancel(&mut self, session_id: &str) {
@@ -680,10 +632,7 @@ impl Bridge {
     pub fn drain_stdout(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         while !self.stdout_closed && Instant::now() < deadline {
-            match self
-                .lines
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            {
+            match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(Line::Stdout(line)) => self.accept(line),
                 Ok(Line::Eof) | Err(RecvTimeoutError::Disconnected) => self.stdout_closed = true,
                 Err(RecvTimeoutError::Timeout) => break,
@@ -709,20 +658,13 @@ pub struct Invocation(pub Value);
 
 impl Invocation {
     pub fn argv(&self) -> Vec<String> {
-        self.0["argv"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap().to_string())
-            .collect()
+        self.0["argv"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect()
     }
 
     /// The value following `flag` in argv, if the flag is there.
     pub fn flag_value(&self, flag: &str) -> Option<String> {
         let argv = self.argv();
-        argv.iter()
-            .position(|a| a == flag)
-            .and_then(|i| argv.get(i + 1).cloned())
+        argv.iter().position(|a| a == flag).and_then(|i| argv.get(i + 1).cloned())
     }
 
     pub fn has_flag(&self, flag: &str) -> bool {
@@ -733,9 +675,12 @@ impl Invocation {
     pub fn stdin(&self) -> Vec<u8> {
         use base64::Engine;
         let b64 = self.0["stdin_b64"].as_str().expect("stdin was read");
-        base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .unwrap()
+        base64::engine::general_purpose::STANDARD.decode(b64).unwrap()
+    }
+
+    /// stdin as text (lossy), for readable assertions.
+    pub fn stdin_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdin()).into_owned()
     }
 
     pub fn env(&self, key: &str) -> Option<String> {
@@ -764,10 +709,9 @@ impl Invocation {
 pub fn invocations(workspace: &Path) -> Vec<Invocation> {
     let path = workspace.join(".fake-cli/invocations.jsonl");
     match std::fs::read_to_string(&path) {
-        Ok(text) => text
-            .lines()
-            .map(|l| Invocation(serde_json::from_str(l).expect("invocation record is JSON")))
-            .collect(),
+        Ok(text) => {
+            text.lines().map(|l| Invocation(serde_json::from_str(l).expect("invocation record is JSON"))).collect()
+        }
         Err(_) => vec![],
     }
 }
@@ -778,12 +722,7 @@ pub fn invocations(workspace: &Path) -> Vec<Invocation> {
 pub fn wait_invocations(workspace: &Path, count: usize) -> Vec<Invocation> {
     let found = wait_until(RECV_TIMEOUT, || invocations(workspace).len() >= count);
     let runs = invocations(workspace);
-    assert!(
-        found,
-        "expected {count} fake CLI runs in {}, found {}",
-        workspace.display(),
-        runs.len()
-    );
+    assert!(found, "expected {count} fake CLI runs in {}, found {}", workspace.display(), runs.len());
     runs
 }
 
@@ -806,13 +745,33 @@ pub fn pid_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
             // The state follows the parenthesised command name, which may itself contain spaces or parens.
-            let state = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
             !matches!(state, Some('Z') | Some('X') | None)
         }
         Err(_) => false,
     }
+}
+
+/// Live processes whose working directory is `dir` or below: what is left of the turns run there. Works for
+/// sandboxed CLIs too, whose pids inside their PID namespace mean nothing out here.
+pub fn processes_under(dir: &Path) -> Vec<(i32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return vec![] };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir)))
+        .filter(|&pid| pid_alive(pid))
+        .map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            (pid, String::from_utf8_lossy(&cmdline).replace('\0', " ").trim().to_string())
+        })
+        .collect()
+}
+
+/// Asserts that no process is left running in `dir` (waiting up to 5 s for them to go).
+pub fn assert_no_processes_under(dir: &Path, when: &str) {
+    let gone = wait_until(Duration::from_secs(5), || processes_under(dir).is_empty());
+    assert!(gone, "processes left running in {} {when}: {:?}", dir.display(), processes_under(dir));
 }
 
 /// Kills `pid` with SIGKILL when dropped, so a test that fails never leaks the processes it started.
@@ -821,10 +780,7 @@ pub struct KillOnDrop(pub i32);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if self.0 > 0 && pid_alive(self.0) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(self.0),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0), nix::sys::signal::Signal::SIGKILL);
         }
     }
 }

@@ -77,9 +77,8 @@ impl Schemas {
                 .into_iter()
                 .map(|(name, _)| {
                     let path = schema_dir().join(format!("{name}.json"));
-                    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-                        panic!("read {}: {e} (run with UPDATE_SCHEMAS=1)", path.display())
-                    });
+                    let text = std::fs::read_to_string(&path)
+                        .unwrap_or_else(|e| panic!("read {}: {e} (run with UPDATE_SCHEMAS=1)", path.display()));
                     let schema: Value = serde_json::from_str(&text).expect("schema file is JSON");
                     let validator = jsonschema::validator_for(&schema)
                         .unwrap_or_else(|e| panic!("compile {}: {e}", path.display()));
@@ -92,18 +91,9 @@ impl Schemas {
 
     /// Checks `instance` against the schema `name`, describing every violation on failure.
     pub fn validate(&self, name: &str, instance: &Value) -> Result<(), String> {
-        let validator = self
-            .validators
-            .get(name)
-            .unwrap_or_else(|| panic!("no schema named {name}"));
-        let errors: Vec<String> = validator
-            .iter_errors(instance)
-            .map(|e| format!("{} at {}", e, e.instance_path()))
-            .collect();
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("does not match {name}: {}", errors.join("; ")))
-        }
+        let validator = self.validators.get(name).unwrap_or_else(|| panic!("no schema named {name}"));
+        let errors: Vec<String> =
+            validator.iter_errors(instance).map(|e| format!("{} at {}", e, e.instance_path())).collect();
+        if errors.is_empty() { Ok(()) } else { Err(format!("does not match {name}: {}", errors.join("; "))) }
     }
 }

@@ -44,9 +44,9 @@ impl Event {
     /// The thread id the line carries, if any.
     pub fn session_id(&self) -> Option<&str> {
         match self {
-            Event::System { session_id, .. }
-            | Event::User { session_id, .. }
-            | Event::Assistant { session_id, .. } => session_id.as_deref(),
+            Event::System { session_id, .. } | Event::User { session_id, .. } | Event::Assistant { session_id, .. } => {
+                session_id.as_deref()
+            }
             Event::Result(result) => result.session_id.as_deref(),
             Event::Unknown => None,
         }

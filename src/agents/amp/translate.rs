@@ -4,15 +4,14 @@
 //! each `user.tool_result` closes the matching card. Tools still open when the stream ends are failed.
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, MessageId, SessionUpdate, ToolCallContent, ToolCallStatus,
-    ToolKind, UsageUpdate,
+    ContentBlock, ContentChunk, MessageId, SessionUpdate, ToolCallContent, ToolCallStatus, ToolKind, UsageUpdate,
 };
 use serde_json::Value;
 
 use super::events::{AssistantMessage, Block, Event, MessageContent, RunResult};
 use crate::agents::tools::{
-    ToolStart, abandon_tool, cap, diff_content, error_content, fence, finish_shell, finish_tool,
-    location, one_line, plan_from_todos, shown_dir, str_field, text_content, unparsed,
+    ToolStart, abandon_tool, cap, diff_content, error_content, fence, finish_shell, finish_tool, location, one_line,
+    plan_from_todos, shown_dir, str_field, text_content, unparsed,
 };
 use crate::agents::{Output, TranslateContext, Translator, TurnEnd};
 
@@ -35,7 +34,7 @@ pub struct AmpTranslator {
     /// Open tool cards, in the order they were opened so `finish` is deterministic.
     open: Vec<OpenTool>,
     /// Todo tools shown as a plan only, whose results are therefore not tool updates.
-    todo_ids: Vec<String>,
+    todo_ids: Vec<(String, String)>,
     /// The stop reason of the last assistant message: `result` says success even after `max_tokens`.
     last_stop_reason: Option<String>,
     /// The last turn end reported, so the `result` does not repeat it.
@@ -58,9 +57,7 @@ impl AmpTranslator {
 
     fn assistant(&mut self, message: AssistantMessage) -> Vec<Output> {
         self.messages += 1;
-        let message_id = message
-            .id
-            .unwrap_or_else(|| format!("amp-msg-{}", self.messages));
+        let message_id = message.id.unwrap_or_else(|| format!("amp-msg-{}{}", self.context.turn_key, self.messages));
         let blocks = match message.content {
             MessageContent::Text(text) => vec![Block::Text { text }],
             MessageContent::Blocks(blocks) => blocks,
@@ -69,18 +66,16 @@ impl AmpTranslator {
         for block in blocks {
             match block {
                 Block::Text { text } if !text.is_empty() => {
-                    let chunk = ContentChunk::new(ContentBlock::from(text))
-                        .message_id(MessageId::new(message_id.as_str()));
+                    let chunk =
+                        ContentChunk::new(ContentBlock::from(text)).message_id(MessageId::new(message_id.as_str()));
                     outputs.push(Output::Update(SessionUpdate::AgentMessageChunk(chunk)));
                 }
                 Block::Thinking { thinking } if !thinking.is_empty() => {
-                    let chunk = ContentChunk::new(ContentBlock::from(thinking))
-                        .message_id(MessageId::new(message_id.as_str()));
+                    let chunk =
+                        ContentChunk::new(ContentBlock::from(thinking)).message_id(MessageId::new(message_id.as_str()));
                     outputs.push(Output::Update(SessionUpdate::AgentThoughtChunk(chunk)));
                 }
-                Block::ToolUse { id, name, input } => {
-                    outputs.extend(self.tool_use(id, name, input))
-                }
+                Block::ToolUse { id, name, input } => outputs.extend(self.tool_use(id, name, input)),
                 // Tool results never come from the assistant; redacted thinking and images have nothing to show.
                 _ => {}
             }
@@ -114,23 +109,20 @@ impl AmpTranslator {
     fn tool_use(&mut self, id: String, name: String, input: Value) -> Vec<Output> {
         let lower = name.to_ascii_lowercase();
         if matches!(lower.as_str(), "todo_write" | "todowrite") {
-            self.todo_ids.push(id);
-            return plan_from_todos(&input)
-                .map(Output::Update)
-                .into_iter()
-                .collect();
+            self.todo_ids.push((id, name));
+            return plan_from_todos(&input).map(Output::Update).into_iter().collect();
         }
         if matches!(lower.as_str(), "todo_read" | "todoread") {
-            self.todo_ids.push(id);
+            self.todo_ids.push((id, name));
             return Vec::new();
         }
         let start = classify(&self.context, &name, &input);
         let update = start.to_update(&self.context, &id, input);
         // A repeated id refines the open card instead of opening a second one, which Zed would reject.
         let update = match (self.open.iter().any(|tool| tool.id == id), update) {
-            (true, SessionUpdate::ToolCall(call)) => SessionUpdate::ToolCallUpdate(
-                agent_client_protocol::v1::schema::ToolCallUpdate::from(call),
-            ),
+            (true, SessionUpdate::ToolCall(call)) => {
+                SessionUpdate::ToolCallUpdate(agent_client_protocol::v1::schema::ToolCallUpdate::from(call))
+            }
             (_, update) => {
                 self.open.push(OpenTool {
                     id,
@@ -152,22 +144,15 @@ impl AmpTranslator {
             _ => Value::String(text.clone()),
         };
 
-        if let Some(index) = self.todo_ids.iter().position(|todo| *todo == id) {
-            let todo = self.todo_ids.remove(index);
+        if let Some(index) = self.todo_ids.iter().position(|(todo, _)| *todo == id) {
+            let (todo, name) = self.todo_ids.remove(index);
             if !is_error {
                 // `todo_read` answers with the list: worth showing as the plan too.
-                return plan_from_todos(&raw_output)
-                    .map(Output::Update)
-                    .into_iter()
-                    .collect();
+                return plan_from_todos(&raw_output).map(Output::Update).into_iter().collect();
             }
             // A failed todo update would vanish without a card to carry its error.
-            let start = ToolStart::new("todo_write", "Update the plan", ToolKind::Think);
-            let mut outputs = vec![Output::Update(start.to_update(
-                &self.context,
-                &todo,
-                Value::Null,
-            ))];
+            let start = ToolStart::new(&name, "Update the plan", ToolKind::Think);
+            let mut outputs = vec![Output::Update(start.to_update(&self.context, &todo, Value::Null))];
             outputs.push(Output::Update(finish_tool(
                 &todo,
                 ToolCallStatus::Failed,
@@ -183,60 +168,25 @@ impl AmpTranslator {
             None => {
                 // A result whose tool_use we never saw: open a card for it so the editor, which rejects
                 // updates for unknown ids, still shows the result.
-                let start = ToolStart::new("unknown", "Tool result", ToolKind::Other);
-                outputs.push(Output::Update(start.to_update(
-                    &self.context,
-                    &id,
-                    Value::Null,
-                )));
-                OpenTool {
-                    id,
-                    name: String::new(),
-                    kind: ToolKind::Other,
-                    shell: false,
-                    has_diff: false,
-                }
+                let start = ToolStart::new("", "Tool result", ToolKind::Other);
+                outputs.push(Output::Update(start.to_update(&self.context, &id, Value::Null)));
+                OpenTool { id, name: String::new(), kind: ToolKind::Other, shell: false, has_diff: false }
             }
         };
 
         let updates = if tool.shell {
             // Bash answers `{"output", "exitCode"}`; an error result is plain text.
             let fallback = if is_error { text.as_str() } else { "" };
-            let output = raw_output
-                .get("output")
-                .and_then(Value::as_str)
-                .unwrap_or(fallback)
-                .to_string();
+            let output = raw_output.get("output").and_then(Value::as_str).unwrap_or(fallback).to_string();
             let exit = raw_output.get("exitCode").and_then(Value::as_i64);
             let ok = !is_error && exit.is_none_or(|code| code == 0);
-            let status = if ok {
-                ToolCallStatus::Completed
-            } else {
-                ToolCallStatus::Failed
-            };
-            finish_shell(
-                &self.context,
-                &tool.id,
-                &output,
-                exit,
-                status,
-                Some(raw_output),
-            )
+            let status = if ok { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
+            finish_shell(&self.context, &tool.id, &output, exit, status, Some(raw_output))
         } else if is_error {
-            vec![finish_tool(
-                &tool.id,
-                ToolCallStatus::Failed,
-                Some(error_content(&text)),
-                Some(raw_output),
-            )]
+            vec![finish_tool(&tool.id, ToolCallStatus::Failed, Some(error_content(&text)), Some(raw_output))]
         } else {
             let content = result_content(&tool, &text, &raw_output);
-            vec![finish_tool(
-                &tool.id,
-                ToolCallStatus::Completed,
-                content,
-                Some(raw_output),
-            )]
+            vec![finish_tool(&tool.id, ToolCallStatus::Completed, content, Some(raw_output))]
         };
         outputs.extend(updates.into_iter().map(Output::Update));
         outputs
@@ -267,15 +217,7 @@ pub fn error_end(message: String) -> TurnEnd {
     if lower.contains("user cancelled") || lower.contains("user canceled") {
         return TurnEnd::Cancelled;
     }
-    let auth = [
-        "api key",
-        "amp login",
-        "unauthorized",
-        "401",
-        "authentication",
-        "not logged in",
-        "log in",
-    ];
+    let auth = ["api key", "amp login", "unauthorized", "401", "authentication", "not logged in", "log in"];
     if auth.iter().any(|needle| lower.contains(needle)) {
         return TurnEnd::AuthRequired { message };
     }
@@ -289,12 +231,7 @@ fn result_text(content: &Value) -> String {
         Value::String(text) => text.clone(),
         Value::Array(blocks) => blocks
             .iter()
-            .filter_map(|block| {
-                block
-                    .get("text")
-                    .and_then(Value::as_str)
-                    .or_else(|| block.as_str())
-            })
+            .filter_map(|block| block.get("text").and_then(Value::as_str).or_else(|| block.as_str()))
             .collect::<Vec<_>>()
             .join("\n"),
         other => other.to_string(),
@@ -337,11 +274,8 @@ fn classify(context: &TranslateContext, name: &str, input: &Value) -> ToolStart 
     };
     match name.to_ascii_lowercase().as_str() {
         "bash" => {
-            let command = str_field(input, "cmd")
-                .or_else(|| str_field(input, "command"))
-                .unwrap_or(name);
-            let cwd = str_field(input, "cwd")
-                .map_or_else(|| context.workspace.clone(), |cwd| context.editor_path(cwd));
+            let command = str_field(input, "cmd").or_else(|| str_field(input, "command")).unwrap_or(name);
+            let cwd = str_field(input, "cwd").map_or_else(|| context.workspace.clone(), |cwd| context.editor_path(cwd));
             ToolStart::new(name, command, ToolKind::Execute).shell(cwd)
         }
         "read" => {
@@ -382,31 +316,20 @@ fn classify(context: &TranslateContext, name: &str, input: &Value) -> ToolStart 
         "format_file" => at(ToolKind::Edit, "Format"),
         "delete_file" => at(ToolKind::Delete, "Delete"),
         "move_file" => {
-            let from = ["from", "source", "old_path", "path"]
-                .iter()
-                .find_map(|key| str_field(input, key));
-            let to = ["to", "destination", "new_path", "target"]
-                .iter()
-                .find_map(|key| str_field(input, key));
+            let from = ["from", "source", "old_path", "path"].iter().find_map(|key| str_field(input, key));
+            let to = ["to", "destination", "new_path", "target"].iter().find_map(|key| str_field(input, key));
             let title = match (from, to) {
-                (Some(from), Some(to)) => format!(
-                    "Move {} to {}",
-                    context.display_path(from),
-                    context.display_path(to)
-                ),
+                (Some(from), Some(to)) => {
+                    format!("Move {} to {}", context.display_path(from), context.display_path(to))
+                }
                 _ => "Move file".to_string(),
             };
-            let locations = [from, to]
-                .into_iter()
-                .flatten()
-                .map(|path| location(context.editor_path(path), None))
-                .collect();
+            let locations =
+                [from, to].into_iter().flatten().map(|path| location(context.editor_path(path), None)).collect();
             ToolStart::new(name, title, ToolKind::Move).locations(locations)
         }
         "glob" => {
-            let pattern = str_field(input, "filePattern")
-                .or_else(|| str_field(input, "pattern"))
-                .unwrap_or("files");
+            let pattern = str_field(input, "filePattern").or_else(|| str_field(input, "pattern")).unwrap_or("files");
             let title = match &shown {
                 Some(path) => format!("Find {pattern} in {path}"),
                 None => format!("Find {pattern}"),
@@ -423,75 +346,42 @@ fn classify(context: &TranslateContext, name: &str, input: &Value) -> ToolStart 
         }
         "finder" => {
             let query = str_field(input, "query").unwrap_or("");
-            ToolStart::new(
-                name,
-                format!("Search: {}", one_line(query, 100)),
-                ToolKind::Search,
-            )
+            ToolStart::new(name, format!("Search: {}", one_line(query, 100)), ToolKind::Search)
         }
         "find_thread" => {
             let query = str_field(input, "query").unwrap_or("");
-            ToolStart::new(
-                name,
-                format!("Find thread: {}", one_line(query, 100)),
-                ToolKind::Search,
-            )
+            ToolStart::new(name, format!("Find thread: {}", one_line(query, 100)), ToolKind::Search)
         }
         "read_thread" => {
-            let thread = str_field(input, "threadID")
-                .or_else(|| str_field(input, "thread_id"))
-                .unwrap_or("");
-            ToolStart::new(
-                name,
-                format!("Read thread {thread}").trim_end().to_string(),
-                ToolKind::Read,
-            )
+            let thread = str_field(input, "threadID").or_else(|| str_field(input, "thread_id")).unwrap_or("");
+            ToolStart::new(name, format!("Read thread {thread}").trim_end().to_string(), ToolKind::Read)
         }
         "web_search" => {
             let query = str_field(input, "query").unwrap_or("");
-            ToolStart::new(
-                name,
-                format!("Web search: {}", one_line(query, 100)),
-                ToolKind::Fetch,
-            )
+            ToolStart::new(name, format!("Web search: {}", one_line(query, 100)), ToolKind::Fetch)
         }
         "read_web_page" => {
             let url = str_field(input, "url").unwrap_or("");
-            ToolStart::new(
-                name,
-                format!("Fetch {url}").trim_end().to_string(),
-                ToolKind::Fetch,
-            )
+            ToolStart::new(name, format!("Fetch {url}").trim_end().to_string(), ToolKind::Fetch)
         }
         "look_at" => at(ToolKind::Read, "Look at"),
         "get_diagnostics" => at(ToolKind::Read, "Diagnostics for"),
         "oracle" => subagent(name, "Oracle", input, &["task", "prompt", "query"]),
         "librarian" => subagent(name, "Librarian", input, &["query", "task", "prompt"]),
         "task" => {
-            let prompt = str_field(input, "prompt")
-                .map(|prompt| vec![text_content(cap(prompt))])
-                .unwrap_or_default();
-            let title = str_field(input, "description")
-                .map_or_else(|| "Task".to_string(), |text| one_line(text, 100));
+            let prompt = str_field(input, "prompt").map(|prompt| vec![text_content(cap(prompt))]).unwrap_or_default();
+            let title = str_field(input, "description").map_or_else(|| "Task".to_string(), |text| one_line(text, 100));
             ToolStart::new(name, title, ToolKind::Think).content(prompt)
         }
         "skill" => {
             let skill = str_field(input, "name").unwrap_or("");
-            ToolStart::new(
-                name,
-                format!("Skill: {skill}").trim_end().to_string(),
-                ToolKind::Other,
-            )
+            ToolStart::new(name, format!("Skill: {skill}").trim_end().to_string(), ToolKind::Other)
         }
         "mermaid" => ToolStart::new(name, "Diagram", ToolKind::Other),
         lower => {
             if let Some(rest) = name.strip_prefix("mcp__") {
                 let (server, tool) = rest.split_once("__").unwrap_or((rest, ""));
-                let title = if tool.is_empty() {
-                    format!("MCP: {server}")
-                } else {
-                    format!("MCP: {server}.{tool}")
-                };
+                let title = if tool.is_empty() { format!("MCP: {server}") } else { format!("MCP: {server}.{tool}") };
                 return ToolStart::new(name, title, ToolKind::Other);
             }
             if let Some(tool) = lower.strip_prefix("tb__") {
@@ -510,9 +400,7 @@ fn subagent(name: &str, label: &str, input: &Value, keys: &[&str]) -> ToolStart 
         Some(task) => format!("{label}: {}", one_line(task, 100)),
         None => label.to_string(),
     };
-    let content = task
-        .map(|task| vec![text_content(cap(task))])
-        .unwrap_or_default();
+    let content = task.map(|task| vec![text_content(cap(task))]).unwrap_or_default();
     ToolStart::new(name, title, ToolKind::Think).content(content)
 }
 
@@ -521,9 +409,7 @@ fn path_location(
     context: &TranslateContext,
     path: Option<&str>,
 ) -> Vec<agent_client_protocol::v1::schema::ToolCallLocation> {
-    path.map(|path| location(context.editor_path(path), None))
-        .into_iter()
-        .collect()
+    path.map(|path| location(context.editor_path(path), None)).into_iter().collect()
 }
 
 impl Translator for AmpTranslator {
@@ -532,10 +418,7 @@ impl Translator for AmpTranslator {
             return vec![unparsed(line)];
         };
         let mut outputs = Vec::new();
-        if let (false, Some(id)) = (
-            self.sent_session_id,
-            event.session_id().filter(|id| !id.is_empty()),
-        ) {
+        if let (false, Some(id)) = (self.sent_session_id, event.session_id().filter(|id| !id.is_empty())) {
             self.sent_session_id = true;
             outputs.push(Output::NativeSessionId { id: id.to_string() });
         }
@@ -545,12 +428,7 @@ impl Translator for AmpTranslator {
                 // Text blocks are our own prompt echoed back; only tool results are news.
                 if let MessageContent::Blocks(blocks) = message.content {
                     for block in blocks {
-                        if let Block::ToolResult {
-                            tool_use_id,
-                            content,
-                            is_error,
-                        } = block
-                        {
+                        if let Block::ToolResult { tool_use_id, content, is_error } = block {
                             outputs.extend(self.tool_result(tool_use_id, content, is_error));
                         }
                     }
@@ -572,10 +450,7 @@ impl Translator for AmpTranslator {
 
     fn finish(&mut self) -> Vec<Output> {
         let open = std::mem::take(&mut self.open);
-        open.iter()
-            .flat_map(|tool| abandon_tool(&self.context, &tool.id, tool.shell))
-            .map(Output::Update)
-            .collect()
+        open.iter().flat_map(|tool| abandon_tool(&self.context, &tool.id, tool.shell)).map(Output::Update).collect()
     }
 }
 

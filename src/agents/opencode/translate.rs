@@ -4,15 +4,14 @@
 //! so a tool becomes a `tool_call` immediately followed by its closing `tool_call_update`.
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, Cost, MessageId, SessionUpdate, ToolCallContent, ToolCallStatus,
-    ToolKind, UsageUpdate,
+    ContentBlock, ContentChunk, Cost, MessageId, SessionUpdate, ToolCallContent, ToolCallStatus, ToolKind, UsageUpdate,
 };
 use serde_json::{Value, json};
 
 use super::events::{ErrorInfo, Event, Line, StepFinishPart, TextPart, ToolPart};
 use crate::agents::tools::{
-    ToolStart, cap, diff_content, error_content, fence, finish_shell, finish_tool, first_hunk_line,
-    location, one_line, plan_from_todos, shown_dir, str_field, text_content, unparsed,
+    ToolStart, cap, diff_content, error_content, fence, finish_shell, finish_tool, first_hunk_line, location, one_line,
+    plan_from_todos, shown_dir, str_field, text_content, unparsed,
 };
 use crate::agents::{Output, TranslateContext, Translator, TurnEnd};
 
@@ -28,24 +27,16 @@ pub struct OpenCodeTranslator {
 impl OpenCodeTranslator {
     /// A translator for one turn.
     pub fn new(context: TranslateContext) -> Self {
-        Self {
-            context,
-            sent_session_id: false,
-            cost: 0.0,
-        }
+        Self { context, sent_session_id: false, cost: 0.0 }
     }
 
     fn chunk(part: TextPart, thought: bool) -> Vec<Output> {
         if part.ignored || part.text.is_empty() {
             return Vec::new();
         }
-        let chunk = ContentChunk::new(ContentBlock::from(part.text))
-            .message_id(part.message_id.map(MessageId::new));
-        let update = if thought {
-            SessionUpdate::AgentThoughtChunk(chunk)
-        } else {
-            SessionUpdate::AgentMessageChunk(chunk)
-        };
+        let chunk = ContentChunk::new(ContentBlock::from(part.text)).message_id(part.message_id.map(MessageId::new));
+        let update =
+            if thought { SessionUpdate::AgentThoughtChunk(chunk) } else { SessionUpdate::AgentMessageChunk(chunk) };
         vec![Output::Update(update)]
     }
 
@@ -77,10 +68,7 @@ impl OpenCodeTranslator {
     }
 
     fn tool(&self, part: Box<ToolPart>) -> Vec<Output> {
-        let id = part
-            .call_id
-            .or(part.id)
-            .unwrap_or_else(|| format!("opencode-{}", part.tool));
+        let id = part.call_id.or(part.id).unwrap_or_else(|| format!("opencode-{}", part.tool));
         let state = part.state;
         let failed = state.status == "error";
         let name = part.tool.to_ascii_lowercase();
@@ -88,78 +76,33 @@ impl OpenCodeTranslator {
         // Todo tools only update the plan (as claude-agent-acp does); a failing one still gets a card so its
         // error is not lost.
         if (name == "todowrite" || name == "todoread") && !failed {
-            let todos = if state.metadata.get("todos").is_some() {
-                &state.metadata
-            } else {
-                &state.input
-            };
-            let plan = plan_from_todos(todos).or_else(|| {
-                state
-                    .output
-                    .as_deref()
-                    .and_then(|output| plan_from_todos(&json!(output)))
-            });
+            let todos = if state.metadata.get("todos").is_some() { &state.metadata } else { &state.input };
+            let plan = plan_from_todos(todos)
+                .or_else(|| state.output.as_deref().and_then(|output| plan_from_todos(&json!(output))));
             return plan.map(Output::Update).into_iter().collect();
         }
 
-        let start = classify(
-            &self.context,
-            &part.tool,
-            &state.input,
-            state.title.as_deref(),
-            &state.metadata,
-        );
+        let start = classify(&self.context, &part.tool, &state.input, state.title.as_deref(), &state.metadata);
         let mut updates = vec![start.to_update(&self.context, &id, state.input.clone())];
-        let mut raw_output = if failed {
-            json!({ "error": state.error })
-        } else {
-            json!({ "output": state.output })
-        };
+        let mut raw_output = if failed { json!({ "error": state.error }) } else { json!({ "output": state.output }) };
         if !state.metadata.is_null() {
             raw_output["metadata"] = state.metadata.clone();
         }
 
         if start.shell_cwd.is_some() {
-            let output = str_field(&state.metadata, "output")
-                .or(state.output.as_deref())
-                .unwrap_or("");
-            let output = if failed && output.is_empty() {
-                state.error.as_deref().unwrap_or("")
-            } else {
-                output
-            };
+            let output = str_field(&state.metadata, "output").or(state.output.as_deref()).unwrap_or("");
+            let output = if failed && output.is_empty() { state.error.as_deref().unwrap_or("") } else { output };
             let exit = state.metadata.get("exit").and_then(Value::as_i64);
             let ok = !failed && exit.is_none_or(|code| code == 0);
-            let status = if ok {
-                ToolCallStatus::Completed
-            } else {
-                ToolCallStatus::Failed
-            };
-            updates.extend(finish_shell(
-                &self.context,
-                &id,
-                output,
-                exit,
-                status,
-                Some(raw_output),
-            ));
+            let status = if ok { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
+            updates.extend(finish_shell(&self.context, &id, output, exit, status, Some(raw_output)));
         } else if failed {
             let error = state.error.as_deref().unwrap_or("");
-            updates.push(finish_tool(
-                &id,
-                ToolCallStatus::Failed,
-                Some(error_content(error)),
-                Some(raw_output),
-            ));
+            updates.push(finish_tool(&id, ToolCallStatus::Failed, Some(error_content(error)), Some(raw_output)));
         } else {
             let output = state.output.as_deref().unwrap_or("");
             let content = result_content(&start, &name, output, &state.metadata);
-            updates.push(finish_tool(
-                &id,
-                ToolCallStatus::Completed,
-                content,
-                Some(raw_output),
-            ));
+            updates.push(finish_tool(&id, ToolCallStatus::Completed, content, Some(raw_output)));
         }
         updates.into_iter().map(Output::Update).collect()
     }
@@ -167,12 +110,7 @@ impl OpenCodeTranslator {
 
 /// The content of a completed tool: diffs stay as they are, a subagent shows its answer, anything else
 /// its output in a fence.
-fn result_content(
-    start: &ToolStart,
-    name: &str,
-    output: &str,
-    metadata: &Value,
-) -> Option<Vec<ToolCallContent>> {
+fn result_content(start: &ToolStart, name: &str, output: &str, metadata: &Value) -> Option<Vec<ToolCallContent>> {
     if start.has_diff() {
         return None;
     }
@@ -185,13 +123,8 @@ fn result_content(
     }
     // `read` wraps the file in `<path>`/`<content>` tags with line numbers for the model; the editor gets
     // the plain text OpenCode keeps for display.
-    let display = metadata
-        .get("display")
-        .filter(|display| str_field(display, "type") == Some("file"));
-    let output = display
-        .and_then(|display| display.get("text"))
-        .and_then(Value::as_str)
-        .unwrap_or(output);
+    let display = metadata.get("display").filter(|display| str_field(display, "type") == Some("file"));
+    let output = display.and_then(|display| display.get("text")).and_then(Value::as_str).unwrap_or(output);
     if output.trim().is_empty() {
         return None;
     }
@@ -214,38 +147,22 @@ pub fn task_result(output: &str) -> String {
 }
 
 /// Kind, title, locations and input-derived content of an OpenCode tool.
-fn classify(
-    context: &TranslateContext,
-    tool: &str,
-    input: &Value,
-    title: Option<&str>,
-    metadata: &Value,
-) -> ToolStart {
+fn classify(context: &TranslateContext, tool: &str, input: &Value, title: Option<&str>, metadata: &Value) -> ToolStart {
     let title = title.filter(|title| !title.trim().is_empty());
     let file = str_field(input, "filePath").or_else(|| str_field(input, "filepath"));
     let path_or = |key: &str| str_field(input, key).map(|path| shown_dir(context, path));
     match tool.to_ascii_lowercase().as_str() {
         "bash" | "shell" => {
             let command = str_field(input, "command").or_else(|| str_field(input, "cmd"));
-            let cwd = str_field(input, "workdir")
-                .map_or_else(|| context.workspace.clone(), |dir| context.editor_path(dir));
+            let cwd =
+                str_field(input, "workdir").map_or_else(|| context.workspace.clone(), |dir| context.editor_path(dir));
             ToolStart::new(tool, command.or(title).unwrap_or(tool), ToolKind::Execute).shell(cwd)
         }
         "read" => match file {
             Some(file) => {
-                let line = input
-                    .get("offset")
-                    .and_then(Value::as_u64)
-                    .filter(|line| *line > 0);
-                ToolStart::new(
-                    tool,
-                    format!("Read {}", context.display_path(file)),
-                    ToolKind::Read,
-                )
-                .locations(vec![location(
-                    context.editor_path(file),
-                    line.map(|line| line as u32),
-                )])
+                let line = input.get("offset").and_then(Value::as_u64).filter(|line| *line > 0);
+                ToolStart::new(tool, format!("Read {}", context.display_path(file)), ToolKind::Read)
+                    .locations(vec![location(context.editor_path(file), line.map(|line| line as u32))])
             }
             None => ToolStart::new(tool, title.unwrap_or("Read"), ToolKind::Read),
         },
@@ -255,13 +172,9 @@ fn classify(
                 let content = input.get("content").and_then(Value::as_str).unwrap_or("");
                 // Overwriting an existing file: OpenCode does not say what was there, so the diff shows the
                 // new content as if the file were new. Still the most useful view of what was written.
-                ToolStart::new(
-                    tool,
-                    format!("Write {}", context.display_path(file)),
-                    ToolKind::Edit,
-                )
-                .locations(vec![location(path.clone(), None)])
-                .content(vec![diff_content(path, None, cap(content))])
+                ToolStart::new(tool, format!("Write {}", context.display_path(file)), ToolKind::Edit)
+                    .locations(vec![location(path.clone(), None)])
+                    .content(vec![diff_content(path, None, cap(content))])
             }
             None => ToolStart::new(tool, title.unwrap_or("Write"), ToolKind::Edit),
         },
@@ -287,13 +200,9 @@ fn classify(
                     .and_then(|diff| str_field(diff, "patch"))
                     .or_else(|| str_field(metadata, "diff"));
                 let line = patch.and_then(first_hunk_line);
-                ToolStart::new(
-                    tool,
-                    format!("Edit {}", context.display_path(file)),
-                    ToolKind::Edit,
-                )
-                .locations(vec![location(path, line)])
-                .content(diffs)
+                ToolStart::new(tool, format!("Edit {}", context.display_path(file)), ToolKind::Edit)
+                    .locations(vec![location(path, line)])
+                    .content(diffs)
             }
             None => ToolStart::new(tool, title.unwrap_or("Edit"), ToolKind::Edit),
         },
@@ -301,26 +210,15 @@ fn classify(
             let files: Vec<String> = match metadata.get("files").and_then(Value::as_array) {
                 Some(files) => files
                     .iter()
-                    .filter_map(|file| {
-                        str_field(file, "movePath").or_else(|| str_field(file, "filePath"))
-                    })
+                    .filter_map(|file| str_field(file, "movePath").or_else(|| str_field(file, "filePath")))
                     .map(str::to_string)
                     .collect(),
                 None => patch_files(str_field(input, "patchText").unwrap_or("")),
             };
-            let shown: Vec<String> = files
-                .iter()
-                .map(|file| context.display_path(file))
-                .collect();
-            let title = if shown.is_empty() {
-                "Apply patch".to_string()
-            } else {
-                format!("Patch {}", shown.join(", "))
-            };
-            let locations = files
-                .iter()
-                .map(|file| location(context.editor_path(file), None))
-                .collect();
+            let shown: Vec<String> = files.iter().map(|file| context.display_path(file)).collect();
+            let title =
+                if shown.is_empty() { "Apply patch".to_string() } else { format!("Patch {}", shown.join(", ")) };
+            let locations = files.iter().map(|file| location(context.editor_path(file), None)).collect();
             ToolStart::new(tool, title, ToolKind::Edit).locations(locations)
         }
         "glob" => {
@@ -344,16 +242,11 @@ fn classify(
         }
         "list" | "ls" => {
             let path = path_or("path").unwrap_or_else(|| ".".to_string());
-            ToolStart::new(tool, format!("List {path}"), ToolKind::Read)
-                .locations(search_location(context, input))
+            ToolStart::new(tool, format!("List {path}"), ToolKind::Read).locations(search_location(context, input))
         }
         "codesearch" => {
             let query = str_field(input, "query").unwrap_or("");
-            ToolStart::new(
-                tool,
-                format!("Code search: {}", one_line(query, 100)),
-                ToolKind::Search,
-            )
+            ToolStart::new(tool, format!("Code search: {}", one_line(query, 100)), ToolKind::Search)
         }
         "webfetch" => {
             let url = str_field(input, "url").or(title).unwrap_or("");
@@ -361,11 +254,7 @@ fn classify(
         }
         "websearch" => {
             let query = str_field(input, "query").or(title).unwrap_or("");
-            ToolStart::new(
-                tool,
-                format!("Web search: {}", one_line(query, 100)),
-                ToolKind::Fetch,
-            )
+            ToolStart::new(tool, format!("Web search: {}", one_line(query, 100)), ToolKind::Fetch)
         }
         "task" => {
             let description = str_field(input, "description").or(title).unwrap_or("Task");
@@ -373,9 +262,7 @@ fn classify(
                 Some(agent) => format!("{description} (@{agent})"),
                 None => description.to_string(),
             };
-            let prompt = str_field(input, "prompt")
-                .map(|prompt| vec![text_content(cap(prompt))])
-                .unwrap_or_default();
+            let prompt = str_field(input, "prompt").map(|prompt| vec![text_content(cap(prompt))]).unwrap_or_default();
             ToolStart::new(tool, title, ToolKind::Think).content(prompt)
         }
         "todowrite" | "todoread" => ToolStart::new(tool, "Update the plan", ToolKind::Think),
@@ -388,14 +275,8 @@ fn classify(
                 .get("questions")
                 .and_then(Value::as_array)
                 .and_then(|questions| questions.first())
-                .and_then(|first| {
-                    str_field(first, "question").or_else(|| str_field(first, "header"))
-                });
-            ToolStart::new(
-                tool,
-                one_line(question.or(title).unwrap_or("Question"), 100),
-                ToolKind::Other,
-            )
+                .and_then(|first| str_field(first, "question").or_else(|| str_field(first, "header")));
+            ToolStart::new(tool, one_line(question.or(title).unwrap_or("Question"), 100), ToolKind::Other)
         }
         _ => ToolStart::new(tool, title.unwrap_or(tool), ToolKind::Other),
     }
@@ -406,10 +287,7 @@ fn search_location(
     context: &TranslateContext,
     input: &Value,
 ) -> Vec<agent_client_protocol::v1::schema::ToolCallLocation> {
-    str_field(input, "path")
-        .map(|path| location(context.editor_path(path), None))
-        .into_iter()
-        .collect()
+    str_field(input, "path").map(|path| location(context.editor_path(path), None)).into_iter().collect()
 }
 
 /// The files an OpenCode patch names (`*** Add File: a`, `*** Update File: b`, `*** Move to: c`…).
@@ -428,9 +306,7 @@ fn patch_files(patch: &str) -> Vec<String> {
 
 /// The turn end an OpenCode error name stands for.
 fn error_end(error: ErrorInfo) -> TurnEnd {
-    let message = str_field(&error.data, "message")
-        .map(str::to_string)
-        .unwrap_or_else(|| error.name.clone());
+    let message = str_field(&error.data, "message").map(str::to_string).unwrap_or_else(|| error.name.clone());
     match error.name.as_str() {
         "ProviderAuthError" => TurnEnd::AuthRequired { message },
         "MessageOutputLengthError" => TurnEnd::MaxTokens,
@@ -455,10 +331,7 @@ impl Translator for OpenCodeTranslator {
             return vec![unparsed(line)];
         };
         let mut outputs = Vec::new();
-        if let (false, Some(id)) = (
-            self.sent_session_id,
-            parsed.session_id.filter(|id| !id.is_empty()),
-        ) {
+        if let (false, Some(id)) = (self.sent_session_id, parsed.session_id.filter(|id| !id.is_empty())) {
             self.sent_session_id = true;
             outputs.push(Output::NativeSessionId { id });
         }

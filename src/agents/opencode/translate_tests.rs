@@ -9,20 +9,15 @@ fn context() -> TranslateContext {
         agent_workspace: "/sandbox/ws".into(),
         terminal_output: false,
         context_window: 1000,
+        turn_key: String::new(),
     }
 }
 
 fn run(lines: &[&str]) -> Vec<Value> {
     let mut translator = OpenCodeTranslator::new(context());
-    let mut outputs: Vec<Output> = lines
-        .iter()
-        .flat_map(|line| translator.line(line))
-        .collect();
+    let mut outputs: Vec<Output> = lines.iter().flat_map(|line| translator.line(line)).collect();
     outputs.extend(translator.finish());
-    outputs
-        .into_iter()
-        .map(|output| serde_json::to_value(output).unwrap_or_default())
-        .collect()
+    outputs.into_iter().map(|output| serde_json::to_value(output).unwrap_or_default()).collect()
 }
 
 #[test]
@@ -36,10 +31,7 @@ fn garbage_is_unparsed_and_never_panics() {
 
 #[test]
 fn unknown_event_types_are_ignored() {
-    assert_eq!(
-        run(&[r#"{"type":"session_status","status":"idle"}"#]),
-        Vec::<Value>::new()
-    );
+    assert_eq!(run(&[r#"{"type":"session_status","status":"idle"}"#]), Vec::<Value>::new());
 }
 
 fn tool_line(tool: &str, state: Value) -> String {
@@ -49,69 +41,33 @@ fn tool_line(tool: &str, state: Value) -> String {
 }
 
 fn error_line(name: &str, data: Value) -> String {
-    json!({"type": "error", "sessionID": "ses_1", "error": {"name": name, "data": data}})
-        .to_string()
+    json!({"type": "error", "sessionID": "ses_1", "error": {"name": name, "data": data}}).to_string()
 }
 
 #[test]
 fn native_session_id_is_reported_once() {
-    let text =
-        json!({"type": "text", "sessionID": "ses_1", "part": {"messageID": "m", "text": "hi"}})
-            .to_string();
+    let text = json!({"type": "text", "sessionID": "ses_1", "part": {"messageID": "m", "text": "hi"}}).to_string();
     let out = run(&[&text, &text]);
-    let ids: Vec<&Value> = out
-        .iter()
-        .filter(|output| output["output"] == "native_session_id")
-        .collect();
-    assert_eq!(
-        ids,
-        vec![&json!({"output": "native_session_id", "id": "ses_1"})]
-    );
+    let ids: Vec<&Value> = out.iter().filter(|output| output["output"] == "native_session_id").collect();
+    assert_eq!(ids, vec![&json!({"output": "native_session_id", "id": "ses_1"})]);
 }
 
 #[test]
 fn errors_map_by_name_and_never_to_end_turn() {
     let end = |line: String| run(&[&line]).last().cloned().unwrap_or_default();
     assert_eq!(
-        end(error_line(
-            "ProviderAuthError",
-            json!({"providerID": "x", "message": "bad key"})
-        )),
+        end(error_line("ProviderAuthError", json!({"providerID": "x", "message": "bad key"}))),
         json!({"output": "end", "kind": "auth_required", "message": "bad key"})
     );
+    assert_eq!(end(error_line("MessageOutputLengthError", json!({})))["kind"], "max_tokens");
+    assert_eq!(end(error_line("ContentFilterError", json!({"message": "no"})))["kind"], "refusal");
+    assert_eq!(end(error_line("MessageAbortedError", json!({"message": "Aborted"})))["kind"], "cancelled");
     assert_eq!(
-        end(error_line("MessageOutputLengthError", json!({})))["kind"],
-        "max_tokens"
-    );
-    assert_eq!(
-        end(error_line("ContentFilterError", json!({"message": "no"})))["kind"],
-        "refusal"
-    );
-    assert_eq!(
-        end(error_line(
-            "MessageAbortedError",
-            json!({"message": "Aborted"})
-        ))["kind"],
-        "cancelled"
-    );
-    assert_eq!(
-        end(error_line(
-            "APIError",
-            json!({"message": "Service unavailable", "statusCode": 503})
-        ))["message"],
+        end(error_line("APIError", json!({"message": "Service unavailable", "statusCode": 503})))["message"],
         "Service unavailable (HTTP 503)"
     );
-    assert_eq!(
-        end(error_line(
-            "ContextOverflowError",
-            json!({"message": "too long"})
-        ))["kind"],
-        "error"
-    );
-    assert_eq!(
-        end(error_line("Weird", Value::Null)),
-        json!({"output": "end", "kind": "error", "message": "Weird"})
-    );
+    assert_eq!(end(error_line("ContextOverflowError", json!({"message": "too long"})))["kind"], "error");
+    assert_eq!(end(error_line("Weird", Value::Null)), json!({"output": "end", "kind": "error", "message": "Weird"}));
 }
 
 #[test]
@@ -137,10 +93,7 @@ fn failed_tool_shows_error_text() {
     assert_eq!(out[1]["sessionUpdate"], "tool_call");
     assert_eq!(out[1]["status"], "in_progress");
     assert_eq!(out[2]["status"], "failed");
-    assert_eq!(
-        out[2]["content"][0]["content"]["text"],
-        "```\noldString not found\n```"
-    );
+    assert_eq!(out[2]["content"][0]["content"]["text"], "```\noldString not found\n```");
 }
 
 #[test]
@@ -153,29 +106,20 @@ fn paths_map_from_the_agent_workspace() {
     assert_eq!(out[1]["title"], "Edit src/a.rs");
     assert_eq!(out[1]["locations"][0]["path"], "/home/me/proj/src/a.rs");
     assert_eq!(out[1]["content"][0]["path"], "/home/me/proj/src/a.rs");
-    let relative = run(&[&tool_line(
-        "read",
-        json!({"status": "completed", "input": {"filePath": "b.rs"}}),
-    )]);
+    let relative = run(&[&tool_line("read", json!({"status": "completed", "input": {"filePath": "b.rs"}}))]);
     assert_eq!(relative[1]["locations"][0]["path"], "/home/me/proj/b.rs");
 }
 
 #[test]
 fn terminal_mode_maps_workdir_and_reports_exit() {
-    let mut translator = OpenCodeTranslator::new(TranslateContext {
-        terminal_output: true,
-        ..context()
-    });
+    let mut translator = OpenCodeTranslator::new(TranslateContext { terminal_output: true, ..context() });
     let line = tool_line(
         "bash",
         json!({"status": "completed", "input": {"command": "ls", "workdir": "/sandbox/ws/sub"},
         "output": "a\n", "metadata": {"output": "a\n", "exit": 3}}),
     );
-    let out: Vec<Value> = translator
-        .line(&line)
-        .into_iter()
-        .map(|output| serde_json::to_value(output).unwrap_or_default())
-        .collect();
+    let out: Vec<Value> =
+        translator.line(&line).into_iter().map(|output| serde_json::to_value(output).unwrap_or_default()).collect();
     assert_eq!(out[1]["_meta"]["terminal_info"]["cwd"], "/home/me/proj/sub");
     assert_eq!(out[2]["_meta"]["terminal_output"]["data"], "a\n");
     assert_eq!(out[3]["_meta"]["terminal_exit"]["exit_code"], 3);
@@ -190,28 +134,19 @@ fn huge_outputs_are_capped() {
         json!({"status": "completed", "input": {"command": "yes"}, "output": big,
         "metadata": {"output": big, "exit": 0}}),
     )]);
-    let text = out[2]["content"][0]["content"]["text"]
-        .as_str()
-        .unwrap_or_default();
+    let text = out[2]["content"][0]["content"]["text"].as_str().unwrap_or_default();
     assert!(text.contains("[truncated 1000 bytes]"));
-    let raw = out[2]["rawOutput"]["metadata"]["output"]
-        .as_str()
-        .unwrap_or_default();
+    let raw = out[2]["rawOutput"]["metadata"]["output"].as_str().unwrap_or_default();
     assert!(raw.ends_with("[truncated 1000 bytes]"));
 }
 
 #[test]
 fn task_result_is_extracted() {
     assert_eq!(
-        task_result(
-            "<task id=\"s\" state=\"completed\">\n<task_result>\nDone.\n</task_result>\n</task>"
-        ),
+        task_result("<task id=\"s\" state=\"completed\">\n<task_result>\nDone.\n</task_result>\n</task>"),
         "Done."
     );
-    assert_eq!(
-        task_result("<task id=\"s\" state=\"error\">\n<task_error>\nBoom\n</task_error>\n</task>"),
-        "Boom"
-    );
+    assert_eq!(task_result("<task id=\"s\" state=\"error\">\n<task_error>\nBoom\n</task_error>\n</task>"), "Boom");
     assert_eq!(task_result("plain"), "plain");
 }
 

@@ -1,0 +1,216 @@
+//! Benchmarks: translation throughput, store append and replay, and the bridge's own cost per turn.
+//!
+//! `cargo bench --bench throughput` prints one line per measurement (median of several runs) and the
+//! process's peak memory. The per-turn numbers drive the real binary over stdio with a CLI that only prints a
+//! recorded stream, so they measure the bridge (spawn, sandbox, translate, persist, send), not a model.
+#![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use acp_sandbox::agents::{AgentKind, TranslateContext, translate_all};
+use acp_sandbox::store::{SessionRecord, Store};
+use serde_json::{Value, json};
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn measure(runs: usize, mut f: impl FnMut()) -> Duration {
+    f();
+    median(
+        (0..runs)
+            .map(|_| {
+                let start = Instant::now();
+                f();
+                start.elapsed()
+            })
+            .collect(),
+    )
+}
+
+fn context(workspace: &str) -> TranslateContext {
+    TranslateContext {
+        workspace: workspace.into(),
+        agent_workspace: workspace.into(),
+        terminal_output: true,
+        context_window: 200_000,
+        turn_key: String::new(),
+    }
+}
+
+fn fixture(path: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(path)).unwrap()
+}
+
+fn bench_translate() {
+    for (kind, file, workspace) in [
+        (AgentKind::OpenCode, "opencode/opencode-tools.jsonl", "/tmp/ws-oc"),
+        (AgentKind::Amp, "amp/amp-tools.reconstructed.jsonl", "/tmp/ws"),
+    ] {
+        let one = fixture(file);
+        let stream = one.repeat(200);
+        let lines = stream.lines().count();
+        let bytes = stream.len();
+        let time = measure(5, || {
+            std::hint::black_box(translate_all(kind, context(workspace), &stream));
+        });
+        println!(
+            "translate {kind:<8} {lines:>6} lines  {:>8.1} ms  {:>9.0} lines/s  {:>6.1} MiB/s",
+            time.as_secs_f64() * 1e3,
+            lines as f64 / time.as_secs_f64(),
+            bytes as f64 / time.as_secs_f64() / (1024.0 * 1024.0)
+        );
+    }
+}
+
+fn bench_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("bench.sqlite3")).unwrap();
+    store
+        .create_session(&SessionRecord {
+            id: "s".into(),
+            agent: "opencode".into(),
+            cwd: "/w".into(),
+            sandbox_provider: "local".into(),
+            sandbox_id: None,
+            native_id: None,
+            title: None,
+            config: json!({}),
+            created_at: 0,
+            updated_at: 0,
+        })
+        .unwrap();
+    let update = json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x".repeat(200)}});
+    let turn = store.start_turn("s", &json!([])).unwrap();
+    let count = 10_000;
+    let start = Instant::now();
+    for _ in 0..count {
+        store.append_event("s", turn, &update).unwrap();
+    }
+    let elapsed = start.elapsed();
+    println!(
+        "store     append    {count:>6} updates {:>8.1} ms  {:>9.0} updates/s",
+        elapsed.as_secs_f64() * 1e3,
+        count as f64 / elapsed.as_secs_f64()
+    );
+    let time = measure(5, || {
+        std::hint::black_box(store.history("s", usize::MAX).unwrap());
+    });
+    println!(
+        "store     replay    {count:>6} updates {:>8.1} ms  {:>9.0} updates/s",
+        time.as_secs_f64() * 1e3,
+        count as f64 / time.as_secs_f64()
+    );
+}
+
+/// A JSON-RPC client of the built binary, just enough to time turns.
+struct Bridge {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<std::process::ChildStdout>,
+    next_id: i64,
+}
+
+impl Bridge {
+    fn start(data_dir: &Path, sandbox: &str, fake: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_acp-sandbox"))
+            .args(["--agent", "opencode", "--sandbox", sandbox, "--data-dir"])
+            .arg(data_dir)
+            .env("ACP_SANDBOX_OPENCODE_BIN", fake)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self { child, stdin, stdout, next_id: 0 }
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        writeln!(self.stdin, "{}", json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the bridge exited");
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if message["id"] == json!(id) {
+                return message;
+            }
+        }
+    }
+}
+
+fn bench_turns() {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-turns");
+    let _ = std::fs::remove_dir_all(&root);
+    let workspace = root.join("ws");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let fixture_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/opencode/opencode-tools.jsonl");
+    let fake = root.join("fake-opencode");
+    std::fs::write(&fake, format!("#!/bin/sh\ncat >/dev/null\ncat '{}'\n", fixture_path.display())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for sandbox in ["none", "bwrap"] {
+        if sandbox == "bwrap" && acp_sandbox::sandbox::local::probe_bwrap().is_err() {
+            println!("turn      bwrap     skipped: bubblewrap does not work here");
+            continue;
+        }
+        let data = root.join(format!("data-{sandbox}"));
+        let start = Instant::now();
+        let mut bridge = Bridge::start(&data, sandbox, &fake);
+        bridge.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+        let startup = start.elapsed();
+        let session =
+            bridge.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
+        let turns: Vec<Duration> = (0..20)
+            .map(|i| {
+                let start = Instant::now();
+                let answer = bridge.request(
+                    "session/prompt",
+                    json!({"sessionId": session, "prompt": [{"type": "text", "text": format!("turn {i}")}]}),
+                );
+                assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+                start.elapsed()
+            })
+            .collect();
+        let load = measure(5, || {
+            bridge.request("session/load", json!({"sessionId": session, "cwd": workspace, "mcpServers": []}));
+        });
+        drop(bridge.stdin);
+        let _ = bridge.child.wait();
+        println!(
+            "turn      {sandbox:<8}  startup {:>6.1} ms  turn (16 updates) {:>6.1} ms  load (20 turns) {:>6.1} ms",
+            startup.as_secs_f64() * 1e3,
+            median(turns).as_secs_f64() * 1e3,
+            load.as_secs_f64() * 1e3
+        );
+    }
+}
+
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn main() {
+    // `cargo test` runs benches with --bench only when asked; a plain listing call must not run them.
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    bench_translate();
+    bench_store();
+    bench_turns();
+    if let Some(kib) = peak_rss_kib() {
+        println!("peak memory of the bench process: {:.1} MiB", kib as f64 / 1024.0);
+    }
+}
