@@ -38,11 +38,7 @@ fn opencode_bin(test: &str) -> Option<PathBuf> {
                         or set ACP_SANDBOX_SKIP_REAL_OPENCODE=1 to skip these tests";
     if let Some(path) = std::env::var_os("ACP_SANDBOX_TEST_OPENCODE").filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "ACP_SANDBOX_TEST_OPENCODE={} does not exist: {install_hint}",
-            path.display()
-        );
+        assert!(path.is_file(), "ACP_SANDBOX_TEST_OPENCODE={} does not exist: {install_hint}", path.display());
         return Some(path);
     }
     let prefix = match std::env::var_os("ACP_SANDBOX_OPENCODE_PREFIX").filter(|p| !p.is_empty()) {
@@ -57,11 +53,7 @@ fn opencode_bin(test: &str) -> Option<PathBuf> {
         }
     };
     let path = prefix.join("node_modules/.bin/opencode");
-    assert!(
-        path.exists(),
-        "the real OpenCode CLI is not installed (looked for {}): {install_hint}",
-        path.display()
-    );
+    assert!(path.exists(), "the real OpenCode CLI is not installed (looked for {}): {install_hint}", path.display());
     Some(path)
 }
 
@@ -90,9 +82,7 @@ impl FakeOpenAi {
             .spawn()
             .expect("start python3 tests/fakes/fake_openai.py");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("read the fake server's port");
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("read the fake server's port");
         let port = line
             .strip_prefix("PORT ")
             .and_then(|p| p.trim().parse().ok())
@@ -115,10 +105,7 @@ impl FakeOpenAi {
 
     /// The chat (non-title) requests of `scenario`.
     fn chats(&self, scenario: &str) -> Vec<Value> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r["kind"] == "chat" && r["scenario"] == scenario)
-            .collect()
+        self.requests().into_iter().filter(|r| r["kind"] == "chat" && r["scenario"] == scenario).collect()
     }
 }
 
@@ -144,11 +131,7 @@ fn test_root_parent() -> PathBuf {
     let uid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(0);
     let parent = PathBuf::from(format!("/var/tmp/acp-sandbox-real-opencode-{uid}"));
     std::fs::create_dir_all(&parent).expect("create the test root under /var/tmp");
-    assert!(
-        !parent.ancestors().any(|dir| dir.join(".git").exists()),
-        "{} is inside a git checkout",
-        parent.display()
-    );
+    assert!(!parent.ancestors().any(|dir| dir.join(".git").exists()), "{} is inside a git checkout", parent.display());
     parent
 }
 
@@ -239,11 +222,7 @@ fn bwrap_ok(test: &str) -> bool {
 fn timed_prompt(bridge: &mut Bridge, sid: &str, text: &str, label: &str) -> Turn {
     let started = Instant::now();
     let turn = bridge.prompt(sid, text);
-    eprintln!(
-        "TIMING turn {label} ({}): {:?}",
-        bridge.options.sandbox,
-        started.elapsed()
-    );
+    eprintln!("TIMING turn {label} ({}): {:?}", bridge.options.sandbox, started.elapsed());
     turn
 }
 
@@ -360,11 +339,7 @@ fn tool_loop(sandbox: &str, test: &str) {
     let updates = of_kind(&turn.updates, "tool_call_update");
     for id in &ids {
         let done: Vec<_> = updates.iter().filter(|u| u["toolCallId"] == *id).collect();
-        assert!(
-            done.iter().any(|u| u["status"] == "completed"),
-            "{id} completes: {:#?}",
-            turn.updates
-        );
+        assert!(done.iter().any(|u| u["status"] == "completed"), "{id} completes: {:#?}", turn.updates);
     }
 
     // Every diff, on the tool call or its updates.
@@ -555,6 +530,28 @@ fn cancel_during_long_bash_kills_its_tree_bwrap() {
     if bwrap_ok("cancel_during_long_bash_kills_its_tree_bwrap") {
         cancel_long_bash("bwrap", "cancel_during_long_bash_kills_its_tree_bwrap");
     }
+}
+
+/// OpenCode prints nothing while a tool runs: the bridge's idle timeout ends such a turn with an error and takes
+/// the whole tree down.
+#[test]
+fn idle_timeout_ends_a_silent_long_tool_and_its_tree() {
+    let Some(world) = World::new("idle_timeout") else { return };
+    let ws = world.workspace("ws");
+    let mut bridge = world.start_with(world.options("none").arg("--idle-timeout").arg("12"));
+    let sid = bridge.new_session(&ws);
+    let n = 100_000 + u32::from(world.server.port) * 2;
+    let started = Instant::now();
+    let turn = bridge.prompt(&sid, &format!("SCENARIO:longbash:{n} run something long"));
+    eprintln!("TIMING idle-timeout turn (none, --idle-timeout 12): {:?}", started.elapsed());
+    let _guards: Vec<KillOnDrop> = processes_in(&ws).into_iter().map(KillOnDrop).collect();
+    assert!(ws.join("longbash.started").exists(), "the long tool ran");
+    match &turn.result {
+        Err(error) => assert!(error.message.contains("12"), "the error says how long it waited: {error}"),
+        Ok(result) => bridge.fail(&format!("expected an idle-timeout error, got {result}")),
+    }
+    let all_gone = wait_until(Duration::from_secs(10), || processes_in(&ws).is_empty());
+    assert!(all_gone, "processes still running in the workspace after the idle timeout: {:?}", processes_in(&ws));
 }
 
 // ---- provider error ------------------------------------------------------------------------------------------
