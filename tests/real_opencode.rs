@@ -208,6 +208,10 @@ impl World {
 
 /// Fails unless bubblewrap works here (it does on the CI image); `ACP_SANDBOX_SKIP_BWRAP=1` skips instead.
 fn bwrap_ok(test: &str) -> bool {
+    if std::env::var("ACP_SANDBOX_SKIP_REAL_OPENCODE").is_ok_and(|v| v == "1") {
+        eprintln!("SKIPPED {test}: ACP_SANDBOX_SKIP_REAL_OPENCODE=1");
+        return false;
+    }
     match bwrap_usable() {
         Ok(()) => true,
         Err(_) if std::env::var("ACP_SANDBOX_SKIP_BWRAP").is_ok_and(|v| v == "1") => {
