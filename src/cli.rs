@@ -170,7 +170,7 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
         _ = terminate.recv() => tracing::info!("terminated; exiting"),
         _ = hangup.recv() => tracing::info!("hung up; exiting"),
     }
-    bridge.shutdown();
+    bridge.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -236,6 +236,12 @@ pub enum Output {
     /// The CLI said how the turn ends. More output may follow (e.g. OpenCode prints nothing after an
     /// error, Amp exits after its result line); the last one wins.
     End(TurnEnd),
+    /// The CLI is stuck (e.g. OpenCode re-prompting forever after a cut stream): the session kills it and
+    /// fails the turn with this message. The conversation stays continuable.
+    Abort {
+        /// Why, for the user.
+        message: String,
+    },
     /// A line that was not a known event: kept for logs and error messages, never shown as agent output.
     Unparsed {
         /// The line, truncated to a sane length.

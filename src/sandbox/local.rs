@@ -192,7 +192,11 @@ impl Sandbox for LocalSandbox {
         self.isolation.describe()
     }
 
-    async fn exec(&self, spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
+    async fn exec(&self, mut spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
+        // A shown directory becomes a real, writable directory of the state dir holding its entries: the CLI may
+        // add files next to them (OpenCode creates `.gitignore` in its config dir and fails on a read-only one),
+        // and those land in the session's state, never in the user's own directory.
+        spec.read_only = expand_read_only_dirs(&spec.read_only);
         let mut command = match &self.isolation {
             Isolation::Bwrap(bwrap) => {
                 let mut command = Command::new(bwrap);
@@ -200,7 +204,7 @@ impl Sandbox for LocalSandbox {
                 command
             }
             Isolation::None(_) => {
-                // Without bubblewrap the user's config can't be mounted; link it instead, once.
+                // Without bubblewrap the user's config can't be mounted; link each entry instead.
                 for (host, target) in &spec.read_only {
                     if host.exists() && std::fs::symlink_metadata(target).is_err() {
                         if let Some(parent) = target.parent() {
@@ -251,6 +255,46 @@ impl Sandbox for LocalSandbox {
             handle: Box::new(LocalProcess { child, pid, exited: None }),
         })
     }
+}
+
+/// Replaces each (host dir, target) pair by one pair per entry of the host dir, and makes the target a real
+/// directory (an older version linked the whole directory there: that link is replaced), cleared of the links
+/// and mount points of earlier runs. Files and missing paths stay as they are.
+fn expand_read_only_dirs(pairs: &[(PathBuf, PathBuf)]) -> Vec<(PathBuf, PathBuf)> {
+    let mut expanded = Vec::new();
+    for (host, target) in pairs {
+        if !host.is_dir() {
+            expanded.push((host.clone(), target.clone()));
+            continue;
+        }
+        if std::fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_symlink()) {
+            let _ = std::fs::remove_file(target);
+        }
+        if let Err(e) = std::fs::create_dir_all(target) {
+            tracing::warn!("cannot create {}: {e}", target.display());
+            continue;
+        }
+        // What earlier runs left: links (no sandbox) and empty mount points (bubblewrap), possibly of entries the
+        // user has removed since. They are made again below; what the CLI wrote itself stays.
+        for entry in std::fs::read_dir(target).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            if meta.file_type().is_symlink() || (meta.is_file() && meta.len() == 0) {
+                let _ = std::fs::remove_file(&path);
+            } else if meta.is_dir() {
+                let _ = std::fs::remove_dir(&path); // only when empty
+            }
+        }
+        let mut names: Vec<_> = std::fs::read_dir(host)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.file_name())
+            .collect();
+        names.sort();
+        expanded.extend(names.into_iter().map(|name| (host.join(&name), target.join(&name))));
+    }
+    expanded
 }
 
 struct LocalProcess {
@@ -390,6 +434,34 @@ mod tests {
         assert!(!args.contains("--unshare-net"), "the CLI needs its model's API");
         assert!(args.contains("--ro-bind-try /home/u/.config/opencode /tmp/data/sessions/s1/config/opencode"));
         assert!(args.ends_with("--chdir /tmp/ws -- /opt/opencode run --format json"));
+    }
+
+    #[test]
+    fn shown_directories_become_writable_directories_of_their_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = dir.path().join("user/opencode");
+        std::fs::create_dir_all(host.join("agent")).unwrap();
+        std::fs::write(host.join("opencode.json"), "{}").unwrap();
+        let state = dir.path().join("state/config/opencode");
+        std::fs::create_dir_all(state.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&host, &state).unwrap();
+        let file = (dir.path().join("user/auth.json"), dir.path().join("state/auth.json"));
+        let pairs = expand_read_only_dirs(&[(host.clone(), state.clone()), file.clone()]);
+        assert_eq!(
+            pairs,
+            vec![
+                (host.join("agent"), state.join("agent")),
+                (host.join("opencode.json"), state.join("opencode.json")),
+                file
+            ]
+        );
+        assert!(state.is_dir() && !std::fs::symlink_metadata(&state).unwrap().file_type().is_symlink());
+        // A mount point of an entry the user removed goes; what the CLI wrote stays.
+        std::fs::write(state.join("removed.json"), "").unwrap();
+        std::fs::write(state.join(".gitignore"), "node_modules").unwrap();
+        expand_read_only_dirs(&[(host.clone(), state.clone())]);
+        assert!(!state.join("removed.json").exists());
+        assert!(state.join(".gitignore").exists());
     }
 
     #[tokio::test]

@@ -223,6 +223,6 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         )
         .connect_to(Stdio::new())
         .await;
-    bridge.shutdown();
+    bridge.shutdown().await;
     result
 }

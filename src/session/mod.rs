@@ -322,9 +322,19 @@ impl Bridge {
         result
     }
 
-    /// Ends every running turn (their CLIs are killed). Called when the client goes away.
-    pub fn shutdown(&self) {
+    /// Ends every running turn and waits (a few seconds at most) until their CLIs are killed and the turns
+    /// recorded. Called when the client goes away: nothing the bridge started may outlive it.
+    pub async fn shutdown(&self) {
         self.shutdown.cancel();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while self.any_turn_running() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    fn any_turn_running(&self) -> bool {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.values().any(|session| session.running.lock().unwrap_or_else(|p| p.into_inner()).is_some())
     }
 
     /// The sandbox provider.

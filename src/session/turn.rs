@@ -350,6 +350,10 @@ impl Turn<'_> {
                         for output in translator.line(text) {
                             self.handle(output, emit, &mut state)?;
                         }
+                        if state.abort.is_some() {
+                            stop = Stop::Aborted;
+                            break;
+                        }
                     }
                     Ok(Err(e)) => { tracing::warn!(session = %self.record.id, "reading the CLI's output failed: {e}"); break; }
                 },
@@ -369,6 +373,7 @@ impl Turn<'_> {
         let result = match stop {
             Stop::Cancelled => Ok(StopReason::Cancelled),
             Stop::Stalled => Err(Error::Stalled { agent: name, seconds: idle.as_secs() }),
+            Stop::Aborted => Err(failure(state.abort.take().unwrap_or_default())),
             Stop::Eof => {
                 if native_id.is_some() && !exit.success() && !state.updates && self.agent.session_missing(&stderr) {
                     return Ok(Attempt::ConversationMissing);
@@ -406,6 +411,10 @@ impl Turn<'_> {
                 }
             }
             Output::End(end) => state.end = Some(end),
+            Output::Abort { message } => {
+                tracing::warn!(session = %self.record.id, "stopping the CLI: {message}");
+                state.abort.get_or_insert(message);
+            }
             Output::Unparsed { line } => {
                 tracing::debug!(session = %self.record.id, "unparsed CLI line: {line}");
                 if state.unparsed.len() == 10 {
@@ -421,6 +430,8 @@ impl Turn<'_> {
 #[derive(Default)]
 struct StreamState {
     native_id: Option<String>,
+    /// Set when the translator says the CLI is stuck.
+    abort: Option<String>,
     end: Option<TurnEnd>,
     updates: bool,
     unparsed: VecDeque<String>,
@@ -431,6 +442,7 @@ enum Stop {
     Eof,
     Cancelled,
     Stalled,
+    Aborted,
 }
 
 fn update(id: &str, fields: ToolCallUpdateFields) -> SessionUpdate {

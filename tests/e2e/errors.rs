@@ -1,5 +1,7 @@
 //! A failing CLI fails only its own prompt, with the CLI's own words; the bridge keeps serving.
 
+use std::time::Duration;
+
 use crate::support::*;
 
 #[test]
@@ -35,4 +37,44 @@ fn cli_error_event_fails_the_prompt_with_the_cli_message() {
         error.full_text().contains("fake upstream error: model refused (scripted 400)"),
         "the error must carry the CLI's message: {error}"
     );
+}
+
+#[test]
+fn a_cli_stuck_re_prompting_after_cut_streams_is_stopped_and_the_session_continues() {
+    let dirs = TestDirs::new("loop");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:loop the provider keeps cutting the stream");
+    let error = turn.result.expect_err("an endless re-prompt loop must fail the prompt");
+    assert!(error.full_text().contains("mid-stream"), "the error must say what happened: {error}");
+    let cli = invocations(&ws)[0].pid();
+    assert!(wait_until(Duration::from_secs(5), || !pid_alive(cli)), "the looping CLI {cli} was not stopped");
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+}
+
+#[test]
+fn a_lost_cli_session_starts_a_fresh_one_and_says_so() {
+    let dirs = TestDirs::new("lost-session");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    // The sandbox's state (OpenCode's session database) is lost, e.g. deleted by hand.
+    std::fs::remove_dir_all(dirs.data.join("sessions").join(&sid)).unwrap();
+
+    let turn = bridge.prompt(&sid, "Do you remember?");
+    assert_eq!(turn.stop_reason(), "end_turn", "the turn must still work");
+    assert!(
+        turn.agent_text().contains("no longer exists"),
+        "the user must be told the agent lost the earlier turns: {}",
+        turn.agent_text()
+    );
+    let runs = invocations(&ws);
+    let first_session = runs[0].cli_session();
+    assert_eq!(runs[1].flag_value("--session"), Some(first_session), "the first try continues the old session");
+    assert_eq!(runs[2].flag_value("--session"), None, "the retry starts a fresh one");
+    let third = bridge.prompt(&sid, "And now?");
+    assert_eq!(third.stop_reason(), "end_turn");
+    assert_eq!(invocations(&ws)[3].flag_value("--session"), Some(runs[2].cli_session()), "then it continues that one");
 }

@@ -105,17 +105,34 @@ fn prompt_text_reaches_the_cli_stdin_byte_for_byte() {
 }
 
 #[test]
-fn several_text_blocks_reach_stdin_joined_by_blank_lines() {
+fn text_links_and_resources_reach_stdin_inline_with_context_appended() {
+    // Zed sends "fix @a.rs now" as three blocks whose text carries its own spacing, so blocks are joined
+    // as they are; embedded file contents follow the request as context.
     let dirs = TestDirs::new("stdin-blocks");
     let ws = dirs.workspace("ws");
     let mut bridge = opencode_bridge(&dirs);
     let sid = bridge.new_session(&ws);
+    let file = ws.join("a b.rs");
     let id = bridge.send_prompt_blocks(
         &sid,
-        vec![json!({"type": "text", "text": "first block"}), json!({"type": "text", "text": "second block"})],
+        vec![
+            json!({"type": "text", "text": "fix "}),
+            json!({"type": "resource_link", "uri": format!("file://{}", ws.join("a%20b.rs").display()), "name": "a b.rs"}),
+            json!({"type": "text", "text": " using "}),
+            json!({"type": "resource", "resource": {"uri": format!("file://{}", ws.join("x.rs").display()), "text": "fn x() {}"}}),
+        ],
     );
     assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "end_turn");
-    assert_eq!(invocations(&ws)[0].stdin_text(), "first block\n\nsecond block");
+    let x = ws.join("x.rs");
+    assert_eq!(
+        invocations(&ws)[0].stdin_text(),
+        format!(
+            "fix {} using {}\n\n<context ref=\"{}\">\nfn x() {{}}\n</context>",
+            file.display(),
+            x.display(),
+            x.display()
+        )
+    );
 }
 
 #[test]

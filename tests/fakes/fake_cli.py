@@ -235,11 +235,11 @@ def oc_text(sid, msg, text):
                      "time": {"start": t, "end": t}}}
 
 
-def oc_step_finish(sid, msg):
+def oc_step_finish(sid, msg, reason="stop", tokens=120):
+    counts = {"total": tokens, "input": tokens * 5 // 6, "output": tokens // 6} if tokens else {"input": 0, "output": 0}
     return {"type": "step_finish", "timestamp": now_ms(), "sessionID": sid,
-            "part": {"id": oc_ids()[1], "reason": "stop", "messageID": msg, "sessionID": sid, "type": "step-finish",
-                     "tokens": {"total": 120, "input": 100, "output": 20, "reasoning": 0,
-                                "cache": {"write": 0, "read": 0}}, "cost": 0}}
+            "part": {"id": oc_ids()[1], "reason": reason, "messageID": msg, "sessionID": sid, "type": "step-finish",
+                     "tokens": {**counts, "reasoning": 0, "cache": {"write": 0, "read": 0}}, "cost": 0}}
 
 
 def opencode_fixture_lines(name, sid, cwd):
@@ -260,9 +260,16 @@ def run_opencode(args):
     sid = continued or new_opencode_session_id()
     record("opencode", args, stdin, scenario, sid)
 
-    if continued and continued.startswith("ses_gone"):
+    # Like OpenCode's session database in $XDG_DATA_HOME: a session unknown there (never created, or its
+    # state was lost) cannot be continued.
+    known = Path(os.environ.get("XDG_DATA_HOME", os.environ.get("HOME", "."))) / "opencode" / "fake-sessions.txt"
+    if continued and (continued.startswith("ses_gone") or
+                      not (known.exists() and continued in known.read_text().split())):
         sys.stderr.write((FIXTURES / "opencode" / "opencode-session-notfound.stderr.txt").read_text())
         sys.exit(1)
+    known.parent.mkdir(parents=True, exist_ok=True)
+    with known.open("a") as sessions:
+        sessions.write(sid + "\n")
     cwd = os.getcwd()
     msg, _ = oc_ids()
 
@@ -293,6 +300,12 @@ def run_opencode(args):
             time.sleep(delay / 1000)
             emit_json(oc_text(sid, msg, f"slow chunk {i + 1} of {count}. "))
         emit_json(oc_step_finish(sid, msg))
+    elif scenario == "loop":
+        # A stream cut before finish_reason, re-prompted at once, forever (OpenCode 1.18 does this).
+        while True:
+            emit_json(oc_step_start(sid, msg))
+            emit_json(oc_step_finish(sid, msg, reason="unknown", tokens=0))
+            time.sleep(0.01)
     elif scenario == "hang":
         emit_json(oc_step_start(sid, msg))
         sleep_forever()
@@ -509,6 +522,12 @@ def run_amp(args):
             stream.assistant([{"type": "text", "text": f"slow chunk {i + 1} of {count}. "}],
                              "end_turn" if i + 1 == count else None)
         stream.success(f"slow chunk {count} of {count}. ")
+    elif scenario == "loop":
+        # A stream cut before finish_reason, re-prompted at once, forever (OpenCode 1.18 does this).
+        while True:
+            emit_json(oc_step_start(sid, msg))
+            emit_json(oc_step_finish(sid, msg, reason="unknown", tokens=0))
+            time.sleep(0.01)
     elif scenario == "hang":
         stream.start(prompt)
         sleep_forever()

@@ -37,6 +37,11 @@ pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
 /// Whether a variable of the user's environment reaches OpenCode: its own settings and model-provider
 /// credentials (OpenCode talks to many providers, each with its own key variable).
 pub fn passes_env(name: &str) -> bool {
+    // Other tools' secrets never reach OpenCode, even when they look like provider keys.
+    const NOT_OURS: &[&str] = &["AMP_", "ACP_SANDBOX_", "E2B_", "DAYTONA_"];
+    if NOT_OURS.iter().any(|prefix| name.starts_with(prefix)) {
+        return false;
+    }
     name.starts_with("OPENCODE_")
         || name.ends_with("_API_KEY")
         || name.ends_with("_API_TOKEN")

@@ -22,12 +22,18 @@ pub struct OpenCodeTranslator {
     sent_session_id: bool,
     /// Cost of the model calls of this turn so far: ACP's `cost` is cumulative.
     cost: f64,
+    /// Model calls in a row that ended with a cut stream (reason `unknown`, no tokens).
+    cut_streams: usize,
 }
+
+/// OpenCode re-prompts at once after a cut stream and can loop forever (hundreds of calls a minute): after
+/// this many cut calls in a row the turn is stopped.
+const CUT_STREAM_LIMIT: usize = 5;
 
 impl OpenCodeTranslator {
     /// A translator for one turn.
     pub fn new(context: TranslateContext) -> Self {
-        Self { context, sent_session_id: false, cost: 0.0 }
+        Self { context, sent_session_id: false, cost: 0.0, cut_streams: 0 }
     }
 
     fn chunk(part: TextPart, thought: bool) -> Vec<Output> {
@@ -56,6 +62,19 @@ impl OpenCodeTranslator {
                 usage = usage.cost(Cost::new(cost, "USD"));
             }
             outputs.push(Output::Update(SessionUpdate::UsageUpdate(usage)));
+        }
+        if part.reason == "unknown" && used == 0 {
+            self.cut_streams += 1;
+            if self.cut_streams == CUT_STREAM_LIMIT {
+                outputs.push(Output::Abort {
+                    message: format!(
+                        "OpenCode lost the model's answer mid-stream {CUT_STREAM_LIMIT} times in a row and kept retrying; \
+                         it was stopped. Check the model provider, then prompt again to continue"
+                    ),
+                });
+            }
+        } else {
+            self.cut_streams = 0;
         }
         let end = match part.reason.as_str() {
             "stop" => Some(TurnEnd::EndTurn),

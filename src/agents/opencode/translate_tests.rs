@@ -157,3 +157,17 @@ fn zero_token_steps_send_no_usage() {
     let out = run(&[&finish.to_string()]);
     assert_eq!(out.len(), 1, "only the session id: {out:?}");
 }
+
+#[test]
+fn a_loop_of_cut_streams_aborts_once() {
+    let cut = json!({"type": "step_finish", "sessionID": "ses_1", "part": {"reason": "unknown",
+        "tokens": {"input": 0, "output": 0, "reasoning": 0, "cache": {"read": 0, "write": 0}}}})
+    .to_string();
+    let fine = json!({"type": "step_finish", "sessionID": "ses_1", "part": {"reason": "tool-calls",
+        "tokens": {"input": 10, "output": 1, "reasoning": 0, "cache": {"read": 0, "write": 0}}}})
+    .to_string();
+    let aborts = |lines: &[&str]| run(lines).iter().filter(|output| output["output"] == "abort").count();
+    assert_eq!(aborts(&[&cut, &cut, &cut, &cut]), 0);
+    assert_eq!(aborts(&[&cut, &cut, &cut, &cut, &fine, &cut]), 0, "a good step resets the count");
+    assert_eq!(aborts(&[&cut, &cut, &cut, &cut, &cut, &cut, &cut]), 1);
+}
