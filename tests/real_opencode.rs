@@ -223,9 +223,26 @@ fn bwrap_ok(test: &str) -> bool {
 }
 
 /// One prompt, timed.
-fn timed_prompt(bridge: &mut Bridge, sid: &str, text: &str, label: &str) -> Turn {
+/// Upper bound of one real turn (a cold OpenCode start on a busy 2-core machine takes about 10 s).
+const TURN_LIMIT: Duration = Duration::from_secs(180);
+
+/// Waits for the answer to prompt `id`. The harness fails after 20 s without a message, but real OpenCode is
+/// silent while it starts cold or runs a tool, longer on a loaded machine. The bridge answers once OpenCode has
+/// exited, so first wait (polling /proc, no messages needed) for OpenCode to appear in the workspace and go.
+fn finish_turn_patiently(bridge: &mut Bridge, sid: &str, id: i64, ws: &Path) -> Turn {
+    if wait_until(Duration::from_secs(60), || !processes_under(ws).is_empty())
+        && !wait_until(TURN_LIMIT, || processes_under(ws).is_empty())
+    {
+        bridge.fail(&format!("OpenCode still runs after {TURN_LIMIT:?}: {:?}", processes_under(ws)));
+    }
+    bridge.finish_turn(sid, id)
+}
+
+/// One prompt in workspace `ws`, timed.
+fn timed_prompt(bridge: &mut Bridge, sid: &str, ws: &Path, text: &str, label: &str) -> Turn {
     let started = Instant::now();
-    let turn = bridge.prompt(sid, text);
+    let id = bridge.send_prompt(sid, text);
+    let turn = finish_turn_patiently(bridge, sid, id, ws);
     eprintln!("TIMING turn {label} ({}): {:?}", bridge.options.sandbox, started.elapsed());
     turn
 }
@@ -283,7 +300,7 @@ fn plain_answer_then_followup(sandbox: &str, test: &str) {
     let sid = bridge.new_session(&ws);
     eprintln!("TIMING session/new ({sandbox}): {:?}", started.elapsed());
 
-    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:text Say hello", "1 (plain, fresh OpenCode home)");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text Say hello", "1 (plain, fresh OpenCode home)");
     assert_end_turn(&bridge, &turn);
     let text = turn.agent_text();
     assert!(text.contains("Hello from the fake model. PLAIN-ANSWER-OK"), "agent text: {text:?}\n{:#?}", turn.updates);
@@ -296,13 +313,13 @@ fn plain_answer_then_followup(sandbox: &str, test: &str) {
         "the prompt reaches the model verbatim (stdin, not a quoted argv word): {user:?}"
     );
 
-    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:followup Do you remember?", "2 (follow-up)");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:followup Do you remember?", "2 (follow-up)");
     assert_end_turn(&bridge, &turn);
     assert!(turn.agent_text().contains("FOLLOWUP-OK"), "{:#?}", turn.updates);
     assert_continued(&world.server, "SCENARIO:text Say hello", "PLAIN-ANSWER-OK");
 
     // A third, timed turn: the steady-state cost of one turn.
-    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:text again", "3 (steady state)");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text again", "3 (steady state)");
     assert_end_turn(&bridge, &turn);
 }
 
@@ -325,7 +342,7 @@ fn tool_loop(sandbox: &str, test: &str) {
     let ws = world.workspace("ws");
     let mut bridge = world.start(sandbox);
     let sid = bridge.new_session(&ws);
-    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:tools write, cat, read and edit hello.txt", "tool loop");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:tools write, cat, read and edit hello.txt", "tool loop");
     assert_end_turn(&bridge, &turn);
     assert_eq!(
         std::fs::read_to_string(ws.join("hello.txt")).unwrap_or_default(),
@@ -404,7 +421,7 @@ fn todowrite_becomes_a_plan() {
     let ws = world.workspace("ws");
     let mut bridge = world.start("none");
     let sid = bridge.new_session(&ws);
-    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:todo plan it", "todowrite");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:todo plan it", "todowrite");
     assert_end_turn(&bridge, &turn);
     let plans = of_kind(&turn.updates, "plan");
     let plan = plans.last().unwrap_or_else(|| bridge.fail(&format!("no plan update: {:#?}", turn.updates)));
@@ -436,7 +453,7 @@ fn reasoning_becomes_thought_chunks() {
     let ws = world.workspace("ws");
     let mut bridge = world.start("none");
     let sid = bridge.new_session(&ws);
-    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:reasoning what is 2+2", "reasoning");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:reasoning what is 2+2", "reasoning");
     assert_end_turn(&bridge, &turn);
     let thought = text_of(&turn.updates, "agent_thought_chunk");
     assert!(thought.contains("Let me think: two plus two is four."), "thought: {thought:?}\n{:#?}", turn.updates);
@@ -463,16 +480,9 @@ fn processes_with_argv(argv: &[&str]) -> Vec<i32> {
         .collect()
 }
 
-/// Live processes whose working directory is `dir` (OpenCode, its bash tool and the tool's children).
-fn processes_in(dir: &Path) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir))
-        .filter(|pid| pid_alive(*pid))
-        .collect()
+/// The pids of [`processes_under`] `dir`.
+fn pids_under(dir: &Path) -> Vec<i32> {
+    processes_under(dir).into_iter().map(|(pid, _)| pid).collect()
 }
 
 fn cancel_long_bash(sandbox: &str, test: &str) {
@@ -492,11 +502,11 @@ fn cancel_long_bash(sandbox: &str, test: &str) {
             && !processes_with_argv(&grandchild_argv).is_empty()
     });
     let leftovers = || [processes_with_argv(&child_argv), processes_with_argv(&grandchild_argv)].concat();
-    let _guards: Vec<KillOnDrop> = leftovers().into_iter().chain(processes_in(&ws)).map(KillOnDrop).collect();
+    let _guards: Vec<KillOnDrop> = leftovers().into_iter().chain(pids_under(&ws)).map(KillOnDrop).collect();
     if !started {
         bridge.fail("the long bash tool did not start (no longbash.started or no sleep processes)");
     }
-    let running = processes_in(&ws);
+    let running = processes_under(&ws);
     assert!(running.len() >= 3, "OpenCode, its shell and the sleeps run in the workspace: {running:?}");
     let cancelled_at = Instant::now();
     bridge.cancel(&sid);
@@ -508,12 +518,12 @@ fn cancel_long_bash(sandbox: &str, test: &str) {
     }
     let gone = wait_until(Duration::from_secs(10), || leftovers().is_empty());
     assert!(gone, "the bash tool's child and grandchild survived the cancel: {:?}", leftovers());
-    let all_gone = wait_until(Duration::from_secs(10), || processes_in(&ws).is_empty());
-    assert!(all_gone, "processes still running in the workspace after the cancel: {:?}", processes_in(&ws));
+    let all_gone = wait_until(Duration::from_secs(10), || processes_under(&ws).is_empty());
+    assert!(all_gone, "processes still running in the workspace after the cancel: {:?}", processes_under(&ws));
     assert!(!ws.join("longbash.finished").exists());
 
     // The interrupted OpenCode session goes on.
-    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:followup after the cancel", "after cancel");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:followup after the cancel", "after cancel");
     assert_end_turn(&bridge, &turn);
     assert!(turn.agent_text().contains("FOLLOWUP-OK"), "{:#?}", turn.updates);
     let followup = world.server.chats("followup");
@@ -546,16 +556,17 @@ fn idle_timeout_ends_a_silent_long_tool_and_its_tree() {
     let sid = bridge.new_session(&ws);
     let n = 100_000 + u32::from(world.server.port) * 2;
     let started = Instant::now();
-    let turn = bridge.prompt(&sid, &format!("SCENARIO:longbash:{n} run something long"));
+    let id = bridge.send_prompt(&sid, &format!("SCENARIO:longbash:{n} run something long"));
+    let turn = finish_turn_patiently(&mut bridge, &sid, id, &ws);
     eprintln!("TIMING idle-timeout turn (none, --idle-timeout 12): {:?}", started.elapsed());
-    let _guards: Vec<KillOnDrop> = processes_in(&ws).into_iter().map(KillOnDrop).collect();
+    let _guards: Vec<KillOnDrop> = pids_under(&ws).into_iter().map(KillOnDrop).collect();
     assert!(ws.join("longbash.started").exists(), "the long tool ran");
     match &turn.result {
         Err(error) => assert!(error.message.contains("12"), "the error says how long it waited: {error}"),
         Ok(result) => bridge.fail(&format!("expected an idle-timeout error, got {result}")),
     }
-    let all_gone = wait_until(Duration::from_secs(10), || processes_in(&ws).is_empty());
-    assert!(all_gone, "processes still running in the workspace after the idle timeout: {:?}", processes_in(&ws));
+    let all_gone = wait_until(Duration::from_secs(10), || processes_under(&ws).is_empty());
+    assert!(all_gone, "processes still running in the workspace after the idle timeout: {:?}", processes_under(&ws));
 }
 
 // ---- provider error ------------------------------------------------------------------------------------------
@@ -566,7 +577,7 @@ fn provider_http_400_is_a_jsonrpc_error_with_its_text() {
     let ws = world.workspace("ws");
     let mut bridge = world.start("none");
     let sid = bridge.new_session(&ws);
-    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:error please fail", "provider 400");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:error please fail", "provider 400");
     match &turn.result {
         Err(error) => assert!(
             error.message.contains("FAKE-PROVIDER-400"),
@@ -575,7 +586,7 @@ fn provider_http_400_is_a_jsonrpc_error_with_its_text() {
         Ok(result) => bridge.fail(&format!("expected a JSON-RPC error, got {result}\n{:#?}", turn.updates)),
     }
     // The session survives the failed turn.
-    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:text after the error", "after error");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text after the error", "after error");
     assert_end_turn(&bridge, &turn);
     assert!(turn.agent_text().contains("PLAIN-ANSWER-OK"));
 }
@@ -587,7 +598,7 @@ fn restart_between_turns(sandbox: &str, test: &str) {
     let ws = world.workspace("ws");
     let mut first = world.start(sandbox);
     let sid = first.new_session(&ws);
-    let turn = timed_prompt(&mut first, &sid, "SCENARIO:text remember me", "before restart");
+    let turn = timed_prompt(&mut first, &sid, &ws, "SCENARIO:text remember me", "before restart");
     assert_end_turn(&first, &turn);
     first.kill9();
     drop(first);
@@ -599,7 +610,7 @@ fn restart_between_turns(sandbox: &str, test: &str) {
     }
     let replayed = text_of(&loaded.updates, "agent_message_chunk");
     assert!(replayed.contains("PLAIN-ANSWER-OK"), "session/load replays the first turn: {:#?}", loaded.updates);
-    let turn = timed_prompt(&mut second, &sid, "SCENARIO:followup Do you remember?", "after restart");
+    let turn = timed_prompt(&mut second, &sid, &ws, "SCENARIO:followup Do you remember?", "after restart");
     assert_end_turn(&second, &turn);
     assert!(turn.agent_text().contains("FOLLOWUP-OK"), "{:#?}", turn.updates);
     assert_continued(&world.server, "SCENARIO:text remember me", "PLAIN-ANSWER-OK");
@@ -625,7 +636,7 @@ fn model_flag_reaches_opencode() {
     let ws = world.workspace("ws");
     let mut bridge = world.start_with(world.options("none").arg("--model").arg("fake/other-model"));
     let sid = bridge.new_session(&ws);
-    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:text which model", "--model");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text which model", "--model");
     assert_end_turn(&bridge, &turn);
     let chats = world.server.chats("text");
     assert_eq!(chats.last().unwrap()["body"]["model"], "other-model", "--model fake/other-model is the model called");
@@ -644,7 +655,7 @@ fn fresh_user_config(sandbox: &str, test: &str) {
     let ws = world.workspace("ws");
     let mut bridge = world.start(sandbox);
     let sid = bridge.new_session(&ws);
-    let turn = timed_prompt(&mut bridge, &sid, "SCENARIO:text hello", "fresh user config");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text hello", "fresh user config");
     assert_end_turn(&bridge, &turn);
     assert!(turn.agent_text().contains("PLAIN-ANSWER-OK"));
     assert!(
