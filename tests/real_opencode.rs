@@ -206,6 +206,23 @@ impl World {
     }
 }
 
+impl Drop for World {
+    /// A failing test kills its bridge with SIGKILL mid-turn; under `--sandbox none` OpenCode and its tools would
+    /// then live on (see the report on orphans), so everything still running in this test's directories goes too.
+    fn drop(&mut self) {
+        for _ in 0..5 {
+            let left = processes_under(self.root.path());
+            if left.is_empty() {
+                break;
+            }
+            for (pid, _) in left {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 /// Fails unless bubblewrap works here (it does on the CI image); `ACP_SANDBOX_SKIP_BWRAP=1` skips instead.
 fn bwrap_ok(test: &str) -> bool {
     if std::env::var("ACP_SANDBOX_SKIP_REAL_OPENCODE").is_ok_and(|v| v == "1") {
@@ -567,6 +584,27 @@ fn idle_timeout_ends_a_silent_long_tool_and_its_tree() {
     }
     let all_gone = wait_until(Duration::from_secs(10), || processes_under(&ws).is_empty());
     assert!(all_gone, "processes still running in the workspace after the idle timeout: {:?}", processes_under(&ws));
+}
+
+/// Zed stops agent servers with SIGTERM (or closes stdin): the bridge must take OpenCode's whole tree down with it.
+/// (SIGKILL cannot be handled: under `--sandbox none` the bash tool's tree then survives; see the report.)
+#[test]
+fn sigterm_of_the_bridge_mid_tool_leaves_nothing_running_none() {
+    let Some(world) = World::new("sigterm_mid_tool") else { return };
+    let ws = world.workspace("ws");
+    let mut bridge = world.start("none");
+    let sid = bridge.new_session(&ws);
+    let n = 100_000 + u32::from(world.server.port) * 2;
+    bridge.send_prompt(&sid, &format!("SCENARIO:longbash:{n} run something long"));
+    let started = wait_until(Duration::from_secs(60), || ws.join("longbash.started").exists());
+    assert!(started, "the long bash tool did not start");
+    let before = processes_under(&ws);
+    assert!(before.len() >= 3, "OpenCode, its shell and the sleeps: {before:?}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(bridge.pid() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let exited = bridge.wait_exit(Duration::from_secs(20));
+    assert!(exited.is_some(), "the bridge did not exit within 20 s of SIGTERM");
+    let gone = wait_until(Duration::from_secs(10), || processes_under(&ws).is_empty());
+    assert!(gone, "left running after the bridge's SIGTERM: {:?}", processes_under(&ws));
 }
 
 // ---- provider error ------------------------------------------------------------------------------------------
