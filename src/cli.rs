@@ -126,7 +126,7 @@ impl Settings {
             config.amp_modes = modes;
         }
         if let Some(dirs) = directories::BaseDirs::new() {
-            config.opencode_models = opencode_models_from(dirs.config_dir());
+            (config.opencode_models, config.opencode_variants) = opencode_models_from(dirs.config_dir());
         }
         config
     }

@@ -52,6 +52,8 @@ pub struct Config {
     pub amp_modes: Vec<String>,
     /// OpenCode models (`provider/model`) offered in the editor's picker, from the user's OpenCode config.
     pub opencode_models: Vec<String>,
+    /// The variants (reasoning efforts) each of those models defines, by model.
+    pub opencode_variants: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl Config {
@@ -76,6 +78,7 @@ impl Config {
             context_window: 200_000,
             amp_modes: ["medium", "low", "high", "ultra"].map(String::from).to_vec(),
             opencode_models: Vec::new(),
+            opencode_variants: Default::default(),
         }
     }
 
@@ -108,17 +111,16 @@ impl Config {
     }
 }
 
-/// The models a user's OpenCode configuration names: its default `model`, `small_model` and every
-/// `provider.<id>.models.<id>`. A missing or unreadable file yields none.
-pub fn opencode_models_from(config_dir: &std::path::Path) -> Vec<String> {
+/// The models a user's OpenCode configuration names (its default `model`, `small_model` and every
+/// `provider.<id>.models.<id>`) and the `variants` each model defines. A missing or unreadable file yields none.
+pub fn opencode_models_from(
+    config_dir: &std::path::Path,
+) -> (Vec<String>, std::collections::BTreeMap<String, Vec<String>>) {
     let mut models = Vec::new();
+    let mut variants = std::collections::BTreeMap::new();
     for name in ["opencode.json", "opencode.jsonc", "config.json"] {
-        let Ok(text) = std::fs::read_to_string(config_dir.join("opencode").join(name)) else {
-            continue;
-        };
-        let Ok(value) = serde_json::from_str::<serde_json::Value>(&strip_line_comments(&text)) else {
-            continue;
-        };
+        let Ok(text) = std::fs::read_to_string(config_dir.join("opencode").join(name)) else { continue };
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&strip_line_comments(&text)) else { continue };
         for key in ["model", "small_model"] {
             if let Some(model) = value.get(key).and_then(|m| m.as_str()) {
                 models.push(model.to_string());
@@ -126,19 +128,23 @@ pub fn opencode_models_from(config_dir: &std::path::Path) -> Vec<String> {
         }
         if let Some(providers) = value.get("provider").and_then(|p| p.as_object()) {
             for (provider, body) in providers {
-                if let Some(list) = body.get("models").and_then(|m| m.as_object()) {
-                    models.extend(list.keys().map(|model| format!("{provider}/{model}")));
+                for (model, spec) in body.get("models").and_then(|m| m.as_object()).into_iter().flatten() {
+                    let id = format!("{provider}/{model}");
+                    if let Some(names) = spec.get("variants").and_then(|v| v.as_object()) {
+                        variants.insert(id.clone(), names.keys().cloned().collect());
+                    }
+                    models.push(id);
                 }
             }
         }
     }
     let mut seen = std::collections::HashSet::new();
     models.retain(|model| seen.insert(model.clone()));
-    models
+    (models, variants)
 }
 
 /// Drops `//` comments outside strings (OpenCode accepts JSONC).
-fn strip_line_comments(text: &str) -> String {
+pub fn strip_line_comments(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         let mut in_string = false;
@@ -175,10 +181,12 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("opencode")).unwrap();
         std::fs::write(
             dir.path().join("opencode/opencode.jsonc"),
-            "{ // comment\n \"model\": \"a/b\", \"provider\": {\"fake\": {\"models\": {\"m1\": {}, \"m2\": {}}}}}",
+            "{ // comment\n \"model\": \"a/b\", \"provider\": {\"fake\": {\"models\": {\"m1\": {}, \"m2\": {\"variants\": {\"high\": {}, \"low\": {}}}}}}}",
         )
         .unwrap();
-        assert_eq!(opencode_models_from(dir.path()), ["a/b", "fake/m1", "fake/m2"]);
-        assert!(opencode_models_from(&dir.path().join("missing")).is_empty());
+        let (models, variants) = opencode_models_from(dir.path());
+        assert_eq!(models, ["a/b", "fake/m1", "fake/m2"]);
+        assert_eq!(variants.get("fake/m2").unwrap(), &["high", "low"]);
+        assert!(opencode_models_from(&dir.path().join("missing")).0.is_empty());
     }
 }

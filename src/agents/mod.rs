@@ -28,6 +28,8 @@ pub struct TurnRequest<'a> {
     pub mode: Option<&'a str>,
     /// Files attached to the prompt (images), as the CLI sees them.
     pub files: &'a [PathBuf],
+    /// A slash command of the CLI to run, the prompt being its arguments.
+    pub command: Option<&'a str>,
 }
 
 /// Which CLI a session runs. Persisted with the session, so it never changes for one.
@@ -125,6 +127,15 @@ impl AgentKind {
         match self {
             AgentKind::Amp => amp::session_missing(stderr),
             AgentKind::OpenCode => opencode::session_missing(stderr),
+        }
+    }
+
+    /// The slash commands the CLI runs non-interactively, for the editor's `/` menu.
+    pub fn commands(self, user_config_dir: &Path, workspace: &Path) -> Vec<opencode::Command> {
+        match self {
+            // Amp's execute mode has no slash commands.
+            AgentKind::Amp => Vec::new(),
+            AgentKind::OpenCode => opencode::commands(user_config_dir, workspace),
         }
     }
 

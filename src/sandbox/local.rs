@@ -285,12 +285,8 @@ fn expand_read_only_dirs(pairs: &[(PathBuf, PathBuf)]) -> Vec<(PathBuf, PathBuf)
                 let _ = std::fs::remove_dir(&path); // only when empty
             }
         }
-        let mut names: Vec<_> = std::fs::read_dir(host)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|entry| entry.file_name())
-            .collect();
+        let mut names: Vec<_> =
+            std::fs::read_dir(host).into_iter().flatten().flatten().map(|entry| entry.file_name()).collect();
         names.sort();
         expanded.extend(names.into_iter().map(|name| (host.join(&name), target.join(&name))));
     }

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, CloseSessionRequest, CloseSessionResponse, DeleteSessionRequest,
-    DeleteSessionResponse, Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest,
-    ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse,
-    PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
+    AgentCapabilities, AvailableCommandsUpdate, CancelNotification, CloseSessionRequest, CloseSessionResponse,
+    DeleteSessionRequest, DeleteSessionResponse, Implementation, InitializeRequest, InitializeResponse,
+    ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
+    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
     SessionCapabilities, SessionCloseCapabilities, SessionDeleteCapabilities, SessionInfo, SessionListCapabilities,
     SessionNotification, SessionResumeCapabilities, SessionUpdate, SetSessionConfigOptionRequest,
     SetSessionConfigOptionResponse,
@@ -90,17 +90,28 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
-                async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, _cx| {
+                async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, cx| {
                     if !request.mcp_servers.is_empty() {
                         tracing::info!(
                             count = request.mcp_servers.len(),
                             "the editor offered MCP servers; they are not passed into the sandbox"
                         );
                     }
-                    let result = bridge
-                        .new_session(&request.cwd)
-                        .map(|(id, options)| NewSessionResponse::new(id).config_options(options));
-                    respond(responder, result)
+                    let result = bridge.new_session(&request.cwd);
+                    let id = result.as_ref().ok().map(|(id, _)| id.clone());
+                    respond(
+                        responder,
+                        result.map(|(id, options)| NewSessionResponse::new(id).config_options(options)),
+                    )?;
+                    // After the response, so the editor knows the session when the update arrives.
+                    if let Some(id) = id
+                        && let Ok(commands) = bridge.available_commands(&id)
+                        && !commands.is_empty()
+                    {
+                        ConnectionSink { connection: cx.clone() }
+                            .send(&id, SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)));
+                    }
+                    Ok(())
                 }
             },
             agent_client_protocol::on_receive_request!(),

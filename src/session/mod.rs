@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, ContentChunk, SessionConfigOption, SessionInfoUpdate, SessionUpdate, StopReason,
+    AvailableCommand, AvailableCommandInput, AvailableCommandsUpdate, ContentBlock, ContentChunk, SessionConfigOption,
+    SessionInfoUpdate, SessionUpdate, StopReason, UnstructuredCommandInput,
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -205,8 +206,27 @@ impl Bridge {
         if let Some(title) = &record.title {
             sink.send(id, SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title.clone())));
         }
+        let commands = self.available_commands(id)?;
+        if !commands.is_empty() {
+            sink.send(id, SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)));
+        }
         self.live(id);
         Ok(options::config_options(self.agent_of(&record), &record.config, &self.config))
+    }
+
+    /// The slash commands the session's CLI offers, for `available_commands_update`.
+    pub fn available_commands(&self, id: &str) -> Result<Vec<AvailableCommand>> {
+        let record = self.record(id)?;
+        let (user_config, _) = Self::user_dirs();
+        let commands = self.agent_of(&record).commands(&user_config, Path::new(&record.cwd));
+        Ok(commands
+            .into_iter()
+            .map(|command| {
+                let hint =
+                    command.hint.map(|hint| AvailableCommandInput::Unstructured(UnstructuredCommandInput::new(hint)));
+                AvailableCommand::new(command.name, command.description).input(hint)
+            })
+            .collect())
     }
 
     /// Reattaches a session without replay.

@@ -1,4 +1,4 @@
-//! Session config options (ACP `configOptions`): OpenCode's model, Amp's mode.
+//! Session config options (ACP `configOptions`): OpenCode's model and its variant, Amp's mode.
 //!
 //! Values persist in the session's config object and apply from the next turn on.
 
@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 /// The value meaning "let the CLI use its own default".
 pub const DEFAULT: &str = "default";
 
-/// The config key each agent offers.
+/// The config key set by `--model` for each agent.
 pub fn default_key(agent: AgentKind) -> &'static str {
     match agent {
         AgentKind::Amp => "mode",
@@ -22,18 +22,13 @@ pub fn default_key(agent: AgentKind) -> &'static str {
     }
 }
 
-/// The choices for an agent's option: (value, name).
-fn choices(agent: AgentKind, config: &Config) -> Vec<(String, String)> {
-    match agent {
-        AgentKind::Amp => config.amp_modes.iter().map(|mode| (mode.clone(), capitalize(mode))).collect(),
-        AgentKind::OpenCode => {
-            let mut choices = vec![(DEFAULT.to_string(), "OpenCode default".to_string())];
-            for model in &config.opencode_models {
-                choices.push((model.clone(), model.clone()));
-            }
-            choices
-        }
-    }
+/// One option as offered: its choices and current value.
+struct Spec {
+    id: &'static str,
+    name: &'static str,
+    category: SessionConfigOptionCategory,
+    choices: Vec<(String, String)>,
+    current: String,
 }
 
 fn capitalize(text: &str) -> String {
@@ -44,63 +39,105 @@ fn capitalize(text: &str) -> String {
     }
 }
 
-/// The current value of the agent's option in a session config.
-pub fn current(agent: AgentKind, session_config: &Value, config: &Config) -> String {
-    let stored = session_config.get(default_key(agent)).and_then(Value::as_str);
-    match (agent, stored) {
-        (_, Some(value)) => value.to_string(),
-        (AgentKind::Amp, None) => config.amp_modes.first().cloned().unwrap_or_else(|| "medium".into()),
-        (AgentKind::OpenCode, None) => DEFAULT.to_string(),
+fn stored<'a>(session_config: &'a Value, key: &str) -> Option<&'a str> {
+    session_config.get(key).and_then(Value::as_str)
+}
+
+/// The options of a session, in display order.
+fn specs(agent: AgentKind, session_config: &Value, config: &Config) -> Vec<Spec> {
+    match agent {
+        AgentKind::Amp => {
+            let choices: Vec<(String, String)> =
+                config.amp_modes.iter().map(|mode| (mode.clone(), capitalize(mode))).collect();
+            let fallback = choices.first().map(|(value, _)| value.clone()).unwrap_or_else(|| "medium".into());
+            let current = stored(session_config, "mode").map(str::to_string).unwrap_or(fallback);
+            vec![Spec { id: "mode", name: "Mode", category: SessionConfigOptionCategory::Mode, choices, current }]
+        }
+        AgentKind::OpenCode => {
+            let mut choices = vec![(DEFAULT.to_string(), "OpenCode default".to_string())];
+            choices.extend(config.opencode_models.iter().map(|model| (model.clone(), model.clone())));
+            let model = stored(session_config, "model").unwrap_or(DEFAULT).to_string();
+            let mut specs = Vec::new();
+            let variants = config.opencode_variants.get(&model).filter(|variants| !variants.is_empty());
+            specs.push(Spec {
+                id: "model",
+                name: "Model",
+                category: SessionConfigOptionCategory::Model,
+                choices,
+                current: model,
+            });
+            if let Some(variants) = variants {
+                let mut choices = vec![(DEFAULT.to_string(), "Default".to_string())];
+                choices.extend(variants.iter().map(|variant| (variant.clone(), capitalize(variant))));
+                specs.push(Spec {
+                    id: "variant",
+                    name: "Reasoning",
+                    category: SessionConfigOptionCategory::ThoughtLevel,
+                    choices,
+                    current: stored(session_config, "variant").unwrap_or(DEFAULT).to_string(),
+                });
+            }
+            specs
+        }
     }
 }
 
 /// The complete option list of a session.
 pub fn config_options(agent: AgentKind, session_config: &Value, config: &Config) -> Vec<SessionConfigOption> {
-    let mut choices = choices(agent, config);
-    let current = current(agent, session_config, config);
-    if !choices.iter().any(|(value, _)| *value == current) {
-        // A value set on the command line or by an older configuration stays selectable.
-        choices.push((current.clone(), current.clone()));
-    }
-    let (name, category) = match agent {
-        AgentKind::Amp => ("Mode", SessionConfigOptionCategory::Mode),
-        AgentKind::OpenCode => ("Model", SessionConfigOptionCategory::Model),
-    };
-    let options: Vec<SessionConfigSelectOption> =
-        choices.into_iter().map(|(value, name)| SessionConfigSelectOption::new(value, name)).collect();
-    vec![
-        SessionConfigOption::new(
-            default_key(agent),
-            name,
-            SessionConfigKind::Select(SessionConfigSelect::new(current, options)),
-        )
-        .category(category),
-    ]
+    specs(agent, session_config, config)
+        .into_iter()
+        .map(|mut spec| {
+            if !spec.choices.iter().any(|(value, _)| *value == spec.current) {
+                // A value set on the command line or by an older configuration stays selectable.
+                spec.choices.push((spec.current.clone(), spec.current.clone()));
+            }
+            let options: Vec<SessionConfigSelectOption> =
+                spec.choices.into_iter().map(|(value, name)| SessionConfigSelectOption::new(value, name)).collect();
+            SessionConfigOption::new(
+                spec.id,
+                spec.name,
+                SessionConfigKind::Select(SessionConfigSelect::new(spec.current, options)),
+            )
+            .category(spec.category)
+        })
+        .collect()
 }
 
 /// Applies a change, returning the new session config. Unknown options or values are invalid params.
 pub fn apply(agent: AgentKind, session_config: &Value, option: &str, value: &str, config: &Config) -> Result<Value> {
-    if option != default_key(agent) {
+    let specs = specs(agent, session_config, config);
+    let Some(spec) = specs.iter().find(|spec| spec.id == option) else {
         return Err(Error::InvalidParams(format!("{} has no config option {option:?}", agent.display_name())));
-    }
-    let known = choices(agent, config).iter().any(|(choice, _)| choice == value)
-        || current(agent, session_config, config) == value;
-    if !known {
+    };
+    if spec.current != value && !spec.choices.iter().any(|(choice, _)| choice == value) {
         return Err(Error::InvalidParams(format!("{value:?} is not a value of {option}")));
     }
     let mut updated = if session_config.is_object() { session_config.clone() } else { json!({}) };
     updated[option] = json!(value);
+    if option == "model"
+        && let Some(variant) = stored(&updated, "variant")
+        && !config.opencode_variants.get(value).is_some_and(|variants| variants.iter().any(|v| v == variant))
+        && let Some(object) = updated.as_object_mut()
+    {
+        // The new model has no such variant.
+        object.remove("variant");
+    }
     Ok(updated)
 }
 
 /// The model to pass to OpenCode, if one was chosen.
 pub fn opencode_model(session_config: &Value) -> Option<&str> {
-    session_config.get("model").and_then(Value::as_str).filter(|model| *model != DEFAULT)
+    stored(session_config, "model").filter(|model| *model != DEFAULT)
+}
+
+/// The variant to pass to OpenCode, if one was chosen.
+pub fn opencode_variant(session_config: &Value) -> Option<&str> {
+    stored(session_config, "variant").filter(|variant| *variant != DEFAULT)
 }
 
 /// The mode to pass to Amp, if one was chosen.
 pub fn amp_mode(session_config: &Value) -> Option<&str> {
-    session_config.get("mode").and_then(Value::as_str)
+    stored(session_config, "mode")
 }
 
 #[cfg(test)]
@@ -109,7 +146,8 @@ mod tests {
 
     fn config() -> Config {
         let mut config = Config::new(AgentKind::OpenCode, "/tmp/x".into());
-        config.opencode_models = vec!["fake/fake-model".into()];
+        config.opencode_models = vec!["fake/fake-model".into(), "fake/thinker".into()];
+        config.opencode_variants.insert("fake/thinker".into(), vec!["high".into(), "low".into()]);
         config
     }
 
@@ -117,10 +155,23 @@ mod tests {
     fn opencode_offers_default_and_configured_models() {
         let options = config_options(AgentKind::OpenCode, &json!({}), &config());
         let value = serde_json::to_value(&options).unwrap();
+        assert_eq!(value.as_array().unwrap().len(), 1, "no variants for the default model");
         assert_eq!(value[0]["id"], "model");
         assert_eq!(value[0]["category"], "model");
         assert_eq!(value[0]["currentValue"], "default");
         assert_eq!(value[0]["options"][1]["value"], "fake/fake-model");
+    }
+
+    #[test]
+    fn a_model_with_variants_offers_a_reasoning_option() {
+        let session = apply(AgentKind::OpenCode, &json!({}), "model", "fake/thinker", &config()).unwrap();
+        let value = serde_json::to_value(config_options(AgentKind::OpenCode, &session, &config())).unwrap();
+        assert_eq!(value[1]["id"], "variant");
+        assert_eq!(value[1]["category"], "thought_level");
+        let session = apply(AgentKind::OpenCode, &session, "variant", "high", &config()).unwrap();
+        assert_eq!(opencode_variant(&session), Some("high"));
+        let session = apply(AgentKind::OpenCode, &session, "model", "fake/fake-model", &config()).unwrap();
+        assert_eq!(opencode_variant(&session), None, "a variant the new model lacks is dropped");
     }
 
     #[test]

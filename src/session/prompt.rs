@@ -59,6 +59,21 @@ pub fn render(blocks: &[ContentBlock], accepts_images: bool) -> RenderedPrompt {
     rendered
 }
 
+/// When the prompt starts with `/name` and `name` is one of the CLI's commands, takes the command off the
+/// text (which keeps its arguments) and returns its name.
+pub fn split_command<'a>(text: &mut String, commands: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let rest = text.strip_prefix('/')?;
+    let name_end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+    let name = &rest[..name_end];
+    if name.is_empty() || !commands.into_iter().any(|command| command == name) {
+        return None;
+    }
+    let name = name.to_string();
+    let arguments = rest[name_end..].trim_start().to_string();
+    *text = arguments;
+    Some(name)
+}
+
 /// A title for the history list: the first line of the prompt's text, shortened.
 pub fn title(blocks: &[ContentBlock]) -> Option<String> {
     let text: String = blocks
@@ -159,6 +174,19 @@ mod tests {
         let rendered = render(&[image], false);
         assert!(rendered.images.is_empty());
         assert_eq!(rendered.dropped.len(), 1);
+    }
+
+    #[test]
+    fn a_known_slash_command_is_split_from_its_arguments() {
+        let mut text = "/review branch main".to_string();
+        assert_eq!(split_command(&mut text, ["init", "review"]), Some("review".into()));
+        assert_eq!(text, "branch main");
+        let mut unknown = "/etc/hosts is odd".to_string();
+        assert_eq!(split_command(&mut unknown, ["init", "review"]), None);
+        assert_eq!(unknown, "/etc/hosts is odd");
+        let mut bare = "/init".to_string();
+        assert_eq!(split_command(&mut bare, ["init"]), Some("init".into()));
+        assert_eq!(bare, "");
     }
 
     #[test]

@@ -144,7 +144,9 @@ impl Turn<'_> {
             self.bridge.store.set_title(&self.record.id, &title)?;
             emit.send(SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title)));
         }
-        let rendered = prompt::render(&self.blocks, self.agent.accepts_images());
+        let mut rendered = prompt::render(&self.blocks, self.agent.accepts_images());
+        let commands = self.agent.commands(&Bridge::user_dirs().0, &workspace);
+        let command = prompt::split_command(&mut rendered.text, commands.iter().map(|c| c.name.as_str()));
         if !rendered.dropped.is_empty() {
             emit.send(note(&format!(
                 "_{} cannot take {}; {} left out of this prompt._",
@@ -157,7 +159,9 @@ impl Turn<'_> {
         let sandbox = self.sandbox(&workspace).await?;
         let mut native_id = self.record.native_id.clone();
         loop {
-            match self.attempt(emit, sandbox.as_ref(), &executable, native_id.as_deref(), &rendered).await? {
+            let attempt =
+                self.attempt(emit, sandbox.as_ref(), &executable, native_id.as_deref(), command.as_deref(), &rendered);
+            match attempt.await? {
                 Attempt::Finished(result) => return result,
                 Attempt::ConversationMissing => {
                     let Some(old) = native_id.take() else {
@@ -277,6 +281,7 @@ impl Turn<'_> {
         sandbox: &dyn Sandbox,
         executable: &std::path::Path,
         native_id: Option<&str>,
+        command: Option<&str>,
         rendered: &prompt::RenderedPrompt,
     ) -> Result<Attempt> {
         let mut files = Vec::new();
@@ -297,9 +302,10 @@ impl Turn<'_> {
         let request = TurnRequest {
             native_id,
             model: options::opencode_model(config),
-            variant: None,
+            variant: options::opencode_variant(config),
             mode: options::amp_mode(config),
             files: &files,
+            command,
         };
         let (user_config, user_data) = Bridge::user_dirs();
         let spec = ExecSpec {

@@ -536,6 +536,38 @@ mod tests {
     }
 
     #[test]
+    fn two_stores_on_one_file_write_concurrently_without_losing_anything() {
+        // Two Zed windows are two bridge processes on one data dir; two connections model them here.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite3");
+        let writers: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|id| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let store = Store::open(&path).unwrap();
+                    store.create_session(&record(id, "/w", 1)).unwrap();
+                    let turn = store.start_turn(id, &json!([])).unwrap();
+                    for n in 0..300 {
+                        store.append_event(id, turn, &json!({ "n": n })).unwrap();
+                    }
+                    store.end_turn(turn, TurnStatus::Done, Some("end_turn"), None, 0.0).unwrap();
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        for id in ["a", "b"] {
+            let history = store.history(id, usize::MAX).unwrap();
+            assert_eq!(history.turns[0].1.len(), 300, "session {id}");
+        }
+        let integrity: String = store.lock().query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
+        assert_eq!(integrity, "ok");
+    }
+
+    #[test]
     fn running_turn_of_a_dead_process_is_marked_interrupted() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("db.sqlite3")).unwrap();

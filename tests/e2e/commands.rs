@@ -79,3 +79,57 @@ fn doctor_reports_the_configured_cli_and_sandbox() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(&fakes_dir().join("opencode").display().to_string()), "doctor: {text}");
 }
+
+#[test]
+fn a_cli_not_found_is_installed_from_npm_on_first_use_and_shown_as_a_tool_call() {
+    let dirs = TestDirs::new("install");
+    let ws = dirs.workspace("ws");
+    // A stand-in for npm: installs a package whose executable is the fake OpenCode.
+    let bin = dirs.root().join("fake-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let npm = bin.join("npm");
+    std::fs::write(
+        &npm,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> '{log}'\nwhile [ $# -gt 0 ]; do [ \"$1\" = --prefix ] && prefix=\"$2\"; shift; done\n\
+             mkdir -p \"$prefix/node_modules/.bin\"\n\
+             printf '#!/bin/sh\\nexec %s \"$@\"\\n' '{fake}' > \"$prefix/node_modules/.bin/opencode\"\n\
+             chmod +x \"$prefix/node_modules/.bin/opencode\"\n",
+            log = dirs.root().join("npm.log").display(),
+            fake = fakes_dir().join("opencode").display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&npm, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let options = BridgeOptions::new("opencode", &dirs.data)
+        .without_env("ACP_SANDBOX_OPENCODE_BIN")
+        .env("PATH", &format!("{}:/usr/bin:/bin", bin.display()));
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+
+    let first = bridge.prompt(&sid, "Say hello");
+    assert_eq!(first.stop_reason(), "end_turn");
+    let install = first
+        .updates
+        .iter()
+        .find(|u| {
+            u["sessionUpdate"] == "tool_call" && u["title"].as_str().unwrap_or("").contains("Installing OpenCode")
+        })
+        .unwrap_or_else(|| panic!("no install card: {:?}", first.updates));
+    let id = install["toolCallId"].clone();
+    assert!(
+        first.updates.iter().any(|u| u["toolCallId"] == id && u["status"] == "completed"),
+        "the install card must complete"
+    );
+    let npm_log = std::fs::read_to_string(dirs.root().join("npm.log")).unwrap();
+    assert!(npm_log.contains("install") && npm_log.contains("opencode-ai@1.18.33"), "{npm_log}");
+
+    let second = bridge.prompt(&sid, "Say hello again");
+    assert_eq!(second.stop_reason(), "end_turn");
+    assert!(
+        !second.updates.iter().any(|u| u["title"].as_str().unwrap_or("").contains("Installing")),
+        "the second turn reuses the installed CLI"
+    );
+    assert_eq!(std::fs::read_to_string(dirs.root().join("npm.log")).unwrap().lines().count(), 1);
+}

@@ -98,3 +98,30 @@ fn resume_restores_a_session_without_replay_and_continues_it() {
     assert_eq!(next.stop_reason(), "end_turn");
     assert_eq!(invocations(&ws)[1].flag_value("--session").as_deref(), Some(cli_session.as_str()));
 }
+
+#[test]
+fn load_caps_the_replay_and_says_what_was_cut() {
+    let dirs = TestDirs::new("replay-cap");
+    let ws = dirs.workspace("ws");
+    // Each turn of the text scenario stores about three updates plus its prompt.
+    let options = || BridgeOptions::new("opencode", &dirs.data).arg("--replay-limit").arg("6");
+    let mut bridge = Bridge::start(options());
+    let sid = bridge.new_session(&ws);
+    for n in 1..=3 {
+        assert_eq!(bridge.prompt(&sid, &format!("turn number {n}")).stop_reason(), "end_turn");
+    }
+    drop(bridge);
+
+    let mut bridge = Bridge::start(options());
+    let load = bridge.load_session(&sid, &ws);
+    load.result.as_ref().expect("load must succeed");
+    let user_text = text_of(&load.updates, "user_message_chunk");
+    assert!(user_text.contains("turn number 3"), "the newest turn is replayed: {user_text}");
+    assert!(!user_text.contains("turn number 1"), "the oldest turn is cut: {user_text}");
+    let first_agent_text = load.updates.iter().find(|u| u["sessionUpdate"] == "agent_message_chunk").unwrap();
+    assert!(
+        first_agent_text["content"]["text"].as_str().unwrap_or_default().contains("not shown"),
+        "a visible note must come first and say history was cut: {first_agent_text}"
+    );
+    assert_eq!(bridge.prompt(&sid, "and now?").stop_reason(), "end_turn", "a cut replay still continues");
+}

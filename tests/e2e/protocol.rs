@@ -145,3 +145,18 @@ fn stdin_eof_exits_0_and_kills_the_running_cli_tree() {
     );
     assert_no_processes_under(&ws, "after the bridge exited");
 }
+
+#[test]
+fn every_kind_of_mcp_server_the_editor_offers_is_accepted() {
+    let dirs = TestDirs::new("mcp");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let servers = json!([
+        {"name": "local tool", "command": "/usr/bin/true", "args": ["--x"], "env": [{"name": "K", "value": "V"}]},
+        {"type": "http", "name": "remote", "url": "http://127.0.0.1:9/mcp", "headers": [{"name": "A", "value": "b"}]},
+        {"type": "sse", "name": "old", "url": "http://127.0.0.1:9/sse", "headers": []}
+    ]);
+    let created = bridge.request("session/new", json!({"cwd": ws, "mcpServers": servers})).expect("session/new");
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+}

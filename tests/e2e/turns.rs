@@ -282,3 +282,95 @@ fn silent_cli_is_ended_after_the_idle_timeout() {
     assert_no_processes_under(&ws, "after the idle timeout");
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session works afterwards");
 }
+
+#[test]
+fn opencode_commands_are_offered_and_run_with_their_arguments() {
+    let dirs = TestDirs::new("slash-commands");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let update =
+        bridge.wait_update(&sid, "available_commands_update", |u| u["sessionUpdate"] == "available_commands_update");
+    let names: Vec<&str> =
+        update["availableCommands"].as_array().unwrap().iter().filter_map(|c| c["name"].as_str()).collect();
+    assert!(names.contains(&"init") && names.contains(&"review"), "{update}");
+
+    assert_eq!(bridge.prompt(&sid, "/review branch main").stop_reason(), "end_turn");
+    let run = &invocations(&ws)[0];
+    assert_eq!(run.flag_value("--command").as_deref(), Some("review"), "{:?}", run.argv());
+    assert_eq!(run.stdin_text(), "branch main", "the rest of the prompt is the command's arguments");
+    assert_eq!(bridge.prompt(&sid, "/etc/hosts looks wrong").stop_reason(), "end_turn");
+    assert!(!invocations(&ws)[1].has_flag("--command"), "a path is not a command");
+}
+
+#[test]
+fn models_and_variants_of_the_users_opencode_config_are_offered_and_reach_the_cli() {
+    let dirs = TestDirs::new("models");
+    let ws = dirs.workspace("ws");
+    let config = dirs.root().join("xdg-config");
+    std::fs::create_dir_all(config.join("opencode")).unwrap();
+    std::fs::write(
+        config.join("opencode/opencode.json"),
+        r#"{"provider": {"fake": {"models": {"fast": {}, "thinker": {"variants": {"high": {}, "low": {}}}}}}}"#,
+    )
+    .unwrap();
+    let options = BridgeOptions::new("opencode", &dirs.data).env("XDG_CONFIG_HOME", config.to_str().unwrap());
+    let mut bridge = Bridge::start(options);
+    let created = bridge.request("session/new", json!({"cwd": ws, "mcpServers": []})).unwrap();
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    let offered: Vec<&str> = created["configOptions"][0]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|option| option["value"].as_str())
+        .collect();
+    assert_eq!(offered, ["default", "fake/fast", "fake/thinker"], "{created}");
+
+    let set = |bridge: &mut Bridge, id: &str, value: &str| {
+        bridge
+            .request("session/set_config_option", json!({"sessionId": sid, "configId": id, "value": value}))
+            .unwrap_or_else(|e| panic!("set {id}={value}: {e}"))
+    };
+    let after_model = set(&mut bridge, "model", "fake/thinker");
+    assert_eq!(after_model["configOptions"][1]["id"], "variant", "{after_model}");
+    set(&mut bridge, "variant", "high");
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    let run = &invocations(&ws)[0];
+    assert_eq!(run.flag_value("--model").as_deref(), Some("fake/thinker"));
+    assert_eq!(run.flag_value("--variant").as_deref(), Some("high"));
+    let bad =
+        bridge.request("session/set_config_option", json!({"sessionId": sid, "configId": "model", "value": "x/y"}));
+    assert!(bad.is_err(), "an unknown model is refused");
+}
+
+#[test]
+fn an_image_reaches_opencode_as_an_attached_file() {
+    let dirs = TestDirs::new("image");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let init = bridge.initialize();
+    assert_eq!(init["agentCapabilities"]["promptCapabilities"]["image"], true, "{init}");
+    let sid = bridge.new_session(&ws);
+    // "hello" in base64.
+    let id = bridge.send_prompt_blocks(
+        &sid,
+        vec![
+            json!({"type": "text", "text": "What is in this picture?"}),
+            json!({"type": "image", "mimeType": "image/png", "data": "aGVsbG8="}),
+        ],
+    );
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "end_turn");
+    let run = &invocations(&ws)[0];
+    let file = run.flag_value("--file").unwrap_or_else(|| panic!("no --file in {:?}", run.argv()));
+    assert!(file.ends_with(".png"), "{file}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"hello");
+    assert_eq!(run.stdin_text(), "What is in this picture?");
+}
+
+#[test]
+fn amp_does_not_advertise_images() {
+    let dirs = TestDirs::new("amp-image");
+    let mut bridge = Bridge::spawn(BridgeOptions::new("amp", &dirs.data));
+    let init = bridge.initialize();
+    assert_eq!(init["agentCapabilities"]["promptCapabilities"]["image"], false, "{init}");
+}

@@ -28,6 +28,10 @@ pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
     if let Some(session) = turn.native_id {
         args.extend(["--session".to_string(), session.to_string()]);
     }
+    if let Some(command) = turn.command {
+        // The prompt on stdin becomes the command's arguments.
+        args.extend(["--command".to_string(), command.to_string()]);
+    }
     for file in turn.files {
         args.extend(["--file".to_string(), file.display().to_string()]);
     }
@@ -67,4 +71,103 @@ pub fn user_config(user_config_dir: &Path, user_data_dir: &Path, state_dir: &Pat
 /// Whether stderr says the `--session` we passed is gone (the state dir was lost).
 pub fn session_missing(stderr: &str) -> bool {
     stderr.contains("Session not found")
+}
+
+/// A slash command OpenCode runs non-interactively (`opencode run --command NAME`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Command {
+    /// The name, typed as `/name`.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// A hint for its arguments, if it takes any.
+    pub hint: Option<String>,
+}
+
+/// OpenCode's commands: its built-ins, then the user's (`command` in `opencode.json`, Markdown files in
+/// `command/` or `commands/` of the user's config dir and of the workspace's `.opencode/`). Later
+/// definitions of a name replace earlier ones, as in OpenCode.
+pub fn commands(user_config_dir: &Path, workspace: &Path) -> Vec<Command> {
+    let mut commands = vec![
+        Command { name: "init".into(), description: "guided AGENTS.md setup".into(), hint: None },
+        Command {
+            name: "review".into(),
+            description: "review changes [commit|branch|pr], defaults to uncommitted".into(),
+            hint: Some("commit|branch|pr".into()),
+        },
+    ];
+    let mut add = |command: Command| {
+        commands.retain(|existing| existing.name != command.name);
+        commands.push(command);
+    };
+    for dir in [user_config_dir.join("opencode"), workspace.join(".opencode")] {
+        for name in ["opencode.json", "opencode.jsonc"] {
+            let Ok(text) = std::fs::read_to_string(dir.join(name)) else { continue };
+            let Ok(config) = serde_json::from_str::<serde_json::Value>(&crate::config::strip_line_comments(&text))
+            else {
+                continue;
+            };
+            for (name, body) in config.get("command").and_then(|c| c.as_object()).into_iter().flatten() {
+                let description = body.get("description").and_then(|d| d.as_str()).unwrap_or("custom command");
+                add(Command { name: name.clone(), description: description.to_string(), hint: None });
+            }
+        }
+        for sub in ["command", "commands"] {
+            let Ok(entries) = std::fs::read_dir(dir.join(sub)) else { continue };
+            let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+            files.sort();
+            for file in files {
+                if file.extension().and_then(|e| e.to_str()) != Some("md") {
+                    continue;
+                }
+                let Some(name) = file.file_stem().and_then(|s| s.to_str()) else { continue };
+                let text = std::fs::read_to_string(&file).unwrap_or_default();
+                let description = front_matter(&text, "description").unwrap_or_else(|| "custom command".into());
+                add(Command { name: name.to_string(), description, hint: None });
+            }
+        }
+    }
+    commands
+}
+
+/// A `key: value` of a Markdown file's front matter.
+fn front_matter(text: &str, key: &str) -> Option<String> {
+    let body = text.strip_prefix("---")?;
+    let end = body.find("\n---")?;
+    body[..end].lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        (name.trim() == key).then(|| value.trim().trim_matches('"').trim_matches('\'').to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_the_builtins_plus_the_users_and_the_projects() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config");
+        let workspace = dir.path().join("ws");
+        std::fs::create_dir_all(config.join("opencode/command")).unwrap();
+        std::fs::create_dir_all(workspace.join(".opencode/commands")).unwrap();
+        std::fs::write(
+            config.join("opencode/opencode.json"),
+            r#"{"command": {"test": {"template": "run the tests", "description": "Run tests"}}}"#,
+        )
+        .unwrap();
+        std::fs::write(config.join("opencode/command/fix.md"), "---\ndescription: Fix the build\n---\nFix it").unwrap();
+        std::fs::write(workspace.join(".opencode/commands/test.md"), "no front matter").unwrap();
+        let names: Vec<(String, String)> =
+            commands(&config, &workspace).into_iter().map(|c| (c.name, c.description)).collect();
+        assert_eq!(
+            names,
+            [
+                ("init".to_string(), "guided AGENTS.md setup".to_string()),
+                ("review".into(), "review changes [commit|branch|pr], defaults to uncommitted".into()),
+                ("fix".into(), "Fix the build".into()),
+                ("test".into(), "custom command".into()),
+            ]
+        );
+    }
 }
