@@ -666,6 +666,37 @@ fn restart_between_turns_continues_the_opencode_session_bwrap() {
     }
 }
 
+// ---- slash commands -----------------------------------------------------------------------------------------
+
+/// A command from the user's `opencode.json` is offered to the editor and `/greet world` runs it for real
+/// (`opencode run --command greet`, the arguments on stdin): the model gets the expanded template.
+#[test]
+fn user_slash_command_runs_in_opencode() {
+    let Some(world) = World::new("user_slash_command") else { return };
+    let config_path = world.user_config.join("opencode/opencode.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["command"] =
+        json!({"greet": {"template": "SCENARIO:text greet $ARGUMENTS please", "description": "Greets someone"}});
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let ws = world.workspace("ws");
+    let mut bridge = world.start("none");
+    let sid = bridge.new_session(&ws);
+    let offered =
+        bridge.wait_update(&sid, "available_commands_update", |u| u["sessionUpdate"] == "available_commands_update");
+    let names: Vec<&str> =
+        offered["availableCommands"].as_array().unwrap().iter().filter_map(|c| c["name"].as_str()).collect();
+    assert!(names.contains(&"greet"), "the user's command is offered: {names:?}");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "/greet world", "slash command");
+    assert_end_turn(&bridge, &turn);
+    assert!(turn.agent_text().contains("PLAIN-ANSWER-OK"), "{:#?}", turn.updates);
+    let chats = world.server.chats("text");
+    let users = messages_text(chats.last().expect("the command reached the model"), "user");
+    assert!(
+        users.iter().any(|u| u.contains("SCENARIO:text greet world please")),
+        "the model got the expanded template: {users:?}"
+    );
+}
+
 // ---- the --model flag ----------------------------------------------------------------------------------------
 
 #[test]
