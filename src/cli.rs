@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acp_sandbox::agents::AgentKind;
-use acp_sandbox::config::{Config, SandboxChoice, opencode_models_from};
+use acp_sandbox::config::{Config, OpenCodeModels, SandboxChoice};
 use acp_sandbox::error::to_acp_error;
 use acp_sandbox::sandbox::local::{Isolation, probe_bwrap};
 use acp_sandbox::session::{Bridge, UpdateSink};
@@ -126,7 +126,11 @@ impl Settings {
             config.amp_modes = modes;
         }
         if let Some(dirs) = directories::BaseDirs::new() {
-            (config.opencode_models, config.opencode_variants) = opencode_models_from(dirs.config_dir());
+            let models = OpenCodeModels::read(dirs.config_dir());
+            config.opencode_models = models.models;
+            config.opencode_variants = models.variants;
+            config.opencode_context = models.context;
+            config.opencode_default_model = models.default;
         }
         config
     }
@@ -304,11 +308,14 @@ async fn prompt(config: Config, text: Option<String>, json: bool, session: Optio
     let sink = Arc::new(PrintSink { json, at_line_start: Mutex::new(true) });
     let cancel_bridge = bridge.clone();
     let cancel_id = session_id.clone();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("\ncancelling…");
-            cancel_bridge.cancel(&cancel_id);
+        // Either signal cancels the turn, which kills the CLI's whole tree before this command exits.
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => eprintln!("\ncancelling…"),
+            _ = terminate.recv() => {}
         }
+        cancel_bridge.cancel(&cancel_id);
     });
     let result = bridge.prompt(&session_id, vec![ContentBlock::from(text)], sink.clone()).await;
     if !*sink.at_line_start.lock().unwrap_or_else(|p| p.into_inner()) {

@@ -54,6 +54,10 @@ pub struct Config {
     pub opencode_models: Vec<String>,
     /// The variants (reasoning efforts) each of those models defines, by model.
     pub opencode_variants: std::collections::BTreeMap<String, Vec<String>>,
+    /// The context window (`limit.context`) each of those models declares, by model.
+    pub opencode_context: std::collections::BTreeMap<String, u64>,
+    /// The model OpenCode uses when none is chosen (`model` of the user's config).
+    pub opencode_default_model: Option<String>,
 }
 
 impl Config {
@@ -79,6 +83,8 @@ impl Config {
             amp_modes: ["medium", "low", "high", "ultra"].map(String::from).to_vec(),
             opencode_models: Vec::new(),
             opencode_variants: Default::default(),
+            opencode_context: Default::default(),
+            opencode_default_model: None,
         }
     }
 
@@ -102,6 +108,15 @@ impl Config {
         self.data_dir.join("tools")
     }
 
+    /// The context window to report for an OpenCode model (`None`: OpenCode's default model).
+    pub fn opencode_context_window(&self, model: Option<&str>) -> u64 {
+        model
+            .or(self.opencode_default_model.as_deref())
+            .and_then(|model| self.opencode_context.get(model))
+            .copied()
+            .unwrap_or(self.context_window)
+    }
+
     /// The override executable for an agent, if any.
     pub fn bin_override(&self, agent: AgentKind) -> Option<&PathBuf> {
         match agent {
@@ -111,36 +126,51 @@ impl Config {
     }
 }
 
-/// The models a user's OpenCode configuration names (its default `model`, `small_model` and every
-/// `provider.<id>.models.<id>`) and the `variants` each model defines. A missing or unreadable file yields none.
-pub fn opencode_models_from(
-    config_dir: &std::path::Path,
-) -> (Vec<String>, std::collections::BTreeMap<String, Vec<String>>) {
-    let mut models = Vec::new();
-    let mut variants = std::collections::BTreeMap::new();
-    for name in ["opencode.json", "opencode.jsonc", "config.json"] {
-        let Ok(text) = std::fs::read_to_string(config_dir.join("opencode").join(name)) else { continue };
-        let Ok(value) = serde_json::from_str::<serde_json::Value>(&strip_line_comments(&text)) else { continue };
-        for key in ["model", "small_model"] {
-            if let Some(model) = value.get(key).and_then(|m| m.as_str()) {
-                models.push(model.to_string());
+/// What a user's OpenCode configuration says about models.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpenCodeModels {
+    /// Its default `model`, `small_model` and every `provider.<id>.models.<id>`, as `provider/model`.
+    pub models: Vec<String>,
+    /// The `variants` each model defines.
+    pub variants: std::collections::BTreeMap<String, Vec<String>>,
+    /// The `limit.context` each model declares.
+    pub context: std::collections::BTreeMap<String, u64>,
+    /// The `model` OpenCode uses by default.
+    pub default: Option<String>,
+}
+
+impl OpenCodeModels {
+    /// Reads `opencode.json[c]` of the user's config dir. A missing or unreadable file yields nothing.
+    pub fn read(config_dir: &std::path::Path) -> Self {
+        let mut found = Self::default();
+        for name in ["opencode.json", "opencode.jsonc", "config.json"] {
+            let Ok(text) = std::fs::read_to_string(config_dir.join("opencode").join(name)) else { continue };
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(&strip_line_comments(&text)) else { continue };
+            if let Some(model) = value.get("model").and_then(|m| m.as_str()) {
+                found.default = Some(model.to_string());
             }
-        }
-        if let Some(providers) = value.get("provider").and_then(|p| p.as_object()) {
-            for (provider, body) in providers {
+            for key in ["model", "small_model"] {
+                if let Some(model) = value.get(key).and_then(|m| m.as_str()) {
+                    found.models.push(model.to_string());
+                }
+            }
+            for (provider, body) in value.get("provider").and_then(|p| p.as_object()).into_iter().flatten() {
                 for (model, spec) in body.get("models").and_then(|m| m.as_object()).into_iter().flatten() {
                     let id = format!("{provider}/{model}");
                     if let Some(names) = spec.get("variants").and_then(|v| v.as_object()) {
-                        variants.insert(id.clone(), names.keys().cloned().collect());
+                        found.variants.insert(id.clone(), names.keys().cloned().collect());
                     }
-                    models.push(id);
+                    if let Some(context) = spec.pointer("/limit/context").and_then(|c| c.as_u64()) {
+                        found.context.insert(id.clone(), context);
+                    }
+                    found.models.push(id);
                 }
             }
         }
+        let mut seen = std::collections::HashSet::new();
+        found.models.retain(|model| seen.insert(model.clone()));
+        found
     }
-    let mut seen = std::collections::HashSet::new();
-    models.retain(|model| seen.insert(model.clone()));
-    (models, variants)
 }
 
 /// Drops `//` comments outside strings (OpenCode accepts JSONC).
@@ -181,12 +211,14 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("opencode")).unwrap();
         std::fs::write(
             dir.path().join("opencode/opencode.jsonc"),
-            "{ // comment\n \"model\": \"a/b\", \"provider\": {\"fake\": {\"models\": {\"m1\": {}, \"m2\": {\"variants\": {\"high\": {}, \"low\": {}}}}}}}",
+            "{ // comment\n \"model\": \"a/b\", \"provider\": {\"fake\": {\"models\": {\"m1\": {\"limit\": {\"context\": 128000}}, \"m2\": {\"variants\": {\"high\": {}, \"low\": {}}}}}}}",
         )
         .unwrap();
-        let (models, variants) = opencode_models_from(dir.path());
-        assert_eq!(models, ["a/b", "fake/m1", "fake/m2"]);
-        assert_eq!(variants.get("fake/m2").unwrap(), &["high", "low"]);
-        assert!(opencode_models_from(&dir.path().join("missing")).0.is_empty());
+        let found = OpenCodeModels::read(dir.path());
+        assert_eq!(found.models, ["a/b", "fake/m1", "fake/m2"]);
+        assert_eq!(found.variants.get("fake/m2").unwrap(), &["high", "low"]);
+        assert_eq!(found.context.get("fake/m1"), Some(&128_000));
+        assert_eq!(found.default.as_deref(), Some("a/b"));
+        assert_eq!(OpenCodeModels::read(&dir.path().join("missing")), OpenCodeModels::default());
     }
 }

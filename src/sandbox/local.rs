@@ -361,6 +361,32 @@ pub fn kill_tree(root: u32) {
     }
 }
 
+/// Processes that CLIs of this data dir left running when their bridge was killed (a plain process group
+/// has nothing like bubblewrap's PID namespace to take them down): every process a CLI starts inherits its
+/// HOME, `<sessions dir>/<session id>/home`. Returns (pid, session id).
+pub fn leftover_processes(sessions_dir: &Path) -> Vec<(i32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let own = std::process::id() as i32;
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else { continue };
+        if pid == own {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        let home = environ.split(|&b| b == 0).find_map(|var| var.strip_prefix(b"HOME="));
+        let Some(home) = home.and_then(|h| std::str::from_utf8(h).ok()).map(Path::new) else { continue };
+        if home.file_name().is_some_and(|name| name == "home")
+            && let Some(session_dir) = home.parent()
+            && session_dir.parent() == Some(sessions_dir)
+            && let Some(session) = session_dir.file_name().and_then(|name| name.to_str())
+        {
+            found.push((pid, session.to_string()));
+        }
+    }
+    found
+}
+
 /// The processes below `root` (by parent links) and in its process group, read from `/proc`.
 fn descendants(root: i32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {

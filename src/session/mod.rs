@@ -86,8 +86,19 @@ impl Bridge {
     pub fn open(config: Config) -> Result<Self> {
         let store = Arc::new(Store::open(&config.database_path())?);
         let isolation = Isolation::resolve(config.sandbox)?;
-        if let Isolation::None(why) = &isolation {
-            tracing::warn!("CLIs run WITHOUT a sandbox: {why}");
+        match &isolation {
+            // Falling back silently would hide that the agent has the whole machine.
+            Isolation::None(why) if config.sandbox == crate::config::SandboxChoice::Auto => {
+                tracing::warn!("CLIs run WITHOUT a sandbox: {why}")
+            }
+            Isolation::None(why) => tracing::info!("CLIs run without a sandbox: {why}"),
+            Isolation::Bwrap(_) => {}
+        }
+        for (pid, session) in crate::sandbox::local::leftover_processes(&config.sessions_dir()) {
+            if !store.running_elsewhere(&session)? {
+                tracing::warn!(session = %session, pid, "killing a process an earlier, killed bridge left running");
+                crate::sandbox::local::kill_tree(pid as u32);
+            }
         }
         let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), isolation.clone()));
         Ok(Self {

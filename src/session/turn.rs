@@ -330,7 +330,10 @@ impl Turn<'_> {
             workspace: PathBuf::from(&self.record.cwd),
             agent_workspace: sandbox.workspace().to_path_buf(),
             terminal_output: self.bridge.terminal_output(),
-            context_window: self.bridge.config().context_window,
+            context_window: match self.agent {
+                AgentKind::OpenCode => self.bridge.config().opencode_context_window(options::opencode_model(config)),
+                AgentKind::Amp => self.bridge.config().context_window,
+            },
             turn_key: format!("{}-", emit.turn_id),
         };
         let mut translator = self.agent.translator(context);

@@ -107,3 +107,27 @@ fn cancel_inside_bwrap_ends_every_process_of_the_turn() {
     assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "cancelled");
     assert_no_processes_under(&ws, "after the cancel");
 }
+
+#[test]
+fn processes_left_by_a_killed_bridge_are_ended_when_the_next_bridge_starts() {
+    // Without bubblewrap nothing takes down a grandchild in its own session when the bridge is SIGKILLed
+    // (what Zed does); the next bridge on the data dir finds it by its HOME and ends it.
+    let dirs = TestDirs::new("leftovers");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    let (_, cli, grandchild) = start_turn_with_grandchild(&mut bridge, &sid, &ws);
+    let _guards = (KillOnDrop(cli), KillOnDrop(grandchild));
+    bridge.kill9();
+    assert!(wait_until(Duration::from_secs(5), || !pid_alive(cli)), "the CLI dies with its bridge");
+    assert!(pid_alive(grandchild), "precondition: the grandchild outlived the killed bridge");
+
+    let mut next = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    assert!(
+        wait_until(Duration::from_secs(5), || !pid_alive(grandchild)),
+        "the next bridge must end what the killed one left running"
+    );
+    let load = next.load_session(&sid, &ws);
+    assert!(load.result.is_ok(), "{:?}", load.result);
+    assert_eq!(next.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+}
