@@ -7,7 +7,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use acp_sandbox::agents::{AgentKind, Output, TranslateContext, translate_all};
-use agent_client_protocol::v1::schema::SessionUpdate;
+use agent_client_protocol::v1::schema::{SessionNotification, SessionUpdate};
+
+#[path = "support/schema.rs"]
+#[allow(dead_code)]
+mod schema;
 
 /// The cwd each CLI ran in when the fixtures were recorded.
 fn workspace(kind: AgentKind) -> &'static str {
@@ -87,8 +91,8 @@ fn check_agent(kind: AgentKind) {
     assert!(failures.is_empty(), "golden mismatches for {kind}: {failures:#?}");
 }
 
-/// Every update must read back as the same ACP type: a shape the schema cannot parse would be dropped by
-/// the editor, however good it looks in a golden.
+/// Every update must read back as the same ACP type and validate against the ACP JSON Schema: a shape the
+/// editor cannot parse would be dropped, however good it looks in a golden.
 fn assert_wire_round_trip(name: &str, outputs: &[Output]) {
     for output in outputs {
         if let Output::Update(update) = output {
@@ -96,6 +100,11 @@ fn assert_wire_round_trip(name: &str, outputs: &[Output]) {
             let back: SessionUpdate = serde_json::from_value(wire.clone())
                 .unwrap_or_else(|error| panic!("{name}: {wire} does not parse as a SessionUpdate: {error}"));
             assert_eq!(&back, update, "{name}: {wire} changes on a round trip");
+            let notification = serde_json::to_value(SessionNotification::new("sess_golden", update.clone()))
+                .expect("serialize notification");
+            if let Err(error) = schema::Schemas::get().validate("SessionNotification", &notification) {
+                panic!("{name}: {wire} {error}");
+            }
         }
     }
 }

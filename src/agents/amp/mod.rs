@@ -54,3 +54,36 @@ pub fn user_config(user_config_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, Pa
 pub fn session_missing(stderr: &str) -> bool {
     stderr.contains("does not exist") || stderr.contains("is archived") || stderr.contains("Invalid thread")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_turn_starts_an_unarchived_thread_and_later_turns_continue_it() {
+        let first = args(&TurnRequest { mode: Some("high"), ..TurnRequest::default() });
+        assert_eq!(
+            first,
+            [
+                "-x",
+                "--stream-json",
+                "--stream-json-thinking",
+                "--dangerously-allow-all",
+                "--no-archive-after-execute",
+                "--mode",
+                "high"
+            ]
+        );
+        let next = args(&TurnRequest { native_id: Some("T-1"), ..TurnRequest::default() });
+        assert_eq!(next[..3], ["threads", "continue", "T-1"]);
+        assert!(!next.contains(&"--no-archive-after-execute".to_string()));
+    }
+
+    #[test]
+    fn a_lost_thread_is_recognized() {
+        assert!(session_missing("Error: Thread https://ampcode.com/threads/T-1 does not exist."));
+        assert!(session_missing("Error: This thread is archived and cannot be continued."));
+        assert!(!session_missing("Error: Couldn't connect to the Amp server"));
+        assert!(passes_env("AMP_API_KEY") && !passes_env("OPENAI_API_KEY"));
+    }
+}

@@ -145,6 +145,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lost_session_is_recognized_in_the_real_stderr() {
+        let stderr = include_str!("../../../tests/fixtures/opencode/opencode-session-notfound.stderr.txt");
+        assert!(session_missing(stderr), "{stderr:?}");
+        assert!(!session_missing("Error: fake upstream error"));
+    }
+
+    #[test]
+    fn only_its_own_settings_and_provider_keys_reach_opencode() {
+        for name in ["OPENCODE_CONFIG", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "AWS_REGION"] {
+            assert!(passes_env(name), "{name}");
+        }
+        for name in ["AMP_API_KEY", "E2B_API_KEY", "DAYTONA_API_KEY", "ACP_SANDBOX_DATA_DIR", "GITHUB_TOKEN", "HOME"] {
+            assert!(!passes_env(name), "{name}");
+        }
+    }
+
+    #[test]
     fn commands_are_the_builtins_plus_the_users_and_the_projects() {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("config");
