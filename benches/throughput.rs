@@ -3,7 +3,7 @@
 //! `cargo bench --bench throughput` prints one line per measurement (median of several runs) and the
 //! process's peak memory. The per-turn numbers drive the real binary over stdio with a CLI that only prints a
 //! recorded stream, so they measure the bridge (spawn, sandbox, translate, persist, send), not a model.
-#![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

@@ -3,6 +3,8 @@
 //!
 //! Every line the bridge writes is checked against the ACP JSON Schemas in `schemas/acp/` (see `support`).
 //! Run: `cargo test --test e2e`; `UPDATE_SCHEMAS=1 cargo test --test e2e schemas` regenerates the schemas.
+// Tests start the bridge, fake CLIs and servers themselves.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 

@@ -9,6 +9,8 @@
 //! Without that variable the test looks in the install script's default prefix; when OpenCode is not there it
 //! FAILS and says to run the script. `ACP_SANDBOX_SKIP_REAL_OPENCODE=1` skips every test here (and says so).
 //! With `--nocapture` each test prints `TIMING` lines (bridge start, one turn under `none` vs `bwrap`).
+// Tests start the bridge, fake CLIs and servers themselves.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 
