@@ -210,9 +210,21 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                 async move |request: PromptRequest, responder: Responder<PromptResponse>, cx| {
                     let bridge = bridge.clone();
                     let sink: Arc<dyn UpdateSink> = Arc::new(ConnectionSink { connection: cx.clone() });
+                    let cancellation = responder.cancellation();
                     tokio::spawn(async move {
                         let session_id = request.session_id.to_string();
+                        // `$/cancel_request` for the prompt cancels the turn like `session/cancel`, so it
+                        // answers `cancelled` (the method's own cancel value).
+                        let watcher = {
+                            let bridge = bridge.clone();
+                            let session_id = session_id.clone();
+                            tokio::spawn(async move {
+                                cancellation.cancelled().await;
+                                bridge.cancel(&session_id);
+                            })
+                        };
                         let result = bridge.prompt(&session_id, request.prompt, sink).await.map(PromptResponse::new);
+                        watcher.abort();
                         if let Err(e) = respond(responder, result) {
                             tracing::debug!(session = %session_id, "could not answer the prompt: {e}");
                         }

@@ -131,3 +131,18 @@ fn processes_left_by_a_killed_bridge_are_ended_when_the_next_bridge_starts() {
     assert!(load.result.is_ok(), "{:?}", load.result);
     assert_eq!(next.prompt(&sid, "Say hello").stop_reason(), "end_turn");
 }
+
+#[test]
+fn cancel_request_for_a_running_prompt_cancels_the_turn() {
+    let dirs = TestDirs::new("cancel-request");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    let (id, cli, grandchild) = start_turn_with_grandchild(&mut bridge, &sid, &ws);
+    let _guards = (KillOnDrop(cli), KillOnDrop(grandchild));
+    bridge.notify("$/cancel_request", json!({"requestId": id}));
+    let turn = bridge.finish_turn(&sid, id);
+    assert_eq!(turn.stop_reason(), "cancelled");
+    assert!(wait_until(Duration::from_secs(5), || !pid_alive(grandchild)), "the CLI's tree survived");
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+}
