@@ -185,19 +185,25 @@ fn bench_turns() {
         let load = measure(5, || {
             bridge.request("session/load", json!({"sessionId": session, "cwd": workspace, "mcpServers": []}));
         });
+        let bridge_peak = peak_rss_kib_of(&format!("/proc/{}/status", bridge.child.id()));
         drop(bridge.stdin);
         let _ = bridge.child.wait();
         println!(
-            "turn      {sandbox:<8}  startup {:>6.1} ms  turn (16 updates) {:>6.1} ms  load (20 turns) {:>6.1} ms",
+            "turn      {sandbox:<8}  startup {:>6.1} ms  turn (16 updates) {:>6.1} ms  load (20 turns) {:>6.1} ms  bridge peak RSS {:>5.1} MiB",
             startup.as_secs_f64() * 1e3,
             median(turns).as_secs_f64() * 1e3,
-            load.as_secs_f64() * 1e3
+            load.as_secs_f64() * 1e3,
+            bridge_peak.unwrap_or(0) as f64 / 1024.0
         );
     }
 }
 
 fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    peak_rss_kib_of("/proc/self/status")
+}
+
+fn peak_rss_kib_of(status_file: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(status_file).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
