@@ -283,7 +283,12 @@ impl Bridge {
     pub fn close_session(&self, id: &str) -> Result<()> {
         self.cancel(id);
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        live.remove(id);
+        // A cancelled turn may still be winding down; its entry stays until then, so that a prompt sent
+        // right after the close waits its turn instead of running beside it.
+        let idle = live.get(id).is_some_and(|s| s.running.lock().unwrap_or_else(|p| p.into_inner()).is_none());
+        if idle {
+            live.remove(id);
+        }
         Ok(())
     }
 
@@ -348,9 +353,9 @@ impl Bridge {
             *running = Some(token.clone());
             token
         };
-        let result = turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token }.run().await;
-        *live.running.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        result
+        // Cleared however the turn ends, even by a panic or a dropped task: a session must never stay busy.
+        let _running = RunningGuard(live.clone());
+        turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token }.run().await
     }
 
     /// Ends every running turn and waits (a few seconds at most) until their CLIs are killed and the turns
@@ -384,6 +389,15 @@ impl Bridge {
             Some(dirs) => (dirs.config_dir().to_path_buf(), dirs.data_dir().to_path_buf()),
             None => (PathBuf::from("/nonexistent"), PathBuf::from("/nonexistent")),
         }
+    }
+}
+
+/// Marks a session idle when the turn that made it busy ends.
+struct RunningGuard(Arc<LiveSession>);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        *self.0.running.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 }
 

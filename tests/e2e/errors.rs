@@ -78,3 +78,18 @@ fn a_lost_cli_session_starts_a_fresh_one_and_says_so() {
     assert_eq!(third.stop_reason(), "end_turn");
     assert_eq!(invocations(&ws)[3].flag_value("--session"), Some(runs[2].cli_session()), "then it continues that one");
 }
+
+#[test]
+fn a_missing_cli_executable_fails_the_prompt_clearly_and_the_bridge_lives() {
+    let dirs = TestDirs::new("missing-cli");
+    let ws = dirs.workspace("ws");
+    let missing = dirs.root().join("no-such-opencode");
+    let options = BridgeOptions::new("opencode", &dirs.data).env("ACP_SANDBOX_OPENCODE_BIN", missing.to_str().unwrap());
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let error = bridge.prompt(&sid, "Say hello").result.expect_err("a missing CLI must fail the prompt");
+    assert!(error.full_text().contains("no-such-opencode"), "the error must name what is missing: {error}");
+    let again = bridge.prompt(&sid, "Say hello").result.expect_err("still missing");
+    assert!(!again.message.contains("already running"), "a failed turn must not leave the session busy: {again}");
+    assert!(bridge.request("session/list", serde_json::json!({})).is_ok(), "the bridge keeps serving");
+}
