@@ -128,8 +128,6 @@ impl Settings {
         if let Some(dirs) = directories::BaseDirs::new() {
             let models = OpenCodeModels::read(dirs.config_dir());
             config.opencode_models = models.models;
-            config.opencode_variants = models.variants;
-            config.opencode_context = models.context;
             config.opencode_default_model = models.default;
         }
         config
@@ -162,6 +160,7 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     );
     let bridge = Arc::new(Bridge::open(config).context("cannot start")?);
     tracing::info!("sandbox: {}", bridge.isolation().describe());
+    bridge.refresh_opencode_models();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     tokio::select! {

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::agents::AgentKind;
+use crate::agents::opencode::catalog::ModelInfo;
 
 /// Which sandbox runs the CLIs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -50,12 +51,8 @@ pub struct Config {
     pub context_window: u64,
     /// Amp modes offered in the editor's picker; the first is the default.
     pub amp_modes: Vec<String>,
-    /// OpenCode models (`provider/model`) offered in the editor's picker, from the user's OpenCode config.
-    pub opencode_models: Vec<String>,
-    /// The variants (reasoning efforts) each of those models defines, by model.
-    pub opencode_variants: std::collections::BTreeMap<String, Vec<String>>,
-    /// The context window (`limit.context`) each of those models declares, by model.
-    pub opencode_context: std::collections::BTreeMap<String, u64>,
+    /// OpenCode models named by the user's OpenCode config; `opencode models` adds what it can use.
+    pub opencode_models: Vec<ModelInfo>,
     /// The model OpenCode uses when none is chosen (`model` of the user's config).
     pub opencode_default_model: Option<String>,
 }
@@ -82,8 +79,6 @@ impl Config {
             context_window: 200_000,
             amp_modes: ["medium", "low", "high", "ultra"].map(String::from).to_vec(),
             opencode_models: Vec::new(),
-            opencode_variants: Default::default(),
-            opencode_context: Default::default(),
             opencode_default_model: None,
         }
     }
@@ -108,15 +103,6 @@ impl Config {
         self.data_dir.join("tools")
     }
 
-    /// The context window to report for an OpenCode model (`None`: OpenCode's default model).
-    pub fn opencode_context_window(&self, model: Option<&str>) -> u64 {
-        model
-            .or(self.opencode_default_model.as_deref())
-            .and_then(|model| self.opencode_context.get(model))
-            .copied()
-            .unwrap_or(self.context_window)
-    }
-
     /// The override executable for an agent, if any.
     pub fn bin_override(&self, agent: AgentKind) -> Option<&PathBuf> {
         match agent {
@@ -129,12 +115,8 @@ impl Config {
 /// What a user's OpenCode configuration says about models.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OpenCodeModels {
-    /// Its default `model`, `small_model` and every `provider.<id>.models.<id>`, as `provider/model`.
-    pub models: Vec<String>,
-    /// The `variants` each model defines.
-    pub variants: std::collections::BTreeMap<String, Vec<String>>,
-    /// The `limit.context` each model declares.
-    pub context: std::collections::BTreeMap<String, u64>,
+    /// Its default `model`, `small_model` and every `provider.<id>.models.<id>`.
+    pub models: Vec<ModelInfo>,
     /// The `model` OpenCode uses by default.
     pub default: Option<String>,
 }
@@ -143,6 +125,11 @@ impl OpenCodeModels {
     /// Reads `opencode.json[c]` of the user's config dir. A missing or unreadable file yields nothing.
     pub fn read(config_dir: &std::path::Path) -> Self {
         let mut found = Self::default();
+        let add = |info: ModelInfo, found: &mut Self| {
+            if !found.models.iter().any(|known| known.id == info.id) {
+                found.models.push(info);
+            }
+        };
         for name in ["opencode.json", "opencode.jsonc", "config.json"] {
             let Ok(text) = std::fs::read_to_string(config_dir.join("opencode").join(name)) else { continue };
             let Ok(value) = serde_json::from_str::<serde_json::Value>(&strip_line_comments(&text)) else { continue };
@@ -151,24 +138,17 @@ impl OpenCodeModels {
             }
             for key in ["model", "small_model"] {
                 if let Some(model) = value.get(key).and_then(|m| m.as_str()) {
-                    found.models.push(model.to_string());
+                    add(ModelInfo::named(model), &mut found);
                 }
             }
             for (provider, body) in value.get("provider").and_then(|p| p.as_object()).into_iter().flatten() {
                 for (model, spec) in body.get("models").and_then(|m| m.as_object()).into_iter().flatten() {
                     let id = format!("{provider}/{model}");
-                    if let Some(names) = spec.get("variants").and_then(|v| v.as_object()) {
-                        found.variants.insert(id.clone(), names.keys().cloned().collect());
-                    }
-                    if let Some(context) = spec.pointer("/limit/context").and_then(|c| c.as_u64()) {
-                        found.context.insert(id.clone(), context);
-                    }
-                    found.models.push(id);
+                    found.models.retain(|known| known.id != id);
+                    add(ModelInfo::from_config(id, spec), &mut found);
                 }
             }
         }
-        let mut seen = std::collections::HashSet::new();
-        found.models.retain(|model| seen.insert(model.clone()));
         found
     }
 }
@@ -211,13 +191,15 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("opencode")).unwrap();
         std::fs::write(
             dir.path().join("opencode/opencode.jsonc"),
-            "{ // comment\n \"model\": \"a/b\", \"provider\": {\"fake\": {\"models\": {\"m1\": {\"limit\": {\"context\": 128000}}, \"m2\": {\"variants\": {\"high\": {}, \"low\": {}}}}}}}",
+            "{ // comment\n \"model\": \"a/b\", \"provider\": {\"fake\": {\"models\": {\"m1\": {\"name\": \"M1\", \"limit\": {\"context\": 128000}}, \"m2\": {\"variants\": {\"high\": {}, \"low\": {}}}}}}}",
         )
         .unwrap();
         let found = OpenCodeModels::read(dir.path());
-        assert_eq!(found.models, ["a/b", "fake/m1", "fake/m2"]);
-        assert_eq!(found.variants.get("fake/m2").unwrap(), &["high", "low"]);
-        assert_eq!(found.context.get("fake/m1"), Some(&128_000));
+        let ids: Vec<&str> = found.models.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["a/b", "fake/m1", "fake/m2"]);
+        assert_eq!(found.models[1].name, "M1");
+        assert_eq!(found.models[1].context, Some(128_000));
+        assert_eq!(found.models[2].variants, ["low", "high"]);
         assert_eq!(found.default.as_deref(), Some("a/b"));
         assert_eq!(OpenCodeModels::read(&dir.path().join("missing")), OpenCodeModels::default());
     }

@@ -3,6 +3,7 @@
 //! [`Bridge`] is what the ACP server (and the `prompt` command) call. It knows nothing of JSON-RPC: updates
 //! go out through an [`UpdateSink`], and failures are [`Error`]s that `server` maps to ACP errors.
 
+mod catalog;
 pub mod options;
 pub mod prompt;
 mod turn;
@@ -77,6 +78,8 @@ pub struct Bridge {
     client: ClientInfo,
     /// Cancelled when the bridge shuts down: every running turn ends and kills its CLI.
     shutdown: CancellationToken,
+    /// The models OpenCode can use.
+    catalog: Arc<catalog::ModelCatalog>,
 }
 
 const LIST_PAGE: usize = 50;
@@ -101,7 +104,9 @@ impl Bridge {
             }
         }
         let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), isolation.clone()));
+        let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), provider.clone()));
         Ok(Self {
+            catalog,
             config,
             store,
             provider,
@@ -165,7 +170,8 @@ impl Bridge {
         };
         self.store.create_session(&record)?;
         tracing::info!(session = %record.id, cwd = %record.cwd, agent = %record.agent, "new session");
-        let options = options::config_options(self.agent_of(&record), &record.config, &self.config);
+        let options =
+            options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models());
         Ok((record.id, options))
     }
 
@@ -222,7 +228,7 @@ impl Bridge {
             sink.send(id, SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)));
         }
         self.live(id);
-        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config))
+        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
     }
 
     /// The slash commands the session's CLI offers, for `available_commands_update`.
@@ -245,7 +251,7 @@ impl Bridge {
         let record = self.record(id)?;
         self.store.mark_orphaned_turns(id)?;
         self.live(id);
-        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config))
+        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
     }
 
     /// Lists sessions, newest first. The cursor is opaque to the client.
@@ -324,9 +330,10 @@ impl Bridge {
     pub fn set_config_option(&self, id: &str, option: &str, value: &str) -> Result<Vec<SessionConfigOption>> {
         let record = self.record(id)?;
         let agent = self.agent_of(&record);
-        let config = options::apply(agent, &record.config, option, value, &self.config)?;
+        let models = self.catalog.models();
+        let config = options::apply(agent, &record.config, option, value, &self.config, &models)?;
         self.store.set_config(id, &config)?;
-        Ok(options::config_options(agent, &config, &self.config))
+        Ok(options::config_options(agent, &config, &self.config, &models))
     }
 
     /// Runs one prompt turn to its end. Updates go to `sink` (and the store) as they happen; every one
@@ -355,7 +362,14 @@ impl Bridge {
         };
         // Cleared however the turn ends, even by a panic or a dropped task: a session must never stay busy.
         let _running = RunningGuard(live.clone());
-        turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token }.run().await
+        let model = match agent {
+            AgentKind::OpenCode => {
+                let chosen = options::opencode_model(&record.config).unwrap_or(options::DEFAULT);
+                options::model_info(chosen, &self.config, &self.catalog.models()).cloned()
+            }
+            AgentKind::Amp => None,
+        };
+        turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token, model }.run().await
     }
 
     /// Ends every running turn and waits (a few seconds at most) until their CLIs are killed and the turns
@@ -371,6 +385,18 @@ impl Bridge {
     fn any_turn_running(&self) -> bool {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         live.values().any(|session| session.running.lock().unwrap_or_else(|p| p.into_inner()).is_some())
+    }
+
+    /// Lists OpenCode's models again in the background (when this bridge runs OpenCode and it is installed).
+    pub fn refresh_opencode_models(&self) {
+        if self.config.agent == AgentKind::OpenCode {
+            self.catalog.refresh();
+        }
+    }
+
+    /// The CLI's executable when it is already there: the override, PATH, or the install cache.
+    fn installed_executable(&self, agent: AgentKind) -> Option<PathBuf> {
+        installed_executable(&self.config, agent)
     }
 
     /// The sandbox provider.
@@ -390,6 +416,19 @@ impl Bridge {
             None => (PathBuf::from("/nonexistent"), PathBuf::from("/nonexistent")),
         }
     }
+}
+
+/// The CLI's executable when it is already there: the override, PATH, or the install cache.
+fn installed_executable(config: &Config, agent: AgentKind) -> Option<PathBuf> {
+    if let Some(path) = config.bin_override(agent) {
+        return Some(path.clone());
+    }
+    let package = agent.package();
+    if let Ok(path) = which::which(package.bin) {
+        return Some(path);
+    }
+    let cached = package.executable(&config.tools_dir());
+    cached.exists().then_some(cached)
 }
 
 /// Marks a session idle when the turn that made it busy ends.

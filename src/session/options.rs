@@ -8,6 +8,7 @@ use agent_client_protocol::v1::schema::{
 use serde_json::{Value, json};
 
 use crate::agents::AgentKind;
+use crate::agents::opencode::catalog::ModelInfo;
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -43,8 +44,8 @@ fn stored<'a>(session_config: &'a Value, key: &str) -> Option<&'a str> {
     session_config.get(key).and_then(Value::as_str)
 }
 
-/// The options of a session, in display order.
-fn specs(agent: AgentKind, session_config: &Value, config: &Config) -> Vec<Spec> {
+/// The options of a session, in display order. `models` are the OpenCode models it can use.
+fn specs(agent: AgentKind, session_config: &Value, config: &Config, models: &[ModelInfo]) -> Vec<Spec> {
     match agent {
         AgentKind::Amp => {
             let choices: Vec<(String, String)> =
@@ -55,10 +56,10 @@ fn specs(agent: AgentKind, session_config: &Value, config: &Config) -> Vec<Spec>
         }
         AgentKind::OpenCode => {
             let mut choices = vec![(DEFAULT.to_string(), "OpenCode default".to_string())];
-            choices.extend(config.opencode_models.iter().map(|model| (model.clone(), model.clone())));
+            choices.extend(models.iter().map(|model| (model.id.clone(), model.name.clone())));
             let model = stored(session_config, "model").unwrap_or(DEFAULT).to_string();
             let mut specs = Vec::new();
-            let variants = config.opencode_variants.get(&model).filter(|variants| !variants.is_empty());
+            let variants = model_info(&model, config, models).map(|info| &info.variants).filter(|v| !v.is_empty());
             specs.push(Spec {
                 id: "model",
                 name: "Model",
@@ -82,9 +83,20 @@ fn specs(agent: AgentKind, session_config: &Value, config: &Config) -> Vec<Spec>
     }
 }
 
+/// What is known about a chosen model (`default`: the user's configured default model).
+pub fn model_info<'a>(model: &str, config: &Config, models: &'a [ModelInfo]) -> Option<&'a ModelInfo> {
+    let id = if model == DEFAULT { config.opencode_default_model.as_deref()? } else { model };
+    models.iter().find(|info| info.id == id)
+}
+
 /// The complete option list of a session.
-pub fn config_options(agent: AgentKind, session_config: &Value, config: &Config) -> Vec<SessionConfigOption> {
-    specs(agent, session_config, config)
+pub fn config_options(
+    agent: AgentKind,
+    session_config: &Value,
+    config: &Config,
+    models: &[ModelInfo],
+) -> Vec<SessionConfigOption> {
+    specs(agent, session_config, config, models)
         .into_iter()
         .map(|mut spec| {
             if !spec.choices.iter().any(|(value, _)| *value == spec.current) {
@@ -104,8 +116,15 @@ pub fn config_options(agent: AgentKind, session_config: &Value, config: &Config)
 }
 
 /// Applies a change, returning the new session config. Unknown options or values are invalid params.
-pub fn apply(agent: AgentKind, session_config: &Value, option: &str, value: &str, config: &Config) -> Result<Value> {
-    let specs = specs(agent, session_config, config);
+pub fn apply(
+    agent: AgentKind,
+    session_config: &Value,
+    option: &str,
+    value: &str,
+    config: &Config,
+    models: &[ModelInfo],
+) -> Result<Value> {
+    let specs = specs(agent, session_config, config, models);
     let Some(spec) = specs.iter().find(|spec| spec.id == option) else {
         return Err(Error::InvalidParams(format!("{} has no config option {option:?}", agent.display_name())));
     };
@@ -116,7 +135,7 @@ pub fn apply(agent: AgentKind, session_config: &Value, option: &str, value: &str
     updated[option] = json!(value);
     if option == "model"
         && let Some(variant) = stored(&updated, "variant")
-        && !config.opencode_variants.get(value).is_some_and(|variants| variants.iter().any(|v| v == variant))
+        && !model_info(value, config, models).is_some_and(|info| info.variants.iter().any(|v| v == variant))
         && let Some(object) = updated.as_object_mut()
     {
         // The new model has no such variant.
@@ -145,42 +164,57 @@ mod tests {
     use super::*;
 
     fn config() -> Config {
-        let mut config = Config::new(AgentKind::OpenCode, "/tmp/x".into());
-        config.opencode_models = vec!["fake/fake-model".into(), "fake/thinker".into()];
-        config.opencode_variants.insert("fake/thinker".into(), vec!["high".into(), "low".into()]);
-        config
+        Config::new(AgentKind::OpenCode, "/tmp/x".into())
+    }
+
+    fn models() -> Vec<ModelInfo> {
+        let mut thinker = ModelInfo::named("fake/thinker");
+        thinker.name = "Thinker".into();
+        thinker.variants = vec!["low".into(), "high".into()];
+        vec![ModelInfo::named("fake/fake-model"), thinker]
     }
 
     #[test]
-    fn opencode_offers_default_and_configured_models() {
-        let options = config_options(AgentKind::OpenCode, &json!({}), &config());
+    fn opencode_offers_default_and_the_models_it_can_use() {
+        let options = config_options(AgentKind::OpenCode, &json!({}), &config(), &models());
         let value = serde_json::to_value(&options).unwrap();
         assert_eq!(value.as_array().unwrap().len(), 1, "no variants for the default model");
         assert_eq!(value[0]["id"], "model");
         assert_eq!(value[0]["category"], "model");
         assert_eq!(value[0]["currentValue"], "default");
         assert_eq!(value[0]["options"][1]["value"], "fake/fake-model");
+        assert_eq!(value[0]["options"][2]["name"], "Thinker");
     }
 
     #[test]
     fn a_model_with_variants_offers_a_reasoning_option() {
-        let session = apply(AgentKind::OpenCode, &json!({}), "model", "fake/thinker", &config()).unwrap();
-        let value = serde_json::to_value(config_options(AgentKind::OpenCode, &session, &config())).unwrap();
+        let (config, models) = (config(), models());
+        let session = apply(AgentKind::OpenCode, &json!({}), "model", "fake/thinker", &config, &models).unwrap();
+        let value = serde_json::to_value(config_options(AgentKind::OpenCode, &session, &config, &models)).unwrap();
         assert_eq!(value[1]["id"], "variant");
         assert_eq!(value[1]["category"], "thought_level");
-        let session = apply(AgentKind::OpenCode, &session, "variant", "high", &config()).unwrap();
+        let session = apply(AgentKind::OpenCode, &session, "variant", "high", &config, &models).unwrap();
         assert_eq!(opencode_variant(&session), Some("high"));
-        let session = apply(AgentKind::OpenCode, &session, "model", "fake/fake-model", &config()).unwrap();
+        let session = apply(AgentKind::OpenCode, &session, "model", "fake/fake-model", &config, &models).unwrap();
         assert_eq!(opencode_variant(&session), None, "a variant the new model lacks is dropped");
     }
 
     #[test]
+    fn the_default_model_is_the_users_configured_one() {
+        let mut config = config();
+        config.opencode_default_model = Some("fake/thinker".into());
+        let value = serde_json::to_value(config_options(AgentKind::OpenCode, &json!({}), &config, &models())).unwrap();
+        assert_eq!(value[1]["id"], "variant", "the default model's variants are offered");
+    }
+
+    #[test]
     fn apply_validates_and_persists() {
-        let updated = apply(AgentKind::OpenCode, &json!({}), "model", "fake/fake-model", &config()).unwrap();
+        let (config, models) = (config(), models());
+        let updated = apply(AgentKind::OpenCode, &json!({}), "model", "fake/fake-model", &config, &models).unwrap();
         assert_eq!(opencode_model(&updated), Some("fake/fake-model"));
-        assert!(apply(AgentKind::OpenCode, &json!({}), "model", "nope/nope", &config()).is_err());
-        assert!(apply(AgentKind::OpenCode, &json!({}), "mode", "x", &config()).is_err());
-        let amp = apply(AgentKind::Amp, &json!({}), "mode", "high", &config()).unwrap();
+        assert!(apply(AgentKind::OpenCode, &json!({}), "model", "nope/nope", &config, &models).is_err());
+        assert!(apply(AgentKind::OpenCode, &json!({}), "mode", "x", &config, &models).is_err());
+        let amp = apply(AgentKind::Amp, &json!({}), "mode", "high", &config, &models).unwrap();
         assert_eq!(amp_mode(&amp), Some("high"));
     }
 }

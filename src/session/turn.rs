@@ -12,6 +12,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
 use super::{Bridge, UpdateSink, note, options, prompt};
+use crate::agents::opencode::catalog::ModelInfo;
 use crate::agents::{AgentKind, Output, TranslateContext, TurnEnd, TurnRequest};
 use crate::error::{Error, Result};
 use crate::sandbox::{ExecSpec, OutputStream, Sandbox, SandboxSpec, install};
@@ -41,6 +42,34 @@ const BASE_ENV: &[&str] = &[
     "CURL_CA_BUNDLE",
 ];
 
+/// The CLI's environment: a cleared one plus the allow-list, its own settings and credentials, and
+/// HOME/XDG dirs in the sandbox's state dir (persisted across turns: OpenCode keeps its sessions there).
+pub(super) fn cli_environment(
+    agent: AgentKind,
+    state_dir: &std::path::Path,
+    credential: Option<&(&'static str, String)>,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(name, _)| BASE_ENV.contains(&name.as_str()) || name.starts_with("LC_") || agent.passes_env(name))
+        .collect();
+    for (name, sub) in [
+        ("HOME", "home"),
+        ("XDG_CONFIG_HOME", "config"),
+        ("XDG_DATA_HOME", "data"),
+        ("XDG_CACHE_HOME", "cache"),
+        ("XDG_STATE_HOME", "state"),
+    ] {
+        env.push((name.into(), state_dir.join(sub).display().to_string()));
+    }
+    env.push(("TERM".into(), "dumb".into()));
+    env.extend(agent.fixed_env());
+    if let Some((name, value)) = credential {
+        env.retain(|(existing, _)| existing != name);
+        env.push((name.to_string(), value.clone()));
+    }
+    env
+}
+
 /// Lines of stderr kept for error messages.
 const STDERR_TAIL_LINES: usize = 40;
 
@@ -53,6 +82,8 @@ pub(super) struct Turn<'a> {
     pub blocks: Vec<ContentBlock>,
     pub sink: Arc<dyn UpdateSink>,
     pub cancel: CancellationToken,
+    /// What is known about the model in use (OpenCode): its context window and whether it takes images.
+    pub model: Option<ModelInfo>,
 }
 
 /// Persists each update, then sends it: what the editor saw is what `session/load` replays.
@@ -144,7 +175,9 @@ impl Turn<'_> {
             self.bridge.store.set_title(&self.record.id, &title)?;
             emit.send(SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title)));
         }
-        let mut rendered = prompt::render(&self.blocks, self.agent.accepts_images());
+        // A model known not to take images gets none (OpenCode would fail the whole turn on them).
+        let images = self.agent.accepts_images() && self.model.as_ref().is_none_or(|model| model.image);
+        let mut rendered = prompt::render(&self.blocks, images);
         let commands = self.agent.commands(&Bridge::user_dirs().0, &workspace);
         let command = prompt::split_command(&mut rendered.text, commands.iter().map(|c| c.name.as_str()));
         if !rendered.dropped.is_empty() {
@@ -184,19 +217,11 @@ impl Turn<'_> {
 
     /// The CLI's executable: the override, PATH, the tools cache, or an install on first use.
     async fn executable(&self, emit: &Emitter) -> Result<PathBuf> {
-        let config = self.bridge.config();
-        if let Some(path) = config.bin_override(self.agent) {
-            return Ok(path.clone());
-        }
-        let package = self.agent.package();
-        if let Ok(path) = which::which(package.bin) {
+        if let Some(path) = self.bridge.installed_executable(self.agent) {
             return Ok(path);
         }
-        let tools = config.tools_dir();
-        let cached = package.executable(&tools);
-        if cached.exists() {
-            return Ok(cached);
-        }
+        let package = self.agent.package();
+        let tools = self.bridge.config().tools_dir();
         let call_id = format!("install-{}", package.bin);
         emit.send(SessionUpdate::ToolCall(
             ToolCall::new(
@@ -210,6 +235,9 @@ impl Turn<'_> {
         match install::install(package, &tools).await {
             Ok(path) => {
                 emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Completed)));
+                if self.agent == AgentKind::OpenCode {
+                    self.bridge.refresh_opencode_models();
+                }
                 Ok(path)
             }
             Err(e) => {
@@ -248,33 +276,6 @@ impl Turn<'_> {
         })
     }
 
-    /// The CLI's environment: a cleared one plus the allow-list, its own settings and credentials, and
-    /// HOME/XDG dirs in the session's state dir (persisted across turns: OpenCode keeps its sessions there).
-    fn environment(&self, sandbox: &dyn Sandbox) -> Vec<(String, String)> {
-        let mut env: Vec<(String, String)> = std::env::vars()
-            .filter(|(name, _)| {
-                BASE_ENV.contains(&name.as_str()) || name.starts_with("LC_") || self.agent.passes_env(name)
-            })
-            .collect();
-        let state = sandbox.state_dir();
-        for (name, sub) in [
-            ("HOME", "home"),
-            ("XDG_CONFIG_HOME", "config"),
-            ("XDG_DATA_HOME", "data"),
-            ("XDG_CACHE_HOME", "cache"),
-            ("XDG_STATE_HOME", "state"),
-        ] {
-            env.push((name.into(), state.join(sub).display().to_string()));
-        }
-        env.push(("TERM".into(), "dumb".into()));
-        env.extend(self.agent.fixed_env());
-        if let Some((name, value)) = &self.credential {
-            env.retain(|(existing, _)| existing != name);
-            env.push((name.to_string(), value.clone()));
-        }
-        env
-    }
-
     async fn attempt(
         &self,
         emit: &Emitter,
@@ -311,7 +312,7 @@ impl Turn<'_> {
         let spec = ExecSpec {
             program: executable.to_path_buf(),
             args: self.agent.args(&request),
-            env: self.environment(sandbox),
+            env: cli_environment(self.agent, sandbox.state_dir(), self.credential.as_ref()),
             cwd: sandbox.workspace().to_path_buf(),
             stdin: rendered.text.clone().into_bytes(),
             read_only: self.agent.user_config(&user_config, &user_data, sandbox.state_dir()),
@@ -330,10 +331,11 @@ impl Turn<'_> {
             workspace: PathBuf::from(&self.record.cwd),
             agent_workspace: sandbox.workspace().to_path_buf(),
             terminal_output: self.bridge.terminal_output(),
-            context_window: match self.agent {
-                AgentKind::OpenCode => self.bridge.config().opencode_context_window(options::opencode_model(config)),
-                AgentKind::Amp => self.bridge.config().context_window,
-            },
+            context_window: self
+                .model
+                .as_ref()
+                .and_then(|model| model.context)
+                .unwrap_or(self.bridge.config().context_window),
             turn_key: format!("{}-", emit.turn_id),
         };
         let mut translator = self.agent.translator(context);
@@ -496,7 +498,7 @@ fn strip_ansi(text: &str) -> String {
 }
 
 /// Reads a stream to its end, keeping only its last lines (bounded memory for chatty CLIs).
-async fn stderr_tail(mut stream: OutputStream) -> String {
+pub(super) async fn stderr_tail(mut stream: OutputStream) -> String {
     let mut lines: VecDeque<String> = VecDeque::new();
     let mut pending = Vec::new();
     let mut buffer = [0u8; 8192];

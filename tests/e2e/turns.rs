@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -324,7 +325,10 @@ fn models_and_variants_of_the_users_opencode_config_are_offered_and_reach_the_cl
         .iter()
         .filter_map(|option| option["value"].as_str())
         .collect();
-    assert_eq!(offered, ["default", "fake/fast", "fake/thinker"], "{created}");
+    // What `opencode models` lists may come first (it is listed in the background); the configured ones
+    // are always there.
+    assert_eq!(offered[0], "default", "{created}");
+    assert!(offered.contains(&"fake/fast") && offered.contains(&"fake/thinker"), "{created}");
 
     let set = |bridge: &mut Bridge, id: &str, value: &str| {
         bridge
@@ -403,4 +407,38 @@ fn shell_output_uses_zeds_terminal_extension_when_the_client_advertises_it() {
         turn.updates.iter().any(|u| u["_meta"]["terminal_exit"]["exit_code"] == 0),
         "the terminal is closed with the exit code"
     );
+}
+
+#[test]
+fn the_models_opencode_lists_are_offered_and_the_usage_meter_uses_their_context_window() {
+    let dirs = TestDirs::new("models-listed");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    // The bridge runs `opencode models --verbose` in the background when it starts.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (sid, created) = loop {
+        let created = bridge.request("session/new", json!({"cwd": ws, "mcpServers": []})).unwrap();
+        let listed = created["configOptions"][0]["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|option| option["value"] == "fake/other-model" && option["name"] == "Other Fake Model");
+        if listed {
+            break (created["sessionId"].as_str().unwrap().to_string(), created);
+        }
+        assert!(std::time::Instant::now() < deadline, "the listed models never appeared: {created}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let set = bridge
+        .request(
+            "session/set_config_option",
+            json!({"sessionId": sid, "configId": "model", "value": "fake/fake-model"}),
+        )
+        .unwrap();
+    assert_eq!(set["configOptions"][1]["id"], "variant", "the listed model's variants are offered: {set} {created}");
+    let turn = bridge.prompt(&sid, "Say hello");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    let usage = turn.updates.iter().find(|u| u["sessionUpdate"] == "usage_update").expect("a usage update");
+    assert_eq!(usage["size"], 128_000, "the model's own context window: {usage}");
+    assert!(dirs.data.join("opencode-models.json").exists(), "the listing is cached for the next start");
 }

@@ -188,8 +188,12 @@ def parse_opencode(args):
     if args[:1] == ["--version"]:
         print("1.18.33")
         sys.exit(0)
+    if args == ["models", "--verbose"]:
+        # What the real one lists for the fake provider (plus one of its own free models).
+        sys.stdout.write((FIXTURES / "opencode" / "models-verbose.txt").read_text())
+        sys.exit(0)
     if args[:1] != ["run"]:
-        fail(f"fake opencode only implements `run`, got {args[:1]}")
+        fail(f"fake opencode only implements `run` and `models --verbose`, got {args[:1]}")
     opts = {"format": "default", "message": []}
     rest = iter(args[1:])
     for arg in rest:

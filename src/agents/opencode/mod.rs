@@ -4,6 +4,7 @@
 //! pipe). The session id (`ses_…`) comes from the first event and is passed back with `--session`, from
 //! the same directory: OpenCode binds a session to the `PWD` it was created in.
 
+pub mod catalog;
 pub mod events;
 pub mod translate;
 

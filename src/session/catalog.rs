@@ -1,0 +1,121 @@
+//! The models OpenCode can use, kept fresh in the background: `opencode models --verbose`, run in a small
+//! sandbox of the bridge's own with the user's configuration, and cached in the data dir for the next start.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+
+use super::turn::{cli_environment, stderr_tail};
+use crate::agents::AgentKind;
+use crate::agents::opencode::catalog::{self, ModelInfo};
+use crate::config::Config;
+use crate::sandbox::{ExecSpec, SandboxProvider, SandboxSpec};
+
+/// How long listing the models may take before it is given up.
+const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The sandbox the listing runs in: not a session's, so no session's CLI state is touched.
+const CATALOG_SANDBOX: &str = "_models";
+
+/// The listed models and how to list them again.
+pub struct ModelCatalog {
+    config: Config,
+    provider: Arc<dyn SandboxProvider>,
+    listed: RwLock<Vec<ModelInfo>>,
+    refreshing: AtomicBool,
+}
+
+impl ModelCatalog {
+    /// A catalog holding what the last bridge listed, if anything.
+    pub fn new(config: Config, provider: Arc<dyn SandboxProvider>) -> Self {
+        let cached = std::fs::read_to_string(cache_path(&config))
+            .ok()
+            .and_then(|text| serde_json::from_str::<Vec<ModelInfo>>(&text).ok())
+            .unwrap_or_default();
+        Self { config, provider, listed: RwLock::new(cached), refreshing: AtomicBool::new(false) }
+    }
+
+    /// Every model OpenCode can use as far as known: what it listed, then what the user's config names
+    /// that it did not list.
+    pub fn models(&self) -> Vec<ModelInfo> {
+        let mut models = self.listed.read().unwrap_or_else(|p| p.into_inner()).clone();
+        for model in &self.config.opencode_models {
+            if !models.iter().any(|known| known.id == model.id) {
+                models.push(model.clone());
+            }
+        }
+        models
+    }
+
+    /// Lists the models again in the background, when OpenCode is installed. One listing at a time.
+    pub fn refresh(self: &Arc<Self>) {
+        if self.refreshing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let catalog = self.clone();
+        tokio::spawn(async move {
+            match catalog.list().await {
+                Ok(models) if !models.is_empty() => {
+                    tracing::info!(count = models.len(), "OpenCode models listed");
+                    if let Ok(text) = serde_json::to_string_pretty(&models) {
+                        let _ = std::fs::write(cache_path(&catalog.config), text);
+                    }
+                    *catalog.listed.write().unwrap_or_else(|p| p.into_inner()) = models;
+                }
+                Ok(_) => tracing::debug!("`opencode models` listed nothing"),
+                Err(why) => tracing::warn!("could not list OpenCode's models: {why}"),
+            }
+            catalog.refreshing.store(false, Ordering::SeqCst);
+        });
+    }
+
+    async fn list(&self) -> Result<Vec<ModelInfo>, String> {
+        let Some(executable) = super::installed_executable(&self.config, AgentKind::OpenCode) else {
+            return Ok(Vec::new());
+        };
+        let workspace = self.config.data_dir.join("models-workspace");
+        std::fs::create_dir_all(&workspace).map_err(|e| format!("create {}: {e}", workspace.display()))?;
+        let spec = SandboxSpec { session_id: CATALOG_SANDBOX.into(), workspace: workspace.clone() };
+        let id = self.provider.create(&spec).await.map_err(|e| e.to_string())?;
+        let sandbox = self
+            .provider
+            .connect(&id, &spec)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "the models sandbox vanished".to_string())?;
+        let (user_config, user_data) = super::Bridge::user_dirs();
+        let mut process = sandbox
+            .exec(ExecSpec {
+                program: executable,
+                args: catalog::LIST_ARGS.iter().map(|arg| arg.to_string()).collect(),
+                env: cli_environment(AgentKind::OpenCode, sandbox.state_dir(), None),
+                cwd: workspace,
+                stdin: Vec::new(),
+                read_only: AgentKind::OpenCode.user_config(&user_config, &user_data, sandbox.state_dir()),
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let stderr = tokio::spawn(stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
+        let mut output = Vec::new();
+        let read = tokio::time::timeout(LIST_TIMEOUT, process.stdout.read_to_end(&mut output)).await;
+        if read.is_err() {
+            process.handle.kill().await;
+        }
+        let exit = process.handle.wait().await.map_err(|e| e.to_string())?;
+        let stderr = stderr.await.unwrap_or_default();
+        match read {
+            Err(_) => Err(format!("`opencode models` took longer than {} s", LIST_TIMEOUT.as_secs())),
+            Ok(_) if !exit.success() => {
+                Err(format!("`opencode models` failed ({}): {}", exit.describe(), stderr.trim()))
+            }
+            Ok(_) => Ok(catalog::parse(&String::from_utf8_lossy(&output))),
+        }
+    }
+}
+
+fn cache_path(config: &Config) -> PathBuf {
+    config.data_dir.join("opencode-models.json")
+}
