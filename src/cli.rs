@@ -395,7 +395,7 @@ async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<Ex
 fn doctor(config: Config) -> anyhow::Result<ExitCode> {
     println!("acp-sandbox {}", env!("CARGO_PKG_VERSION"));
     println!("data dir    {}", config.data_dir.display());
-    println!("log file    {}", config.log_path().display());
+    println!("log files   {}.<date>", config.log_path().display());
     println!();
     for agent in [AgentKind::OpenCode, AgentKind::Amp] {
         let package = agent.package();

@@ -181,6 +181,16 @@ pub fn strip_line_comments(text: &str) -> String {
     out
 }
 
+/// Creates a directory (and its parents) readable by its owner only: it holds prompts, answers and the
+/// agents' own state.
+pub fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

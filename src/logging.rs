@@ -1,4 +1,4 @@
-//! Logging: `tracing` to stderr and to a log file in the data dir. Never to stdout (the ACP channel).
+//! Logging: `tracing` to stderr and to a daily log file in the data dir. Never to stdout (the ACP channel).
 
 use std::path::Path;
 
@@ -13,9 +13,15 @@ pub fn init(log_file: &Path, default_filter: &str) -> Option<WorkerGuard> {
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(false).with_filter(filter());
     let file = log_file.parent().and_then(|dir| {
-        std::fs::create_dir_all(dir).ok()?;
-        let name = log_file.file_name()?;
-        let appender = tracing_appender::rolling::never(dir, name);
+        crate::config::create_private_dir(dir).ok()?;
+        let name = log_file.file_name()?.to_str()?;
+        // One file a day, a week of them: an agent server runs for months.
+        let appender = tracing_appender::rolling::RollingFileAppender::builder()
+            .rotation(tracing_appender::rolling::Rotation::DAILY)
+            .filename_prefix(name)
+            .max_log_files(7)
+            .build(dir)
+            .ok()?;
         Some(tracing_appender::non_blocking(appender))
     });
     match file {

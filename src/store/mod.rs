@@ -177,7 +177,7 @@ impl Store {
     /// Opens (and creates or migrates) the store at `path`.
     pub fn open(path: &Path) -> Result<Self> {
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
+            crate::config::create_private_dir(parent)
                 .map_err(|source| StoreError::Io { path: parent.display().to_string(), source })?;
         }
         let connection = Connection::open(path)?;
