@@ -182,13 +182,29 @@ impl Store {
         }
         let connection = Connection::open(path)?;
         connection.busy_timeout(Duration::from_secs(10))?;
+        // Two bridges starting at once (two editor windows) race to switch the journal mode and create the
+        // tables; SQLite answers "busy" to the loser without waiting, so it tries again.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match Self::prepare(&connection) {
+                Err(rusqlite::Error::SqliteFailure(failure, _))
+                    if failure.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                result => break result?,
+            }
+        }
+        Ok(Self { connection: Mutex::new(connection) })
+    }
+
+    fn prepare(connection: &Connection) -> rusqlite::Result<()> {
         // WAL lets a second bridge process read while this one writes; NORMAL keeps every committed
         // update across a process kill (only a power loss can drop the last ones).
         connection.pragma_update(None, "journal_mode", "WAL")?;
         connection.pragma_update(None, "synchronous", "NORMAL")?;
         connection.pragma_update(None, "foreign_keys", "ON")?;
-        connection.execute_batch(SCHEMA)?;
-        Ok(Self { connection: Mutex::new(connection) })
+        connection.execute_batch(SCHEMA)
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
@@ -540,7 +556,7 @@ mod tests {
         // Two Zed windows are two bridge processes on one data dir; two connections model them here.
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db.sqlite3");
-        let writers: Vec<_> = ["a", "b"]
+        let writers: Vec<_> = ["a", "b", "c", "d"]
             .into_iter()
             .map(|id| {
                 let path = path.clone();
@@ -559,7 +575,7 @@ mod tests {
             writer.join().unwrap();
         }
         let store = Store::open(&path).unwrap();
-        for id in ["a", "b"] {
+        for id in ["a", "b", "c", "d"] {
             let history = store.history(id, usize::MAX).unwrap();
             assert_eq!(history.turns[0].1.len(), 300, "session {id}");
         }
