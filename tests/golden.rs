@@ -118,3 +118,29 @@ fn opencode_goldens() {
 fn amp_goldens() {
     check_agent(AgentKind::Amp);
 }
+
+/// Every prefix of every recorded line (a CLI killed mid-write prints exactly that) and every line with one
+/// byte flipped must translate without a panic: a broken stream ends a turn, never the bridge.
+#[test]
+fn cut_and_corrupted_lines_never_panic() {
+    for kind in [AgentKind::OpenCode, AgentKind::Amp] {
+        for path in fixtures(kind) {
+            let stream = fs::read_to_string(&path).expect("read fixture");
+            for line in stream.lines().filter(|line| !line.trim().is_empty()) {
+                let mut translator = kind.translator(context(kind, true));
+                let cuts: Vec<usize> = (0..=line.len()).filter(|&i| line.is_char_boundary(i)).step_by(3).collect();
+                for cut in cuts {
+                    let _ = translator.line(&line[..cut]);
+                }
+                let mut bytes = line.as_bytes().to_vec();
+                for i in (0..bytes.len()).step_by(7) {
+                    let original = bytes[i];
+                    bytes[i] = original.wrapping_add(1);
+                    let _ = translator.line(&String::from_utf8_lossy(&bytes));
+                    bytes[i] = original;
+                }
+                let _ = translator.finish();
+            }
+        }
+    }
+}
