@@ -93,6 +93,44 @@ pub fn title(blocks: &[ContentBlock]) -> Option<String> {
     }
 }
 
+/// The earlier turns of a session as plain text, newest kept when over `limit` characters: what a fresh CLI
+/// conversation needs to carry on when the old one is lost. Prompts and the agent's answers only.
+pub fn transcript(turns: &[(crate::store::TurnRecord, Vec<serde_json::Value>)], limit: usize) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for (turn, updates) in turns {
+        let blocks: Vec<ContentBlock> = serde_json::from_value(turn.prompt.clone()).unwrap_or_default();
+        let asked = render(&blocks, false).text;
+        let answered: String = updates
+            .iter()
+            .filter(|update| update["sessionUpdate"] == "agent_message_chunk")
+            .filter_map(|update| update["content"]["text"].as_str())
+            .collect();
+        parts.push(format!("User:\n{}\n\nAssistant:\n{}", asked.trim(), answered.trim()));
+    }
+    let mut kept: Vec<String> = Vec::new();
+    let mut size = 0;
+    for part in parts.into_iter().rev() {
+        if size + part.len() > limit && !kept.is_empty() {
+            break;
+        }
+        size += part.len();
+        kept.push(part);
+    }
+    if kept.is_empty() {
+        return String::new();
+    }
+    kept.reverse();
+    let mut text = kept.join("\n\n---\n\n");
+    if text.len() > limit {
+        let start = text.len() - limit;
+        let start = (start..text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
+        text = format!("…{}", &text[start..]);
+    }
+    format!(
+        "<earlier-conversation>\nThe conversation so far was lost; here is its transcript. Continue from it.\n\n{text}\n</earlier-conversation>"
+    )
+}
+
 /// `file:///a/b` becomes `/a/b` (percent-decoded); anything else stays a URI.
 fn uri_to_path(uri: &str) -> String {
     match uri.strip_prefix("file://") {
@@ -187,6 +225,33 @@ mod tests {
         let mut bare = "/init".to_string();
         assert_eq!(split_command(&mut bare, ["init"]), Some("init".into()));
         assert_eq!(bare, "");
+    }
+
+    #[test]
+    fn a_transcript_keeps_prompts_and_answers_newest_first_within_the_limit() {
+        let turn = |id: i64, text: &str| crate::store::TurnRecord {
+            id,
+            session_id: "s".into(),
+            prompt: serde_json::json!([{"type": "text", "text": text}]),
+            status: crate::store::TurnStatus::Done,
+            stop_reason: None,
+            error: None,
+            started_at: 0,
+            ended_at: None,
+        };
+        let answer = |text: &str| {
+            vec![
+                serde_json::json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}),
+                serde_json::json!({"sessionUpdate": "tool_call", "toolCallId": "t", "title": "x"}),
+            ]
+        };
+        let turns = vec![(turn(1, "first question"), answer("first answer")), (turn(2, "second"), answer("two"))];
+        let full = transcript(&turns, 10_000);
+        assert!(full.contains("User:\nfirst question\n\nAssistant:\nfirst answer"), "{full}");
+        assert!(full.find("first question") < full.find("second"));
+        let cut = transcript(&turns, 30);
+        assert!(!cut.contains("first question") && cut.contains("two"), "{cut}");
+        assert_eq!(transcript(&[], 100), "");
     }
 
     #[test]

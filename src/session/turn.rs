@@ -70,6 +70,9 @@ pub(super) fn cli_environment(
     env
 }
 
+/// At most this many characters of earlier turns are handed to a fresh CLI conversation.
+const TRANSCRIPT_LIMIT: usize = 24_000;
+
 /// Lines of stderr kept for error messages.
 const STDERR_TAIL_LINES: usize = 40;
 
@@ -206,8 +209,20 @@ impl Turn<'_> {
                     };
                     tracing::warn!(session = %self.record.id, native = %old, "the CLI conversation is gone; starting a fresh one");
                     self.bridge.store.set_native_id(&self.record.id, None)?;
+                    // Our store still has the conversation: the fresh one starts from its transcript.
+                    let history = self.bridge.store.history(&self.record.id, self.bridge.config().replay_limit)?;
+                    let earlier: Vec<_> =
+                        history.turns.into_iter().filter(|(turn, _)| turn.id != emit.turn_id).collect();
+                    let transcript = prompt::transcript(&earlier, TRANSCRIPT_LIMIT);
+                    let told = if transcript.is_empty() {
+                        "so this prompt starts a fresh one".to_string()
+                    } else {
+                        rendered.text = format!("{transcript}\n\n{}", rendered.text);
+                        "so this prompt starts a fresh one from a transcript of the earlier turns (tool details are not in it)"
+                            .to_string()
+                    };
                     emit.send(note(&format!(
-                        "_The earlier {} conversation ({old}) no longer exists in the sandbox, so this prompt starts a fresh one: the agent does not remember the earlier turns._",
+                        "_The earlier {} conversation ({old}) no longer exists in the sandbox, {told}._",
                         self.agent.display_name()
                     )));
                 }

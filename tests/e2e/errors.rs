@@ -54,7 +54,7 @@ fn a_cli_stuck_re_prompting_after_cut_streams_is_stopped_and_the_session_continu
 }
 
 #[test]
-fn a_lost_cli_session_starts_a_fresh_one_and_says_so() {
+fn a_lost_cli_session_starts_a_fresh_one_from_a_transcript_and_says_so() {
     let dirs = TestDirs::new("lost-session");
     let ws = dirs.workspace("ws");
     let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
@@ -66,14 +66,20 @@ fn a_lost_cli_session_starts_a_fresh_one_and_says_so() {
     let turn = bridge.prompt(&sid, "Do you remember?");
     assert_eq!(turn.stop_reason(), "end_turn", "the turn must still work");
     assert!(
-        turn.agent_text().contains("no longer exists"),
-        "the user must be told the agent lost the earlier turns: {}",
+        turn.agent_text().contains("no longer exists") && turn.agent_text().contains("transcript"),
+        "the user must be told the conversation was restarted from a transcript: {}",
         turn.agent_text()
     );
     let runs = invocations(&ws);
     let first_session = runs[0].cli_session();
     assert_eq!(runs[1].flag_value("--session"), Some(first_session), "the first try continues the old session");
     assert_eq!(runs[2].flag_value("--session"), None, "the retry starts a fresh one");
+    let handed_over = runs[2].stdin_text();
+    assert!(
+        handed_over.contains("Say hello") && handed_over.contains("Hello from the fake model"),
+        "the fresh conversation starts from a transcript of the earlier turns: {handed_over}"
+    );
+    assert!(handed_over.ends_with("Do you remember?"), "then the new prompt: {handed_over}");
     let third = bridge.prompt(&sid, "And now?");
     assert_eq!(third.stop_reason(), "end_turn");
     assert_eq!(invocations(&ws)[3].flag_value("--session"), Some(runs[2].cli_session()), "then it continues that one");
