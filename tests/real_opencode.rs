@@ -668,6 +668,31 @@ fn restart_between_turns_continues_the_opencode_session_bwrap() {
     }
 }
 
+// ---- a lost OpenCode session ---------------------------------------------------------------------------------
+
+/// The sandbox's state (OpenCode's session database) is deleted between two turns: the real OpenCode says
+/// "Session not found", and the bridge starts a fresh OpenCode session from a transcript of the first turn.
+#[test]
+fn a_lost_opencode_session_continues_from_a_transcript() {
+    let Some(world) = World::new("lost_session") else { return };
+    let ws = world.workspace("ws");
+    let mut bridge = world.start("none");
+    let sid = bridge.new_session(&ws);
+    let first = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text Say hello", "before the loss");
+    assert_end_turn(&bridge, &first);
+    std::fs::remove_dir_all(world.data.join("sessions").join(&sid)).expect("delete the session's sandbox state");
+
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:followup Do you remember?", "after the loss");
+    assert_end_turn(&bridge, &turn);
+    assert!(turn.agent_text().contains("no longer exists"), "the user is told: {}", turn.agent_text());
+    let chats = world.server.chats("followup");
+    let users = messages_text(chats.last().expect("the fresh session reached the model"), "user");
+    assert!(
+        users.iter().any(|u| u.contains("SCENARIO:text Say hello") && u.contains("PLAIN-ANSWER-OK")),
+        "the fresh OpenCode session got the earlier prompt and answer: {users:?}"
+    );
+}
+
 // ---- slash commands -----------------------------------------------------------------------------------------
 
 /// A command from the user's `opencode.json` is offered to the editor and `/greet world` runs it for real
