@@ -338,7 +338,7 @@ async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<Ex
     let bridge = Bridge::open(Config { sandbox: SandboxChoice::None, ..config }).context("cannot open the store")?;
     match command {
         SessionsCommand::List { cwd } => {
-            let records = bridge.store().list_sessions(cwd.as_ref().and_then(|c| c.to_str()), None, 1000)?;
+            let records = bridge.store().list_sessions(None, cwd.as_ref().and_then(|c| c.to_str()), None, 1000)?;
             if records.is_empty() {
                 eprintln!("no sessions");
             }
@@ -429,7 +429,7 @@ fn doctor(config: Config) -> anyhow::Result<ExitCode> {
     }
     match acp_sandbox::store::Store::open(&config.database_path()) {
         Ok(store) => {
-            let count = store.list_sessions(None, None, 100_000).map(|s| s.len()).unwrap_or(0);
+            let count = store.list_sessions(None, None, None, 100_000).map(|s| s.len()).unwrap_or(0);
             println!("store       {} ({count} sessions)", config.database_path().display());
         }
         Err(e) => println!("store       ERROR: {e}"),

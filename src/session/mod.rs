@@ -254,7 +254,7 @@ impl Bridge {
         Ok(options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
     }
 
-    /// Lists sessions, newest first. The cursor is opaque to the client.
+    /// Lists this agent's sessions, newest first. The cursor is opaque to the client.
     pub fn list_sessions(&self, cwd: Option<&Path>, cursor: Option<&str>) -> Result<SessionPage> {
         let before = match cursor {
             None => None,
@@ -263,7 +263,9 @@ impl Bridge {
             }
         };
         let cwd = cwd.map(normalize);
+        // Each agent server in the editor shows its own threads; the store is shared by both agents.
         let records = self.store.list_sessions(
+            Some(self.config.agent.as_str()),
             cwd.as_deref(),
             before.as_ref().map(|(time, id)| (*time, id.as_str())),
             LIST_PAGE + 1,

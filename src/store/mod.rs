@@ -248,10 +248,11 @@ impl Store {
         record.transpose()
     }
 
-    /// Lists sessions, newest first, optionally only those of one workspace. `before` is a cursor: the
-    /// `(updated_at, id)` of the last session of the previous page.
+    /// Lists sessions, newest first, optionally only those of one agent and one workspace. `before` is a
+    /// cursor: the `(updated_at, id)` of the last session of the previous page.
     pub fn list_sessions(
         &self,
+        agent: Option<&str>,
         cwd: Option<&str>,
         before: Option<(i64, &str)>,
         limit: usize,
@@ -262,6 +263,7 @@ impl Store {
              FROM sessions
              WHERE (?1 IS NULL OR cwd = ?1)
                AND (?2 IS NULL OR updated_at < ?2 OR (updated_at = ?2 AND id < ?3))
+               AND (?5 IS NULL OR agent = ?5)
              ORDER BY updated_at DESC, id DESC
              LIMIT ?4",
         )?;
@@ -269,7 +271,7 @@ impl Store {
             Some((time, id)) => (Some(time), Some(id)),
             None => (None, None),
         };
-        let rows = statement.query_map(params![cwd, before_time, before_id, limit as i64], session_from_row)?;
+        let rows = statement.query_map(params![cwd, before_time, before_id, limit as i64, agent], session_from_row)?;
         let mut sessions = Vec::new();
         for row in rows {
             sessions.push(row??);
@@ -519,12 +521,13 @@ mod tests {
         store.set_native_id("a", Some("ses_1")).unwrap();
         assert_eq!(store.session("a").unwrap().unwrap().native_id.as_deref(), Some("ses_1"));
 
-        let all: Vec<String> = store.list_sessions(None, None, 10).unwrap().into_iter().map(|s| s.id).collect();
+        let all: Vec<String> = store.list_sessions(None, None, None, 10).unwrap().into_iter().map(|s| s.id).collect();
         assert_eq!(all, ["a", "c", "b"], "set_native_id bumps updated_at, so a is newest");
-        let w1 = store.list_sessions(Some("/w1"), None, 1).unwrap();
+        let w1 = store.list_sessions(None, Some("/w1"), None, 1).unwrap();
         assert_eq!(w1.len(), 1);
-        let next = store.list_sessions(Some("/w1"), Some((w1[0].updated_at, &w1[0].id)), 1).unwrap();
+        let next = store.list_sessions(None, Some("/w1"), Some((w1[0].updated_at, &w1[0].id)), 1).unwrap();
         assert_eq!(next[0].id, "b");
+        assert!(store.list_sessions(Some("amp"), None, None, 10).unwrap().is_empty(), "all are OpenCode's");
         assert!(store.delete_session("a").unwrap());
         assert!(!store.delete_session("a").unwrap());
         assert!(store.session("a").unwrap().is_none());

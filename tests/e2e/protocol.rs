@@ -160,3 +160,19 @@ fn every_kind_of_mcp_server_the_editor_offers_is_accepted() {
     let sid = created["sessionId"].as_str().unwrap().to_string();
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
 }
+
+#[test]
+fn each_agent_server_lists_only_its_own_sessions_of_a_shared_data_dir() {
+    let dirs = TestDirs::new("list-by-agent");
+    let ws = dirs.workspace("ws");
+    let mut opencode = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let oc_session = opencode.new_session(&ws);
+    let mut amp = Bridge::start(BridgeOptions::new("amp", &dirs.data));
+    let amp_session = amp.new_session(&ws);
+    let ids = |bridge: &mut Bridge| -> Vec<String> {
+        let list = bridge.request("session/list", json!({})).unwrap();
+        list["sessions"].as_array().unwrap().iter().map(|s| s["sessionId"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(ids(&mut opencode), vec![oc_session]);
+    assert_eq!(ids(&mut amp), vec![amp_session]);
+}
