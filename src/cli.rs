@@ -223,7 +223,9 @@ impl UpdateSink for PrintSink {
                 }
             }
             SessionUpdate::ToolCall(call) => {
-                self.line(&format!("▸ {} [{:?}]", call.title, call.kind).to_lowercase_kind());
+                // The kind's wire name (`execute`, `read`…) is what a reader of ACP logs knows.
+                let kind = serde_json::to_value(call.kind).ok().and_then(|k| k.as_str().map(str::to_string));
+                self.line(&format!("▸ {} [{}]", call.title, kind.unwrap_or_default()));
             }
             SessionUpdate::ToolCallUpdate(update) => {
                 let mark = match update.fields.status {
@@ -263,20 +265,6 @@ impl UpdateSink for PrintSink {
             }
             SessionUpdate::SessionInfoUpdate(_) => {}
             other => tracing::debug!("update: {other:?}"),
-        }
-    }
-}
-
-trait LowercaseKind {
-    fn to_lowercase_kind(self) -> String;
-}
-
-impl LowercaseKind for String {
-    /// `▸ title [Execute]` reads better as `▸ title [execute]`.
-    fn to_lowercase_kind(self) -> String {
-        match self.rfind(" [") {
-            Some(pos) => format!("{}{}", &self[..pos], self[pos..].to_lowercase()),
-            None => self,
         }
     }
 }

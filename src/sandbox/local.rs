@@ -91,11 +91,6 @@ impl LocalProvider {
         Self { sessions_dir, isolation }
     }
 
-    /// How commands are isolated.
-    pub fn isolation(&self) -> &Isolation {
-        &self.isolation
-    }
-
     fn state_dir(&self, session_id: &str) -> PathBuf {
         self.sessions_dir.join(session_id)
     }

@@ -396,11 +396,6 @@ impl Bridge {
         }
     }
 
-    /// The CLI's executable when it is already there: the override, PATH, or the install cache.
-    fn installed_executable(&self, agent: AgentKind) -> Option<PathBuf> {
-        installed_executable(&self.config, agent)
-    }
-
     /// The sandbox provider.
     fn provider(&self) -> &Arc<dyn SandboxProvider> {
         &self.provider

@@ -232,7 +232,7 @@ impl Turn<'_> {
 
     /// The CLI's executable: the override, PATH, the tools cache, or an install on first use.
     async fn executable(&self, emit: &Emitter) -> Result<PathBuf> {
-        if let Some(path) = self.bridge.installed_executable(self.agent) {
+        if let Some(path) = super::installed_executable(self.bridge.config(), self.agent) {
             return Ok(path);
         }
         let package = self.agent.package();

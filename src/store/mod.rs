@@ -401,14 +401,6 @@ impl Store {
         Ok(cost)
     }
 
-    /// Number of turns of a session.
-    pub fn turn_count(&self, session_id: &str) -> Result<usize> {
-        let count: i64 =
-            self.lock()
-                .query_row("SELECT COUNT(*) FROM turns WHERE session_id = ?1", params![session_id], |row| row.get(0))?;
-        Ok(count as usize)
-    }
-
     /// The session's turns and their updates, newest turns kept first until `limit` updates are reached.
     pub fn history(&self, session_id: &str, limit: usize) -> Result<History> {
         let connection = self.lock();
