@@ -13,6 +13,8 @@ use acp_sandbox::agents::AgentKind;
 use acp_sandbox::config::{Config, OpenCodeModels, SandboxChoice};
 use acp_sandbox::error::to_acp_error;
 use acp_sandbox::sandbox::local::{Isolation, probe_bwrap};
+use acp_sandbox::sandbox::policy::Profile;
+use acp_sandbox::sandbox::proxy::NetworkMode;
 use acp_sandbox::session::{Bridge, UpdateSink};
 use acp_sandbox::store::rfc3339;
 use agent_client_protocol::v1::schema::{
@@ -63,6 +65,39 @@ struct Settings {
     /// Amp modes offered in the editor (comma-separated; the first is the default).
     #[arg(long, global = true, env = "ACP_SANDBOX_AMP_MODES", value_delimiter = ',')]
     amp_modes: Vec<String>,
+    /// Where the sandbox may connect: `open` (any public host), `allow=HOST,...` (those and the CLI's own
+    /// service), `none` (only the model endpoints of your config), or `host` (the host's network, unfiltered).
+    #[arg(long, global = true, env = "ACP_SANDBOX_NETWORK", default_value = "open")]
+    network: NetworkMode,
+    /// How much of your home the sandbox shows: `default` (all but secrets) or `strict` (only the workspace,
+    /// the CLI's config and the toolchains on PATH).
+    #[arg(long, global = true, env = "ACP_SANDBOX_PROFILE", value_enum, default_value = "default")]
+    profile: Profile,
+    /// Also hide this path from the sandbox (repeatable).
+    #[arg(long, global = true, env = "ACP_SANDBOX_DENY_READ", value_delimiter = ',')]
+    deny_read: Vec<PathBuf>,
+    /// Show this path read-only in the sandbox even where it would be hidden (repeatable).
+    #[arg(long, global = true, env = "ACP_SANDBOX_ALLOW_READ", value_delimiter = ',')]
+    allow_read: Vec<PathBuf>,
+    /// Also keep this path of the workspace read-only (repeatable; relative to the workspace).
+    #[arg(long, global = true, env = "ACP_SANDBOX_PROTECT", value_delimiter = ',')]
+    protect: Vec<PathBuf>,
+    /// Pass this variable of your environment to the CLI (repeatable).
+    #[arg(long, global = true, env = "ACP_SANDBOX_PASS_ENV", value_delimiter = ',')]
+    pass_env: Vec<String>,
+    /// At most this many processes in one sandbox.
+    #[arg(long, global = true, env = "ACP_SANDBOX_MAX_PROCESSES")]
+    max_processes: Option<u64>,
+    /// At most this much memory for one sandbox (`512M`, `8G`) [default: half the machine's].
+    #[arg(long, global = true, env = "ACP_SANDBOX_MAX_MEMORY", value_parser = parse_size)]
+    max_memory: Option<u64>,
+    /// End a turn still running after this many seconds.
+    #[arg(long, global = true, env = "ACP_SANDBOX_TURN_TIMEOUT", default_value_t = 1800)]
+    turn_timeout: u64,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    acp_sandbox::sandbox::limits::parse_size(text).map_err(|e| e.to_string())
 }
 
 #[derive(Subcommand, Debug)]
@@ -125,13 +160,32 @@ impl Settings {
         if !modes.is_empty() {
             config.amp_modes = modes;
         }
+        config.network = self.network.clone();
+        config.profile = self.profile;
+        config.deny_read = self.deny_read.iter().map(|p| absolute(p)).collect();
+        config.allow_read = self.allow_read.iter().map(|p| absolute(p)).collect();
+        config.protect = self.protect.clone();
+        config.pass_env = self.pass_env.clone();
+        if let Some(max) = self.max_processes {
+            config.limits.max_processes = max.max(1);
+        }
+        if let Some(max) = self.max_memory {
+            config.limits.max_memory_bytes = max;
+        }
+        config.turn_timeout = Duration::from_secs(self.turn_timeout.max(1));
         if let Some(dirs) = directories::BaseDirs::new() {
             let models = OpenCodeModels::read(dirs.config_dir());
             config.opencode_models = models.models;
             config.opencode_default_model = models.default;
+            config.opencode_needs = models.needs;
         }
         config
     }
+}
+
+/// A path given on the command line, made absolute against the current directory.
+fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// Parses the command line and runs the command.
@@ -146,7 +200,7 @@ pub fn main() -> anyhow::Result<ExitCode> {
             None | Some(Command::Serve) => serve(config).await,
             Some(Command::Prompt { text, json, session }) => prompt(config, text, json, session).await,
             Some(Command::Sessions { command }) => sessions(config, command).await,
-            Some(Command::Doctor) => doctor(config),
+            Some(Command::Doctor) => doctor(config).await,
         }
     })
 }
@@ -380,7 +434,7 @@ async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<Ex
     Ok(ExitCode::SUCCESS)
 }
 
-fn doctor(config: Config) -> anyhow::Result<ExitCode> {
+async fn doctor(config: Config) -> anyhow::Result<ExitCode> {
     println!("acp-sandbox {}", env!("CARGO_PKG_VERSION"));
     println!("data dir    {}", config.data_dir.display());
     println!("log files   {}.<date>", config.log_path().display());
@@ -414,6 +468,36 @@ fn doctor(config: Config) -> anyhow::Result<ExitCode> {
     }
     if let Err(why) = probe_bwrap() {
         println!("            bubblewrap: {why}; install the `bubblewrap` package for isolation");
+    }
+    if let Ok(isolation) = Isolation::resolve(config.sandbox) {
+        let policy = config.policy();
+        let settings = acp_sandbox::sandbox::local::LocalSettings {
+            isolation,
+            policy: policy.clone(),
+            network: config.network.clone(),
+            limits: config.limits.clone(),
+            run_dir: config.run_dir(),
+            init_program: std::env::current_exe().ok(),
+        };
+        for (name, on, text) in settings.describe() {
+            println!("  {:<12}  {} {text}", name, if on { "on " } else { "OFF" });
+        }
+        let hidden: Vec<String> = policy
+            .hidden_paths()
+            .into_iter()
+            .filter(|path| path.exists())
+            .map(|path| path.display().to_string())
+            .collect();
+        println!("  hidden here   {}", if hidden.is_empty() { "(none of the listed secrets exist)".into() } else { hidden.join(", ") });
+        for agent in [AgentKind::OpenCode, AgentKind::Amp] {
+            if agent != config.agent {
+                continue;
+            }
+            match acp_sandbox::session::check_cli(&config, agent).await {
+                Ok(version) => println!("  {:<12}  ok  `{} --version` in the sandbox: {version}", "run", agent.package().bin),
+                Err(why) => println!("  {:<12}  ERROR `{} --version` in the sandbox: {why}", "run", agent.package().bin),
+            }
+        }
     }
     match acp_sandbox::store::Store::open(&config.database_path()) {
         Ok(store) => {

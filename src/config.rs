@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use crate::agents::AgentKind;
 use crate::agents::opencode::catalog::ModelInfo;
+use crate::agents::opencode::providers::ProviderNeeds;
+use crate::sandbox::limits::Limits;
+use crate::sandbox::policy::{Policy, Profile};
+use crate::sandbox::proxy::NetworkMode;
 
 /// Which sandbox runs the CLIs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -55,6 +59,24 @@ pub struct Config {
     pub opencode_models: Vec<ModelInfo>,
     /// The model OpenCode uses when none is chosen (`model` of the user's config).
     pub opencode_default_model: Option<String>,
+    /// What the user's OpenCode config needs: its providers' variables and model endpoints.
+    pub opencode_needs: ProviderNeeds,
+    /// How much of the home the sandbox shows.
+    pub profile: Profile,
+    /// Hidden in the sandbox on top of the built-in secrets.
+    pub deny_read: Vec<PathBuf>,
+    /// Shown read-only in the sandbox even where it would be hidden.
+    pub allow_read: Vec<PathBuf>,
+    /// Read-only inside the workspace on top of the built-in protected paths.
+    pub protect: Vec<PathBuf>,
+    /// Variables of the bridge's environment passed to the CLI on top of what it needs.
+    pub pass_env: Vec<String>,
+    /// A turn running longer than this is ended with an error and its process tree killed.
+    pub turn_timeout: Duration,
+    /// Where the sandbox may connect.
+    pub network: NetworkMode,
+    /// Processes and memory of one sandbox.
+    pub limits: Limits,
 }
 
 impl Config {
@@ -80,6 +102,50 @@ impl Config {
             amp_modes: ["medium", "low", "high", "ultra"].map(String::from).to_vec(),
             opencode_models: Vec::new(),
             opencode_default_model: None,
+            opencode_needs: ProviderNeeds::default(),
+            profile: Profile::Default,
+            deny_read: Vec::new(),
+            allow_read: Vec::new(),
+            protect: Vec::new(),
+            pass_env: Vec::new(),
+            turn_timeout: Duration::from_secs(30 * 60),
+            network: NetworkMode::Open,
+            limits: Limits::default(),
+        }
+    }
+
+    /// A private directory for the sockets of the sandboxes' proxies. Unix socket paths are short (108 bytes), so a
+    /// deep data dir falls back to the user's runtime dir.
+    pub fn run_dir(&self) -> PathBuf {
+        let preferred = self.data_dir.join("run");
+        // `<run dir>/<12 hex>.sock` must fit.
+        if preferred.as_os_str().len() + 18 < 100 {
+            return preferred;
+        }
+        let uid = nix::unistd::getuid();
+        match std::env::var_os("XDG_RUNTIME_DIR") {
+            Some(dir) => PathBuf::from(dir).join("acp-sandbox"),
+            None => std::env::temp_dir().join(format!("acp-sandbox-{uid}")),
+        }
+    }
+
+    /// The user's home (`$HOME`).
+    pub fn home() -> PathBuf {
+        directories::BaseDirs::new().map(|dirs| dirs.home_dir().to_path_buf()).unwrap_or_else(|| "/nonexistent".into())
+    }
+
+    /// What the local sandbox hides, shows and protects.
+    pub fn policy(&self) -> Policy {
+        let path_dirs = std::env::var_os("PATH").map(|path| std::env::split_paths(&path).collect()).unwrap_or_default();
+        Policy {
+            profile: self.profile,
+            home: Self::home(),
+            data_dir: self.data_dir.clone(),
+            runtime_dir: std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+            path_dirs,
+            deny_read: self.deny_read.clone(),
+            allow_read: self.allow_read.clone(),
+            protect: self.protect.clone(),
         }
     }
 
@@ -119,6 +185,8 @@ pub struct OpenCodeModels {
     pub models: Vec<ModelInfo>,
     /// The `model` OpenCode uses by default.
     pub default: Option<String>,
+    /// Its providers' variables and endpoints.
+    pub needs: ProviderNeeds,
 }
 
 impl OpenCodeModels {
@@ -133,6 +201,7 @@ impl OpenCodeModels {
         for name in ["opencode.json", "opencode.jsonc", "config.json"] {
             let Ok(text) = std::fs::read_to_string(config_dir.join("opencode").join(name)) else { continue };
             let Ok(value) = serde_json::from_str::<serde_json::Value>(&strip_line_comments(&text)) else { continue };
+            found.needs.merge(ProviderNeeds::from_config(&value));
             if let Some(model) = value.get("model").and_then(|m| m.as_str()) {
                 found.default = Some(model.to_string());
             }
@@ -184,11 +253,27 @@ pub fn strip_line_comments(text: &str) -> String {
 /// Creates a directory (and its parents) readable by its owner only: it holds prompts, answers and the
 /// agents' own state.
 pub fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if dir.is_dir() {
-        return Ok(());
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) if meta.is_dir() => {
+            // A directory someone else made (a shared /tmp) must not hold our sockets or data.
+            if meta.uid() != nix::unistd::getuid().as_raw() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!("{} belongs to another user", dir.display()),
+                ));
+            }
+            if meta.mode() & 0o077 != 0 {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+            }
+            Ok(())
+        }
+        Ok(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a directory", dir.display()),
+        )),
+        Err(_) => std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir),
     }
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 
 #[cfg(test)]

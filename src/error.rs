@@ -36,6 +36,28 @@ pub enum Error {
     #[error("{0}")]
     InvalidParams(String),
 
+    /// The session belongs to the other agent: this bridge does not run its CLI.
+    #[error(
+        "This session runs {session_agent}, but this agent server runs {served}; open it from the {session_agent} agent server"
+    )]
+    WrongAgent {
+        /// The session's agent.
+        session_agent: &'static str,
+        /// The agent this bridge serves.
+        served: &'static str,
+    },
+
+    /// The turn ran past `--turn-timeout` and was stopped.
+    #[error(
+        "{agent} was still working after {minutes} min (--turn-timeout) and was stopped; the conversation is kept and the next prompt continues it"
+    )]
+    TurnTimeout {
+        /// The agent's display name.
+        agent: &'static str,
+        /// The limit.
+        minutes: u64,
+    },
+
     /// The CLI ended the turn with an error, crashed or exited non-zero.
     #[error("{message}")]
     CliFailed {
@@ -83,7 +105,9 @@ pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
         }
         Error::AuthRejected(_) => agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message),
         Error::TurnInProgress => agent_client_protocol::Error::new(ErrorCode::INVALID_REQUEST, message),
-        Error::InvalidParams(_) => agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message),
+        Error::InvalidParams(_) | Error::WrongAgent { .. } => {
+            agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message)
+        }
         Error::CliFailed { stderr_tail, exit_code, .. } => {
             let shown = if stderr_tail.trim().is_empty() {
                 message
@@ -93,7 +117,7 @@ pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
             agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, shown)
                 .data(json!({ "stderr": stderr_tail, "exitCode": exit_code }))
         }
-        Error::Stalled { .. } | Error::CliUnavailable(_) | Error::Sandbox(_) | Error::Store(_) => {
+        Error::Stalled { .. } | Error::TurnTimeout { .. } | Error::CliUnavailable(_) | Error::Sandbox(_) | Error::Store(_) => {
             agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, message)
         }
     }

@@ -101,6 +101,14 @@ impl AgentKind {
         }
     }
 
+    /// The domains of the CLI's own service and its model providers: reachable under `--network allow=…`.
+    pub fn service_hosts(self) -> &'static [&'static str] {
+        match self {
+            AgentKind::Amp => amp::SERVICE_HOSTS,
+            AgentKind::OpenCode => opencode::providers::SERVICE_HOSTS,
+        }
+    }
+
     /// Variables the bridge always sets for this CLI.
     pub fn fixed_env(self) -> Vec<(String, String)> {
         match self {

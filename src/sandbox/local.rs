@@ -7,9 +7,10 @@
 //! including those that started their own session (OpenCode's bash tool does).
 
 use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use nix::sys::signal::{Signal, kill, killpg};
@@ -17,6 +18,11 @@ use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
+use super::limits::{self, Enforcement, Limits};
+use super::policy::{Mount, PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
+use super::proxy::{NetworkMode, Proxy, ProxyPolicy};
+use super::seccomp;
+use super::statedir::StateDir;
 use super::{ExecSpec, ExitInfo, ProcessHandle, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec};
 use crate::config::SandboxChoice;
 
@@ -57,42 +63,219 @@ impl Isolation {
     }
 }
 
+/// The protections every sandbox needs from bubblewrap: namespaces, no network, no capabilities.
+const PROBE_ARGS: &[&str] = &[
+    "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-net", "--cap-drop", "ALL",
+    "--die-with-parent",
+];
+
 /// Checks once whether bubblewrap can create its namespaces here; the answer is cached.
 pub fn probe_bwrap() -> Result<PathBuf, String> {
-    static PROBE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    PROBE
-        .get_or_init(|| {
-            let path = which::which("bwrap").map_err(|_| "bubblewrap (bwrap) is not installed".to_string())?;
-            let output = std::process::Command::new(&path)
-                .args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid"])
-                .args(["--die-with-parent", "--", "true"])
+    probe().clone().map(|(path, _)| path)
+}
+
+/// Whether bubblewrap can also give the sandbox its own user namespace (and forbid nested ones) here.
+pub fn bwrap_userns() -> bool {
+    probe().as_ref().is_ok_and(|(_, userns)| *userns)
+}
+
+fn probe() -> &'static Result<(PathBuf, bool), String> {
+    static PROBE: OnceLock<Result<(PathBuf, bool), String>> = OnceLock::new();
+    PROBE.get_or_init(|| {
+        let path = which::which("bwrap").map_err(|_| "bubblewrap (bwrap) is not installed".to_string())?;
+        let run = |extra: &[&str]| {
+            std::process::Command::new(&path)
+                .args(extra)
+                .args(PROBE_ARGS)
+                .args(["--", "true"])
                 .stdin(Stdio::null())
                 .output()
-                .map_err(|e| format!("cannot run {}: {e}", path.display()))?;
-            if output.status.success() {
-                Ok(path)
+                .map_err(|e| format!("cannot run {}: {e}", path.display()))
+        };
+        if run(&["--unshare-user", "--disable-userns"])?.status.success() {
+            return Ok((path, true));
+        }
+        let output = run(&[])?;
+        if output.status.success() {
+            Ok((path, false))
+        } else {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            Err(format!("bubblewrap cannot create its namespaces here: {}", stderr.trim()))
+        }
+    })
+}
+
+/// Makes the bridge the reaper of its orphaned descendants: without bubblewrap, a daemon that left the CLI's tree
+/// (`setsid`, double fork) is re-parented to the bridge instead of to init, so it can be found and ended.
+pub fn become_subreaper() {
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::warn!("cannot become a subreaper: {e}");
+    }
+}
+
+/// Children this bridge started itself (tokio waits for them): never mistaken for orphans.
+fn spawned() -> &'static Mutex<HashSet<u32>> {
+    static SPAWNED: OnceLock<Mutex<HashSet<u32>>> = OnceLock::new();
+    SPAWNED.get_or_init(Mutex::default)
+}
+
+/// Orphans re-parented to the bridge whose HOME is `home` (the session's): what a killed subreaper left.
+fn orphans_of(home: &Path) -> Vec<i32> {
+    let own = std::process::id() as i32;
+    let spawned = spawned().lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut found = Vec::new();
+    for pid in all_pids() {
+        if spawned.contains(&(pid as u32)) || parent_of(pid) != Some(own) {
+            continue;
+        }
+        if home_of(pid).as_deref() == Some(home) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Waits for dead orphans re-parented to the bridge, so that none stays a zombie.
+fn reap_orphans() {
+    let own = std::process::id() as i32;
+    let spawned = spawned().lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for pid in all_pids() {
+        if !spawned.contains(&(pid as u32)) && parent_of(pid) == Some(own) {
+            let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        }
+    }
+}
+
+fn all_pids() -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries.flatten().filter_map(|entry| entry.file_name().to_str().and_then(|name| name.parse().ok())).collect()
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn home_of(pid: i32) -> Option<PathBuf> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let home = environ.split(|&b| b == 0).find_map(|var| var.strip_prefix(b"HOME="))?;
+    std::str::from_utf8(home).ok().map(PathBuf::from)
+}
+
+/// What every local sandbox of this bridge is made of.
+#[derive(Clone, Debug)]
+pub struct LocalSettings {
+    /// bubblewrap or nothing.
+    pub isolation: Isolation,
+    /// What is hidden, shown and protected.
+    pub policy: Policy,
+    /// Where the sandbox may connect.
+    pub network: NetworkMode,
+    /// Processes and memory.
+    pub limits: Limits,
+    /// A private directory of the bridge for the proxies' sockets.
+    pub run_dir: PathBuf,
+    /// The bridge's own executable: the sandbox's first process (`sandbox-init`).
+    pub init_program: Option<PathBuf>,
+}
+
+impl LocalSettings {
+    /// Settings for tests and tools: everything at its default, `isolation` as given.
+    pub fn new(isolation: Isolation, policy: Policy, run_dir: PathBuf) -> Self {
+        Self {
+            isolation,
+            policy,
+            network: NetworkMode::Open,
+            limits: Limits::default(),
+            run_dir,
+            init_program: std::env::current_exe().ok(),
+        }
+    }
+
+    /// One line per protection for `doctor` and the log: what applies and what does not, with the reason.
+    pub fn describe(&self) -> Vec<(String, bool, String)> {
+        let bwrap = matches!(self.isolation, Isolation::Bwrap(_));
+        let off = |why: &str| (false, why.to_string());
+        let mut lines = Vec::new();
+        let mut add = |name: &str, (on, text): (bool, String)| lines.push((name.to_string(), on, text));
+        let no_bwrap = "needs bubblewrap";
+        add(
+            "filesystem",
+            if bwrap {
+                (true, format!("read-only system, writable workspace and session state; profile {}", self.policy.profile.as_str()))
             } else {
-                let stderr = String::from_utf8_lossy(&output.stderr);
-                Err(format!("bubblewrap cannot create namespaces here: {}", stderr.trim()))
-            }
-        })
-        .clone()
+                off("NOT isolated: the CLI can read and write everything you can")
+            },
+        );
+        add(
+            "secrets",
+            if bwrap {
+                (true, format!("{} built-in paths and {} --deny-read hidden; data dir hidden", SECRETS.len(), self.policy.deny_read.len()))
+            } else {
+                off(no_bwrap)
+            },
+        );
+        add(
+            "protected",
+            if bwrap { (true, format!("read-only in the workspace: {}", PROTECTED.join(", "))) } else { off(no_bwrap) },
+        );
+        add(
+            "network",
+            match (&self.network, bwrap) {
+                (NetworkMode::Host, _) => off("--network host: the host's network, loopback and every host service included"),
+                (_, false) => off("needs bubblewrap: the host's network"),
+                (mode, true) => (true, format!("own network namespace; out only through the bridge's proxy ({mode})")),
+            },
+        );
+        add(
+            "capabilities",
+            if bwrap { (true, format!("all dropped{}", if bwrap_userns() { ", own user namespace" } else { "" })) } else { off(no_bwrap) },
+        );
+        add(
+            "seccomp",
+            match (bwrap, seccomp::filter_bytes()) {
+                (true, Ok(_)) => (true, format!("denies {}", seccomp::DENIED.join(", "))),
+                (true, Err(e)) => off(&format!("cannot build the filter: {e}")),
+                (false, _) => off(no_bwrap),
+            },
+        );
+        let enforcement = limits::probe();
+        add("limits", (!matches!(enforcement, Enforcement::None(_)), enforcement.describe(&self.limits)));
+        add(
+            "processes",
+            if bwrap {
+                (true, "own PID namespace; everything dies with the turn and the bridge".into())
+            } else {
+                (true, "a subreaper kills every descendant, daemons included, at the end of the turn".into())
+            },
+        );
+        lines
+    }
 }
 
 /// Sandboxes that are folders under the data dir.
 pub struct LocalProvider {
     sessions_dir: PathBuf,
-    isolation: Isolation,
+    settings: Arc<LocalSettings>,
 }
 
 impl LocalProvider {
     /// A provider keeping state dirs under `sessions_dir`.
-    pub fn new(sessions_dir: PathBuf, isolation: Isolation) -> Self {
-        Self { sessions_dir, isolation }
+    pub fn new(sessions_dir: PathBuf, settings: Arc<LocalSettings>) -> Self {
+        Self { sessions_dir, settings }
     }
 
     fn state_dir(&self, session_id: &str) -> PathBuf {
         self.sessions_dir.join(session_id)
+    }
+
+    /// The state dir an id names, if it is one of ours: exactly `<sessions dir>/<plain name>`. An id read from the
+    /// store is never trusted as a path.
+    fn owned(&self, id: &str) -> Option<PathBuf> {
+        let path = Path::new(id);
+        let name = path.file_name()?.to_str()?;
+        let plain = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        (plain && path.parent() == Some(self.sessions_dir.as_path())).then(|| path.to_path_buf())
     }
 }
 
@@ -104,24 +287,30 @@ impl SandboxProvider for LocalProvider {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<String, SandboxError> {
         let dir = self.state_dir(&spec.session_id);
+        if self.owned(&dir.display().to_string()).is_none() {
+            return Err(SandboxError::Unavailable(format!("{:?} cannot name a sandbox", spec.session_id)));
+        }
+        crate::config::create_private_dir(&dir).map_err(|e| SandboxError::io(format!("create {}", dir.display()), e))?;
+        let state = StateDir::open(&dir).map_err(|e| SandboxError::io(format!("open {}", dir.display()), e))?;
         for sub in ["home", "config", "data", "cache", "state"] {
-            let path = dir.join(sub);
-            tokio::fs::create_dir_all(&path)
-                .await
-                .map_err(|e| SandboxError::io(format!("create {}", path.display()), e))?;
+            state.ensure_dir(Path::new(sub)).map_err(|e| SandboxError::io(format!("create {sub} in {}", dir.display()), e))?;
         }
         Ok(dir.display().to_string())
     }
 
     async fn connect(&self, id: &str, spec: &SandboxSpec) -> Result<Option<Arc<dyn Sandbox>>, SandboxError> {
-        let state_dir = PathBuf::from(id);
-        if !state_dir.join("home").is_dir() {
+        let Some(state_dir) = self.owned(id) else {
+            tracing::warn!(session = %spec.session_id, sandbox = id, "the stored sandbox id is not a state dir of ours; ignoring it");
+            return Ok(None);
+        };
+        if !std::fs::symlink_metadata(state_dir.join("home")).is_ok_and(|m| m.is_dir()) {
             return Ok(None);
         }
         Ok(Some(Arc::new(LocalSandbox {
             state_dir,
             workspace: spec.workspace.clone(),
-            isolation: self.isolation.clone(),
+            session_id: spec.session_id.clone(),
+            settings: self.settings.clone(),
         })))
     }
 
@@ -131,11 +320,12 @@ impl SandboxProvider for LocalProvider {
     }
 
     async fn destroy(&self, id: &str) -> Result<(), SandboxError> {
-        let path = PathBuf::from(id);
         // Only ever remove what this provider created.
-        if !path.starts_with(&self.sessions_dir) {
+        let Some(path) = self.owned(id) else {
+            tracing::warn!(sandbox = id, "not removing a sandbox id that is not a state dir of ours");
             return Ok(());
-        }
+        };
+        // `remove_dir_all` removes links, never what they point to.
         match tokio::fs::remove_dir_all(&path).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -148,29 +338,138 @@ impl SandboxProvider for LocalProvider {
 pub struct LocalSandbox {
     state_dir: PathBuf,
     workspace: PathBuf,
-    isolation: Isolation,
+    session_id: String,
+    settings: Arc<LocalSettings>,
+}
+
+/// Where the bridge's pieces appear inside the sandbox (a private tmpfs, so nothing of the host is there).
+const INSIDE_DIR: &str = "/run/acp-sandbox";
+/// The port of the proxy inside the sandbox.
+const PROXY_PORT: u16 = 3128;
+
+/// The network side of one command under bubblewrap.
+struct NetSetup {
+    /// The socket the sandbox reaches the proxy by, on the host.
+    socket: PathBuf,
+    /// The port the proxy listens on inside.
+    port: u16,
+    /// Host loopback endpoints shown on the same port inside.
+    expose: Vec<u16>,
 }
 
 impl LocalSandbox {
     /// The argv of bubblewrap around a command (pure, so it is unit-tested).
-    pub fn bwrap_args(&self, spec: &ExecSpec) -> Vec<String> {
+    fn bwrap_args(&self, spec: &ExecSpec, plan: &Plan, net: Option<&NetSetup>, seccomp_fd: Option<i32>) -> Vec<String> {
         let mut args: Vec<String> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(|s| s.to_string()));
         push(&["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]);
-        // /tmp must be mounted before the binds: the workspace or the state dir may live under /tmp.
-        push(&["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]);
-        for dir in [&self.state_dir, &self.workspace] {
-            let dir = dir.display().to_string();
-            push(&["--bind", &dir, &dir]);
+        if net.is_some() {
+            push(&["--unshare-net"]);
+        }
+        if bwrap_userns() {
+            push(&["--unshare-user", "--disable-userns"]);
+        }
+        push(&["--cap-drop", "ALL"]);
+        push(&["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]);
+        let mut read_only_later = Vec::new();
+        for mount in &plan.mounts {
+            match mount {
+                Mount::Scratch(path) => push(&["--tmpfs", &path.display().to_string()]),
+                Mount::EmptyDir(path) => {
+                    let path = path.display().to_string();
+                    push(&["--tmpfs", &path]);
+                    // Made read-only last: mounts below it need their mount points created first.
+                    read_only_later.push(path);
+                }
+                Mount::EmptyFile(path) => push(&["--ro-bind", "/dev/null", &path.display().to_string()]),
+                Mount::ReadOnly(path) => {
+                    let path = path.display().to_string();
+                    push(&["--ro-bind", &path, &path]);
+                }
+                Mount::Writable(path) => {
+                    let path = path.display().to_string();
+                    push(&["--bind", &path, &path]);
+                }
+            }
         }
         for (host, target) in &spec.read_only {
             push(&["--ro-bind-try", &host.display().to_string(), &target.display().to_string()]);
         }
+        let init = self.settings.init_program.as_ref().map(|program| program.display().to_string());
+        if let Some(init) = &init {
+            push(&["--ro-bind", init, &format!("{INSIDE_DIR}/acp-sandbox")]);
+        }
+        if let Some(net) = net {
+            push(&["--ro-bind", &net.socket.display().to_string(), &format!("{INSIDE_DIR}/proxy.sock")]);
+        }
+        for path in read_only_later.iter().rev() {
+            push(&["--remount-ro", path]);
+        }
+        if let Some(fd) = seccomp_fd {
+            push(&["--seccomp", &fd.to_string()]);
+        }
         push(&["--chdir", &spec.cwd.display().to_string(), "--"]);
+        if init.is_some() {
+            args.push(format!("{INSIDE_DIR}/acp-sandbox"));
+            args.push("sandbox-init".into());
+            if let Some(net) = net {
+                args.extend(["--proxy-socket".into(), format!("{INSIDE_DIR}/proxy.sock")]);
+                args.extend(["--proxy-port".into(), net.port.to_string()]);
+                for port in &net.expose {
+                    args.extend(["--expose".into(), port.to_string()]);
+                }
+            }
+            args.push("--".into());
+        }
         args.push(spec.program.display().to_string());
         args.extend(spec.args.iter().cloned());
         args
     }
+
+    /// Starts the proxy of one command and says how the sandbox reaches it.
+    async fn start_proxy(&self, spec: &ExecSpec) -> Result<(Proxy, NetSetup), SandboxError> {
+        crate::config::create_private_dir(&self.settings.run_dir)
+            .map_err(|e| SandboxError::io(format!("create {}", self.settings.run_dir.display()), e))?;
+        let socket = self.settings.run_dir.join(format!("{}.sock", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+        let expose: Vec<u16> = spec
+            .net
+            .endpoints
+            .iter()
+            .filter(|(host, _)| is_loopback_name(host))
+            .map(|(_, port)| *port)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let port = (PROXY_PORT..).find(|port| !expose.contains(port)).unwrap_or(PROXY_PORT);
+        let policy = ProxyPolicy {
+            mode: self.settings.network.clone(),
+            endpoints: spec.net.endpoints.clone(),
+            service_hosts: spec.net.service_hosts.clone(),
+        };
+        let proxy = Proxy::start(&socket, policy, self.session_id.clone())
+            .await
+            .map_err(|e| SandboxError::Unavailable(format!("cannot start the network proxy: {e}")))?;
+        Ok((proxy, NetSetup { socket, port, expose }))
+    }
+}
+
+/// Host names that mean the loopback of whoever resolves them.
+fn is_loopback_name(host: &str) -> bool {
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The variables that send the CLI's traffic to the proxy inside the sandbox.
+fn proxy_env(port: u16) -> Vec<(String, String)> {
+    let url = format!("http://127.0.0.1:{port}");
+    let mut env = Vec::new();
+    for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+        env.push((name.to_string(), url.clone()));
+        env.push((name.to_lowercase(), url.clone()));
+    }
+    for name in ["NO_PROXY", "no_proxy"] {
+        env.push((name.to_string(), "localhost,127.0.0.1,::1".to_string()));
+    }
+    env
 }
 
 #[async_trait]
@@ -184,41 +483,113 @@ impl Sandbox for LocalSandbox {
     }
 
     fn isolation(&self) -> String {
-        self.isolation.describe()
+        self.settings.isolation.describe()
+    }
+
+    async fn write_state_file(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError> {
+        StateDir::open(&self.state_dir)
+            .and_then(|state| state.write_file(path, bytes))
+            .map_err(|e| SandboxError::io(format!("write {}", path.display()), e))
     }
 
     async fn exec(&self, mut spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
+        let state = StateDir::open(&self.state_dir)
+            .map_err(|e| SandboxError::io(format!("open {}", self.state_dir.display()), e))?;
         // A shown directory becomes a real, writable directory of the state dir holding its entries: the CLI may
         // add files next to them (OpenCode creates `.gitignore` in its config dir and fails on a read-only one),
         // and those land in the session's state, never in the user's own directory.
-        spec.read_only = expand_read_only_dirs(&spec.read_only);
-        let mut command = match &self.isolation {
+        spec.read_only = expand_read_only_dirs(&state, &spec.read_only);
+        let mut guards = ProcessGuards::default();
+        let mut command = match &self.settings.isolation {
             Isolation::Bwrap(bwrap) => {
+                let subject =
+                    Subject { workspace: self.workspace.clone(), state_dir: self.state_dir.clone(), tools: spec.tools.clone() };
+                let plan = self.settings.policy.plan(&subject, &RealDisk);
+                guards.placeholders = Placeholders::hold(&self.workspace, plan.placeholders.clone());
+                let net = if self.settings.network == NetworkMode::Host {
+                    None
+                } else {
+                    let (proxy, net) = self.start_proxy(&spec).await?;
+                    guards.proxy = Some(proxy);
+                    spec.env.retain(|(name, _)| !name.to_ascii_lowercase().ends_with("_proxy"));
+                    spec.env.extend(proxy_env(net.port));
+                    Some(net)
+                };
+                let seccomp_fd = match seccomp::filter_bytes() {
+                    Ok(bytes) => {
+                        let fd = bytes_fd(&bytes).map_err(|e| SandboxError::io("pass the seccomp filter", e))?;
+                        let raw = fd.as_raw_fd();
+                        guards.inherited.push(fd);
+                        Some(raw)
+                    }
+                    Err(e) => {
+                        tracing::warn!("running without a seccomp filter: {e}");
+                        None
+                    }
+                };
                 let mut command = Command::new(bwrap);
-                command.args(self.bwrap_args(&spec));
+                command.args(self.bwrap_args(&spec, &plan, net.as_ref(), seccomp_fd));
                 command
             }
             Isolation::None(_) => {
                 // Without bubblewrap the user's config can't be mounted; link each entry instead.
                 for (host, target) in &spec.read_only {
-                    if host.exists() && std::fs::symlink_metadata(target).is_err() {
-                        if let Some(parent) = target.parent() {
-                            let _ = std::fs::create_dir_all(parent);
-                        }
-                        let _ = std::os::unix::fs::symlink(host, target);
+                    if host.exists()
+                        && std::fs::symlink_metadata(target).is_err()
+                        && let Err(e) = state.symlink(host, target)
+                    {
+                        tracing::warn!("cannot link {}: {e}", target.display());
                     }
                 }
-                let mut command = Command::new(&spec.program);
-                command.args(&spec.args).current_dir(&spec.cwd);
-                // SAFETY: the closure runs in the forked child before exec and only makes one
-                // async-signal-safe syscall. If the bridge is killed (Zed SIGKILLs it), the CLI dies too
-                // instead of running on unsupervised; bubblewrap does the same with --die-with-parent.
-                unsafe {
-                    command.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from));
-                }
+                // The bridge's own binary goes first: a subreaper that ends every descendant, daemons included,
+                // when the CLI exits or the bridge goes.
+                let mut command = match &self.settings.init_program {
+                    Some(init) => {
+                        let mut command = Command::new(init);
+                        command.args(["sandbox-init", "--reap", "--"]).arg(&spec.program).args(&spec.args);
+                        command
+                    }
+                    None => {
+                        let mut command = Command::new(&spec.program);
+                        command.args(&spec.args);
+                        command
+                    }
+                };
+                command.current_dir(&spec.cwd);
                 command
             }
         };
+        let cgroup = match limits::SandboxCgroup::create(limits::probe(), &self.session_id, &self.settings.limits) {
+            Ok(cgroup) => cgroup,
+            Err(e) => {
+                tracing::warn!(session = %self.session_id, "no cgroup for this command: {e}");
+                None
+            }
+        };
+        let join = cgroup.as_ref().map(|cgroup| cgroup.pre_exec_join());
+        let rlimit = limits::rlimit_pre_exec(limits::probe(), &self.settings.limits);
+        let inherited: Vec<i32> = guards.inherited.iter().map(|fd| fd.as_raw_fd()).collect();
+        let init_dies_politely = matches!(self.settings.isolation, Isolation::None(_)) && self.settings.init_program.is_some();
+        // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe syscalls on
+        // data prepared before the fork. If the bridge is killed (Zed SIGKILLs it), the sandbox dies too instead of
+        // running on unsupervised; bubblewrap does the same with --die-with-parent. The subreaper of `--sandbox
+        // none` gets SIGTERM instead, so that it can kill its descendants first.
+        unsafe {
+            command.pre_exec(move || {
+                for fd in &inherited {
+                    nix::fcntl::fcntl(*fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
+                        .map_err(std::io::Error::from)?;
+                }
+                if let Some(join) = &join {
+                    join()?;
+                }
+                if let Some(rlimit) = &rlimit {
+                    rlimit()?;
+                }
+                let signal = if init_dies_politely { Signal::SIGTERM } else { Signal::SIGKILL };
+                nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)
+            });
+        }
         command
             .env_clear()
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -230,6 +601,11 @@ impl Sandbox for LocalSandbox {
             .kill_on_drop(true);
         let program = spec.program.display().to_string();
         let mut child = command.spawn().map_err(|source| SandboxError::Spawn { program: program.clone(), source })?;
+        guards.inherited.clear();
+        if let Some(pid) = child.id() {
+            spawned().lock().unwrap_or_else(|p| p.into_inner()).insert(pid);
+        }
+        guards.cgroup = cgroup;
         let pid = child.id();
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
@@ -243,42 +619,103 @@ impl Sandbox for LocalSandbox {
             let _ = stdin.write_all(&input).await;
             let _ = stdin.shutdown().await;
         });
-        tracing::debug!(program = %program, pid = ?pid, isolation = %self.isolation.describe(), "started");
+        tracing::debug!(program = %program, pid = ?pid, isolation = %self.settings.isolation.describe(), "started");
         Ok(RunningProcess {
             stdout: Box::pin(stdout),
             stderr: Box::pin(stderr),
-            handle: Box::new(LocalProcess { child, pid, exited: None }),
+            handle: Box::new(LocalProcess {
+                child,
+                pid,
+                exited: None,
+                home: self.state_dir.join("home"),
+                guards,
+            }),
         })
     }
 }
 
+/// What lives as long as one command: its proxy, its cgroup, its placeholders, fds passed to bubblewrap.
+#[derive(Default)]
+struct ProcessGuards {
+    proxy: Option<Proxy>,
+    cgroup: Option<limits::SandboxCgroup>,
+    placeholders: Option<Placeholders>,
+    inherited: Vec<OwnedFd>,
+}
+
+/// An fd to read `bytes` from (bubblewrap reads the seccomp program until EOF).
+fn bytes_fd(bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    let (read, write) = nix::unistd::pipe().map_err(std::io::Error::from)?;
+    // The program is a few hundred bytes: far below a pipe's buffer, so this never blocks.
+    let mut file = std::fs::File::from(write);
+    std::io::Write::write_all(&mut file, bytes)?;
+    Ok(read)
+}
+
+/// Mount points of missing protected paths, created on the host by bubblewrap: removed (when still empty) once no
+/// sandbox of this bridge uses the workspace any more.
+struct Placeholders {
+    workspace: PathBuf,
+    paths: Vec<PathBuf>,
+}
+
+fn workspace_users() -> &'static Mutex<HashMap<PathBuf, usize>> {
+    static USERS: OnceLock<Mutex<HashMap<PathBuf, usize>>> = OnceLock::new();
+    USERS.get_or_init(Mutex::default)
+}
+
+impl Placeholders {
+    fn hold(workspace: &Path, paths: Vec<PathBuf>) -> Option<Self> {
+        *workspace_users().lock().unwrap_or_else(|p| p.into_inner()).entry(workspace.to_path_buf()).or_default() += 1;
+        Some(Self { workspace: workspace.to_path_buf(), paths })
+    }
+}
+
+impl Drop for Placeholders {
+    fn drop(&mut self) {
+        let mut users = workspace_users().lock().unwrap_or_else(|p| p.into_inner());
+        let count = users.entry(self.workspace.clone()).or_default();
+        *count = count.saturating_sub(1);
+        if *count > 0 {
+            return;
+        }
+        users.remove(&self.workspace);
+        for path in &self.paths {
+            match std::fs::symlink_metadata(path) {
+                Ok(meta) if meta.is_file() && meta.len() == 0 => {
+                    let _ = std::fs::remove_file(path);
+                }
+                Ok(meta) if meta.is_dir() => {
+                    let _ = std::fs::remove_dir(path); // only when empty
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 /// Replaces each (host dir, target) pair by one pair per entry of the host dir, and makes the target a real
-/// directory (an older version linked the whole directory there: that link is replaced), cleared of the links
-/// and mount points of earlier runs. Files and missing paths stay as they are.
-fn expand_read_only_dirs(pairs: &[(PathBuf, PathBuf)]) -> Vec<(PathBuf, PathBuf)> {
+/// directory of the state dir (a link planted there is replaced, never followed), cleared of the links and mount
+/// points of earlier runs. Files and missing paths stay as they are.
+fn expand_read_only_dirs(state: &StateDir, pairs: &[(PathBuf, PathBuf)]) -> Vec<(PathBuf, PathBuf)> {
     let mut expanded = Vec::new();
     for (host, target) in pairs {
+        if state.relative(target).is_err() {
+            tracing::warn!("not showing {} outside the state dir", target.display());
+            continue;
+        }
         if !host.is_dir() {
             expanded.push((host.clone(), target.clone()));
             continue;
         }
-        if std::fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_symlink()) {
-            let _ = std::fs::remove_file(target);
-        }
-        if let Err(e) = std::fs::create_dir_all(target) {
+        if let Err(e) = state.ensure_dir(target) {
             tracing::warn!("cannot create {}: {e}", target.display());
             continue;
         }
         // What earlier runs left: links (no sandbox) and empty mount points (bubblewrap), possibly of entries the
         // user has removed since. They are made again below; what the CLI wrote itself stays.
-        for entry in std::fs::read_dir(target).into_iter().flatten().flatten() {
-            let path = entry.path();
-            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
-            if meta.file_type().is_symlink() || (meta.is_file() && meta.len() == 0) {
-                let _ = std::fs::remove_file(&path);
-            } else if meta.is_dir() {
-                let _ = std::fs::remove_dir(&path); // only when empty
-            }
+        if let Err(e) = state.clear_placeholders(target) {
+            tracing::warn!("cannot clear {}: {e}", target.display());
         }
         let mut names: Vec<_> =
             std::fs::read_dir(host).into_iter().flatten().flatten().map(|entry| entry.file_name()).collect();
@@ -292,6 +729,24 @@ struct LocalProcess {
     child: Child,
     pid: Option<u32>,
     exited: Option<ExitInfo>,
+    /// The CLI's HOME: descendants that escaped to the bridge (a killed subreaper) are known by it.
+    home: PathBuf,
+    guards: ProcessGuards,
+}
+
+impl LocalProcess {
+    /// Ends everything the command started: its tree, its cgroup, and orphans carrying its HOME.
+    fn end_all(&mut self) {
+        if let Some(pid) = self.pid {
+            kill_tree(pid);
+        }
+        if let Some(cgroup) = &self.guards.cgroup {
+            cgroup.kill_all();
+        }
+        for pid in orphans_of(&self.home) {
+            kill_tree(pid as u32);
+        }
+    }
 }
 
 #[async_trait]
@@ -300,10 +755,12 @@ impl ProcessHandle for LocalProcess {
         if self.exited.is_some() {
             return;
         }
-        if let Some(pid) = self.pid {
-            kill_tree(pid);
-        }
+        self.end_all();
         let _ = self.child.start_kill();
+    }
+
+    fn limit_hit(&self) -> Option<String> {
+        self.guards.cgroup.as_ref().and_then(|cgroup| cgroup.oom_or_pids_hit())
     }
 
     async fn wait(&mut self) -> Result<ExitInfo, SandboxError> {
@@ -314,20 +771,28 @@ impl ProcessHandle for LocalProcess {
         use std::os::unix::process::ExitStatusExt;
         let exit = ExitInfo { code: status.code(), signal: status.signal() };
         self.exited = Some(exit);
-        // Whatever the CLI left behind in its process group goes with it.
+        if let Some(pid) = self.pid {
+            spawned().lock().unwrap_or_else(|p| p.into_inner()).remove(&pid);
+        }
+        // Whatever the CLI left behind goes with it, after every turn.
         if let Some(pid) = self.pid {
             let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
+        if let Some(cgroup) = &self.guards.cgroup {
+            cgroup.kill_all();
+        }
+        for pid in orphans_of(&self.home) {
+            kill_tree(pid as u32);
+        }
+        reap_orphans();
         Ok(exit)
     }
 }
 
 impl Drop for LocalProcess {
     fn drop(&mut self) {
-        if self.exited.is_none()
-            && let Some(pid) = self.pid
-        {
-            kill_tree(pid);
+        if self.exited.is_none() {
+            self.end_all();
         }
     }
 }
@@ -360,17 +825,13 @@ pub fn kill_tree(root: u32) {
 /// has nothing like bubblewrap's PID namespace to take them down): every process a CLI starts inherits its
 /// HOME, `<sessions dir>/<session id>/home`. Returns (pid, session id).
 pub fn leftover_processes(sessions_dir: &Path) -> Vec<(i32, String)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     let own = std::process::id() as i32;
     let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else { continue };
+    for pid in all_pids() {
         if pid == own {
             continue;
         }
-        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
-        let home = environ.split(|&b| b == 0).find_map(|var| var.strip_prefix(b"HOME="));
-        let Some(home) = home.and_then(|h| std::str::from_utf8(h).ok()).map(Path::new) else { continue };
+        let Some(home) = home_of(pid) else { continue };
         if home.file_name().is_some_and(|name| name == "home")
             && let Some(session_dir) = home.parent()
             && session_dir.parent() == Some(sessions_dir)

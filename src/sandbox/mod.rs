@@ -10,6 +10,8 @@
 pub mod install;
 #[allow(clippy::disallowed_methods)]
 pub mod local;
+pub mod policy;
+pub mod statedir;
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -80,6 +82,20 @@ pub struct ExecSpec {
     pub stdin: Vec<u8>,
     /// Host paths made visible read-only at a path inside the sandbox (the user's own CLI configuration).
     pub read_only: Vec<(PathBuf, PathBuf)>,
+    /// Directories of the CLI's installation, shown read-only wherever they are (`/tmp`, the data dir).
+    pub tools: Vec<PathBuf>,
+    /// Where the CLI must be able to connect whatever the network policy.
+    pub net: NetAccess,
+}
+
+/// What a CLI must reach: its model endpoints (exact host:port, allowed even on loopback or private ranges) and
+/// its own service (allowed under `--network allow=…`).
+#[derive(Clone, Debug, Default)]
+pub struct NetAccess {
+    /// Exact host:port pairs.
+    pub endpoints: Vec<(String, u16)>,
+    /// Domains (and their subdomains).
+    pub service_hosts: Vec<String>,
 }
 
 /// How a process ended.
@@ -125,8 +141,12 @@ pub struct RunningProcess {
 pub trait ProcessHandle: Send {
     /// Ends the process and everything it started, at once. Calling it again does nothing.
     async fn kill(&mut self);
-    /// Waits until the process exits.
+    /// Waits until the process exits. Cancel-safe: it may be raced against output and timers.
     async fn wait(&mut self) -> Result<ExitInfo, SandboxError>;
+    /// Whether the sandbox ran into its process or memory limit, in words for the user.
+    fn limit_hit(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A live sandbox of one session.
@@ -141,6 +161,9 @@ pub trait Sandbox: Send + Sync {
     fn isolation(&self) -> String;
     /// Starts a command with streamed output.
     async fn exec(&self, spec: ExecSpec) -> Result<RunningProcess, SandboxError>;
+    /// Writes a file the CLI needs (an attachment) at `path` below the state dir, replacing whatever is there and
+    /// never following a link the agent planted.
+    async fn write_state_file(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError>;
 }
 
 /// Creates and finds sandboxes of one kind.

@@ -50,6 +50,11 @@ impl ModelCatalog {
         models
     }
 
+    /// Only what OpenCode itself listed (its usable providers), not the config's additions.
+    pub fn listed(&self) -> Vec<ModelInfo> {
+        self.listed.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Lists the models again in the background, when OpenCode is installed. One listing at a time.
     pub fn refresh(self: &Arc<Self>) {
         if self.refreshing.swap(true, Ordering::SeqCst) {
@@ -72,6 +77,13 @@ impl ModelCatalog {
         });
     }
 
+    fn listing_env_names(&self) -> std::collections::BTreeSet<String> {
+        let mut names = self.config.opencode_needs.env_names(std::iter::empty());
+        names.extend(crate::agents::opencode::providers::all_provider_env().into_iter().map(String::from));
+        names.extend(self.config.pass_env.iter().cloned());
+        names
+    }
+
     async fn list(&self) -> Result<Vec<ModelInfo>, String> {
         let Some(executable) = super::installed_executable(&self.config, AgentKind::OpenCode) else {
             return Ok(Vec::new());
@@ -87,14 +99,19 @@ impl ModelCatalog {
             .map_err(|e| e.to_string())?
             .ok_or_else(|| "the models sandbox vanished".to_string())?;
         let (user_config, user_data) = super::Bridge::user_dirs();
+        // Listing runs no tools: it may see every provider variable, to find out which providers work.
+        let env = cli_environment(AgentKind::OpenCode, sandbox.state_dir(), None, &self.listing_env_names());
+        let (tools, net) = super::exec_needs(&self.config, AgentKind::OpenCode, &executable, &env);
         let mut process = sandbox
             .exec(ExecSpec {
-                program: executable,
+                program: std::fs::canonicalize(&executable).unwrap_or(executable),
                 args: catalog::LIST_ARGS.iter().map(|arg| arg.to_string()).collect(),
-                env: cli_environment(AgentKind::OpenCode, sandbox.state_dir(), None),
+                env,
                 cwd: workspace,
                 stdin: Vec::new(),
                 read_only: AgentKind::OpenCode.user_config(&user_config, &user_data, sandbox.state_dir()),
+                tools,
+                net,
             })
             .await
             .map_err(|e| e.to_string())?;

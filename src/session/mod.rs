@@ -24,7 +24,7 @@ use crate::agents::AgentKind;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::sandbox::SandboxProvider;
-use crate::sandbox::local::{Isolation, LocalProvider};
+use crate::sandbox::local::{Isolation, LocalProvider, LocalSettings};
 use crate::store::{SessionRecord, Store, TurnStatus, now_ms, rfc3339};
 
 /// Where a session's updates go: the editor's connection, or the terminal for `acp-sandbox prompt`.
@@ -74,6 +74,7 @@ pub struct Bridge {
     store: Arc<Store>,
     provider: Arc<dyn SandboxProvider>,
     isolation: Isolation,
+    settings: Arc<LocalSettings>,
     live: Mutex<HashMap<String, Arc<LiveSession>>>,
     client: ClientInfo,
     /// Cancelled when the bridge shuts down: every running turn ends and kills its CLI.
@@ -94,8 +95,14 @@ impl Bridge {
             Isolation::None(why) if config.sandbox == crate::config::SandboxChoice::Auto => {
                 tracing::warn!("CLIs run WITHOUT a sandbox: {why}")
             }
-            Isolation::None(why) => tracing::info!("CLIs run without a sandbox: {why}"),
+            Isolation::None(why) => tracing::warn!("CLIs run without a sandbox: {why}"),
             Isolation::Bwrap(_) => {}
+        }
+        if matches!(isolation, Isolation::None(_)) {
+            crate::sandbox::local::become_subreaper();
+        }
+        if config.network == crate::sandbox::proxy::NetworkMode::Host {
+            tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
         }
         for (pid, session) in crate::sandbox::local::leftover_processes(&config.sessions_dir()) {
             if !store.running_elsewhere(&session)? {
@@ -103,7 +110,15 @@ impl Bridge {
                 crate::sandbox::local::kill_tree(pid as u32);
             }
         }
-        let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), isolation.clone()));
+        let settings = Arc::new(LocalSettings {
+            isolation: isolation.clone(),
+            policy: config.policy(),
+            network: config.network.clone(),
+            limits: config.limits.clone(),
+            run_dir: config.run_dir(),
+            init_program: std::env::current_exe().ok(),
+        });
+        let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), settings.clone()));
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), provider.clone()));
         Ok(Self {
             catalog,
@@ -111,6 +126,7 @@ impl Bridge {
             store,
             provider,
             isolation,
+            settings,
             live: Mutex::default(),
             client: ClientInfo::default(),
             shutdown: CancellationToken::new(),
@@ -132,6 +148,11 @@ impl Bridge {
         &self.isolation
     }
 
+    /// Every protection of the local sandbox, on or off, with the reason.
+    pub fn protections(&self) -> Vec<(String, bool, String)> {
+        self.settings.describe()
+    }
+
     /// Records what the client can render (from `initialize`).
     pub fn set_client_terminal_output(&self, supported: bool) {
         self.client.terminal_output.store(supported, Ordering::Relaxed);
@@ -148,9 +169,7 @@ impl Bridge {
 
     /// Creates a session. The sandbox is prepared on the first prompt, so this answers at once.
     pub fn new_session(&self, cwd: &Path) -> Result<(String, Vec<SessionConfigOption>)> {
-        if !cwd.is_absolute() {
-            return Err(Error::InvalidParams(format!("cwd must be an absolute path, got {}", cwd.display())));
-        }
+        self.check_workspace(cwd)?;
         let now = now_ms();
         let mut config = json!({});
         if let Some(model) = &self.config.model {
@@ -175,6 +194,17 @@ impl Bridge {
         Ok((record.id, options))
     }
 
+    /// Refuses a workspace that would hand the agent the whole filesystem, the home or the bridge's own data.
+    fn check_workspace(&self, cwd: &Path) -> Result<()> {
+        if !cwd.is_absolute() {
+            return Err(Error::InvalidParams(format!("cwd must be an absolute path, got {}", cwd.display())));
+        }
+        match crate::sandbox::policy::workspace_refusal(cwd, &Config::home(), &self.config.data_dir) {
+            Some(why) => Err(Error::InvalidParams(why)),
+            None => Ok(()),
+        }
+    }
+
     fn agent_of(&self, record: &SessionRecord) -> AgentKind {
         AgentKind::parse(&record.agent).unwrap_or(self.config.agent)
     }
@@ -183,6 +213,7 @@ impl Bridge {
     /// continues the same CLI conversation.
     pub fn load_session(&self, id: &str, sink: &dyn UpdateSink) -> Result<Vec<SessionConfigOption>> {
         let record = self.record(id)?;
+        self.check_workspace(Path::new(&record.cwd))?;
         self.store.mark_orphaned_turns(id)?;
         let history = self.store.history(id, self.config.replay_limit)?;
         if history.omitted_turns > 0 {
@@ -249,6 +280,7 @@ impl Bridge {
     /// Reattaches a session without replay.
     pub fn resume_session(&self, id: &str) -> Result<Vec<SessionConfigOption>> {
         let record = self.record(id)?;
+        self.check_workspace(Path::new(&record.cwd))?;
         self.store.mark_orphaned_turns(id)?;
         self.live(id);
         Ok(options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
@@ -343,6 +375,10 @@ impl Bridge {
     pub async fn prompt(&self, id: &str, blocks: Vec<ContentBlock>, sink: Arc<dyn UpdateSink>) -> Result<StopReason> {
         let record = self.record(id)?;
         let agent = self.agent_of(&record);
+        if agent != self.config.agent {
+            return Err(Error::WrongAgent { session_agent: agent.display_name(), served: self.config.agent.display_name() });
+        }
+        self.check_workspace(Path::new(&record.cwd))?;
         let credential = match agent.required_credential() {
             Some(variable) => match std::env::var(variable) {
                 Ok(value) if !value.trim().is_empty() => Some((variable, value)),
@@ -396,6 +432,23 @@ impl Bridge {
         }
     }
 
+    /// The exact variables of the bridge's environment a CLI gets beyond its own namespace: for OpenCode, those
+    /// of the providers its config names, its catalog lists and the model in use; `--pass-env` for both.
+    fn env_names(&self, agent: AgentKind, model: Option<&str>) -> std::collections::BTreeSet<String> {
+        let mut names: std::collections::BTreeSet<String> = self.config.pass_env.iter().cloned().collect();
+        if agent == AgentKind::OpenCode {
+            let models = self.catalog.listed();
+            let providers = models
+                .iter()
+                .map(|m| m.id.as_str())
+                .chain(model)
+                .chain(self.config.opencode_default_model.as_deref())
+                .filter_map(|id| id.split_once('/').map(|(provider, _)| provider));
+            names.extend(self.config.opencode_needs.env_names(providers));
+        }
+        names
+    }
+
     /// The sandbox provider.
     fn provider(&self) -> &Arc<dyn SandboxProvider> {
         &self.provider
@@ -413,6 +466,85 @@ impl Bridge {
             None => (PathBuf::from("/nonexistent"), PathBuf::from("/nonexistent")),
         }
     }
+}
+
+/// Runs `<cli> --version` in a sandbox made like a session's, for `doctor`: proof that the sandbox can run the CLI.
+/// Answers its version line, or the CLI's (or bubblewrap's) own words when it fails.
+pub async fn check_cli(config: &Config, agent: AgentKind) -> std::result::Result<String, String> {
+    let executable = installed_executable(config, agent).ok_or_else(|| "not installed yet".to_string())?;
+    let isolation = Isolation::resolve(config.sandbox).map_err(|e| e.to_string())?;
+    let settings = Arc::new(LocalSettings {
+        isolation,
+        policy: config.policy(),
+        network: config.network.clone(),
+        limits: config.limits.clone(),
+        run_dir: config.run_dir(),
+        init_program: std::env::current_exe().ok(),
+    });
+    let provider = LocalProvider::new(config.sessions_dir(), settings);
+    let workspace = config.data_dir.join("doctor-workspace");
+    crate::config::create_private_dir(&workspace).map_err(|e| format!("create {}: {e}", workspace.display()))?;
+    let spec = crate::sandbox::SandboxSpec { session_id: "_doctor".into(), workspace: workspace.clone() };
+    let id = provider.create(&spec).await.map_err(|e| e.to_string())?;
+    let sandbox = provider.connect(&id, &spec).await.map_err(|e| e.to_string())?.ok_or("the sandbox vanished")?;
+    let env = turn::cli_environment(agent, sandbox.state_dir(), None, &Default::default());
+    let (tools, net) = exec_needs(config, agent, &executable, &env);
+    let mut process = sandbox
+        .exec(crate::sandbox::ExecSpec {
+            program: std::fs::canonicalize(&executable).unwrap_or(executable),
+            args: vec!["--version".into()],
+            env,
+            cwd: workspace,
+            tools,
+            net,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let stderr = tokio::spawn(turn::stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
+    let mut output = String::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        tokio::io::AsyncReadExt::read_to_string(&mut process.stdout, &mut output),
+    )
+    .await;
+    if read.is_err() {
+        process.handle.kill().await;
+    }
+    let exit = process.handle.wait().await.map_err(|e| e.to_string())?;
+    let stderr = tokio::time::timeout(std::time::Duration::from_secs(2), stderr).await.ok().and_then(|r| r.ok());
+    match (read.is_ok(), exit.success()) {
+        (true, true) => Ok(output.lines().next().unwrap_or("").trim().to_string()),
+        (false, _) => Err("`--version` did not answer within 60 s".into()),
+        (true, false) => Err(format!("`--version` failed ({}): {}", exit.describe(), stderr.unwrap_or_default().trim())),
+    }
+}
+
+/// What a CLI's command needs besides its argv: its install shown in the sandbox, and where it must connect.
+fn exec_needs(config: &Config, agent: AgentKind, executable: &Path, env: &[(String, String)]) -> (Vec<PathBuf>, crate::sandbox::NetAccess) {
+    let real = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
+    let tools_dir = std::fs::canonicalize(config.tools_dir()).unwrap_or_else(|_| config.tools_dir());
+    // An npm install needs its whole prefix (the platform binary is a sibling package); anything else its folder.
+    let tool = match real.strip_prefix(&tools_dir).ok().and_then(|rel| rel.components().next()) {
+        Some(first) => tools_dir.join(first),
+        None => real.parent().map(Path::to_path_buf).unwrap_or_else(|| real.clone()),
+    };
+    let mut endpoints: Vec<(String, u16)> = Vec::new();
+    if agent == AgentKind::OpenCode {
+        endpoints.extend(config.opencode_needs.endpoints.iter().cloned());
+    }
+    // A base URL the CLI is given in its environment is a model endpoint too (OPENAI_BASE_URL, AMP_URL).
+    for (name, value) in env {
+        if (name.ends_with("_BASE_URL") || name == "AMP_URL")
+            && let Some(endpoint) = crate::agents::opencode::providers::endpoint_of(value)
+        {
+            endpoints.push(endpoint);
+        }
+    }
+    endpoints.sort();
+    endpoints.dedup();
+    let service_hosts = agent.service_hosts().iter().map(|host| host.to_string()).collect();
+    (vec![tool], crate::sandbox::NetAccess { endpoints, service_hosts })
 }
 
 /// The CLI's executable when it is already there: the override, PATH, or the install cache.

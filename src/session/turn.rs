@@ -1,6 +1,6 @@
 //! One prompt turn: prepare the sandbox and the CLI, run it, translate its stream, decide the outcome.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -44,13 +44,17 @@ const BASE_ENV: &[&str] = &[
 
 /// The CLI's environment: a cleared one plus the allow-list, its own settings and credentials, and
 /// HOME/XDG dirs in the sandbox's state dir (persisted across turns: OpenCode keeps its sessions there).
+/// `names` are the exact variables this CLI needs beyond its own namespace (its providers', `--pass-env`).
 pub(super) fn cli_environment(
     agent: AgentKind,
     state_dir: &std::path::Path,
     credential: Option<&(&'static str, String)>,
+    names: &BTreeSet<String>,
 ) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = std::env::vars()
-        .filter(|(name, _)| BASE_ENV.contains(&name.as_str()) || name.starts_with("LC_") || agent.passes_env(name))
+        .filter(|(name, _)| {
+            BASE_ENV.contains(&name.as_str()) || name.starts_with("LC_") || agent.passes_env(name) || names.contains(name)
+        })
         .collect();
     for (name, sub) in [
         ("HOME", "home"),
@@ -178,6 +182,15 @@ impl Turn<'_> {
             self.bridge.store.set_title(&self.record.id, &title)?;
             emit.send(SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title)));
         }
+        // The user must know when the agent has their whole machine: said once, in the session's first turn.
+        if self.record.sandbox_id.is_none()
+            && let crate::sandbox::local::Isolation::None(why) = self.bridge.isolation()
+        {
+            emit.send(note(&format!(
+                "_{} runs WITHOUT a sandbox here ({why}): it can read and write everything you can._",
+                self.agent.display_name()
+            )));
+        }
         // A model known not to take images gets none (OpenCode would fail the whole turn on them).
         let images = self.agent.accepts_images() && self.model.as_ref().is_none_or(|model| model.image);
         let mut rendered = prompt::render(&self.blocks, images);
@@ -303,14 +316,9 @@ impl Turn<'_> {
         let mut files = Vec::new();
         if !rendered.images.is_empty() {
             let dir = prompt::attachments_dir(sandbox.state_dir(), emit.turn_id);
-            tokio::fs::create_dir_all(&dir)
-                .await
-                .map_err(|e| crate::sandbox::SandboxError::io(format!("create {}", dir.display()), e))?;
             for (name, bytes) in &rendered.images {
                 let path = dir.join(name);
-                tokio::fs::write(&path, bytes)
-                    .await
-                    .map_err(|e| crate::sandbox::SandboxError::io(format!("write {}", path.display()), e))?;
+                sandbox.write_state_file(&path, bytes).await?;
                 files.push(path);
             }
         }
@@ -324,13 +332,22 @@ impl Turn<'_> {
             command,
         };
         let (user_config, user_data) = Bridge::user_dirs();
+        let env = cli_environment(
+            self.agent,
+            sandbox.state_dir(),
+            self.credential.as_ref(),
+            &self.bridge.env_names(self.agent, self.model.as_ref().map(|m| m.id.as_str())),
+        );
+        let (tools, net) = super::exec_needs(self.bridge.config(), self.agent, executable, &env);
         let spec = ExecSpec {
-            program: executable.to_path_buf(),
+            program: std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf()),
             args: self.agent.args(&request),
-            env: cli_environment(self.agent, sandbox.state_dir(), self.credential.as_ref()),
+            env,
             cwd: sandbox.workspace().to_path_buf(),
             stdin: rendered.text.clone().into_bytes(),
             read_only: self.agent.user_config(&user_config, &user_data, sandbox.state_dir()),
+            tools,
+            net,
         };
         tracing::info!(
             session = %self.record.id,
@@ -340,7 +357,7 @@ impl Turn<'_> {
             "running the CLI"
         );
         let mut process = sandbox.exec(spec).await?;
-        let stderr_task =
+        let mut stderr_task =
             tokio::spawn(stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
         let context = TranslateContext {
             workspace: PathBuf::from(&self.record.cwd),
@@ -357,23 +374,39 @@ impl Turn<'_> {
         let mut state = StreamState { native_id: native_id.map(str::to_string), ..StreamState::default() };
         let mut reader = BufReader::new(process.stdout);
         let idle = self.bridge.config().idle_timeout;
+        let deadline = tokio::time::Instant::now() + self.bridge.config().turn_timeout;
         let mut line = Vec::new();
         let mut stop = Stop::Eof;
+        let mut exited = None;
+        // After the CLI exits, what it printed is read for a moment more; a descendant that still holds the pipe
+        // does not hold the turn.
+        let mut drain_until: Option<tokio::time::Instant> = None;
+        let mut limits = tokio::time::interval(LIMIT_CHECK);
         loop {
-            line.clear();
             tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => { stop = Stop::Cancelled; break; }
+                _ = tokio::time::sleep_until(deadline) => { stop = Stop::TimedOut; break; }
+                _ = limits.tick() => if let Some(hit) = process.handle.limit_hit() {
+                    stop = Stop::Limit(hit);
+                    break;
+                },
+                exit = process.handle.wait(), if exited.is_none() => {
+                    exited = Some(exit?);
+                    drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+                }
+                _ = sleep_until_or_never(drain_until) => break,
                 read = tokio::time::timeout(idle, reader.read_until(b'\n', &mut line)) => match read {
                     Err(_) => { stop = Stop::Stalled; break; }
                     Ok(Ok(0)) => break,
                     Ok(Ok(_)) => {
-                        let text = String::from_utf8_lossy(&line);
-                        let text = text.trim_end_matches(['\n', '\r']);
+                        // Cut at a line: a read interrupted by another branch keeps what it had read in `line`.
+                        let text = String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r']).to_string();
+                        line.clear();
                         if text.trim().is_empty() {
                             continue;
                         }
-                        for output in translator.line(text) {
+                        for output in translator.line(&text) {
                             self.handle(output, emit, &mut state)?;
                         }
                         if state.abort.is_some() {
@@ -388,8 +421,27 @@ impl Turn<'_> {
         if stop != Stop::Eof {
             process.handle.kill().await;
         }
-        let exit = process.handle.wait().await?;
-        let stderr = stderr_task.await.unwrap_or_default();
+        let exit = match exited {
+            Some(exit) => exit,
+            // The CLI closed its stdout but may still run: it gets the same bounds as while it printed.
+            None => loop {
+                tokio::select! {
+                    biased;
+                    _ = self.cancel.cancelled(), if stop == Stop::Eof => { stop = Stop::Cancelled; process.handle.kill().await; }
+                    _ = tokio::time::sleep(idle), if stop == Stop::Eof => { stop = Stop::Stalled; process.handle.kill().await; }
+                    exit = process.handle.wait() => break exit?,
+                }
+            },
+        };
+        // Every process of the turn is gone by now, so stderr ends; the bound covers what is not ours to kill.
+        let stderr = match tokio::time::timeout(DRAIN_AFTER_EXIT, &mut stderr_task).await {
+            Ok(tail) => tail.unwrap_or_default(),
+            Err(_) => {
+                stderr_task.abort();
+                String::new()
+            }
+        };
+        let limit_hit = process.handle.limit_hit();
         for output in translator.finish() {
             self.handle(output, emit, &mut state)?;
         }
@@ -399,6 +451,13 @@ impl Turn<'_> {
         let result = match stop {
             Stop::Cancelled => Ok(StopReason::Cancelled),
             Stop::Stalled => Err(Error::Stalled { agent: name, seconds: idle.as_secs() }),
+            Stop::TimedOut => {
+                Err(Error::TurnTimeout { agent: name, minutes: self.bridge.config().turn_timeout.as_secs().div_ceil(60) })
+            }
+            Stop::Limit(hit) => Err(failure(format!("{name} was stopped: {hit}"))),
+            Stop::Eof if limit_hit.is_some() && !exit.success() => {
+                Err(failure(format!("{name} failed ({}): {}", exit.describe(), limit_hit.unwrap_or_default())))
+            }
             Stop::Aborted => Err(failure(state.abort.take().unwrap_or_default())),
             Stop::Eof => {
                 if native_id.is_some() && !exit.success() && !state.updates && self.agent.session_missing(&stderr) {
@@ -463,12 +522,29 @@ struct StreamState {
     unparsed: VecDeque<String>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Stop {
     Eof,
     Cancelled,
     Stalled,
     Aborted,
+    TimedOut,
+    /// The sandbox hit its process or memory limit (a fork bomb, a runaway build).
+    Limit(String),
+}
+
+/// How long output is still read after the CLI exited.
+const DRAIN_AFTER_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How often the sandbox's limits are looked at.
+const LIMIT_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
 }
 
 fn update(id: &str, fields: ToolCallUpdateFields) -> SessionUpdate {

@@ -23,6 +23,9 @@ pub const PACKAGE: NpmPackage = NpmPackage {
 /// The credential Amp cannot run without.
 pub const CREDENTIAL: &str = "AMP_API_KEY";
 
+/// Amp's own service (it runs the model calls itself).
+pub const SERVICE_HOSTS: &[&str] = &["ampcode.com", "sourcegraph.com"];
+
 /// The argv after the executable.
 pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
     let mut args: Vec<String> = Vec::new();

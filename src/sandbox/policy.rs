@@ -1,0 +1,590 @@
+//! What the local sandbox hides, shows and protects: a pure plan of mounts from the user's settings.
+//!
+//! The plan is computed before each command from what exists on disk at that moment (bubblewrap can only mount
+//! over paths that exist), and turned into bubblewrap arguments by `local.rs`. Order matters: a later mount covers
+//! an earlier one, so the plan is always: system read-only, private `/tmp` and `/run`, hidden home (strict), what
+//! is shown again, secrets hidden, the data dir hidden, the CLI's install shown, the writable dirs, then the
+//! protected paths inside the workspace.
+
+use std::path::{Component, Path, PathBuf};
+
+/// How much of the user's home the CLI sees.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// The home minus the built-in list of secrets and `--deny-read` paths.
+    #[default]
+    Default,
+    /// Nothing of the home but the workspace, the CLI's own config and the toolchains on `PATH`.
+    Strict,
+}
+
+impl Profile {
+    /// The name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Profile::Default => "default",
+            Profile::Strict => "strict",
+        }
+    }
+}
+
+/// Paths under the home that hold credentials, keys, histories or browser data: never readable in a sandbox.
+pub const SECRETS: &[&str] = &[
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".kube",
+    ".docker",
+    ".netrc",
+    ".git-credentials",
+    ".config/git/credentials",
+    ".config/gh",
+    ".config/hub",
+    ".npmrc",
+    ".yarnrc",
+    ".yarnrc.yml",
+    ".pypirc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".gem/credentials",
+    ".m2/settings.xml",
+    ".gradle/gradle.properties",
+    ".terraform.d/credentials.tfrc.json",
+    ".vault-token",
+    ".pgpass",
+    ".my.cnf",
+    ".s3cfg",
+    ".boto",
+    ".config/rclone",
+    ".config/doctl",
+    ".fly",
+    ".config/op",
+    ".password-store",
+    ".local/share/keyrings",
+    ".local/share/kwalletd",
+    ".pki",
+    ".bash_history",
+    ".zsh_history",
+    ".zhistory",
+    ".history",
+    ".sh_history",
+    ".python_history",
+    ".node_repl_history",
+    ".psql_history",
+    ".mysql_history",
+    ".sqlite_history",
+    ".lesshst",
+    ".local/share/fish/fish_history",
+    ".mozilla",
+    ".thunderbird",
+    ".config/google-chrome",
+    ".config/chromium",
+    ".config/BraveSoftware",
+    ".config/microsoft-edge",
+    ".config/vivaldi",
+    ".var/app",
+    // Other agents' credentials and conversations: one agent's shell never reads another's.
+    ".local/share/opencode",
+    ".config/amp",
+    ".local/share/amp",
+    ".claude",
+    ".claude.json",
+    ".codex",
+    ".gemini",
+    ".config/github-copilot",
+    ".cursor",
+    ".aider.conf.yml",
+];
+
+/// Paths inside the workspace that a program on the host later executes or trusts: read-only in the sandbox.
+pub const PROTECTED: &[&str] =
+    &[".git/hooks", ".git/config", ".gitmodules", ".envrc", ".vscode", ".idea", ".zed", ".husky"];
+
+/// The bridge-wide part of the policy: from the command line and the user's machine.
+#[derive(Clone, Debug, Default)]
+pub struct Policy {
+    /// How much of the home is shown.
+    pub profile: Profile,
+    /// The user's home.
+    pub home: PathBuf,
+    /// The bridge's data dir: hidden but for the session's own state dir and the CLI's install.
+    pub data_dir: PathBuf,
+    /// `$XDG_RUNTIME_DIR` (sockets of the user's session bus, agents, keyrings): hidden.
+    pub runtime_dir: Option<PathBuf>,
+    /// The directories of `PATH` (shown again under `strict` when they are in the home).
+    pub path_dirs: Vec<PathBuf>,
+    /// `--deny-read`: hidden on top of the built-in secrets.
+    pub deny_read: Vec<PathBuf>,
+    /// `--allow-read`: shown read-only even where it would be hidden (`/tmp`, the home under `strict`).
+    pub allow_read: Vec<PathBuf>,
+    /// `--protect`: read-only inside the workspace on top of the built-in list (relative to the workspace).
+    pub protect: Vec<PathBuf>,
+}
+
+/// One mount of the plan, in bubblewrap's terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mount {
+    /// An empty, read-only directory over `0` (hides a directory).
+    EmptyDir(PathBuf),
+    /// An empty, writable, private directory over `0` (`/tmp`, `/run`).
+    Scratch(PathBuf),
+    /// An empty file over `0` (hides a file).
+    EmptyFile(PathBuf),
+    /// A host path shown read-only at the same place.
+    ReadOnly(PathBuf),
+    /// A host path shown writable at the same place.
+    Writable(PathBuf),
+}
+
+/// What one command's sandbox is made of, apart from the command itself.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    /// The mounts in order.
+    pub mounts: Vec<Mount>,
+    /// Protected paths that did not exist: their mount points are created on the host by bubblewrap inside the
+    /// writable workspace, so they are removed again (when still empty) after the command.
+    pub placeholders: Vec<PathBuf>,
+}
+
+/// What exists on disk, asked through a trait so that the plan can be unit-tested without a filesystem.
+pub trait Disk {
+    /// `Some(true)` for a directory, `Some(false)` for anything else, `None` when missing. Follows symlinks.
+    fn kind(&self, path: &Path) -> Option<bool>;
+    /// The path with symlinks resolved, when it exists.
+    fn canonical(&self, path: &Path) -> Option<PathBuf>;
+    /// The text of a small file (`.git` files and `.git/config`).
+    fn read(&self, path: &Path) -> Option<String>;
+}
+
+/// The real filesystem.
+pub struct RealDisk;
+
+impl Disk for RealDisk {
+    fn kind(&self, path: &Path) -> Option<bool> {
+        std::fs::metadata(path).ok().map(|m| m.is_dir())
+    }
+    fn canonical(&self, path: &Path) -> Option<PathBuf> {
+        std::fs::canonicalize(path).ok()
+    }
+    fn read(&self, path: &Path) -> Option<String> {
+        let meta = std::fs::metadata(path).ok()?;
+        (meta.is_file() && meta.len() < 1 << 20).then(|| std::fs::read_to_string(path).ok()).flatten()
+    }
+}
+
+/// The paths of one command: the session's writable dirs and the CLI's install.
+#[derive(Clone, Debug, Default)]
+pub struct Subject {
+    /// The editor's workspace (writable).
+    pub workspace: PathBuf,
+    /// The session's state dir (writable).
+    pub state_dir: PathBuf,
+    /// Directories of the CLI's installation, shown read-only wherever they live (`/tmp`, the data dir).
+    pub tools: Vec<PathBuf>,
+}
+
+impl Policy {
+    /// The built-in secrets and `--deny-read` paths, absolute.
+    pub fn hidden_paths(&self) -> Vec<PathBuf> {
+        let mut paths: Vec<PathBuf> = SECRETS.iter().map(|rel| self.home.join(rel)).collect();
+        paths.extend(self.deny_read.iter().cloned());
+        paths
+    }
+
+    /// The protected paths of a workspace, absolute: the built-in ones, the git dir's hooks and config when `.git`
+    /// is a file pointing elsewhere inside the workspace, a `core.hooksPath` inside the workspace, and `--protect`.
+    pub fn protected_paths(&self, workspace: &Path, disk: &dyn Disk) -> Vec<PathBuf> {
+        let mut paths: Vec<PathBuf> = PROTECTED.iter().map(|rel| workspace.join(rel)).collect();
+        let dot_git = workspace.join(".git");
+        let mut git_dir = dot_git.clone();
+        if disk.kind(&dot_git) == Some(false)
+            && let Some(target) = disk.read(&dot_git).as_deref().and_then(|text| text.trim().strip_prefix("gitdir:"))
+        {
+            let target = PathBuf::from(target.trim());
+            let target = if target.is_absolute() { target } else { workspace.join(target) };
+            git_dir = disk.canonical(&target).unwrap_or(target);
+            if git_dir.starts_with(workspace) {
+                paths.extend(["hooks", "config"].map(|name| git_dir.join(name)));
+            }
+            paths.retain(|path| !path.starts_with(&dot_git) || path == &dot_git);
+            paths.push(dot_git.clone());
+        }
+        if let Some(hooks) = disk.read(&git_dir.join("config")).as_deref().and_then(hooks_path) {
+            let hooks = if hooks.is_absolute() { hooks } else { workspace.join(hooks) };
+            if lexically_inside(&hooks, workspace) {
+                paths.push(hooks);
+            }
+        }
+        for extra in &self.protect {
+            let path = if extra.is_absolute() { extra.clone() } else { workspace.join(extra) };
+            if lexically_inside(&path, workspace) {
+                paths.push(path);
+            }
+        }
+        paths.sort();
+        paths.dedup();
+        paths
+    }
+
+    /// The mounts of one command's sandbox.
+    pub fn plan(&self, subject: &Subject, disk: &dyn Disk) -> Plan {
+        let mut plan = Plan::default();
+        let mounts = &mut plan.mounts;
+        mounts.push(Mount::Scratch("/tmp".into()));
+        // Sockets of system and session services (docker, the session bus, ssh and gpg agents) live here.
+        mounts.push(Mount::Scratch("/run".into()));
+        if disk.canonical(Path::new("/var/run")).is_some_and(|real| real != Path::new("/run")) {
+            mounts.push(Mount::Scratch("/var/run".into()));
+        }
+        if let Some(runtime) = &self.runtime_dir
+            && !runtime.starts_with("/run")
+            && disk.kind(runtime) == Some(true)
+        {
+            mounts.push(Mount::EmptyDir(runtime.clone()));
+        }
+        let mut shown: Vec<PathBuf> = Vec::new();
+        if self.profile == Profile::Strict && disk.kind(&self.home) == Some(true) {
+            mounts.push(Mount::EmptyDir(self.home.clone()));
+            for dir in &self.path_dirs {
+                if dir.starts_with(&self.home) && dir != &self.home {
+                    // `~/.cargo/bin` needs `~/.cargo`; `~/.local/bin` needs nothing more (and `~/.local` holds data).
+                    let show = match (dir.file_name(), dir.parent()) {
+                        (Some(name), Some(parent)) if name == "bin" && parent != self.home && !parent.ends_with(".local") => {
+                            parent.to_path_buf()
+                        }
+                        _ => dir.clone(),
+                    };
+                    shown.push(show);
+                }
+            }
+            if shown.iter().any(|dir| dir.ends_with(".cargo")) {
+                shown.push(self.home.join(".rustup"));
+            }
+        }
+        shown.extend(self.allow_read.iter().cloned());
+        shown.sort();
+        shown.dedup();
+        for dir in shown {
+            if disk.kind(&dir).is_some() {
+                mounts.push(Mount::ReadOnly(dir));
+            }
+        }
+        for path in self.hidden_paths() {
+            // A secret behind a symlink is hidden where it really is: bubblewrap follows the link.
+            let Some(kind) = disk.kind(&path) else { continue };
+            let real = disk.canonical(&path).unwrap_or(path);
+            mounts.push(if kind { Mount::EmptyDir(real) } else { Mount::EmptyFile(real) });
+        }
+        if disk.kind(&self.data_dir) == Some(true) {
+            mounts.push(Mount::EmptyDir(self.data_dir.clone()));
+        }
+        for dir in &subject.tools {
+            if disk.kind(dir).is_some() {
+                mounts.push(Mount::ReadOnly(dir.clone()));
+            }
+        }
+        mounts.push(Mount::Writable(subject.state_dir.clone()));
+        mounts.push(Mount::Writable(subject.workspace.clone()));
+        for path in self.protected_paths(&subject.workspace, disk) {
+            match disk.kind(&path) {
+                Some(_) => mounts.push(Mount::ReadOnly(path)),
+                None => {
+                    // A missing protected path is made impossible to create, from its first missing component on:
+                    // a missing `.git` blocks a fresh repository with a hostile config, a missing `.vscode` its tasks.
+                    let Some(first_missing) = first_missing(&path, &subject.workspace, disk) else { continue };
+                    if plan.placeholders.contains(&first_missing) {
+                        continue;
+                    }
+                    let is_dir = first_missing != path || !looks_like_file(&path);
+                    mounts.push(if is_dir {
+                        Mount::EmptyDir(first_missing.clone())
+                    } else {
+                        Mount::EmptyFile(first_missing.clone())
+                    });
+                    plan.placeholders.push(first_missing);
+                }
+            }
+        }
+        plan
+    }
+}
+
+/// Protected names that are files when they exist.
+fn looks_like_file(path: &Path) -> bool {
+    matches!(path.file_name().and_then(|n| n.to_str()), Some("config" | ".gitmodules" | ".envrc"))
+        || path.extension().is_some()
+}
+
+/// The first component of `path` below `root` that does not exist.
+fn first_missing(path: &Path, root: &Path, disk: &dyn Disk) -> Option<PathBuf> {
+    let rel = path.strip_prefix(root).ok()?;
+    let mut current = root.to_path_buf();
+    for component in rel.components() {
+        current.push(component);
+        match disk.kind(&current) {
+            None => return Some(current),
+            Some(true) => continue,
+            // A file where a directory is expected: nothing can be created below it.
+            Some(false) => return None,
+        }
+    }
+    None
+}
+
+/// `core.hooksPath` of a git config, if set.
+fn hooks_path(config: &str) -> Option<PathBuf> {
+    let mut in_core = false;
+    let mut found = None;
+    for line in config.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_core = line.trim_start_matches('[').trim_end_matches(']').trim().eq_ignore_ascii_case("core");
+        } else if in_core
+            && let Some((key, value)) = line.split_once('=')
+            && key.trim().eq_ignore_ascii_case("hookspath")
+        {
+            found = Some(PathBuf::from(value.trim().trim_matches('"')));
+        }
+    }
+    found
+}
+
+/// Whether `path` stays below `root` without following anything (`..` counted).
+fn lexically_inside(path: &Path, root: &Path) -> bool {
+    let Ok(rel) = path.strip_prefix(root) else { return false };
+    let mut depth = 0i32;
+    for component in rel.components() {
+        match component {
+            Component::Normal(_) => depth += 1,
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return false;
+                }
+            }
+            _ => {}
+        }
+    }
+    depth > 0
+}
+
+/// Why a directory cannot be a session's workspace, if it cannot: the whole filesystem, a system dir, the home
+/// itself, or the bridge's own data (all of which would become writable to the agent).
+pub fn workspace_refusal(cwd: &Path, home: &Path, data_dir: &Path) -> Option<String> {
+    // The top of the tree: a project may live below `/home`, `/tmp`, `/opt` or `/var`, but not be one of them.
+    const TOP: &[&str] = &["/home", "/tmp", "/var", "/opt", "/srv", "/mnt", "/media", "/root", "/snap", "/nix"];
+    // Whole subtrees of the system.
+    const SYSTEM: &[&str] = &[
+        "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin", "/sys",
+        "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/include",
+        "/usr/share", "/var/lib", "/var/log", "/var/run", "/var/spool", "/var/cache", "/nix/store",
+    ];
+    let cwd = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
+    let real = |path: &Path| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let (home, data_dir) = (real(home), real(data_dir));
+    if cwd == Path::new("/") {
+        return Some("the whole filesystem (/) cannot be a workspace: open a project folder".into());
+    }
+    if let Some(dir) = SYSTEM.iter().find(|dir| cwd.starts_with(dir)) {
+        return Some(format!("{} is a system directory ({dir}); open a project folder instead", cwd.display()));
+    }
+    if cwd == Path::new("/usr") || TOP.iter().any(|dir| cwd == Path::new(dir)) {
+        return Some(format!("{} is a system directory; open a project folder instead", cwd.display()));
+    }
+    if cwd == home {
+        return Some(format!(
+            "{} is your home directory: the agent could write everything in it; open a project folder instead",
+            cwd.display()
+        ));
+    }
+    if data_dir.starts_with(&cwd) {
+        return Some(format!(
+            "{} contains acp-sandbox's data dir ({}), which holds every session; open a project folder instead",
+            cwd.display(),
+            data_dir.display()
+        ));
+    }
+    if cwd.starts_with(&data_dir) {
+        return Some(format!("{} is inside acp-sandbox's data dir; open a project folder instead", cwd.display()));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// A filesystem of directories (`true`) and files (`false`) with file contents.
+    #[derive(Default)]
+    struct FakeDisk {
+        entries: HashMap<PathBuf, bool>,
+        texts: HashMap<PathBuf, String>,
+    }
+
+    impl FakeDisk {
+        fn with(paths: &[(&str, bool)]) -> Self {
+            let mut disk = FakeDisk::default();
+            for (path, dir) in paths {
+                disk.entries.insert(PathBuf::from(path), *dir);
+            }
+            disk
+        }
+    }
+
+    impl Disk for FakeDisk {
+        fn kind(&self, path: &Path) -> Option<bool> {
+            self.entries.get(path).copied()
+        }
+        fn canonical(&self, path: &Path) -> Option<PathBuf> {
+            self.entries.contains_key(path).then(|| path.to_path_buf())
+        }
+        fn read(&self, path: &Path) -> Option<String> {
+            self.texts.get(path).cloned()
+        }
+    }
+
+    fn policy() -> Policy {
+        Policy {
+            home: "/home/u".into(),
+            data_dir: "/home/u/.local/share/acp-sandbox".into(),
+            runtime_dir: Some("/run/user/1000".into()),
+            path_dirs: vec!["/home/u/.cargo/bin".into(), "/home/u/.local/bin".into(), "/usr/bin".into()],
+            ..Policy::default()
+        }
+    }
+
+    fn subject() -> Subject {
+        Subject {
+            workspace: "/home/u/ws".into(),
+            state_dir: "/home/u/.local/share/acp-sandbox/sessions/s1".into(),
+            tools: vec!["/tmp/tools/opencode".into()],
+        }
+    }
+
+    fn base_disk() -> FakeDisk {
+        FakeDisk::with(&[
+            ("/home/u", true),
+            ("/home/u/.ssh", true),
+            ("/home/u/.netrc", false),
+            ("/home/u/.local/share/acp-sandbox", true),
+            ("/home/u/ws", true),
+            ("/home/u/ws/.git", true),
+            ("/home/u/ws/.git/hooks", true),
+            ("/home/u/ws/.git/config", false),
+            ("/tmp/tools/opencode", true),
+            ("/home/u/.cargo/bin", true),
+            ("/home/u/.cargo", true),
+            ("/home/u/.local/bin", true),
+        ])
+    }
+
+    #[test]
+    fn secrets_and_the_data_dir_are_hidden_and_the_writable_dirs_come_after_them() {
+        let plan = policy().plan(&subject(), &base_disk());
+        use Mount::*;
+        assert_eq!(
+            plan.mounts,
+            vec![
+                Scratch("/tmp".into()),
+                Scratch("/run".into()),
+                EmptyDir("/home/u/.ssh".into()),
+                EmptyFile("/home/u/.netrc".into()),
+                EmptyDir("/home/u/.local/share/acp-sandbox".into()),
+                ReadOnly("/tmp/tools/opencode".into()),
+                Writable("/home/u/.local/share/acp-sandbox/sessions/s1".into()),
+                Writable("/home/u/ws".into()),
+                EmptyFile("/home/u/ws/.envrc".into()),
+                ReadOnly("/home/u/ws/.git/config".into()),
+                ReadOnly("/home/u/ws/.git/hooks".into()),
+                EmptyFile("/home/u/ws/.gitmodules".into()),
+                EmptyDir("/home/u/ws/.husky".into()),
+                EmptyDir("/home/u/ws/.idea".into()),
+                EmptyDir("/home/u/ws/.vscode".into()),
+                EmptyDir("/home/u/ws/.zed".into()),
+            ]
+        );
+        assert_eq!(plan.placeholders.len(), 6, "{:?}", plan.placeholders);
+    }
+
+    #[test]
+    fn strict_hides_the_home_but_shows_toolchains_and_allowed_paths() {
+        let mut policy = policy();
+        policy.profile = Profile::Strict;
+        policy.allow_read = vec!["/home/u/shared".into()];
+        let mut disk = base_disk();
+        disk.entries.insert("/home/u/shared".into(), true);
+        let plan = policy.plan(&subject(), &disk);
+        let mounts: Vec<&Mount> = plan.mounts.iter().take(6).collect();
+        use Mount::*;
+        assert_eq!(
+            mounts,
+            [
+                &Scratch("/tmp".into()),
+                &Scratch("/run".into()),
+                &EmptyDir("/home/u".into()),
+                &ReadOnly("/home/u/.cargo".into()),
+                &ReadOnly("/home/u/.local/bin".into()),
+                &ReadOnly("/home/u/shared".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_git_dir_is_blocked_whole_and_a_worktree_git_file_is_followed() {
+        let mut disk = base_disk();
+        disk.entries.retain(|path, _| !path.starts_with("/home/u/ws/.git"));
+        let plan = policy().plan(&subject(), &disk);
+        assert!(plan.mounts.contains(&Mount::EmptyDir("/home/u/ws/.git".into())), "{:?}", plan.mounts);
+        assert_eq!(plan.placeholders.iter().filter(|p| p.ends_with(".git")).count(), 1);
+
+        let mut disk = base_disk();
+        disk.entries.retain(|path, _| !path.starts_with("/home/u/ws/.git"));
+        disk.entries.insert("/home/u/ws/.git".into(), false);
+        disk.entries.insert("/home/u/ws/sub/gitdir".into(), true);
+        disk.entries.insert("/home/u/ws/sub/gitdir/hooks".into(), true);
+        disk.entries.insert("/home/u/ws/sub/gitdir/config".into(), false);
+        disk.texts.insert("/home/u/ws/.git".into(), "gitdir: sub/gitdir\n".into());
+        disk.texts.insert("/home/u/ws/sub/gitdir/config".into(), "[core]\n\thooksPath = tools/hooks\n".into());
+        let protected = policy().protected_paths(Path::new("/home/u/ws"), &disk);
+        for path in ["/home/u/ws/.git", "/home/u/ws/sub/gitdir/hooks", "/home/u/ws/sub/gitdir/config", "/home/u/ws/tools/hooks"]
+        {
+            assert!(protected.contains(&PathBuf::from(path)), "{path} in {protected:?}");
+        }
+        assert!(!protected.contains(&PathBuf::from("/home/u/ws/.git/hooks")));
+    }
+
+    #[test]
+    fn extra_protected_paths_never_leave_the_workspace() {
+        let mut policy = policy();
+        policy.protect = vec!["extra.sh".into(), "../outside".into(), "/etc/passwd".into(), "a/../../b".into()];
+        let protected = policy.protected_paths(Path::new("/home/u/ws"), &base_disk());
+        assert!(protected.contains(&PathBuf::from("/home/u/ws/extra.sh")));
+        assert!(protected.iter().all(|p| p.starts_with("/home/u/ws") && !p.to_string_lossy().contains("..")));
+    }
+
+    #[test]
+    fn dangerous_workspaces_are_refused_with_a_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let data = home.join(".local/share/acp-sandbox");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::create_dir_all(home.join("project")).unwrap();
+        for (cwd, why) in [
+            (PathBuf::from("/"), "whole filesystem"),
+            ("/etc".into(), "system directory"),
+            ("/usr/lib".into(), "system directory"),
+            ("/proc".into(), "system directory"),
+            (home.clone(), "home directory"),
+            (home.join(".local"), "contains acp-sandbox's data dir"),
+            (data.clone(), "contains acp-sandbox's data dir"),
+            (data.join("sessions"), "inside acp-sandbox's data dir"),
+        ] {
+            let refusal = workspace_refusal(&cwd, &home, &data);
+            assert!(refusal.as_deref().is_some_and(|r| r.contains(why)), "{}: {refusal:?}", cwd.display());
+        }
+        assert_eq!(workspace_refusal(&home.join("project"), &home, &data), None);
+    }
+}

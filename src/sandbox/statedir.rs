@@ -1,0 +1,134 @@
+//! File work of the bridge inside a session's state dir, which the agent can write: nothing here follows a
+//! symlink or `..` out of it, and a symlink planted where the bridge expects a directory or file is replaced.
+
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
+
+/// A session's state dir, opened once; every path is relative to it.
+pub struct StateDir {
+    root: PathBuf,
+    dir: Dir,
+}
+
+impl StateDir {
+    /// Opens the state dir at `root` (a path the agent cannot change: its parent is hidden from the sandbox).
+    pub fn open(root: &Path) -> io::Result<Self> {
+        Ok(Self { root: root.to_path_buf(), dir: Dir::open_ambient_dir(root, ambient_authority())? })
+    }
+
+    /// `path` relative to the state dir; an absolute path elsewhere or any `..` is refused.
+    pub fn relative<'a>(&self, path: &'a Path) -> io::Result<&'a Path> {
+        let rel = if path.is_absolute() { path.strip_prefix(&self.root).map_err(|_| outside(path))? } else { path };
+        if rel.components().any(|c| !matches!(c, Component::Normal(_))) || rel.as_os_str().is_empty() {
+            return Err(outside(path));
+        }
+        Ok(rel)
+    }
+
+    /// Makes `path` a real directory, component by component: a symlink or file in the way is removed first.
+    pub fn ensure_dir(&self, path: &Path) -> io::Result<()> {
+        let rel = self.relative(path)?;
+        let mut current = PathBuf::new();
+        for component in rel.components() {
+            current.push(component);
+            match self.dir.symlink_metadata(&current) {
+                Ok(meta) if meta.is_dir() => continue,
+                Ok(_) => self.dir.remove_file(&current)?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            self.dir.create_dir(&current)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a new file at `path` (its parents made real directories); whatever was there is replaced, never
+    /// written through.
+    pub fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let rel = self.relative(path)?;
+        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+            self.ensure_dir(parent)?;
+        }
+        self.remove_entry(rel)?;
+        let mut options = cap_std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        let mut file = self.dir.open_with(rel, &options)?;
+        io::Write::write_all(&mut file, bytes)
+    }
+
+    /// Creates a symlink at `link` to an absolute `target` (the user's config shown without a sandbox), replacing
+    /// what was there.
+    pub fn symlink(&self, target: &Path, link: &Path) -> io::Result<()> {
+        let rel = self.relative(link)?;
+        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+            self.ensure_dir(parent)?;
+        }
+        self.remove_entry(rel)?;
+        self.dir.symlink_contents(target, rel)
+    }
+
+    /// Removes the links, empty files and empty directories directly in the directory `path` (what earlier runs
+    /// left as links or mount points); files with content and non-empty directories stay.
+    pub fn clear_placeholders(&self, path: &Path) -> io::Result<()> {
+        let rel = self.relative(path)?;
+        for entry in self.dir.read_dir(rel)? {
+            let entry = entry?;
+            let child = rel.join(entry.file_name());
+            let Ok(meta) = self.dir.symlink_metadata(&child) else { continue };
+            if meta.is_symlink() || (meta.is_file() && meta.len() == 0) {
+                let _ = self.dir.remove_file(&child);
+            } else if meta.is_dir() {
+                let _ = self.dir.remove_dir(&child); // only when empty
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a file, link or directory tree at `path`, never following a link.
+    fn remove_entry(&self, rel: &Path) -> io::Result<()> {
+        match self.dir.symlink_metadata(rel) {
+            Ok(meta) if meta.is_dir() => self.dir.remove_dir_all(rel),
+            Ok(_) => self.dir.remove_file(rel),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn outside(path: &Path) -> io::Error {
+    io::Error::new(io::ErrorKind::PermissionDenied, format!("{} is not inside the session's state dir", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn planted_symlinks_are_replaced_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let victim = dir.path().join("victim");
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::create_dir_all(&victim).unwrap();
+        std::fs::write(victim.join("keep"), "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, state.join("config")).unwrap();
+        std::os::unix::fs::symlink(&victim, state.join("attachments")).unwrap();
+        let sd = StateDir::open(&state).unwrap();
+
+        sd.ensure_dir(&state.join("config/opencode")).unwrap();
+        assert!(std::fs::symlink_metadata(state.join("config")).unwrap().is_dir());
+        sd.write_file(&state.join("attachments/1/image.png"), b"png").unwrap();
+        assert_eq!(std::fs::read(state.join("attachments/1/image.png")).unwrap(), b"png");
+        std::os::unix::fs::symlink(victim.join("keep"), state.join("config/opencode/keep")).unwrap();
+        sd.clear_placeholders(&state.join("config/opencode")).unwrap();
+
+        assert_eq!(std::fs::read_to_string(victim.join("keep")).unwrap(), "precious");
+        assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 1, "nothing new in the victim dir");
+        for bad in [dir.path().join("elsewhere"), state.join("../victim"), PathBuf::from("../x")] {
+            assert!(sd.write_file(&bad, b"x").is_err(), "{}", bad.display());
+        }
+    }
+}
