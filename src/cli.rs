@@ -1,6 +1,8 @@
-//! The command line: `serve` (the default, for editors), `prompt`, `sessions` and `doctor` (for people).
+//! The command line: `serve` (the default, for editors), `prompt`, `sessions` and `doctor` (for people), and the
+//! hidden `sandbox-init`, the entry process inside a sandbox.
 //!
-//! Only the terminal commands print to stdout; `serve` leaves stdout to the ACP connection.
+//! Only the terminal commands print to stdout; `serve` leaves stdout to the ACP connection and `sandbox-init` to the
+//! CLI it runs.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{IsTerminal, Read, Write};
@@ -30,7 +32,32 @@ struct Cli {
     #[command(flatten)]
     settings: Settings,
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Option<Invocation>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Invocation {
+    #[command(flatten)]
+    Command(Command),
+    /// Inside a sandbox: open its network doors to the bridge's proxy, then run PROGRAM (internal).
+    #[command(hide = true)]
+    SandboxInit(SandboxInit),
+}
+
+#[derive(Args, Debug)]
+struct SandboxInit {
+    /// The bridge's proxy socket, as mounted in the sandbox.
+    #[arg(long, default_value = acp_sandbox::sandbox::init::PROXY_SOCKET)]
+    proxy_socket: PathBuf,
+    /// Serve the proxy on 127.0.0.1 at this port (the CLI's HTTP_PROXY).
+    #[arg(long)]
+    proxy_port: Option<u16>,
+    /// Tunnel 127.0.0.1:PORT to the same port on the host (repeatable).
+    #[arg(long, value_name = "PORT")]
+    expose: Vec<u16>,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    command: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -191,18 +218,37 @@ fn absolute(path: &std::path::Path) -> PathBuf {
 /// Parses the command line and runs the command.
 pub fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
+    let command = match cli.command {
+        // Inside the sandbox the data dir is not visible: no config, no log file, no store.
+        Some(Invocation::SandboxInit(init)) => return Ok(sandbox_init(init)),
+        Some(Invocation::Command(command)) => Some(command),
+        None => None,
+    };
     let config = cli.settings.config();
-    let quiet = !matches!(cli.command, None | Some(Command::Serve));
+    let quiet = !matches!(command, None | Some(Command::Serve));
     let _guard = acp_sandbox::logging::init(&config.log_path(), if quiet { "warn" } else { "info" });
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
-        match cli.command {
+        match command {
             None | Some(Command::Serve) => serve(config).await,
             Some(Command::Prompt { text, json, session }) => prompt(config, text, json, session).await,
             Some(Command::Sessions { command }) => sessions(config, command).await,
             Some(Command::Doctor) => doctor(config).await,
         }
     })
+}
+
+fn sandbox_init(init: SandboxInit) -> ExitCode {
+    let mut command = init.command.into_iter();
+    let program = command.next().unwrap_or_default().into();
+    let code = acp_sandbox::sandbox::init::run(acp_sandbox::sandbox::init::InitArgs {
+        proxy_socket: init.proxy_socket,
+        proxy_port: init.proxy_port,
+        expose: init.expose,
+        program,
+        args: command.collect(),
+    });
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {

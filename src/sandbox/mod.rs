@@ -7,10 +7,15 @@
 
 // The one place allowed to start processes (clippy.toml bans it elsewhere).
 #[allow(clippy::disallowed_methods)]
+pub mod init;
+#[allow(clippy::disallowed_methods)]
 pub mod install;
 #[allow(clippy::disallowed_methods)]
 pub mod local;
+pub mod limits;
 pub mod policy;
+pub mod proxy;
+pub mod seccomp;
 pub mod statedir;
 
 use std::path::{Path, PathBuf};

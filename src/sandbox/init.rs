@@ -1,0 +1,365 @@
+//! The sandbox's entry process (`acp-sandbox sandbox-init`): opens the sandbox's network doors, then runs the CLI.
+//!
+//! In its own network namespace the sandbox has only loopback. Before the CLI starts, this process listens on
+//! 127.0.0.1 at the port the CLI's `HTTP_PROXY` names (each connection is spliced to the host's proxy through the
+//! mounted unix socket) and at each exposed port (each connection becomes a `CONNECT 127.0.0.1:PORT` through that
+//! socket, so a model server on the host's loopback answers at the same address inside). It then runs the CLI
+//! with the stdio and environment it was given, forwards SIGTERM, SIGINT and SIGHUP to it and exits as it did.
+//! Nothing goes to stdout, which belongs to the CLI; this process's own complaints go to stderr, whose tail the
+//! bridge shows when a turn fails.
+
+use std::net::Ipv4Addr;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream, UnixStream};
+use tokio::process::Command;
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::proxy::{read_head, status_code};
+
+/// Where the bridge mounts its proxy's socket inside the sandbox.
+pub const PROXY_SOCKET: &str = "/run/acp-sandbox/proxy.sock";
+
+/// The exit code when this process itself fails (a port cannot be bound), as `env` and `timeout` use it.
+pub const INIT_FAILED: i32 = 125;
+
+/// What `sandbox-init` is asked to do.
+#[derive(Clone, Debug, Default)]
+pub struct InitArgs {
+    /// The host proxy's unix socket, as seen inside the sandbox (normally [`PROXY_SOCKET`]).
+    pub proxy_socket: PathBuf,
+    /// Listen on 127.0.0.1 at this port and splice each connection to the proxy (the CLI's `HTTP_PROXY`).
+    pub proxy_port: Option<u16>,
+    /// Listen on 127.0.0.1 at each of these ports and tunnel each connection to the same port on the host's
+    /// loopback, through the proxy (which must allow it as an endpoint).
+    pub expose: Vec<u16>,
+    /// The CLI.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+}
+
+/// Opens the listeners, runs the program and returns its exit code (128 + the signal when a signal killed it).
+/// Returns [`INIT_FAILED`] when a listener cannot be bound, 127 when the program is missing and 126 when it cannot
+/// be started; each failure is explained on stderr first.
+pub fn run(args: InitArgs) -> i32 {
+    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime.block_on(supervise(args)),
+        Err(e) => {
+            complain(&format!("cannot start: {e}"));
+            INIT_FAILED
+        }
+    }
+}
+
+/// What a listener does with a connection.
+#[derive(Clone, Copy)]
+enum Door {
+    /// Splices it to the proxy as it is: the CLI speaks HTTP proxy itself.
+    Proxy,
+    /// Asks the proxy for a tunnel to this port on the host's loopback first.
+    Expose(u16),
+}
+
+async fn supervise(args: InitArgs) -> i32 {
+    let socket = Arc::new(args.proxy_socket);
+    let doors = args.proxy_port.map(|port| (port, Door::Proxy)).into_iter();
+    let doors = doors.chain(args.expose.iter().map(|&port| (port, Door::Expose(port))));
+    for (port, door) in doors {
+        // Bound before the CLI starts, so its first request never finds the door closed.
+        let listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                complain(&format!("cannot listen on 127.0.0.1:{port}: {e}"));
+                return INIT_FAILED;
+            }
+        };
+        tokio::spawn(serve(listener, socket.clone(), door));
+    }
+    let signals = [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::hangup()].map(signal);
+    let [Ok(mut terminate), Ok(mut interrupt), Ok(mut hangup)] = signals else {
+        complain("cannot receive signals");
+        return INIT_FAILED;
+    };
+    let mut child = match Command::new(&args.program).args(&args.args).spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            complain(&format!("cannot run {}: {e}", args.program.display()));
+            return if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+        }
+    };
+    loop {
+        let forward = tokio::select! {
+            status = child.wait() => return match status {
+                Ok(status) => exit_code(status),
+                Err(e) => {
+                    complain(&format!("cannot wait for {}: {e}", args.program.display()));
+                    INIT_FAILED
+                }
+            },
+            _ = terminate.recv() => Signal::SIGTERM,
+            _ = interrupt.recv() => Signal::SIGINT,
+            _ = hangup.recv() => Signal::SIGHUP,
+        };
+        if let Some(pid) = child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), forward);
+        }
+    }
+}
+
+fn exit_code(status: ExitStatus) -> i32 {
+    status.code().or_else(|| status.signal().map(|signal| 128 + signal)).unwrap_or(INIT_FAILED)
+}
+
+async fn serve(listener: TcpListener, socket: Arc<PathBuf>, door: Door) {
+    loop {
+        match listener.accept().await {
+            Ok((client, _)) => {
+                tokio::spawn(pass(client, socket.clone(), door));
+            }
+            Err(e) => {
+                // Out of descriptors, usually: wait instead of spinning.
+                complain(&format!("accept failed: {e}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn pass(mut client: TcpStream, socket: Arc<PathBuf>, door: Door) {
+    let _ = client.set_nodelay(true);
+    let mut proxy = match UnixStream::connect(socket.as_path()).await {
+        Ok(proxy) => proxy,
+        Err(e) => return complain(&format!("cannot reach the proxy at {}: {e}", socket.display())),
+    };
+    if let Door::Expose(port) = door {
+        match open_tunnel(&mut proxy, port).await {
+            Ok(early) => {
+                if client.write_all(&early).await.is_err() {
+                    return;
+                }
+            }
+            Err(why) => return complain(&format!("127.0.0.1:{port} through {}: {why}", socket.display())),
+        }
+    }
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut proxy).await;
+}
+
+/// Asks the proxy for a tunnel to the host's 127.0.0.1:`port`; returns what the proxy sent past its answer.
+async fn open_tunnel(proxy: &mut UnixStream, port: u16) -> Result<Vec<u8>, String> {
+    let request = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    proxy.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
+    let (head, early) = read_head(proxy).await.map_err(|e| e.to_string())?;
+    if status_code(&head) == Some(200) {
+        Ok(early)
+    } else {
+        let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
+        Err(format!("the proxy answered {line}"))
+    }
+}
+
+/// One line on stderr: the only channel this process has (stdout is the CLI's, and there is no log here).
+#[allow(clippy::print_stderr)]
+fn complain(message: &str) {
+    eprintln!("acp-sandbox sandbox-init: {message}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::proxy::{NetworkMode, Proxy, ProxyPolicy};
+
+    /// `run` installs process-wide signal handlers and the signal test signals the whole test process: one at a time.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    /// Connects to 127.0.0.1:argv[1]; with argv[2], asks for a CONNECT to it first; then checks an echo.
+    const CLIENT: &str = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+if len(sys.argv) > 2:
+    s.sendall(f"CONNECT {sys.argv[2]} HTTP/1.1\r\nHost: {sys.argv[2]}\r\n\r\n".encode())
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        byte = s.recv(1)
+        if not byte:
+            sys.exit(2)
+        head += byte
+    if not head.startswith(b"HTTP/1.1 200 "):
+        sys.exit(3)
+s.sendall(b"ping through the sandbox")
+got = b""
+while len(got) < 24:
+    chunk = s.recv(100)
+    if not chunk:
+        break
+    got += chunk
+sys.exit(0 if got == b"ping through the sandbox" else 4)
+"#;
+
+    fn python(script: &str, args: &[String]) -> (PathBuf, Vec<String>) {
+        let mut argv = vec!["-c".to_string(), script.to_string()];
+        argv.extend(args.iter().cloned());
+        ("/usr/bin/python3".into(), argv)
+    }
+
+    /// Runs `init::run` on its own thread (it builds its own runtime) and awaits its exit code.
+    async fn run_init(args: InitArgs) -> i32 {
+        let thread = std::thread::spawn(move || run(args));
+        tokio::task::spawn_blocking(move || thread.join().unwrap()).await.unwrap()
+    }
+
+    async fn echo_server() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut reader, mut writer) = stream.split();
+                    let _ = tokio::io::copy(&mut reader, &mut writer).await;
+                });
+            }
+        });
+        port
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    #[tokio::test]
+    async fn the_proxy_port_leads_to_the_proxy() {
+        let _one = ONE_AT_A_TIME.lock().await;
+        let echo = echo_server().await;
+        let dir = tempfile::tempdir().unwrap();
+        let policy = ProxyPolicy {
+            mode: NetworkMode::None,
+            endpoints: vec![("127.0.0.1".into(), echo)],
+            service_hosts: Vec::new(),
+        };
+        let proxy = Proxy::start(&dir.path().join("proxy.sock"), policy, "test".into()).await.unwrap();
+        let port = free_port();
+        let (program, args) = python(CLIENT, &[port.to_string(), format!("127.0.0.1:{echo}")]);
+        let init = InitArgs {
+            proxy_socket: proxy.socket_path().into(),
+            proxy_port: Some(port),
+            program,
+            args,
+            ..InitArgs::default()
+        };
+        assert_eq!(run_init(init).await, 0);
+    }
+
+    #[tokio::test]
+    async fn an_exposed_port_is_tunnelled_to_the_same_port_on_the_host() {
+        let _one = ONE_AT_A_TIME.lock().await;
+        // The real proxy would connect to the host's 127.0.0.1:port, which here is init's own listener: this
+        // stand-in checks the CONNECT and echoes instead.
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("proxy.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let port = free_port();
+        let stand_in = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let (head, _) = read_head(&mut stream).await.unwrap();
+            stream.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await.unwrap();
+            let (mut reader, mut writer) = stream.split();
+            let _ = tokio::io::copy(&mut reader, &mut writer).await;
+            String::from_utf8(head).unwrap()
+        });
+        let (program, args) = python(CLIENT, &[port.to_string()]);
+        let init = InitArgs { proxy_socket: socket, expose: vec![port], program, args, ..InitArgs::default() };
+        assert_eq!(run_init(init).await, 0);
+        assert_eq!(
+            stand_in.await.unwrap(),
+            format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_tunnel_closes_the_connection() {
+        let _one = ONE_AT_A_TIME.lock().await;
+        let dir = tempfile::tempdir().unwrap();
+        let policy = ProxyPolicy { mode: NetworkMode::Open, endpoints: Vec::new(), service_hosts: Vec::new() };
+        let proxy = Proxy::start(&dir.path().join("proxy.sock"), policy, "test".into()).await.unwrap();
+        let port = free_port();
+        let script = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"hello")
+try:
+    answer = s.recv(100)
+except ConnectionResetError:
+    answer = b""
+sys.exit(0 if answer == b"" else 5)
+"#;
+        let (program, args) = python(script, &[port.to_string()]);
+        let init = InitArgs {
+            proxy_socket: proxy.socket_path().into(),
+            expose: vec![port],
+            program,
+            args,
+            ..InitArgs::default()
+        };
+        assert_eq!(run_init(init).await, 0);
+    }
+
+    #[tokio::test]
+    async fn the_programs_exit_is_returned() {
+        let _one = ONE_AT_A_TIME.lock().await;
+        let sh = |script: &str| InitArgs {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            ..InitArgs::default()
+        };
+        assert_eq!(run_init(sh("exit 7")).await, 7);
+        assert_eq!(run_init(sh("kill -9 $$")).await, 128 + 9);
+        let missing = InitArgs { program: "/nonexistent/cli".into(), ..InitArgs::default() };
+        assert_eq!(run_init(missing).await, 127);
+    }
+
+    #[tokio::test]
+    async fn a_port_that_cannot_be_bound_stops_before_the_program() {
+        let _one = ONE_AT_A_TIME.lock().await;
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let init = InitArgs {
+            proxy_port: Some(taken.local_addr().unwrap().port()),
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), format!("touch {}", marker.display())],
+            ..InitArgs::default()
+        };
+        assert_eq!(run_init(init).await, INIT_FAILED);
+        assert!(!marker.exists());
+    }
+
+    #[tokio::test]
+    async fn sigterm_is_forwarded_to_the_program() {
+        let _one = ONE_AT_A_TIME.lock().await;
+        let dir = tempfile::tempdir().unwrap();
+        let ready = dir.path().join("ready");
+        let script = r#"
+import pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
+pathlib.Path(sys.argv[1]).touch()
+time.sleep(60)
+sys.exit(1)
+"#;
+        let (program, args) = python(script, &[ready.display().to_string()]);
+        let running = tokio::spawn(run_init(InitArgs { program, args, ..InitArgs::default() }));
+        // The handlers are installed before the program starts, so once it is ready the test process may be
+        // signalled: the signal reaches init's handler, not the default action.
+        while !ready.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        kill(Pid::this(), Signal::SIGTERM).unwrap();
+        assert_eq!(running.await.unwrap(), 42);
+    }
+}

@@ -1,0 +1,1120 @@
+//! The sandbox's only way out: an HTTP/HTTPS proxy on a unix socket that decides which hosts the CLI may reach.
+//!
+//! A sandbox with its own network namespace has nothing but loopback. The bridge runs this proxy on the host; its
+//! socket is mounted into the sandbox, where `init.rs` exposes it on 127.0.0.1. It speaks `CONNECT` and
+//! absolute-URI HTTP/1.x requests, one request per connection. A target's name is judged against the
+//! [`NetworkMode`] before any DNS lookup (a refused name never leaks through the resolver), then every address it
+//! resolves to against the ranges that reach the host and its networks, and the connection goes only to an address
+//! that was judged. The configured model endpoints (exact host and port) are the exception: they are reachable even
+//! on loopback or a private network.
+
+use std::fmt;
+use std::io::ErrorKind;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// The largest request (or proxy answer) head read, blank line included.
+pub(crate) const MAX_HEAD: usize = 64 * 1024;
+/// How long a client may take to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long resolving and connecting to a target may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a sandbox may reach on the network. Parsed from and shown as `open`, `allow=a.com,b.org`, `none`, `host`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NetworkMode {
+    /// Every public host; the host itself and its private networks stay closed.
+    Open,
+    /// Only these domains, the CLI's own service domains and the model endpoints. An entry covers the domain and
+    /// all its subdomains: `example.com`, `*.example.com` and `.example.com` are the same entry, stored as
+    /// `example.com`. Any port of an allowed domain may be reached.
+    Allow(Vec<String>),
+    /// Only the model endpoints.
+    None,
+    /// The host's own network, with no namespace and no proxy (the proxy never runs). Were it asked, it would
+    /// judge like [`NetworkMode::Open`].
+    Host,
+}
+
+impl NetworkMode {
+    /// Whether sandboxes of this mode get their own network namespace and reach out through the proxy.
+    pub fn uses_proxy(&self) -> bool {
+        !matches!(self, NetworkMode::Host)
+    }
+}
+
+/// A network mode that cannot be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetworkModeError {
+    /// Not one of the four modes.
+    #[error("unknown network mode {0:?}: expected open, allow=DOMAIN[,DOMAIN...], none or host")]
+    Unknown(String),
+    /// `allow=` without a domain.
+    #[error("allow= needs at least one domain (none allows only the model endpoints)")]
+    EmptyAllowList,
+    /// An entry of `allow=` that is not a domain name.
+    #[error("{0:?} in allow= is not a domain name (expected e.g. example.com or *.example.com, without a port)")]
+    InvalidDomain(String),
+}
+
+impl FromStr for NetworkMode {
+    type Err = NetworkModeError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        if let Some(list) = text.strip_prefix("allow=") {
+            let domains = list
+                .split(',')
+                .map(str::trim)
+                .filter(|entry| !entry.is_empty())
+                .map(|entry| allow_entry(entry).ok_or_else(|| NetworkModeError::InvalidDomain(entry.to_string())))
+                .collect::<Result<Vec<_>, _>>()?;
+            if domains.is_empty() {
+                return Err(NetworkModeError::EmptyAllowList);
+            }
+            return Ok(NetworkMode::Allow(domains));
+        }
+        match text {
+            "open" => Ok(NetworkMode::Open),
+            "none" => Ok(NetworkMode::None),
+            "host" => Ok(NetworkMode::Host),
+            other => Err(NetworkModeError::Unknown(other.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for NetworkMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NetworkMode::Open => f.write_str("open"),
+            NetworkMode::Allow(domains) => write!(f, "allow={}", domains.join(",")),
+            NetworkMode::None => f.write_str("none"),
+            NetworkMode::Host => f.write_str("host"),
+        }
+    }
+}
+
+/// One `allow=` entry as the domain it covers, or `None` when it is not a domain name.
+fn allow_entry(entry: &str) -> Option<String> {
+    let domain = domain_of(entry);
+    let labels_ok = domain
+        .split('.')
+        .all(|label| !label.is_empty() && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+    labels_ok.then_some(domain)
+}
+
+/// The domain an entry covers: `*.example.com` and `.example.com` are `example.com`.
+fn domain_of(entry: &str) -> String {
+    let entry = entry.trim();
+    canonical_name(entry.strip_prefix("*.").or_else(|| entry.strip_prefix('.')).unwrap_or(entry))
+}
+
+/// A host name as compared: lowercase, without a final dot or IPv6 brackets.
+fn canonical_name(host: &str) -> String {
+    let host = host.trim();
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase()
+}
+
+/// Whether `host` is `domain` or one of its subdomains (both canonical).
+fn within(host: &str, domain: &str) -> bool {
+    host == domain || host.strip_suffix(domain).is_some_and(|rest| rest.ends_with('.'))
+}
+
+/// What the proxy of one sandbox lets through.
+#[derive(Clone, Debug)]
+pub struct ProxyPolicy {
+    /// The user's choice.
+    pub mode: NetworkMode,
+    /// Exact host and port pairs that are always reachable, even on loopback or a private network: the configured
+    /// model endpoints. A request matches by the same host name (case and a final dot aside), or by the same
+    /// address when both are IP literals; `localhost` does not match `127.0.0.1`.
+    pub endpoints: Vec<(String, u16)>,
+    /// The CLI's own service domains (each with its subdomains), reachable in [`NetworkMode::Allow`] on top of the
+    /// user's list.
+    pub service_hosts: Vec<String>,
+}
+
+/// Why the proxy refused a target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Denial {
+    /// In `none` mode, a target that is not a model endpoint.
+    OnlyEndpoints,
+    /// In `allow=` mode, a host outside the allowed and service domains.
+    NotListed,
+    /// The name resolved to no address.
+    Unresolved,
+    /// The target is, or resolves to, an address the sandbox must not reach.
+    Forbidden {
+        /// The first such address.
+        address: IpAddr,
+        /// What kind of range it is in ("loopback", "private"…).
+        range: &'static str,
+    },
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denial::OnlyEndpoints => f.write_str("the network mode is none: only the configured model endpoints"),
+            Denial::NotListed => f.write_str("not in the allowed domains"),
+            Denial::Unresolved => f.write_str("the name resolves to no address"),
+            Denial::Forbidden { address, range } => write!(f, "{address} is a {range} address"),
+        }
+    }
+}
+
+/// The verdict on one target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Connect to these addresses, in this order: all of them were judged.
+    Allow(Vec<SocketAddr>),
+    /// Refuse the request.
+    Deny(Denial),
+}
+
+/// How a target's name passed the first check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Admission {
+    /// A model endpoint: any address it resolves to is fine, and it is reached directly.
+    Endpoint,
+    /// Any other host: its addresses are judged next.
+    Public,
+}
+
+impl ProxyPolicy {
+    /// Judges a target by its name alone, before any DNS lookup.
+    fn admit(&self, host: &str, port: u16) -> Result<Admission, Denial> {
+        let host = canonical_name(host);
+        if self.is_endpoint(&host, port) {
+            return Ok(Admission::Endpoint);
+        }
+        match &self.mode {
+            NetworkMode::None => Err(Denial::OnlyEndpoints),
+            NetworkMode::Allow(domains) => {
+                let mut listed = domains.iter().chain(&self.service_hosts);
+                if listed.any(|domain| within(&host, &domain_of(domain))) {
+                    Ok(Admission::Public)
+                } else {
+                    Err(Denial::NotListed)
+                }
+            }
+            NetworkMode::Open | NetworkMode::Host => Ok(Admission::Public),
+        }
+    }
+
+    fn is_endpoint(&self, host: &str, port: u16) -> bool {
+        let literal = host.parse::<IpAddr>().ok();
+        self.endpoints.iter().any(|(endpoint, endpoint_port)| {
+            let endpoint = canonical_name(endpoint);
+            *endpoint_port == port
+                && (endpoint == host || literal.is_some_and(|ip| endpoint.parse::<IpAddr>() == Ok(ip)))
+        })
+    }
+
+    /// The decision on `host:port`, given every address the host resolved to (for a literal IP, that address).
+    /// Pure: the proxy resolves once, calls this, and connects only to the addresses it returns.
+    ///
+    /// A model endpoint is allowed whatever it resolves to. Any other host must pass the mode, and then every
+    /// address must lie outside loopback, unspecified, link-local (with the cloud metadata address), private,
+    /// shared (CGNAT), multicast, broadcast and reserved ranges, IPv4 addresses wrapped in IPv6 included: one
+    /// such address refuses the whole name, so a name cannot smuggle a private address next to a public one.
+    pub fn decide(&self, host: &str, port: u16, resolved: &[IpAddr]) -> Decision {
+        let admission = match self.admit(host, port) {
+            Ok(admission) => admission,
+            Err(denial) => return Decision::Deny(denial),
+        };
+        if resolved.is_empty() {
+            return Decision::Deny(Denial::Unresolved);
+        }
+        if admission == Admission::Public
+            && let Some((address, range)) = resolved.iter().find_map(|ip| forbidden_range(*ip).map(|r| (*ip, r)))
+        {
+            return Decision::Deny(Denial::Forbidden { address, range });
+        }
+        Decision::Allow(resolved.iter().map(|ip| SocketAddr::new(*ip, port)).collect())
+    }
+}
+
+/// The kind of range an address is in when the sandbox must not reach it, `None` for a public address.
+pub fn forbidden_range(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => forbidden_v4(v4),
+        IpAddr::V6(v6) => forbidden_v6(v6),
+    }
+}
+
+fn forbidden_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    let [a, b, _, _] = ip.octets();
+    Some(match (a, b) {
+        // Connecting to 0.0.0.0 reaches the host itself.
+        (0, _) => "unspecified",
+        (127, _) => "loopback",
+        (10, _) | (172, 16..=31) | (192, 168) => "private",
+        (100, 64..=127) => "shared (CGNAT)",
+        (169, 254) => "link-local",
+        (224..=239, _) => "multicast",
+        _ if ip.is_broadcast() => "broadcast",
+        (240..=255, _) => "reserved",
+        _ => return None,
+    })
+}
+
+fn forbidden_v6(ip: Ipv6Addr) -> Option<&'static str> {
+    // An IPv4 address wrapped in IPv6 reaches that IPv4 address (mapped ::ffff:0:0/96 on a dual-stack socket,
+    // NAT64's 64:ff9b::/96 through a translator), so it is judged as one.
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return forbidden_v4(v4);
+    }
+    let segments = ip.segments();
+    if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return forbidden_v4(Ipv4Addr::from_bits(ip.to_bits() as u32));
+    }
+    Some(match segments[0] {
+        _ if ip.is_loopback() => "loopback",
+        _ if ip.is_unspecified() => "unspecified",
+        // The deprecated IPv4-compatible ::a.b.c.d.
+        0 if segments[1..6] == [0; 5] => "reserved",
+        first if first & 0xffc0 == 0xfe80 => "link-local",
+        first if first & 0xffc0 == 0xfec0 => "site-local",
+        first if first & 0xfe00 == 0xfc00 => "private (unique local)",
+        first if first & 0xff00 == 0xff00 => "multicast",
+        _ => return None,
+    })
+}
+
+/// A proxy that cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The socket could not be prepared.
+    #[error("proxy: {what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+}
+
+/// A running proxy for one sandbox. Dropping it (or [`Proxy::stop`]) stops accepting, ends the connections it
+/// carries and removes its socket file.
+pub struct Proxy {
+    socket_path: PathBuf,
+    accept: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Listens on `socket_path` (replacing a stale socket there) and serves each connection in its own task.
+    /// `label` names the sandbox in logs. When the bridge's own environment has `https_proxy` or `HTTPS_PROXY`
+    /// (`http://[user:password@]host:port`), hosts other than the model endpoints are reached through that proxy
+    /// with `CONNECT host:port`; the checks above still apply first.
+    pub async fn start(socket_path: &Path, policy: ProxyPolicy, label: String) -> Result<Proxy, ProxyError> {
+        let upstream = UpstreamProxy::from_env();
+        if let Some(upstream) = &upstream {
+            tracing::info!(label = %label, upstream = %upstream.address, "the sandbox proxy goes out through HTTPS_PROXY");
+        }
+        Self::serve(socket_path, Context { policy, label, upstream, fixed_dns: Vec::new() }).await
+    }
+
+    async fn serve(socket_path: &Path, context: Context) -> Result<Proxy, ProxyError> {
+        let io = |what: &str, source| ProxyError::Io { what: format!("{what} {}", socket_path.display()), source };
+        match std::fs::symlink_metadata(socket_path) {
+            Ok(meta) if meta.file_type().is_socket() => {
+                std::fs::remove_file(socket_path).map_err(|e| io("remove", e))?
+            }
+            Ok(_) => return Err(io("refusing to replace", std::io::Error::other("it exists and is not a socket"))),
+            Err(_) => {}
+        }
+        let listener = UnixListener::bind(socket_path).map_err(|e| io("listen on", e))?;
+        std::fs::set_permissions(socket_path, std::fs::Permissions::from_mode(0o600)).map_err(|e| io("chmod", e))?;
+        let accept = tokio::spawn(accept_loop(listener, Arc::new(context)));
+        Ok(Proxy { socket_path: socket_path.to_path_buf(), accept })
+    }
+
+    /// Where the proxy listens.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// Stops the proxy (the same as dropping it).
+    pub fn stop(self) {}
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        let _ = std::fs::remove_file(&self.socket_path);
+    }
+}
+
+/// What every connection of one proxy shares.
+struct Context {
+    policy: ProxyPolicy,
+    label: String,
+    upstream: Option<UpstreamProxy>,
+    /// Answers used instead of DNS: tests give public names fake public addresses (there is no internet there).
+    fixed_dns: Vec<(String, IpAddr)>,
+}
+
+async fn accept_loop(listener: UnixListener, context: Arc<Context>) {
+    // The connections live in this set, so aborting this task when the proxy stops ends them too.
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((client, _)) => {
+                    connections.spawn(handle(context.clone(), client));
+                }
+                Err(e) => {
+                    tracing::warn!(label = %context.label, "sandbox proxy: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// What the client asked for.
+#[derive(Debug, PartialEq, Eq)]
+struct Request {
+    /// Canonical host name or IP literal.
+    host: String,
+    port: u16,
+    /// `None` for a tunnel (`CONNECT`); else the head to send to the target, in origin form.
+    forward: Option<Vec<u8>>,
+}
+
+/// Why a connection to the target was not made.
+enum Failure {
+    Denied(Denial),
+    Unreachable(String),
+}
+
+/// A connection to the target, and what an upstream proxy already sent past its answer.
+struct Connection {
+    stream: TcpStream,
+    early: Vec<u8>,
+}
+
+async fn handle(context: Arc<Context>, mut client: UnixStream) {
+    let (head, rest) = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client)).await {
+        Ok(Ok(read)) => read,
+        Ok(Err(e)) if e.kind() == ErrorKind::InvalidData => {
+            return respond(&mut client, "400 Bad Request", "the request head is larger than 64 KiB").await;
+        }
+        Ok(Err(_)) => return,
+        Err(_) => return respond(&mut client, "408 Request Timeout", "the request head took too long").await,
+    };
+    let request = match parse_request(&head) {
+        Ok(request) => request,
+        Err(why) => return respond(&mut client, "400 Bad Request", why).await,
+    };
+    let (host, port) = (request.host.as_str(), request.port);
+    let mut target = match tokio::time::timeout(CONNECT_TIMEOUT, connect(&context, host, port)).await {
+        Ok(Ok(target)) => target,
+        Ok(Err(Failure::Denied(denial))) => {
+            tracing::warn!(label = %context.label, host, port, reason = %denial, "sandbox network request denied");
+            let message = format!("access to {} is blocked: {denial}", authority(host, port));
+            return respond(&mut client, "403 Forbidden", &message).await;
+        }
+        Ok(Err(Failure::Unreachable(why))) => {
+            tracing::debug!(label = %context.label, host, port, "sandbox proxy: {why}");
+            return respond(&mut client, "502 Bad Gateway", &why).await;
+        }
+        Err(_) => {
+            let message = format!("connecting to {} took too long", authority(host, port));
+            return respond(&mut client, "504 Gateway Timeout", &message).await;
+        }
+    };
+    tracing::debug!(label = %context.label, host, port, "sandbox proxy: connected");
+    let opening = match &request.forward {
+        Some(forward) => target.stream.write_all(forward).await,
+        None => client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await,
+    };
+    if opening.is_err()
+        || target.stream.write_all(&rest).await.is_err()
+        || client.write_all(&target.early).await.is_err()
+    {
+        return;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut target.stream).await;
+}
+
+/// Judges the target, resolving it once, and connects to an address that was judged.
+async fn connect(context: &Context, host: &str, port: u16) -> Result<Connection, Failure> {
+    let admission = context.policy.admit(host, port).map_err(Failure::Denied)?;
+    let resolved = resolve(context, host, port).await?;
+    let addresses = match context.policy.decide(host, port, &resolved) {
+        Decision::Allow(addresses) => addresses,
+        Decision::Deny(denial) => return Err(Failure::Denied(denial)),
+    };
+    // The bridge's own proxy gets the name, which its rules are written for, and resolves it again: past the checks
+    // here, where a public host goes is that proxy's policy. Endpoints (usually on loopback) never go through it.
+    if let (Some(upstream), Admission::Public) = (&context.upstream, admission) {
+        return upstream.tunnel(host, port).await;
+    }
+    let mut last_error = None;
+    for address in addresses {
+        match TcpStream::connect(address).await {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(Connection { stream, early: Vec::new() });
+            }
+            Err(e) => last_error = Some(e),
+        }
+    }
+    let why = last_error.map(|e| e.to_string()).unwrap_or_default();
+    Err(Failure::Unreachable(format!("cannot connect to {}: {why}", authority(host, port))))
+}
+
+async fn resolve(context: &Context, host: &str, port: u16) -> Result<Vec<IpAddr>, Failure> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![ip]);
+    }
+    let fixed: Vec<IpAddr> = context.fixed_dns.iter().filter(|(name, _)| name == host).map(|(_, ip)| *ip).collect();
+    if !fixed.is_empty() {
+        return Ok(fixed);
+    }
+    match tokio::net::lookup_host((host, port)).await {
+        Ok(found) => Ok(found.map(|address| address.ip()).collect()),
+        Err(e) => Err(Failure::Unreachable(format!("cannot resolve {host}: {e}"))),
+    }
+}
+
+/// The proxy the bridge itself must use to reach the internet.
+#[derive(Clone, Debug)]
+struct UpstreamProxy {
+    /// `host:port`, resolved when connecting (it is the user's own configuration, not the sandbox's request).
+    address: String,
+    /// The `Proxy-Authorization` value, from the URL's user and password.
+    authorization: Option<String>,
+}
+
+impl UpstreamProxy {
+    fn from_env() -> Option<Self> {
+        let url = ["https_proxy", "HTTPS_PROXY"]
+            .iter()
+            .find_map(|name| std::env::var(name).ok().filter(|url| !url.trim().is_empty()))?;
+        let parsed = Self::parse(url.trim());
+        if parsed.is_none() {
+            tracing::warn!("HTTPS_PROXY is not an http://host:port URL; the sandbox proxy connects directly");
+        }
+        parsed
+    }
+
+    fn parse(url: &str) -> Option<Self> {
+        let rest = match url.split_once("://") {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
+            Some(_) => return None,
+            None => url,
+        };
+        let rest = rest.split('/').next().unwrap_or_default();
+        let (user, address) = match rest.rsplit_once('@') {
+            Some((user, address)) => (Some(user), address),
+            None => (None, rest),
+        };
+        let (host, port) = split_authority(address, Some(80))?;
+        let authorization = user
+            .map(|user| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(percent_decode(user))));
+        Some(UpstreamProxy { address: authority(&host, port), authorization })
+    }
+
+    async fn tunnel(&self, host: &str, port: u16) -> Result<Connection, Failure> {
+        let failed = |why: String| Failure::Unreachable(format!("the upstream proxy {}: {why}", self.address));
+        let mut stream = TcpStream::connect(&self.address).await.map_err(|e| failed(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let target = authority(host, port);
+        let mut request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");
+        if let Some(authorization) = &self.authorization {
+            request.push_str(&format!("Proxy-Authorization: {authorization}\r\n"));
+        }
+        request.push_str("\r\n");
+        stream.write_all(request.as_bytes()).await.map_err(|e| failed(e.to_string()))?;
+        let (head, early) = read_head(&mut stream).await.map_err(|e| failed(e.to_string()))?;
+        if status_code(&head) != Some(200) {
+            return Err(failed(format!("answered {}", String::from_utf8_lossy(first_line(&head)))));
+        }
+        Ok(Connection { stream, early })
+    }
+}
+
+fn percent_decode(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = text.get(i + 1..i + 3).filter(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()));
+        match (bytes[i], escaped.and_then(|hex| u8::from_str_radix(hex, 16).ok())) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                i += 1;
+            }
+        }
+    }
+    decoded
+}
+
+/// Reads a head up to its blank line. Returns the head (blank line included) and what was read past it. Fails with
+/// `InvalidData` past [`MAX_HEAD`] and `UnexpectedEof` when the peer closes first.
+pub(crate) async fn read_head<R: AsyncRead + Unpin>(reader: &mut R) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
+    let mut head = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let read = reader.read(&mut chunk).await?;
+        if read == 0 {
+            return Err(std::io::Error::new(ErrorKind::UnexpectedEof, "closed before the end of the head"));
+        }
+        // The blank line may straddle two reads.
+        let from = head.len().saturating_sub(3);
+        head.extend_from_slice(&chunk[..read]);
+        let end = head[from..].windows(4).position(|w| w == b"\r\n\r\n").map(|at| from + at + 4);
+        if let Some(end) = end.filter(|end| *end <= MAX_HEAD) {
+            let rest = head.split_off(end);
+            return Ok((head, rest));
+        }
+        if end.is_some() || head.len() > MAX_HEAD {
+            return Err(std::io::Error::new(ErrorKind::InvalidData, "the head is too large"));
+        }
+    }
+}
+
+fn first_line(head: &[u8]) -> &[u8] {
+    head.split(|&b| b == b'\r' || b == b'\n').next().unwrap_or_default()
+}
+
+/// The status code of a response head (`HTTP/1.1 200 Connection established`).
+pub(crate) fn status_code(head: &[u8]) -> Option<u16> {
+    let line = std::str::from_utf8(first_line(head)).ok()?;
+    let mut parts = line.split(' ');
+    parts.next().filter(|version| version.starts_with("HTTP/1."))?;
+    parts.next()?.parse().ok()
+}
+
+/// Parses a request head: `CONNECT host:port`, or an absolute `http://` URI whose head is rewritten for the
+/// target. The rewritten head has the path in origin form, `Host` from the URI, no proxy or hop-by-hop headers,
+/// and `Connection: close`: one request per connection, so a later request to another host can never ride on a
+/// connection that was judged for this one.
+fn parse_request(head: &[u8]) -> Result<Request, &'static str> {
+    let text = std::str::from_utf8(head).map_err(|_| "the request head is not UTF-8")?;
+    let mut lines = text.split("\r\n");
+    let mut parts = lines.next().unwrap_or_default().split(' ');
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err("malformed request line");
+    };
+    if !is_token(method) || !matches!(version, "HTTP/1.1" | "HTTP/1.0") {
+        return Err("malformed request line");
+    }
+    let headers: Vec<&str> = lines.take_while(|line| !line.is_empty()).collect();
+    for line in &headers {
+        let name = line.split_once(':').map(|(name, _)| name).unwrap_or_default();
+        if !is_token(name) || line.contains(['\r', '\n']) {
+            return Err("malformed header line");
+        }
+    }
+    if method == "CONNECT" {
+        let (host, port) = split_authority(target, None).ok_or("CONNECT needs host:port")?;
+        return Ok(Request { host, port, forward: None });
+    }
+    let rest = target
+        .get(..7)
+        .filter(|scheme| scheme.eq_ignore_ascii_case("http://"))
+        .map(|_| &target[7..])
+        .ok_or("the proxy takes CONNECT host:port or an absolute http:// URI")?;
+    let split = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (uri_authority, path) = rest.split_at(split);
+    if uri_authority.contains('@') {
+        return Err("the URI must not carry credentials");
+    }
+    let (host, port) = split_authority(uri_authority, Some(80)).ok_or("the URI has no valid host")?;
+    let path = match path {
+        "" => "/".to_string(),
+        query if query.starts_with('?') => format!("/{query}"),
+        path => path.to_string(),
+    };
+    let mut forward = format!("{method} {path} {version}\r\nHost: {uri_authority}\r\n");
+    const HOP_BY_HOP: [&str; 5] = ["host", "connection", "proxy-connection", "proxy-authorization", "keep-alive"];
+    for line in headers {
+        let name = line.split_once(':').map(|(name, _)| name).unwrap_or_default();
+        if !HOP_BY_HOP.iter().any(|hop| name.eq_ignore_ascii_case(hop)) {
+            forward.push_str(line);
+            forward.push_str("\r\n");
+        }
+    }
+    forward.push_str("Connection: close\r\n\r\n");
+    Ok(Request { host, port, forward: Some(forward.into_bytes()) })
+}
+
+fn is_token(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Splits `host:port`, `[v6]:port` (or, with a default port, a bare host) into a canonical host and a port.
+fn split_authority(text: &str, default_port: Option<u16>) -> Option<(String, u16)> {
+    let (host, port) = match text.strip_prefix('[') {
+        Some(rest) => {
+            let (host, after) = rest.split_once(']')?;
+            host.parse::<Ipv6Addr>().ok()?;
+            let port = if after.is_empty() { None } else { Some(after.strip_prefix(':')?) };
+            (host, port)
+        }
+        None => match text.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (text, None),
+        },
+    };
+    let port = match port {
+        Some(port) if port.bytes().all(|b| b.is_ascii_digit()) => port.parse::<u16>().ok().filter(|p| *p != 0)?,
+        Some(_) => return None,
+        None => default_port?,
+    };
+    let host = canonical_name(host);
+    let valid = host.parse::<Ipv6Addr>().is_ok()
+        || (!host.is_empty() && host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)));
+    valid.then_some((host, port))
+}
+
+/// `host:port`, with brackets around an IPv6 literal.
+fn authority(host: &str, port: u16) -> String {
+    if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
+}
+
+/// Answers with a one-line plain-text body and closes.
+async fn respond<W: AsyncWrite + Unpin>(client: &mut W, status: &str, message: &str) {
+    let body = format!("acp-sandbox: {message}\n");
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = client.write_all(response.as_bytes()).await;
+    let _ = client.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    fn policy(mode: NetworkMode, endpoints: &[(&str, u16)]) -> ProxyPolicy {
+        ProxyPolicy {
+            mode,
+            endpoints: endpoints.iter().map(|(host, port)| (host.to_string(), *port)).collect(),
+            service_hosts: vec!["opencode.ai".into()],
+        }
+    }
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|ip| ip.parse().unwrap()).collect()
+    }
+
+    /// A TCP server on 127.0.0.1 that echoes every connection.
+    async fn echo_server() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut reader, mut writer) = stream.split();
+                    let _ = tokio::io::copy(&mut reader, &mut writer).await;
+                });
+            }
+        });
+        port
+    }
+
+    async fn start(dir: &tempfile::TempDir, policy: ProxyPolicy) -> Proxy {
+        Proxy::start(&dir.path().join("proxy.sock"), policy, "test".into()).await.unwrap()
+    }
+
+    /// Sends `request` and returns the answer's head, what followed it, and the connection.
+    async fn ask(proxy: &Proxy, request: &[u8]) -> (String, Vec<u8>, UnixStream) {
+        let mut stream = UnixStream::connect(proxy.socket_path()).await.unwrap();
+        stream.write_all(request).await.unwrap();
+        let (head, rest) = read_head(&mut stream).await.unwrap();
+        (String::from_utf8(head).unwrap(), rest, stream)
+    }
+
+    /// The whole answer to `request`, read to the end.
+    async fn reply(proxy: &Proxy, request: &str) -> String {
+        let mut stream = UnixStream::connect(proxy.socket_path()).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        answer
+    }
+
+    #[test]
+    fn network_modes_parse_and_display() {
+        for (text, mode) in [
+            ("open", NetworkMode::Open),
+            ("none", NetworkMode::None),
+            ("host", NetworkMode::Host),
+            ("allow=a.com,b.org", NetworkMode::Allow(vec!["a.com".into(), "b.org".into()])),
+            ("allow=*.A.com, .b.org,c.net.,", NetworkMode::Allow(vec!["a.com".into(), "b.org".into(), "c.net".into()])),
+        ] {
+            let parsed: NetworkMode = text.parse().unwrap();
+            assert_eq!(parsed, mode, "{text}");
+            assert_eq!(parsed.to_string().parse::<NetworkMode>().unwrap(), mode);
+        }
+        assert_eq!(NetworkMode::Allow(vec!["a.com".into(), "b.org".into()]).to_string(), "allow=a.com,b.org");
+        assert_eq!("closed".parse::<NetworkMode>(), Err(NetworkModeError::Unknown("closed".into())));
+        assert_eq!("allow=".parse::<NetworkMode>(), Err(NetworkModeError::EmptyAllowList));
+        for bad in ["a.com:443", "http://a.com", "*", "a..com", "*.*.a.com", "a b.com"] {
+            let error = format!("allow={bad}").parse::<NetworkMode>().unwrap_err();
+            assert_eq!(error, NetworkModeError::InvalidDomain(bad.into()));
+        }
+        assert!(!NetworkMode::Host.uses_proxy() && NetworkMode::None.uses_proxy());
+    }
+
+    #[test]
+    fn an_allowed_domain_covers_itself_and_its_subdomains_only() {
+        let policy = policy("allow=example.com".parse().unwrap(), &[]);
+        let public = ips(&["93.184.216.34"]);
+        for host in ["example.com", "EXAMPLE.com.", "api.example.com", "a.b.example.com", "www.opencode.ai"] {
+            assert!(matches!(policy.decide(host, 443, &public), Decision::Allow(_)), "{host}");
+        }
+        for host in ["badexample.com", "example.com.evil.org", "example.org", "com", "93.184.216.34"] {
+            assert_eq!(policy.decide(host, 443, &public), Decision::Deny(Denial::NotListed), "{host}");
+        }
+    }
+
+    #[test]
+    fn every_forbidden_range_is_denied() {
+        let table = [
+            ("127.0.0.1", Some("loopback")),
+            ("127.255.0.9", Some("loopback")),
+            ("0.0.0.0", Some("unspecified")),
+            ("0.1.2.3", Some("unspecified")),
+            ("169.254.169.254", Some("link-local")),
+            ("169.254.0.1", Some("link-local")),
+            ("10.1.2.3", Some("private")),
+            ("172.16.0.1", Some("private")),
+            ("172.31.255.255", Some("private")),
+            ("192.168.1.1", Some("private")),
+            ("100.64.0.1", Some("shared (CGNAT)")),
+            ("100.127.255.255", Some("shared (CGNAT)")),
+            ("224.0.0.1", Some("multicast")),
+            ("239.255.255.250", Some("multicast")),
+            ("255.255.255.255", Some("broadcast")),
+            ("240.0.0.1", Some("reserved")),
+            ("::1", Some("loopback")),
+            ("::", Some("unspecified")),
+            ("::127.0.0.1", Some("reserved")),
+            ("fe80::1", Some("link-local")),
+            ("febf::1", Some("link-local")),
+            ("fec0::1", Some("site-local")),
+            ("fc00::1", Some("private (unique local)")),
+            ("fd12:3456::1", Some("private (unique local)")),
+            ("ff02::1", Some("multicast")),
+            ("::ffff:127.0.0.1", Some("loopback")),
+            ("::ffff:0.0.0.0", Some("unspecified")),
+            ("::ffff:169.254.169.254", Some("link-local")),
+            ("::ffff:10.0.0.1", Some("private")),
+            ("::ffff:172.20.0.1", Some("private")),
+            ("::ffff:192.168.0.1", Some("private")),
+            ("::ffff:100.100.0.1", Some("shared (CGNAT)")),
+            ("::ffff:224.0.0.1", Some("multicast")),
+            ("::ffff:255.255.255.255", Some("broadcast")),
+            ("64:ff9b::10.0.0.1", Some("private")),
+            ("64:ff9b::127.0.0.1", Some("loopback")),
+            // Public neighbours of the ranges above.
+            ("93.184.216.34", None),
+            ("172.15.255.255", None),
+            ("172.32.0.0", None),
+            ("100.63.255.255", None),
+            ("100.128.0.0", None),
+            ("169.253.255.255", None),
+            ("192.169.0.1", None),
+            ("11.0.0.1", None),
+            ("223.255.255.255", None),
+            ("::ffff:93.184.216.34", None),
+            ("64:ff9b::93.184.216.34", None),
+            ("2606:2800:220:1:248:1893:25c8:1946", None),
+            ("fe7f::1", None),
+            ("fbff::1", None),
+        ];
+        let open = policy(NetworkMode::Open, &[]);
+        for (ip, range) in table {
+            let address: IpAddr = ip.parse().unwrap();
+            assert_eq!(forbidden_range(address), range, "{ip}");
+            let decision = open.decide("some.host", 443, &[address]);
+            match range {
+                Some(range) => assert_eq!(decision, Decision::Deny(Denial::Forbidden { address, range }), "{ip}"),
+                None => assert_eq!(decision, Decision::Allow(vec![SocketAddr::new(address, 443)]), "{ip}"),
+            }
+            // A literal IP is judged like a name that resolved to it.
+            assert_eq!(open.decide(ip, 443, &[address]), decision, "{ip}");
+        }
+    }
+
+    #[test]
+    fn one_forbidden_address_denies_the_whole_name() {
+        let open = policy(NetworkMode::Open, &[]);
+        let decision = open.decide("rebind.example", 443, &ips(&["93.184.216.34", "169.254.169.254"]));
+        let address = "169.254.169.254".parse().unwrap();
+        assert_eq!(decision, Decision::Deny(Denial::Forbidden { address, range: "link-local" }));
+        assert_eq!(open.decide("nothing.example", 443, &[]), Decision::Deny(Denial::Unresolved));
+        let both = ips(&["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"]);
+        let expected = both.iter().map(|ip| SocketAddr::new(*ip, 80)).collect();
+        assert_eq!(open.decide("example.com", 80, &both), Decision::Allow(expected));
+    }
+
+    #[test]
+    fn endpoints_are_allowed_by_exact_host_and_port_in_every_mode() {
+        let endpoints = [("127.0.0.1", 11434), ("LocalHost", 8080), ("::1", 9000), ("models.lan", 443)];
+        for mode in [NetworkMode::Open, NetworkMode::None, "allow=example.com".parse().unwrap()] {
+            let policy = policy(mode, &endpoints);
+            let loopback = ips(&["127.0.0.1"]);
+            let allowed =
+                |host, port, resolved: &[IpAddr]| matches!(policy.decide(host, port, resolved), Decision::Allow(_));
+            assert!(allowed("127.0.0.1", 11434, &loopback));
+            assert!(allowed("localhost", 8080, &ips(&["::1", "127.0.0.1"])));
+            assert!(allowed("[::1]", 9000, &ips(&["::1"])));
+            assert!(allowed("0:0::1", 9000, &ips(&["::1"])));
+            assert!(allowed("models.lan", 443, &ips(&["192.168.1.20"])));
+            // Another port, another name for the same address, or a wrapped form are not the endpoint.
+            assert!(!allowed("127.0.0.1", 11435, &loopback));
+            assert!(!allowed("localhost", 11434, &loopback));
+            assert!(!allowed("::ffff:127.0.0.1", 11434, &ips(&["::ffff:127.0.0.1"])));
+        }
+    }
+
+    #[test]
+    fn none_mode_admits_only_the_endpoints() {
+        let none = policy(NetworkMode::None, &[("127.0.0.1", 11434)]);
+        let public = ips(&["93.184.216.34"]);
+        assert_eq!(none.decide("example.com", 443, &public), Decision::Deny(Denial::OnlyEndpoints));
+        assert_eq!(none.decide("opencode.ai", 443, &public), Decision::Deny(Denial::OnlyEndpoints));
+        assert_eq!(none.decide("93.184.216.34", 443, &public), Decision::Deny(Denial::OnlyEndpoints));
+        assert!(matches!(none.decide("127.0.0.1", 11434, &ips(&["127.0.0.1"])), Decision::Allow(_)));
+    }
+
+    #[test]
+    fn request_heads_are_parsed_and_rewritten_for_the_target() {
+        let connect = parse_request(b"CONNECT Api.Example.com:443 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        assert_eq!(connect, Request { host: "api.example.com".into(), port: 443, forward: None });
+        let v6 = parse_request(b"CONNECT [::1]:8080 HTTP/1.1\r\n\r\n").unwrap();
+        assert_eq!((v6.host.as_str(), v6.port), ("::1", 8080));
+        let get = parse_request(
+            b"GET http://example.com?q=1 HTTP/1.1\r\nHost: other\r\nProxy-Connection: keep-alive\r\nConnection: keep-alive\r\nAccept: */*\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!((get.host.as_str(), get.port), ("example.com", 80));
+        let forward = String::from_utf8(get.forward.unwrap()).unwrap();
+        assert_eq!(forward, "GET /?q=1 HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+        for bad in [
+            "GET /path HTTP/1.1\r\n\r\n",
+            "GET https://example.com/ HTTP/1.1\r\n\r\n",
+            "GET http://user@example.com/ HTTP/1.1\r\n\r\n",
+            "GET http:///path HTTP/1.1\r\n\r\n",
+            "CONNECT example.com HTTP/1.1\r\n\r\n",
+            "CONNECT example.com:0 HTTP/1.1\r\n\r\n",
+            "CONNECT example.com:99999 HTTP/1.1\r\n\r\n",
+            "CONNECT exa mple.com:443 HTTP/1.1\r\n\r\n",
+            "CONNECT fe80::1%eth0:443 HTTP/1.1\r\n\r\n",
+            "CONNECT example.com:443 HTTP/2\r\n\r\n",
+            "CONNECT example.com:443 HTTP/1.1\r\nBad Header: x\r\n\r\n",
+            "CONNECT example.com:443 HTTP/1.1\r\n folded\r\n\r\n",
+            "CONNECT example.com:443 HTTP/1.1\r\nX: a\nInjected: b\r\n\r\n",
+            "NONSENSE\r\n\r\n",
+        ] {
+            assert!(parse_request(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_upstream_proxy_url_is_understood() {
+        let upstream = UpstreamProxy::parse("http://user:p%40ss@proxy.corp:3128/").unwrap();
+        assert_eq!(upstream.address, "proxy.corp:3128");
+        assert_eq!(upstream.authorization.as_deref(), Some("Basic dXNlcjpwQHNz"));
+        let bare = UpstreamProxy::parse("proxy.corp").unwrap();
+        assert_eq!((bare.address.as_str(), bare.authorization), ("proxy.corp:80", None));
+        assert!(UpstreamProxy::parse("socks5://proxy.corp:1080").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_tunnel_to_an_endpoint_carries_every_byte() {
+        let echo = echo_server().await;
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = start(&dir, policy(NetworkMode::None, &[("127.0.0.1", echo)])).await;
+        // Bytes sent right behind the request (a TLS hello, say) must not be lost.
+        let request = format!("CONNECT 127.0.0.1:{echo} HTTP/1.1\r\nHost: 127.0.0.1:{echo}\r\n\r\nearly");
+        let (head, rest, stream) = ask(&proxy, request.as_bytes()).await;
+        assert_eq!(head, "HTTP/1.1 200 Connection established\r\n\r\n");
+        let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 256) as u8).collect();
+        let (mut reader, mut writer) = stream.into_split();
+        let sent = payload.clone();
+        let writing = tokio::spawn(async move {
+            writer.write_all(&sent).await.unwrap();
+            writer.shutdown().await.unwrap();
+        });
+        let mut echoed = rest;
+        reader.read_to_end(&mut echoed).await.unwrap();
+        writing.await.unwrap();
+        assert_eq!(&echoed[..5], b"early");
+        assert!(echoed[5..] == payload[..], "the echo differs");
+    }
+
+    #[tokio::test]
+    async fn loopback_that_is_not_an_endpoint_is_denied_with_403() {
+        let (echo, other) = (echo_server().await, echo_server().await);
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = start(&dir, policy(NetworkMode::Open, &[("127.0.0.1", echo)])).await;
+        let answer = reply(&proxy, &format!("CONNECT 127.0.0.1:{other} HTTP/1.1\r\n\r\n")).await;
+        assert!(answer.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{answer}");
+        assert!(
+            answer.ends_with(&format!(
+                "\r\n\r\nacp-sandbox: access to 127.0.0.1:{other} is blocked: 127.0.0.1 is a loopback address\n"
+            )),
+            "{answer}"
+        );
+        for target in [format!("localhost:{echo}"), format!("[::ffff:127.0.0.1]:{echo}"), format!("0.0.0.0:{echo}")] {
+            let answer = reply(&proxy, &format!("CONNECT {target} HTTP/1.1\r\n\r\n")).await;
+            assert!(answer.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{target}: {answer}");
+        }
+        let answer = reply(&proxy, &format!("GET http://127.0.0.1:{other}/ HTTP/1.1\r\n\r\n")).await;
+        assert!(answer.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn none_mode_denies_everything_but_the_endpoints() {
+        let (echo, other) = (echo_server().await, echo_server().await);
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = start(&dir, policy(NetworkMode::None, &[("127.0.0.1", echo)])).await;
+        let (head, _, _) = ask(&proxy, format!("CONNECT 127.0.0.1:{echo} HTTP/1.1\r\n\r\n").as_bytes()).await;
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        // The names are refused before any lookup: there is no DNS here.
+        for target in [format!("127.0.0.1:{other}"), "example.com:443".into(), "opencode.ai:443".into()] {
+            let answer = reply(&proxy, &format!("CONNECT {target} HTTP/1.1\r\n\r\n")).await;
+            assert!(answer.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{target}: {answer}");
+            assert!(answer.contains("only the configured model endpoints"), "{answer}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_absolute_uri_request_reaches_the_endpoint_in_origin_form() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let (head, mut body) = read_head(&mut stream).await.unwrap();
+            while body.len() < 5 {
+                let mut more = [0u8; 16];
+                let read = stream.read(&mut more).await.unwrap();
+                body.extend_from_slice(&more[..read]);
+            }
+            stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok").await.unwrap();
+            (String::from_utf8(head).unwrap(), body)
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = start(&dir, policy(NetworkMode::None, &[("127.0.0.1", port)])).await;
+        let request = format!(
+            "POST http://127.0.0.1:{port}/v1/chat?x=1 HTTP/1.1\r\nHost: elsewhere\r\nProxy-Connection: keep-alive\r\n\
+             Proxy-Authorization: Basic c2VjcmV0\r\nContent-Length: 5\r\n\r\nhello"
+        );
+        let answer = reply(&proxy, &request).await;
+        assert_eq!(answer, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        let (head, body) = server.await.unwrap();
+        assert_eq!(
+            head,
+            format!(
+                "POST /v1/chat?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 5\r\nConnection: close\r\n\r\n"
+            )
+        );
+        assert_eq!(body, b"hello");
+    }
+
+    #[tokio::test]
+    async fn bad_requests_get_400() {
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = start(&dir, policy(NetworkMode::Open, &[])).await;
+        let huge = format!("CONNECT example.com:443 HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(MAX_HEAD));
+        for request in ["GET /index.html HTTP/1.1\r\nHost: example.com\r\n\r\n", "hello\r\n\r\n", huge.as_str()] {
+            let answer = reply(&proxy, request).await;
+            assert!(answer.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{answer}");
+        }
+    }
+
+    #[tokio::test]
+    async fn public_hosts_go_through_the_bridges_own_proxy() {
+        let echo = echo_server().await;
+        // The corporate proxy: records each request head, then tunnels to the echo server whatever the target.
+        let corporate = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let corporate_port = corporate.local_addr().unwrap().port();
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = corporate.accept().await {
+                let (head, _) = read_head(&mut client).await.unwrap();
+                seen_tx.send(String::from_utf8(head).unwrap()).unwrap();
+                let mut target = TcpStream::connect(("127.0.0.1", echo)).await.unwrap();
+                client.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+                tokio::spawn(async move { tokio::io::copy_bidirectional(&mut client, &mut target).await });
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let context = Context {
+            policy: policy("allow=example.com".parse().unwrap(), &[("127.0.0.1", echo)]),
+            label: "test".into(),
+            upstream: UpstreamProxy::parse(&format!("http://user:p%40ss@127.0.0.1:{corporate_port}")),
+            fixed_dns: vec![
+                ("api.example.com".into(), "93.184.216.34".parse().unwrap()),
+                ("private.example.com".into(), "10.0.0.7".parse().unwrap()),
+            ],
+        };
+        let proxy = Proxy::serve(&dir.path().join("proxy.sock"), context).await.unwrap();
+
+        let (head, _, mut stream) = ask(&proxy, b"CONNECT api.example.com:443 HTTP/1.1\r\n\r\n").await;
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        stream.write_all(b"ping").await.unwrap();
+        let mut pong = [0u8; 4];
+        stream.read_exact(&mut pong).await.unwrap();
+        assert_eq!(&pong, b"ping");
+        assert_eq!(
+            seen.recv().await.unwrap(),
+            "CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com:443\r\nProxy-Authorization: Basic dXNlcjpwQHNz\r\n\r\n"
+        );
+
+        // The endpoint is reached directly; the checks still come first for everything else.
+        let (head, _, _) = ask(&proxy, format!("CONNECT 127.0.0.1:{echo} HTTP/1.1\r\n\r\n").as_bytes()).await;
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        for (target, reason) in
+            [("other.org:443", "not in the allowed domains"), ("private.example.com:443", "private")]
+        {
+            let answer = reply(&proxy, &format!("CONNECT {target} HTTP/1.1\r\n\r\n")).await;
+            assert!(answer.starts_with("HTTP/1.1 403 Forbidden\r\n") && answer.contains(reason), "{answer}");
+        }
+        drop(proxy);
+        assert!(seen.try_recv().is_err(), "only the public host went through the corporate proxy");
+    }
+
+    #[tokio::test]
+    async fn a_stale_socket_is_replaced_and_the_socket_goes_with_the_proxy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let proxy = start(&dir, policy(NetworkMode::Open, &[])).await;
+        assert!(UnixStream::connect(&path).await.is_ok());
+        proxy.stop();
+        assert!(!path.exists());
+        assert!(UnixStream::connect(&path).await.is_err());
+
+        std::fs::write(&path, "not a socket").unwrap();
+        let error = Proxy::start(&path, policy(NetworkMode::Open, &[]), "test".into()).await.err().unwrap();
+        assert!(error.to_string().contains("not a socket"), "{error}");
+    }
+}
