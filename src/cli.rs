@@ -55,6 +55,10 @@ struct SandboxInit {
     /// Tunnel 127.0.0.1:PORT to the same port on the host (repeatable).
     #[arg(long, value_name = "PORT")]
     expose: Vec<u16>,
+    /// Be the reaper of PROGRAM's descendants and end them all when it exits or this process is told to stop
+    /// (`--sandbox none`, where no PID namespace does it).
+    #[arg(long)]
+    reap: bool,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM")]
     command: Vec<String>,
@@ -245,6 +249,7 @@ fn sandbox_init(init: SandboxInit) -> ExitCode {
         proxy_socket: init.proxy_socket,
         proxy_port: init.proxy_port,
         expose: init.expose,
+        reap: init.reap,
         program,
         args: command.collect(),
     });
@@ -534,14 +539,21 @@ async fn doctor(config: Config) -> anyhow::Result<ExitCode> {
             .filter(|path| path.exists())
             .map(|path| path.display().to_string())
             .collect();
-        println!("  hidden here   {}", if hidden.is_empty() { "(none of the listed secrets exist)".into() } else { hidden.join(", ") });
+        println!(
+            "  hidden here   {}",
+            if hidden.is_empty() { "(none of the listed secrets exist)".into() } else { hidden.join(", ") }
+        );
         for agent in [AgentKind::OpenCode, AgentKind::Amp] {
             if agent != config.agent {
                 continue;
             }
             match acp_sandbox::session::check_cli(&config, agent).await {
-                Ok(version) => println!("  {:<12}  ok  `{} --version` in the sandbox: {version}", "run", agent.package().bin),
-                Err(why) => println!("  {:<12}  ERROR `{} --version` in the sandbox: {why}", "run", agent.package().bin),
+                Ok(version) => {
+                    println!("  {:<12}  ok  `{} --version` in the sandbox: {version}", "run", agent.package().bin)
+                }
+                Err(why) => {
+                    println!("  {:<12}  ERROR `{} --version` in the sandbox: {why}", "run", agent.package().bin)
+                }
             }
         }
     }

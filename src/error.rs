@@ -117,9 +117,11 @@ pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
             agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, shown)
                 .data(json!({ "stderr": stderr_tail, "exitCode": exit_code }))
         }
-        Error::Stalled { .. } | Error::TurnTimeout { .. } | Error::CliUnavailable(_) | Error::Sandbox(_) | Error::Store(_) => {
-            agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, message)
-        }
+        Error::Stalled { .. }
+        | Error::TurnTimeout { .. }
+        | Error::CliUnavailable(_)
+        | Error::Sandbox(_)
+        | Error::Store(_) => agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, message),
     }
 }
 

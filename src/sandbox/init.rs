@@ -40,6 +40,9 @@ pub struct InitArgs {
     /// Listen on 127.0.0.1 at each of these ports and tunnel each connection to the same port on the host's
     /// loopback, through the proxy (which must allow it as an endpoint).
     pub expose: Vec<u16>,
+    /// Become the subreaper of the CLI's tree and end all of it when the CLI exits or a stop signal arrives:
+    /// without a PID namespace, daemons it started (`setsid`, double fork) would otherwise outlive the turn.
+    pub reap: bool,
     /// The CLI.
     pub program: PathBuf,
     /// Its arguments.
@@ -88,6 +91,11 @@ async fn supervise(args: InitArgs) -> i32 {
         complain("cannot receive signals");
         return INIT_FAILED;
     };
+    if args.reap
+        && let Err(e) = nix::sys::prctl::set_child_subreaper(true)
+    {
+        complain(&format!("cannot become a subreaper: {e}"));
+    }
     let mut child = match Command::new(&args.program).args(&args.args).spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -97,21 +105,40 @@ async fn supervise(args: InitArgs) -> i32 {
     };
     loop {
         let forward = tokio::select! {
-            status = child.wait() => return match status {
-                Ok(status) => exit_code(status),
-                Err(e) => {
-                    complain(&format!("cannot wait for {}: {e}", args.program.display()));
-                    INIT_FAILED
+            status = child.wait() => {
+                if args.reap {
+                    end_descendants();
                 }
+                return match status {
+                    Ok(status) => exit_code(status),
+                    Err(e) => {
+                        complain(&format!("cannot wait for {}: {e}", args.program.display()));
+                        INIT_FAILED
+                    }
+                };
             },
             _ = terminate.recv() => Signal::SIGTERM,
             _ = interrupt.recv() => Signal::SIGINT,
             _ = hangup.recv() => Signal::SIGHUP,
         };
+        if args.reap {
+            // The bridge is gone or stopping (our parent-death signal is SIGTERM): nothing of the turn stays.
+            end_descendants();
+            return 128 + forward as i32;
+        }
         if let Some(pid) = child.id() {
             let _ = kill(Pid::from_raw(pid as i32), forward);
         }
     }
+}
+
+/// Kills every descendant of this process (as subreaper, orphans of the tree are its children) and reaps them.
+fn end_descendants() {
+    let own = std::process::id();
+    super::local::kill_descendants(own);
+    while nix::sys::wait::waitpid(Pid::from_raw(-1), Some(nix::sys::wait::WaitPidFlag::WNOHANG))
+        .is_ok_and(|status| status != nix::sys::wait::WaitStatus::StillAlive)
+    {}
 }
 
 fn exit_code(status: ExitStatus) -> i32 {

@@ -65,7 +65,17 @@ impl Isolation {
 
 /// The protections every sandbox needs from bubblewrap: namespaces, no network, no capabilities.
 const PROBE_ARGS: &[&str] = &[
-    "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-net", "--cap-drop", "ALL",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--unshare-pid",
+    "--unshare-net",
+    "--cap-drop",
+    "ALL",
     "--die-with-parent",
 ];
 
@@ -202,7 +212,13 @@ impl LocalSettings {
         add(
             "filesystem",
             if bwrap {
-                (true, format!("read-only system, writable workspace and session state; profile {}", self.policy.profile.as_str()))
+                (
+                    true,
+                    format!(
+                        "read-only system, writable workspace and session state; profile {}",
+                        self.policy.profile.as_str()
+                    ),
+                )
             } else {
                 off("NOT isolated: the CLI can read and write everything you can")
             },
@@ -210,7 +226,14 @@ impl LocalSettings {
         add(
             "secrets",
             if bwrap {
-                (true, format!("{} built-in paths and {} --deny-read hidden; data dir hidden", SECRETS.len(), self.policy.deny_read.len()))
+                (
+                    true,
+                    format!(
+                        "{} built-in paths and {} --deny-read hidden; data dir hidden",
+                        SECRETS.len(),
+                        self.policy.deny_read.len()
+                    ),
+                )
             } else {
                 off(no_bwrap)
             },
@@ -222,14 +245,20 @@ impl LocalSettings {
         add(
             "network",
             match (&self.network, bwrap) {
-                (NetworkMode::Host, _) => off("--network host: the host's network, loopback and every host service included"),
+                (NetworkMode::Host, _) => {
+                    off("--network host: the host's network, loopback and every host service included")
+                }
                 (_, false) => off("needs bubblewrap: the host's network"),
                 (mode, true) => (true, format!("own network namespace; out only through the bridge's proxy ({mode})")),
             },
         );
         add(
             "capabilities",
-            if bwrap { (true, format!("all dropped{}", if bwrap_userns() { ", own user namespace" } else { "" })) } else { off(no_bwrap) },
+            if bwrap {
+                (true, format!("all dropped{}", if bwrap_userns() { ", own user namespace" } else { "" }))
+            } else {
+                off(no_bwrap)
+            },
         );
         add(
             "seccomp",
@@ -290,10 +319,13 @@ impl SandboxProvider for LocalProvider {
         if self.owned(&dir.display().to_string()).is_none() {
             return Err(SandboxError::Unavailable(format!("{:?} cannot name a sandbox", spec.session_id)));
         }
-        crate::config::create_private_dir(&dir).map_err(|e| SandboxError::io(format!("create {}", dir.display()), e))?;
+        crate::config::create_private_dir(&dir)
+            .map_err(|e| SandboxError::io(format!("create {}", dir.display()), e))?;
         let state = StateDir::open(&dir).map_err(|e| SandboxError::io(format!("open {}", dir.display()), e))?;
         for sub in ["home", "config", "data", "cache", "state"] {
-            state.ensure_dir(Path::new(sub)).map_err(|e| SandboxError::io(format!("create {sub} in {}", dir.display()), e))?;
+            state
+                .ensure_dir(Path::new(sub))
+                .map_err(|e| SandboxError::io(format!("create {sub} in {}", dir.display()), e))?;
         }
         Ok(dir.display().to_string())
     }
@@ -502,8 +534,11 @@ impl Sandbox for LocalSandbox {
         let mut guards = ProcessGuards::default();
         let mut command = match &self.settings.isolation {
             Isolation::Bwrap(bwrap) => {
-                let subject =
-                    Subject { workspace: self.workspace.clone(), state_dir: self.state_dir.clone(), tools: spec.tools.clone() };
+                let subject = Subject {
+                    workspace: self.workspace.clone(),
+                    state_dir: self.state_dir.clone(),
+                    tools: spec.tools.clone(),
+                };
                 let plan = self.settings.policy.plan(&subject, &RealDisk);
                 guards.placeholders = Placeholders::hold(&self.workspace, plan.placeholders.clone());
                 let net = if self.settings.network == NetworkMode::Host {
@@ -559,17 +594,24 @@ impl Sandbox for LocalSandbox {
                 command
             }
         };
-        let cgroup = match limits::SandboxCgroup::create(limits::probe(), &self.session_id, &self.settings.limits) {
+        let enforcement = limits::probe();
+        let cgroup = match limits::SandboxCgroup::create(
+            &enforcement,
+            &format!("{}-{}", self.session_id, &uuid::Uuid::new_v4().simple().to_string()[..8]),
+            &self.settings.limits,
+        ) {
             Ok(cgroup) => cgroup,
             Err(e) => {
                 tracing::warn!(session = %self.session_id, "no cgroup for this command: {e}");
                 None
             }
         };
-        let join = cgroup.as_ref().map(|cgroup| cgroup.pre_exec_join());
-        let rlimit = limits::rlimit_pre_exec(limits::probe(), &self.settings.limits);
+        let mut join = cgroup.as_ref().map(|cgroup| cgroup.pre_exec_join());
+        let mut rlimit =
+            matches!(enforcement, Enforcement::Rlimit).then(|| limits::rlimit_pre_exec(&self.settings.limits));
         let inherited: Vec<i32> = guards.inherited.iter().map(|fd| fd.as_raw_fd()).collect();
-        let init_dies_politely = matches!(self.settings.isolation, Isolation::None(_)) && self.settings.init_program.is_some();
+        let init_dies_politely =
+            matches!(self.settings.isolation, Isolation::None(_)) && self.settings.init_program.is_some();
         // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe syscalls on
         // data prepared before the fork. If the bridge is killed (Zed SIGKILLs it), the sandbox dies too instead of
         // running on unsupervised; bubblewrap does the same with --die-with-parent. The subreaper of `--sandbox
@@ -577,13 +619,12 @@ impl Sandbox for LocalSandbox {
         unsafe {
             command.pre_exec(move || {
                 for fd in &inherited {
-                    nix::fcntl::fcntl(*fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
-                        .map_err(std::io::Error::from)?;
+                    seccomp::clear_cloexec(*fd)?;
                 }
-                if let Some(join) = &join {
+                if let Some(join) = join.as_mut() {
                     join()?;
                 }
-                if let Some(rlimit) = &rlimit {
+                if let Some(rlimit) = rlimit.as_mut() {
                     rlimit()?;
                 }
                 let signal = if init_dies_politely { Signal::SIGTERM } else { Signal::SIGKILL };
@@ -623,13 +664,7 @@ impl Sandbox for LocalSandbox {
         Ok(RunningProcess {
             stdout: Box::pin(stdout),
             stderr: Box::pin(stderr),
-            handle: Box::new(LocalProcess {
-                child,
-                pid,
-                exited: None,
-                home: self.state_dir.join("home"),
-                guards,
-            }),
+            handle: Box::new(LocalProcess { child, pid, exited: None, home: self.state_dir.join("home"), guards }),
         })
     }
 }
@@ -819,6 +854,45 @@ pub fn kill_tree(root: u32) {
     for pid in seen {
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
+}
+
+/// Kills every descendant of `root` (not `root` itself, nor its process group), freezing each first so that
+/// nothing forks away between the walk and the kill.
+pub fn kill_descendants(root: u32) {
+    let root = root as i32;
+    let mut seen: HashSet<i32> = HashSet::new();
+    loop {
+        let fresh: Vec<i32> = children_tree(root).into_iter().filter(|pid| !seen.contains(pid)).collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for pid in fresh {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+            seen.insert(pid);
+        }
+    }
+    for pid in seen {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+/// The processes below `root` by parent links only.
+fn children_tree(root: i32) -> Vec<i32> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for pid in all_pids() {
+        if let Some(parent) = parent_of(pid) {
+            children.entry(parent).or_default().push(pid);
+        }
+    }
+    let mut result = Vec::new();
+    let mut stack = vec![root];
+    while let Some(pid) = stack.pop() {
+        for &child in children.get(&pid).into_iter().flatten() {
+            result.push(child);
+            stack.push(child);
+        }
+    }
+    result
 }
 
 /// Processes that CLIs of this data dir left running when their bridge was killed (a plain process group

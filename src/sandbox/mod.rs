@@ -10,9 +10,9 @@
 pub mod init;
 #[allow(clippy::disallowed_methods)]
 pub mod install;
+pub mod limits;
 #[allow(clippy::disallowed_methods)]
 pub mod local;
-pub mod limits;
 pub mod policy;
 pub mod proxy;
 pub mod seccomp;

@@ -251,7 +251,9 @@ impl Policy {
                 if dir.starts_with(&self.home) && dir != &self.home {
                     // `~/.cargo/bin` needs `~/.cargo`; `~/.local/bin` needs nothing more (and `~/.local` holds data).
                     let show = match (dir.file_name(), dir.parent()) {
-                        (Some(name), Some(parent)) if name == "bin" && parent != self.home && !parent.ends_with(".local") => {
+                        (Some(name), Some(parent))
+                            if name == "bin" && parent != self.home && !parent.ends_with(".local") =>
+                        {
                             parent.to_path_buf()
                         }
                         _ => dir.clone(),
@@ -377,9 +379,32 @@ pub fn workspace_refusal(cwd: &Path, home: &Path, data_dir: &Path) -> Option<Str
     const TOP: &[&str] = &["/home", "/tmp", "/var", "/opt", "/srv", "/mnt", "/media", "/root", "/snap", "/nix"];
     // Whole subtrees of the system.
     const SYSTEM: &[&str] = &[
-        "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin", "/sys",
-        "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/include",
-        "/usr/share", "/var/lib", "/var/log", "/var/run", "/var/spool", "/var/cache", "/nix/store",
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/libx32",
+        "/proc",
+        "/run",
+        "/sbin",
+        "/sys",
+        "/usr/bin",
+        "/usr/sbin",
+        "/usr/lib",
+        "/usr/lib32",
+        "/usr/lib64",
+        "/usr/libexec",
+        "/usr/include",
+        "/usr/share",
+        "/var/lib",
+        "/var/log",
+        "/var/run",
+        "/var/spool",
+        "/var/cache",
+        "/nix/store",
     ];
     let cwd = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
     let real = |path: &Path| std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
@@ -549,7 +574,8 @@ mod tests {
         disk.texts.insert("/home/u/ws/.git".into(), "gitdir: sub/gitdir\n".into());
         disk.texts.insert("/home/u/ws/sub/gitdir/config".into(), "[core]\n\thooksPath = tools/hooks\n".into());
         let protected = policy().protected_paths(Path::new("/home/u/ws"), &disk);
-        for path in ["/home/u/ws/.git", "/home/u/ws/sub/gitdir/hooks", "/home/u/ws/sub/gitdir/config", "/home/u/ws/tools/hooks"]
+        for path in
+            ["/home/u/ws/.git", "/home/u/ws/sub/gitdir/hooks", "/home/u/ws/sub/gitdir/config", "/home/u/ws/tools/hooks"]
         {
             assert!(protected.contains(&PathBuf::from(path)), "{path} in {protected:?}");
         }

@@ -376,7 +376,10 @@ impl Bridge {
         let record = self.record(id)?;
         let agent = self.agent_of(&record);
         if agent != self.config.agent {
-            return Err(Error::WrongAgent { session_agent: agent.display_name(), served: self.config.agent.display_name() });
+            return Err(Error::WrongAgent {
+                session_agent: agent.display_name(),
+                served: self.config.agent.display_name(),
+            });
         }
         self.check_workspace(Path::new(&record.cwd))?;
         let credential = match agent.required_credential() {
@@ -516,12 +519,19 @@ pub async fn check_cli(config: &Config, agent: AgentKind) -> std::result::Result
     match (read.is_ok(), exit.success()) {
         (true, true) => Ok(output.lines().next().unwrap_or("").trim().to_string()),
         (false, _) => Err("`--version` did not answer within 60 s".into()),
-        (true, false) => Err(format!("`--version` failed ({}): {}", exit.describe(), stderr.unwrap_or_default().trim())),
+        (true, false) => {
+            Err(format!("`--version` failed ({}): {}", exit.describe(), stderr.unwrap_or_default().trim()))
+        }
     }
 }
 
 /// What a CLI's command needs besides its argv: its install shown in the sandbox, and where it must connect.
-fn exec_needs(config: &Config, agent: AgentKind, executable: &Path, env: &[(String, String)]) -> (Vec<PathBuf>, crate::sandbox::NetAccess) {
+fn exec_needs(
+    config: &Config,
+    agent: AgentKind,
+    executable: &Path,
+    env: &[(String, String)],
+) -> (Vec<PathBuf>, crate::sandbox::NetAccess) {
     let real = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
     let tools_dir = std::fs::canonicalize(config.tools_dir()).unwrap_or_else(|_| config.tools_dir());
     // An npm install needs its whole prefix (the platform binary is a sibling package); anything else its folder.

@@ -53,7 +53,10 @@ pub(super) fn cli_environment(
 ) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = std::env::vars()
         .filter(|(name, _)| {
-            BASE_ENV.contains(&name.as_str()) || name.starts_with("LC_") || agent.passes_env(name) || names.contains(name)
+            BASE_ENV.contains(&name.as_str())
+                || name.starts_with("LC_")
+                || agent.passes_env(name)
+                || names.contains(name)
         })
         .collect();
     for (name, sub) in [
@@ -382,6 +385,7 @@ impl Turn<'_> {
         // does not hold the turn.
         let mut drain_until: Option<tokio::time::Instant> = None;
         let mut limits = tokio::time::interval(LIMIT_CHECK);
+        let mut last_output = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 biased;
@@ -396,10 +400,12 @@ impl Turn<'_> {
                     drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
                 }
                 _ = sleep_until_or_never(drain_until) => break,
-                read = tokio::time::timeout(idle, reader.read_until(b'\n', &mut line)) => match read {
-                    Err(_) => { stop = Stop::Stalled; break; }
-                    Ok(Ok(0)) => break,
-                    Ok(Ok(_)) => {
+                // The other branches wake the loop often: silence is measured from the last output.
+                _ = tokio::time::sleep_until(last_output + idle) => { stop = Stop::Stalled; break; }
+                read = reader.read_until(b'\n', &mut line) => match read {
+                    Ok(0) => break,
+                    Ok(_) => {
+                        last_output = tokio::time::Instant::now();
                         // Cut at a line: a read interrupted by another branch keeps what it had read in `line`.
                         let text = String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r']).to_string();
                         line.clear();
@@ -414,7 +420,7 @@ impl Turn<'_> {
                             break;
                         }
                     }
-                    Ok(Err(e)) => { tracing::warn!(session = %self.record.id, "reading the CLI's output failed: {e}"); break; }
+                    Err(e) => { tracing::warn!(session = %self.record.id, "reading the CLI's output failed: {e}"); break; }
                 },
             }
         }
@@ -451,9 +457,10 @@ impl Turn<'_> {
         let result = match stop {
             Stop::Cancelled => Ok(StopReason::Cancelled),
             Stop::Stalled => Err(Error::Stalled { agent: name, seconds: idle.as_secs() }),
-            Stop::TimedOut => {
-                Err(Error::TurnTimeout { agent: name, minutes: self.bridge.config().turn_timeout.as_secs().div_ceil(60) })
-            }
+            Stop::TimedOut => Err(Error::TurnTimeout {
+                agent: name,
+                minutes: self.bridge.config().turn_timeout.as_secs().div_ceil(60),
+            }),
             Stop::Limit(hit) => Err(failure(format!("{name} was stopped: {hit}"))),
             Stop::Eof if limit_hit.is_some() && !exit.success() => {
                 Err(failure(format!("{name} failed ({}): {}", exit.describe(), limit_hit.unwrap_or_default())))

@@ -145,7 +145,8 @@ mod tests {
     #[test]
     fn only_its_own_settings_reach_opencode_by_name_alone() {
         assert!(passes_env("OPENCODE_CONFIG"));
-        for name in ["ANTHROPIC_API_KEY", "STRIPE_API_KEY", "MY_API_TOKEN", "AWS_SECRET_ACCESS_KEY", "GOOGLE_X", "HOME"] {
+        for name in ["ANTHROPIC_API_KEY", "STRIPE_API_KEY", "MY_API_TOKEN", "AWS_SECRET_ACCESS_KEY", "GOOGLE_X", "HOME"]
+        {
             assert!(!passes_env(name), "{name}");
         }
     }

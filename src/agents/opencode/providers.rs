@@ -9,11 +9,24 @@ const PROVIDER_ENV: &[(&str, &[&str])] = &[
     ("anthropic", &["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"]),
     ("openai", &["OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_ORG_ID"]),
     ("google", &["GOOGLE_GENERATIVE_AI_API_KEY", "GEMINI_API_KEY"]),
-    ("google-vertex", &["GOOGLE_VERTEX_PROJECT", "GOOGLE_VERTEX_LOCATION", "GOOGLE_CLOUD_PROJECT", "GOOGLE_APPLICATION_CREDENTIALS"]),
-    ("google-vertex-anthropic", &["GOOGLE_VERTEX_PROJECT", "GOOGLE_VERTEX_LOCATION", "GOOGLE_CLOUD_PROJECT", "GOOGLE_APPLICATION_CREDENTIALS"]),
+    (
+        "google-vertex",
+        &["GOOGLE_VERTEX_PROJECT", "GOOGLE_VERTEX_LOCATION", "GOOGLE_CLOUD_PROJECT", "GOOGLE_APPLICATION_CREDENTIALS"],
+    ),
+    (
+        "google-vertex-anthropic",
+        &["GOOGLE_VERTEX_PROJECT", "GOOGLE_VERTEX_LOCATION", "GOOGLE_CLOUD_PROJECT", "GOOGLE_APPLICATION_CREDENTIALS"],
+    ),
     (
         "amazon-bedrock",
-        &["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_PROFILE", "AWS_BEARER_TOKEN_BEDROCK"],
+        &[
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_REGION",
+            "AWS_PROFILE",
+            "AWS_BEARER_TOKEN_BEDROCK",
+        ],
     ),
     ("azure", &["AZURE_RESOURCE_NAME", "AZURE_API_KEY"]),
     ("openrouter", &["OPENROUTER_API_KEY"]),
