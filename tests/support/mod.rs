@@ -118,6 +118,8 @@ pub struct BridgeOptions {
     pub serve_subcommand: bool,
     /// Pass agent, sandbox and data dir as `ACP_SANDBOX_*` variables instead of flags.
     pub config_via_env: bool,
+    /// A command the bridge is started through, e.g. `setpriv --reuid=65534 ...` or `env -C DIR` (empty: none).
+    pub launcher: Vec<String>,
 }
 
 /// The Amp key the tests give the bridge (the fake only checks that one is set).
@@ -141,6 +143,7 @@ impl BridgeOptions {
             env_remove: vec!["ACP_SANDBOX_AGENT".into(), "ACP_SANDBOX_SANDBOX".into(), "ACP_SANDBOX_DATA_DIR".into()],
             serve_subcommand: false,
             config_via_env: false,
+            launcher: vec![],
         }
     }
 
@@ -255,7 +258,14 @@ pub struct Bridge {
 impl Bridge {
     /// Starts the bridge; does not initialize it.
     pub fn spawn(options: BridgeOptions) -> Bridge {
-        let mut command = Command::new(bridge_bin());
+        let mut command = match options.launcher.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(bridge_bin());
+                command
+            }
+            None => Command::new(bridge_bin()),
+        };
         if options.serve_subcommand {
             command.arg("serve");
         }
@@ -419,6 +429,22 @@ impl Bridge {
             }
             let method = self.pending.get(&id).cloned().unwrap_or_default();
             self.pump_or_fail(&format!("the response to {method} (id {id})"));
+        }
+    }
+
+    /// Like [`Bridge::wait_response`], but gives up after `timeout` (a failure bound chosen by the test), returning
+    /// `None`, instead of failing when the bridge stays silent for one receive timeout.
+    pub fn wait_response_within(&mut self, id: i64, timeout: Duration) -> Option<Result<Value, RpcError>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(response) = self.responses.remove(&id) {
+                return Some(response);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            self.pump(left);
         }
     }
 
