@@ -740,6 +740,16 @@ fn expand_read_only_dirs(state: &StateDir, pairs: &[(PathBuf, PathBuf)]) -> Vec<
             continue;
         }
         if !host.is_dir() {
+            // Its directory must be a real one of the state dir: a link planted there would redirect the mount.
+            if let Some(parent) = target.parent()
+                && let Err(e) = state.ensure_dir(parent)
+            {
+                tracing::warn!("cannot create {}: {e}", parent.display());
+                continue;
+            }
+            if std::fs::symlink_metadata(target).is_ok_and(|m| m.file_type().is_symlink() || m.is_dir()) {
+                let _ = state.write_file(target, b"");
+            }
             expanded.push((host.clone(), target.clone()));
             continue;
         }
@@ -963,13 +973,20 @@ fn descendants(root: i32) -> Vec<i32> {
 mod tests {
     use super::*;
 
+    fn sandbox(dir: &Path, isolation: Isolation) -> LocalSandbox {
+        let settings = LocalSettings::new(isolation, Policy::default(), dir.join("run"));
+        LocalSandbox {
+            state_dir: dir.into(),
+            workspace: dir.into(),
+            session_id: "s1".into(),
+            settings: Arc::new(settings),
+        }
+    }
+
     #[test]
-    fn bwrap_mounts_tmp_before_binding_workspace_and_state() {
-        let sandbox = LocalSandbox {
-            state_dir: "/tmp/data/sessions/s1".into(),
-            workspace: "/tmp/ws".into(),
-            isolation: Isolation::Bwrap("/usr/bin/bwrap".into()),
-        };
+    fn bwrap_runs_the_cli_without_network_capabilities_or_namespaces_of_its_own() {
+        let mut sandbox = sandbox(Path::new("/tmp/ws"), Isolation::Bwrap("/usr/bin/bwrap".into()));
+        sandbox.state_dir = "/tmp/data/sessions/s1".into();
         let spec = ExecSpec {
             program: "/opt/opencode".into(),
             args: vec!["run".into(), "--format".into(), "json".into()],
@@ -977,15 +994,36 @@ mod tests {
             read_only: vec![("/home/u/.config/opencode".into(), "/tmp/data/sessions/s1/config/opencode".into())],
             ..ExecSpec::default()
         };
-        let args = sandbox.bwrap_args(&spec).join(" ");
-        let tmpfs = args.find("--tmpfs /tmp").unwrap();
-        assert!(tmpfs < args.find("--bind /tmp/ws /tmp/ws").unwrap());
-        assert!(tmpfs < args.find("--bind /tmp/data/sessions/s1 /tmp/data/sessions/s1").unwrap());
-        assert!(args.contains("--ro-bind / /"));
-        assert!(args.contains("--unshare-pid") && args.contains("--die-with-parent"));
-        assert!(!args.contains("--unshare-net"), "the CLI needs its model's API");
+        let plan = Plan {
+            mounts: vec![
+                Mount::Scratch("/tmp".into()),
+                Mount::EmptyDir("/home/u/.ssh".into()),
+                Mount::Writable("/tmp/data/sessions/s1".into()),
+                Mount::Writable("/tmp/ws".into()),
+                Mount::ReadOnly("/tmp/ws/.git/config".into()),
+                Mount::EmptyFile("/tmp/ws/.envrc".into()),
+            ],
+            placeholders: Vec::new(),
+        };
+        let net = NetSetup { socket: "/data/run/x.sock".into(), port: 3128, expose: vec![4010] };
+        let args = sandbox.bwrap_args(&spec, &plan, Some(&net), Some(7)).join(" ");
+        let init = std::env::current_exe().unwrap().display().to_string();
+        let expected_start = "--die-with-parent --new-session --unshare-pid --unshare-ipc --unshare-uts --unshare-net";
+        assert!(args.starts_with(expected_start), "{args}");
+        assert!(args.contains("--cap-drop ALL --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --tmpfs /home/u/.ssh"));
+        assert!(args.contains(
+            "--bind /tmp/data/sessions/s1 /tmp/data/sessions/s1 --bind /tmp/ws /tmp/ws --ro-bind /tmp/ws/.git/config \
+             /tmp/ws/.git/config --ro-bind /dev/null /tmp/ws/.envrc"
+        ));
         assert!(args.contains("--ro-bind-try /home/u/.config/opencode /tmp/data/sessions/s1/config/opencode"));
-        assert!(args.ends_with("--chdir /tmp/ws -- /opt/opencode run --format json"));
+        assert!(args.contains(&format!("--ro-bind {init} /run/acp-sandbox/acp-sandbox")));
+        assert!(args.contains("--ro-bind /data/run/x.sock /run/acp-sandbox/proxy.sock --remount-ro /home/u/.ssh --seccomp 7"));
+        assert!(args.ends_with(
+            "--chdir /tmp/ws -- /run/acp-sandbox/acp-sandbox sandbox-init --proxy-socket /run/acp-sandbox/proxy.sock \
+             --proxy-port 3128 --expose 4010 -- /opt/opencode run --format json"
+        ));
+        let host = sandbox.bwrap_args(&spec, &plan, None, None).join(" ");
+        assert!(!host.contains("--unshare-net") && !host.contains("proxy"), "{host}");
     }
 
     #[test]
@@ -994,11 +1032,13 @@ mod tests {
         let host = dir.path().join("user/opencode");
         std::fs::create_dir_all(host.join("agent")).unwrap();
         std::fs::write(host.join("opencode.json"), "{}").unwrap();
-        let state = dir.path().join("state/config/opencode");
+        let root = dir.path().join("state");
+        let state = root.join("config/opencode");
         std::fs::create_dir_all(state.parent().unwrap()).unwrap();
         std::os::unix::fs::symlink(&host, &state).unwrap();
-        let file = (dir.path().join("user/auth.json"), dir.path().join("state/auth.json"));
-        let pairs = expand_read_only_dirs(&[(host.clone(), state.clone()), file.clone()]);
+        let file = (dir.path().join("user/auth.json"), root.join("data/auth.json"));
+        let sd = StateDir::open(&root).unwrap();
+        let pairs = expand_read_only_dirs(&sd, &[(host.clone(), state.clone()), file.clone()]);
         assert_eq!(
             pairs,
             vec![
@@ -1008,23 +1048,36 @@ mod tests {
             ]
         );
         assert!(state.is_dir() && !std::fs::symlink_metadata(&state).unwrap().file_type().is_symlink());
+        assert!(root.join("data").is_dir(), "the file's directory is made real");
         // A mount point of an entry the user removed goes; what the CLI wrote stays.
         std::fs::write(state.join("removed.json"), "").unwrap();
         std::fs::write(state.join(".gitignore"), "node_modules").unwrap();
-        expand_read_only_dirs(&[(host.clone(), state.clone())]);
+        expand_read_only_dirs(&sd, &[(host.clone(), state.clone())]);
         assert!(!state.join("removed.json").exists());
         assert!(state.join(".gitignore").exists());
+        // Nothing outside the state dir is ever a target.
+        assert_eq!(expand_read_only_dirs(&sd, &[(host.clone(), dir.path().join("elsewhere"))]), vec![]);
+    }
+
+    #[test]
+    fn only_plain_state_dirs_of_ours_are_sandbox_ids() {
+        let provider = LocalProvider::new(
+            "/data/sessions".into(),
+            Arc::new(LocalSettings::new(Isolation::None("test".into()), Policy::default(), "/data/run".into())),
+        );
+        assert_eq!(provider.owned("/data/sessions/sess_1"), Some(PathBuf::from("/data/sessions/sess_1")));
+        for bad in ["/", "", "sess_1", "../../victim", "/data/sessions/../../victim", "/data/sessions/a/b", "/data/sessions/.."] {
+            assert_eq!(provider.owned(bad), None, "{bad}");
+        }
     }
 
     #[tokio::test]
     async fn kill_tree_reaches_children_that_left_the_process_group() {
         let dir = tempfile::tempdir().unwrap();
         let pid_file = dir.path().join("child.pid");
-        let sandbox = LocalSandbox {
-            state_dir: dir.path().into(),
-            workspace: dir.path().into(),
-            isolation: Isolation::None("test".into()),
-        };
+        let mut sandbox = sandbox(dir.path(), Isolation::None("test".into()));
+        // Without the supervisor, so that the bridge's own tree walk is what is tested.
+        Arc::get_mut(&mut sandbox.settings).unwrap().init_program = None;
         let script = format!("setsid sleep 1000 & echo $! > {}; sleep 1000", pid_file.display());
         let mut process = sandbox
             .exec(ExecSpec {

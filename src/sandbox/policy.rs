@@ -289,7 +289,18 @@ impl Policy {
         }
         mounts.push(Mount::Writable(subject.state_dir.clone()));
         mounts.push(Mount::Writable(subject.workspace.clone()));
-        for path in self.protected_paths(&subject.workspace, disk) {
+        let protected = self.protected_paths(&subject.workspace, disk);
+        // A directory between the workspace and a protected path is pinned (bound onto itself): a mount point
+        // cannot be renamed, so `.git` cannot be moved aside, rebuilt with a hostile config and moved back.
+        let mut pins: Vec<PathBuf> = protected
+            .iter()
+            .flat_map(|path| path.ancestors().skip(1).take_while(|dir| *dir != subject.workspace).map(Path::to_path_buf))
+            .filter(|dir| dir.starts_with(&subject.workspace) && disk.kind(dir) == Some(true))
+            .collect();
+        pins.sort_by_key(|dir| dir.components().count());
+        pins.dedup();
+        mounts.extend(pins.into_iter().map(Mount::Writable));
+        for path in protected {
             match disk.kind(&path) {
                 Some(_) => mounts.push(Mount::ReadOnly(path)),
                 None => {
@@ -521,6 +532,7 @@ mod tests {
                 ReadOnly("/tmp/tools/opencode".into()),
                 Writable("/home/u/.local/share/acp-sandbox/sessions/s1".into()),
                 Writable("/home/u/ws".into()),
+                Writable("/home/u/ws/.git".into()),
                 EmptyFile("/home/u/ws/.envrc".into()),
                 ReadOnly("/home/u/ws/.git/config".into()),
                 ReadOnly("/home/u/ws/.git/hooks".into()),
