@@ -10,6 +10,7 @@
 pub mod install;
 #[allow(clippy::disallowed_methods)]
 pub mod local;
+pub mod seccomp;
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
