@@ -8,6 +8,7 @@
 // The one place allowed to start processes (clippy.toml bans it elsewhere).
 #[allow(clippy::disallowed_methods)]
 pub mod install;
+pub mod limits;
 #[allow(clippy::disallowed_methods)]
 pub mod local;
 pub mod seccomp;
