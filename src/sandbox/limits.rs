@@ -554,9 +554,10 @@ impl SandboxCgroup {
         self.dirs.iter().find(|dir| dir.join(file).exists()).map(PathBuf::as_path)
     }
 
-    /// SIGKILLs everything in the group until it is empty, for up to about two seconds. Each round kills what
-    /// it sees; a killed process forks no more, so a fork bomb runs out within a few rounds.
-    fn kill_all(&self) {
+    /// SIGKILLs everything in the group until it is empty, for up to about two seconds; the group stays (e.g. to
+    /// end a cancelled turn's tree at once). Each round kills what it sees; a killed process forks no more, so a
+    /// fork bomb runs out within a few rounds. Blocks while it waits.
+    pub fn kill_all(&self) {
         if self.version == Version::V2 {
             let _ = write_if_present(&self.dirs[0].join("cgroup.kill"), "1");
         }
