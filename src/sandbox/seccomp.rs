@@ -220,6 +220,7 @@ fn chain(first: BpfProgram, second: BpfProgram) -> BpfProgram {
     program
 }
 
+#[cfg(any(target_arch = "x86_64", test))]
 const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
 const JMP_JA: u16 = (libc::BPF_JMP | libc::BPF_JA) as u16;
 #[cfg(target_arch = "x86_64")]
