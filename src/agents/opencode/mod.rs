@@ -103,11 +103,7 @@ pub fn commands(user_config_dir: &Path, workspace: &Path) -> Vec<Command> {
     };
     for dir in [user_config_dir.join("opencode"), workspace.join(".opencode")] {
         for name in ["opencode.json", "opencode.jsonc"] {
-            let Ok(text) = std::fs::read_to_string(dir.join(name)) else { continue };
-            let Ok(config) = serde_json::from_str::<serde_json::Value>(&crate::config::strip_line_comments(&text))
-            else {
-                continue;
-            };
+            let Some(config) = crate::config::read_opencode_config(&dir.join(name)) else { continue };
             for (name, body) in config.get("command").and_then(|c| c.as_object()).into_iter().flatten() {
                 let description = body.get("description").and_then(|d| d.as_str()).unwrap_or("custom command");
                 add(Command { name: name.clone(), description: description.to_string(), hint: None });
