@@ -185,13 +185,24 @@ fn parse_opencode_config(text: &str) -> Result<serde_json::Value, jsonc_parser::
 }
 
 /// Creates a directory (and its parents) readable by its owner only: it holds prompts, answers and the
-/// agents' own state.
+/// agents' own state. An existing one of ours is made private too: an older version, or a `mkdir` under the
+/// usual umask, left it readable by everyone.
 pub fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if dir.is_dir() {
-        return Ok(());
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let metadata = match std::fs::metadata(dir) {
+        Ok(metadata) if metadata.is_dir() => metadata,
+        // Missing, or not a directory: creating it makes or reports the problem.
+        _ => return std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir),
+    };
+    // Another user's directory (one shared on purpose, or root running on someone's data) is not ours to change.
+    if metadata.uid() == nix::unistd::getuid().as_raw()
+        && metadata.mode() & 0o777 != 0o700
+        && let Err(e) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+    {
+        // Still usable, just as exposed as before: not a reason to refuse to start.
+        tracing::warn!(dir = %dir.display(), "could not make the directory private: {e}");
     }
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -249,5 +260,24 @@ mod tests {
         let found = OpenCodeModels::read(dir.path());
         assert_eq!(found.models.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["a/b", "p/m"]);
         assert_eq!(read_opencode_config(&dir.path().join("missing.json")), None);
+    }
+
+    #[test]
+    fn an_existing_data_dir_is_made_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let mode = |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let existing = root.path().join("existing");
+        std::fs::create_dir(&existing).unwrap();
+        std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o755)).unwrap();
+        create_private_dir(&existing).unwrap();
+        assert_eq!(mode(&existing), 0o700);
+
+        let fresh = root.path().join("a/b");
+        create_private_dir(&fresh).unwrap();
+        assert_eq!((mode(&fresh), mode(&root.path().join("a"))), (0o700, 0o700));
+        assert!(create_private_dir(&root.path().join("a/b")).is_ok(), "twice is fine");
+        std::fs::write(root.path().join("file"), "").unwrap();
+        assert!(create_private_dir(&root.path().join("file")).is_err(), "a file is not a directory");
     }
 }
