@@ -184,4 +184,17 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn commands_of_a_jsonc_config_with_block_comments_and_trailing_commas_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("ws/.opencode")).unwrap();
+        std::fs::write(
+            dir.path().join("ws/.opencode/opencode.jsonc"),
+            "{\n  /* team commands */\n  \"command\": {\n    \"deploy\": { \"description\": \"Ship it\", }, // prod\n  },\n}\n",
+        )
+        .unwrap();
+        let found = commands(&dir.path().join("no-config"), &dir.path().join("ws"));
+        assert!(found.iter().any(|c| c.name == "deploy" && c.description == "Ship it"), "{found:?}");
+    }
 }
