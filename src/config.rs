@@ -199,8 +199,7 @@ impl OpenCodeModels {
             }
         };
         for name in ["opencode.json", "opencode.jsonc", "config.json"] {
-            let Ok(text) = std::fs::read_to_string(config_dir.join("opencode").join(name)) else { continue };
-            let Ok(value) = serde_json::from_str::<serde_json::Value>(&strip_line_comments(&text)) else { continue };
+            let Some(value) = read_opencode_config(&config_dir.join("opencode").join(name)) else { continue };
             found.needs.merge(ProviderNeeds::from_config(&value));
             if let Some(model) = value.get("model").and_then(|m| m.as_str()) {
                 found.default = Some(model.to_string());
@@ -222,36 +221,41 @@ impl OpenCodeModels {
     }
 }
 
-/// Drops `//` comments outside strings (OpenCode accepts JSONC).
-pub fn strip_line_comments(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.lines() {
-        let mut in_string = false;
-        let mut escaped = false;
-        let mut cut = line.len();
-        let bytes = line.as_bytes();
-        for (i, &byte) in bytes.iter().enumerate() {
-            match byte {
-                b'\\' if in_string => escaped = !escaped,
-                b'"' if !escaped => in_string = !in_string,
-                b'/' if !in_string && bytes.get(i + 1) == Some(&b'/') => {
-                    cut = i;
-                    break;
-                }
-                _ => escaped = false,
-            }
-            if byte != b'\\' {
-                escaped = false;
-            }
+/// Reads one of OpenCode's config files (`opencode.json`, `opencode.jsonc`, ...) the way OpenCode does: JSON
+/// with comments and trailing commas. A missing file is `None`; so is a broken one, with a warning, since
+/// what it configures (models, commands) then silently goes missing.
+pub fn read_opencode_config(path: &std::path::Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    match parse_opencode_config(&text) {
+        Ok(value) => Some(value),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), "ignoring an OpenCode config that does not parse: {e}");
+            None
         }
-        out.push_str(&line[..cut]);
-        out.push('\n');
     }
-    out
+}
+
+/// Parses OpenCode's JSONC: `//` and `/* */` comments and trailing commas, nothing else of JSON5, like the
+/// `jsonc-parser` options OpenCode reads its config with.
+fn parse_opencode_config(text: &str) -> Result<serde_json::Value, jsonc_parser::errors::ParseError> {
+    let options = jsonc_parser::ParseOptions {
+        allow_comments: true,
+        allow_trailing_commas: true,
+        allow_loose_object_property_names: false,
+        allow_missing_commas: false,
+        allow_single_quoted_strings: false,
+        allow_hexadecimal_numbers: false,
+        allow_unary_plus_numbers: false,
+        allow_bare_decimal_point_numbers: false,
+        allow_non_finite_numbers: false,
+        allow_extended_string_escapes: false,
+    };
+    jsonc_parser::parse_to_serde_value(text, &options)
 }
 
 /// Creates a directory (and its parents) readable by its owner only: it holds prompts, answers and the
-/// agents' own state.
+/// agents' own state. An existing one of ours is made private too: an older version, or a `mkdir` under the
+/// usual umask, left it readable by everyone.
 pub fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     match std::fs::symlink_metadata(dir) {
@@ -297,5 +301,58 @@ mod tests {
         assert_eq!(found.models[2].variants, ["low", "high"]);
         assert_eq!(found.default.as_deref(), Some("a/b"));
         assert_eq!(OpenCodeModels::read(&dir.path().join("missing")), OpenCodeModels::default());
+    }
+
+    #[test]
+    fn opencode_config_is_read_as_jsonc() {
+        let text = r#"{
+            // a line comment
+            "url": "https://example.com//not-a-comment", /* a block
+            comment */ "glob": "src/**/*.rs",
+            "escaped": "a \" // still a string",
+            "command": { "deploy": { "description": "ship it", }, },
+            "list": [1, 2,],
+        }"#;
+        let value = parse_opencode_config(text).unwrap();
+        assert_eq!(value["url"], "https://example.com//not-a-comment");
+        assert_eq!(value["glob"], "src/**/*.rs");
+        assert_eq!(value["escaped"], "a \" // still a string");
+        assert_eq!(value["command"]["deploy"]["description"], "ship it");
+        assert_eq!(value["list"], serde_json::json!([1, 2]));
+        assert!(parse_opencode_config("{ 'single': 1 }").is_err(), "JSON5 is more than OpenCode accepts");
+        assert!(parse_opencode_config("{ \"a\": 1 /* unterminated ").is_err());
+    }
+
+    #[test]
+    fn a_block_comment_or_trailing_comma_no_longer_hides_the_users_models() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("opencode")).unwrap();
+        std::fs::write(
+            dir.path().join("opencode/opencode.json"),
+            "{ /* mine */ \"model\": \"a/b\", \"provider\": {\"p\": {\"models\": {\"m\": {},},},}, }",
+        )
+        .unwrap();
+        let found = OpenCodeModels::read(dir.path());
+        assert_eq!(found.models.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["a/b", "p/m"]);
+        assert_eq!(read_opencode_config(&dir.path().join("missing.json")), None);
+    }
+
+    #[test]
+    fn an_existing_data_dir_is_made_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let mode = |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        let existing = root.path().join("existing");
+        std::fs::create_dir(&existing).unwrap();
+        std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o755)).unwrap();
+        create_private_dir(&existing).unwrap();
+        assert_eq!(mode(&existing), 0o700);
+
+        let fresh = root.path().join("a/b");
+        create_private_dir(&fresh).unwrap();
+        assert_eq!((mode(&fresh), mode(&root.path().join("a"))), (0o700, 0o700));
+        assert!(create_private_dir(&root.path().join("a/b")).is_ok(), "twice is fine");
+        std::fs::write(root.path().join("file"), "").unwrap();
+        assert!(create_private_dir(&root.path().join("file")).is_err(), "a file is not a directory");
     }
 }

@@ -17,5 +17,6 @@ mod e2e {
     mod protocol;
     mod sandbox;
     mod schemas;
+    mod transport;
     mod turns;
 }

@@ -3,6 +3,9 @@
 //! Handlers are thin: they call [`Bridge`] and map its errors with [`to_acp_error`]. A prompt turn runs in
 //! its own tokio task so the dispatch loop keeps reading (a `session/cancel` must get through while a turn
 //! runs) and so a panicking turn cannot take the connection down: the SDK answers its dropped responder.
+//! `transport` frames stdin and stdout, so no input can end the connection: only the end of stdin does.
+
+mod transport;
 
 use std::sync::Arc;
 
@@ -17,7 +20,7 @@ use agent_client_protocol::v1::schema::{
     SetSessionConfigOptionResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
-use agent_client_protocol::{Agent, Client, Stdio};
+use agent_client_protocol::{Agent, Client};
 
 use crate::error::to_acp_error;
 use crate::session::{Bridge, UpdateSink};
@@ -49,6 +52,8 @@ where
 
 /// Serves ACP on stdin/stdout until the editor closes stdin, then ends every running turn.
 pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Error> {
+    let (channel, stdio) =
+        transport::StdioTransport::start().map_err(agent_client_protocol::Error::into_internal_error)?;
     let result = Agent
         .v1()
         .name("acp-sandbox")
@@ -244,8 +249,9 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
             },
             agent_client_protocol::on_receive_notification!(),
         )
-        .connect_to(Stdio::new())
+        .connect_to(channel)
         .await;
+    stdio.finish().await;
     bridge.shutdown().await;
     result
 }

@@ -44,8 +44,13 @@ fn serve_subcommand_and_env_variables_configure_the_server_like_flags() {
 fn malformed_json_line_gets_parse_error_and_the_bridge_keeps_serving() {
     let dirs = TestDirs::new("malformed");
     let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
-    bridge.send_raw(r#"{"jsonrpc":"2.0","id":99,"method":"session/new","params":{"cwd": oops"#);
+    bridge.send_raw(r#"{"jsonrpc":"2.0","method":"session/new","params":{"cwd": oops"#);
     let error = bridge.wait_null_id_error();
+    assert_eq!(error.code, -32700, "{error}");
+    // A request broken after its id still gets its answer: the editor waits on that id.
+    let id = bridge.reserve_id("session/new");
+    bridge.send_raw(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"session/new","params":{{"cwd": oops"#));
+    let error = bridge.wait_response(id).expect_err("a broken request cannot succeed");
     assert_eq!(error.code, -32700, "{error}");
 
     let ws = dirs.workspace("ws");

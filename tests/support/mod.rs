@@ -388,6 +388,33 @@ impl Bridge {
         }
     }
 
+    /// Writes bytes exactly as given, in one write: several lines, invalid UTF-8, no final newline.
+    pub fn send_raw_bytes(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("stdin already closed");
+        if let Err(e) = stdin.write_all(bytes).and_then(|_| stdin.flush()) {
+            self.fail(&format!("writing to the bridge's stdin failed: {e}"));
+        }
+    }
+
+    /// Reserves a request id for a request the test writes itself (with [`Bridge::send_raw_bytes`]): an answer
+    /// with this id is then accepted once, checked against `method`'s schema. A reserved id that is never answered
+    /// is fine unless the test waits for it.
+    pub fn reserve_id(&mut self, method: &str) -> i64 {
+        self.next_id += 1;
+        self.pending.insert(self.next_id, method.to_string());
+        self.next_id
+    }
+
+    /// Like [`Bridge::reserve_id`] for an id the test picked.
+    pub fn reserve_this_id(&mut self, id: i64, method: &str) {
+        assert!(self.pending.insert(id, method.to_string()).is_none(), "id {id} reserved twice");
+    }
+
+    /// Whether the bridge process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Sends a request without waiting; returns its id for [`Bridge::wait_response`].
     pub fn send_request(&mut self, method: &str, params: Value) -> i64 {
         self.next_id += 1;

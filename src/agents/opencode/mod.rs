@@ -93,11 +93,7 @@ pub fn commands(user_config_dir: &Path, workspace: &Path) -> Vec<Command> {
     };
     for dir in [user_config_dir.join("opencode"), workspace.join(".opencode")] {
         for name in ["opencode.json", "opencode.jsonc"] {
-            let Ok(text) = std::fs::read_to_string(dir.join(name)) else { continue };
-            let Ok(config) = serde_json::from_str::<serde_json::Value>(&crate::config::strip_line_comments(&text))
-            else {
-                continue;
-            };
+            let Some(config) = crate::config::read_opencode_config(&dir.join(name)) else { continue };
             for (name, body) in config.get("command").and_then(|c| c.as_object()).into_iter().flatten() {
                 let description = body.get("description").and_then(|d| d.as_str()).unwrap_or("custom command");
                 add(Command { name: name.clone(), description: description.to_string(), hint: None });
@@ -176,5 +172,18 @@ mod tests {
                 ("test".into(), "custom command".into()),
             ]
         );
+    }
+
+    #[test]
+    fn commands_of_a_jsonc_config_with_block_comments_and_trailing_commas_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("ws/.opencode")).unwrap();
+        std::fs::write(
+            dir.path().join("ws/.opencode/opencode.jsonc"),
+            "{\n  /* team commands */\n  \"command\": {\n    \"deploy\": { \"description\": \"Ship it\", }, // prod\n  },\n}\n",
+        )
+        .unwrap();
+        let found = commands(&dir.path().join("no-config"), &dir.path().join("ws"));
+        assert!(found.iter().any(|c| c.name == "deploy" && c.description == "Ship it"), "{found:?}");
     }
 }
