@@ -526,7 +526,7 @@ async fn doctor(config: Config) -> anyhow::Result<ExitCode> {
             isolation,
             policy: policy.clone(),
             network: config.network.clone(),
-            limits: config.limits.clone(),
+            limits: config.limits,
             run_dir: config.run_dir(),
             init_program: std::env::current_exe().ok(),
         };

@@ -1010,14 +1010,20 @@ mod tests {
         let init = std::env::current_exe().unwrap().display().to_string();
         let expected_start = "--die-with-parent --new-session --unshare-pid --unshare-ipc --unshare-uts --unshare-net";
         assert!(args.starts_with(expected_start), "{args}");
-        assert!(args.contains("--cap-drop ALL --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --tmpfs /home/u/.ssh"));
+        assert!(
+            args.contains("--cap-drop ALL --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --tmpfs /home/u/.ssh")
+        );
         assert!(args.contains(
             "--bind /tmp/data/sessions/s1 /tmp/data/sessions/s1 --bind /tmp/ws /tmp/ws --ro-bind /tmp/ws/.git/config \
              /tmp/ws/.git/config --ro-bind /dev/null /tmp/ws/.envrc"
         ));
         assert!(args.contains("--ro-bind-try /home/u/.config/opencode /tmp/data/sessions/s1/config/opencode"));
         assert!(args.contains(&format!("--ro-bind {init} /run/acp-sandbox/acp-sandbox")));
-        assert!(args.contains("--ro-bind /data/run/x.sock /run/acp-sandbox/proxy.sock --remount-ro /home/u/.ssh --seccomp 7"));
+        assert!(
+            args.contains(
+                "--ro-bind /data/run/x.sock /run/acp-sandbox/proxy.sock --remount-ro /home/u/.ssh --seccomp 7"
+            )
+        );
         assert!(args.ends_with(
             "--chdir /tmp/ws -- /run/acp-sandbox/acp-sandbox sandbox-init --proxy-socket /run/acp-sandbox/proxy.sock \
              --proxy-port 3128 --expose 4010 -- /opt/opencode run --format json"
@@ -1066,7 +1072,15 @@ mod tests {
             Arc::new(LocalSettings::new(Isolation::None("test".into()), Policy::default(), "/data/run".into())),
         );
         assert_eq!(provider.owned("/data/sessions/sess_1"), Some(PathBuf::from("/data/sessions/sess_1")));
-        for bad in ["/", "", "sess_1", "../../victim", "/data/sessions/../../victim", "/data/sessions/a/b", "/data/sessions/.."] {
+        for bad in [
+            "/",
+            "",
+            "sess_1",
+            "../../victim",
+            "/data/sessions/../../victim",
+            "/data/sessions/a/b",
+            "/data/sessions/..",
+        ] {
             assert_eq!(provider.owned(bad), None, "{bad}");
         }
     }

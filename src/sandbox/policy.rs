@@ -294,7 +294,9 @@ impl Policy {
         // cannot be renamed, so `.git` cannot be moved aside, rebuilt with a hostile config and moved back.
         let mut pins: Vec<PathBuf> = protected
             .iter()
-            .flat_map(|path| path.ancestors().skip(1).take_while(|dir| *dir != subject.workspace).map(Path::to_path_buf))
+            .flat_map(|path| {
+                path.ancestors().skip(1).take_while(|dir| *dir != subject.workspace).map(Path::to_path_buf)
+            })
             .filter(|dir| dir.starts_with(&subject.workspace) && disk.kind(dir) == Some(true))
             .collect();
         pins.sort_by_key(|dir| dir.components().count());

@@ -532,7 +532,8 @@ print("thread 0", flush=True)
         String::from_utf8_lossy(&output.stdout)
             .lines()
             .filter_map(|line| line.split_once(' '))
-            .map(|(name, errno)| (name.to_string(), errno.trim().parse().unwrap()))
+            // Without the filter the namespaced clone succeeds, and parent and child then print over each other.
+            .filter_map(|(name, errno)| Some((name.to_string(), errno.trim().parse().ok()?)))
             .collect()
     }
 

@@ -114,7 +114,7 @@ impl Bridge {
             isolation: isolation.clone(),
             policy: config.policy(),
             network: config.network.clone(),
-            limits: config.limits.clone(),
+            limits: config.limits,
             run_dir: config.run_dir(),
             init_program: std::env::current_exe().ok(),
         });
@@ -480,7 +480,7 @@ pub async fn check_cli(config: &Config, agent: AgentKind) -> std::result::Result
         isolation,
         policy: config.policy(),
         network: config.network.clone(),
-        limits: config.limits.clone(),
+        limits: config.limits,
         run_dir: config.run_dir(),
         init_program: std::env::current_exe().ok(),
     });
