@@ -59,6 +59,12 @@ struct SandboxInit {
     /// (`--sandbox none`, where no PID namespace does it).
     #[arg(long)]
     reap: bool,
+    /// Stop everything once the tree has more than N processes (where no cgroup limits it).
+    #[arg(long)]
+    max_processes: Option<u64>,
+    /// Stop everything once the tree holds more than BYTES of memory (where no cgroup limits it).
+    #[arg(long)]
+    max_memory: Option<u64>,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM")]
     command: Vec<String>,
@@ -250,6 +256,8 @@ fn sandbox_init(init: SandboxInit) -> ExitCode {
         proxy_port: init.proxy_port,
         expose: init.expose,
         reap: init.reap,
+        max_processes: init.max_processes,
+        max_memory: init.max_memory,
         program,
         args: command.collect(),
     });

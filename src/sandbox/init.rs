@@ -43,6 +43,10 @@ pub struct InitArgs {
     /// Become the subreaper of the CLI's tree and end all of it when the CLI exits or a stop signal arrives:
     /// without a PID namespace, daemons it started (`setsid`, double fork) would otherwise outlive the turn.
     pub reap: bool,
+    /// Where no cgroup limits the sandbox: at most this many processes in it, watched from here.
+    pub max_processes: Option<u64>,
+    /// Where no cgroup limits the sandbox: at most this much resident memory in it, watched from here.
+    pub max_memory: Option<u64>,
     /// The CLI.
     pub program: PathBuf,
     /// Its arguments.
@@ -103,8 +107,19 @@ async fn supervise(args: InitArgs) -> i32 {
             return if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
         }
     };
+    let mut watch = tokio::time::interval(WATCH_EVERY);
     loop {
         let forward = tokio::select! {
+            _ = watch.tick(), if args.max_processes.is_some() || args.max_memory.is_some() => {
+                if let Some(over) = over_limits(args.max_processes, args.max_memory) {
+                    complain(&format!("Error: the sandbox {over}; everything in it was stopped"));
+                    super::local::kill_descendants(std::process::id());
+                    let _ = child.wait().await;
+                    end_descendants();
+                    return 137;
+                }
+                continue;
+            }
             status = child.wait() => {
                 if args.reap {
                     end_descendants();
@@ -130,6 +145,33 @@ async fn supervise(args: InitArgs) -> i32 {
             let _ = kill(Pid::from_raw(pid as i32), forward);
         }
     }
+}
+
+/// How often the limits are looked at when no cgroup enforces them.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
+
+/// Whether the processes below this one exceed a limit, in words.
+fn over_limits(max_processes: Option<u64>, max_memory: Option<u64>) -> Option<String> {
+    let tree = super::local::descendant_pids(std::process::id());
+    if let Some(max) = max_processes
+        && tree.len() as u64 > max
+    {
+        return Some(format!("exceeded its process limit ({max})"));
+    }
+    if let Some(max) = max_memory {
+        // SAFETY: sysconf has no preconditions.
+        let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let resident: u64 = tree
+            .iter()
+            .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/statm")).ok())
+            .filter_map(|statm| statm.split_whitespace().nth(1).and_then(|pages| pages.parse::<u64>().ok()))
+            .sum::<u64>()
+            * page;
+        if resident > max {
+            return Some(format!("exceeded its memory limit ({})", super::limits::format_size(max)));
+        }
+    }
+    None
 }
 
 /// Kills every descendant of this process (as subreaper, orphans of the tree are its children) and reaps them.

@@ -391,7 +391,14 @@ struct NetSetup {
 
 impl LocalSandbox {
     /// The argv of bubblewrap around a command (pure, so it is unit-tested).
-    fn bwrap_args(&self, spec: &ExecSpec, plan: &Plan, net: Option<&NetSetup>, seccomp_fd: Option<i32>) -> Vec<String> {
+    fn bwrap_args(
+        &self,
+        spec: &ExecSpec,
+        plan: &Plan,
+        net: Option<&NetSetup>,
+        seccomp_fd: Option<i32>,
+        watch: Option<Limits>,
+    ) -> Vec<String> {
         let mut args: Vec<String> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(|s| s.to_string()));
         push(&["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]);
@@ -451,6 +458,7 @@ impl LocalSandbox {
                     args.extend(["--expose".into(), port.to_string()]);
                 }
             }
+            args.extend(watch_args(watch));
             args.push("--".into());
         }
         args.push(spec.program.display().to_string());
@@ -482,6 +490,19 @@ impl LocalSandbox {
             .await
             .map_err(|e| SandboxError::Unavailable(format!("cannot start the network proxy: {e}")))?;
         Ok((proxy, NetSetup { socket, port, expose }))
+    }
+}
+
+/// The arguments that make `sandbox-init` watch the limits itself.
+fn watch_args(watch: Option<Limits>) -> Vec<String> {
+    match watch {
+        Some(limits) => vec![
+            "--max-processes".into(),
+            limits.max_processes.to_string(),
+            "--max-memory".into(),
+            limits.max_memory_bytes.to_string(),
+        ],
+        None => Vec::new(),
     }
 }
 
@@ -532,6 +553,20 @@ impl Sandbox for LocalSandbox {
         // and those land in the session's state, never in the user's own directory.
         spec.read_only = expand_read_only_dirs(&state, &spec.read_only);
         let mut guards = ProcessGuards::default();
+        let enforcement = limits::probe();
+        let cgroup = match limits::SandboxCgroup::create(
+            &enforcement,
+            &format!("{}-{}", self.session_id, &uuid::Uuid::new_v4().simple().to_string()[..8]),
+            &self.settings.limits,
+        ) {
+            Ok(cgroup) => cgroup,
+            Err(e) => {
+                tracing::warn!(session = %self.session_id, "no cgroup for this command: {e}");
+                None
+            }
+        };
+        // Without a cgroup the sandbox's first process watches the limits itself.
+        let watch = cgroup.is_none().then_some(self.settings.limits);
         let mut command = match &self.settings.isolation {
             Isolation::Bwrap(bwrap) => {
                 let subject = Subject {
@@ -563,7 +598,7 @@ impl Sandbox for LocalSandbox {
                     }
                 };
                 let mut command = Command::new(bwrap);
-                command.args(self.bwrap_args(&spec, &plan, net.as_ref(), seccomp_fd));
+                command.args(self.bwrap_args(&spec, &plan, net.as_ref(), seccomp_fd, watch));
                 command
             }
             Isolation::None(_) => {
@@ -581,7 +616,8 @@ impl Sandbox for LocalSandbox {
                 let mut command = match &self.settings.init_program {
                     Some(init) => {
                         let mut command = Command::new(init);
-                        command.args(["sandbox-init", "--reap", "--"]).arg(&spec.program).args(&spec.args);
+                        command.args(["sandbox-init", "--reap"]).args(watch_args(watch)).arg("--");
+                        command.arg(&spec.program).args(&spec.args);
                         command
                     }
                     None => {
@@ -594,21 +630,12 @@ impl Sandbox for LocalSandbox {
                 command
             }
         };
-        let enforcement = limits::probe();
-        let cgroup = match limits::SandboxCgroup::create(
-            &enforcement,
-            &format!("{}-{}", self.session_id, &uuid::Uuid::new_v4().simple().to_string()[..8]),
-            &self.settings.limits,
-        ) {
-            Ok(cgroup) => cgroup,
-            Err(e) => {
-                tracing::warn!(session = %self.session_id, "no cgroup for this command: {e}");
-                None
-            }
-        };
         let mut join = cgroup.as_ref().map(|cgroup| cgroup.pre_exec_join());
-        let mut rlimit =
-            matches!(enforcement, Enforcement::Rlimit).then(|| limits::rlimit_pre_exec(&self.settings.limits));
+        // RLIMIT_NPROC counts the whole user's processes; bubblewrap's user namespace needs headroom it would take.
+        let mut rlimit = (cgroup.is_none()
+            && matches!(self.settings.isolation, Isolation::None(_))
+            && !nix::unistd::getuid().is_root())
+        .then(|| limits::rlimit_pre_exec(&self.settings.limits));
         let inherited: Vec<i32> = guards.inherited.iter().map(|fd| fd.as_raw_fd()).collect();
         let init_dies_politely =
             matches!(self.settings.isolation, Isolation::None(_)) && self.settings.init_program.is_some();
@@ -886,6 +913,11 @@ pub fn kill_descendants(root: u32) {
     }
 }
 
+/// The processes below `root` by parent links (the sandbox's whole tree, seen from its first process).
+pub fn descendant_pids(root: u32) -> Vec<i32> {
+    children_tree(root as i32)
+}
+
 /// The processes below `root` by parent links only.
 fn children_tree(root: i32) -> Vec<i32> {
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
@@ -1006,7 +1038,7 @@ mod tests {
             placeholders: Vec::new(),
         };
         let net = NetSetup { socket: "/data/run/x.sock".into(), port: 3128, expose: vec![4010] };
-        let args = sandbox.bwrap_args(&spec, &plan, Some(&net), Some(7)).join(" ");
+        let args = sandbox.bwrap_args(&spec, &plan, Some(&net), Some(7), None).join(" ");
         let init = std::env::current_exe().unwrap().display().to_string();
         let expected_start = "--die-with-parent --new-session --unshare-pid --unshare-ipc --unshare-uts --unshare-net";
         assert!(args.starts_with(expected_start), "{args}");
@@ -1028,7 +1060,13 @@ mod tests {
             "--chdir /tmp/ws -- /run/acp-sandbox/acp-sandbox sandbox-init --proxy-socket /run/acp-sandbox/proxy.sock \
              --proxy-port 3128 --expose 4010 -- /opt/opencode run --format json"
         ));
-        let host = sandbox.bwrap_args(&spec, &plan, None, None).join(" ");
+        let host = sandbox
+            .bwrap_args(&spec, &plan, None, None, Some(Limits { max_processes: 9, max_memory_bytes: 99 }))
+            .join(" ");
+        assert!(
+            host.ends_with("sandbox-init --max-processes 9 --max-memory 99 -- /opt/opencode run --format json"),
+            "{host}"
+        );
         assert!(!host.contains("--unshare-net") && !host.contains("proxy"), "{host}");
     }
 

@@ -561,7 +561,10 @@ fn update(id: &str, fields: ToolCallUpdateFields) -> SessionUpdate {
 /// The message of a CLI that died without saying why in its stream: its own `Error:` line if it printed
 /// one, otherwise how it exited.
 fn crash_message(name: &str, exit: &str, stderr: &str, unparsed: &VecDeque<String>) -> String {
-    let said = stderr.lines().rev().map(|line| strip_ansi(line.trim())).find(|line| line.starts_with("Error"));
+    // `Error: …`, also behind a prefix such as the sandbox's own `acp-sandbox sandbox-init: Error: …`.
+    let said = stderr.lines().rev().map(|line| strip_ansi(line.trim())).find_map(|line| {
+        line.find("Error").filter(|&at| at == 0 || line[..at].ends_with(": ")).map(|at| line[at..].to_string())
+    });
     match said {
         Some(line) => format!("{name} failed ({exit}): {line}"),
         None if !unparsed.is_empty() => {
