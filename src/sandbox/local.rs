@@ -18,7 +18,7 @@ use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
-use super::limits::{self, Enforcement, Limits};
+use super::limits::{self, Limits};
 use super::policy::{Mount, PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
 use super::proxy::{NetworkMode, Proxy, ProxyPolicy};
 use super::seccomp;
@@ -269,7 +269,25 @@ impl LocalSettings {
             },
         );
         let enforcement = limits::probe();
-        add("limits", (!matches!(enforcement, Enforcement::None(_)), enforcement.describe(&self.limits)));
+        // Only a group actually made proves a cgroup works for us; otherwise the sandbox's first process watches.
+        let trial =
+            limits::SandboxCgroup::create(&enforcement, &format!("doctor-{}", std::process::id()), &self.limits);
+        add(
+            "limits",
+            match trial {
+                Ok(Some(_)) => (true, enforcement.describe(&self.limits)),
+                Ok(None) | Err(_) if self.init_program.is_some() => (
+                    true,
+                    format!(
+                        "no usable cgroup ({}): at most {} processes and {} watched by the sandbox's first process",
+                        trial.err().map(|e| e.to_string()).unwrap_or_else(|| enforcement.describe(&self.limits)),
+                        self.limits.max_processes,
+                        limits::format_size(self.limits.max_memory_bytes)
+                    ),
+                ),
+                _ => (false, enforcement.describe(&self.limits)),
+            },
+        );
         add(
             "processes",
             if bwrap {
