@@ -529,19 +529,12 @@ async fn doctor(config: Config) -> anyhow::Result<ExitCode> {
         println!("            bubblewrap: {why}; install the `bubblewrap` package for isolation");
     }
     if let Ok(isolation) = Isolation::resolve(config.sandbox) {
-        let policy = config.policy();
-        let settings = acp_sandbox::sandbox::local::LocalSettings {
-            isolation,
-            policy: policy.clone(),
-            network: config.network.clone(),
-            limits: config.limits,
-            run_dir: config.run_dir(),
-            init_program: std::env::current_exe().ok(),
-        };
+        let settings = acp_sandbox::sandbox::local::LocalSettings::from_config(&config, isolation);
         for (name, on, text) in settings.describe() {
             println!("  {:<12}  {} {text}", name, if on { "on " } else { "OFF" });
         }
-        let hidden: Vec<String> = policy
+        let hidden: Vec<String> = settings
+            .policy
             .hidden_paths()
             .into_iter()
             .filter(|path| path.exists())

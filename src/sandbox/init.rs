@@ -243,6 +243,7 @@ fn complain(message: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::proxy::tests::echo_server;
     use crate::sandbox::proxy::{NetworkMode, Proxy, ProxyPolicy};
 
     /// `run` installs process-wide signal handlers and the signal test signals the whole test process: one at a time.
@@ -282,20 +283,6 @@ sys.exit(0 if got == b"ping through the sandbox" else 4)
     async fn run_init(args: InitArgs) -> i32 {
         let thread = std::thread::spawn(move || run(args));
         tokio::task::spawn_blocking(move || thread.join().unwrap()).await.unwrap()
-    }
-
-    async fn echo_server() -> u16 {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let (mut reader, mut writer) = stream.split();
-                    let _ = tokio::io::copy(&mut reader, &mut writer).await;
-                });
-            }
-        });
-        port
     }
 
     fn free_port() -> u16 {

@@ -483,11 +483,6 @@ impl SandboxCgroup {
         &self.dirs
     }
 
-    /// The `cgroup.procs` files a child writes "0" into to join the group.
-    pub fn procs_paths(&self) -> &[CString] {
-        &self.procs
-    }
-
     /// A closure for `pre_exec` that moves the child into the group: it opens each `cgroup.procs` and writes
     /// "0" (the calling process). The paths are prepared here, before the fork; the closure only makes
     /// async-signal-safe system calls and allocates nothing.

@@ -1,10 +1,10 @@
 //! The local sandbox: bubblewrap where it works, a plain process group otherwise.
 //!
 //! Each session owns a state dir under the data dir (the CLI's HOME and XDG dirs); its id is that path.
-//! Under bubblewrap the root is read-only, `/tmp` is private, only the workspace and the state dir are
-//! writable, the CLI gets its own PID namespace (killing bubblewrap ends the whole tree) and dies with the
-//! bridge. Without bubblewrap the CLI runs in its own process group and is killed with every descendant,
-//! including those that started their own session (OpenCode's bash tool does).
+//! Under bubblewrap the mounts come from `policy.rs`; the sandbox also gets its own user, PID, IPC, UTS and
+//! network namespaces (its only way out is the proxy of `proxy.rs`), no capabilities, the seccomp filter, a cgroup
+//! for its limits, and dies with the bridge. Without bubblewrap the CLI runs under the bridge's own binary as its
+//! subreaper (`init.rs`), so every descendant, daemons included, ends with the turn.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -18,6 +18,7 @@ use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
+use super::init::PROXY_SOCKET;
 use super::limits::{self, Limits};
 use super::policy::{Mount, PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
 use super::proxy::{NetworkMode, Proxy, ProxyPolicy};
@@ -55,7 +56,8 @@ impl Isolation {
     pub fn describe(&self) -> String {
         match self {
             Isolation::Bwrap(path) => format!(
-                "bubblewrap ({}): read-only root, private /tmp, writable workspace and session state, own PID namespace",
+                "bubblewrap ({}): read-only system without secrets, writable workspace and session state, own \
+                 namespaces, no capabilities, seccomp",
                 path.display()
             ),
             Isolation::None(why) => format!("plain process group, NO isolation ({why})"),
@@ -115,63 +117,6 @@ fn probe() -> &'static Result<(PathBuf, bool), String> {
     })
 }
 
-/// Makes the bridge the reaper of its orphaned descendants: without bubblewrap, a daemon that left the CLI's tree
-/// (`setsid`, double fork) is re-parented to the bridge instead of to init, so it can be found and ended.
-pub fn become_subreaper() {
-    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        tracing::warn!("cannot become a subreaper: {e}");
-    }
-}
-
-/// Children this bridge started itself (tokio waits for them): never mistaken for orphans.
-fn spawned() -> &'static Mutex<HashSet<u32>> {
-    static SPAWNED: OnceLock<Mutex<HashSet<u32>>> = OnceLock::new();
-    SPAWNED.get_or_init(Mutex::default)
-}
-
-/// Orphans re-parented to the bridge whose HOME is `home` (the session's): what a killed subreaper left.
-fn orphans_of(home: &Path) -> Vec<i32> {
-    let own = std::process::id() as i32;
-    let spawned = spawned().lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let mut found = Vec::new();
-    for pid in all_pids() {
-        if spawned.contains(&(pid as u32)) || parent_of(pid) != Some(own) {
-            continue;
-        }
-        if home_of(pid).as_deref() == Some(home) {
-            found.push(pid);
-        }
-    }
-    found
-}
-
-/// Waits for dead orphans re-parented to the bridge, so that none stays a zombie.
-fn reap_orphans() {
-    let own = std::process::id() as i32;
-    let spawned = spawned().lock().unwrap_or_else(|p| p.into_inner()).clone();
-    for pid in all_pids() {
-        if !spawned.contains(&(pid as u32)) && parent_of(pid) == Some(own) {
-            let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
-        }
-    }
-}
-
-fn all_pids() -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    entries.flatten().filter_map(|entry| entry.file_name().to_str().and_then(|name| name.parse().ok())).collect()
-}
-
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
-}
-
-fn home_of(pid: i32) -> Option<PathBuf> {
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    let home = environ.split(|&b| b == 0).find_map(|var| var.strip_prefix(b"HOME="))?;
-    std::str::from_utf8(home).ok().map(PathBuf::from)
-}
-
 /// What every local sandbox of this bridge is made of.
 #[derive(Clone, Debug)]
 pub struct LocalSettings {
@@ -190,14 +135,14 @@ pub struct LocalSettings {
 }
 
 impl LocalSettings {
-    /// Settings for tests and tools: everything at its default, `isolation` as given.
-    pub fn new(isolation: Isolation, policy: Policy, run_dir: PathBuf) -> Self {
+    /// The settings of a bridge started with `config`.
+    pub fn from_config(config: &crate::config::Config, isolation: Isolation) -> Self {
         Self {
             isolation,
-            policy,
-            network: NetworkMode::Open,
-            limits: Limits::default(),
-            run_dir,
+            policy: config.policy(),
+            network: config.network.clone(),
+            limits: config.limits,
+            run_dir: config.run_dir(),
             init_program: std::env::current_exe().ok(),
         }
     }
@@ -263,7 +208,9 @@ impl LocalSettings {
         add(
             "seccomp",
             match (bwrap, seccomp::filter_bytes()) {
-                (true, Ok(_)) => (true, format!("denies {}", seccomp::DENIED.join(", "))),
+                (true, Ok(_)) => {
+                    (true, format!("denies {}; {}", seccomp::DENIED.join(", "), seccomp::RESTRICTED.join("; ")))
+                }
                 (true, Err(e)) => off(&format!("cannot build the filter: {e}")),
                 (false, _) => off(no_bwrap),
             },
@@ -392,8 +339,8 @@ pub struct LocalSandbox {
     settings: Arc<LocalSettings>,
 }
 
-/// Where the bridge's pieces appear inside the sandbox (a private tmpfs, so nothing of the host is there).
-const INSIDE_DIR: &str = "/run/acp-sandbox";
+/// Where the bridge's own binary appears inside the sandbox (a private tmpfs, so nothing of the host is there).
+const INSIDE_INIT: &str = "/run/acp-sandbox/acp-sandbox";
 /// The port of the proxy inside the sandbox.
 const PROXY_PORT: u16 = 3128;
 
@@ -454,10 +401,10 @@ impl LocalSandbox {
         }
         let init = self.settings.init_program.as_ref().map(|program| program.display().to_string());
         if let Some(init) = &init {
-            push(&["--ro-bind", init, &format!("{INSIDE_DIR}/acp-sandbox")]);
+            push(&["--ro-bind", init, INSIDE_INIT]);
         }
         if let Some(net) = net {
-            push(&["--ro-bind", &net.socket.display().to_string(), &format!("{INSIDE_DIR}/proxy.sock")]);
+            push(&["--ro-bind", &net.socket.display().to_string(), PROXY_SOCKET]);
         }
         for path in read_only_later.iter().rev() {
             push(&["--remount-ro", path]);
@@ -467,10 +414,10 @@ impl LocalSandbox {
         }
         push(&["--chdir", &spec.cwd.display().to_string(), "--"]);
         if init.is_some() {
-            args.push(format!("{INSIDE_DIR}/acp-sandbox"));
+            args.push(INSIDE_INIT.into());
             args.push("sandbox-init".into());
             if let Some(net) = net {
-                args.extend(["--proxy-socket".into(), format!("{INSIDE_DIR}/proxy.sock")]);
+                args.extend(["--proxy-socket".into(), PROXY_SOCKET.into()]);
                 args.extend(["--proxy-port".into(), net.port.to_string()]);
                 for port in &net.expose {
                     args.extend(["--expose".into(), port.to_string()]);
@@ -499,9 +446,12 @@ impl LocalSandbox {
             .into_iter()
             .collect();
         let port = (PROXY_PORT..).find(|port| !expose.contains(port)).unwrap_or(PROXY_PORT);
+        // The tunnel of an exposed port asks for 127.0.0.1, whatever loopback name the config used.
+        let mut endpoints = spec.net.endpoints.clone();
+        endpoints.extend(expose.iter().map(|port| ("127.0.0.1".to_string(), *port)));
         let policy = ProxyPolicy {
             mode: self.settings.network.clone(),
-            endpoints: spec.net.endpoints.clone(),
+            endpoints,
             service_hosts: spec.net.service_hosts.clone(),
         };
         let proxy = Proxy::start(&socket, policy, self.session_id.clone())
@@ -593,8 +543,8 @@ impl Sandbox for LocalSandbox {
                     tools: spec.tools.clone(),
                 };
                 let plan = self.settings.policy.plan(&subject, &RealDisk);
-                guards.placeholders = Placeholders::hold(&self.workspace, plan.placeholders.clone());
-                let net = if self.settings.network == NetworkMode::Host {
+                guards.placeholders = Some(Placeholders::hold(&self.workspace, plan.placeholders.clone()));
+                let net = if !self.settings.network.uses_proxy() {
                     None
                 } else {
                     let (proxy, net) = self.start_proxy(&spec).await?;
@@ -603,9 +553,8 @@ impl Sandbox for LocalSandbox {
                     spec.env.extend(proxy_env(net.port));
                     Some(net)
                 };
-                let seccomp_fd = match seccomp::filter_bytes() {
-                    Ok(bytes) => {
-                        let fd = bytes_fd(&bytes).map_err(|e| SandboxError::io("pass the seccomp filter", e))?;
+                let seccomp_fd = match seccomp::filter_fd() {
+                    Ok(fd) => {
                         let raw = fd.as_raw_fd();
                         guards.inherited.push(fd);
                         Some(raw)
@@ -688,9 +637,6 @@ impl Sandbox for LocalSandbox {
         let program = spec.program.display().to_string();
         let mut child = command.spawn().map_err(|source| SandboxError::Spawn { program: program.clone(), source })?;
         guards.inherited.clear();
-        if let Some(pid) = child.id() {
-            spawned().lock().unwrap_or_else(|p| p.into_inner()).insert(pid);
-        }
         guards.cgroup = cgroup;
         let pid = child.id();
         let stdin = child.stdin.take();
@@ -709,7 +655,14 @@ impl Sandbox for LocalSandbox {
         Ok(RunningProcess {
             stdout: Box::pin(stdout),
             stderr: Box::pin(stderr),
-            handle: Box::new(LocalProcess { child, pid, exited: None, home: self.state_dir.join("home"), guards }),
+            handle: Box::new(LocalProcess {
+                child,
+                pid,
+                exited: None,
+                orphans_home: matches!(self.settings.isolation, Isolation::None(_))
+                    .then(|| self.state_dir.join("home")),
+                guards,
+            }),
         })
     }
 }
@@ -721,15 +674,6 @@ struct ProcessGuards {
     cgroup: Option<limits::SandboxCgroup>,
     placeholders: Option<Placeholders>,
     inherited: Vec<OwnedFd>,
-}
-
-/// An fd to read `bytes` from (bubblewrap reads the seccomp program until EOF).
-fn bytes_fd(bytes: &[u8]) -> std::io::Result<OwnedFd> {
-    let (read, write) = nix::unistd::pipe().map_err(std::io::Error::from)?;
-    // The program is a few hundred bytes: far below a pipe's buffer, so this never blocks.
-    let mut file = std::fs::File::from(write);
-    std::io::Write::write_all(&mut file, bytes)?;
-    Ok(read)
 }
 
 /// Mount points of missing protected paths, created on the host by bubblewrap: removed (when still empty) once no
@@ -745,9 +689,9 @@ fn workspace_users() -> &'static Mutex<HashMap<PathBuf, usize>> {
 }
 
 impl Placeholders {
-    fn hold(workspace: &Path, paths: Vec<PathBuf>) -> Option<Self> {
+    fn hold(workspace: &Path, paths: Vec<PathBuf>) -> Self {
         *workspace_users().lock().unwrap_or_else(|p| p.into_inner()).entry(workspace.to_path_buf()).or_default() += 1;
-        Some(Self { workspace: workspace.to_path_buf(), paths })
+        Self { workspace: workspace.to_path_buf(), paths }
     }
 }
 
@@ -819,22 +763,19 @@ struct LocalProcess {
     child: Child,
     pid: Option<u32>,
     exited: Option<ExitInfo>,
-    /// The CLI's HOME: descendants that escaped to the bridge (a killed subreaper) are known by it.
-    home: PathBuf,
+    /// The CLI's HOME, when orphans can reach the bridge (no bubblewrap): they are known by it.
+    orphans_home: Option<PathBuf>,
     guards: ProcessGuards,
 }
 
 impl LocalProcess {
-    /// Ends everything the command started: its tree, its cgroup, and orphans carrying its HOME.
-    fn end_all(&mut self) {
-        if let Some(pid) = self.pid {
-            kill_tree(pid);
-        }
+    /// Ends what may outlive the command itself: the rest of its cgroup and orphans carrying its HOME.
+    fn end_leftovers(&self) {
         if let Some(cgroup) = &self.guards.cgroup {
             cgroup.kill_all();
         }
-        for pid in orphans_of(&self.home) {
-            kill_tree(pid as u32);
+        if let Some(home) = &self.orphans_home {
+            end_orphans(home);
         }
     }
 }
@@ -845,7 +786,10 @@ impl ProcessHandle for LocalProcess {
         if self.exited.is_some() {
             return;
         }
-        self.end_all();
+        if let Some(pid) = self.pid {
+            kill_tree(pid);
+        }
+        self.end_leftovers();
         let _ = self.child.start_kill();
     }
 
@@ -861,20 +805,11 @@ impl ProcessHandle for LocalProcess {
         use std::os::unix::process::ExitStatusExt;
         let exit = ExitInfo { code: status.code(), signal: status.signal() };
         self.exited = Some(exit);
-        if let Some(pid) = self.pid {
-            spawned().lock().unwrap_or_else(|p| p.into_inner()).remove(&pid);
-        }
         // Whatever the CLI left behind goes with it, after every turn.
         if let Some(pid) = self.pid {
             let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
-        if let Some(cgroup) = &self.guards.cgroup {
-            cgroup.kill_all();
-        }
-        for pid in orphans_of(&self.home) {
-            kill_tree(pid as u32);
-        }
-        reap_orphans();
+        self.end_leftovers();
         Ok(exit)
     }
 }
@@ -882,67 +817,147 @@ impl ProcessHandle for LocalProcess {
 impl Drop for LocalProcess {
     fn drop(&mut self) {
         if self.exited.is_none() {
-            self.end_all();
+            if let Some(pid) = self.pid {
+                kill_tree(pid);
+            }
+            self.end_leftovers();
         }
     }
 }
 
 /// Kills a process, its process group and every descendant, including those that left the group with
-/// `setsid`. The tree is frozen first so nothing forks away between the walk and the kill.
-pub fn kill_tree(root: u32) {
-    let mut seen: HashSet<i32> = HashSet::new();
+/// `setsid`. The tree is frozen first so nothing forks away between the walk and the kill. Returns what it killed.
+pub fn kill_tree(root: u32) -> Vec<i32> {
     let root = root as i32;
     let _ = killpg(Pid::from_raw(root), Signal::SIGSTOP);
-    loop {
-        let found = descendants(root);
-        let fresh: Vec<i32> = found.into_iter().filter(|pid| !seen.contains(pid)).collect();
-        if fresh.is_empty() {
-            break;
-        }
-        for pid in fresh {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
-            seen.insert(pid);
-        }
-    }
+    let mut killed = freeze_and_kill(|| {
+        let table = process_table();
+        let mut found = below(&table, root);
+        found.extend(table.iter().filter(|p| p.pgrp == root && p.pid != root).map(|p| p.pid));
+        found
+    });
     let _ = killpg(Pid::from_raw(root), Signal::SIGKILL);
     let _ = kill(Pid::from_raw(root), Signal::SIGKILL);
-    for pid in seen {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-    }
+    killed.push(root);
+    killed
 }
 
-/// Kills every descendant of `root` (not `root` itself, nor its process group), freezing each first so that
-/// nothing forks away between the walk and the kill.
+/// Kills every descendant of `root` (not `root` itself, nor its process group).
 pub fn kill_descendants(root: u32) {
-    let root = root as i32;
-    let mut seen: HashSet<i32> = HashSet::new();
-    loop {
-        let fresh: Vec<i32> = children_tree(root).into_iter().filter(|pid| !seen.contains(pid)).collect();
-        if fresh.is_empty() {
-            break;
-        }
-        for pid in fresh {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
-            seen.insert(pid);
-        }
-    }
-    for pid in seen {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-    }
+    freeze_and_kill(|| below(&process_table(), root as i32));
 }
 
 /// The processes below `root` by parent links (the sandbox's whole tree, seen from its first process).
 pub fn descendant_pids(root: u32) -> Vec<i32> {
-    children_tree(root as i32)
+    below(&process_table(), root as i32)
 }
 
-/// The processes below `root` by parent links only.
-fn children_tree(root: i32) -> Vec<i32> {
-    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    for pid in all_pids() {
-        if let Some(parent) = parent_of(pid) {
-            children.entry(parent).or_default().push(pid);
+/// Stops what `walk` finds until it finds nothing new, then kills all of it.
+fn freeze_and_kill(walk: impl Fn() -> Vec<i32>) -> Vec<i32> {
+    let mut seen: HashSet<i32> = HashSet::new();
+    loop {
+        let fresh: Vec<i32> = walk().into_iter().filter(|pid| !seen.contains(pid)).collect();
+        if fresh.is_empty() {
+            break;
         }
+        for pid in fresh {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+            seen.insert(pid);
+        }
+    }
+    for &pid in &seen {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    seen.into_iter().collect()
+}
+
+/// Makes the bridge the reaper of its orphaned descendants: without bubblewrap, a daemon that left the CLI's tree
+/// (`setsid`, double fork) and outlived its supervisor is re-parented to the bridge instead of to init, so it can
+/// be found and ended.
+pub fn become_subreaper() {
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::warn!("cannot become a subreaper: {e}");
+    }
+}
+
+/// Ends the orphans re-parented to the bridge whose HOME is `home` (the session's), and what they started, then
+/// waits for them so that none stays a zombie. Only ever waits for what it killed: tokio waits for the rest.
+fn end_orphans(home: &Path) {
+    let own = std::process::id() as i32;
+    let orphans: Vec<i32> = process_table()
+        .into_iter()
+        .filter(|p| p.ppid == own && home_of(p.pid).as_deref() == Some(home))
+        .map(|p| p.pid)
+        .collect();
+    let mut killed: Vec<i32> = orphans.into_iter().flat_map(|pid| kill_tree(pid as u32)).collect();
+    // A killed orphan's descendants become the bridge's children only once it is dead: look a few times.
+    for _ in 0..50 {
+        killed.retain(|&pid| {
+            match nix::sys::wait::waitpid(Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+                Ok(nix::sys::wait::WaitStatus::StillAlive) => true,
+                Ok(_) => false,
+                Err(_) => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            }
+        });
+        if killed.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Processes that CLIs of this data dir left running when their bridge was killed (a plain process group
+/// has nothing like bubblewrap's PID namespace to take them down): every process a CLI starts inherits its
+/// HOME, `<sessions dir>/<session id>/home`. Returns (pid, session id).
+pub fn leftover_processes(sessions_dir: &Path) -> Vec<(i32, String)> {
+    let own = std::process::id() as i32;
+    let mut found = Vec::new();
+    for entry in process_table() {
+        if entry.pid == own {
+            continue;
+        }
+        let Some(home) = home_of(entry.pid) else { continue };
+        if home.file_name().is_some_and(|name| name == "home")
+            && let Some(session_dir) = home.parent()
+            && session_dir.parent() == Some(sessions_dir)
+            && let Some(session) = session_dir.file_name().and_then(|name| name.to_str())
+        {
+            found.push((entry.pid, session.to_string()));
+        }
+    }
+    found
+}
+
+/// One line of `/proc/<pid>/stat`, what the tree walks need of it.
+struct ProcEntry {
+    pid: i32,
+    ppid: i32,
+    pgrp: i32,
+}
+
+/// Every process visible in `/proc`.
+fn process_table() -> Vec<ProcEntry> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut table = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // The command name may contain spaces and parentheses: fields start after the last ')'.
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let mut fields = rest.split_whitespace().skip(1);
+        let (Some(Ok(ppid)), Some(Ok(pgrp))) = (fields.next().map(str::parse), fields.next().map(str::parse)) else {
+            continue;
+        };
+        table.push(ProcEntry { pid, ppid, pgrp });
+    }
+    table
+}
+
+/// The processes below `root` by parent links.
+fn below(table: &[ProcEntry], root: i32) -> Vec<i32> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for entry in table {
+        children.entry(entry.ppid).or_default().push(entry.pid);
     }
     let mut result = Vec::new();
     let mut stack = vec![root];
@@ -955,76 +970,23 @@ fn children_tree(root: i32) -> Vec<i32> {
     result
 }
 
-/// Processes that CLIs of this data dir left running when their bridge was killed (a plain process group
-/// has nothing like bubblewrap's PID namespace to take them down): every process a CLI starts inherits its
-/// HOME, `<sessions dir>/<session id>/home`. Returns (pid, session id).
-pub fn leftover_processes(sessions_dir: &Path) -> Vec<(i32, String)> {
-    let own = std::process::id() as i32;
-    let mut found = Vec::new();
-    for pid in all_pids() {
-        if pid == own {
-            continue;
-        }
-        let Some(home) = home_of(pid) else { continue };
-        if home.file_name().is_some_and(|name| name == "home")
-            && let Some(session_dir) = home.parent()
-            && session_dir.parent() == Some(sessions_dir)
-            && let Some(session) = session_dir.file_name().and_then(|name| name.to_str())
-        {
-            found.push((pid, session.to_string()));
-        }
-    }
-    found
-}
-
-/// The processes below `root` (by parent links) and in its process group, read from `/proc`.
-fn descendants(root: i32) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    let mut in_group = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // The command name may contain spaces and parentheses: fields start after the last ')'.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let (Some(ppid), Some(pgrp)) =
-            (fields.get(1).and_then(|f| f.parse().ok()), fields.get(2).and_then(|f| f.parse::<i32>().ok()))
-        else {
-            continue;
-        };
-        children.entry(ppid).or_default().push(pid);
-        if pgrp == root && pid != root {
-            in_group.push(pid);
-        }
-    }
-    let mut result = in_group;
-    let mut stack = vec![root];
-    while let Some(pid) = stack.pop() {
-        for &child in children.get(&pid).into_iter().flatten() {
-            result.push(child);
-            stack.push(child);
-        }
-    }
-    result.sort_unstable();
-    result.dedup();
-    result
+fn home_of(pid: i32) -> Option<PathBuf> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let home = environ.split(|&b| b == 0).find_map(|var| var.strip_prefix(b"HOME="))?;
+    std::str::from_utf8(home).ok().map(PathBuf::from)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn test_config(dir: &Path) -> crate::config::Config {
+        crate::config::Config::new(crate::agents::AgentKind::OpenCode, dir.to_path_buf())
+    }
+
     fn sandbox(dir: &Path, isolation: Isolation) -> LocalSandbox {
-        let settings = LocalSettings::new(isolation, Policy::default(), dir.join("run"));
+        let mut settings = LocalSettings::from_config(&test_config(dir), isolation);
+        settings.policy = Policy::default();
         LocalSandbox {
             state_dir: dir.into(),
             workspace: dir.into(),
@@ -1125,7 +1087,7 @@ mod tests {
     fn only_plain_state_dirs_of_ours_are_sandbox_ids() {
         let provider = LocalProvider::new(
             "/data/sessions".into(),
-            Arc::new(LocalSettings::new(Isolation::None("test".into()), Policy::default(), "/data/run".into())),
+            Arc::new(LocalSettings::from_config(&test_config(Path::new("/data")), Isolation::None("test".into()))),
         );
         assert_eq!(provider.owned("/data/sessions/sess_1"), Some(PathBuf::from("/data/sessions/sess_1")));
         for bad in [

@@ -705,7 +705,7 @@ async fn respond<W: AsyncWrite + Unpin>(client: &mut W, status: &str, message: &
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tokio::net::TcpListener;
 
@@ -722,7 +722,7 @@ mod tests {
     }
 
     /// A TCP server on 127.0.0.1 that echoes every connection.
-    async fn echo_server() -> u16 {
+    pub(crate) async fn echo_server() -> u16 {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(async move {

@@ -4,18 +4,11 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
-
-use super::turn::{cli_environment, stderr_tail};
 use crate::agents::AgentKind;
 use crate::agents::opencode::catalog::{self, ModelInfo};
 use crate::config::Config;
-use crate::sandbox::{ExecSpec, SandboxProvider, SandboxSpec};
-
-/// How long listing the models may take before it is given up.
-const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+use crate::sandbox::SandboxProvider;
 
 /// The sandbox the listing runs in: not a session's, so no session's CLI state is touched.
 const CATALOG_SANDBOX: &str = "_models";
@@ -88,48 +81,18 @@ impl ModelCatalog {
         let Some(executable) = super::installed_executable(&self.config, AgentKind::OpenCode) else {
             return Ok(Vec::new());
         };
-        let workspace = self.config.data_dir.join("models-workspace");
-        std::fs::create_dir_all(&workspace).map_err(|e| format!("create {}: {e}", workspace.display()))?;
-        let spec = SandboxSpec { session_id: CATALOG_SANDBOX.into(), workspace: workspace.clone() };
-        let id = self.provider.create(&spec).await.map_err(|e| e.to_string())?;
-        let sandbox = self
-            .provider
-            .connect(&id, &spec)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| "the models sandbox vanished".to_string())?;
-        let (user_config, user_data) = super::Bridge::user_dirs();
-        // Listing runs no tools: it may see every provider variable, to find out which providers work.
-        let env = cli_environment(AgentKind::OpenCode, sandbox.state_dir(), None, &self.listing_env_names());
-        let (tools, net) = super::exec_needs(&self.config, AgentKind::OpenCode, &executable, &env);
-        let mut process = sandbox
-            .exec(ExecSpec {
-                program: std::fs::canonicalize(&executable).unwrap_or(executable),
-                args: catalog::LIST_ARGS.iter().map(|arg| arg.to_string()).collect(),
-                env,
-                cwd: workspace,
-                stdin: Vec::new(),
-                read_only: AgentKind::OpenCode.user_config(&user_config, &user_data, sandbox.state_dir()),
-                tools,
-                net,
-            })
-            .await
-            .map_err(|e| e.to_string())?;
-        let stderr = tokio::spawn(stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
-        let mut output = Vec::new();
-        let read = tokio::time::timeout(LIST_TIMEOUT, process.stdout.read_to_end(&mut output)).await;
-        if read.is_err() {
-            process.handle.kill().await;
-        }
-        let exit = process.handle.wait().await.map_err(|e| e.to_string())?;
-        let stderr = stderr.await.unwrap_or_default();
-        match read {
-            Err(_) => Err(format!("`opencode models` took longer than {} s", LIST_TIMEOUT.as_secs())),
-            Ok(_) if !exit.success() => {
-                Err(format!("`opencode models` failed ({}): {}", exit.describe(), stderr.trim()))
-            }
-            Ok(_) => Ok(catalog::parse(&String::from_utf8_lossy(&output))),
-        }
+        let (agent, names) = (AgentKind::OpenCode, self.listing_env_names());
+        let output = super::run_once(
+            &self.config,
+            self.provider.as_ref(),
+            CATALOG_SANDBOX,
+            agent,
+            &executable,
+            catalog::LIST_ARGS,
+            &names,
+        )
+        .await?;
+        Ok(catalog::parse(&output))
     }
 }
 

@@ -74,7 +74,6 @@ pub struct Bridge {
     store: Arc<Store>,
     provider: Arc<dyn SandboxProvider>,
     isolation: Isolation,
-    settings: Arc<LocalSettings>,
     live: Mutex<HashMap<String, Arc<LiveSession>>>,
     client: ClientInfo,
     /// Cancelled when the bridge shuts down: every running turn ends and kills its CLI.
@@ -92,14 +91,11 @@ impl Bridge {
         let isolation = Isolation::resolve(config.sandbox)?;
         match &isolation {
             // Falling back silently would hide that the agent has the whole machine.
-            Isolation::None(why) if config.sandbox == crate::config::SandboxChoice::Auto => {
-                tracing::warn!("CLIs run WITHOUT a sandbox: {why}")
+            Isolation::None(why) => {
+                tracing::warn!("CLIs run WITHOUT a sandbox: {why}");
+                crate::sandbox::local::become_subreaper();
             }
-            Isolation::None(why) => tracing::warn!("CLIs run without a sandbox: {why}"),
             Isolation::Bwrap(_) => {}
-        }
-        if matches!(isolation, Isolation::None(_)) {
-            crate::sandbox::local::become_subreaper();
         }
         if config.network == crate::sandbox::proxy::NetworkMode::Host {
             tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
@@ -110,15 +106,8 @@ impl Bridge {
                 crate::sandbox::local::kill_tree(pid as u32);
             }
         }
-        let settings = Arc::new(LocalSettings {
-            isolation: isolation.clone(),
-            policy: config.policy(),
-            network: config.network.clone(),
-            limits: config.limits,
-            run_dir: config.run_dir(),
-            init_program: std::env::current_exe().ok(),
-        });
-        let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), settings.clone()));
+        let settings = Arc::new(LocalSettings::from_config(&config, isolation.clone()));
+        let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), settings));
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), provider.clone()));
         Ok(Self {
             catalog,
@@ -126,7 +115,6 @@ impl Bridge {
             store,
             provider,
             isolation,
-            settings,
             live: Mutex::default(),
             client: ClientInfo::default(),
             shutdown: CancellationToken::new(),
@@ -146,11 +134,6 @@ impl Bridge {
     /// How CLIs are isolated.
     pub fn isolation(&self) -> &Isolation {
         &self.isolation
-    }
-
-    /// Every protection of the local sandbox, on or off, with the reason.
-    pub fn protections(&self) -> Vec<(String, bool, String)> {
-        self.settings.describe()
     }
 
     /// Records what the client can render (from `initialize`).
@@ -445,7 +428,6 @@ impl Bridge {
                 .iter()
                 .map(|m| m.id.as_str())
                 .chain(model)
-                .chain(self.config.opencode_default_model.as_deref())
                 .filter_map(|id| id.split_once('/').map(|(provider, _)| provider));
             names.extend(self.config.opencode_needs.env_names(providers));
         }
@@ -476,62 +458,67 @@ impl Bridge {
 pub async fn check_cli(config: &Config, agent: AgentKind) -> std::result::Result<String, String> {
     let executable = installed_executable(config, agent).ok_or_else(|| "not installed yet".to_string())?;
     let isolation = Isolation::resolve(config.sandbox).map_err(|e| e.to_string())?;
-    let settings = Arc::new(LocalSettings {
-        isolation,
-        policy: config.policy(),
-        network: config.network.clone(),
-        limits: config.limits,
-        run_dir: config.run_dir(),
-        init_program: std::env::current_exe().ok(),
-    });
-    let provider = LocalProvider::new(config.sessions_dir(), settings);
-    let workspace = config.data_dir.join("doctor-workspace");
+    let provider = LocalProvider::new(config.sessions_dir(), Arc::new(LocalSettings::from_config(config, isolation)));
+    let output =
+        run_once(config, &provider, "_doctor", agent, &executable, &["--version"], &Default::default()).await?;
+    Ok(output.lines().next().unwrap_or("").trim().to_string())
+}
+
+/// How long a bridge's own run of a CLI (listing models, `--version`) may take.
+const RUN_ONCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs one short command of a CLI in a sandbox of the bridge's own (`sandbox`, never a session's, with its own
+/// workspace in the data dir) and answers its stdout, or its own words when it fails.
+async fn run_once(
+    config: &Config,
+    provider: &dyn SandboxProvider,
+    sandbox: &str,
+    agent: AgentKind,
+    executable: &Path,
+    args: &[&str],
+    env_names: &std::collections::BTreeSet<String>,
+) -> std::result::Result<String, String> {
+    let command = format!("`{} {}`", agent.package().bin, args.join(" "));
+    let workspace = config.data_dir.join(format!("{}-workspace", sandbox.trim_start_matches('_')));
     crate::config::create_private_dir(&workspace).map_err(|e| format!("create {}: {e}", workspace.display()))?;
-    let spec = crate::sandbox::SandboxSpec { session_id: "_doctor".into(), workspace: workspace.clone() };
+    let spec = crate::sandbox::SandboxSpec { session_id: sandbox.into(), workspace };
     let id = provider.create(&spec).await.map_err(|e| e.to_string())?;
     let sandbox = provider.connect(&id, &spec).await.map_err(|e| e.to_string())?.ok_or("the sandbox vanished")?;
-    let env = turn::cli_environment(agent, sandbox.state_dir(), None, &Default::default());
-    let (tools, net) = exec_needs(config, agent, &executable, &env);
+    let env = turn::cli_environment(agent, sandbox.state_dir(), None, env_names);
+    let args = args.iter().map(|arg| arg.to_string()).collect();
     let mut process = sandbox
-        .exec(crate::sandbox::ExecSpec {
-            program: std::fs::canonicalize(&executable).unwrap_or(executable),
-            args: vec!["--version".into()],
-            env,
-            cwd: workspace,
-            tools,
-            net,
-            ..Default::default()
-        })
+        .exec(cli_spec(config, agent, executable, sandbox.as_ref(), env, args))
         .await
         .map_err(|e| e.to_string())?;
     let stderr = tokio::spawn(turn::stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
-    let mut output = String::new();
-    let read = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
-        tokio::io::AsyncReadExt::read_to_string(&mut process.stdout, &mut output),
-    )
-    .await;
+    let mut output = Vec::new();
+    let read =
+        tokio::time::timeout(RUN_ONCE_LIMIT, tokio::io::AsyncReadExt::read_to_end(&mut process.stdout, &mut output))
+            .await;
     if read.is_err() {
         process.handle.kill().await;
     }
     let exit = process.handle.wait().await.map_err(|e| e.to_string())?;
     let stderr = tokio::time::timeout(std::time::Duration::from_secs(2), stderr).await.ok().and_then(|r| r.ok());
-    match (read.is_ok(), exit.success()) {
-        (true, true) => Ok(output.lines().next().unwrap_or("").trim().to_string()),
-        (false, _) => Err("`--version` did not answer within 60 s".into()),
-        (true, false) => {
-            Err(format!("`--version` failed ({}): {}", exit.describe(), stderr.unwrap_or_default().trim()))
+    match read {
+        Err(_) => Err(format!("{command} took longer than {} s", RUN_ONCE_LIMIT.as_secs())),
+        Ok(_) if !exit.success() => {
+            Err(format!("{command} failed ({}): {}", exit.describe(), stderr.unwrap_or_default().trim()))
         }
+        Ok(_) => Ok(String::from_utf8_lossy(&output).into_owned()),
     }
 }
 
-/// What a CLI's command needs besides its argv: its install shown in the sandbox, and where it must connect.
-fn exec_needs(
+/// A command of a CLI as every run of it is made: the executable as it really is, its install shown in the
+/// sandbox, the user's config of the CLI, where it must be able to connect, in the sandbox's workspace.
+fn cli_spec(
     config: &Config,
     agent: AgentKind,
     executable: &Path,
-    env: &[(String, String)],
-) -> (Vec<PathBuf>, crate::sandbox::NetAccess) {
+    sandbox: &dyn crate::sandbox::Sandbox,
+    env: Vec<(String, String)>,
+    args: Vec<String>,
+) -> crate::sandbox::ExecSpec {
     let real = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
     let tools_dir = std::fs::canonicalize(config.tools_dir()).unwrap_or_else(|_| config.tools_dir());
     // An npm install needs its whole prefix (the platform binary is a sibling package); anything else its folder.
@@ -544,7 +531,7 @@ fn exec_needs(
         endpoints.extend(config.opencode_needs.endpoints.iter().cloned());
     }
     // A base URL the CLI is given in its environment is a model endpoint too (OPENAI_BASE_URL, AMP_URL).
-    for (name, value) in env {
+    for (name, value) in &env {
         if (name.ends_with("_BASE_URL") || name == "AMP_URL")
             && let Some(endpoint) = crate::agents::opencode::providers::endpoint_of(value)
         {
@@ -554,7 +541,17 @@ fn exec_needs(
     endpoints.sort();
     endpoints.dedup();
     let service_hosts = agent.service_hosts().iter().map(|host| host.to_string()).collect();
-    (vec![tool], crate::sandbox::NetAccess { endpoints, service_hosts })
+    let (user_config, user_data) = Bridge::user_dirs();
+    crate::sandbox::ExecSpec {
+        program: real,
+        args,
+        env,
+        cwd: sandbox.workspace().to_path_buf(),
+        stdin: Vec::new(),
+        read_only: agent.user_config(&user_config, &user_data, sandbox.state_dir()),
+        tools: vec![tool],
+        net: crate::sandbox::NetAccess { endpoints, service_hosts },
+    }
 }
 
 /// The CLI's executable when it is already there: the override, PATH, or the install cache.

@@ -334,23 +334,15 @@ impl Turn<'_> {
             files: &files,
             command,
         };
-        let (user_config, user_data) = Bridge::user_dirs();
         let env = cli_environment(
             self.agent,
             sandbox.state_dir(),
             self.credential.as_ref(),
             &self.bridge.env_names(self.agent, self.model.as_ref().map(|m| m.id.as_str())),
         );
-        let (tools, net) = super::exec_needs(self.bridge.config(), self.agent, executable, &env);
         let spec = ExecSpec {
-            program: std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf()),
-            args: self.agent.args(&request),
-            env,
-            cwd: sandbox.workspace().to_path_buf(),
             stdin: rendered.text.clone().into_bytes(),
-            read_only: self.agent.user_config(&user_config, &user_data, sandbox.state_dir()),
-            tools,
-            net,
+            ..super::cli_spec(self.bridge.config(), self.agent, executable, sandbox, env, self.agent.args(&request))
         };
         tracing::info!(
             session = %self.record.id,
