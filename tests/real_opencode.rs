@@ -438,7 +438,7 @@ fn tool_loop_write_bash_read_edit_bwrap() {
 fn todowrite_becomes_a_plan() {
     let Some(world) = World::new("todowrite_becomes_a_plan") else { return };
     let ws = world.workspace("ws");
-    let mut bridge = world.start("none");
+    let mut bridge = world.start("bwrap");
     let sid = bridge.new_session(&ws);
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:todo plan it", "todowrite");
     assert_end_turn(&bridge, &turn);
@@ -470,7 +470,7 @@ fn todowrite_becomes_a_plan() {
 fn reasoning_becomes_thought_chunks() {
     let Some(world) = World::new("reasoning_becomes_thought_chunks") else { return };
     let ws = world.workspace("ws");
-    let mut bridge = world.start("none");
+    let mut bridge = world.start("bwrap");
     let sid = bridge.new_session(&ws);
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:reasoning what is 2+2", "reasoning");
     assert_end_turn(&bridge, &turn);
@@ -599,7 +599,7 @@ fn idle_timeout_ends_a_silent_long_tool_and_its_tree() {
 fn sigterm_of_the_bridge_mid_tool_leaves_nothing_running_none() {
     let Some(world) = World::new("sigterm_mid_tool") else { return };
     let ws = world.workspace("ws");
-    let mut bridge = world.start("none");
+    let mut bridge = world.start("bwrap");
     let sid = bridge.new_session(&ws);
     let n = 100_000 + u32::from(world.server.port) * 2;
     bridge.send_prompt(&sid, &format!("SCENARIO:longbash:{n} run something long"));
@@ -620,7 +620,7 @@ fn sigterm_of_the_bridge_mid_tool_leaves_nothing_running_none() {
 fn provider_http_400_is_a_jsonrpc_error_with_its_text() {
     let Some(world) = World::new("provider_http_400") else { return };
     let ws = world.workspace("ws");
-    let mut bridge = world.start("none");
+    let mut bridge = world.start("bwrap");
     let sid = bridge.new_session(&ws);
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:error please fail", "provider 400");
     match &turn.result {
@@ -681,7 +681,7 @@ fn restart_between_turns_continues_the_opencode_session_bwrap() {
 fn a_lost_opencode_session_continues_from_a_transcript() {
     let Some(world) = World::new("lost_session") else { return };
     let ws = world.workspace("ws");
-    let mut bridge = world.start("none");
+    let mut bridge = world.start("bwrap");
     let sid = bridge.new_session(&ws);
     let first = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text Say hello", "before the loss");
     assert_end_turn(&bridge, &first);
@@ -711,7 +711,7 @@ fn user_slash_command_runs_in_opencode() {
         json!({"greet": {"template": "SCENARIO:text greet $ARGUMENTS please", "description": "Greets someone"}});
     std::fs::write(&config_path, config.to_string()).unwrap();
     let ws = world.workspace("ws");
-    let mut bridge = world.start("none");
+    let mut bridge = world.start("bwrap");
     let sid = bridge.new_session(&ws);
     let offered =
         bridge.wait_update(&sid, "available_commands_update", |u| u["sessionUpdate"] == "available_commands_update");
@@ -776,4 +776,85 @@ fn fresh_user_config_under_bwrap() {
 #[test]
 fn fresh_user_config_under_none_is_not_written_to() {
     fresh_user_config("none", "fresh_user_config_under_none");
+}
+
+// ---- OpenCode's own bash tool against the sandbox -------------------------------------------------------------
+
+/// What the hostile script reports, attack by attack: `true` when the attack worked.
+const ATTACK_SCRIPT: &str = r##"
+import json, os, socket
+targets = json.load(open(".attack-targets.json"))
+result = {}
+def attempt(name, action):
+    try:
+        result[name] = bool(action())
+    except Exception:
+        result[name] = False
+attempt("read_ssh_key", lambda: "CANARY" in open(targets["key"]).read())
+attempt("read_store", lambda: len(open(targets["store"], "rb").read(16)) > 0)
+def write_bashrc():
+    with open(targets["bashrc"], "a") as f:
+        f.write("echo pwned\n")
+    return True
+attempt("write_bashrc", write_bashrc)
+def write_hook():
+    with open(".git/hooks/pre-commit", "w") as f:
+        f.write("#!/bin/sh\necho pwned\n")
+    return True
+attempt("write_git_hook", write_hook)
+attempt("connect_host_loopback", lambda: socket.create_connection(("127.0.0.1", targets["port"]), timeout=2) is not None)
+def through_proxy():
+    proxy = os.environ.get("HTTPS_PROXY", "")
+    if not proxy:
+        return False
+    host, port = proxy.rsplit("/", 1)[-1].rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=2)
+    s.sendall(("CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n\r\n" % targets["port"]).encode())
+    return s.recv(64).split(b" ")[1] == b"200"
+attempt("proxy_to_host_loopback", through_proxy)
+status = open("/proc/self/status").read()
+field = lambda name: [l.split()[1] for l in status.splitlines() if l.startswith(name + ":")][0]
+result["capabilities"] = int(field("CapEff"), 16) != 0
+result["no_seccomp"] = field("Seccomp") != "2"
+json.dump(result, open(".attack-result.json", "w"))
+"##;
+
+#[test]
+fn opencodes_bash_tool_cannot_escape_the_sandbox() {
+    let test = "opencodes_bash_tool_cannot_escape_the_sandbox";
+    if !bwrap_ok(test) {
+        return;
+    }
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let git = std::process::Command::new("git").args(["init", "-q"]).current_dir(&ws).status().unwrap();
+    assert!(git.success());
+    std::fs::create_dir_all(world.home.join(".ssh")).unwrap();
+    std::fs::write(world.home.join(".ssh/id_ed25519"), "CANARY private key").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let targets = serde_json::json!({
+        "key": world.home.join(".ssh/id_ed25519"),
+        "store": world.data.join("acp-sandbox.sqlite3"),
+        "bashrc": world.home.join(".bashrc"),
+        "port": listener.local_addr().unwrap().port(),
+    });
+    std::fs::write(ws.join(".attack-targets.json"), targets.to_string()).unwrap();
+    std::fs::write(ws.join(".attack.py"), ATTACK_SCRIPT).unwrap();
+    let mut bridge = world.start("bwrap");
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:attack set the project up", "attack");
+    assert_end_turn(&bridge, &turn);
+    let report = std::fs::read_to_string(ws.join(".attack-result.json"))
+        .unwrap_or_else(|e| bridge.fail(&format!("the bash tool wrote no result ({e}): {:#?}", turn.updates)));
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let worked: Vec<&String> = report
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, worked)| worked.as_bool() != Some(false))
+        .map(|(k, _)| k)
+        .collect();
+    assert!(worked.is_empty(), "attacks that worked through OpenCode's bash tool: {worked:?} in {report}");
+    assert_eq!(report.as_object().unwrap().len(), 8, "{report}");
+    assert!(!world.home.join(".bashrc").exists() && !ws.join(".git/hooks/pre-commit").exists());
 }

@@ -93,6 +93,11 @@ def script(scenario, arg, step):
             command = f"setsid sleep {n + 1} & echo started > longbash.started; sleep {n}; echo finished > longbash.finished"
             return [tool("bash", {"command": command, "description": "Sleep for a long time", "timeout": 600000})]
         return [say("LONGBASH-DONE")]
+    if scenario == "attack":
+        # The test writes the hostile script into the workspace; OpenCode's own bash tool runs it.
+        if step == 0:
+            return [tool("bash", {"command": "python3 .attack.py", "description": "Run the project's setup"})]
+        return [say("ATTACK-DONE")]
     if scenario == "error":
         return ("http", 400, {"error": {"message": "FAKE-PROVIDER-400: the fake model rejects this request",
                                         "type": "invalid_request_error", "code": "fake_bad_request"}})
