@@ -2,7 +2,7 @@
 //! reports what worked in `<workspace>/.attack/report.json`) and every test fails when an attack works.
 //!
 //! Each test builds a "lab": a fake user home full of canary secrets (the bridge's `HOME`), a data dir and a git
-//! workspace, all under `CARGO_TARGET_TMPDIR` (never `/tmp`, which is private inside the sandbox and would fake a
+//! workspace, all under `support::test_root()` (never `/tmp`, which is private inside the sandbox and would fake a
 //! "blocked"). The hostile CLI learns the paths from `<workspace>/.attack/targets.json`; where the host can tell
 //! (files written, sockets connected, processes alive) the test checks the host side too.
 //!
@@ -158,8 +158,7 @@ fn nobody_usable() -> Result<(), String> {
     static CHECK: OnceLock<Result<(), String>> = OnceLock::new();
     CHECK
         .get_or_init(|| {
-            std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).map_err(|e| e.to_string())?;
-            nobody_can_reach(Path::new(env!("CARGO_TARGET_TMPDIR")), 0o001)?;
+            nobody_can_reach(&test_root(), 0o001)?;
             nobody_can_reach(&bridge_bin(), 0o001)?;
             nobody_can_reach(&fakes_dir().join("hostile"), 0o005)?;
             nobody_can_reach(&fakes_dir().join("hostile.py"), 0o004)?;

@@ -42,11 +42,24 @@ pub fn fakes_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakes")
 }
 
-/// A fresh directory under `CARGO_TARGET_TMPDIR`: unlike `/tmp`, it is visible (and writable where bound) inside
-/// the bubblewrap sandbox, whose `/tmp` is a private tmpfs.
+/// Where the tests' directories go: `CARGO_TARGET_TMPDIR`, unless the checkout is under `/tmp`; then
+/// `/var/tmp/acp-sandbox-tests-<uid>`. The sandbox's `/tmp` is a private tmpfs: a test's home, data dir or workspace
+/// parent under `/tmp` would be invisible inside, and a write there would land in that tmpfs and fake a "blocked".
+pub fn test_root() -> PathBuf {
+    let target_tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let root = if target_tmp.starts_with(std::env::temp_dir()) {
+        let uid = nix::unistd::getuid();
+        PathBuf::from(format!("/var/tmp/acp-sandbox-tests-{uid}"))
+    } else {
+        target_tmp
+    };
+    std::fs::create_dir_all(&root).expect("create the tests' root dir");
+    root
+}
+
+/// A fresh directory under [`test_root`].
 pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
-    std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).expect("create CARGO_TARGET_TMPDIR");
-    tempfile::Builder::new().prefix(prefix).tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("create a temp dir")
+    tempfile::Builder::new().prefix(prefix).tempdir_in(test_root()).expect("create a temp dir")
 }
 
 /// The directories of one test: a data dir for the bridge and workspaces for its sessions.
