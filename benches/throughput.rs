@@ -116,10 +116,11 @@ struct Bridge {
 }
 
 impl Bridge {
-    fn start(data_dir: &Path, sandbox: &str, fake: &Path) -> Self {
+    fn start(data_dir: &Path, sandbox: &str, extra: &[&str], fake: &Path) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_acp-sandbox"))
             .args(["--agent", "opencode", "--sandbox", sandbox, "--data-dir"])
             .arg(data_dir)
+            .args(extra)
             .env("ACP_SANDBOX_OPENCODE_BIN", fake)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::piped())
@@ -159,14 +160,17 @@ fn bench_turns() {
     std::fs::write(&fake, format!("#!/bin/sh\ncat >/dev/null\ncat '{}'\n", fixture_path.display())).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    for sandbox in ["none", "bwrap"] {
+    // `bwrap --network host` leaves out the network namespace and the proxy: the difference is their cost.
+    let variants: [(&str, &str, &[&str]); 3] =
+        [("none", "none", &[]), ("bwrap", "bwrap", &[]), ("bwrap-host", "bwrap", &["--network", "host"])];
+    for (label, sandbox, extra) in variants {
         if sandbox == "bwrap" && acp_sandbox::sandbox::local::probe_bwrap().is_err() {
-            println!("turn      bwrap     skipped: bubblewrap does not work here");
+            println!("turn      {label:<10}  skipped: bubblewrap does not work here");
             continue;
         }
-        let data = root.join(format!("data-{sandbox}"));
+        let data = root.join(format!("data-{label}"));
         let start = Instant::now();
-        let mut bridge = Bridge::start(&data, sandbox, &fake);
+        let mut bridge = Bridge::start(&data, sandbox, extra, &fake);
         bridge.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
         let startup = start.elapsed();
         let session =
@@ -189,7 +193,7 @@ fn bench_turns() {
         drop(bridge.stdin);
         let _ = bridge.child.wait();
         println!(
-            "turn      {sandbox:<8}  startup {:>6.1} ms  turn (16 updates) {:>6.1} ms  load (20 turns) {:>6.1} ms  bridge peak RSS {:>5.1} MiB",
+            "turn      {label:<10}  startup {:>6.1} ms  turn (16 updates) {:>6.1} ms  load (20 turns) {:>6.1} ms  bridge peak RSS {:>5.1} MiB",
             startup.as_secs_f64() * 1e3,
             median(turns).as_secs_f64() * 1e3,
             load.as_secs_f64() * 1e3,

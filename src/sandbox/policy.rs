@@ -85,6 +85,12 @@ pub const SECRETS: &[&str] = &[
     ".config/microsoft-edge",
     ".config/vivaldi",
     ".var/app",
+    // Container engines' sockets in the home: a connection to one is root on the host.
+    ".colima",
+    ".lima",
+    ".orbstack",
+    ".rd",
+    ".local/share/containers",
     // Other agents' credentials and conversations: one agent's shell never reads another's.
     ".local/share/opencode",
     ".config/amp",

@@ -115,7 +115,9 @@ def start_grandchild():
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    (fake_dir() / "child.pid").write_text(str(child.pid))
+    # Written whole or not at all: the tests read it as soon as it exists.
+    (fake_dir() / "child.pid.tmp").write_text(str(child.pid))
+    os.replace(fake_dir() / "child.pid.tmp", fake_dir() / "child.pid")
     return child
 
 
