@@ -703,6 +703,24 @@ fn secret_files_of_the_home_are_unreadable() {
 }
 
 #[test]
+fn secrets_inside_the_workspace_stay_hidden() {
+    // A workspace that holds secret paths (`~/.config` holds `~/.config/gh` and gcloud's credentials): the
+    // workspace's own mount must not show them again.
+    let test = "secrets_inside_the_workspace_stay_hidden";
+    for_each_variant(test, bwrap_variants(test), |variant| {
+        let lab = Lab::new("secrets-in-ws", variant);
+        let ws = lab.home.join(".config");
+        lab.write(&ws.join(".attack/keep"), "");
+        let mut bridge = Bridge::start(lab.options());
+        let sid = bridge.new_session(&ws);
+        let report = lab.attack_in(&mut bridge, &sid, &ws, "secrets", &lab.targets());
+        let mut checks = Checks::new();
+        checks.blocked(&report, "secrets");
+        checks.finish();
+    });
+}
+
+#[test]
 fn deny_read_hides_an_extra_directory() {
     let test = "deny_read_hides_an_extra_directory";
     for_each_variant(test, bwrap_variants(test), |variant| {

@@ -2,9 +2,10 @@
 //!
 //! The plan is computed before each command from what exists on disk at that moment (bubblewrap can only mount
 //! over paths that exist), and turned into bubblewrap arguments by `local.rs`. Order matters: a later mount covers
-//! an earlier one, so the plan is always: system read-only, private `/tmp` and `/run`, hidden home (strict), what
-//! is shown again, secrets hidden, the data dir hidden, the CLI's install shown, the writable dirs, then the
-//! protected paths inside the workspace.
+//! an earlier one, so nothing that is shown or writable may be mounted over a hidden path after it is hidden. The
+//! plan is always: private `/tmp` and `/run`, the hidden home (strict), what is shown again (toolchains,
+//! `--allow-read`, the CLI's install), secrets hidden, the data dir hidden, a CLI installed in the data dir shown,
+//! the writable dirs, secrets inside the workspace hidden again, then the protected paths inside the workspace.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -272,6 +273,11 @@ impl Policy {
             }
         }
         shown.extend(self.allow_read.iter().cloned());
+        // The CLI's install is shown before anything is hidden, unless it lives in the data dir (the tools cache):
+        // a folder that holds the data dir or a secret must never show them again by being mounted on top.
+        let (cached_tools, other_tools): (Vec<&PathBuf>, Vec<&PathBuf>) =
+            subject.tools.iter().partition(|dir| dir.starts_with(&self.data_dir) && **dir != self.data_dir);
+        shown.extend(other_tools.into_iter().cloned());
         shown.sort();
         shown.dedup();
         for dir in shown {
@@ -279,22 +285,30 @@ impl Policy {
                 mounts.push(Mount::ReadOnly(dir));
             }
         }
-        for path in self.hidden_paths() {
-            // A secret behind a symlink is hidden where it really is: bubblewrap follows the link.
-            let Some(kind) = disk.kind(&path) else { continue };
-            let real = disk.canonical(&path).unwrap_or(path);
-            mounts.push(if kind { Mount::EmptyDir(real) } else { Mount::EmptyFile(real) });
-        }
+        // A secret inside the workspace (a workspace of `~/.config` holds `~/.config/gh`) is hidden again on top of
+        // the workspace's own mount, below.
+        let (secrets_in_workspace, secrets): (Vec<PathBuf>, Vec<PathBuf>) =
+            self.hidden_paths().into_iter().partition(|path| path.starts_with(&subject.workspace));
+        let hide = |mounts: &mut Vec<Mount>, paths: Vec<PathBuf>| {
+            for path in paths {
+                // A secret behind a symlink is hidden where it really is: bubblewrap follows the link.
+                let Some(kind) = disk.kind(&path) else { continue };
+                let real = disk.canonical(&path).unwrap_or(path);
+                mounts.push(if kind { Mount::EmptyDir(real) } else { Mount::EmptyFile(real) });
+            }
+        };
+        hide(mounts, secrets);
         if disk.kind(&self.data_dir) == Some(true) {
             mounts.push(Mount::EmptyDir(self.data_dir.clone()));
         }
-        for dir in &subject.tools {
+        for dir in cached_tools {
             if disk.kind(dir).is_some() {
                 mounts.push(Mount::ReadOnly(dir.clone()));
             }
         }
         mounts.push(Mount::Writable(subject.state_dir.clone()));
         mounts.push(Mount::Writable(subject.workspace.clone()));
+        hide(mounts, secrets_in_workspace);
         let protected = self.protected_paths(&subject.workspace, disk);
         // A directory between the workspace and a protected path is pinned (bound onto itself): a mount point
         // cannot be renamed, so `.git` cannot be moved aside, rebuilt with a hostile config and moved back.
@@ -534,10 +548,10 @@ mod tests {
             vec![
                 Scratch("/tmp".into()),
                 Scratch("/run".into()),
+                ReadOnly("/tmp/tools/opencode".into()),
                 EmptyDir("/home/u/.ssh".into()),
                 EmptyFile("/home/u/.netrc".into()),
                 EmptyDir("/home/u/.local/share/acp-sandbox".into()),
-                ReadOnly("/tmp/tools/opencode".into()),
                 Writable("/home/u/.local/share/acp-sandbox/sessions/s1".into()),
                 Writable("/home/u/ws".into()),
                 Writable("/home/u/ws/.git".into()),
@@ -552,6 +566,34 @@ mod tests {
             ]
         );
         assert_eq!(plan.placeholders.len(), 6, "{:?}", plan.placeholders);
+    }
+
+    #[test]
+    fn nothing_mounted_later_shows_a_hidden_path_again() {
+        let mut disk = base_disk();
+        for (path, dir) in [("/home/u/.config", true), ("/home/u/.config/gh", true), ("/home/u/.local/share", true)] {
+            disk.entries.insert(path.into(), dir);
+        }
+        // A fake CLI next to the data dir, and a workspace that holds a secret.
+        let subject = Subject {
+            workspace: "/home/u/.config".into(),
+            state_dir: "/home/u/.local/share/acp-sandbox/sessions/s1".into(),
+            tools: vec!["/home/u/.local/share".into(), "/home/u/.local/share/acp-sandbox/tools/x".into()],
+        };
+        disk.entries.insert("/home/u/.local/share/acp-sandbox/tools/x".into(), true);
+        let mounts = policy().plan(&subject, &disk).mounts;
+        let at =
+            |mount: Mount| mounts.iter().position(|m| *m == mount).unwrap_or_else(|| panic!("{mount:?} in {mounts:?}"));
+        assert!(
+            at(Mount::ReadOnly("/home/u/.local/share".into()))
+                < at(Mount::EmptyDir("/home/u/.local/share/acp-sandbox".into()))
+        );
+        assert!(
+            at(Mount::EmptyDir("/home/u/.local/share/acp-sandbox".into()))
+                < at(Mount::ReadOnly("/home/u/.local/share/acp-sandbox/tools/x".into()))
+        );
+        assert!(at(Mount::Writable("/home/u/.config".into())) < at(Mount::EmptyDir("/home/u/.config/gh".into())));
+        assert_eq!(mounts.iter().filter(|m| **m == Mount::EmptyDir("/home/u/.config/gh".into())).count(), 1);
     }
 
     #[test]
