@@ -557,7 +557,8 @@ impl SandboxCgroup {
             let _ = write_if_present(&self.dirs[0].join("cgroup.kill"), "1");
         }
         for _ in 0..200 {
-            let pids = self.pids();
+            // A dead process stays listed until its parent (or init) reaps it: only the living need a signal.
+            let pids: Vec<i32> = self.pids().into_iter().filter(|pid| !is_zombie(*pid)).collect();
             if pids.is_empty() {
                 return;
             }
@@ -568,6 +569,13 @@ impl SandboxCgroup {
         }
         tracing::warn!(dirs = ?self.dirs, "processes survived in a sandbox cgroup");
     }
+}
+
+/// Whether a process has exited and waits to be reaped (or is gone already).
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])))
+        .unwrap_or(true)
 }
 
 impl Drop for SandboxCgroup {

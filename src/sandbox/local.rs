@@ -822,6 +822,13 @@ impl Drop for LocalProcess {
             }
             self.end_leftovers();
         }
+        // Its processes are gone; removing the group waits for the kernel to let go of it, which need not hold
+        // up the turn's answer.
+        if let Some(cgroup) = self.guards.cgroup.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn_blocking(move || drop(cgroup));
+        }
     }
 }
 
