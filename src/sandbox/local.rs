@@ -65,7 +65,7 @@ impl Isolation {
     }
 }
 
-/// The protections every sandbox needs from bubblewrap: namespaces, no network, no capabilities.
+/// What every sandbox needs from bubblewrap: its own mount and PID namespaces, no capabilities.
 const PROBE_ARGS: &[&str] = &[
     "--ro-bind",
     "/",
@@ -75,45 +75,60 @@ const PROBE_ARGS: &[&str] = &[
     "--proc",
     "/proc",
     "--unshare-pid",
-    "--unshare-net",
     "--cap-drop",
     "ALL",
     "--die-with-parent",
 ];
 
+/// What bubblewrap can do here beyond [`PROBE_ARGS`].
+#[derive(Clone, Debug)]
+struct Features {
+    path: PathBuf,
+    /// Its own user namespace, and none nested in it.
+    userns: bool,
+    /// Its own network namespace (where not, the sandbox shares the host's network; `doctor` says why).
+    netns: Result<(), String>,
+}
+
 /// Checks once whether bubblewrap can create its namespaces here; the answer is cached.
 pub fn probe_bwrap() -> Result<PathBuf, String> {
-    probe().clone().map(|(path, _)| path)
+    probe().as_ref().map(|features| features.path.clone()).map_err(Clone::clone)
 }
 
 /// Whether bubblewrap can also give the sandbox its own user namespace (and forbid nested ones) here.
 pub fn bwrap_userns() -> bool {
-    probe().as_ref().is_ok_and(|(_, userns)| *userns)
+    probe().as_ref().is_ok_and(|features| features.userns)
 }
 
-fn probe() -> &'static Result<(PathBuf, bool), String> {
-    static PROBE: OnceLock<Result<(PathBuf, bool), String>> = OnceLock::new();
+/// Whether bubblewrap can give the sandbox its own network namespace here, or why not.
+pub fn bwrap_netns() -> Result<(), String> {
+    probe().as_ref().map_err(Clone::clone).and_then(|features| features.netns.clone())
+}
+
+fn probe() -> &'static Result<Features, String> {
+    static PROBE: OnceLock<Result<Features, String>> = OnceLock::new();
     PROBE.get_or_init(|| {
         let path = which::which("bwrap").map_err(|_| "bubblewrap (bwrap) is not installed".to_string())?;
         let run = |extra: &[&str]| {
-            std::process::Command::new(&path)
+            let output = std::process::Command::new(&path)
                 .args(extra)
                 .args(PROBE_ARGS)
                 .args(["--", "true"])
                 .stdin(Stdio::null())
                 .output()
-                .map_err(|e| format!("cannot run {}: {e}", path.display()))
+                .map_err(|e| format!("cannot run {}: {e}", path.display()))?;
+            if output.status.success() {
+                Ok(())
+            } else {
+                Err(String::from_utf8_lossy(&output.stderr).trim().to_string())
+            }
         };
-        if run(&["--unshare-user", "--disable-userns"])?.status.success() {
-            return Ok((path, true));
+        if let Err(why) = run(&[]) {
+            return Err(format!("bubblewrap cannot create its namespaces here: {why}"));
         }
-        let output = run(&[])?;
-        if output.status.success() {
-            Ok((path, false))
-        } else {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            Err(format!("bubblewrap cannot create its namespaces here: {}", stderr.trim()))
-        }
+        let userns = run(&["--unshare-user", "--disable-userns"]).is_ok();
+        let netns = run(&["--unshare-net"]).map_err(|why| format!("no network namespace here: {why}"));
+        Ok(Features { path, userns, netns })
     })
 }
 
@@ -194,7 +209,10 @@ impl LocalSettings {
                     off("--network host: the host's network, loopback and every host service included")
                 }
                 (_, false) => off("needs bubblewrap: the host's network"),
-                (mode, true) => (true, format!("own network namespace; out only through the bridge's proxy ({mode})")),
+                (mode, true) => match bwrap_netns() {
+                    Ok(()) => (true, format!("own network namespace; out only through the bridge's proxy ({mode})")),
+                    Err(why) => off(&format!("{why}: the host's network")),
+                },
             },
         );
         add(
@@ -545,6 +563,16 @@ impl Sandbox for LocalSandbox {
                 let plan = self.settings.policy.plan(&subject, &RealDisk);
                 guards.placeholders = Some(Placeholders::hold(&self.workspace, plan.placeholders.clone()));
                 let net = if !self.settings.network.uses_proxy() {
+                    None
+                } else if let Err(why) = bwrap_netns() {
+                    // The default degrades with a warning; a policy the user asked for is never dropped silently.
+                    if self.settings.network != NetworkMode::Open {
+                        return Err(SandboxError::Unavailable(format!(
+                            "--network {} needs a network namespace of the sandbox's own: {why}",
+                            self.settings.network
+                        )));
+                    }
+                    tracing::warn!(session = %self.session_id, "the sandbox shares the host's network: {why}");
                     None
                 } else {
                     let (proxy, net) = self.start_proxy(&spec).await?;
