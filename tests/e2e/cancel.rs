@@ -98,8 +98,11 @@ fn cancel_inside_bwrap_ends_every_process_of_the_turn() {
     let id = bridge.send_prompt(&sid, "SCENARIO:child run the test suite in the background");
     let pid_file = ws.join(".fake-cli/child.pid");
     assert!(wait_until(RECV_TIMEOUT, || pid_file.exists()), "the fake never started its grandchild");
+    // The pid file is written by the fake right after the fork; the exec of `sleep` may still be under way.
     assert!(
-        processes_under(&ws).iter().any(|(_, cmd)| cmd.starts_with("sleep 1000")),
+        wait_until(Duration::from_secs(5), || processes_under(&ws)
+            .iter()
+            .any(|(_, cmd)| cmd.starts_with("sleep 1000"))),
         "the sandboxed grandchild is not visible: {:?}",
         processes_under(&ws)
     );
