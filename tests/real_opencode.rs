@@ -605,8 +605,8 @@ fn sigterm_of_the_bridge_mid_tool_leaves_nothing_running_none() {
     bridge.send_prompt(&sid, &format!("SCENARIO:longbash:{n} run something long"));
     let started = wait_until(Duration::from_secs(60), || ws.join("longbash.started").exists());
     assert!(started, "the long bash tool did not start");
-    let before = processes_under(&ws);
-    assert!(before.len() >= 3, "OpenCode, its shell and the sleeps: {before:?}");
+    let running = wait_until(Duration::from_secs(10), || processes_under(&ws).len() >= 3);
+    assert!(running, "OpenCode, its shell and the sleeps: {:?}", processes_under(&ws));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(bridge.pid() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
     let exited = bridge.wait_exit(Duration::from_secs(20));
     assert!(exited.is_some(), "the bridge did not exit within 20 s of SIGTERM");
