@@ -261,11 +261,26 @@ pub enum Output {
         /// Why, for the user.
         message: String,
     },
+    /// The agent asks before it runs a tool (OpenCode's `ask` permissions): the session asks the editor with
+    /// `session/request_permission` and gives the answer back to the agent.
+    Permission(PermissionAsk),
+    /// The agent says the turn is over (OpenCode's server: the session went idle). A CLI run per turn says it by
+    /// closing its stdout instead.
+    Idle,
     /// A line that was not a known event: kept for logs and error messages, never shown as agent output.
     Unparsed {
         /// The line, truncated to a sane length.
         line: String,
     },
+}
+
+/// A permission the agent asks for, in the words the editor shows.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PermissionAsk {
+    /// The agent's id of the request, to answer it with (OpenCode `per_…`).
+    pub request_id: String,
+    /// The tool call it is about: its id as the editor knows it, with a title, a kind and (for edits) the diff.
+    pub tool_call: agent_client_protocol::v1::schema::ToolCallUpdate,
 }
 
 /// Turns one CLI's stdout, line by line, into ACP updates. Implementations are pure: no I/O, no clock,

@@ -499,6 +499,8 @@ impl Turn<'_> {
                 tracing::warn!(session = %self.record.id, "stopping the CLI: {message}");
                 state.abort.get_or_insert(message);
             }
+            // Only the server backend's translator asks or says idle; a CLI run per turn ends with its stdout.
+            Output::Permission(_) | Output::Idle => {}
             Output::Unparsed { line } => {
                 tracing::debug!(session = %self.record.id, "unparsed CLI line: {line}");
                 if state.unparsed.len() == 10 {
