@@ -55,6 +55,12 @@ struct SandboxInit {
     /// Tunnel 127.0.0.1:PORT to the same port on the host (repeatable).
     #[arg(long, value_name = "PORT")]
     expose: Vec<u16>,
+    /// A listening unix socket passed by the bridge: splice each connection to 127.0.0.1:--door-port.
+    #[arg(long, requires = "door_port")]
+    door_fd: Option<i32>,
+    /// The port of the server PROGRAM runs, inside the sandbox.
+    #[arg(long, requires = "door_fd")]
+    door_port: Option<u16>,
     /// Be the reaper of PROGRAM's descendants and end them all when it exits or this process is told to stop
     /// (`--sandbox none`, where no PID namespace does it).
     #[arg(long)]
@@ -128,6 +134,15 @@ struct Settings {
     /// At most this much memory for one sandbox (`512M`, `8G`) [default: half the machine's].
     #[arg(long, global = true, env = "ACP_SANDBOX_MAX_MEMORY", value_parser = parse_size)]
     max_memory: Option<u64>,
+    /// How OpenCode is driven: a warm `opencode serve` per session (serve), or `opencode run` per prompt (run).
+    #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BACKEND", value_enum, default_value = "serve")]
+    opencode_backend: acp_sandbox::config::OpenCodeBackend,
+    /// Stop a warm OpenCode server after this many seconds without a prompt.
+    #[arg(long, global = true, env = "ACP_SANDBOX_SERVER_IDLE_TIMEOUT", default_value_t = 600)]
+    server_idle_timeout: u64,
+    /// At most this many warm OpenCode servers at once (the least recently used is stopped first).
+    #[arg(long, global = true, env = "ACP_SANDBOX_MAX_SERVERS", default_value_t = 4)]
+    max_servers: usize,
     /// End a turn still running after this many seconds.
     #[arg(long, global = true, env = "ACP_SANDBOX_TURN_TIMEOUT", default_value_t = 1800)]
     turn_timeout: u64,
@@ -210,6 +225,9 @@ impl Settings {
             config.limits.max_memory_bytes = max;
         }
         config.turn_timeout = Duration::from_secs(self.turn_timeout.max(1));
+        config.opencode_backend = self.opencode_backend;
+        config.server_idle_timeout = Duration::from_secs(self.server_idle_timeout.max(1));
+        config.max_servers = self.max_servers.max(1);
         if let Some(dirs) = directories::BaseDirs::new() {
             let models = OpenCodeModels::read(dirs.config_dir());
             config.opencode_models = models.models;
@@ -255,6 +273,7 @@ fn sandbox_init(init: SandboxInit) -> ExitCode {
         proxy_socket: init.proxy_socket,
         proxy_port: init.proxy_port,
         expose: init.expose,
+        door: init.door_fd.zip(init.door_port),
         reap: init.reap,
         max_processes: init.max_processes,
         max_memory: init.max_memory,

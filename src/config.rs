@@ -77,6 +77,21 @@ pub struct Config {
     pub network: NetworkMode,
     /// Processes and memory of one sandbox.
     pub limits: Limits,
+    /// How OpenCode is driven.
+    pub opencode_backend: OpenCodeBackend,
+    /// A warm OpenCode server unused for this long is stopped.
+    pub server_idle_timeout: Duration,
+    /// At most this many warm OpenCode servers run at once.
+    pub max_servers: usize,
+}
+
+/// How OpenCode is driven.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OpenCodeBackend {
+    /// One warm `opencode serve` per session: live tokens and tool output, permissions, fast follow-ups.
+    Serve,
+    /// One `opencode run --format json` per prompt.
+    Run,
 }
 
 impl Config {
@@ -111,6 +126,9 @@ impl Config {
             turn_timeout: Duration::from_secs(30 * 60),
             network: NetworkMode::Open,
             limits: Limits::default(),
+            opencode_backend: OpenCodeBackend::Serve,
+            server_idle_timeout: Duration::from_secs(600),
+            max_servers: 4,
         }
     }
 

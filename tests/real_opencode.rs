@@ -179,8 +179,14 @@ impl World {
 
     /// The bridge's options: the real OpenCode, this world's HOME/XDG_CONFIG_HOME, hermetic OpenCode settings.
     fn options(&self, sandbox: &str) -> BridgeOptions {
+        self.backend_options(sandbox, "run")
+    }
+
+    /// The bridge's options with OpenCode driven by `backend` (`serve` or `run`).
+    fn backend_options(&self, sandbox: &str, backend: &str) -> BridgeOptions {
         BridgeOptions::new("opencode", &self.data)
             .sandbox(sandbox)
+            .env("ACP_SANDBOX_OPENCODE_BACKEND", backend)
             .env("ACP_SANDBOX_OPENCODE_BIN", &self.opencode.display().to_string())
             .env("HOME", &self.home.display().to_string())
             .env("XDG_CONFIG_HOME", &self.user_config.display().to_string())
@@ -257,11 +263,23 @@ fn finish_turn_patiently(bridge: &mut Bridge, sid: &str, id: i64, ws: &Path) -> 
     bridge.finish_turn(sid, id)
 }
 
+/// A turn of the server backend: OpenCode keeps running after it, so only the answer is waited for.
+fn finish_served_turn(bridge: &mut Bridge, sid: &str, id: i64) -> Turn {
+    match bridge.wait_response_within(id, TURN_LIMIT) {
+        Some(result) => Turn { result, updates: bridge.take_updates(sid) },
+        None => bridge.fail(&format!("no answer to the prompt within {TURN_LIMIT:?}")),
+    }
+}
+
 /// One prompt in workspace `ws`, timed.
 fn timed_prompt(bridge: &mut Bridge, sid: &str, ws: &Path, text: &str, label: &str) -> Turn {
     let started = Instant::now();
     let id = bridge.send_prompt(sid, text);
-    let turn = finish_turn_patiently(bridge, sid, id, ws);
+    let turn = if bridge.options.env.iter().any(|(k, v)| k == "ACP_SANDBOX_OPENCODE_BACKEND" && v == "serve") {
+        finish_served_turn(bridge, sid, id)
+    } else {
+        finish_turn_patiently(bridge, sid, id, ws)
+    };
     eprintln!("TIMING turn {label} ({}): {:?}", bridge.options.sandbox, started.elapsed());
     turn
 }
@@ -858,3 +876,6 @@ fn opencodes_bash_tool_cannot_escape_the_sandbox() {
     assert_eq!(report.as_object().unwrap().len(), 8, "{report}");
     assert!(!world.home.join(".bashrc").exists() && !ws.join(".git/hooks/pre-commit").exists());
 }
+
+#[path = "real_opencode/serve.rs"]
+mod serve;

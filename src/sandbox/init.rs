@@ -40,6 +40,10 @@ pub struct InitArgs {
     /// Listen on 127.0.0.1 at each of these ports and tunnel each connection to the same port on the host's
     /// loopback, through the proxy (which must allow it as an endpoint).
     pub expose: Vec<u16>,
+    /// A listening unix socket inherited from the bridge (its fd) and a port inside the sandbox: each connection
+    /// the bridge makes to the socket is spliced to 127.0.0.1 at that port (a server the CLI runs, such as `opencode
+    /// serve`). The socket lives in the bridge's own directory, so nothing in the sandbox can replace it.
+    pub door: Option<(i32, u16)>,
     /// Become the subreaper of the CLI's tree and end all of it when the CLI exits or a stop signal arrives:
     /// without a PID namespace, daemons it started (`setsid`, double fork) would otherwise outlive the turn.
     pub reap: bool,
@@ -89,6 +93,17 @@ async fn supervise(args: InitArgs) -> i32 {
             }
         };
         tokio::spawn(serve(listener, socket.clone(), door));
+    }
+    if let Some((fd, port)) = args.door {
+        match inbound_listener(fd) {
+            Ok(listener) => {
+                tokio::spawn(serve_inbound(listener, port));
+            }
+            Err(e) => {
+                complain(&format!("cannot use the bridge's door (fd {fd}): {e}"));
+                return INIT_FAILED;
+            }
+        }
     }
     let signals = [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::hangup()].map(signal);
     let [Ok(mut terminate), Ok(mut interrupt), Ok(mut hangup)] = signals else {
@@ -219,6 +234,39 @@ async fn pass(mut client: TcpStream, socket: Arc<PathBuf>, door: Door) {
         }
     }
     let _ = tokio::io::copy_bidirectional(&mut client, &mut proxy).await;
+}
+
+/// Takes over the inherited listening socket; it is closed on exec, so the CLI and its tools never hold it.
+fn inbound_listener(fd: i32) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: F_SETFD only changes the flags of an fd number; no memory is passed.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the bridge passed this fd for us alone, and nothing else in this process uses it.
+    let listener = std::os::unix::net::UnixListener::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    listener.set_nonblocking(true)?;
+    tokio::net::UnixListener::from_std(listener)
+}
+
+async fn serve_inbound(listener: tokio::net::UnixListener, port: u16) {
+    loop {
+        match listener.accept().await {
+            Ok((mut client, _)) => {
+                tokio::spawn(async move {
+                    // Refused while the server is still starting: the bridge sees the connection close and retries.
+                    if let Ok(mut server) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await {
+                        let _ = server.set_nodelay(true);
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+            Err(e) => {
+                complain(&format!("accept on the door failed: {e}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
 }
 
 /// Asks the proxy for a tunnel to the host's 127.0.0.1:`port`; returns what the proxy sent past its answer.

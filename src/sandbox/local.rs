@@ -381,6 +381,7 @@ impl LocalSandbox {
         net: Option<&NetSetup>,
         seccomp_fd: Option<i32>,
         watch: Option<Limits>,
+        door: Option<(i32, u16)>,
     ) -> Vec<String> {
         let mut args: Vec<String> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(|s| s.to_string()));
@@ -442,11 +443,30 @@ impl LocalSandbox {
                 }
             }
             args.extend(watch_args(watch));
+            args.extend(door_args(door));
             args.push("--".into());
         }
         args.push(spec.program.display().to_string());
         args.extend(spec.args.iter().cloned());
         args
+    }
+
+    /// Binds the bridge's end of a server's door in the bridge's run dir (mode 0700, never mounted into a
+    /// sandbox) and hands its listening fd to the command; returns the fd number the command inherits.
+    fn open_door(&self, guards: &mut ProcessGuards) -> Result<i32, SandboxError> {
+        if self.settings.init_program.is_none() {
+            return Err(SandboxError::Unavailable("a server in the sandbox needs the bridge's own binary".into()));
+        }
+        crate::config::create_private_dir(&self.settings.run_dir)
+            .map_err(|e| SandboxError::io(format!("create {}", self.settings.run_dir.display()), e))?;
+        let path = self.settings.run_dir.join(format!("{}.door", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+        let listener = std::os::unix::net::UnixListener::bind(&path)
+            .map_err(|e| SandboxError::io(format!("listen on {}", path.display()), e))?;
+        let fd = OwnedFd::from(listener);
+        let raw = fd.as_raw_fd();
+        guards.inherited.push(fd);
+        guards.door = Some(path);
+        Ok(raw)
     }
 
     /// Starts the proxy of one command and says how the sandbox reaches it.
@@ -480,6 +500,14 @@ impl LocalSandbox {
 }
 
 /// The arguments that make `sandbox-init` watch the limits itself.
+/// `sandbox-init`'s arguments for a server's door: the inherited listening fd and the server's port inside.
+fn door_args(door: Option<(i32, u16)>) -> Vec<String> {
+    match door {
+        Some((fd, port)) => vec!["--door-fd".into(), fd.to_string(), "--door-port".into(), port.to_string()],
+        None => Vec::new(),
+    }
+}
+
 fn watch_args(watch: Option<Limits>) -> Vec<String> {
     match watch {
         Some(limits) => vec![
@@ -553,6 +581,10 @@ impl Sandbox for LocalSandbox {
         };
         // Without a cgroup the sandbox's first process watches the limits itself.
         let watch = cgroup.is_none().then_some(self.settings.limits);
+        let door = match spec.serve_port {
+            Some(port) => Some((self.open_door(&mut guards)?, port)),
+            None => None,
+        };
         let mut command = match &self.settings.isolation {
             Isolation::Bwrap(bwrap) => {
                 let subject = Subject {
@@ -593,7 +625,7 @@ impl Sandbox for LocalSandbox {
                     }
                 };
                 let mut command = Command::new(bwrap);
-                command.args(self.bwrap_args(&spec, &plan, net.as_ref(), seccomp_fd, watch));
+                command.args(self.bwrap_args(&spec, &plan, net.as_ref(), seccomp_fd, watch, door));
                 command
             }
             Isolation::None(_) => {
@@ -611,7 +643,8 @@ impl Sandbox for LocalSandbox {
                 let mut command = match &self.settings.init_program {
                     Some(init) => {
                         let mut command = Command::new(init);
-                        command.args(["sandbox-init", "--reap"]).args(watch_args(watch)).arg("--");
+                        command.args(["sandbox-init", "--reap"]).args(watch_args(watch)).args(door_args(door));
+                        command.arg("--");
                         command.arg(&spec.program).args(&spec.args);
                         command
                     }
@@ -680,7 +713,9 @@ impl Sandbox for LocalSandbox {
             let _ = stdin.shutdown().await;
         });
         tracing::debug!(program = %program, pid = ?pid, isolation = %self.settings.isolation.describe(), "started");
+        let door = guards.door.clone();
         Ok(RunningProcess {
+            door,
             stdout: Box::pin(stdout),
             stderr: Box::pin(stderr),
             handle: Box::new(LocalProcess {
@@ -699,6 +734,8 @@ impl Sandbox for LocalSandbox {
 #[derive(Default)]
 struct ProcessGuards {
     proxy: Option<Proxy>,
+    /// The host end of a server's door (a socket file in the run dir), removed with the process.
+    door: Option<PathBuf>,
     cgroup: Option<limits::SandboxCgroup>,
     placeholders: Option<Placeholders>,
     inherited: Vec<OwnedFd>,
@@ -839,6 +876,14 @@ impl ProcessHandle for LocalProcess {
         }
         self.end_leftovers();
         Ok(exit)
+    }
+}
+
+impl Drop for ProcessGuards {
+    fn drop(&mut self) {
+        if let Some(door) = self.door.take() {
+            let _ = std::fs::remove_file(door);
+        }
     }
 }
 
@@ -1053,7 +1098,7 @@ mod tests {
             placeholders: Vec::new(),
         };
         let net = NetSetup { socket: "/data/run/x.sock".into(), port: 3128, expose: vec![4010] };
-        let args = sandbox.bwrap_args(&spec, &plan, Some(&net), Some(7), None).join(" ");
+        let args = sandbox.bwrap_args(&spec, &plan, Some(&net), Some(7), None, None).join(" ");
         let init = std::env::current_exe().unwrap().display().to_string();
         let expected_start = "--die-with-parent --new-session --unshare-pid --unshare-ipc --unshare-uts --unshare-net";
         assert!(args.starts_with(expected_start), "{args}");
@@ -1076,10 +1121,20 @@ mod tests {
              --proxy-port 3128 --expose 4010 -- /opt/opencode run --format json"
         ));
         let host = sandbox
-            .bwrap_args(&spec, &plan, None, None, Some(Limits { max_processes: 9, max_memory_bytes: 99 }))
+            .bwrap_args(
+                &spec,
+                &plan,
+                None,
+                None,
+                Some(Limits { max_processes: 9, max_memory_bytes: 99 }),
+                Some((5, 4096)),
+            )
             .join(" ");
         assert!(
-            host.ends_with("sandbox-init --max-processes 9 --max-memory 99 -- /opt/opencode run --format json"),
+            host.ends_with(
+                "sandbox-init --max-processes 9 --max-memory 99 --door-fd 5 --door-port 4096 -- /opt/opencode run \
+                 --format json"
+            ),
             "{host}"
         );
         assert!(!host.contains("--unshare-net") && !host.contains("proxy"), "{host}");

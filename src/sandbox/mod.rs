@@ -91,6 +91,9 @@ pub struct ExecSpec {
     pub tools: Vec<PathBuf>,
     /// Where the CLI must be able to connect whatever the network policy.
     pub net: NetAccess,
+    /// The command is a server listening on 127.0.0.1 at this port inside the sandbox: the bridge reaches it
+    /// through [`RunningProcess::door`]. The port must be free on the host too (`--sandbox none` shares its network).
+    pub serve_port: Option<u16>,
 }
 
 /// What a CLI must reach: its model endpoints (exact host:port, allowed even on loopback or private ranges) and
@@ -139,6 +142,9 @@ pub struct RunningProcess {
     pub stderr: OutputStream,
     /// Waits for or ends the process.
     pub handle: Box<dyn ProcessHandle>,
+    /// With [`ExecSpec::serve_port`]: a unix socket on the host, private to the bridge, whose every connection
+    /// reaches the server inside. Removed when the process ends.
+    pub door: Option<PathBuf>,
 }
 
 /// Control over a started command.

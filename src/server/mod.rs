@@ -30,12 +30,27 @@ struct ConnectionSink {
     connection: ConnectionTo<Client>,
 }
 
+#[async_trait::async_trait]
 impl UpdateSink for ConnectionSink {
     fn send(&self, session_id: &str, update: SessionUpdate) {
         let notification = SessionNotification::new(session_id.to_string(), update);
         if let Err(e) = self.connection.send_notification(notification) {
             // The editor went away; the update is already persisted and will be replayed on load.
             tracing::debug!(session = session_id, "could not send an update: {e}");
+        }
+    }
+
+    async fn request_permission(
+        &self,
+        request: agent_client_protocol::v1::schema::RequestPermissionRequest,
+    ) -> Option<agent_client_protocol::v1::schema::RequestPermissionOutcome> {
+        // Turns run in tasks of their own, never in the dispatch loop, so waiting here cannot deadlock it.
+        match self.connection.send_request(request).block_task().await {
+            Ok(response) => Some(response.outcome),
+            Err(e) => {
+                tracing::warn!("the editor did not answer a permission request: {e}");
+                None
+            }
         }
     }
 }
@@ -109,12 +124,16 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         result.map(|(id, options)| NewSessionResponse::new(id).config_options(options)),
                     )?;
                     // After the response, so the editor knows the session when the update arrives.
-                    if let Some(id) = id
-                        && let Ok(commands) = bridge.available_commands(&id)
-                        && !commands.is_empty()
-                    {
-                        ConnectionSink { connection: cx.clone() }
-                            .send(&id, SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)));
+                    if let Some(id) = id {
+                        bridge.warm_server(&id);
+                        if let Ok(commands) = bridge.available_commands(&id)
+                            && !commands.is_empty()
+                        {
+                            ConnectionSink { connection: cx.clone() }.send(
+                                &id,
+                                SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)),
+                            );
+                        }
                     }
                     Ok(())
                 }
@@ -126,10 +145,15 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                 let bridge = bridge.clone();
                 async move |request: LoadSessionRequest, responder: Responder<LoadSessionResponse>, cx| {
                     let sink = ConnectionSink { connection: cx.clone() };
-                    let result = bridge
-                        .load_session(&request.session_id.to_string(), &sink)
-                        .map(|options| LoadSessionResponse::new().config_options(options));
-                    respond(responder, result)
+                    let id = request.session_id.to_string();
+                    let result =
+                        bridge.load_session(&id, &sink).map(|options| LoadSessionResponse::new().config_options(options));
+                    let loaded = result.is_ok();
+                    respond(responder, result)?;
+                    if loaded {
+                        bridge.warm_server(&id);
+                    }
+                    Ok(())
                 }
             },
             agent_client_protocol::on_receive_request!(),
@@ -138,10 +162,15 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
             {
                 let bridge = bridge.clone();
                 async move |request: ResumeSessionRequest, responder: Responder<ResumeSessionResponse>, _cx| {
-                    let result = bridge
-                        .resume_session(&request.session_id.to_string())
-                        .map(|options| ResumeSessionResponse::new().config_options(options));
-                    respond(responder, result)
+                    let id = request.session_id.to_string();
+                    let result =
+                        bridge.resume_session(&id).map(|options| ResumeSessionResponse::new().config_options(options));
+                    let resumed = result.is_ok();
+                    respond(responder, result)?;
+                    if resumed {
+                        bridge.warm_server(&id);
+                    }
+                    Ok(())
                 }
             },
             agent_client_protocol::on_receive_request!(),

@@ -6,6 +6,7 @@
 mod catalog;
 pub mod options;
 pub mod prompt;
+pub mod serve;
 mod turn;
 
 use std::collections::HashMap;
@@ -28,9 +29,19 @@ use crate::sandbox::local::{Isolation, LocalProvider, LocalSettings};
 use crate::store::{SessionRecord, Store, TurnStatus, now_ms, rfc3339};
 
 /// Where a session's updates go: the editor's connection, or the terminal for `acp-sandbox prompt`.
+#[async_trait::async_trait]
 pub trait UpdateSink: Send + Sync {
     /// Sends one update of one session. Must not block: it queues.
     fn send(&self, session_id: &str, update: SessionUpdate);
+
+    /// Asks the user to allow a tool call (`session/request_permission`). `None` when nobody can answer (no
+    /// editor, or it went away): the caller treats it as a rejection.
+    async fn request_permission(
+        &self,
+        _request: agent_client_protocol::v1::schema::RequestPermissionRequest,
+    ) -> Option<agent_client_protocol::v1::schema::RequestPermissionOutcome> {
+        None
+    }
 }
 
 /// A session as listed in the history.
@@ -80,6 +91,12 @@ pub struct Bridge {
     shutdown: CancellationToken,
     /// The models OpenCode can use.
     catalog: Arc<catalog::ModelCatalog>,
+    /// Warm OpenCode servers, one per session at most.
+    servers: Arc<serve::Servers>,
+    /// Sessions told in this process that their OpenCode server could not start.
+    fallback_told: Mutex<std::collections::HashSet<String>>,
+    /// What `--version` said, per executable.
+    versions: Mutex<HashMap<PathBuf, Option<String>>>,
 }
 
 const LIST_PAGE: usize = 50;
@@ -109,7 +126,11 @@ impl Bridge {
         let settings = Arc::new(LocalSettings::from_config(&config, isolation.clone()));
         let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), settings));
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), provider.clone()));
+        let servers = serve::Servers::new(config.server_idle_timeout, config.max_servers);
         Ok(Self {
+            servers,
+            fallback_told: Mutex::default(),
+            versions: Mutex::default(),
             catalog,
             config,
             store,
@@ -305,6 +326,7 @@ impl Bridge {
     /// Cancels any running turn and forgets the session's in-memory state. The session stays stored.
     pub fn close_session(&self, id: &str) -> Result<()> {
         self.cancel(id);
+        self.stop_server(id);
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         // A cancelled turn may still be winding down; its entry stays until then, so that a prompt sent
         // right after the close waits its turn instead of running beside it.
@@ -319,6 +341,8 @@ impl Bridge {
     /// succeed.
     pub async fn delete_session(&self, id: &str) -> Result<()> {
         self.close_session(id)?;
+        // Its server holds the sandbox's files open: gone first.
+        self.servers.stop(id).await;
         let Some(record) = self.store.session(id)? else {
             return Ok(());
         };
@@ -404,6 +428,148 @@ impl Bridge {
         while self.any_turn_running() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        self.servers.stop_all().await;
+    }
+
+    /// Whether this session's prompts go to a warm OpenCode server.
+    fn serves(&self, record: &SessionRecord) -> bool {
+        self.agent_of(record) == AgentKind::OpenCode
+            && self.config.agent == AgentKind::OpenCode
+            && self.config.opencode_backend == crate::config::OpenCodeBackend::Serve
+    }
+
+    /// Whether sandboxes get a network namespace of their own (a server's port is then private to its sandbox).
+    fn private_network(&self) -> bool {
+        matches!(self.isolation, Isolation::Bwrap(_))
+            && self.config.network.uses_proxy()
+            && crate::sandbox::local::bwrap_netns().is_ok()
+    }
+
+    /// Starts the session's OpenCode server in the background, so that its first prompt finds it warm. Does
+    /// nothing when the CLI is not installed yet (the first prompt installs it) or the server already runs.
+    pub fn warm_server(self: &Arc<Self>, id: &str) {
+        let Ok(record) = self.record(id) else { return };
+        if !self.serves(&record) || self.servers.get(id).is_some() {
+            return;
+        }
+        let Some(executable) = installed_executable(&self.config, AgentKind::OpenCode) else { return };
+        let bridge = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let result = async {
+                let (executable, _) = bridge.opencode_for_server(&executable).await.map_err(|e| e.to_string())?;
+                let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
+                let model = options::opencode_model(&record.config).map(str::to_string);
+                bridge
+                    .servers
+                    .warm(&id, || {
+                        serve::start_server(
+                            &bridge,
+                            &id,
+                            AgentKind::OpenCode,
+                            sandbox,
+                            &executable,
+                            None,
+                            model.as_deref(),
+                        )
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            if let Err(e) = result.await {
+                tracing::info!(session = %id, "the OpenCode server was not started ahead of the first prompt: {e}");
+            }
+        });
+    }
+
+    /// The session's sandbox: reconnected when it exists, created (and persisted) otherwise.
+    async fn session_sandbox(&self, record: &SessionRecord) -> Result<Arc<dyn crate::sandbox::Sandbox>> {
+        let provider = self.provider();
+        let spec = crate::sandbox::SandboxSpec { session_id: record.id.clone(), workspace: PathBuf::from(&record.cwd) };
+        let current = self.store.session(&record.id)?;
+        let sandbox_id = current.as_ref().and_then(|r| r.sandbox_id.clone());
+        let provider_name = current.as_ref().map(|r| r.sandbox_provider.clone()).unwrap_or_default();
+        if let Some(id) = &sandbox_id
+            && provider_name == provider.name()
+        {
+            if let Some(sandbox) = provider.connect(id, &spec).await? {
+                return Ok(sandbox);
+            }
+            tracing::warn!(session = %record.id, sandbox = %id, "the session's sandbox is gone; creating a new one");
+        }
+        let id = provider.create(&spec).await?;
+        self.store.set_sandbox(&record.id, provider.name(), Some(&id))?;
+        provider.connect(&id, &spec).await?.ok_or_else(|| {
+            Error::Sandbox(crate::sandbox::SandboxError::Unavailable(format!("the new sandbox {id} vanished")))
+        })
+    }
+
+    /// The version line `<cli> --version` prints, asked once per executable (in a sandbox of the bridge's own).
+    async fn cli_version(&self, agent: AgentKind, executable: &Path) -> Option<String> {
+        let key = executable.to_path_buf();
+        if let Some(known) = self.versions.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return known.clone();
+        }
+        let version = run_once(
+            &self.config,
+            self.provider.as_ref(),
+            "_version",
+            agent,
+            executable,
+            &["--version"],
+            &Default::default(),
+        )
+        .await
+        .ok()
+        .and_then(|out| out.lines().next().map(|line| line.trim().to_string()))
+        .filter(|line| !line.is_empty());
+        tracing::info!(executable = %executable.display(), version = ?version, "the CLI's version");
+        self.versions.lock().unwrap_or_else(|p| p.into_inner()).insert(key, version.clone());
+        version
+    }
+
+    /// OpenCode's executable as this bridge may drive it: a 1.x. OpenCode 2 replaced the server API and moved `run`
+    /// onto a server (which could run tools outside the sandbox), so a 2.x found on PATH is replaced by the pinned
+    /// install of the tools cache (installed when `install` allows), and one named by `--opencode-bin` is refused.
+    /// Answers the executable and its version line.
+    async fn opencode_for_server(&self, found: &Path) -> Result<(PathBuf, Option<String>)> {
+        let version = self.cli_version(AgentKind::OpenCode, found).await;
+        let major = version.as_deref().and_then(major_version);
+        match major {
+            Some(major) if major >= 2 => {}
+            _ => return Ok((found.to_path_buf(), version)),
+        }
+        let shown = version.unwrap_or_default();
+        if self.config.opencode_bin.is_some() {
+            return Err(Error::CliUnavailable(format!(
+                "OpenCode {shown} at {} is a major version acp-sandbox cannot drive yet (it supports OpenCode 1.x). \
+                 Point ACP_SANDBOX_OPENCODE_BIN (--opencode-bin) at an OpenCode 1.x, or unset it to use the pinned {}",
+                found.display(),
+                crate::agents::opencode::PACKAGE.version
+            )));
+        }
+        let pinned = crate::agents::opencode::PACKAGE.executable(&self.config.tools_dir());
+        tracing::warn!(
+            found = %found.display(),
+            version = %shown,
+            pinned = %pinned.display(),
+            "the OpenCode on PATH is a major version acp-sandbox cannot drive yet; using the pinned install"
+        );
+        if !pinned.exists() {
+            crate::sandbox::install::install(crate::agents::opencode::PACKAGE, &self.config.tools_dir()).await?;
+        }
+        let version = self.cli_version(AgentKind::OpenCode, &pinned).await;
+        Ok((pinned, version))
+    }
+
+    /// Stops the session's warm server, in the background.
+    fn stop_server(&self, id: &str) {
+        if self.servers.get(id).is_none() {
+            return;
+        }
+        let servers = self.servers.clone();
+        let id = id.to_string();
+        tokio::spawn(async move { servers.stop(&id).await });
     }
 
     fn any_turn_running(&self) -> bool {
@@ -551,6 +717,7 @@ fn cli_spec(
         read_only: agent.user_config(&user_config, &user_data, sandbox.state_dir()),
         tools: vec![tool],
         net: crate::sandbox::NetAccess { endpoints, service_hosts },
+        serve_port: None,
     }
 }
 
@@ -565,6 +732,12 @@ fn installed_executable(config: &Config, agent: AgentKind) -> Option<PathBuf> {
     }
     let cached = package.executable(&config.tools_dir());
     cached.exists().then_some(cached)
+}
+
+/// The major version in a version line such as `1.18.33` or `opencode 2.0.23`.
+fn major_version(line: &str) -> Option<u64> {
+    let start = line.find(|c: char| c.is_ascii_digit())?;
+    line[start..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
 /// Marks a session idle when the turn that made it busy ends.

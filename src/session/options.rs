@@ -27,7 +27,7 @@ pub fn default_key(agent: AgentKind) -> &'static str {
 struct Spec {
     id: &'static str,
     name: &'static str,
-    category: SessionConfigOptionCategory,
+    category: Option<SessionConfigOptionCategory>,
     choices: Vec<(String, String)>,
     current: String,
 }
@@ -52,7 +52,7 @@ fn specs(agent: AgentKind, session_config: &Value, config: &Config, models: &[Mo
                 config.amp_modes.iter().map(|mode| (mode.clone(), capitalize(mode))).collect();
             let fallback = choices.first().map(|(value, _)| value.clone()).unwrap_or_else(|| "medium".into());
             let current = stored(session_config, "mode").map(str::to_string).unwrap_or(fallback);
-            vec![Spec { id: "mode", name: "Mode", category: SessionConfigOptionCategory::Mode, choices, current }]
+            vec![Spec { id: "mode", name: "Mode", category: Some(SessionConfigOptionCategory::Mode), choices, current }]
         }
         AgentKind::OpenCode => {
             let mut choices = vec![(DEFAULT.to_string(), "OpenCode default".to_string())];
@@ -63,7 +63,7 @@ fn specs(agent: AgentKind, session_config: &Value, config: &Config, models: &[Mo
             specs.push(Spec {
                 id: "model",
                 name: "Model",
-                category: SessionConfigOptionCategory::Model,
+                category: Some(SessionConfigOptionCategory::Model),
                 choices,
                 current: model,
             });
@@ -73,14 +73,57 @@ fn specs(agent: AgentKind, session_config: &Value, config: &Config, models: &[Mo
                 specs.push(Spec {
                     id: "variant",
                     name: "Reasoning",
-                    category: SessionConfigOptionCategory::ThoughtLevel,
+                    category: Some(SessionConfigOptionCategory::ThoughtLevel),
                     choices,
                     current: stored(session_config, "variant").unwrap_or(DEFAULT).to_string(),
+                });
+            }
+            specs.push(Spec {
+                id: "mode",
+                name: "Mode",
+                category: Some(SessionConfigOptionCategory::Mode),
+                choices: OPENCODE_MODES.iter().map(|(id, name, _)| (id.to_string(), name.to_string())).collect(),
+                current: stored(session_config, "mode").unwrap_or(OPENCODE_MODES[0].0).to_string(),
+            });
+            if config.opencode_backend == crate::config::OpenCodeBackend::Serve {
+                specs.push(Spec {
+                    id: "approvals",
+                    name: "Approvals",
+                    category: None,
+                    choices: vec![
+                        (APPROVALS_AUTO.into(), "Auto (the sandbox is the boundary)".into()),
+                        (APPROVALS_ASK.into(), "Ask before edits and commands".into()),
+                    ],
+                    current: approvals(session_config).to_string(),
                 });
             }
             specs
         }
     }
+}
+
+/// OpenCode's primary agents offered as the session's mode: (id, name, description).
+pub const OPENCODE_MODES: &[(&str, &str, &str)] = &[
+    ("build", "Build", "Edits files and runs commands"),
+    ("plan", "Plan", "Reads and plans; asks before it edits or runs anything"),
+];
+
+/// Every tool runs without asking: the sandbox is the boundary.
+pub const APPROVALS_AUTO: &str = "auto";
+/// OpenCode asks (through the editor) before edits, commands and fetches.
+pub const APPROVALS_ASK: &str = "ask";
+
+/// The session's approvals setting.
+pub fn approvals(session_config: &Value) -> &str {
+    match stored(session_config, "approvals") {
+        Some(APPROVALS_ASK) => APPROVALS_ASK,
+        _ => APPROVALS_AUTO,
+    }
+}
+
+/// The OpenCode agent the session's mode names, if one was chosen.
+pub fn opencode_agent(session_config: &Value) -> Option<&str> {
+    stored(session_config, "mode").filter(|mode| OPENCODE_MODES.iter().any(|(id, _, _)| id == mode))
 }
 
 /// What is known about a chosen model (`default`: the user's configured default model).

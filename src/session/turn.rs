@@ -11,11 +11,12 @@ use agent_client_protocol::v1::schema::{
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
+use super::serve::ServeOutcome;
 use super::{Bridge, UpdateSink, note, options, prompt};
 use crate::agents::opencode::catalog::ModelInfo;
 use crate::agents::{AgentKind, Output, TranslateContext, TurnEnd, TurnRequest};
 use crate::error::{Error, Result};
-use crate::sandbox::{ExecSpec, OutputStream, Sandbox, SandboxSpec, install};
+use crate::sandbox::{ExecSpec, OutputStream, Sandbox, install};
 use crate::store::{SessionRecord, Store, TurnStatus};
 
 /// Variables of the bridge's environment every CLI gets: what programs need to run and to reach the
@@ -97,11 +98,11 @@ pub(super) struct Turn<'a> {
 }
 
 /// Persists each update, then sends it: what the editor saw is what `session/load` replays.
-struct Emitter {
+pub(super) struct Emitter {
     store: Arc<Store>,
     sink: Arc<dyn UpdateSink>,
     session_id: String,
-    turn_id: i64,
+    pub(super) turn_id: i64,
     /// What earlier turns cost: added to this turn's running cost, since ACP reports it per session.
     prior_cost: f64,
     /// This turn's running cost as the CLI reported it.
@@ -109,7 +110,7 @@ struct Emitter {
 }
 
 impl Emitter {
-    fn send(&self, update: SessionUpdate) {
+    pub(super) fn send(&self, update: SessionUpdate) {
         let update = match update {
             SessionUpdate::UsageUpdate(mut usage) => {
                 if let Some(cost) = usage.cost.as_mut() {
@@ -207,13 +208,47 @@ impl Turn<'_> {
                 if rendered.dropped.len() == 1 { "it was" } else { "they were" }
             )));
         }
-        let executable = self.executable(emit).await?;
-        let sandbox = self.sandbox(&workspace).await?;
+        let mut executable = self.executable(emit).await?;
+        if self.agent == AgentKind::OpenCode {
+            executable = self.bridge.opencode_for_server(&executable).await?.0;
+        }
+        let sandbox = self.bridge.session_sandbox(&self.record).await?;
         let mut native_id = self.record.native_id.clone();
+        let mut serve = self.bridge.serves(&self.record);
         loop {
-            let attempt =
-                self.attempt(emit, sandbox.as_ref(), &executable, native_id.as_deref(), command.as_deref(), &rendered);
-            match attempt.await? {
+            if self.cancel.is_cancelled() {
+                return Ok(StopReason::Cancelled);
+            }
+            let attempt = if serve {
+                match self
+                    .serve_attempt(emit, &sandbox, &executable, native_id.as_deref(), command.as_deref(), &rendered)
+                    .await?
+                {
+                    ServeOutcome::Finished(result) => Attempt::Finished(result),
+                    ServeOutcome::ConversationMissing => Attempt::ConversationMissing,
+                    ServeOutcome::Unavailable(why) => {
+                        serve = false;
+                        tracing::warn!(session = %self.record.id, "running `opencode run` instead of the server: {why}");
+                        let first = self
+                            .bridge
+                            .fallback_told
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(self.record.id.clone());
+                        if first {
+                            emit.send(note(&format!(
+                                "_OpenCode's server could not start here, so this session runs `opencode run` per prompt (no live output): {}_",
+                                super::first_line(&why)
+                            )));
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                self.attempt(emit, sandbox.as_ref(), &executable, native_id.as_deref(), command.as_deref(), &rendered)
+                    .await?
+            };
+            match attempt {
                 Attempt::Finished(result) => return result,
                 Attempt::ConversationMissing => {
                     let Some(old) = native_id.take() else {
@@ -286,25 +321,6 @@ impl Turn<'_> {
                 )))
             }
         }
-    }
-
-    /// The session's sandbox: reconnected when it exists, created (and persisted) otherwise.
-    async fn sandbox(&self, workspace: &std::path::Path) -> Result<Arc<dyn Sandbox>> {
-        let provider = self.bridge.provider();
-        let spec = SandboxSpec { session_id: self.record.id.clone(), workspace: workspace.to_path_buf() };
-        if let Some(id) = &self.record.sandbox_id
-            && self.record.sandbox_provider == provider.name()
-        {
-            if let Some(sandbox) = provider.connect(id, &spec).await? {
-                return Ok(sandbox);
-            }
-            tracing::warn!(session = %self.record.id, sandbox = %id, "the session's sandbox is gone; creating a new one");
-        }
-        let id = provider.create(&spec).await?;
-        self.bridge.store.set_sandbox(&self.record.id, provider.name(), Some(&id))?;
-        provider.connect(&id, &spec).await?.ok_or_else(|| {
-            Error::Sandbox(crate::sandbox::SandboxError::Unavailable(format!("the new sandbox {id} vanished")))
-        })
     }
 
     async fn attempt(

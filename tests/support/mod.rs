@@ -151,6 +151,8 @@ impl BridgeOptions {
                 ("ACP_SANDBOX_OPENCODE_BIN".into(), fakes.join("opencode").display().to_string()),
                 ("ACP_SANDBOX_AMP_BIN".into(), fakes.join("amp").display().to_string()),
                 ("AMP_API_KEY".into(), FAKE_AMP_KEY.into()),
+                // The fake `opencode` behaves like `opencode run`; the server backend is tested with the real CLI.
+                ("ACP_SANDBOX_OPENCODE_BACKEND".into(), "run".into()),
                 // The fake CLIs replay recorded streams from tests/fixtures, which the sandbox hides with the rest
                 // of /tmp when the checkout is there: shown like any data a CLI needs besides its own folder.
                 ("ACP_SANDBOX_ALLOW_READ".into(), fakes.with_file_name("fixtures").display().to_string()),

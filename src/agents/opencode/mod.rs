@@ -7,6 +7,7 @@
 pub mod catalog;
 pub mod events;
 pub mod providers;
+pub mod serve;
 pub mod translate;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +27,10 @@ pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
     }
     if let Some(variant) = turn.variant {
         args.extend(["--variant".to_string(), variant.to_string()]);
+    }
+    // The session's mode is one of OpenCode's primary agents (build, plan).
+    if let Some(agent) = turn.mode {
+        args.extend(["--agent".to_string(), agent.to_string()]);
     }
     if let Some(session) = turn.native_id {
         args.extend(["--session".to_string(), session.to_string()]);

@@ -1,0 +1,378 @@
+//! Warm `opencode serve` processes, one per session, each inside that session's sandbox.
+//!
+//! A server is started in the background when a session is created, loaded or resumed, so that the first prompt
+//! rarely waits for OpenCode to boot; it stays up between prompts, is stopped after `--server-idle-timeout` and
+//! when the session is closed or deleted, and at most `--max-servers` run at once (the least recently used goes
+//! first). Its only way in is a door: a unix socket in the bridge's private run dir, spliced to the server's port
+//! inside the sandbox by `sandbox-init`; every request carries the server's own random password. The server dies
+//! with the bridge like any command of the sandbox (`--die-with-parent`, or the subreaper's parent-death signal).
+
+pub mod client;
+mod turn;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::{mpsc, watch};
+
+use self::client::Client;
+use crate::sandbox::{ExitInfo, ProcessHandle, RunningProcess};
+
+pub(super) use self::turn::{ServeOutcome, start_server};
+
+/// Where the server listens inside the sandbox. With a network namespace of its own any port is free; under
+/// `--sandbox none` a free port of the host is picked instead.
+const INSIDE_PORT: u16 = 4096;
+
+/// Lines of the server's stderr kept for error messages.
+const STDERR_LINES: usize = 40;
+
+/// How often the pool looks for idle servers.
+const REAP_EVERY: Duration = Duration::from_secs(15);
+
+/// Why no server could be had for a turn.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The server did not come up: the caller falls back to `opencode run`.
+    #[error("the OpenCode server did not start: {0}")]
+    Start(String),
+}
+
+/// One running server.
+pub struct Server {
+    /// Talks to it.
+    pub client: Client,
+    /// The version its health check reports.
+    pub version: String,
+    kill: mpsc::Sender<()>,
+    exited: watch::Receiver<Option<ExitInfo>>,
+    limit: Arc<Mutex<Option<String>>>,
+    stderr: Arc<Mutex<VecDeque<String>>>,
+    last_used: Mutex<Instant>,
+    /// A turn is using it: never stopped for idleness or for room.
+    busy: std::sync::atomic::AtomicBool,
+    /// The approvals rules last given to each OpenCode session of this server.
+    pub(super) permissions: Mutex<HashMap<String, String>>,
+}
+
+impl Server {
+    /// Whether the process still runs.
+    pub fn alive(&self) -> bool {
+        self.exited.borrow().is_none()
+    }
+
+    /// How it exited, once it did.
+    pub fn exit(&self) -> Option<ExitInfo> {
+        *self.exited.borrow()
+    }
+
+    /// Waits until the process has exited.
+    pub async fn exited(&self) {
+        let mut exited = self.exited.clone();
+        let _ = exited.wait_for(Option::is_some).await;
+    }
+
+    /// The sandbox's process or memory limit, once the server's tree ran into it.
+    pub fn limit_hit(&self) -> Option<String> {
+        self.limit.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The last lines of its stderr.
+    pub fn stderr_tail(&self) -> String {
+        Vec::from(self.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()).join("\n")
+    }
+
+    /// Ends the server and everything it started, and waits until it is gone.
+    pub async fn stop(&self) {
+        let _ = self.kill.try_send(());
+        self.exited().await;
+    }
+
+    fn touch(&self) {
+        *self.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        self.last_used.lock().unwrap_or_else(|p| p.into_inner()).elapsed()
+    }
+}
+
+/// Marks a server busy for as long as a turn holds it.
+pub struct Lease(Arc<Server>);
+
+impl Lease {
+    /// The server.
+    pub fn server(&self) -> &Arc<Server> {
+        &self.0
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.busy.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Starting a server: what the session gives (its sandbox's command) and what comes back.
+pub struct Started {
+    /// The process.
+    pub process: RunningProcess,
+    /// Its password.
+    pub password: String,
+}
+
+/// The warm servers of one bridge.
+pub struct Servers {
+    idle_stop: Duration,
+    max: usize,
+    running: Mutex<HashMap<String, Arc<Server>>>,
+    /// Sessions whose server is starting: one start at a time per session, others wait for it.
+    starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Servers {
+    /// A pool that stops servers idle for `idle_stop` and keeps at most `max` running.
+    pub fn new(idle_stop: Duration, max: usize) -> Arc<Self> {
+        let servers =
+            Arc::new(Servers { idle_stop, max: max.max(1), running: Mutex::default(), starting: Mutex::default() });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let weak = Arc::downgrade(&servers);
+            runtime.spawn(async move {
+                let mut tick = tokio::time::interval(REAP_EVERY);
+                loop {
+                    tick.tick().await;
+                    let Some(servers) = weak.upgrade() else { break };
+                    servers.stop_idle().await;
+                }
+            });
+        }
+        servers
+    }
+
+    /// The port a server is told to listen on: inside its own network namespace always the same one, else a port
+    /// that is free on the host now.
+    pub fn port(private_network: bool) -> u16 {
+        if private_network {
+            return INSIDE_PORT;
+        }
+        std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .unwrap_or(INSIDE_PORT)
+    }
+
+    /// A fresh password for a server.
+    pub fn password() -> String {
+        format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+    }
+
+    /// The session's running server, if there is one.
+    pub fn get(&self, session: &str) -> Option<Arc<Server>> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.get(session).filter(|server| server.alive()).cloned()
+    }
+
+    /// The session's server for one turn: the running one, or one started by `start` (once, however many ask at
+    /// the same time). Makes room first when `max` servers run.
+    pub async fn lease<F, Fut>(&self, session: &str, start: F) -> Result<Lease, ServeError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Started, ServeError>>,
+    {
+        let server = self.get_or_start(session, start).await?;
+        server.busy.store(true, std::sync::atomic::Ordering::SeqCst);
+        server.touch();
+        Ok(Lease(server))
+    }
+
+    /// Starts the session's server unless it runs; for the background start on new, load and resume.
+    pub async fn warm<F, Fut>(&self, session: &str, start: F) -> Result<(), ServeError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Started, ServeError>>,
+    {
+        self.get_or_start(session, start).await.map(drop)
+    }
+
+    async fn get_or_start<F, Fut>(&self, session: &str, start: F) -> Result<Arc<Server>, ServeError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Started, ServeError>>,
+    {
+        let gate = {
+            let mut starting = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+            starting.entry(session.to_string()).or_default().clone()
+        };
+        let _one = gate.lock().await;
+        if let Some(server) = self.get(session) {
+            return Ok(server);
+        }
+        self.make_room().await;
+        let started = start().await?;
+        let server = Arc::new(ready(started).await?);
+        tracing::info!(session, version = %server.version, "the OpenCode server is ready");
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(session.to_string(), server.clone());
+        Ok(server)
+    }
+
+    /// Stops the session's server (session closed or deleted, or a turn that could not be aborted).
+    pub async fn stop(&self, session: &str) {
+        let server = self.running.lock().unwrap_or_else(|p| p.into_inner()).remove(session);
+        if let Some(server) = server {
+            tracing::info!(session, "stopping the OpenCode server");
+            server.stop().await;
+        }
+    }
+
+    /// Stops every server.
+    pub async fn stop_all(&self) {
+        let all: Vec<Arc<Server>> =
+            self.running.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, server)| server).collect();
+        for server in all {
+            server.stop().await;
+        }
+    }
+
+    async fn stop_idle(&self) {
+        let idle: Vec<String> = {
+            let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            running
+                .iter()
+                .filter(|(_, server)| {
+                    !server.alive()
+                        || (!server.busy.load(std::sync::atomic::Ordering::SeqCst)
+                            && server.idle_for() >= self.idle_stop)
+                })
+                .map(|(session, _)| session.clone())
+                .collect()
+        };
+        for session in idle {
+            tracing::info!(session = %session, "the OpenCode server was idle; stopping it");
+            self.stop(&session).await;
+        }
+    }
+
+    /// With `max` servers running, stops the least recently used one that no turn uses.
+    async fn make_room(&self) {
+        let victim = {
+            let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            let alive = running.values().filter(|server| server.alive()).count();
+            if alive < self.max {
+                return;
+            }
+            running
+                .iter()
+                .filter(|(_, server)| !server.busy.load(std::sync::atomic::Ordering::SeqCst))
+                .max_by_key(|(_, server)| server.idle_for())
+                .map(|(session, _)| session.clone())
+        };
+        if let Some(session) = victim {
+            tracing::info!(session = %session, max = self.max, "stopping the least recently used OpenCode server");
+            self.stop(&session).await;
+        }
+    }
+
+    /// How many servers run.
+    pub fn count(&self) -> usize {
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).values().filter(|server| server.alive()).count()
+    }
+}
+
+/// How long a server may take to answer its first health check (OpenCode's cold start took up to 18 s on a loaded
+/// 2-core machine, and its first start also migrates its database).
+const START_LIMIT: Duration = Duration::from_secs(120);
+
+/// Supervises a started server and waits until it answers.
+async fn ready(started: Started) -> Result<Server, ServeError> {
+    let Started { mut process, password } = started;
+    let Some(door) = process.door.take() else {
+        return Err(ServeError::Start("the sandbox made no door to the server".into()));
+    };
+    let stderr = Arc::new(Mutex::new(VecDeque::new()));
+    tokio::spawn(keep_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty())), stderr.clone()));
+    tokio::spawn(keep_tail(std::mem::replace(&mut process.stdout, Box::pin(tokio::io::empty())), stderr.clone()));
+    let (kill, exited, limit) = supervise(process.handle);
+    let client = Client::new(door, &password);
+    let started_at = Instant::now();
+    let mut watch_exit = exited.clone();
+    let version = loop {
+        if let Some(exit) = *watch_exit.borrow() {
+            let tail = Vec::from(stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()).join("\n");
+            return Err(ServeError::Start(format!("it exited with {} at start: {}", exit.describe(), tail.trim())));
+        }
+        if started_at.elapsed() > START_LIMIT {
+            let _ = kill.try_send(());
+            return Err(ServeError::Start(format!("it did not answer within {} s", START_LIMIT.as_secs())));
+        }
+        if let Some(version) = client.health().await {
+            break version;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = watch_exit.changed() => {}
+        }
+    };
+    Ok(Server {
+        client,
+        version,
+        kill,
+        exited,
+        limit,
+        stderr,
+        last_used: Mutex::new(Instant::now()),
+        busy: false.into(),
+        permissions: Mutex::default(),
+    })
+}
+
+type Supervision = (mpsc::Sender<()>, watch::Receiver<Option<ExitInfo>>, Arc<Mutex<Option<String>>>);
+
+/// Owns the process: kills it when asked, says when it exits, and notes when its sandbox hits a limit.
+fn supervise(mut handle: Box<dyn ProcessHandle>) -> Supervision {
+    let (kill_tx, mut kill_rx) = mpsc::channel::<()>(1);
+    let (exit_tx, exit_rx) = watch::channel(None);
+    let limit = Arc::new(Mutex::new(None));
+    let noted = limit.clone();
+    tokio::spawn(async move {
+        let mut check = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = kill_rx.recv() => handle.kill().await,
+                _ = check.tick() => {
+                    if let Some(hit) = handle.limit_hit() {
+                        *noted.lock().unwrap_or_else(|p| p.into_inner()) = Some(hit);
+                    }
+                }
+                exit = handle.wait() => {
+                    let exit = exit.unwrap_or(ExitInfo { code: None, signal: None });
+                    if let Some(hit) = handle.limit_hit() {
+                        *noted.lock().unwrap_or_else(|p| p.into_inner()) = Some(hit);
+                    }
+                    let _ = exit_tx.send(Some(exit));
+                    break;
+                }
+            }
+        }
+    });
+    (kill_tx, exit_rx, limit)
+}
+
+async fn keep_tail(stream: crate::sandbox::OutputStream, tail: Arc<Mutex<VecDeque<String>>>) {
+    let mut lines = tokio::io::BufReader::new(stream).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::debug!(target: "acp_sandbox::opencode_server", "{line}");
+        let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+        tail.push_back(line.chars().take(2000).collect());
+        if tail.len() > STDERR_LINES {
+            tail.pop_front();
+        }
+    }
+}
+
+/// The OpenCode server's argv after the executable.
+pub fn server_args(port: u16) -> Vec<String> {
+    ["serve", "--hostname", "127.0.0.1", "--port"].iter().map(|s| s.to_string()).chain([port.to_string()]).collect()
+}

@@ -1,0 +1,423 @@
+//! One turn through a warm OpenCode server: the conversation, the approvals rules, the prompt, the event stream
+//! through the translator, permissions, cancel and the outcome.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_client_protocol::v1::schema::{
+    PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest, StopReason,
+};
+use futures::StreamExt;
+use hyper::Method;
+use serde_json::{Value, json};
+
+use super::client::{Client, ClientError};
+use super::{Servers, Started};
+use crate::agents::opencode::serve::ServeTranslator;
+use crate::agents::{Output, PermissionAsk, TranslateContext, Translator, TurnEnd};
+use crate::error::{Error, Result};
+use crate::sandbox::Sandbox;
+use crate::session::options;
+use crate::session::prompt::RenderedPrompt;
+use crate::session::turn::{Emitter, Turn, cli_environment};
+
+/// How a turn through the server ended.
+pub enum ServeOutcome {
+    /// The turn is over.
+    Finished(Result<StopReason>),
+    /// The OpenCode session we continue is gone from the server's database.
+    ConversationMissing,
+    /// No server could be had: the turn runs `opencode run` instead. Why, in words.
+    Unavailable(String),
+}
+
+/// How long OpenCode gets to go idle after an abort before its server is killed.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
+
+/// How long the event stream may take to say it is connected.
+const SUBSCRIBE_LIMIT: Duration = Duration::from_secs(10);
+
+/// The approvals rules given to OpenCode: `auto` lets every tool run (the sandbox is the boundary, as with `run
+/// --auto`); `ask` asks before edits, commands and fetches.
+fn permission_rules(approvals: &str) -> Value {
+    match approvals {
+        options::APPROVALS_ASK => json!([
+            {"permission": "*", "pattern": "*", "action": "allow"},
+            {"permission": "edit", "pattern": "*", "action": "ask"},
+            {"permission": "bash", "pattern": "*", "action": "ask"},
+            {"permission": "webfetch", "pattern": "*", "action": "ask"},
+            {"permission": "external_directory", "pattern": "*", "action": "ask"},
+        ]),
+        _ => json!([{"permission": "*", "pattern": "*", "action": "allow"}]),
+    }
+}
+
+impl Turn<'_> {
+    /// Starts the session's server in its sandbox (the pool calls this when none runs).
+    async fn start_server(
+        &self,
+        sandbox: Arc<dyn Sandbox>,
+        executable: PathBuf,
+    ) -> std::result::Result<Started, super::ServeError> {
+        start_server(
+            self.bridge,
+            &self.record.id,
+            self.agent,
+            sandbox,
+            &executable,
+            self.credential.as_ref(),
+            self.model.as_ref().map(|m| m.id.as_str()),
+        )
+        .await
+    }
+
+    pub(in crate::session) async fn serve_attempt(
+        &self,
+        emit: &Emitter,
+        sandbox: &Arc<dyn Sandbox>,
+        executable: &Path,
+        native_id: Option<&str>,
+        command: Option<&str>,
+        rendered: &RenderedPrompt,
+    ) -> Result<ServeOutcome> {
+        let servers: &Servers = &self.bridge.servers;
+        let lease = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled))),
+            lease = servers.lease(&self.record.id, || self.start_server(sandbox.clone(), executable.to_path_buf())) => lease,
+        };
+        let lease = match lease {
+            Ok(lease) => lease,
+            Err(e) => return Ok(ServeOutcome::Unavailable(e.to_string())),
+        };
+        let server = lease.server().clone();
+        let client = &server.client;
+        let failed = |e: ClientError| Error::CliFailed {
+            message: format!("OpenCode's server failed: {e}"),
+            stderr_tail: server.stderr_tail(),
+            exit_code: server.exit().and_then(|exit| exit.code),
+        };
+        let ses = match native_id {
+            Some(id) => match client.call(Method::GET, &format!("/session/{id}"), None).await {
+                Ok(_) => id.to_string(),
+                Err(ClientError::Status { status, .. }) if status.as_u16() == 404 || status.as_u16() == 400 => {
+                    return Ok(ServeOutcome::ConversationMissing);
+                }
+                Err(e) => return Err(failed(e)),
+            },
+            None => {
+                let created = client.call(Method::POST, "/session", Some(&json!({}))).await.map_err(failed)?;
+                let Some(id) = created["id"].as_str() else {
+                    return Err(failed(ClientError::Invalid { what: "POST /session".into(), why: "no id".into() }));
+                };
+                tracing::info!(session = %self.record.id, native = %id, "the CLI conversation id");
+                self.bridge.store.set_native_id(&self.record.id, Some(id))?;
+                id.to_string()
+            }
+        };
+        let approvals = options::approvals(&self.record.config);
+        let rules = permission_rules(approvals);
+        let applied = server.permissions.lock().unwrap_or_else(|p| p.into_inner()).get(&ses).cloned();
+        if applied.as_deref() != Some(approvals) {
+            client
+                .call(Method::PATCH, &format!("/session/{ses}"), Some(&json!({ "permission": rules })))
+                .await
+                .map_err(failed)?;
+            server.permissions.lock().unwrap_or_else(|p| p.into_inner()).insert(ses.clone(), approvals.to_string());
+        }
+
+        let mut events = client.events().await.map_err(failed)?;
+        // The first event says the subscription is live: nothing of the turn can be missed after it.
+        match tokio::time::timeout(SUBSCRIBE_LIMIT, events.next()).await {
+            Ok(Some(_)) => {}
+            _ => {
+                return Err(failed(ClientError::Connect("the event stream did not open".into())));
+            }
+        }
+        let context = TranslateContext {
+            workspace: PathBuf::from(&self.record.cwd),
+            agent_workspace: sandbox.workspace().to_path_buf(),
+            terminal_output: self.bridge.terminal_output(),
+            context_window: self
+                .model
+                .as_ref()
+                .and_then(|model| model.context)
+                .unwrap_or(self.bridge.config().context_window),
+            turn_key: format!("{}-", emit.turn_id),
+        };
+        let mut translator = ServeTranslator::new(context, ses.clone());
+
+        let mut body = json!({ "parts": parts(rendered, command.is_some()) });
+        if let Some((provider, model)) = options::opencode_model(&self.record.config).and_then(|m| m.split_once('/')) {
+            body["model"] = json!({ "providerID": provider, "modelID": model });
+        }
+        if let Some(variant) = options::opencode_variant(&self.record.config) {
+            body["variant"] = json!(variant);
+        }
+        if let Some(agent) = options::opencode_agent(&self.record.config) {
+            body["agent"] = json!(agent);
+        }
+        // A command waits for its whole answer, so it runs beside the event loop; a prompt returns at once.
+        let mut command_call = match command {
+            Some(name) => {
+                let mut request = json!({ "command": name, "arguments": rendered.text });
+                for key in ["model", "agent", "variant"] {
+                    if let Some(value) = body.get(key) {
+                        request[key] = match (key, value) {
+                            ("model", model) => json!(format!(
+                                "{}/{}",
+                                model["providerID"].as_str().unwrap_or(""),
+                                model["modelID"].as_str().unwrap_or("")
+                            )),
+                            (_, value) => value.clone(),
+                        };
+                    }
+                }
+                let client = client.clone();
+                let path = format!("/session/{ses}/command");
+                Some(tokio::spawn(async move { client.call(Method::POST, &path, Some(&request)).await }))
+            }
+            None => {
+                client
+                    .call(Method::POST, &format!("/session/{ses}/prompt_async"), Some(&body))
+                    .await
+                    .map_err(failed)?;
+                None
+            }
+        };
+
+        let idle = self.bridge.config().idle_timeout;
+        let deadline = tokio::time::Instant::now() + self.bridge.config().turn_timeout;
+        let mut last_event = tokio::time::Instant::now();
+        let mut limits = tokio::time::interval(Duration::from_secs(1));
+        let mut end: Option<TurnEnd> = None;
+        let mut stop: Option<Stop> = None;
+        let mut abort_deadline: Option<tokio::time::Instant> = None;
+        let mut pending: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+        let name = self.agent.display_name();
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled(), if abort_deadline.is_none() => {
+                    stop = Some(Stop::Cancelled);
+                    for task in pending.drain(..) {
+                        task.abort();
+                    }
+                    let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
+                    abort_deadline = Some(tokio::time::Instant::now() + ABORT_GRACE);
+                }
+                _ = sleep_until_or_never(abort_deadline) => break Outcome::KillServer,
+                _ = tokio::time::sleep_until(deadline), if stop.is_none() => {
+                    stop = Some(Stop::TimedOut);
+                    let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
+                    abort_deadline = Some(tokio::time::Instant::now() + ABORT_GRACE);
+                }
+                _ = tokio::time::sleep_until(last_event + idle), if stop.is_none() => {
+                    stop = Some(Stop::Stalled);
+                    let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
+                    abort_deadline = Some(tokio::time::Instant::now() + ABORT_GRACE);
+                }
+                _ = limits.tick() => if let Some(hit) = server.limit_hit() {
+                    stop = Some(Stop::Limit(hit));
+                    break Outcome::KillServer;
+                },
+                _ = server.exited() => break Outcome::ServerDied,
+                result = async { command_call.as_mut().expect("guarded").await }, if command_call.is_some() => {
+                    command_call = None;
+                    if let Ok(Err(e)) = result {
+                        tracing::warn!(session = %self.record.id, "the command failed: {e}");
+                        end.get_or_insert(TurnEnd::Error { message: format!("{name} could not run the command: {e}") });
+                    }
+                }
+                event = events.next() => {
+                    let Some(event) = event else { break Outcome::StreamEnded };
+                    let mut idle_now = false;
+                    for output in translator.line(&event) {
+                        match output {
+                            Output::Update(update) => {
+                                last_event = tokio::time::Instant::now();
+                                emit.send(update);
+                            }
+                            Output::NativeSessionId { .. } => {}
+                            Output::End(turn_end) => end = Some(turn_end),
+                            Output::Abort { message } => {
+                                stop.get_or_insert(Stop::Aborted(message));
+                                let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
+                                abort_deadline.get_or_insert(tokio::time::Instant::now() + ABORT_GRACE);
+                            }
+                            Output::Permission(ask) => {
+                                last_event = tokio::time::Instant::now();
+                                pending.retain(|task| !task.is_finished());
+                                pending.push(self.answer_permission(client.clone(), approvals, ask));
+                            }
+                            Output::Idle => idle_now = true,
+                            Output::Unparsed { line } => {
+                                tracing::debug!(session = %self.record.id, "unparsed server event: {line}");
+                            }
+                        }
+                    }
+                    if idle_now {
+                        break Outcome::Idle;
+                    }
+                }
+            }
+        };
+        for task in pending {
+            task.abort();
+        }
+        if let Some(call) = command_call {
+            call.abort();
+        }
+        for output in translator.finish() {
+            if let Output::Update(update) = output {
+                emit.send(update);
+            }
+        }
+        let died = || Error::CliFailed {
+            message: match server.exit() {
+                Some(exit) => format!("{name}'s server exited with {} during the turn", exit.describe()),
+                None => format!("{name}'s server stopped answering during the turn"),
+            },
+            stderr_tail: server.stderr_tail(),
+            exit_code: server.exit().and_then(|exit| exit.code),
+        };
+        if matches!(outcome, Outcome::KillServer | Outcome::ServerDied | Outcome::StreamEnded) {
+            // A server that would not stop, or is gone: the next prompt starts a fresh one on the same database.
+            drop(lease);
+            servers.stop(&self.record.id).await;
+        }
+        let result = match stop {
+            Some(Stop::Cancelled) => Ok(StopReason::Cancelled),
+            Some(Stop::Stalled) => Err(Error::Stalled { agent: name, seconds: idle.as_secs() }),
+            Some(Stop::TimedOut) => Err(Error::TurnTimeout {
+                agent: name,
+                minutes: self.bridge.config().turn_timeout.as_secs().div_ceil(60),
+            }),
+            Some(Stop::Limit(hit)) => Err(Error::CliFailed {
+                message: format!("{name} was stopped: {hit}"),
+                stderr_tail: server.stderr_tail(),
+                exit_code: None,
+            }),
+            Some(Stop::Aborted(message)) => {
+                Err(Error::CliFailed { message, stderr_tail: server.stderr_tail(), exit_code: None })
+            }
+            None => match outcome {
+                Outcome::ServerDied | Outcome::StreamEnded | Outcome::KillServer => Err(died()),
+                Outcome::Idle => match end {
+                    None | Some(TurnEnd::EndTurn) => Ok(StopReason::EndTurn),
+                    Some(TurnEnd::MaxTokens) => Ok(StopReason::MaxTokens),
+                    Some(TurnEnd::MaxTurnRequests) => Ok(StopReason::MaxTurnRequests),
+                    Some(TurnEnd::Refusal) => Ok(StopReason::Refusal),
+                    Some(TurnEnd::Cancelled) => Ok(StopReason::Cancelled),
+                    Some(TurnEnd::AuthRequired { message }) => Err(Error::AuthRejected(message)),
+                    Some(TurnEnd::Error { message }) => {
+                        Err(Error::CliFailed { message, stderr_tail: String::new(), exit_code: None })
+                    }
+                },
+            },
+        };
+        Ok(ServeOutcome::Finished(result))
+    }
+
+    /// Answers one permission request of OpenCode: at once under `auto`, else by asking the editor.
+    fn answer_permission(&self, client: Client, approvals: &str, ask: PermissionAsk) -> tokio::task::JoinHandle<()> {
+        let session = self.record.id.clone();
+        let sink = self.sink.clone();
+        let asking = approvals == options::APPROVALS_ASK;
+        tokio::spawn(async move {
+            let reply = if asking {
+                let options = vec![
+                    PermissionOption::new("once", "Allow once", PermissionOptionKind::AllowOnce),
+                    PermissionOption::new("always", "Always allow", PermissionOptionKind::AllowAlways),
+                    PermissionOption::new("reject", "Reject", PermissionOptionKind::RejectOnce),
+                ];
+                let request = RequestPermissionRequest::new(session.clone(), ask.tool_call.clone(), options);
+                match sink.request_permission(request).await {
+                    Some(RequestPermissionOutcome::Selected(selected)) => match selected.option_id.0.as_ref() {
+                        "once" => "once",
+                        "always" => "always",
+                        _ => "reject",
+                    },
+                    _ => "reject",
+                }
+            } else {
+                "once"
+            };
+            tracing::info!(session = %session, request = %ask.request_id, reply, "answering OpenCode's permission request");
+            let path = format!("/permission/{}/reply", ask.request_id);
+            if let Err(e) = client.call(Method::POST, &path, Some(&json!({ "reply": reply }))).await {
+                tracing::warn!(session = %session, "could not answer the permission request: {e}");
+            }
+        })
+    }
+}
+
+/// Starts `opencode serve` in the session's sandbox: the same command, environment and isolation as a turn's
+/// `opencode run`, plus the server's password and its door.
+pub(in crate::session) async fn start_server(
+    bridge: &crate::session::Bridge,
+    session: &str,
+    agent: crate::agents::AgentKind,
+    sandbox: Arc<dyn Sandbox>,
+    executable: &Path,
+    credential: Option<&(&'static str, String)>,
+    model: Option<&str>,
+) -> std::result::Result<Started, super::ServeError> {
+    let password = Servers::password();
+    let mut env = cli_environment(agent, sandbox.state_dir(), credential, &bridge.env_names(agent, model));
+    env.retain(|(name, _)| name != "OPENCODE_SERVER_PASSWORD" && name != "OPENCODE_SERVER_USERNAME");
+    env.push(("OPENCODE_SERVER_PASSWORD".into(), password.clone()));
+    let port = Servers::port(bridge.private_network());
+    let spec = crate::sandbox::ExecSpec {
+        serve_port: Some(port),
+        ..crate::session::cli_spec(bridge.config(), agent, executable, sandbox.as_ref(), env, super::server_args(port))
+    };
+    tracing::info!(session, program = %spec.program.display(), args = ?spec.args, "starting the OpenCode server");
+    let process = sandbox.exec(spec).await.map_err(|e| super::ServeError::Start(e.to_string()))?;
+    Ok(Started { process, password })
+}
+
+/// The prompt as OpenCode's message parts: its text and its images (as data URLs, so no file is written).
+fn parts(rendered: &RenderedPrompt, command: bool) -> Value {
+    use base64::Engine;
+    let mut parts = Vec::new();
+    if !command {
+        parts.push(json!({ "type": "text", "text": rendered.text }));
+    }
+    for (name, bytes) in &rendered.images {
+        let mime = match Path::new(name).extension().and_then(|e| e.to_str()).unwrap_or("") {
+            "jpg" | "jpeg" => "image/jpeg",
+            "gif" => "image/gif",
+            "webp" => "image/webp",
+            _ => "image/png",
+        };
+        let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+        parts.push(
+            json!({ "type": "file", "mime": mime, "filename": name, "url": format!("data:{mime};base64,{data}") }),
+        );
+    }
+    Value::Array(parts)
+}
+
+enum Outcome {
+    Idle,
+    ServerDied,
+    StreamEnded,
+    KillServer,
+}
+
+enum Stop {
+    Cancelled,
+    Stalled,
+    TimedOut,
+    Limit(String),
+    Aborted(String),
+}
+
+async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
