@@ -257,7 +257,7 @@ pub fn terminal_output(id: &str, data: &str) -> SessionUpdate {
 pub fn diffs_from_patch(path: PathBuf, patch: &str) -> Vec<ToolCallContent> {
     let mut diffs = Vec::new();
     let mut hunk: Option<(bool, String, String)> = None;
-    let mut close = |hunk: Option<(bool, String, String)>, diffs: &mut Vec<ToolCallContent>| {
+    let close = |hunk: Option<(bool, String, String)>, diffs: &mut Vec<ToolCallContent>| {
         if let Some((new_file, old, new)) = hunk {
             let old = (!new_file).then(|| cap(&old));
             diffs.push(diff_content(path.clone(), old, cap(&new)));

@@ -7,6 +7,7 @@
 pub mod catalog;
 pub mod events;
 pub mod providers;
+pub mod serve;
 pub mod translate;
 
 use std::path::{Path, PathBuf};

@@ -218,7 +218,13 @@ pub fn task_result(output: &str) -> String {
 }
 
 /// Kind, title, locations and input-derived content of an OpenCode tool.
-pub(crate) fn classify(context: &TranslateContext, tool: &str, input: &Value, title: Option<&str>, metadata: &Value) -> ToolStart {
+pub(crate) fn classify(
+    context: &TranslateContext,
+    tool: &str,
+    input: &Value,
+    title: Option<&str>,
+    metadata: &Value,
+) -> ToolStart {
     let title = title.filter(|title| !title.trim().is_empty());
     let file = str_field(input, "filePath").or_else(|| str_field(input, "filepath"));
     let path_or = |key: &str| str_field(input, key).map(|path| shown_dir(context, path));
