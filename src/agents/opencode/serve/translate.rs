@@ -18,8 +18,8 @@ use crate::agents::opencode::translate::{
     StepUsage, classify, closing_updates, error_end, finish_end, is_todo_tool, shell_final_output, tool_call_id,
 };
 use crate::agents::tools::{
-    MAX_TOOL_TEXT, ToolStart, abandon_tool, cap, cap_json, diffs_from_patch, fence, one_line, plan_from_todos,
-    str_field, terminal_output, text_content, unparsed,
+    MAX_TOOL_TEXT, TOOL_NEVER_FINISHED, ToolStart, abandon_tool, cap, cap_json, diffs_from_patch, fence, finish_tool,
+    one_line, plan_from_todos, str_field, terminal_output, text_content, unparsed,
 };
 use crate::agents::{Output, PermissionAsk, TranslateContext, Translator, TurnEnd};
 
@@ -553,7 +553,14 @@ impl Translator for ServeTranslator {
                 continue;
             }
             card.closed = true;
-            outputs.extend(abandon_tool(&self.context, id, card.shell).into_iter().map(Output::Update));
+            let updates = if card.shell && !self.context.terminal_output && !card.streamed.is_empty() {
+                // The fence keeps what the shell printed, with the note under it.
+                let text = format!("{}\n\n{TOOL_NEVER_FINISHED}", fence(&cap(&card.streamed), "console"));
+                vec![finish_tool(id, ToolCallStatus::Failed, Some(vec![text_content(text)]), None)]
+            } else {
+                abandon_tool(&self.context, id, card.shell)
+            };
+            outputs.extend(updates.into_iter().map(Output::Update));
         }
         outputs
     }
