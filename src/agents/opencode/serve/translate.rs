@@ -473,8 +473,9 @@ fn permission_title(context: &TranslateContext, ask: &PermissionAsked, start: &T
                 }
             }
         }
-        _ if start.title == ask.permission && !patterns.is_empty() => {
-            format!("{} {}", ask.permission, one_line(&patterns, 200))
+        // A bare name ("Read", "glob", an MCP tool) says more with what it applies to.
+        _ if !start.title.contains(' ') && !patterns.is_empty() => {
+            format!("{} {}", start.title, one_line(&patterns, 200))
         }
         _ => start.title.clone(),
     }

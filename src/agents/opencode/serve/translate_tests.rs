@@ -377,6 +377,12 @@ fn a_permission_without_a_card_describes_itself() {
         out[0]["tool_call"],
         json!({"toolCallId": "call_9", "title": "git status; git push", "kind": "execute"})
     );
+    let read = run(&[event(
+        "permission.asked",
+        json!({"id": "per_3", "sessionID": SES, "permission": "read", "patterns": [".env"], "metadata": {},
+            "always": [".env"]}),
+    )]);
+    assert_eq!(read[0]["tool_call"], json!({"toolCallId": "per_3", "title": "Read .env", "kind": "read"}));
     assert_eq!(
         out[1]["tool_call"],
         json!({"toolCallId": "per_2", "title": "Edit a.txt", "kind": "edit",
