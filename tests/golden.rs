@@ -1,39 +1,81 @@
-//! Golden tests of the translators: every recorded CLI stream in `tests/fixtures/<agent>/` is translated
-//! and compared with `tests/golden/<agent>/<fixture>.json` (fenced output) and `<fixture>.terminal.json`
-//! (Zed's terminal `_meta`). `UPDATE_GOLDENS=1 cargo test --test golden` rewrites them; review the diff by
-//! eye, since the goldens are the spec.
+//! Golden tests of the translators: every recorded stream in `tests/fixtures/<family>/` is translated and
+//! compared with `tests/golden/<family>/<fixture>.json` (fenced output) and `<fixture>.terminal.json` (Zed's
+//! terminal `_meta`). A family is an agent's CLI stream (`amp`, `opencode`) or `opencode-serve`, the events of
+//! `opencode serve` (one SSE `data:` payload per line). `UPDATE_GOLDENS=1 cargo test --test golden` rewrites
+//! them; review the diff by eye, since the goldens are the spec.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use acp_sandbox::agents::{AgentKind, Output, TranslateContext, translate_all};
+use acp_sandbox::agents::opencode::serve::ServeTranslator;
+use acp_sandbox::agents::{AgentKind, Output, TranslateContext, Translator, translate_stream};
 use agent_client_protocol::v1::schema::{SessionNotification, SessionUpdate};
 
 #[path = "support/schema.rs"]
 #[allow(dead_code)]
 mod schema;
 
-/// The cwd each CLI ran in when the fixtures were recorded.
-fn workspace(kind: AgentKind) -> &'static str {
-    match kind {
-        AgentKind::Amp => "/tmp/ws",
-        AgentKind::OpenCode => "/tmp/ws-oc",
+/// A kind of recorded stream and the translator it goes through.
+#[derive(Clone, Copy)]
+enum Family {
+    /// A CLI's stdout, through [`AgentKind::translator`].
+    Cli(AgentKind),
+    /// `opencode serve`'s events, through [`ServeTranslator`] for the session of the stream's first event.
+    OpenCodeServe,
+}
+
+const FAMILIES: [Family; 3] = [Family::Cli(AgentKind::OpenCode), Family::Cli(AgentKind::Amp), Family::OpenCodeServe];
+
+impl Family {
+    /// The folder under `tests/fixtures/` and `tests/golden/`.
+    fn name(self) -> &'static str {
+        match self {
+            Family::Cli(kind) => kind.as_str(),
+            Family::OpenCodeServe => "opencode-serve",
+        }
+    }
+
+    /// The cwd each CLI ran in when the fixtures were recorded.
+    fn workspace(self) -> &'static str {
+        match self {
+            Family::Cli(AgentKind::Amp) => "/tmp/ws",
+            Family::Cli(AgentKind::OpenCode) | Family::OpenCodeServe => "/tmp/ws-oc",
+        }
+    }
+
+    fn context(self, terminal_output: bool) -> TranslateContext {
+        TranslateContext {
+            workspace: self.workspace().into(),
+            agent_workspace: self.workspace().into(),
+            terminal_output,
+            context_window: 200_000,
+            turn_key: String::new(),
+        }
+    }
+
+    /// A fresh translator for `stream`. A serve stream is translated for the session of its first event that
+    /// names one (the capture's own session; synthetic streams start with theirs).
+    fn translator(self, terminal_output: bool, stream: &str) -> Box<dyn Translator> {
+        let context = self.context(terminal_output);
+        match self {
+            Family::Cli(kind) => kind.translator(context),
+            Family::OpenCodeServe => Box::new(ServeTranslator::new(context, first_session(stream))),
+        }
     }
 }
 
-fn context(kind: AgentKind, terminal_output: bool) -> TranslateContext {
-    TranslateContext {
-        workspace: workspace(kind).into(),
-        agent_workspace: workspace(kind).into(),
-        terminal_output,
-        context_window: 200_000,
-        turn_key: String::new(),
-    }
+/// The `properties.sessionID` of the first event that has one.
+fn first_session(stream: &str) -> String {
+    stream
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find_map(|event| event["properties"]["sessionID"].as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
-/// Recorded stdout streams of `kind`: `*.jsonl`, minus what was fed to the CLI's stdin.
-fn fixtures(kind: AgentKind) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(kind.as_str());
+/// Recorded streams of `family`: `*.jsonl`, minus what was fed to the CLI's stdin.
+fn fixtures(family: Family) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(family.name());
     let mut files: Vec<PathBuf> = fs::read_dir(&dir)
         .unwrap_or_else(|error| panic!("reading {}: {error}", dir.display()))
         .map(|entry| entry.expect("directory entry").path())
@@ -47,20 +89,20 @@ fn fixtures(kind: AgentKind) -> Vec<PathBuf> {
     files
 }
 
-fn check_agent(kind: AgentKind) {
+fn check_family(family: Family) {
     let update = std::env::var("UPDATE_GOLDENS").is_ok_and(|value| value == "1");
-    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(kind.as_str());
+    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(family.name());
     fs::create_dir_all(&golden_dir).expect("golden dir");
     let mut expected_files = Vec::new();
     let mut failures = Vec::new();
-    for fixture in fixtures(kind) {
+    for fixture in fixtures(family) {
         let stream = fs::read_to_string(&fixture).expect("fixture");
         let stem = fixture.file_stem().and_then(|stem| stem.to_str()).expect("fixture name").to_string();
         for terminal in [false, true] {
             let name = if terminal { format!("{stem}.terminal.json") } else { format!("{stem}.json") };
             let golden = golden_dir.join(&name);
             expected_files.push(name.clone());
-            let outputs = translate_all(kind, context(kind, terminal), &stream);
+            let outputs = translate_stream(family.translator(terminal, &stream).as_mut(), &stream);
             assert_wire_round_trip(&name, &outputs);
             let actual = serde_json::to_string_pretty(&outputs).expect("serialize") + "\n";
             if update {
@@ -88,7 +130,7 @@ fn check_agent(kind: AgentKind) {
             }
         }
     }
-    assert!(failures.is_empty(), "golden mismatches for {kind}: {failures:#?}");
+    assert!(failures.is_empty(), "golden mismatches for {}: {failures:#?}", family.name());
 }
 
 /// Every update must read back as the same ACP type and validate against the ACP JSON Schema: a shape the
@@ -111,23 +153,28 @@ fn assert_wire_round_trip(name: &str, outputs: &[Output]) {
 
 #[test]
 fn opencode_goldens() {
-    check_agent(AgentKind::OpenCode);
+    check_family(Family::Cli(AgentKind::OpenCode));
 }
 
 #[test]
 fn amp_goldens() {
-    check_agent(AgentKind::Amp);
+    check_family(Family::Cli(AgentKind::Amp));
+}
+
+#[test]
+fn opencode_serve_goldens() {
+    check_family(Family::OpenCodeServe);
 }
 
 /// Every prefix of every recorded line (a CLI killed mid-write prints exactly that) and every line with one
 /// byte flipped must translate without a panic: a broken stream ends a turn, never the bridge.
 #[test]
 fn cut_and_corrupted_lines_never_panic() {
-    for kind in [AgentKind::OpenCode, AgentKind::Amp] {
-        for path in fixtures(kind) {
+    for family in FAMILIES {
+        for path in fixtures(family) {
             let stream = fs::read_to_string(&path).expect("read fixture");
             for line in stream.lines().filter(|line| !line.trim().is_empty()) {
-                let mut translator = kind.translator(context(kind, true));
+                let mut translator = family.translator(true, &stream);
                 let cuts: Vec<usize> = (0..=line.len()).filter(|&i| line.is_char_boundary(i)).step_by(3).collect();
                 for cut in cuts {
                     let _ = translator.line(&line[..cut]);

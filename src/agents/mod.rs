@@ -281,6 +281,9 @@ pub struct PermissionAsk {
     pub request_id: String,
     /// The tool call it is about: its id as the editor knows it, with a title, a kind and (for edits) the diff.
     pub tool_call: agent_client_protocol::v1::schema::ToolCallUpdate,
+    /// What an "always" answer would allow from now on (OpenCode's `always` patterns, e.g. `git status *`), for
+    /// the option's label; empty when the agent does not say.
+    pub always: Vec<String>,
 }
 
 /// Turns one CLI's stdout, line by line, into ACP updates. Implementations are pure: no I/O, no clock,
@@ -297,7 +300,13 @@ pub trait Translator: Send {
 /// Runs every line of a recorded stream through a fresh translator, then finishes it. Used by the golden
 /// tests and the benchmarks; the session feeds lines one at a time as they arrive.
 pub fn translate_all(kind: AgentKind, context: TranslateContext, stream: &str) -> Vec<Output> {
-    let mut translator = kind.translator(context);
+    translate_stream(kind.translator(context).as_mut(), stream)
+}
+
+/// Runs every non-blank line of a recorded stream through `translator`, then finishes it: [`translate_all`]
+/// for a translator that [`AgentKind`] does not build (e.g. [`opencode::serve::ServeTranslator`], whose
+/// lines are the `data:` payloads of `opencode serve`'s events).
+pub fn translate_stream(translator: &mut dyn Translator, stream: &str) -> Vec<Output> {
     let mut outputs = Vec::new();
     for line in stream.lines() {
         if line.trim().is_empty() {

@@ -152,12 +152,24 @@ impl ToolStart {
 
     /// The `tool_call` that opens the card, already running: both CLIs only report tools they execute.
     pub fn to_update(&self, context: &TranslateContext, id: &str, raw_input: Value) -> SessionUpdate {
+        self.to_call(context, id, raw_input, ToolCallStatus::InProgress)
+    }
+
+    /// The `tool_call` that opens the card with `status` (`pending` while the input streams or waits for
+    /// approval). A shell's card gets its terminal here, when the client has one.
+    pub fn to_call(
+        &self,
+        context: &TranslateContext,
+        id: &str,
+        raw_input: Value,
+        status: ToolCallStatus,
+    ) -> SessionUpdate {
         let mut content = self.content.clone();
         let name = (!self.name.is_empty()).then(|| self.name.clone());
         let mut call = ToolCall::new(id.to_string(), self.title.clone())
             .name(name)
             .kind(self.kind)
-            .status(ToolCallStatus::InProgress)
+            .status(status)
             .locations(self.locations.clone())
             .raw_input((!raw_input.is_null()).then(|| cap_json(raw_input)));
         if let (Some(cwd), true) = (&self.shell_cwd, context.terminal_output) {
@@ -211,10 +223,7 @@ pub fn finish_shell(
     if context.terminal_output {
         let mut updates = Vec::new();
         if !output.is_empty() {
-            updates.push(SessionUpdate::ToolCallUpdate(
-                ToolCallUpdate::new(id.to_string(), ToolCallUpdateFields::new())
-                    .meta(meta("terminal_output", json!({ "terminal_id": id, "data": output }))),
-            ));
+            updates.push(terminal_output(id, &output));
         }
         let exit = json!({ "terminal_id": id, "exit_code": exit_code, "signal": null });
         updates.push(SessionUpdate::ToolCallUpdate(
@@ -231,6 +240,57 @@ pub fn finish_shell(
     let text = text.trim_start().to_string();
     let content = if text.is_empty() { Vec::new() } else { vec![text_content(text)] };
     vec![SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields.content(content)))]
+}
+
+/// Bytes for the display-only terminal of shell card `id` (Zed's `_meta.terminal_output`): appended to what
+/// the terminal already shows.
+pub fn terminal_output(id: &str, data: &str) -> SessionUpdate {
+    SessionUpdate::ToolCallUpdate(
+        ToolCallUpdate::new(id.to_string(), ToolCallUpdateFields::new())
+            .meta(meta("terminal_output", json!({ "terminal_id": id, "data": data }))),
+    )
+}
+
+/// Diffs of `path` from a unified diff, one per hunk: each hunk's old side (context and removed lines)
+/// against its new side (context and added lines). A hunk that starts from nothing (`-0,0`) is a new file.
+/// Empty when the text has no hunks.
+pub fn diffs_from_patch(path: PathBuf, patch: &str) -> Vec<ToolCallContent> {
+    let mut diffs = Vec::new();
+    let mut hunk: Option<(bool, String, String)> = None;
+    let close = |hunk: Option<(bool, String, String)>, diffs: &mut Vec<ToolCallContent>| {
+        if let Some((new_file, old, new)) = hunk {
+            let old = (!new_file).then(|| cap(&old));
+            diffs.push(diff_content(path.clone(), old, cap(&new)));
+        }
+    };
+    for line in patch.lines() {
+        if line.starts_with("@@ ") {
+            close(hunk.take(), &mut diffs);
+            let old_side = line.split_whitespace().find(|part| part.starts_with('-')).unwrap_or("");
+            hunk = Some((old_side == "-0,0", String::new(), String::new()));
+            continue;
+        }
+        let Some((_, old, new)) = hunk.as_mut() else { continue };
+        if let Some(rest) = line.strip_prefix('+') {
+            new.push_str(rest);
+            new.push('\n');
+        } else if let Some(rest) = line.strip_prefix('-') {
+            old.push_str(rest);
+            old.push('\n');
+        } else if let Some(rest) = line.strip_prefix(' ') {
+            old.push_str(rest);
+            old.push('\n');
+            new.push_str(rest);
+            new.push('\n');
+        } else if line.is_empty() {
+            // Some writers drop the space of an empty context line.
+            old.push('\n');
+            new.push('\n');
+        }
+        // `\ No newline at end of file` and anything else is not content.
+    }
+    close(hunk.take(), &mut diffs);
+    diffs
 }
 
 /// Closes a tool whose result never came (the stream ended first), as failed. A terminal card keeps its
@@ -350,6 +410,24 @@ mod tests {
                 {"content": "c", "status": "pending", "priority": "high"}
             ])
         );
+    }
+
+    #[test]
+    fn patch_hunks_become_diffs() {
+        let patch = "Index: /w/a.txt\n===\n--- /w/a.txt\n+++ /w/a.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+deux\n three\n\
+                     @@ -10,1 +10,2 @@\n ten\n+eleven\n\\ No newline at end of file\n";
+        let diffs = serde_json::to_value(diffs_from_patch("/w/a.txt".into(), patch)).unwrap_or_default();
+        assert_eq!(
+            diffs,
+            json!([
+                {"type": "diff", "path": "/w/a.txt", "oldText": "one\ntwo\nthree\n", "newText": "one\ndeux\nthree\n"},
+                {"type": "diff", "path": "/w/a.txt", "oldText": "ten\n", "newText": "ten\neleven\n"}
+            ])
+        );
+        let created = diffs_from_patch("/w/n.txt".into(), "--- /w/n.txt\n+++ /w/n.txt\n@@ -0,0 +1,1 @@\n+hi\n");
+        let created = serde_json::to_value(created).unwrap_or_default();
+        assert_eq!(created, json!([{"type": "diff", "path": "/w/n.txt", "newText": "hi\n"}]));
+        assert!(diffs_from_patch("/w/a".into(), "no hunks").is_empty());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use agent_client_protocol::v1::schema::{
 };
 use serde_json::{Value, json};
 
-use super::events::{ErrorInfo, Event, Line, StepFinishPart, TextPart, ToolPart};
+use super::events::{ErrorInfo, Event, Line, StepFinishPart, TextPart, ToolPart, ToolState};
 use crate::agents::tools::{
     ToolStart, cap, diff_content, error_content, fence, finish_shell, finish_tool, first_hunk_line, location, one_line,
     plan_from_todos, shown_dir, str_field, text_content, unparsed,
@@ -20,33 +20,23 @@ pub struct OpenCodeTranslator {
     context: TranslateContext,
     /// Whether the native session id was already reported.
     sent_session_id: bool,
+    /// Usage and cut streams of the model calls so far.
+    steps: StepUsage,
+}
+
+/// What the `step-finish` parts of one turn add up to. Shared with the `opencode serve` translator.
+#[derive(Default)]
+pub(crate) struct StepUsage {
     /// Cost of the model calls of this turn so far: ACP's `cost` is cumulative.
     cost: f64,
     /// Model calls in a row that ended with a cut stream (reason `unknown`, no tokens).
     cut_streams: usize,
 }
 
-/// OpenCode re-prompts at once after a cut stream and can loop forever (hundreds of calls a minute): after
-/// this many cut calls in a row the turn is stopped.
-const CUT_STREAM_LIMIT: usize = 5;
-
-impl OpenCodeTranslator {
-    /// A translator for one turn.
-    pub fn new(context: TranslateContext) -> Self {
-        Self { context, sent_session_id: false, cost: 0.0, cut_streams: 0 }
-    }
-
-    fn chunk(part: TextPart, thought: bool) -> Vec<Output> {
-        if part.ignored || part.text.is_empty() {
-            return Vec::new();
-        }
-        let chunk = ContentChunk::new(ContentBlock::from(part.text)).message_id(part.message_id.map(MessageId::new));
-        let update =
-            if thought { SessionUpdate::AgentThoughtChunk(chunk) } else { SessionUpdate::AgentMessageChunk(chunk) };
-        vec![Output::Update(update)]
-    }
-
-    fn step_finish(&mut self, part: StepFinishPart) -> Vec<Output> {
+impl StepUsage {
+    /// The `usage_update` of one finished model call, and an abort when OpenCode is stuck re-prompting after
+    /// cut streams.
+    pub(crate) fn step(&mut self, context: &TranslateContext, part: &StepFinishPart) -> Vec<Output> {
         let mut outputs = Vec::new();
         // What the next call will read back: this call's whole input (cached or not) plus its answer.
         // Reasoning is left out because providers drop it from later requests.
@@ -55,7 +45,7 @@ impl OpenCodeTranslator {
         self.cost += part.cost.unwrap_or(0.0);
         // A call cut off mid-stream reports all zeros; a zero would wrongly empty the editor's meter.
         if used > 0 {
-            let mut usage = UsageUpdate::new(used, self.context.context_window);
+            let mut usage = UsageUpdate::new(used, context.context_window);
             if part.cost.is_some() {
                 // Summing binary floats leaves noise like 0.016300000000000002; no provider bills below 1e-9.
                 let cost = (self.cost * 1e9).round() / 1e9;
@@ -76,25 +66,63 @@ impl OpenCodeTranslator {
         } else {
             self.cut_streams = 0;
         }
-        let end = match part.reason.as_str() {
-            "stop" => Some(TurnEnd::EndTurn),
-            "length" => Some(TurnEnd::MaxTokens),
-            "content-filter" => Some(TurnEnd::Refusal),
-            _ => None,
-        };
-        outputs.extend(end.map(Output::End));
+        outputs
+    }
+}
+
+/// The turn end an AI SDK finish reason stands for (`stop`, `length`, `content-filter`); `None` for reasons
+/// that do not end the turn (`tool-calls`, `unknown`…).
+pub(crate) fn finish_end(reason: &str) -> Option<TurnEnd> {
+    match reason {
+        "stop" => Some(TurnEnd::EndTurn),
+        "length" => Some(TurnEnd::MaxTokens),
+        "content-filter" => Some(TurnEnd::Refusal),
+        _ => None,
+    }
+}
+
+/// The id of an OpenCode tool's card: the model's call id, else the part id. The permission requests of
+/// `opencode serve` name the call id, so both translators must build it the same way.
+pub(crate) fn tool_call_id(call_id: Option<&str>, part_id: Option<&str>, tool: &str) -> String {
+    let id = call_id.filter(|id| !id.is_empty()).or(part_id.filter(|id| !id.is_empty()));
+    id.map_or_else(|| format!("opencode-{tool}"), str::to_string)
+}
+
+/// OpenCode re-prompts at once after a cut stream and can loop forever (hundreds of calls a minute): after
+/// this many cut calls in a row the turn is stopped.
+const CUT_STREAM_LIMIT: usize = 5;
+
+impl OpenCodeTranslator {
+    /// A translator for one turn.
+    pub fn new(context: TranslateContext) -> Self {
+        Self { context, sent_session_id: false, steps: StepUsage::default() }
+    }
+
+    fn chunk(part: TextPart, thought: bool) -> Vec<Output> {
+        if part.ignored || part.text.is_empty() {
+            return Vec::new();
+        }
+        let chunk = ContentChunk::new(ContentBlock::from(part.text)).message_id(part.message_id.map(MessageId::new));
+        let update =
+            if thought { SessionUpdate::AgentThoughtChunk(chunk) } else { SessionUpdate::AgentMessageChunk(chunk) };
+        vec![Output::Update(update)]
+    }
+
+    fn step_finish(&mut self, part: StepFinishPart) -> Vec<Output> {
+        let mut outputs = self.steps.step(&self.context, &part);
+        outputs.extend(finish_end(&part.reason).map(Output::End));
         outputs
     }
 
     fn tool(&self, part: Box<ToolPart>) -> Vec<Output> {
-        let id = part.call_id.or(part.id).unwrap_or_else(|| format!("opencode-{}", part.tool));
+        let id = tool_call_id(part.call_id.as_deref(), part.id.as_deref(), &part.tool);
         let state = part.state;
         let failed = state.status == "error";
         let name = part.tool.to_ascii_lowercase();
 
         // Todo tools only update the plan (as claude-agent-acp does); a failing one still gets a card so its
         // error is not lost.
-        if (name == "todowrite" || name == "todoread") && !failed {
+        if is_todo_tool(&name) && !failed {
             let todos = if state.metadata.get("todos").is_some() { &state.metadata } else { &state.input };
             let plan = plan_from_todos(todos)
                 .or_else(|| state.output.as_deref().and_then(|output| plan_from_todos(&json!(output))));
@@ -103,28 +131,52 @@ impl OpenCodeTranslator {
 
         let start = classify(&self.context, &part.tool, &state.input, state.title.as_deref(), &state.metadata);
         let mut updates = vec![start.to_update(&self.context, &id, state.input.clone())];
-        let mut raw_output = if failed { json!({ "error": state.error }) } else { json!({ "output": state.output }) };
-        if !state.metadata.is_null() {
-            raw_output["metadata"] = state.metadata.clone();
-        }
-
-        if start.shell_cwd.is_some() {
-            let output = str_field(&state.metadata, "output").or(state.output.as_deref()).unwrap_or("");
-            let output = if failed && output.is_empty() { state.error.as_deref().unwrap_or("") } else { output };
-            let exit = state.metadata.get("exit").and_then(Value::as_i64);
-            let ok = !failed && exit.is_none_or(|code| code == 0);
-            let status = if ok { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
-            updates.extend(finish_shell(&self.context, &id, output, exit, status, Some(raw_output)));
-        } else if failed {
-            let error = state.error.as_deref().unwrap_or("");
-            updates.push(finish_tool(&id, ToolCallStatus::Failed, Some(error_content(error)), Some(raw_output)));
-        } else {
-            let output = state.output.as_deref().unwrap_or("");
-            let content = result_content(&start, &name, output, &state.metadata);
-            updates.push(finish_tool(&id, ToolCallStatus::Completed, content, Some(raw_output)));
-        }
+        updates.extend(closing_updates(&self.context, &id, &start, &name, &state, None));
         updates.into_iter().map(Output::Update).collect()
     }
+}
+
+/// Whether a tool only maintains the todo list, which the editor shows as the plan rather than as a card.
+pub(crate) fn is_todo_tool(name: &str) -> bool {
+    matches!(name.to_ascii_lowercase().as_str(), "todowrite" | "todoread")
+}
+
+/// The updates that close a tool's card from its final state (`completed` or `error`): a shell's output and
+/// exit, a failure's error, anything else's result (diffs already on the card stay). `shell_output` replaces
+/// what is sent of a shell's output when some was already streamed to a terminal; `name` is lower case.
+pub(crate) fn closing_updates(
+    context: &TranslateContext,
+    id: &str,
+    start: &ToolStart,
+    name: &str,
+    state: &ToolState,
+    shell_output: Option<&str>,
+) -> Vec<SessionUpdate> {
+    let failed = state.status == "error";
+    let mut raw_output = if failed { json!({ "error": state.error }) } else { json!({ "output": state.output }) };
+    if !state.metadata.is_null() {
+        raw_output["metadata"] = state.metadata.clone();
+    }
+    if start.shell_cwd.is_some() {
+        let output = shell_output.unwrap_or_else(|| shell_final_output(state));
+        let exit = state.metadata.get("exit").and_then(Value::as_i64);
+        let ok = !failed && exit.is_none_or(|code| code == 0);
+        let status = if ok { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
+        return finish_shell(context, id, output, exit, status, Some(raw_output));
+    }
+    if failed {
+        let error = state.error.as_deref().unwrap_or("");
+        return vec![finish_tool(id, ToolCallStatus::Failed, Some(error_content(error)), Some(raw_output))];
+    }
+    let output = state.output.as_deref().unwrap_or("");
+    let content = result_content(start, name, output, &state.metadata);
+    vec![finish_tool(id, ToolCallStatus::Completed, content, Some(raw_output))]
+}
+
+/// All a finished shell tool printed: its output, or its error when it printed nothing.
+pub(crate) fn shell_final_output(state: &ToolState) -> &str {
+    let output = str_field(&state.metadata, "output").or(state.output.as_deref()).unwrap_or("");
+    if state.status == "error" && output.is_empty() { state.error.as_deref().unwrap_or("") } else { output }
 }
 
 /// The content of a completed tool: diffs stay as they are, a subagent shows its answer, anything else
@@ -166,7 +218,13 @@ pub fn task_result(output: &str) -> String {
 }
 
 /// Kind, title, locations and input-derived content of an OpenCode tool.
-fn classify(context: &TranslateContext, tool: &str, input: &Value, title: Option<&str>, metadata: &Value) -> ToolStart {
+pub(crate) fn classify(
+    context: &TranslateContext,
+    tool: &str,
+    input: &Value,
+    title: Option<&str>,
+    metadata: &Value,
+) -> ToolStart {
     let title = title.filter(|title| !title.trim().is_empty());
     let file = str_field(input, "filePath").or_else(|| str_field(input, "filepath"));
     let path_or = |key: &str| str_field(input, key).map(|path| shown_dir(context, path));
@@ -324,7 +382,7 @@ fn patch_files(patch: &str) -> Vec<String> {
 }
 
 /// The turn end an OpenCode error name stands for.
-fn error_end(error: ErrorInfo) -> TurnEnd {
+pub(crate) fn error_end(error: ErrorInfo) -> TurnEnd {
     let message = str_field(&error.data, "message").map(str::to_string).unwrap_or_else(|| error.name.clone());
     match error.name.as_str() {
         "ProviderAuthError" => TurnEnd::AuthRequired { message },

@@ -1,0 +1,215 @@
+//! Wire types of `opencode serve`'s event stream (`GET /event`, OpenCode 1.18.33): one bus event per SSE
+//! `data:` payload, `{"type": …, "properties": {…}}`. Only the events and fields the translator reads are
+//! typed; every other event type is [`Event::Other`] and every unknown field is ignored.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub use crate::agents::opencode::events::{ErrorInfo, StepFinishPart, ToolPart, ToolState};
+
+/// One event: its session (when it has one) and what happened.
+#[derive(Debug)]
+pub struct Parsed {
+    /// `properties.sessionID`: the OpenCode session (`ses_…`) the event belongs to.
+    pub session_id: Option<String>,
+    /// The event.
+    pub event: Event,
+}
+
+/// The events the translator acts on.
+#[derive(Debug)]
+pub enum Event {
+    /// A message was created or changed (`message.updated`): its role, and for an assistant message how it
+    /// finished.
+    MessageUpdated(MessageInfo),
+    /// A part was created or changed (`message.part.updated`): the whole part.
+    PartUpdated(Part),
+    /// Text streamed into a part (`message.part.delta`).
+    PartDelta(PartDelta),
+    /// The session is busy, idle or retrying (`session.status`).
+    Status(Status),
+    /// The session finished its work (`session.idle`).
+    Idle,
+    /// The session failed (`session.error`); the error is optional in the schema.
+    Error(Option<ErrorInfo>),
+    /// A tool waits for the user's approval (`permission.asked`).
+    PermissionAsked(PermissionAsked),
+    /// The session's todo list changed (`todo.updated`): the whole list.
+    TodoUpdated(Value),
+    /// Any other event (`session.updated`, `session.diff`, `file.edited`, `server.connected`…).
+    Other,
+}
+
+/// The envelope every event shares.
+#[derive(Debug, Deserialize)]
+struct Envelope {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    properties: Value,
+}
+
+/// Reads one event's JSON. An error only for text that is not a JSON object with a string `type`, or a
+/// known event whose fields have the wrong shape; unknown event types are [`Event::Other`].
+pub fn parse(line: &str) -> Result<Parsed, serde_json::Error> {
+    let envelope: Envelope = serde_json::from_str(line)?;
+    let properties = envelope.properties;
+    let session_id = properties.get("sessionID").and_then(Value::as_str).map(str::to_string);
+    let event = match envelope.kind.as_str() {
+        "message.updated" => Event::MessageUpdated(field::<MessageUpdated>(properties)?.info),
+        "message.part.updated" => Event::PartUpdated(field::<PartUpdated>(properties)?.part),
+        "message.part.delta" => Event::PartDelta(field(properties)?),
+        "session.status" => Event::Status(field::<StatusChanged>(properties)?.status),
+        "session.idle" => Event::Idle,
+        "session.error" => Event::Error(field::<SessionError>(properties)?.error),
+        "permission.asked" => Event::PermissionAsked(field(properties)?),
+        "todo.updated" => Event::TodoUpdated(field::<TodoUpdated>(properties)?.todos),
+        _ => Event::Other,
+    };
+    Ok(Parsed { session_id, event })
+}
+
+fn field<T: DeserializeOwned>(properties: Value) -> Result<T, serde_json::Error> {
+    serde_json::from_value(properties)
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageUpdated {
+    info: MessageInfo,
+}
+
+/// A user or assistant message (`Message` in the OpenAPI document), as far as the translator cares.
+#[derive(Debug, Deserialize)]
+pub struct MessageInfo {
+    /// `msg_…`.
+    pub id: String,
+    /// `user` or `assistant`.
+    #[serde(default)]
+    pub role: String,
+    /// An assistant message's AI SDK finish reason (`stop`, `tool-calls`, `length`…), once it finished.
+    #[serde(default)]
+    pub finish: Option<String>,
+    /// An assistant message's failure (`MessageAbortedError` when the session was aborted).
+    #[serde(default)]
+    pub error: Option<ErrorInfo>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PartUpdated {
+    part: Part,
+}
+
+/// The parts the translator shows; the rest (`step-start`, `file`, `patch`, `snapshot`, `agent`, `retry`,
+/// `compaction`, `subtask`) are [`Part::Other`].
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Part {
+    /// Text of a message.
+    Text(TextPart),
+    /// The model's reasoning.
+    Reasoning(TextPart),
+    /// A tool call and its state (boxed: it dwarfs the others).
+    Tool(Box<ToolPart>),
+    /// A model call ended, with its tokens and cost.
+    StepFinish(StepFinishPart),
+    /// Any other part type.
+    #[serde(other)]
+    Other,
+}
+
+/// A `text` or `reasoning` part: the whole text so far.
+#[derive(Debug, Deserialize)]
+pub struct TextPart {
+    /// `prt_…`, which deltas name.
+    pub id: String,
+    /// The message it belongs to.
+    #[serde(rename = "messageID")]
+    pub message_id: String,
+    /// The text so far.
+    #[serde(default)]
+    pub text: String,
+    /// OpenCode marks parts the model must not see; they are not agent output either.
+    #[serde(default)]
+    pub ignored: bool,
+}
+
+/// Text streamed into a part.
+#[derive(Debug, Deserialize)]
+pub struct PartDelta {
+    /// The message of the part.
+    #[serde(rename = "messageID")]
+    pub message_id: String,
+    /// The part.
+    #[serde(rename = "partID")]
+    pub part_id: String,
+    /// The field that grew: `text` for text and reasoning parts.
+    pub field: String,
+    /// What was appended.
+    pub delta: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct StatusChanged {
+    status: Status,
+}
+
+/// A session's status (`SessionStatus`).
+#[derive(Debug, Deserialize)]
+pub struct Status {
+    /// `idle`, `busy` or `retry`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The retry's number (from 1).
+    #[serde(default)]
+    pub attempt: Option<u64>,
+    /// Why it retries, in OpenCode's words.
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SessionError {
+    #[serde(default)]
+    error: Option<ErrorInfo>,
+}
+
+/// A permission request (`PermissionRequest`).
+#[derive(Debug, Deserialize)]
+pub struct PermissionAsked {
+    /// `per_…`, answered with `POST /permission/{id}/reply`.
+    pub id: String,
+    /// What is asked: the tool's permission (`bash`, `edit`, `read`, `webfetch`…) or a guard
+    /// (`external_directory`, `doom_loop`).
+    #[serde(default)]
+    pub permission: String,
+    /// What it applies to: the commands of a bash call, the paths of an edit.
+    #[serde(default)]
+    pub patterns: Vec<String>,
+    /// Tool-specific details: an edit's `filepath` and unified `diff`, a patch's `files`…
+    #[serde(default)]
+    pub metadata: Value,
+    /// The patterns an "always" answer would allow from now on.
+    #[serde(default)]
+    pub always: Vec<String>,
+    /// The tool call that asks, when a tool asks.
+    #[serde(default)]
+    pub tool: Option<PermissionTool>,
+}
+
+/// The tool call behind a permission request.
+#[derive(Debug, Deserialize)]
+pub struct PermissionTool {
+    /// The assistant message of the call.
+    #[serde(rename = "messageID", default)]
+    pub message_id: Option<String>,
+    /// The model's call id: the same as the tool part's `callID`.
+    #[serde(rename = "callID", default)]
+    pub call_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TodoUpdated {
+    #[serde(default)]
+    todos: Value,
+}
