@@ -105,12 +105,14 @@ async fn supervise(args: InitArgs) -> i32 {
             }
         }
     }
-    let signals = [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::hangup()].map(signal);
-    let [Ok(mut terminate), Ok(mut interrupt), Ok(mut hangup)] = signals else {
+    let signals = [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::hangup(), SignalKind::user_defined1()]
+        .map(signal);
+    let [Ok(mut terminate), Ok(mut interrupt), Ok(mut hangup), Ok(mut strays)] = signals else {
         complain("cannot receive signals");
         return INIT_FAILED;
     };
-    if args.reap
+    // A server's sandbox lives across turns: what a turn leaves running is adopted here, to be ended on SIGUSR1.
+    if (args.reap || args.door.is_some())
         && let Err(e) = nix::sys::prctl::set_child_subreaper(true)
     {
         complain(&format!("cannot become a subreaper: {e}"));
@@ -123,8 +125,18 @@ async fn supervise(args: InitArgs) -> i32 {
         }
     };
     let mut watch = tokio::time::interval(WATCH_EVERY);
+    let mut reap = tokio::time::interval(REAP_EVERY);
+    let program = child.id();
     loop {
         let forward = tokio::select! {
+            _ = strays.recv() => {
+                end_strays(program);
+                continue;
+            }
+            _ = reap.tick(), if args.door.is_some() => {
+                reap_strays(program);
+                continue;
+            }
             _ = watch.tick(), if args.max_processes.is_some() || args.max_memory.is_some() => {
                 if let Some(over) = over_limits(args.max_processes, args.max_memory) {
                     complain(&format!("Error: the sandbox {over}; everything in it was stopped"));
@@ -158,6 +170,33 @@ async fn supervise(args: InitArgs) -> i32 {
         }
         if let Some(pid) = child.id() {
             let _ = kill(Pid::from_raw(pid as i32), forward);
+        }
+    }
+}
+
+/// How often a long-lived server's adopted orphans that exited are reaped.
+const REAP_EVERY: Duration = Duration::from_secs(1);
+
+/// Ends everything below this process but the program's own tree: what earlier turns left running (daemons,
+/// `setsid` children), adopted here as the subreaper.
+fn end_strays(program: Option<u32>) {
+    let own = std::process::id() as i32;
+    let strays: Vec<i32> =
+        super::local::child_pids(own).into_iter().filter(|&pid| Some(pid as u32) != program).collect();
+    for pid in &strays {
+        super::local::kill_tree(*pid as u32);
+    }
+    // Killed trees' members become our children as they die; give them a moment, then reap them.
+    std::thread::sleep(Duration::from_millis(20));
+    reap_strays(program);
+}
+
+/// Reaps exited children other than the program, whose status belongs to tokio's wait.
+fn reap_strays(program: Option<u32>) {
+    let own = std::process::id() as i32;
+    for pid in super::local::child_pids(own) {
+        if Some(pid as u32) != program {
+            let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
         }
     }
 }

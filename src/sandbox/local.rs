@@ -847,6 +847,18 @@ impl LocalProcess {
 
 #[async_trait]
 impl ProcessHandle for LocalProcess {
+    fn end_strays(&self) {
+        let Some(root) = self.pid else { return };
+        // The sandbox's first process is the command itself under `--sandbox none`, two levels below bubblewrap.
+        let init = std::iter::once(root as i32).chain(descendant_pids(root)).find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).nth(1) == Some(b"sandbox-init".as_slice()))
+        });
+        if let Some(init) = init {
+            let _ = nix::sys::signal::kill(Pid::from_raw(init), Signal::SIGUSR1);
+        }
+    }
+
     async fn kill(&mut self) {
         if self.exited.is_some() {
             return;
@@ -1031,6 +1043,11 @@ fn process_table() -> Vec<ProcEntry> {
         table.push(ProcEntry { pid, ppid, pgrp });
     }
     table
+}
+
+/// The direct children of `parent`.
+pub fn child_pids(parent: i32) -> Vec<i32> {
+    process_table().into_iter().filter(|entry| entry.ppid == parent).map(|entry| entry.pid).collect()
 }
 
 /// The processes below `root` by parent links.

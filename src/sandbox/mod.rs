@@ -154,6 +154,9 @@ pub trait ProcessHandle: Send {
     async fn kill(&mut self);
     /// Waits until the process exits. Cancel-safe: it may be raced against output and timers.
     async fn wait(&mut self) -> Result<ExitInfo, SandboxError>;
+    /// Ends what the command's turns left running beside it (a server's sandbox outlives its turns): every
+    /// process of the sandbox outside the command's own tree. Does nothing where the sandbox cannot tell.
+    fn end_strays(&self) {}
     /// Whether the sandbox ran into its process or memory limit, in words for the user.
     fn limit_hit(&self) -> Option<String> {
         None

@@ -146,8 +146,9 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                 async move |request: LoadSessionRequest, responder: Responder<LoadSessionResponse>, cx| {
                     let sink = ConnectionSink { connection: cx.clone() };
                     let id = request.session_id.to_string();
-                    let result =
-                        bridge.load_session(&id, &sink).map(|options| LoadSessionResponse::new().config_options(options));
+                    let result = bridge
+                        .load_session(&id, &sink)
+                        .map(|options| LoadSessionResponse::new().config_options(options));
                     let loaded = result.is_ok();
                     respond(responder, result)?;
                     if loaded {

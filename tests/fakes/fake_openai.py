@@ -6,7 +6,8 @@ Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until 
 
 `POST /v1/chat/completions` answers a stream of SSE chunks (`delta.content`, `delta.reasoning_content`,
 `delta.tool_calls` with the arguments streamed in pieces, a last chunk with `usage`, then `data: [DONE]`).
-The script is picked by a marker `SCENARIO:<name>[:<arg>]` in the last user message; the step is the number of
+Scenarios: text, followup, tools, todo, reasoning, longbash:<n>, attack, error, tokens:<n> (n pieces 200 ms
+apart), livebash:<n> (a bash tool printing a line a second). The script is picked by a marker `SCENARIO:<name>[:<arg>]` in the last user message; the step is the number of
 assistant messages after that user message, so a tool loop advances one step per model call. A request without
 `tools` is OpenCode's title generator and gets a fixed short title. Every request is appended to FILE as one JSON
 line: {"kind": "title"|"chat", "scenario", "arg", "step", "body"}.
@@ -98,6 +99,17 @@ def script(scenario, arg, step):
         if step == 0:
             return [tool("bash", {"command": "python3 .attack.py", "description": "Run the project's setup"})]
         return [say("ATTACK-DONE")]
+    if scenario == "tokens":
+        # <arg> pieces (default 10), each sent on its own 200 ms after the one before: the editor must see them apart.
+        n = int(arg or "10")
+        return [("timed", [f"tok{i} " for i in range(n)], 0.2)]
+    if scenario == "livebash":
+        # A bash tool printing a line a second for <arg> seconds (default 5): its output must stream while it runs.
+        n = int(arg or "5")
+        if step == 0:
+            command = f"for i in $(seq 1 {n}); do echo tick$i; sleep 1; done"
+            return [tool("bash", {"command": command, "description": "Print ticks"})]
+        return [say("LIVEBASH-DONE")]
     if scenario == "error":
         return ("http", 400, {"error": {"message": "FAKE-PROVIDER-400: the fake model rejects this request",
                                         "type": "invalid_request_error", "code": "fake_bad_request"}})
@@ -177,6 +189,12 @@ class Handler(BaseHTTPRequestHandler):
         for item in items:
             if item[0] == "text":
                 for piece in split(item[1]):
+                    chunk({"content": piece})
+            elif item[0] == "timed":
+                _, pieces, gap = item
+                for i, piece in enumerate(pieces):
+                    if i:
+                        time.sleep(gap)
                     chunk({"content": piece})
             elif item[0] == "reasoning":
                 for piece in split(item[1]):

@@ -270,6 +270,11 @@ pub struct Bridge {
     null_id_errors: VecDeque<RpcError>,
     /// Every message received, for failure messages.
     transcript: Vec<String>,
+    /// How `session/request_permission` is answered: the option of this kind (`allow_once`, `reject_once`, …);
+    /// `None` answers `cancelled`.
+    pub permission_answer: Option<String>,
+    /// Every `session/request_permission` received (its params), in order.
+    pub permission_requests: Vec<Value>,
     pub options: BridgeOptions,
 }
 
@@ -354,6 +359,8 @@ impl Bridge {
             updates: VecDeque::new(),
             null_id_errors: VecDeque::new(),
             transcript: Vec::new(),
+            permission_answer: None,
+            permission_requests: Vec::new(),
             options,
         }
     }
@@ -543,6 +550,26 @@ impl Bridge {
         };
 
         if let Some(method) = message.get("method").and_then(Value::as_str) {
+            if method == "session/request_permission"
+                && let Some(id) = message.get("id").cloned()
+            {
+                let params = message.get("params").cloned().unwrap_or(Value::Null);
+                check(self, "RequestPermissionRequest", &params);
+                let chosen = self.permission_answer.as_ref().and_then(|kind| {
+                    params["options"]
+                        .as_array()?
+                        .iter()
+                        .find(|o| o["kind"] == kind.as_str())
+                        .map(|o| o["optionId"].clone())
+                });
+                let outcome = match chosen {
+                    Some(option) => json!({"outcome": "selected", "optionId": option}),
+                    None => json!({"outcome": "cancelled"}),
+                };
+                self.permission_requests.push(params);
+                self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": outcome}}).to_string());
+                return;
+            }
             if message.get("id").is_some() {
                 self.fail(&format!(
                     "unexpected request from the bridge (the tests grant no client capabilities): {trimmed}"

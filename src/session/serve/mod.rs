@@ -46,7 +46,7 @@ pub struct Server {
     pub client: Client,
     /// The version its health check reports.
     pub version: String,
-    kill: mpsc::Sender<()>,
+    kill: mpsc::Sender<Control>,
     exited: watch::Receiver<Option<ExitInfo>>,
     limit: Arc<Mutex<Option<String>>>,
     stderr: Arc<Mutex<VecDeque<String>>>,
@@ -86,8 +86,13 @@ impl Server {
 
     /// Ends the server and everything it started, and waits until it is gone.
     pub async fn stop(&self) {
-        let _ = self.kill.try_send(());
+        let _ = self.kill.try_send(Control::Kill);
         self.exited().await;
+    }
+
+    /// Ends what the last turn left running in the sandbox beside the server (daemons, `setsid` children).
+    pub fn end_strays(&self) {
+        let _ = self.kill.try_send(Control::EndStrays);
     }
 
     fn touch(&self) {
@@ -141,7 +146,7 @@ impl Servers {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let weak = Arc::downgrade(&servers);
             runtime.spawn(async move {
-                let mut tick = tokio::time::interval(REAP_EVERY);
+                let mut tick = tokio::time::interval(REAP_EVERY.min(idle_stop / 2).max(Duration::from_millis(200)));
                 loop {
                     tick.tick().await;
                     let Some(servers) = weak.upgrade() else { break };
@@ -304,7 +309,7 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
             return Err(ServeError::Start(format!("it exited with {} at start: {}", exit.describe(), tail.trim())));
         }
         if started_at.elapsed() > START_LIMIT {
-            let _ = kill.try_send(());
+            let _ = kill.try_send(Control::Kill);
             return Err(ServeError::Start(format!("it did not answer within {} s", START_LIMIT.as_secs())));
         }
         if let Some(version) = client.health().await {
@@ -328,19 +333,33 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
     })
 }
 
-type Supervision = (mpsc::Sender<()>, watch::Receiver<Option<ExitInfo>>, Arc<Mutex<Option<String>>>);
+/// What the supervisor of a server is asked to do.
+enum Control {
+    Kill,
+    EndStrays,
+}
+
+type Supervision = (mpsc::Sender<Control>, watch::Receiver<Option<ExitInfo>>, Arc<Mutex<Option<String>>>);
 
 /// Owns the process: kills it when asked, says when it exits, and notes when its sandbox hits a limit.
 fn supervise(mut handle: Box<dyn ProcessHandle>) -> Supervision {
-    let (kill_tx, mut kill_rx) = mpsc::channel::<()>(1);
+    let (kill_tx, mut kill_rx) = mpsc::channel::<Control>(4);
     let (exit_tx, exit_rx) = watch::channel(None);
     let limit = Arc::new(Mutex::new(None));
     let noted = limit.clone();
     tokio::spawn(async move {
         let mut check = tokio::time::interval(Duration::from_secs(1));
+        let mut killed = false;
         loop {
             tokio::select! {
-                _ = kill_rx.recv() => handle.kill().await,
+                control = kill_rx.recv(), if !killed => match control {
+                    Some(Control::EndStrays) => handle.end_strays(),
+                    // Dropping the server kills it too.
+                    Some(Control::Kill) | None => {
+                        killed = true;
+                        handle.kill().await;
+                    }
+                },
                 _ = check.tick() => {
                     if let Some(hit) = handle.limit_hit() {
                         *noted.lock().unwrap_or_else(|p| p.into_inner()) = Some(hit);

@@ -232,6 +232,11 @@ impl Turn<'_> {
                 }
                 event = events.next() => {
                     let Some(event) = event else { break Outcome::StreamEnded };
+                    if let Some(ask) = foreign_permission(&event, &ses) {
+                        // A subagent's own session asks: no card of ours shows it, so it is asked in words.
+                        pending.push(self.answer_permission(client.clone(), approvals, ask));
+                        continue;
+                    }
                     let mut idle_now = false;
                     for output in translator.line(&event) {
                         match output {
@@ -282,6 +287,8 @@ impl Turn<'_> {
             stderr_tail: server.stderr_tail(),
             exit_code: server.exit().and_then(|exit| exit.code),
         };
+        // Like a turn of `opencode run`, a turn leaves nothing running: the server stays, its strays go.
+        server.end_strays();
         if matches!(outcome, Outcome::KillServer | Outcome::ServerDied | Outcome::StreamEnded) {
             // A server that would not stop, or is gone: the next prompt starts a fresh one on the same database.
             drop(lease);
@@ -398,6 +405,31 @@ fn parts(rendered: &RenderedPrompt, command: bool) -> Value {
         );
     }
     Value::Array(parts)
+}
+
+/// A permission request of another OpenCode session of this server (a subagent's child session), which the
+/// translator does not show: asked with a card of its own naming what it wants.
+fn foreign_permission(event: &str, ours: &str) -> Option<PermissionAsk> {
+    if !event.contains("\"permission.asked\"") {
+        return None;
+    }
+    let event: Value = serde_json::from_str(event).ok()?;
+    let properties = &event["properties"];
+    if event["type"] != "permission.asked" || properties["sessionID"].as_str() == Some(ours) {
+        return None;
+    }
+    let id = properties["id"].as_str()?.to_string();
+    let patterns: Vec<&str> = properties["patterns"].as_array()?.iter().filter_map(Value::as_str).collect();
+    let title = format!(
+        "A subagent asks for {}: {}",
+        properties["permission"].as_str().unwrap_or("a tool"),
+        patterns.join(", ")
+    );
+    let tool_call = agent_client_protocol::v1::schema::ToolCallUpdate::new(
+        id.clone(),
+        agent_client_protocol::v1::schema::ToolCallUpdateFields::new().title(title),
+    );
+    Some(PermissionAsk { request_id: id, tool_call, always: Vec::new() })
 }
 
 enum Outcome {
