@@ -50,6 +50,19 @@ where
     }
 }
 
+/// Answers a request from a task of its own: the dispatch loop goes on at once, whatever the store does (a
+/// locked database, a slow disk), so an unrelated request is never held up behind it.
+fn spawn_answer<T>(responder: Responder<T>, work: impl Future<Output = crate::error::Result<T>> + Send + 'static)
+where
+    T: agent_client_protocol::JsonRpcResponse + Send + 'static,
+{
+    tokio::spawn(async move {
+        if let Err(e) = respond(responder, work.await) {
+            tracing::debug!("could not answer a request: {e}");
+        }
+    });
+}
+
 /// Serves ACP on stdin/stdout until the editor closes stdin, then ends every running turn.
 pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Error> {
     let (channel, stdio) =
@@ -102,20 +115,25 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                             "the editor offered MCP servers; they are not passed into the sandbox"
                         );
                     }
-                    let result = bridge.new_session(&request.cwd);
-                    let id = result.as_ref().ok().map(|(id, _)| id.clone());
-                    respond(
-                        responder,
-                        result.map(|(id, options)| NewSessionResponse::new(id).config_options(options)),
-                    )?;
-                    // After the response, so the editor knows the session when the update arrives.
-                    if let Some(id) = id
-                        && let Ok(commands) = bridge.available_commands(&id)
-                        && !commands.is_empty()
-                    {
-                        ConnectionSink { connection: cx.clone() }
-                            .send(&id, SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)));
-                    }
+                    let bridge = bridge.clone();
+                    tokio::spawn(async move {
+                        let result = bridge.new_session(&request.cwd).await;
+                        let id = result.as_ref().ok().map(|(id, _)| id.clone());
+                        let answer = result.map(|(id, options)| NewSessionResponse::new(id).config_options(options));
+                        if respond(responder, answer).is_err() {
+                            return;
+                        }
+                        // After the response, so the editor knows the session when the update arrives.
+                        if let Some(id) = id
+                            && let Ok(commands) = bridge.available_commands(&id).await
+                            && !commands.is_empty()
+                        {
+                            ConnectionSink { connection: cx }.send(
+                                &id,
+                                SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)),
+                            );
+                        }
+                    });
                     Ok(())
                 }
             },
@@ -125,11 +143,13 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
             {
                 let bridge = bridge.clone();
                 async move |request: LoadSessionRequest, responder: Responder<LoadSessionResponse>, cx| {
-                    let sink = ConnectionSink { connection: cx.clone() };
-                    let result = bridge
-                        .load_session(&request.session_id.to_string(), &sink)
-                        .map(|options| LoadSessionResponse::new().config_options(options));
-                    respond(responder, result)
+                    let bridge = bridge.clone();
+                    spawn_answer(responder, async move {
+                        let sink = ConnectionSink { connection: cx };
+                        let options = bridge.load_session(&request.session_id.to_string(), &sink).await?;
+                        Ok(LoadSessionResponse::new().config_options(options))
+                    });
+                    Ok(())
                 }
             },
             agent_client_protocol::on_receive_request!(),
@@ -138,10 +158,12 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
             {
                 let bridge = bridge.clone();
                 async move |request: ResumeSessionRequest, responder: Responder<ResumeSessionResponse>, _cx| {
-                    let result = bridge
-                        .resume_session(&request.session_id.to_string())
-                        .map(|options| ResumeSessionResponse::new().config_options(options));
-                    respond(responder, result)
+                    let bridge = bridge.clone();
+                    spawn_answer(responder, async move {
+                        let options = bridge.resume_session(&request.session_id.to_string()).await?;
+                        Ok(ResumeSessionResponse::new().config_options(options))
+                    });
+                    Ok(())
                 }
             },
             agent_client_protocol::on_receive_request!(),
@@ -150,15 +172,17 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
             {
                 let bridge = bridge.clone();
                 async move |request: ListSessionsRequest, responder: Responder<ListSessionsResponse>, _cx| {
-                    let result = bridge.list_sessions(request.cwd.as_deref(), request.cursor.as_deref()).map(|page| {
+                    let bridge = bridge.clone();
+                    spawn_answer(responder, async move {
+                        let page = bridge.list_sessions(request.cwd.as_deref(), request.cursor.as_deref()).await?;
                         let sessions = page
                             .sessions
                             .into_iter()
                             .map(|s| SessionInfo::new(s.id, s.cwd).title(s.title).updated_at(s.updated_at))
                             .collect();
-                        ListSessionsResponse::new(sessions).next_cursor(page.next_cursor)
+                        Ok(ListSessionsResponse::new(sessions).next_cursor(page.next_cursor))
                     });
-                    respond(responder, result)
+                    Ok(())
                 }
             },
             agent_client_protocol::on_receive_request!(),
@@ -201,10 +225,14 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         Some(value) => value.to_string(),
                         None => request.value.as_bool().map(|b| b.to_string()).unwrap_or_default(),
                     };
-                    let result = bridge
-                        .set_config_option(&request.session_id.to_string(), &request.config_id.to_string(), &value)
-                        .map(SetSessionConfigOptionResponse::new);
-                    respond(responder, result)
+                    let bridge = bridge.clone();
+                    spawn_answer(responder, async move {
+                        let session_id = request.session_id.to_string();
+                        let options =
+                            bridge.set_config_option(&session_id, &request.config_id.to_string(), &value).await?;
+                        Ok(SetSessionConfigOptionResponse::new(options))
+                    });
+                    Ok(())
                 }
             },
             agent_client_protocol::on_receive_request!(),
