@@ -1,8 +1,9 @@
 //! The ACP server: the only module that knows the JSON-RPC connection (official `agent-client-protocol`).
 //!
-//! Handlers are thin: they call [`Bridge`] and map its errors with [`to_acp_error`]. A prompt turn runs in
-//! its own tokio task so the dispatch loop keeps reading (a `session/cancel` must get through while a turn
-//! runs) and so a panicking turn cannot take the connection down: the SDK answers its dropped responder.
+//! Handlers are thin: they call [`Bridge`] and map its errors with [`to_acp_error`]. A prompt turn, and every
+//! request that touches the store, runs in its own tokio task so the dispatch loop keeps reading (a
+//! `session/cancel` must get through while a turn runs, a `session/list` while the database is locked) and so a
+//! panicking turn cannot take the connection down: the SDK answers its dropped responder.
 //! `transport` frames stdin and stdout, so no input can end the connection: only the end of stdin does.
 
 mod transport;

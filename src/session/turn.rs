@@ -154,6 +154,8 @@ impl Turn<'_> {
     pub async fn run(self) -> Result<StopReason> {
         let store = self.bridge.store.clone();
         let prompt_json = serde_json::to_value(&self.blocks).unwrap_or_default();
+        // Read first: once the turn row exists, nothing may fail before the turn is ended.
+        let prior_cost = store.session_cost(&self.record.id).await?;
         let turn_id = store.start_turn(&self.record.id, &prompt_json).await?;
         let sink = self.sink.clone();
         let sink_session = self.record.id.clone();
@@ -162,7 +164,7 @@ impl Turn<'_> {
             outbox: Outbox::new(move |update| sink.send(&sink_session, update)),
             session_id: self.record.id.clone(),
             turn_id,
-            prior_cost: store.session_cost(&self.record.id).await?,
+            prior_cost,
             turn_cost: std::sync::Mutex::new(0.0),
         };
         let session_id = self.record.id.clone();

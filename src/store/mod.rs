@@ -796,8 +796,9 @@ fn history(connection: &Connection, session_id: &str, limit: usize) -> std::resu
         })?
         .collect::<rusqlite::Result<_>>()?;
     let mut count_statement = connection.prepare_cached("SELECT COUNT(*) FROM events WHERE turn_id = ?1")?;
+    let mut all_statement = connection.prepare_cached("SELECT payload FROM events WHERE turn_id = ?1 ORDER BY id")?;
     // The newest `?2` updates of a turn.
-    let mut events_statement = connection.prepare_cached(
+    let mut newest_statement = connection.prepare_cached(
         "SELECT payload FROM (SELECT id, payload FROM events WHERE turn_id = ?1 ORDER BY id DESC LIMIT ?2) ORDER BY id",
     )?;
     let mut kept = Vec::new();
@@ -824,9 +825,13 @@ fn history(connection: &Connection, session_id: &str, limit: usize) -> std::resu
             continue;
         };
         budget = budget.saturating_sub(keep + 1);
-        let payloads: Vec<String> = events_statement
-            .query_map(params![turn.id, i64::try_from(keep).unwrap_or(i64::MAX)], |row| row.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
+        let payloads: Vec<String> = if keep == count {
+            all_statement.query_map(params![turn.id], |row| row.get(0))?.collect::<rusqlite::Result<_>>()?
+        } else {
+            newest_statement
+                .query_map(params![turn.id, i64::try_from(keep).unwrap_or(i64::MAX)], |row| row.get(0))?
+                .collect::<rusqlite::Result<_>>()?
+        };
         let mut events = Vec::with_capacity(payloads.len());
         for payload in payloads {
             events.push(serde_json::from_str(&payload)?);
