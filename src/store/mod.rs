@@ -493,8 +493,10 @@ impl Store {
                 Ok(()) => break,
             }
         }
-        // Turns left `running` by a bridge that is gone are over.
-        mark_orphaned(&connection, None).map_err(|failure| context.error(failure))?;
+        // Turns left `running` by a bridge that is gone are over. Best effort: loading the session tries again.
+        if let Err(failure) = mark_orphaned(&connection, None) {
+            tracing::warn!(path = %path.display(), "could not mark the turns of dead bridges interrupted: {}", context.error(failure));
+        }
         let writer = Writer::start(connection, context.clone()).map_err(|_| StoreError::Stopped)?;
         let readers = Arc::new(Readers { context: context.clone(), idle: Mutex::new(Vec::new()) });
         Ok(Self { context, writer, readers })

@@ -72,6 +72,15 @@ impl From<rusqlite::Error> for MigrationError {
 /// Brings the database to [`VERSION`]. Each step is its own `BEGIN IMMEDIATE` transaction, so two bridges opening
 /// one database at once migrate it once: the second one reads the version again under the lock.
 pub fn migrate(connection: &Connection) -> Result<i64, MigrationError> {
+    // Up to date is the common case: it takes no lock and writes nothing (a full disk must not stop a bridge
+    // from starting and reading its sessions).
+    let version: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    if version == VERSION {
+        return Ok(VERSION);
+    }
+    if version > VERSION {
+        return Err(MigrationError::TooNew(version));
+    }
     loop {
         connection.execute_batch("BEGIN IMMEDIATE")?;
         let step = (|| -> Result<Option<i64>, MigrationError> {
@@ -83,8 +92,11 @@ pub fn migrate(connection: &Connection) -> Result<i64, MigrationError> {
                 return Err(MigrationError::TooNew(version));
             }
             let Some(sql) = MIGRATIONS.get(version as usize) else {
-                // Up to date; the version is written in case an unversioned schema was recognised.
-                connection.pragma_update(None, "user_version", version)?;
+                // Up to date; the version is written when an unversioned schema was recognised.
+                let stored: i64 = connection.pragma_query_value(None, "user_version", |row| row.get(0))?;
+                if stored != version {
+                    connection.pragma_update(None, "user_version", version)?;
+                }
                 return Ok(None);
             };
             connection.execute_batch(sql)?;

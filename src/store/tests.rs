@@ -496,6 +496,11 @@ async fn a_full_disk_fails_writes_clearly_keeps_what_was_acknowledged_and_recove
     let stored = store.history("s", usize::MAX).await.unwrap();
     assert_eq!(stored.turns[0].1, acknowledged, "exactly what was acknowledged is stored");
 
+    // A second bridge starting on the full disk opens the store and reads it.
+    let second = Store::open(&data.join("db.sqlite3")).expect("a full disk does not stop the store from opening");
+    assert_eq!(second.history("s", usize::MAX).await.unwrap().turns[0].1, acknowledged);
+    drop(second);
+
     std::fs::remove_file(data.join("ballast")).unwrap();
     if ended.is_err() {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
