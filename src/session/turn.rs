@@ -169,10 +169,11 @@ impl Turn<'_> {
         };
         let session_id = self.record.id.clone();
         let result = self.run_turn(&emitter).await;
-        // Every update is stored and sent before the prompt is answered; one that could not be stored fails the turn.
-        let result = match (result, emitter.flush().await) {
-            (Ok(_), Err(error)) => Err(error),
-            (result, _) => result,
+        // Every update is stored and sent before the prompt is answered; one that could not be stored fails the turn
+        // with the store's words (what the user can do about it), whatever else went wrong.
+        let result = match emitter.flush().await {
+            Err(error) if !matches!(result, Err(Error::Store(_))) => Err(error),
+            _ => result,
         };
         let cost = *emitter.turn_cost.lock().unwrap_or_else(|p| p.into_inner());
         let stored = match &result {
