@@ -383,7 +383,30 @@ async fn a_locked_database_fails_writes_clearly_while_reads_answer_and_turn_ends
     let history = store.history("s", usize::MAX).await.unwrap();
     assert!(history.turns[0].0.error.as_deref().unwrap_or_default().contains("locked"));
     assert!(history.turns[0].1.is_empty(), "the failed update was not stored");
-    store.append_event("s", turn, &json!({"n": 2})).await.expect("writes work again");
+    let next = store.start_turn("s", &json!([])).await.expect("writes work again");
+    store.append_event("s", next, &json!({"n": 2})).await.expect("writes work again");
+}
+
+#[tokio::test]
+async fn after_an_update_of_a_turn_failed_its_later_updates_are_refused_even_once_the_store_can_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_with(&dir.path().join("db.sqlite3"), Duration::from_millis(200)).unwrap();
+    store.create_session(&record("s", "/w", 1)).await.unwrap();
+    let turn = store.start_turn("s", &json!([])).await.unwrap();
+    store.append_event("s", turn, &json!({"n": 0})).await.unwrap();
+    let other = raw(store.path());
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    assert!(matches!(store.append_event("s", turn, &json!({"n": 1})).await, Err(StoreError::Locked { .. })));
+    other.execute_batch("COMMIT").unwrap();
+
+    // What the turn stored stays the prefix that was acknowledged: a later update would be a gap's other side.
+    let refused = store.append_event("s", turn, &json!({"n": 2})).await;
+    assert!(matches!(refused, Err(StoreError::Locked { .. })), "{refused:?}");
+    let next = store.start_turn("s", &json!([])).await.unwrap();
+    store.append_event("s", next, &json!({"next": true})).await.expect("another turn writes");
+    let history = store.history("s", usize::MAX).await.unwrap();
+    assert_eq!(history.turns[0].1, [json!({"n": 0})]);
+    assert_eq!(history.turns[1].1, [json!({"next": true})]);
 }
 
 #[tokio::test]
@@ -405,12 +428,14 @@ async fn a_deleted_data_dir_fails_writes_and_reads_until_it_is_back() {
     assert!(!data.exists(), "nothing recreated the data dir");
 
     std::fs::rename(&away, &data).unwrap();
-    store.append_event("s", turn, &json!({"n": 3})).await.expect("the same file is back: writes work again");
-    let events = &store.history("s", usize::MAX).await.unwrap().turns[0].1;
-    assert_eq!(events, &[json!({"n": 1}), json!({"n": 3})]);
+    let next = store.start_turn("s", &json!([])).await.expect("the same file is back: writes work again");
+    store.append_event("s", next, &json!({"n": 3})).await.unwrap();
+    let history = store.history("s", usize::MAX).await.unwrap();
+    assert_eq!(history.turns[0].1, [json!({"n": 1})]);
+    assert_eq!(history.turns[1].1, [json!({"n": 3})]);
 
     std::fs::remove_dir_all(&data).unwrap();
-    let error = store.append_event("s", turn, &json!({"n": 4})).await.unwrap_err();
+    let error = store.append_event("s", next, &json!({"n": 4})).await.unwrap_err();
     assert!(matches!(error, StoreError::Gone { .. }), "{error:?}");
     assert!(error.is_unavailable());
 }
@@ -480,7 +505,8 @@ async fn a_full_disk_fails_writes_clearly_keeps_what_was_acknowledged_and_recove
         let mut failed = None;
         for (ack, update) in acks {
             match ack.await {
-                Ok(()) => acknowledged.push(update),
+                Ok(()) if failed.is_none() => acknowledged.push(update),
+                Ok(()) => panic!("an update after a failed one was acknowledged"),
                 Err(error) => failed = failed.or(Some(error)),
             }
         }

@@ -5,6 +5,7 @@
 //! of SQLite (a busy wait, a slow disk) ever runs on the async runtime's threads.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
@@ -69,7 +70,8 @@ impl Writer {
     /// Starts the writer thread on `connection` (already migrated).
     pub fn start(connection: Connection, context: Arc<Context>) -> std::io::Result<Self> {
         let (jobs, queue) = mpsc::channel();
-        let mut thread = WriterThread { connection, context, unended: Vec::new(), failing: false };
+        let mut thread =
+            WriterThread { connection, context, unended: Vec::new(), broken: HashMap::new(), failing: false };
         std::thread::Builder::new().name("acp-sandbox-store".into()).spawn(move || thread.run(queue))?;
         Ok(Self { places: Arc::new(Semaphore::new(QUEUE)), jobs })
     }
@@ -86,13 +88,17 @@ struct WriterThread {
     context: Arc<Context>,
     /// Turn endings that could not be written yet.
     unended: Vec<Ending>,
+    /// Turns an update of which could not be written, with why: their later updates are refused too, so that what
+    /// a turn stored is always the prefix of its updates that was acknowledged (and sent), never more.
+    broken: HashMap<i64, StoreError>,
     /// Whether the last transaction failed (to log the failure and the recovery once each).
     failing: bool,
 }
 
 /// What a job did inside the transaction, to acknowledge once it is committed.
 enum Done {
-    Unit(oneshot::Sender<Result<(), StoreError>>, Result<(), StoreError>),
+    /// An update of a turn.
+    Append(oneshot::Sender<Result<(), StoreError>>, Result<(), StoreError>, i64),
     Value(oneshot::Sender<Result<Box<dyn Any + Send>, StoreError>>, Result<Box<dyn Any + Send>, StoreError>),
     /// A turn ending: kept for another try if the transaction fails.
     End(oneshot::Sender<Result<(), StoreError>>, Result<(), StoreError>, Ending),
@@ -101,13 +107,13 @@ enum Done {
 impl Done {
     fn acknowledge(self, failure: Option<&StoreError>) {
         match (self, failure) {
-            (Done::Unit(reply, result), None) | (Done::End(reply, result, _), None) => {
+            (Done::Append(reply, result, _), None) | (Done::End(reply, result, _), None) => {
                 let _ = reply.send(result);
             }
             (Done::Value(reply, result), None) => {
                 let _ = reply.send(result);
             }
-            (Done::Unit(reply, _), Some(error)) | (Done::End(reply, _, _), Some(error)) => {
+            (Done::Append(reply, _, _), Some(error)) | (Done::End(reply, _, _), Some(error)) => {
                 let _ = reply.send(Err(error.clone()));
             }
             (Done::Value(reply, _), Some(error)) => {
@@ -168,10 +174,12 @@ impl WriterThread {
         }
         let failure = outcome.err();
         for item in done {
-            if let (Some(error), Done::End(_, _, ending)) = (&failure, &item)
-                && error.is_unavailable()
-            {
-                self.unended.push(ending.clone());
+            match (&failure, &item) {
+                (Some(error), Done::End(_, _, ending)) if error.is_unavailable() => self.unended.push(ending.clone()),
+                (Some(error), Done::Append(_, _, turn_id)) => {
+                    self.broken.entry(*turn_id).or_insert_with(|| error.clone());
+                }
+                _ => {}
             }
             item.acknowledge(failure.as_ref());
         }
@@ -200,10 +208,18 @@ impl WriterThread {
         let mut jobs = jobs.into_iter();
         for job in jobs.by_ref() {
             let fatal = match job {
+                Job::Append { reply, turn_id, .. } if self.broken.contains_key(&turn_id) => {
+                    let error = self.broken.get(&turn_id).cloned().unwrap_or(StoreError::Stopped);
+                    done.push(Done::Append(reply, Err(error), turn_id));
+                    None
+                }
                 Job::Append { session_id, turn_id, payload, at, reply } => {
                     let result = self.append(&session_id, turn_id, &payload, at).map_err(|f| self.context.error(f));
                     let fatal = self.fatal(&result);
-                    done.push(Done::Unit(reply, result));
+                    if let Err(error) = &result {
+                        self.broken.insert(turn_id, error.clone());
+                    }
+                    done.push(Done::Append(reply, result, turn_id));
                     fatal
                 }
                 Job::End { ending, reply } => {
@@ -274,7 +290,7 @@ impl WriterThread {
 fn unstarted(job: Job) -> Done {
     let error = Err(StoreError::Stopped);
     match job {
-        Job::Append { reply, .. } => Done::Unit(reply, error),
+        Job::Append { reply, turn_id, .. } => Done::Append(reply, error, turn_id),
         Job::End { ending, reply } => Done::End(reply, error, ending),
         Job::Work { reply, .. } => Done::Value(reply, Err(StoreError::Stopped)),
     }
