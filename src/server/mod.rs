@@ -8,7 +8,11 @@
 
 mod transport;
 
+use std::collections::HashMap;
 use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
@@ -51,6 +55,47 @@ where
     }
 }
 
+/// Requests about one session start in the order they arrived, as when every handler ran inside the dispatch
+/// loop: a prompt sent right after a `session/set_config_option` runs with the new option. Only requests of one
+/// session wait, and only for those before them; a `session/list` waits for nothing.
+#[derive(Default)]
+struct SessionOrder {
+    /// Per session, what the latest request's place resolves to when it is done.
+    tails: std::sync::Mutex<HashMap<String, Shared<BoxFuture<'static, ()>>>>,
+}
+
+impl SessionOrder {
+    /// The next place in `session`'s order. Called in the dispatch loop, so places follow the arrival order.
+    fn enter(&self, session: &str) -> Place {
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        let finished = finished.map(|_| ()).boxed().shared();
+        let mut tails = self.tails.lock().unwrap_or_else(|p| p.into_inner());
+        // Places of sessions with nothing in flight any more are forgotten.
+        tails.retain(|_, tail| tail.peek().is_none());
+        let previous = tails.insert(session.to_string(), finished);
+        Place { previous, done: Some(done) }
+    }
+}
+
+/// A request's place in its session's order: [`Place::wait`] for the request before it; dropping the place (or
+/// [`Place::release`]) lets the next one start.
+struct Place {
+    previous: Option<Shared<BoxFuture<'static, ()>>>,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Place {
+    async fn wait(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            previous.await;
+        }
+    }
+
+    fn release(&mut self) {
+        self.done.take();
+    }
+}
+
 /// Answers a request from a task of its own: the dispatch loop goes on at once, whatever the store does (a
 /// locked database, a slow disk), so an unrelated request is never held up behind it.
 fn spawn_answer<T>(responder: Responder<T>, work: impl Future<Output = crate::error::Result<T>> + Send + 'static)
@@ -68,6 +113,7 @@ where
 pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Error> {
     let (channel, stdio) =
         transport::StdioTransport::start().map_err(agent_client_protocol::Error::into_internal_error)?;
+    let order = Arc::new(SessionOrder::default());
     let result = Agent
         .v1()
         .name("acp-sandbox")
@@ -143,9 +189,12 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
+                let order = order.clone();
                 async move |request: LoadSessionRequest, responder: Responder<LoadSessionResponse>, cx| {
                     let bridge = bridge.clone();
+                    let mut place = order.enter(&request.session_id.to_string());
                     spawn_answer(responder, async move {
+                        place.wait().await;
                         let sink = ConnectionSink { connection: cx };
                         let options = bridge.load_session(&request.session_id.to_string(), &sink).await?;
                         Ok(LoadSessionResponse::new().config_options(options))
@@ -158,9 +207,12 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
+                let order = order.clone();
                 async move |request: ResumeSessionRequest, responder: Responder<ResumeSessionResponse>, _cx| {
                     let bridge = bridge.clone();
+                    let mut place = order.enter(&request.session_id.to_string());
                     spawn_answer(responder, async move {
+                        place.wait().await;
                         let options = bridge.resume_session(&request.session_id.to_string()).await?;
                         Ok(ResumeSessionResponse::new().config_options(options))
                     });
@@ -202,9 +254,12 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
+                let order = order.clone();
                 async move |request: DeleteSessionRequest, responder: Responder<DeleteSessionResponse>, _cx| {
                     let bridge = bridge.clone();
+                    let mut place = order.enter(&request.session_id.to_string());
                     tokio::spawn(async move {
+                        place.wait().await;
                         let result = bridge
                             .delete_session(&request.session_id.to_string())
                             .await
@@ -219,6 +274,7 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
+                let order = order.clone();
                 async move |request: SetSessionConfigOptionRequest,
                             responder: Responder<SetSessionConfigOptionResponse>,
                             _cx| {
@@ -227,7 +283,9 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         None => request.value.as_bool().map(|b| b.to_string()).unwrap_or_default(),
                     };
                     let bridge = bridge.clone();
+                    let mut place = order.enter(&request.session_id.to_string());
                     spawn_answer(responder, async move {
+                        place.wait().await;
                         let session_id = request.session_id.to_string();
                         let options =
                             bridge.set_config_option(&session_id, &request.config_id.to_string(), &value).await?;
@@ -241,11 +299,16 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
+                let order = order.clone();
                 async move |request: PromptRequest, responder: Responder<PromptResponse>, cx| {
                     let bridge = bridge.clone();
                     let sink: Arc<dyn UpdateSink> = Arc::new(ConnectionSink { connection: cx.clone() });
                     let cancellation = responder.cancellation();
+                    let mut place = order.enter(&request.session_id.to_string());
                     tokio::spawn(async move {
+                        // Starts after what came before it; what comes after need not wait for the whole turn.
+                        place.wait().await;
+                        place.release();
                         let session_id = request.session_id.to_string();
                         // `$/cancel_request` for the prompt cancels the turn like `session/cancel`, so it
                         // answers `cancelled` (the method's own cancel value).

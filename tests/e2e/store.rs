@@ -315,3 +315,34 @@ fn a_turn_longer_than_the_replay_limit_replays_its_newest_updates_and_says_how_m
     );
     assert_eq!(replay[1..1 + 4999], sent[cut..], "the prompt, the note, then the newest 4,999 updates");
 }
+
+#[test]
+fn a_prompt_sent_right_after_set_config_option_runs_with_the_new_option_even_while_the_store_is_locked() {
+    let dirs = TestDirs::new("store-order");
+    let ws = dirs.workspace("ws");
+    let config = dirs.root().join("xdg-config");
+    std::fs::create_dir_all(config.join("opencode")).unwrap();
+    std::fs::write(config.join("opencode/opencode.json"), r#"{"provider": {"fake": {"models": {"thinker": {}}}}}"#)
+        .unwrap();
+    let options = BridgeOptions::new("opencode", &dirs.data)
+        .env("XDG_CONFIG_HOME", config.to_str().unwrap())
+        .arg("--store-busy-timeout")
+        .arg("600");
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    // The option's write waits for the lock; the prompt must not overtake it and run with the old model.
+    let other = other_program(&database(&dirs));
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let set = bridge.send_request(
+        "session/set_config_option",
+        json!({"sessionId": sid, "configId": "model", "value": "fake/thinker"}),
+    );
+    let prompt = bridge.send_prompt(&sid, "Say hello");
+    let list = bridge.request("session/list", json!({})).expect("session/list waits for no session's requests");
+    assert_eq!(list["sessions"][0]["sessionId"], sid.as_str(), "{list}");
+    other.execute_batch("COMMIT").unwrap();
+
+    bridge.wait_response(set).expect("the option is set once the lock is released");
+    assert_eq!(bridge.finish_turn(&sid, prompt).stop_reason(), "end_turn");
+    assert_eq!(invocations(&ws)[0].flag_value("--model").as_deref(), Some("fake/thinker"));
+}
