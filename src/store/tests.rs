@@ -410,6 +410,37 @@ async fn after_an_update_of_a_turn_failed_its_later_updates_are_refused_even_onc
 }
 
 #[tokio::test]
+async fn the_outbox_hands_on_in_order_only_what_was_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_with(&dir.path().join("db.sqlite3"), Duration::from_millis(200)).unwrap();
+    store.create_session(&record("s", "/w", 1)).await.unwrap();
+    let turn = store.start_turn("s", &json!([])).await.unwrap();
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    let outbox = {
+        let delivered = delivered.clone();
+        Outbox::new(move |n: i32| delivered.lock().unwrap().push(n))
+    };
+    for n in 0..3 {
+        outbox.push(store.queue_event("s", turn, &json!({ "n": n })).await.unwrap(), n).unwrap();
+    }
+    let stored = tokio::time::timeout(Duration::from_secs(30), async {
+        while delivered.lock().unwrap().len() < 3 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    stored.await.expect("the first three are stored and handed on");
+    let other = raw(store.path());
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    outbox.push(store.queue_event("s", turn, &json!({"n": 3})).await.unwrap(), 3).unwrap();
+    let flushed = outbox.flush().await;
+    assert!(matches!(flushed, Err(StoreError::Locked { .. })), "{flushed:?}");
+    assert_eq!(*delivered.lock().unwrap(), [0, 1, 2], "the unstored one is not handed on");
+    other.execute_batch("COMMIT").unwrap();
+    let history = store.history("s", usize::MAX).await.unwrap();
+    assert_eq!(history.turns[0].1, [json!({"n": 0}), json!({"n": 1}), json!({"n": 2})]);
+}
+
+#[tokio::test]
 async fn a_deleted_data_dir_fails_writes_and_reads_until_it_is_back() {
     let root = tempfile::tempdir().unwrap();
     let data = root.path().join("data");
