@@ -566,7 +566,11 @@ async fn doctor(config: Config) -> anyhow::Result<ExitCode> {
     match acp_sandbox::store::Store::open(&config.database_path()) {
         Ok(store) => {
             let count = store.list_sessions(None, None, None, 100_000).await.map(|s| s.len()).unwrap_or(0);
-            println!("store       {} ({count} sessions)", config.database_path().display());
+            println!(
+                "store       {} ({count} sessions, schema version {})",
+                config.database_path().display(),
+                acp_sandbox::store::SCHEMA_VERSION
+            );
         }
         Err(e) => println!("store       ERROR: {e}"),
     }
