@@ -68,43 +68,72 @@ fn bench_translate() {
 }
 
 fn bench_store() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("bench.sqlite3")).unwrap();
-    store
-        .create_session(&SessionRecord {
-            id: "s".into(),
-            agent: "opencode".into(),
-            cwd: "/w".into(),
-            sandbox_provider: "local".into(),
-            sandbox_id: None,
-            native_id: None,
-            title: None,
-            config: json!({}),
-            created_at: 0,
-            updated_at: 0,
-        })
-        .unwrap();
-    let update = json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x".repeat(200)}});
-    let turn = store.start_turn("s", &json!([])).unwrap();
-    let count = 10_000;
-    let start = Instant::now();
-    for _ in 0..count {
-        store.append_event("s", turn, &update).unwrap();
-    }
-    let elapsed = start.elapsed();
-    println!(
-        "store     append    {count:>6} updates {:>8.1} ms  {:>9.0} updates/s",
-        elapsed.as_secs_f64() * 1e3,
-        count as f64 / elapsed.as_secs_f64()
-    );
-    let time = measure(5, || {
-        std::hint::black_box(store.history("s", usize::MAX).unwrap());
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("bench.sqlite3")).unwrap();
+        store
+            .create_session(&SessionRecord {
+                id: "s".into(),
+                agent: "opencode".into(),
+                cwd: "/w".into(),
+                sandbox_provider: "local".into(),
+                sandbox_id: None,
+                native_id: None,
+                title: None,
+                config: json!({}),
+                created_at: 0,
+                updated_at: 0,
+            })
+            .await
+            .unwrap();
+        let update =
+            json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x".repeat(200)}});
+        let turn = store.start_turn("s", &json!([])).await.unwrap();
+        let count = 100_000;
+        // One by one, each awaited: a commit per update.
+        let start = Instant::now();
+        for _ in 0..count / 10 {
+            store.append_event("s", turn, &update).await.unwrap();
+        }
+        let elapsed = start.elapsed();
+        println!(
+            "store     append    {:>6} updates {:>8.1} ms  {:>9.0} updates/s (each awaited)",
+            count / 10,
+            elapsed.as_secs_f64() * 1e3,
+            (count / 10) as f64 / elapsed.as_secs_f64()
+        );
+        // Queued as a turn queues them (acknowledged in order, batched by the writer).
+        let commits = store.commits();
+        let start = Instant::now();
+        let mut acks = std::collections::VecDeque::new();
+        for _ in 0..count {
+            acks.push_back(store.queue_event("s", turn, &update).await.unwrap());
+        }
+        for ack in acks {
+            ack.await.unwrap();
+        }
+        let elapsed = start.elapsed();
+        println!(
+            "store     append    {count:>6} updates {:>8.1} ms  {:>9.0} updates/s (queued; {} transactions)",
+            elapsed.as_secs_f64() * 1e3,
+            count as f64 / elapsed.as_secs_f64(),
+            store.commits() - commits
+        );
+        let all = count + count / 10;
+        let mut samples = Vec::new();
+        for _ in 0..5 {
+            let start = Instant::now();
+            std::hint::black_box(store.history("s", usize::MAX).await.unwrap());
+            samples.push(start.elapsed());
+        }
+        let time = median(samples);
+        println!(
+            "store     replay    {all:>6} updates {:>8.1} ms  {:>9.0} updates/s",
+            time.as_secs_f64() * 1e3,
+            all as f64 / time.as_secs_f64()
+        );
     });
-    println!(
-        "store     replay    {count:>6} updates {:>8.1} ms  {:>9.0} updates/s",
-        time.as_secs_f64() * 1e3,
-        count as f64 / time.as_secs_f64()
-    );
 }
 
 /// A JSON-RPC client of the built binary, just enough to time turns.
@@ -202,6 +231,63 @@ fn bench_turns() {
     }
 }
 
+/// One turn of 100,000 text events through the whole bridge (translate, store, acknowledge, send): updates/s as the
+/// client receives them. The CLI is `cat` of a prepared stream, so the bridge is what is measured.
+fn bench_stream() {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-stream");
+    let _ = std::fs::remove_dir_all(&root);
+    let workspace = root.join("ws");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let count = 100_000;
+    let sid = "ses_benchstream0000000000000";
+    let mut stream = String::new();
+    stream.push_str(&format!(
+        "{}\n",
+        json!({"type": "step_start", "timestamp": 1, "sessionID": sid,
+            "part": {"id": "prt_start", "messageID": "msg_1", "sessionID": sid, "type": "step-start"}})
+    ));
+    for n in 0..count {
+        stream.push_str(&format!(
+            "{}\n",
+            json!({"type": "text", "timestamp": 1, "sessionID": sid,
+                "part": {"id": format!("prt_{n}"), "messageID": "msg_1", "sessionID": sid, "type": "text",
+                    "text": format!("chunk {n} of a long answer. "), "time": {"start": 1, "end": 1}}})
+        ));
+    }
+    stream.push_str(&format!(
+        "{}\n",
+        json!({"type": "step_finish", "timestamp": 1, "sessionID": sid,
+            "part": {"id": "prt_end", "reason": "stop", "messageID": "msg_1", "sessionID": sid, "type": "step-finish",
+                "tokens": {"input": 10, "output": 10, "reasoning": 0, "cache": {"write": 0, "read": 0}}, "cost": 0}})
+    ));
+    let stream_path = root.join("stream.jsonl");
+    std::fs::write(&stream_path, stream).unwrap();
+    let fake = root.join("fake-opencode");
+    std::fs::write(&fake, format!("#!/bin/sh\ncat >/dev/null\ncat '{}'\n", stream_path.display())).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut bridge = Bridge::start(&root.join("data"), "none", &["--replay-limit", "1000000"], &fake);
+    bridge.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    let session =
+        bridge.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
+    let start = Instant::now();
+    let answer =
+        bridge.request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "stream"}]}));
+    let elapsed = start.elapsed();
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let load = Instant::now();
+    bridge.request("session/load", json!({"sessionId": session, "cwd": workspace, "mcpServers": []}));
+    let load = load.elapsed();
+    drop(bridge.stdin);
+    let _ = bridge.child.wait();
+    println!(
+        "bridge    stream    {count:>6} updates {:>8.1} ms  {:>9.0} updates/s (CLI to editor, each stored first)  replay {:>8.1} ms",
+        elapsed.as_secs_f64() * 1e3,
+        count as f64 / elapsed.as_secs_f64(),
+        load.as_secs_f64() * 1e3
+    );
+}
+
 fn peak_rss_kib() -> Option<u64> {
     peak_rss_kib_of("/proc/self/status")
 }
@@ -219,6 +305,7 @@ fn main() {
     }
     bench_translate();
     bench_store();
+    bench_stream();
     bench_turns();
     if let Some(kib) = peak_rss_kib() {
         println!("peak memory of the bench process: {:.1} MiB", kib as f64 / 1024.0);

@@ -102,6 +102,9 @@ struct Settings {
     /// At most this many updates are replayed when the editor reopens a session.
     #[arg(long, global = true, env = "ACP_SANDBOX_REPLAY_LIMIT", default_value_t = 5000)]
     replay_limit: usize,
+    /// How many seconds a write to the session store waits for another program's lock on it.
+    #[arg(long, global = true, env = "ACP_SANDBOX_STORE_BUSY_TIMEOUT", default_value_t = 10)]
+    store_busy_timeout: u64,
     /// Context window (tokens) shown in the editor's usage meter.
     #[arg(long, global = true, env = "ACP_SANDBOX_CONTEXT_WINDOW", default_value_t = 200_000)]
     context_window: u64,
@@ -206,6 +209,7 @@ impl Settings {
         config.amp_bin = self.amp_bin.clone();
         config.idle_timeout = Duration::from_secs(self.idle_timeout.max(1));
         config.replay_limit = self.replay_limit;
+        config.store_busy_timeout = Duration::from_secs(self.store_busy_timeout.max(1));
         config.context_window = self.context_window;
         let modes: Vec<String> =
             self.amp_modes.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
@@ -290,7 +294,7 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
         data_dir = %config.data_dir.display(),
         "acp-sandbox starting"
     );
-    let bridge = Arc::new(Bridge::open(config).context("cannot start")?);
+    let bridge = Arc::new(Bridge::open(config).await.context("cannot start")?);
     tracing::info!("sandbox: {}", bridge.isolation().describe());
     bridge.refresh_opencode_models();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -413,15 +417,15 @@ async fn prompt(config: Config, text: Option<String>, json: bool, session: Optio
         }
         Some(text) => text.to_string(),
     };
-    let bridge = Arc::new(Bridge::open(config).context("cannot start")?);
+    let bridge = Arc::new(Bridge::open(config).await.context("cannot start")?);
     let session_id = match session {
         Some(id) => {
-            bridge.resume_session(&id).map_err(|e| anyhow::anyhow!("{e}"))?;
+            bridge.resume_session(&id).await.map_err(|e| anyhow::anyhow!("{e}"))?;
             id
         }
         None => {
             let cwd = std::env::current_dir()?;
-            bridge.new_session(&cwd).map_err(|e| anyhow::anyhow!("{e}"))?.0
+            bridge.new_session(&cwd).await.map_err(|e| anyhow::anyhow!("{e}"))?.0
         }
     };
     let sink = Arc::new(PrintSink { json, at_line_start: Mutex::new(true) });
@@ -455,10 +459,11 @@ async fn prompt(config: Config, text: Option<String>, json: bool, session: Optio
 }
 
 async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<ExitCode> {
-    let bridge = Bridge::open(Config { sandbox: SandboxChoice::None, ..config }).context("cannot open the store")?;
+    let bridge =
+        Bridge::open(Config { sandbox: SandboxChoice::None, ..config }).await.context("cannot open the store")?;
     match command {
         SessionsCommand::List { cwd } => {
-            let records = bridge.store().list_sessions(None, cwd.as_ref().and_then(|c| c.to_str()), None, 1000)?;
+            let records = bridge.store().list_sessions(None, cwd.as_ref().and_then(|c| c.to_str()), None, 1000).await?;
             if records.is_empty() {
                 eprintln!("no sessions");
             }
@@ -474,7 +479,7 @@ async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<Ex
             }
         }
         SessionsCommand::Show { id } => {
-            let Some(record) = bridge.store().session(&id)? else {
+            let Some(record) = bridge.store().session(&id).await? else {
                 eprintln!("no session {id}");
                 return Ok(ExitCode::FAILURE);
             };
@@ -491,7 +496,7 @@ async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<Ex
             println!("config      {}", record.config);
             println!("created     {}", rfc3339(record.created_at));
             println!("updated     {}", rfc3339(record.updated_at));
-            let history = bridge.store().history(&id, usize::MAX)?;
+            let history = bridge.store().history(&id, usize::MAX).await?;
             for (turn, events) in history.turns {
                 let outcome = turn.stop_reason.or(turn.error).unwrap_or_default();
                 println!("\nturn {} at {}: {:?} {}", turn.id, rfc3339(turn.started_at), turn.status, outcome);
@@ -579,8 +584,12 @@ async fn doctor(config: Config) -> anyhow::Result<ExitCode> {
     }
     match acp_sandbox::store::Store::open(&config.database_path()) {
         Ok(store) => {
-            let count = store.list_sessions(None, None, None, 100_000).map(|s| s.len()).unwrap_or(0);
-            println!("store       {} ({count} sessions)", config.database_path().display());
+            let count = store.list_sessions(None, None, None, 100_000).await.map(|s| s.len()).unwrap_or(0);
+            println!(
+                "store       {} ({count} sessions, schema version {})",
+                config.database_path().display(),
+                acp_sandbox::store::SCHEMA_VERSION
+            );
         }
         Err(e) => println!("store       ERROR: {e}"),
     }

@@ -51,6 +51,8 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// At most this many updates are replayed by `session/load`; older turns are cut with a visible note.
     pub replay_limit: usize,
+    /// How long a write to the store waits for another process's lock before the store reports it locked.
+    pub store_busy_timeout: Duration,
     /// Context window size reported in `usage_update` when the model's own is unknown.
     pub context_window: u64,
     /// Amp modes offered in the editor's picker; the first is the default.
@@ -113,6 +115,7 @@ impl Config {
             amp_bin: None,
             idle_timeout: Duration::from_secs(600),
             replay_limit: 5000,
+            store_busy_timeout: crate::store::DEFAULT_BUSY_TIMEOUT,
             context_window: 200_000,
             amp_modes: ["medium", "low", "high", "ultra"].map(String::from).to_vec(),
             opencode_models: Vec::new(),

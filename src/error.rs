@@ -88,7 +88,8 @@ pub enum Error {
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
 
-    /// The store failed; the request did not take effect.
+    /// The store failed; the request did not take effect. When the store cannot write at all (full disk, lock, data
+    /// dir gone), a running turn ends with this, its CLI stopped, and the message says what the user can do.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -117,11 +118,25 @@ pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
             agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, shown)
                 .data(json!({ "stderr": stderr_tail, "exitCode": exit_code }))
         }
-        Error::Stalled { .. }
-        | Error::TurnTimeout { .. }
-        | Error::CliUnavailable(_)
-        | Error::Sandbox(_)
-        | Error::Store(_) => agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, message),
+        // The store cannot save: `data` says why and where, so an editor (or a test) need not parse the message.
+        Error::Store(store) => {
+            let mut data = json!({ "store": store.reason() });
+            match store {
+                StoreError::DiskFull { data_dir } => data["dataDir"] = json!(data_dir),
+                StoreError::Gone { path, data_dir } | StoreError::Unwritable { path, data_dir, .. } => {
+                    data["path"] = json!(path);
+                    data["dataDir"] = json!(data_dir);
+                }
+                StoreError::Locked { path, .. } | StoreError::Replaced { path } | StoreError::TooNew { path, .. } => {
+                    data["path"] = json!(path)
+                }
+                StoreError::Stopped | StoreError::Io { .. } | StoreError::Sqlite(_) | StoreError::Corrupt(_) => {}
+            }
+            agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, message).data(data)
+        }
+        Error::Stalled { .. } | Error::TurnTimeout { .. } | Error::CliUnavailable(_) | Error::Sandbox(_) => {
+            agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, message)
+        }
     }
 }
 

@@ -17,6 +17,7 @@ mod e2e {
     mod protocol;
     mod sandbox;
     mod schemas;
+    mod store;
     mod transport;
     mod turns;
 }

@@ -1,13 +1,18 @@
 //! The ACP server: the only module that knows the JSON-RPC connection (official `agent-client-protocol`).
 //!
-//! Handlers are thin: they call [`Bridge`] and map its errors with [`to_acp_error`]. A prompt turn runs in
-//! its own tokio task so the dispatch loop keeps reading (a `session/cancel` must get through while a turn
-//! runs) and so a panicking turn cannot take the connection down: the SDK answers its dropped responder.
+//! Handlers are thin: they call [`Bridge`] and map its errors with [`to_acp_error`]. A prompt turn, and every
+//! request that touches the store, runs in its own tokio task so the dispatch loop keeps reading (a
+//! `session/cancel` must get through while a turn runs, a `session/list` while the database is locked) and so a
+//! panicking turn cannot take the connection down: the SDK answers its dropped responder.
 //! `transport` frames stdin and stdout, so no input can end the connection: only the end of stdin does.
 
 mod transport;
 
+use std::collections::HashMap;
 use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
@@ -65,10 +70,65 @@ where
     }
 }
 
+/// Requests about one session start in the order they arrived, as when every handler ran inside the dispatch
+/// loop: a prompt sent right after a `session/set_config_option` runs with the new option. Only requests of one
+/// session wait, and only for those before them; a `session/list` waits for nothing.
+#[derive(Default)]
+struct SessionOrder {
+    /// Per session, what the latest request's place resolves to when it is done.
+    tails: std::sync::Mutex<HashMap<String, Shared<BoxFuture<'static, ()>>>>,
+}
+
+impl SessionOrder {
+    /// The next place in `session`'s order. Called in the dispatch loop, so places follow the arrival order.
+    fn enter(&self, session: &str) -> Place {
+        let (done, finished) = tokio::sync::oneshot::channel::<()>();
+        let finished = finished.map(|_| ()).boxed().shared();
+        let mut tails = self.tails.lock().unwrap_or_else(|p| p.into_inner());
+        // Places of sessions with nothing in flight any more are forgotten.
+        tails.retain(|_, tail| tail.peek().is_none());
+        let previous = tails.insert(session.to_string(), finished);
+        Place { previous, done: Some(done) }
+    }
+}
+
+/// A request's place in its session's order: [`Place::wait`] for the request before it; dropping the place (or
+/// [`Place::release`]) lets the next one start.
+struct Place {
+    previous: Option<Shared<BoxFuture<'static, ()>>>,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Place {
+    async fn wait(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            previous.await;
+        }
+    }
+
+    fn release(&mut self) {
+        self.done.take();
+    }
+}
+
+/// Answers a request from a task of its own: the dispatch loop goes on at once, whatever the store does (a
+/// locked database, a slow disk), so an unrelated request is never held up behind it.
+fn spawn_answer<T>(responder: Responder<T>, work: impl Future<Output = crate::error::Result<T>> + Send + 'static)
+where
+    T: agent_client_protocol::JsonRpcResponse + Send + 'static,
+{
+    tokio::spawn(async move {
+        if let Err(e) = respond(responder, work.await) {
+            tracing::debug!("could not answer a request: {e}");
+        }
+    });
+}
+
 /// Serves ACP on stdin/stdout until the editor closes stdin, then ends every running turn.
 pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Error> {
     let (channel, stdio) =
         transport::StdioTransport::start().map_err(agent_client_protocol::Error::into_internal_error)?;
+    let order = Arc::new(SessionOrder::default());
     let result = Agent
         .v1()
         .name("acp-sandbox")
@@ -117,24 +177,28 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                             "the editor offered MCP servers; they are not passed into the sandbox"
                         );
                     }
-                    let result = bridge.new_session(&request.cwd);
-                    let id = result.as_ref().ok().map(|(id, _)| id.clone());
-                    respond(
-                        responder,
-                        result.map(|(id, options)| NewSessionResponse::new(id).config_options(options)),
-                    )?;
-                    // After the response, so the editor knows the session when the update arrives.
-                    if let Some(id) = id {
-                        bridge.warm_server(&id);
-                        if let Ok(commands) = bridge.available_commands(&id)
+                    let bridge = bridge.clone();
+                    tokio::spawn(async move {
+                        let result = bridge.new_session(&request.cwd).await;
+                        let id = result.as_ref().ok().map(|(id, _)| id.clone());
+                        let answer = result.map(|(id, options)| NewSessionResponse::new(id).config_options(options));
+                        if respond(responder, answer).is_err() {
+                            return;
+                        }
+                        if let Some(id) = &id {
+                            bridge.warm_server(id);
+                        }
+                        // After the response, so the editor knows the session when the update arrives.
+                        if let Some(id) = id
+                            && let Ok(commands) = bridge.available_commands(&id).await
                             && !commands.is_empty()
                         {
-                            ConnectionSink { connection: cx.clone() }.send(
+                            ConnectionSink { connection: cx }.send(
                                 &id,
                                 SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)),
                             );
                         }
-                    }
+                    });
                     Ok(())
                 }
             },
@@ -143,17 +207,17 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
+                let order = order.clone();
                 async move |request: LoadSessionRequest, responder: Responder<LoadSessionResponse>, cx| {
-                    let sink = ConnectionSink { connection: cx.clone() };
-                    let id = request.session_id.to_string();
-                    let result = bridge
-                        .load_session(&id, &sink)
-                        .map(|options| LoadSessionResponse::new().config_options(options));
-                    let loaded = result.is_ok();
-                    respond(responder, result)?;
-                    if loaded {
-                        bridge.warm_server(&id);
-                    }
+                    let bridge = bridge.clone();
+                    let mut place = order.enter(&request.session_id.to_string());
+                    spawn_answer(responder, async move {
+                        place.wait().await;
+                        let sink = ConnectionSink { connection: cx };
+                        let options = bridge.load_session(&request.session_id.to_string(), &sink).await?;
+                        bridge.warm_server(&request.session_id.to_string());
+                        Ok(LoadSessionResponse::new().config_options(options))
+                    });
                     Ok(())
                 }
             },
@@ -162,15 +226,16 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
+                let order = order.clone();
                 async move |request: ResumeSessionRequest, responder: Responder<ResumeSessionResponse>, _cx| {
-                    let id = request.session_id.to_string();
-                    let result =
-                        bridge.resume_session(&id).map(|options| ResumeSessionResponse::new().config_options(options));
-                    let resumed = result.is_ok();
-                    respond(responder, result)?;
-                    if resumed {
-                        bridge.warm_server(&id);
-                    }
+                    let bridge = bridge.clone();
+                    let mut place = order.enter(&request.session_id.to_string());
+                    spawn_answer(responder, async move {
+                        place.wait().await;
+                        let options = bridge.resume_session(&request.session_id.to_string()).await?;
+                        bridge.warm_server(&request.session_id.to_string());
+                        Ok(ResumeSessionResponse::new().config_options(options))
+                    });
                     Ok(())
                 }
             },
@@ -180,15 +245,17 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
             {
                 let bridge = bridge.clone();
                 async move |request: ListSessionsRequest, responder: Responder<ListSessionsResponse>, _cx| {
-                    let result = bridge.list_sessions(request.cwd.as_deref(), request.cursor.as_deref()).map(|page| {
+                    let bridge = bridge.clone();
+                    spawn_answer(responder, async move {
+                        let page = bridge.list_sessions(request.cwd.as_deref(), request.cursor.as_deref()).await?;
                         let sessions = page
                             .sessions
                             .into_iter()
                             .map(|s| SessionInfo::new(s.id, s.cwd).title(s.title).updated_at(s.updated_at))
                             .collect();
-                        ListSessionsResponse::new(sessions).next_cursor(page.next_cursor)
+                        Ok(ListSessionsResponse::new(sessions).next_cursor(page.next_cursor))
                     });
-                    respond(responder, result)
+                    Ok(())
                 }
             },
             agent_client_protocol::on_receive_request!(),
@@ -207,9 +274,12 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
+                let order = order.clone();
                 async move |request: DeleteSessionRequest, responder: Responder<DeleteSessionResponse>, _cx| {
                     let bridge = bridge.clone();
+                    let mut place = order.enter(&request.session_id.to_string());
                     tokio::spawn(async move {
+                        place.wait().await;
                         let result = bridge
                             .delete_session(&request.session_id.to_string())
                             .await
@@ -224,6 +294,7 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
+                let order = order.clone();
                 async move |request: SetSessionConfigOptionRequest,
                             responder: Responder<SetSessionConfigOptionResponse>,
                             _cx| {
@@ -231,10 +302,16 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         Some(value) => value.to_string(),
                         None => request.value.as_bool().map(|b| b.to_string()).unwrap_or_default(),
                     };
-                    let result = bridge
-                        .set_config_option(&request.session_id.to_string(), &request.config_id.to_string(), &value)
-                        .map(SetSessionConfigOptionResponse::new);
-                    respond(responder, result)
+                    let bridge = bridge.clone();
+                    let mut place = order.enter(&request.session_id.to_string());
+                    spawn_answer(responder, async move {
+                        place.wait().await;
+                        let session_id = request.session_id.to_string();
+                        let options =
+                            bridge.set_config_option(&session_id, &request.config_id.to_string(), &value).await?;
+                        Ok(SetSessionConfigOptionResponse::new(options))
+                    });
+                    Ok(())
                 }
             },
             agent_client_protocol::on_receive_request!(),
@@ -242,11 +319,16 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
+                let order = order.clone();
                 async move |request: PromptRequest, responder: Responder<PromptResponse>, cx| {
                     let bridge = bridge.clone();
                     let sink: Arc<dyn UpdateSink> = Arc::new(ConnectionSink { connection: cx.clone() });
                     let cancellation = responder.cancellation();
+                    let mut place = order.enter(&request.session_id.to_string());
                     tokio::spawn(async move {
+                        // Starts after what came before it; what comes after need not wait for the whole turn.
+                        place.wait().await;
+                        place.release();
                         let session_id = request.session_id.to_string();
                         // `$/cancel_request` for the prompt cancels the turn like `session/cancel`, so it
                         // answers `cancelled` (the method's own cancel value).

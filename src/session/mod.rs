@@ -103,8 +103,13 @@ const LIST_PAGE: usize = 50;
 
 impl Bridge {
     /// Opens the store and decides the sandbox. Fails when `--sandbox bwrap` cannot work.
-    pub fn open(config: Config) -> Result<Self> {
-        let store = Arc::new(Store::open(&config.database_path())?);
+    pub async fn open(config: Config) -> Result<Self> {
+        let (path, busy_timeout) = (config.database_path(), config.store_busy_timeout);
+        // Opening may wait for another bridge's lock and migrate: not on the runtime's threads.
+        let store = tokio::task::spawn_blocking(move || Store::open_with(&path, busy_timeout))
+            .await
+            .map_err(|_| crate::store::StoreError::Stopped)??;
+        let store = Arc::new(store);
         let isolation = Isolation::resolve(config.sandbox)?;
         match &isolation {
             // Falling back silently would hide that the agent has the whole machine.
@@ -118,7 +123,7 @@ impl Bridge {
             tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
         }
         for (pid, session) in crate::sandbox::local::leftover_processes(&config.sessions_dir()) {
-            if !store.running_elsewhere(&session)? {
+            if !store.running_elsewhere(&session).await? {
                 tracing::warn!(session = %session, pid, "killing a process an earlier, killed bridge left running");
                 crate::sandbox::local::kill_tree(pid as u32);
             }
@@ -167,12 +172,12 @@ impl Bridge {
         live.entry(id.to_string()).or_default().clone()
     }
 
-    fn record(&self, id: &str) -> Result<SessionRecord> {
-        self.store.session(id)?.ok_or_else(|| Error::SessionNotFound(id.to_string()))
+    async fn record(&self, id: &str) -> Result<SessionRecord> {
+        self.store.session(id).await?.ok_or_else(|| Error::SessionNotFound(id.to_string()))
     }
 
     /// Creates a session. The sandbox is prepared on the first prompt, so this answers at once.
-    pub fn new_session(&self, cwd: &Path) -> Result<(String, Vec<SessionConfigOption>)> {
+    pub async fn new_session(&self, cwd: &Path) -> Result<(String, Vec<SessionConfigOption>)> {
         self.check_workspace(cwd)?;
         let now = now_ms();
         let mut config = json!({});
@@ -191,7 +196,7 @@ impl Bridge {
             created_at: now,
             updated_at: now,
         };
-        self.store.create_session(&record)?;
+        self.store.create_session(&record).await?;
         tracing::info!(session = %record.id, cwd = %record.cwd, agent = %record.agent, "new session");
         let options =
             options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models());
@@ -215,11 +220,11 @@ impl Bridge {
 
     /// Replays the whole conversation through `sink`, then returns its config options. The next prompt
     /// continues the same CLI conversation.
-    pub fn load_session(&self, id: &str, sink: &dyn UpdateSink) -> Result<Vec<SessionConfigOption>> {
-        let record = self.record(id)?;
+    pub async fn load_session(&self, id: &str, sink: &dyn UpdateSink) -> Result<Vec<SessionConfigOption>> {
+        let record = self.record(id).await?;
         self.check_workspace(Path::new(&record.cwd))?;
-        self.store.mark_orphaned_turns(id)?;
-        let history = self.store.history(id, self.config.replay_limit)?;
+        self.store.mark_orphaned_turns(id).await?;
+        let history = self.store.history(id, self.config.replay_limit).await?;
         if history.omitted_turns > 0 {
             sink.send(
                 id,
@@ -232,10 +237,24 @@ impl Bridge {
                 )),
             );
         }
-        for (turn, events) in history.turns {
+        for (index, (turn, events)) in history.turns.into_iter().enumerate() {
             let blocks: Vec<ContentBlock> = serde_json::from_value(turn.prompt).unwrap_or_default();
             for block in blocks {
                 sink.send(id, SessionUpdate::UserMessageChunk(ContentChunk::new(block)));
+            }
+            // Only the first turn kept can be cut: the newest one, alone longer than the replay limit.
+            if index == 0 && history.omitted_updates > 0 {
+                sink.send(
+                    id,
+                    note(&format!(
+                        "_The first {} update{} of this turn {} not shown here (--replay-limit {}); the agent still remembers {}._",
+                        history.omitted_updates,
+                        if history.omitted_updates == 1 { "" } else { "s" },
+                        if history.omitted_updates == 1 { "is" } else { "are" },
+                        self.config.replay_limit,
+                        if history.omitted_updates == 1 { "it" } else { "them" },
+                    )),
+                );
             }
             for event in events {
                 match serde_json::from_value::<SessionUpdate>(event) {
@@ -258,7 +277,7 @@ impl Bridge {
         if let Some(title) = &record.title {
             sink.send(id, SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title.clone())));
         }
-        let commands = self.available_commands(id)?;
+        let commands = self.available_commands(id).await?;
         if !commands.is_empty() {
             sink.send(id, SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)));
         }
@@ -267,8 +286,8 @@ impl Bridge {
     }
 
     /// The slash commands the session's CLI offers, for `available_commands_update`.
-    pub fn available_commands(&self, id: &str) -> Result<Vec<AvailableCommand>> {
-        let record = self.record(id)?;
+    pub async fn available_commands(&self, id: &str) -> Result<Vec<AvailableCommand>> {
+        let record = self.record(id).await?;
         let (user_config, _) = Self::user_dirs();
         let commands = self.agent_of(&record).commands(&user_config, Path::new(&record.cwd));
         Ok(commands
@@ -282,16 +301,16 @@ impl Bridge {
     }
 
     /// Reattaches a session without replay.
-    pub fn resume_session(&self, id: &str) -> Result<Vec<SessionConfigOption>> {
-        let record = self.record(id)?;
+    pub async fn resume_session(&self, id: &str) -> Result<Vec<SessionConfigOption>> {
+        let record = self.record(id).await?;
         self.check_workspace(Path::new(&record.cwd))?;
-        self.store.mark_orphaned_turns(id)?;
+        self.store.mark_orphaned_turns(id).await?;
         self.live(id);
         Ok(options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
     }
 
     /// Lists this agent's sessions, newest first. The cursor is opaque to the client.
-    pub fn list_sessions(&self, cwd: Option<&Path>, cursor: Option<&str>) -> Result<SessionPage> {
+    pub async fn list_sessions(&self, cwd: Option<&Path>, cursor: Option<&str>) -> Result<SessionPage> {
         let before = match cursor {
             None => None,
             Some(cursor) => {
@@ -300,12 +319,15 @@ impl Bridge {
         };
         let cwd = cwd.map(normalize);
         // Each agent server in the editor shows its own threads; the store is shared by both agents.
-        let records = self.store.list_sessions(
-            Some(self.config.agent.as_str()),
-            cwd.as_deref(),
-            before.as_ref().map(|(time, id)| (*time, id.as_str())),
-            LIST_PAGE + 1,
-        )?;
+        let records = self
+            .store
+            .list_sessions(
+                Some(self.config.agent.as_str()),
+                cwd.as_deref(),
+                before.as_ref().map(|(time, id)| (*time, id.as_str())),
+                LIST_PAGE + 1,
+            )
+            .await?;
         let has_more = records.len() > LIST_PAGE;
         let records = &records[..records.len().min(LIST_PAGE)];
         let next_cursor = if has_more { records.last().map(|r| format!("{}:{}", r.updated_at, r.id)) } else { None };
@@ -343,7 +365,7 @@ impl Bridge {
         self.close_session(id)?;
         // Its server holds the sandbox's files open: gone first.
         self.servers.stop(id).await;
-        let Some(record) = self.store.session(id)? else {
+        let Some(record) = self.store.session(id).await? else {
             return Ok(());
         };
         if let Some(sandbox_id) = &record.sandbox_id
@@ -351,7 +373,7 @@ impl Bridge {
         {
             self.provider.destroy(sandbox_id).await?;
         }
-        self.store.delete_session(id)?;
+        self.store.delete_session(id).await?;
         tracing::info!(session = id, "deleted session");
         Ok(())
     }
@@ -368,19 +390,19 @@ impl Bridge {
     }
 
     /// Changes a config option from the next turn on; answers the complete list.
-    pub fn set_config_option(&self, id: &str, option: &str, value: &str) -> Result<Vec<SessionConfigOption>> {
-        let record = self.record(id)?;
+    pub async fn set_config_option(&self, id: &str, option: &str, value: &str) -> Result<Vec<SessionConfigOption>> {
+        let record = self.record(id).await?;
         let agent = self.agent_of(&record);
         let models = self.catalog.models();
         let config = options::apply(agent, &record.config, option, value, &self.config, &models)?;
-        self.store.set_config(id, &config)?;
+        self.store.set_config(id, &config).await?;
         Ok(options::config_options(agent, &config, &self.config, &models))
     }
 
     /// Runs one prompt turn to its end. Updates go to `sink` (and the store) as they happen; every one
     /// of them is sent before this returns.
     pub async fn prompt(&self, id: &str, blocks: Vec<ContentBlock>, sink: Arc<dyn UpdateSink>) -> Result<StopReason> {
-        let record = self.record(id)?;
+        let record = self.record(id).await?;
         let agent = self.agent_of(&record);
         if agent != self.config.agent {
             return Err(Error::WrongAgent {
@@ -399,9 +421,10 @@ impl Bridge {
             None => None,
         };
         let live = self.live(id);
+        let elsewhere = self.store.running_elsewhere(id).await?;
         let token = {
             let mut running = live.running.lock().unwrap_or_else(|p| p.into_inner());
-            if running.is_some() || self.store.running_elsewhere(id)? {
+            if running.is_some() || elsewhere {
                 return Err(Error::TurnInProgress);
             }
             let token = self.shutdown.child_token();
@@ -448,8 +471,10 @@ impl Bridge {
     /// Starts the session's OpenCode server in the background, so that its first prompt finds it warm. Does
     /// nothing when the CLI is not installed yet (the first prompt installs it) or the server already runs.
     pub fn warm_server(self: &Arc<Self>, id: &str) {
-        let Ok(record) = self.record(id) else { return };
-        if !self.serves(&record) || self.servers.get(id).is_some() {
+        if self.config.agent != AgentKind::OpenCode
+            || self.config.opencode_backend != crate::config::OpenCodeBackend::Serve
+            || self.servers.get(id).is_some()
+        {
             return;
         }
         let Some(executable) = installed_executable(&self.config, AgentKind::OpenCode) else { return };
@@ -457,6 +482,10 @@ impl Bridge {
         let id = id.to_string();
         tokio::spawn(async move {
             let result = async {
+                let record = bridge.record(&id).await.map_err(|e| e.to_string())?;
+                if !bridge.serves(&record) {
+                    return Ok(());
+                }
                 let (executable, _) = bridge.opencode_for_server(&executable).await.map_err(|e| e.to_string())?;
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
                 let model = options::opencode_model(&record.config).map(str::to_string);
@@ -486,7 +515,7 @@ impl Bridge {
     async fn session_sandbox(&self, record: &SessionRecord) -> Result<Arc<dyn crate::sandbox::Sandbox>> {
         let provider = self.provider();
         let spec = crate::sandbox::SandboxSpec { session_id: record.id.clone(), workspace: PathBuf::from(&record.cwd) };
-        let current = self.store.session(&record.id)?;
+        let current = self.store.session(&record.id).await?;
         let sandbox_id = current.as_ref().and_then(|r| r.sandbox_id.clone());
         let provider_name = current.as_ref().map(|r| r.sandbox_provider.clone()).unwrap_or_default();
         if let Some(id) = &sandbox_id
@@ -498,7 +527,7 @@ impl Bridge {
             tracing::warn!(session = %record.id, sandbox = %id, "the session's sandbox is gone; creating a new one");
         }
         let id = provider.create(&spec).await?;
-        self.store.set_sandbox(&record.id, provider.name(), Some(&id))?;
+        self.store.set_sandbox(&record.id, provider.name(), Some(&id)).await?;
         provider.connect(&id, &spec).await?.ok_or_else(|| {
             Error::Sandbox(crate::sandbox::SandboxError::Unavailable(format!("the new sandbox {id} vanished")))
         })

@@ -17,7 +17,7 @@ use crate::agents::opencode::catalog::ModelInfo;
 use crate::agents::{AgentKind, Output, TranslateContext, TurnEnd, TurnRequest};
 use crate::error::{Error, Result};
 use crate::sandbox::{ExecSpec, OutputStream, Sandbox, install};
-use crate::store::{SessionRecord, Store, TurnStatus};
+use crate::store::{Outbox, SessionRecord, Store, TurnStatus};
 
 /// Variables of the bridge's environment every CLI gets: what programs need to run and to reach the
 /// network (proxies, CA bundles). Everything else is dropped; each agent adds its own settings and keys.
@@ -97,10 +97,13 @@ pub(super) struct Turn<'a> {
     pub model: Option<ModelInfo>,
 }
 
-/// Persists each update, then sends it: what the editor saw is what `session/load` replays.
+/// Persists each update, then sends it once the store acknowledged it: what the editor saw is what
+/// `session/load` replays. Updates are queued without waiting for each commit, so a fast stream is written in
+/// batches; they reach the editor in order.
 pub(super) struct Emitter {
     store: Arc<Store>,
-    sink: Arc<dyn UpdateSink>,
+    /// Hands each update to the editor's sink once it is committed.
+    outbox: Outbox<SessionUpdate>,
     session_id: String,
     pub(super) turn_id: i64,
     /// What earlier turns cost: added to this turn's running cost, since ACP reports it per session.
@@ -110,7 +113,8 @@ pub(super) struct Emitter {
 }
 
 impl Emitter {
-    pub(super) fn send(&self, update: SessionUpdate) {
+    /// Queues one update; fails when the store cannot write it (or could not write an earlier one).
+    pub(super) async fn send(&self, update: SessionUpdate) -> Result<()> {
         let update = match update {
             SessionUpdate::UsageUpdate(mut usage) => {
                 if let Some(cost) = usage.cost.as_mut() {
@@ -121,17 +125,21 @@ impl Emitter {
             }
             other => other,
         };
-        match serde_json::to_value(&update) {
-            Ok(value) => {
-                if let Err(e) = self.store.append_event(&self.session_id, self.turn_id, &value) {
-                    tracing::error!(session = %self.session_id, "could not persist an update: {e}");
-                }
-            }
+        let value = match serde_json::to_value(&update) {
+            Ok(value) => value,
+            // Not stored, so not sent either: a replay shows what the editor saw.
             Err(e) => {
-                tracing::error!(session = %self.session_id, "could not serialize an update: {e}")
+                tracing::error!(session = %self.session_id, "could not serialize an update: {e}");
+                return Ok(());
             }
-        }
-        self.sink.send(&self.session_id, update);
+        };
+        let ack = self.store.queue_event(&self.session_id, self.turn_id, &value).await?;
+        Ok(self.outbox.push(ack, update)?)
+    }
+
+    /// Waits until every update queued so far is stored and sent.
+    async fn flush(&self) -> Result<()> {
+        Ok(self.outbox.flush().await?)
     }
 }
 
@@ -147,24 +155,35 @@ impl Turn<'_> {
     pub async fn run(self) -> Result<StopReason> {
         let store = self.bridge.store.clone();
         let prompt_json = serde_json::to_value(&self.blocks).unwrap_or_default();
-        let turn_id = store.start_turn(&self.record.id, &prompt_json)?;
+        // Read first: once the turn row exists, nothing may fail before the turn is ended.
+        let prior_cost = store.session_cost(&self.record.id).await?;
+        let turn_id = store.start_turn(&self.record.id, &prompt_json).await?;
+        let sink = self.sink.clone();
+        let sink_session = self.record.id.clone();
         let emitter = Emitter {
             store: store.clone(),
-            sink: self.sink.clone(),
+            outbox: Outbox::new(move |update| sink.send(&sink_session, update)),
             session_id: self.record.id.clone(),
             turn_id,
-            prior_cost: store.session_cost(&self.record.id)?,
+            prior_cost,
             turn_cost: std::sync::Mutex::new(0.0),
         };
         let session_id = self.record.id.clone();
         let result = self.run_turn(&emitter).await;
+        // Every update is stored and sent before the prompt is answered; one that could not be stored fails the turn
+        // with the store's words (what the user can do about it), whatever else went wrong.
+        let result = match emitter.flush().await {
+            Err(error) if !matches!(result, Err(Error::Store(_))) => Err(error),
+            _ => result,
+        };
         let cost = *emitter.turn_cost.lock().unwrap_or_else(|p| p.into_inner());
         let stored = match &result {
-            Ok(stop) => store.end_turn(turn_id, TurnStatus::Done, Some(stop_reason_name(*stop)), None, cost),
-            Err(error) => store.end_turn(turn_id, TurnStatus::Failed, None, Some(&error.to_string()), cost),
+            Ok(stop) => store.end_turn(turn_id, TurnStatus::Done, Some(stop_reason_name(*stop)), None, cost).await,
+            Err(error) => store.end_turn(turn_id, TurnStatus::Failed, None, Some(&error.to_string()), cost).await,
         };
         if let Err(e) = stored {
-            tracing::error!(session = %session_id, "could not record the end of the turn: {e}");
+            // The store keeps trying; a later bridge marks the turn interrupted if this one dies first.
+            tracing::error!(session = %session_id, "could not record the end of the turn yet: {e}");
         }
         match &result {
             Ok(stop) => {
@@ -183,8 +202,8 @@ impl Turn<'_> {
         if self.record.title.is_none()
             && let Some(title) = prompt::title(&self.blocks)
         {
-            self.bridge.store.set_title(&self.record.id, &title)?;
-            emit.send(SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title)));
+            self.bridge.store.set_title(&self.record.id, &title).await?;
+            emit.send(SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title))).await?;
         }
         // The user must know when the agent has their whole machine: said once, in the session's first turn.
         if self.record.sandbox_id.is_none()
@@ -193,7 +212,8 @@ impl Turn<'_> {
             emit.send(note(&format!(
                 "_{} runs WITHOUT a sandbox here ({why}): it can read and write everything you can._",
                 self.agent.display_name()
-            )));
+            )))
+            .await?;
         }
         // A model known not to take images gets none (OpenCode would fail the whole turn on them).
         let images = self.agent.accepts_images() && self.model.as_ref().is_none_or(|model| model.image);
@@ -206,7 +226,8 @@ impl Turn<'_> {
                 self.agent.display_name(),
                 rendered.dropped.join(", "),
                 if rendered.dropped.len() == 1 { "it was" } else { "they were" }
-            )));
+            )))
+            .await?;
         }
         let mut executable = self.executable(emit).await?;
         if self.agent == AgentKind::OpenCode {
@@ -239,7 +260,8 @@ impl Turn<'_> {
                             emit.send(note(&format!(
                                 "_OpenCode's server could not start here, so this session runs `opencode run` per prompt (no live output): {}_",
                                 super::first_line(&why)
-                            )));
+                            )))
+                            .await?;
                         }
                         continue;
                     }
@@ -259,9 +281,9 @@ impl Turn<'_> {
                         });
                     };
                     tracing::warn!(session = %self.record.id, native = %old, "the CLI conversation is gone; starting a fresh one");
-                    self.bridge.store.set_native_id(&self.record.id, None)?;
+                    self.bridge.store.set_native_id(&self.record.id, None).await?;
                     // Our store still has the conversation: the fresh one starts from its transcript.
-                    let history = self.bridge.store.history(&self.record.id, self.bridge.config().replay_limit)?;
+                    let history = self.bridge.store.history(&self.record.id, self.bridge.config().replay_limit).await?;
                     let earlier: Vec<_> =
                         history.turns.into_iter().filter(|(turn, _)| turn.id != emit.turn_id).collect();
                     let transcript = prompt::transcript(&earlier, TRANSCRIPT_LIMIT);
@@ -275,7 +297,8 @@ impl Turn<'_> {
                     emit.send(note(&format!(
                         "_The earlier {} conversation ({old}) no longer exists in the sandbox, {told}._",
                         self.agent.display_name()
-                    )));
+                    )))
+                    .await?;
                 }
             }
         }
@@ -297,10 +320,11 @@ impl Turn<'_> {
             .kind(ToolKind::Other)
             .status(ToolCallStatus::InProgress)
             .raw_input(serde_json::json!({ "npm": format!("{}@{}", package.name, package.version) })),
-        ));
+        ))
+        .await?;
         match install::install(package, &tools).await {
             Ok(path) => {
-                emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Completed)));
+                emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Completed))).await?;
                 if self.agent == AgentKind::OpenCode {
                     self.bridge.refresh_opencode_models();
                 }
@@ -312,7 +336,8 @@ impl Turn<'_> {
                     ToolCallUpdateFields::new()
                         .status(ToolCallStatus::Failed)
                         .content(vec![ToolCallContent::from(e.to_string())]),
-                ));
+                ))
+                .await?;
                 Err(Error::CliUnavailable(format!(
                     "{} is not installed and could not be installed: {e}. Put `{}` on PATH or set ACP_SANDBOX_{}_BIN.",
                     self.agent.display_name(),
@@ -388,6 +413,7 @@ impl Turn<'_> {
         let deadline = tokio::time::Instant::now() + self.bridge.config().turn_timeout;
         let mut line = Vec::new();
         let mut stop = Stop::Eof;
+        let mut failed = None;
         let mut exited = None;
         // After the CLI exits, what it printed is read for a moment more; a descendant that still holds the pipe
         // does not hold the turn.
@@ -421,7 +447,13 @@ impl Turn<'_> {
                             continue;
                         }
                         for output in translator.line(&text) {
-                            self.handle(output, emit, &mut state)?;
+                            if let Err(error) = self.handle(output, emit, &mut state).await {
+                                failed = Some(error);
+                                break;
+                            }
+                        }
+                        if failed.is_some() {
+                            break;
                         }
                         if state.abort.is_some() {
                             stop = Stop::Aborted;
@@ -432,8 +464,14 @@ impl Turn<'_> {
                 },
             }
         }
-        if stop != Stop::Eof {
+        if stop != Stop::Eof || failed.is_some() {
             process.handle.kill().await;
+        }
+        // What the CLI says next could not be kept (the store cannot write): it is stopped, and the turn fails.
+        if let Some(error) = failed {
+            let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, process.handle.wait()).await;
+            stderr_task.abort();
+            return Err(error);
         }
         let exit = match exited {
             Some(exit) => exit,
@@ -457,7 +495,7 @@ impl Turn<'_> {
         };
         let limit_hit = process.handle.limit_hit();
         for output in translator.finish() {
-            self.handle(output, emit, &mut state)?;
+            self.handle(output, emit, &mut state).await?;
         }
         let name = self.agent.display_name();
         tracing::debug!(session = %self.record.id, exit = %exit.describe(), "the CLI exited");
@@ -497,16 +535,16 @@ impl Turn<'_> {
         Ok(Attempt::Finished(result))
     }
 
-    fn handle(&self, output: Output, emit: &Emitter, state: &mut StreamState) -> Result<()> {
+    async fn handle(&self, output: Output, emit: &Emitter, state: &mut StreamState) -> Result<()> {
         match output {
             Output::Update(update) => {
                 state.updates = true;
-                emit.send(update);
+                emit.send(update).await?;
             }
             Output::NativeSessionId { id } => {
                 if state.native_id.as_deref() != Some(id.as_str()) {
                     tracing::info!(session = %self.record.id, native = %id, "the CLI conversation id");
-                    self.bridge.store.set_native_id(&self.record.id, Some(&id))?;
+                    self.bridge.store.set_native_id(&self.record.id, Some(&id)).await?;
                     state.native_id = Some(id);
                 }
             }

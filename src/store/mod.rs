@@ -1,36 +1,235 @@
 //! Persistence: sessions, turns and every ACP update as sent, in one SQLite database (WAL).
 //!
-//! Updates are appended one by one as they are sent, so a SIGKILL loses at most the update being written.
-//! Several bridge processes may share one data dir (one per Zed window): WAL plus a busy timeout lets them
-//! write without corrupting anything, and a turn is owned by the process (pid) that runs it.
+//! One writer thread owns the write connection ([`writer`]); callers queue their writes and await the
+//! acknowledgement, which comes once the write is committed. Reads run on connections of their own in
+//! `spawn_blocking`. So SQLite never runs on the async runtime's threads, a locked or slow database never holds up
+//! the protocol, and "persisted" always means committed.
+//!
+//! Several bridge processes may share one data dir (one per Zed window): WAL plus a busy timeout lets them write
+//! without corrupting anything, and a turn is owned by the process (pid) that runs it. The schema is versioned
+//! ([`schema`]).
 
-use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+mod schema;
+mod writer;
+
+use std::future::Future;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 use serde_json::Value;
+use tokio::sync::oneshot;
 
-/// A store failure.
-#[derive(Debug, thiserror::Error)]
+pub use schema::VERSION as SCHEMA_VERSION;
+use writer::{Ending, Job, Writer};
+
+/// How long a write waits for another process's lock by default before it fails with [`StoreError::Locked`].
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A store failure. The variants up to [`StoreError::Stopped`] mean the store cannot write at all (see
+/// [`StoreError::is_unavailable`]): a turn that meets one ends with it, and it tells the user what to do.
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
-    /// SQLite refused; the operation did not take effect.
-    #[error("session store: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    /// The disk (or quota) holding the data dir is full. Every write fails with it until there is room again;
+    /// then the store goes on by itself.
+    #[error(
+        "The disk holding the session store is full, so this could not be saved: free some disk space where the data dir is ({data_dir}); saving resumes as soon as there is room"
+    )]
+    DiskFull {
+        /// The data dir.
+        data_dir: PathBuf,
+    },
+
+    /// Another process held the database's write lock for longer than the busy timeout.
+    #[error(
+        "The session store {path} stayed locked by another program for more than {seconds} s, so this could not be saved: close what holds it (an sqlite3 shell, a backup or sync tool) and try again"
+    )]
+    Locked {
+        /// The database file.
+        path: PathBuf,
+        /// The busy timeout.
+        seconds: u64,
+    },
+
+    /// The database file (or its whole data dir) was deleted while the bridge ran: what it wrote would be lost.
+    #[error(
+        "The session store {path} was deleted while acp-sandbox was running, so nothing more can be saved: put the data dir {data_dir} back, or restart the agent server to start a new, empty store"
+    )]
+    Gone {
+        /// The database file.
+        path: PathBuf,
+        /// The data dir.
+        data_dir: PathBuf,
+    },
+
+    /// Another file took the database's place while the bridge ran.
+    #[error(
+        "The session store {path} was replaced by another file while acp-sandbox was running, so nothing more is saved: restart the agent server to use the new file"
+    )]
+    Replaced {
+        /// The database file.
+        path: PathBuf,
+    },
+
+    /// SQLite cannot write the file (I/O error, read-only, corrupt, not a database).
+    #[error(
+        "The session store {path} cannot be written ({reason}), so this could not be saved: check the data dir {data_dir} (its disk and permissions)"
+    )]
+    Unwritable {
+        /// The database file.
+        path: PathBuf,
+        /// The data dir.
+        data_dir: PathBuf,
+        /// SQLite's words.
+        reason: String,
+    },
+
+    /// The store's writer thread is gone (it could not start, or the store is being dropped).
+    #[error("The session store's writer stopped, so this could not be saved: restart the agent server")]
+    Stopped,
+
+    /// The database was written by a newer acp-sandbox: it is left untouched.
+    #[error(
+        "The session store {path} was written by a newer acp-sandbox (schema version {found}; this one knows up to {known}): update acp-sandbox, or give this one another --data-dir"
+    )]
+    TooNew {
+        /// The database file.
+        path: PathBuf,
+        /// Its schema version.
+        found: i64,
+        /// The newest this build knows.
+        known: i64,
+    },
+
     /// The data dir could not be created.
-    #[error("session store: cannot create {path}: {source}")]
+    #[error("session store: cannot create {path}: {reason}")]
     Io {
         /// The directory.
         path: String,
         /// Why.
-        source: std::io::Error,
+        reason: String,
     },
+
+    /// SQLite refused this one operation (a constraint…); it did not take effect, and the store still works.
+    #[error("session store: {0}")]
+    Sqlite(String),
+
     /// A stored JSON value no longer parses (written by an incompatible version).
     #[error("session store: corrupt record: {0}")]
     Corrupt(String),
 }
 
+impl StoreError {
+    /// Whether the store cannot write at all (as opposed to refusing one operation).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::DiskFull { .. }
+                | StoreError::Locked { .. }
+                | StoreError::Gone { .. }
+                | StoreError::Replaced { .. }
+                | StoreError::Unwritable { .. }
+                | StoreError::Stopped
+        )
+    }
+
+    /// A short machine-readable name of why the store cannot work, for the error's `data`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            StoreError::DiskFull { .. } => "disk_full",
+            StoreError::Locked { .. } => "locked",
+            StoreError::Gone { .. } => "gone",
+            StoreError::Replaced { .. } => "replaced",
+            StoreError::Unwritable { .. } => "unwritable",
+            StoreError::Stopped => "stopped",
+            StoreError::TooNew { .. } => "too_new",
+            StoreError::Io { .. } => "io",
+            StoreError::Sqlite(_) => "sqlite",
+            StoreError::Corrupt(_) => "corrupt",
+        }
+    }
+}
+
 type Result<T> = std::result::Result<T, StoreError>;
+
+/// A failure inside the store, before it is told apart into a [`StoreError`].
+#[derive(Debug)]
+enum Failure {
+    Sqlite(rusqlite::Error),
+    Corrupt(String),
+}
+
+impl From<rusqlite::Error> for Failure {
+    fn from(error: rusqlite::Error) -> Self {
+        Failure::Sqlite(error)
+    }
+}
+
+impl From<serde_json::Error> for Failure {
+    fn from(error: serde_json::Error) -> Self {
+        Failure::Corrupt(error.to_string())
+    }
+}
+
+/// What every connection of one store shares: where the database is, and which file it is.
+struct Context {
+    path: PathBuf,
+    data_dir: PathBuf,
+    /// Device and inode of the database file as opened: the path must still name that file.
+    identity: (u64, u64),
+    busy_timeout: Duration,
+    /// Transactions committed by the writer (for tests and benchmarks: appends are batched).
+    commits: std::sync::atomic::AtomicU64,
+}
+
+impl Context {
+    /// Fails when the database file was deleted (its data dir with it) or replaced since it was opened. An open
+    /// connection goes on writing into a deleted file without a word; all of that would be lost.
+    fn check_file(&self) -> Result<()> {
+        match std::fs::metadata(&self.path) {
+            Ok(metadata) if (metadata.dev(), metadata.ino()) == self.identity => Ok(()),
+            Ok(_) => Err(StoreError::Replaced { path: self.path.clone() }),
+            Err(_) => Err(StoreError::Gone { path: self.path.clone(), data_dir: self.data_dir.clone() }),
+        }
+    }
+
+    /// Tells a failure apart: the store cannot write, or this one operation failed.
+    fn error(&self, failure: Failure) -> StoreError {
+        let error = match failure {
+            Failure::Corrupt(text) => return StoreError::Corrupt(text),
+            Failure::Sqlite(error) => error,
+        };
+        let Some(code) = error.sqlite_error_code() else {
+            return StoreError::Sqlite(error.to_string());
+        };
+        if let Err(moved) = self.check_file() {
+            return moved;
+        }
+        match code {
+            ErrorCode::DiskFull => StoreError::DiskFull { data_dir: self.data_dir.clone() },
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                StoreError::Locked { path: self.path.clone(), seconds: self.busy_timeout.as_secs_f64().ceil() as u64 }
+            }
+            ErrorCode::SystemIoFailure
+            | ErrorCode::CannotOpen
+            | ErrorCode::ReadOnly
+            | ErrorCode::DatabaseCorrupt
+            | ErrorCode::NotADatabase
+            | ErrorCode::OutOfMemory
+            | ErrorCode::FileLockingProtocolFailed
+            | ErrorCode::PermissionDenied => StoreError::Unwritable {
+                path: self.path.clone(),
+                data_dir: self.data_dir.clone(),
+                reason: error.to_string(),
+            },
+            _ => StoreError::Sqlite(error.to_string()),
+        }
+    }
+}
 
 /// One persisted session.
 #[derive(Clone, Debug, PartialEq)]
@@ -116,13 +315,126 @@ pub struct TurnRecord {
 pub struct History {
     /// Turns that were left out because of the replay limit (the oldest ones).
     pub omitted_turns: usize,
+    /// Updates left out of the first turn kept, its oldest ones: the newest turn alone was longer than the limit.
+    pub omitted_updates: usize,
     /// The remaining turns, oldest first, each with its updates in the order they were sent.
     pub turns: Vec<(TurnRecord, Vec<Value>)>,
 }
 
-/// The SQLite store. Cheap to share behind an `Arc`; every call is a short transaction.
+/// Resolves when the store has committed one queued write (see [`Store::queue_event`]).
+#[must_use = "a write is only persisted once its acknowledgement says so"]
+pub struct Ack(oneshot::Receiver<Result<()>>);
+
+impl Future for Ack {
+    type Output = Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx).map(|reply| reply.unwrap_or(Err(StoreError::Stopped)))
+    }
+}
+
+/// Hands items on in order, each only once the store acknowledged the write that goes with it: what a turn
+/// sends to the editor is exactly what the store kept. After a failed write nothing more is handed on.
+pub struct Outbox<T> {
+    queue: Mutex<Option<tokio::sync::mpsc::UnboundedSender<(Ack, T)>>>,
+    failure: Arc<Mutex<Option<StoreError>>>,
+    forwarder: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl<T: Send + 'static> Outbox<T> {
+    /// An outbox handing items to `deliver` (on a task of its own; must be called within a tokio runtime).
+    pub fn new(mut deliver: impl FnMut(T) + Send + 'static) -> Self {
+        let (queue, mut items) = tokio::sync::mpsc::unbounded_channel::<(Ack, T)>();
+        let failure = Arc::new(Mutex::new(None));
+        let failed = failure.clone();
+        let forwarder = tokio::spawn(async move {
+            while let Some((ack, item)) = items.recv().await {
+                match ack.await {
+                    Ok(()) => deliver(item),
+                    Err(error) => {
+                        *lock(&failed) = Some(error);
+                        return;
+                    }
+                }
+            }
+        });
+        Self { queue: Mutex::new(Some(queue)), failure, forwarder: Mutex::new(Some(forwarder)) }
+    }
+
+    /// Hands `item` on once `ack` resolves. Fails at once if an earlier write failed (with that failure).
+    pub fn push(&self, ack: Ack, item: T) -> Result<()> {
+        if let Some(error) = lock(&self.failure).clone() {
+            return Err(error);
+        }
+        let sent = lock(&self.queue).as_ref().map(|queue| queue.send((ack, item)).is_ok());
+        match sent {
+            Some(true) => Ok(()),
+            _ => Err(lock(&self.failure).clone().unwrap_or(StoreError::Stopped)),
+        }
+    }
+
+    /// Waits until every item pushed so far is handed on; the first failed write, if any.
+    pub async fn flush(&self) -> Result<()> {
+        lock(&self.queue).take();
+        let forwarder = lock(&self.forwarder).take();
+        if let Some(forwarder) = forwarder {
+            let _ = forwarder.await;
+        }
+        match lock(&self.failure).clone() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Nothing held under these locks can be left half-changed by a panic.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Read connections, opened as needed and kept for the next read.
+struct Readers {
+    context: Arc<Context>,
+    idle: Mutex<Vec<Connection>>,
+}
+
+/// Read connections kept open between reads.
+const IDLE_READERS: usize = 4;
+
+impl Readers {
+    fn run<R>(&self, read: impl FnOnce(&Connection) -> std::result::Result<R, Failure>) -> Result<R> {
+        self.context.check_file()?;
+        let connection = lock(&self.idle).pop();
+        let connection = match connection {
+            Some(connection) => connection,
+            None => self.open().map_err(|e| self.context.error(e.into()))?,
+        };
+        let result = read(&connection).map_err(|failure| self.context.error(failure));
+        let mut idle = lock(&self.idle);
+        if idle.len() < IDLE_READERS {
+            idle.push(connection);
+        }
+        result
+    }
+
+    fn open(&self) -> rusqlite::Result<Connection> {
+        // Never created here: a database that vanished must not come back empty.
+        let connection = Connection::open_with_flags(
+            &self.context.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        connection.busy_timeout(self.context.busy_timeout)?;
+        connection.pragma_update(None, "query_only", "ON")?;
+        Ok(connection)
+    }
+}
+
+/// The SQLite store. Cheap to share behind an `Arc`. Every method is async and runs nothing of SQLite on the
+/// caller's thread: writes go to the writer thread, reads to `spawn_blocking`.
 pub struct Store {
-    connection: Mutex<Connection>,
+    context: Arc<Context>,
+    writer: Writer,
+    readers: Arc<Readers>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -136,209 +448,274 @@ pub fn rfc3339(ms: i64) -> String {
     humantime::format_rfc3339_millis(time).to_string()
 }
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY,
-    agent TEXT NOT NULL,
-    cwd TEXT NOT NULL,
-    sandbox_provider TEXT NOT NULL,
-    sandbox_id TEXT,
-    native_id TEXT,
-    title TEXT,
-    config TEXT NOT NULL DEFAULT '{}',
-    created_at INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS sessions_by_cwd ON sessions (cwd, updated_at);
-CREATE TABLE IF NOT EXISTS turns (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
-    prompt TEXT NOT NULL,
-    status TEXT NOT NULL,
-    stop_reason TEXT,
-    error TEXT,
-    owner_pid INTEGER NOT NULL,
-    cost REAL NOT NULL DEFAULT 0,
-    started_at INTEGER NOT NULL,
-    ended_at INTEGER
-);
-CREATE INDEX IF NOT EXISTS turns_by_session ON turns (session_id, id);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
-    turn_id INTEGER NOT NULL REFERENCES turns (id) ON DELETE CASCADE,
-    payload TEXT NOT NULL,
-    created_at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_by_turn ON events (turn_id, id);
-";
-
 impl Store {
-    /// Opens (and creates or migrates) the store at `path`.
+    /// Opens (and creates or migrates) the store at `path`, with the default busy timeout. Blocks while it
+    /// opens: call it before serving, or in `spawn_blocking`.
     pub fn open(path: &Path) -> Result<Self> {
-        if let Some(parent) = path.parent() {
-            crate::config::create_private_dir(parent)
-                .map_err(|source| StoreError::Io { path: parent.display().to_string(), source })?;
-        }
-        let connection = Connection::open(path)?;
-        connection.busy_timeout(Duration::from_secs(10))?;
-        // Two bridges starting at once (two editor windows) race to switch the journal mode and create the
-        // tables; SQLite answers "busy" to the loser without waiting, so it tries again.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        Self::open_with(path, DEFAULT_BUSY_TIMEOUT)
+    }
+
+    /// Like [`Store::open`]; a write waits at most `busy_timeout` for another process's lock.
+    pub fn open_with(path: &Path, busy_timeout: Duration) -> Result<Self> {
+        let data_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        crate::config::create_private_dir(&data_dir)
+            .map_err(|e| StoreError::Io { path: data_dir.display().to_string(), reason: e.to_string() })?;
+        let unwritable = |error: rusqlite::Error| StoreError::Unwritable {
+            path: path.to_path_buf(),
+            data_dir: data_dir.clone(),
+            reason: error.to_string(),
+        };
+        let connection = Connection::open(path).map_err(unwritable)?;
+        let metadata = std::fs::metadata(path)
+            .map_err(|e| StoreError::Io { path: path.display().to_string(), reason: e.to_string() })?;
+        let context = Arc::new(Context {
+            path: path.to_path_buf(),
+            data_dir: data_dir.clone(),
+            identity: (metadata.dev(), metadata.ino()),
+            busy_timeout,
+            commits: Default::default(),
+        });
+        connection.busy_timeout(busy_timeout).map_err(unwritable)?;
+        // Two bridges starting at once (two editor windows) race to switch the journal mode; SQLite answers
+        // "busy" to the loser without waiting, so it tries again.
+        let deadline = std::time::Instant::now() + busy_timeout;
         loop {
             match Self::prepare(&connection) {
-                Err(rusqlite::Error::SqliteFailure(failure, _))
-                    if failure.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>
+                Err(schema::MigrationError::Sqlite(rusqlite::Error::SqliteFailure(failure, _)))
+                    if failure.code == ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>
                 {
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                result => break result?,
+                Err(schema::MigrationError::TooNew(found)) => {
+                    return Err(StoreError::TooNew { path: path.to_path_buf(), found, known: SCHEMA_VERSION });
+                }
+                Err(schema::MigrationError::Sqlite(error)) => return Err(context.error(error.into())),
+                Ok(()) => break,
             }
         }
-        Ok(Self { connection: Mutex::new(connection) })
+        // Turns left `running` by a bridge that is gone are over. Best effort: loading the session tries again.
+        if let Err(failure) = mark_orphaned(&connection, None) {
+            tracing::warn!(path = %path.display(), "could not mark the turns of dead bridges interrupted: {}", context.error(failure));
+        }
+        let writer = Writer::start(connection, context.clone()).map_err(|_| StoreError::Stopped)?;
+        let readers = Arc::new(Readers { context: context.clone(), idle: Mutex::new(Vec::new()) });
+        Ok(Self { context, writer, readers })
     }
 
-    fn prepare(connection: &Connection) -> rusqlite::Result<()> {
-        // WAL lets a second bridge process read while this one writes; NORMAL keeps every committed
-        // update across a process kill (only a power loss can drop the last ones).
+    fn prepare(connection: &Connection) -> std::result::Result<(), schema::MigrationError> {
+        // WAL lets readers (ours and a second bridge's) read while one connection writes; NORMAL keeps every
+        // committed update across a process kill (only a power loss can drop the last ones).
         connection.pragma_update(None, "journal_mode", "WAL")?;
         connection.pragma_update(None, "synchronous", "NORMAL")?;
         connection.pragma_update(None, "foreign_keys", "ON")?;
-        connection.execute_batch(SCHEMA)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        // A panic while holding the lock cannot leave SQLite inconsistent (it has its own transactions),
-        // so a poisoned lock is still safe to use.
-        self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Inserts a new session.
-    pub fn create_session(&self, record: &SessionRecord) -> Result<()> {
-        self.lock().execute(
-            "INSERT INTO sessions (id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            params![
-                record.id,
-                record.agent,
-                record.cwd,
-                record.sandbox_provider,
-                record.sandbox_id,
-                record.native_id,
-                record.title,
-                record.config.to_string(),
-                record.created_at,
-                record.updated_at
-            ],
-        )?;
+        schema::migrate(connection)?;
         Ok(())
     }
 
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.context.path
+    }
+
+    /// How many transactions the writer committed so far (a batch of queued writes is one).
+    pub fn commits(&self) -> u64 {
+        self.context.commits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Runs `work` on the writer thread, in a transaction shared with whatever else is queued; answers once it is
+    /// committed.
+    async fn write<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Connection) -> std::result::Result<R, Failure> + Send + 'static,
+    ) -> Result<R> {
+        let (reply, answer) = oneshot::channel();
+        let work: writer::Work =
+            Box::new(move |connection| work(connection).map(|value| Box::new(value) as Box<dyn std::any::Any + Send>));
+        self.writer.submit(Job::Work { work, reply }).await?;
+        let value = answer.await.unwrap_or(Err(StoreError::Stopped))?;
+        value.downcast::<R>().map(|value| *value).map_err(|_| StoreError::Stopped)
+    }
+
+    /// Runs `read` on a read connection, off the async runtime's threads.
+    async fn read<R: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Connection) -> std::result::Result<R, Failure> + Send + 'static,
+    ) -> Result<R> {
+        let readers = self.readers.clone();
+        tokio::task::spawn_blocking(move || readers.run(read)).await.unwrap_or(Err(StoreError::Stopped))
+    }
+
+    /// Inserts a new session.
+    pub async fn create_session(&self, record: &SessionRecord) -> Result<()> {
+        let record = record.clone();
+        self.write(move |connection| {
+            connection.execute(
+                "INSERT INTO sessions (id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![
+                    record.id,
+                    record.agent,
+                    record.cwd,
+                    record.sandbox_provider,
+                    record.sandbox_id,
+                    record.native_id,
+                    record.title,
+                    record.config.to_string(),
+                    record.created_at,
+                    record.updated_at
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Reads one session.
-    pub fn session(&self, id: &str) -> Result<Option<SessionRecord>> {
-        let connection = self.lock();
-        let record = connection
-            .query_row(
-                "SELECT id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at
-                 FROM sessions WHERE id = ?1",
-                params![id],
-                session_from_row,
-            )
-            .optional()?;
-        record.transpose()
+    pub async fn session(&self, id: &str) -> Result<Option<SessionRecord>> {
+        let id = id.to_string();
+        self.read(move |connection| {
+            let record = connection
+                .query_row(
+                    "SELECT id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at
+                     FROM sessions WHERE id = ?1",
+                    params![id],
+                    session_from_row,
+                )
+                .optional()?;
+            record.transpose()
+        })
+        .await
     }
 
     /// Lists sessions, newest first, optionally only those of one agent and one workspace. `before` is a
     /// cursor: the `(updated_at, id)` of the last session of the previous page.
-    pub fn list_sessions(
+    pub async fn list_sessions(
         &self,
         agent: Option<&str>,
         cwd: Option<&str>,
         before: Option<(i64, &str)>,
         limit: usize,
     ) -> Result<Vec<SessionRecord>> {
-        let connection = self.lock();
-        let mut statement = connection.prepare(
-            "SELECT id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at
-             FROM sessions
-             WHERE (?1 IS NULL OR cwd = ?1)
-               AND (?2 IS NULL OR updated_at < ?2 OR (updated_at = ?2 AND id < ?3))
-               AND (?5 IS NULL OR agent = ?5)
-             ORDER BY updated_at DESC, id DESC
-             LIMIT ?4",
-        )?;
+        let agent = agent.map(str::to_string);
+        let cwd = cwd.map(str::to_string);
         let (before_time, before_id) = match before {
-            Some((time, id)) => (Some(time), Some(id)),
+            Some((time, id)) => (Some(time), Some(id.to_string())),
             None => (None, None),
         };
-        let rows = statement.query_map(params![cwd, before_time, before_id, limit as i64, agent], session_from_row)?;
-        let mut sessions = Vec::new();
-        for row in rows {
-            sessions.push(row??);
-        }
-        Ok(sessions)
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at
+                 FROM sessions
+                 WHERE (?1 IS NULL OR cwd = ?1)
+                   AND (?2 IS NULL OR updated_at < ?2 OR (updated_at = ?2 AND id < ?3))
+                   AND (?5 IS NULL OR agent = ?5)
+                 ORDER BY updated_at DESC, id DESC
+                 LIMIT ?4",
+            )?;
+            let rows = statement.query_map(
+                params![cwd, before_time, before_id, i64::try_from(limit).unwrap_or(i64::MAX), agent],
+                session_from_row,
+            )?;
+            let mut sessions = Vec::new();
+            for row in rows {
+                sessions.push(row??);
+            }
+            Ok(sessions)
+        })
+        .await
     }
 
     /// Deletes a session with its turns and events. Deleting an unknown id is not an error.
-    pub fn delete_session(&self, id: &str) -> Result<bool> {
-        let deleted = self.lock().execute("DELETE FROM sessions WHERE id = ?1", params![id])?;
-        Ok(deleted > 0)
+    pub async fn delete_session(&self, id: &str) -> Result<bool> {
+        let id = id.to_string();
+        self.write(move |connection| Ok(connection.execute("DELETE FROM sessions WHERE id = ?1", params![id])? > 0))
+            .await
     }
 
     /// Records the CLI's conversation id.
-    pub fn set_native_id(&self, id: &str, native_id: Option<&str>) -> Result<()> {
-        self.lock().execute(
-            "UPDATE sessions SET native_id = ?2, updated_at = ?3 WHERE id = ?1",
-            params![id, native_id, now_ms()],
-        )?;
-        Ok(())
+    pub async fn set_native_id(&self, id: &str, native_id: Option<&str>) -> Result<()> {
+        let (id, native_id, now) = (id.to_string(), native_id.map(str::to_string), now_ms());
+        self.write(move |connection| {
+            connection.execute(
+                "UPDATE sessions SET native_id = ?2, updated_at = ?3 WHERE id = ?1",
+                params![id, native_id, now],
+            )?;
+            Ok(())
+        })
+        .await
     }
 
     /// Records the sandbox that serves the session.
-    pub fn set_sandbox(&self, id: &str, provider: &str, sandbox_id: Option<&str>) -> Result<()> {
-        self.lock().execute(
-            "UPDATE sessions SET sandbox_provider = ?2, sandbox_id = ?3 WHERE id = ?1",
-            params![id, provider, sandbox_id],
-        )?;
-        Ok(())
+    pub async fn set_sandbox(&self, id: &str, provider: &str, sandbox_id: Option<&str>) -> Result<()> {
+        let (id, provider, sandbox_id) = (id.to_string(), provider.to_string(), sandbox_id.map(str::to_string));
+        self.write(move |connection| {
+            connection.execute(
+                "UPDATE sessions SET sandbox_provider = ?2, sandbox_id = ?3 WHERE id = ?1",
+                params![id, provider, sandbox_id],
+            )?;
+            Ok(())
+        })
+        .await
     }
 
     /// Sets the title shown in the history.
-    pub fn set_title(&self, id: &str, title: &str) -> Result<()> {
-        self.lock().execute("UPDATE sessions SET title = ?2 WHERE id = ?1", params![id, title])?;
-        Ok(())
+    pub async fn set_title(&self, id: &str, title: &str) -> Result<()> {
+        let (id, title) = (id.to_string(), title.to_string());
+        self.write(move |connection| {
+            connection.execute("UPDATE sessions SET title = ?2 WHERE id = ?1", params![id, title])?;
+            Ok(())
+        })
+        .await
     }
 
     /// Replaces the session's config object.
-    pub fn set_config(&self, id: &str, config: &Value) -> Result<()> {
-        self.lock().execute("UPDATE sessions SET config = ?2 WHERE id = ?1", params![id, config.to_string()])?;
-        Ok(())
+    pub async fn set_config(&self, id: &str, config: &Value) -> Result<()> {
+        let (id, config) = (id.to_string(), config.to_string());
+        self.write(move |connection| {
+            connection.execute("UPDATE sessions SET config = ?2 WHERE id = ?1", params![id, config])?;
+            Ok(())
+        })
+        .await
     }
 
     /// Starts a turn owned by this process.
-    pub fn start_turn(&self, session_id: &str, prompt: &Value) -> Result<i64> {
-        let connection = self.lock();
-        let now = now_ms();
-        connection.execute(
-            "INSERT INTO turns (session_id, prompt, status, owner_pid, started_at) VALUES (?1, ?2, 'running', ?3, ?4)",
-            params![session_id, prompt.to_string(), std::process::id(), now],
-        )?;
-        let turn_id = connection.last_insert_rowid();
-        connection.execute("UPDATE sessions SET updated_at = ?2 WHERE id = ?1", params![session_id, now])?;
-        Ok(turn_id)
+    pub async fn start_turn(&self, session_id: &str, prompt: &Value) -> Result<i64> {
+        let (session_id, prompt, now) = (session_id.to_string(), prompt.to_string(), now_ms());
+        self.write(move |connection| {
+            connection.execute(
+                "INSERT INTO turns (session_id, prompt, status, owner_pid, started_at) VALUES (?1, ?2, 'running', ?3, ?4)",
+                params![session_id, prompt, std::process::id(), now],
+            )?;
+            let turn_id = connection.last_insert_rowid();
+            connection.execute("UPDATE sessions SET updated_at = ?2 WHERE id = ?1", params![session_id, now])?;
+            Ok(turn_id)
+        })
+        .await
     }
 
-    /// Appends one update as sent to the editor.
-    pub fn append_event(&self, session_id: &str, turn_id: i64, update: &Value) -> Result<()> {
-        self.lock().execute(
-            "INSERT INTO events (session_id, turn_id, payload, created_at) VALUES (?1, ?2, ?3, ?4)",
-            params![session_id, turn_id, update.to_string(), now_ms()],
-        )?;
-        Ok(())
+    /// Queues one update of a turn, waiting only for room in the writer's queue; the [`Ack`] resolves once it is
+    /// committed. Updates queued one after the other are committed in that order, most often together.
+    pub async fn queue_event(&self, session_id: &str, turn_id: i64, update: &Value) -> Result<Ack> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Append {
+            session_id: session_id.to_string(),
+            turn_id,
+            payload: update.to_string(),
+            at: now_ms(),
+            reply,
+        };
+        self.writer.submit(job).await?;
+        Ok(Ack(answer))
     }
 
-    /// Ends a turn, recording what it cost (as the CLI reports it: USD for both).
-    pub fn end_turn(
+    /// Appends one update and waits until it is committed.
+    pub async fn append_event(&self, session_id: &str, turn_id: i64, update: &Value) -> Result<()> {
+        self.queue_event(session_id, turn_id, update).await?.await
+    }
+
+    /// Ends a turn, recording what it cost (as the CLI reports it: USD for both). When the store cannot write,
+    /// this fails, and the writer keeps trying until the turn is recorded as ended.
+    pub async fn end_turn(
         &self,
         turn_id: i64,
         status: TurnStatus,
@@ -346,116 +723,151 @@ impl Store {
         error: Option<&str>,
         cost: f64,
     ) -> Result<()> {
-        let connection = self.lock();
-        let now = now_ms();
-        connection.execute(
-            "UPDATE turns SET status = ?2, stop_reason = ?3, error = ?4, ended_at = ?5, cost = ?6 WHERE id = ?1",
-            params![turn_id, status.as_str(), stop_reason, error, now, cost],
-        )?;
-        connection.execute(
-            "UPDATE sessions SET updated_at = ?2 WHERE id = (SELECT session_id FROM turns WHERE id = ?1)",
-            params![turn_id, now],
-        )?;
-        Ok(())
+        let ending = Ending {
+            turn_id,
+            status,
+            stop_reason: stop_reason.map(str::to_string),
+            error: error.map(str::to_string),
+            cost,
+            at: now_ms(),
+        };
+        let (reply, answer) = oneshot::channel();
+        self.writer.submit(Job::End { ending, reply }).await?;
+        answer.await.unwrap_or(Err(StoreError::Stopped))
     }
 
     /// Marks as interrupted the running turns of a session whose owning process is gone (killed bridge).
-    pub fn mark_orphaned_turns(&self, session_id: &str) -> Result<usize> {
-        let connection = self.lock();
-        let mut statement =
-            connection.prepare("SELECT id, owner_pid FROM turns WHERE session_id = ?1 AND status = 'running'")?;
-        let running: Vec<(i64, i64)> = statement
-            .query_map(params![session_id], |row| Ok((row.get(0)?, row.get(1)?)))?
-            .collect::<rusqlite::Result<_>>()?;
-        drop(statement);
-        let mut marked = 0;
-        for (turn_id, pid) in running {
-            if pid as u32 == std::process::id() || process_alive(pid) {
-                continue;
-            }
-            marked += connection.execute(
-                "UPDATE turns SET status = 'interrupted', error = 'the bridge stopped during this turn', ended_at = ?2 WHERE id = ?1",
-                params![turn_id, now_ms()],
-            )?;
-        }
-        Ok(marked)
+    pub async fn mark_orphaned_turns(&self, session_id: &str) -> Result<usize> {
+        let session_id = session_id.to_string();
+        self.write(move |connection| mark_orphaned(connection, Some(&session_id))).await
     }
 
     /// Whether another live process runs a turn of this session right now.
-    pub fn running_elsewhere(&self, session_id: &str) -> Result<bool> {
-        let connection = self.lock();
-        let mut statement =
-            connection.prepare("SELECT owner_pid FROM turns WHERE session_id = ?1 AND status = 'running'")?;
-        let owners: Vec<i64> =
-            statement.query_map(params![session_id], |row| row.get(0))?.collect::<rusqlite::Result<_>>()?;
-        Ok(owners.into_iter().any(|pid| pid as u32 != std::process::id() && process_alive(pid)))
+    pub async fn running_elsewhere(&self, session_id: &str) -> Result<bool> {
+        let session_id = session_id.to_string();
+        self.read(move |connection| {
+            let mut statement = connection
+                .prepare_cached("SELECT owner_pid FROM turns WHERE session_id = ?1 AND status = 'running'")?;
+            let owners: Vec<i64> =
+                statement.query_map(params![session_id], |row| row.get(0))?.collect::<rusqlite::Result<_>>()?;
+            Ok(owners.into_iter().any(|pid| pid as u32 != std::process::id() && process_alive(pid)))
+        })
+        .await
     }
 
     /// What the session's turns cost together: ACP's usage cost is per session, the CLIs report it per turn.
-    pub fn session_cost(&self, session_id: &str) -> Result<f64> {
-        let cost: f64 = self.lock().query_row(
-            "SELECT COALESCE(SUM(cost), 0) FROM turns WHERE session_id = ?1",
-            params![session_id],
-            |row| row.get(0),
-        )?;
-        Ok(cost)
+    pub async fn session_cost(&self, session_id: &str) -> Result<f64> {
+        let session_id = session_id.to_string();
+        self.read(move |connection| {
+            Ok(connection.query_row(
+                "SELECT COALESCE(SUM(cost), 0) FROM turns WHERE session_id = ?1",
+                params![session_id],
+                |row| row.get(0),
+            )?)
+        })
+        .await
     }
 
-    /// The session's turns and their updates, newest turns kept first until `limit` updates are reached.
-    pub fn history(&self, session_id: &str, limit: usize) -> Result<History> {
-        let connection = self.lock();
-        let mut turns_statement = connection.prepare(
-            "SELECT id, session_id, prompt, status, stop_reason, error, started_at, ended_at
-             FROM turns WHERE session_id = ?1 ORDER BY id DESC",
-        )?;
-        let turns: Vec<TurnRecord> = turns_statement
-            .query_map(params![session_id], |row| {
-                let prompt: String = row.get(2)?;
-                let status: String = row.get(3)?;
-                Ok(TurnRecord {
-                    id: row.get(0)?,
-                    session_id: row.get(1)?,
-                    prompt: serde_json::from_str(&prompt).unwrap_or(Value::Null),
-                    status: TurnStatus::parse(&status),
-                    stop_reason: row.get(4)?,
-                    error: row.get(5)?,
-                    started_at: row.get(6)?,
-                    ended_at: row.get(7)?,
-                })
-            })?
-            .collect::<rusqlite::Result<_>>()?;
-        let mut events_statement = connection.prepare("SELECT payload FROM events WHERE turn_id = ?1 ORDER BY id")?;
-        let mut kept = Vec::new();
-        let mut budget = limit;
-        let mut omitted_turns = 0;
-        for turn in turns {
-            if omitted_turns > 0 {
-                omitted_turns += 1;
-                continue;
-            }
-            let payloads: Vec<String> =
-                events_statement.query_map(params![turn.id], |row| row.get(0))?.collect::<rusqlite::Result<_>>()?;
-            // The prompt itself counts as one update.
-            let cost = payloads.len() + 1;
-            if cost > budget && !kept.is_empty() {
-                omitted_turns = 1;
-                continue;
-            }
-            budget = budget.saturating_sub(cost);
-            let mut events = Vec::with_capacity(payloads.len());
-            for payload in payloads {
-                events.push(serde_json::from_str(&payload).map_err(|e| StoreError::Corrupt(e.to_string()))?);
-            }
-            kept.push((turn, events));
-        }
-        kept.reverse();
-        Ok(History { omitted_turns, turns: kept })
+    /// The session's turns and their updates within `limit` updates (a prompt counts as one): the newest turns
+    /// whole, older ones left out; a newest turn longer than the limit keeps its prompt and its newest updates.
+    pub async fn history(&self, session_id: &str, limit: usize) -> Result<History> {
+        let session_id = session_id.to_string();
+        self.read(move |connection| history(connection, &session_id, limit)).await
     }
 }
 
-fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<SessionRecord>> {
+fn history(connection: &Connection, session_id: &str, limit: usize) -> std::result::Result<History, Failure> {
+    let mut turns_statement = connection.prepare_cached(
+        "SELECT id, session_id, prompt, status, stop_reason, error, started_at, ended_at
+         FROM turns WHERE session_id = ?1 ORDER BY id DESC",
+    )?;
+    let turns: Vec<TurnRecord> = turns_statement
+        .query_map(params![session_id], |row| {
+            let prompt: String = row.get(2)?;
+            let status: String = row.get(3)?;
+            Ok(TurnRecord {
+                id: row.get(0)?,
+                session_id: row.get(1)?,
+                prompt: serde_json::from_str(&prompt).unwrap_or(Value::Null),
+                status: TurnStatus::parse(&status),
+                stop_reason: row.get(4)?,
+                error: row.get(5)?,
+                started_at: row.get(6)?,
+                ended_at: row.get(7)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut count_statement = connection.prepare_cached("SELECT COUNT(*) FROM events WHERE turn_id = ?1")?;
+    let mut all_statement = connection.prepare_cached("SELECT payload FROM events WHERE turn_id = ?1 ORDER BY id")?;
+    // The newest `?2` updates of a turn.
+    let mut newest_statement = connection.prepare_cached(
+        "SELECT payload FROM (SELECT id, payload FROM events WHERE turn_id = ?1 ORDER BY id DESC LIMIT ?2) ORDER BY id",
+    )?;
+    let mut kept = Vec::new();
+    let mut budget = limit;
+    let mut omitted_turns = 0;
+    let mut omitted_updates = 0;
+    for turn in turns {
+        if omitted_turns > 0 || (budget == 0 && !kept.is_empty()) {
+            omitted_turns += 1;
+            continue;
+        }
+        let count: i64 = count_statement.query_row(params![turn.id], |row| row.get(0))?;
+        let count = usize::try_from(count).unwrap_or(0);
+        // The prompt itself counts as one update.
+        let keep = if count < budget {
+            count
+        } else if kept.is_empty() {
+            // The newest turn alone is longer than the limit: its newest updates, and a word about the others.
+            let keep = budget.saturating_sub(1);
+            omitted_updates = count - keep;
+            keep
+        } else {
+            omitted_turns = 1;
+            continue;
+        };
+        budget = budget.saturating_sub(keep + 1);
+        let payloads: Vec<String> = if keep == count {
+            all_statement.query_map(params![turn.id], |row| row.get(0))?.collect::<rusqlite::Result<_>>()?
+        } else {
+            newest_statement
+                .query_map(params![turn.id, i64::try_from(keep).unwrap_or(i64::MAX)], |row| row.get(0))?
+                .collect::<rusqlite::Result<_>>()?
+        };
+        let mut events = Vec::with_capacity(payloads.len());
+        for payload in payloads {
+            events.push(serde_json::from_str(&payload)?);
+        }
+        kept.push((turn, events));
+    }
+    kept.reverse();
+    Ok(History { omitted_turns, omitted_updates, turns: kept })
+}
+
+/// Marks the running turns (of one session, or all) whose owning process is gone as interrupted.
+fn mark_orphaned(connection: &Connection, session_id: Option<&str>) -> std::result::Result<usize, Failure> {
+    let mut statement = connection.prepare_cached(
+        "SELECT id, owner_pid FROM turns WHERE (?1 IS NULL OR session_id = ?1) AND status = 'running'",
+    )?;
+    let running: Vec<(i64, i64)> = statement
+        .query_map(params![session_id], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut marked = 0;
+    for (turn_id, pid) in running {
+        if pid as u32 == std::process::id() || process_alive(pid) {
+            continue;
+        }
+        marked += connection.execute(
+            "UPDATE turns SET status = 'interrupted', error = 'the bridge stopped during this turn', ended_at = ?2 WHERE id = ?1",
+            params![turn_id, now_ms()],
+        )?;
+    }
+    Ok(marked)
+}
+
+fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<std::result::Result<SessionRecord, Failure>> {
     let config: String = row.get(7)?;
-    Ok(serde_json::from_str(&config).map_err(|e| StoreError::Corrupt(e.to_string())).map(|config| SessionRecord {
+    Ok(serde_json::from_str(&config).map_err(Failure::from).map(|config| SessionRecord {
         id: row.get_unwrap(0),
         agent: row.get_unwrap(1),
         cwd: row.get_unwrap(2),
@@ -484,111 +896,5 @@ fn process_alive(pid: i64) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn record(id: &str, cwd: &str, updated_at: i64) -> SessionRecord {
-        SessionRecord {
-            id: id.into(),
-            agent: "opencode".into(),
-            cwd: cwd.into(),
-            sandbox_provider: "local".into(),
-            sandbox_id: None,
-            native_id: None,
-            title: None,
-            config: json!({}),
-            created_at: updated_at,
-            updated_at,
-        }
-    }
-
-    #[test]
-    fn sessions_round_trip_and_list_by_cwd_with_cursor() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db.sqlite3")).unwrap();
-        store.create_session(&record("a", "/w1", 1)).unwrap();
-        store.create_session(&record("b", "/w1", 2)).unwrap();
-        store.create_session(&record("c", "/w2", 3)).unwrap();
-        store.set_native_id("a", Some("ses_1")).unwrap();
-        assert_eq!(store.session("a").unwrap().unwrap().native_id.as_deref(), Some("ses_1"));
-
-        let all: Vec<String> = store.list_sessions(None, None, None, 10).unwrap().into_iter().map(|s| s.id).collect();
-        assert_eq!(all, ["a", "c", "b"], "set_native_id bumps updated_at, so a is newest");
-        let w1 = store.list_sessions(None, Some("/w1"), None, 1).unwrap();
-        assert_eq!(w1.len(), 1);
-        let next = store.list_sessions(None, Some("/w1"), Some((w1[0].updated_at, &w1[0].id)), 1).unwrap();
-        assert_eq!(next[0].id, "b");
-        assert!(store.list_sessions(Some("amp"), None, None, 10).unwrap().is_empty(), "all are OpenCode's");
-        assert!(store.delete_session("a").unwrap());
-        assert!(!store.delete_session("a").unwrap());
-        assert!(store.session("a").unwrap().is_none());
-    }
-
-    #[test]
-    fn history_keeps_newest_turns_within_the_limit() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db.sqlite3")).unwrap();
-        store.create_session(&record("s", "/w", 1)).unwrap();
-        for turn in 0..3 {
-            let id = store.start_turn("s", &json!([{"type": "text", "text": format!("p{turn}")}])).unwrap();
-            for n in 0..4 {
-                store.append_event("s", id, &json!({"n": n, "turn": turn})).unwrap();
-            }
-            store.end_turn(id, TurnStatus::Done, Some("end_turn"), None, 0.5).unwrap();
-        }
-        assert_eq!(store.session_cost("s").unwrap(), 1.5);
-        let full = store.history("s", 100).unwrap();
-        assert_eq!((full.omitted_turns, full.turns.len()), (0, 3));
-        assert_eq!(full.turns[0].1[0], json!({"n": 0, "turn": 0}));
-        let cut = store.history("s", 11).unwrap();
-        assert_eq!((cut.omitted_turns, cut.turns.len()), (1, 2));
-        assert_eq!(cut.turns[0].1[0], json!({"n": 0, "turn": 1}));
-    }
-
-    #[test]
-    fn two_stores_on_one_file_write_concurrently_without_losing_anything() {
-        // Two Zed windows are two bridge processes on one data dir; two connections model them here.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db.sqlite3");
-        let writers: Vec<_> = ["a", "b", "c", "d"]
-            .into_iter()
-            .map(|id| {
-                let path = path.clone();
-                std::thread::spawn(move || {
-                    let store = Store::open(&path).unwrap();
-                    store.create_session(&record(id, "/w", 1)).unwrap();
-                    let turn = store.start_turn(id, &json!([])).unwrap();
-                    for n in 0..300 {
-                        store.append_event(id, turn, &json!({ "n": n })).unwrap();
-                    }
-                    store.end_turn(turn, TurnStatus::Done, Some("end_turn"), None, 0.0).unwrap();
-                })
-            })
-            .collect();
-        for writer in writers {
-            writer.join().unwrap();
-        }
-        let store = Store::open(&path).unwrap();
-        for id in ["a", "b", "c", "d"] {
-            let history = store.history(id, usize::MAX).unwrap();
-            assert_eq!(history.turns[0].1.len(), 300, "session {id}");
-        }
-        let integrity: String = store.lock().query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
-        assert_eq!(integrity, "ok");
-    }
-
-    #[test]
-    fn running_turn_of_a_dead_process_is_marked_interrupted() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db.sqlite3")).unwrap();
-        store.create_session(&record("s", "/w", 1)).unwrap();
-        let turn = store.start_turn("s", &json!([])).unwrap();
-        assert_eq!(store.mark_orphaned_turns("s").unwrap(), 0, "our own running turn is left alone");
-        // Pretend a dead process owned it.
-        store.lock().execute("UPDATE turns SET owner_pid = 999999999 WHERE id = ?1", params![turn]).unwrap();
-        assert_eq!(store.mark_orphaned_turns("s").unwrap(), 1);
-        let history = store.history("s", 10).unwrap();
-        assert_eq!(history.turns[0].0.status, TurnStatus::Interrupted);
-    }
-}
+#[path = "tests.rs"]
+mod tests;

@@ -112,7 +112,7 @@ impl Turn<'_> {
                     return Err(failed(ClientError::Invalid { what: "POST /session".into(), why: "no id".into() }));
                 };
                 tracing::info!(session = %self.record.id, native = %id, "the CLI conversation id");
-                self.bridge.store.set_native_id(&self.record.id, Some(id))?;
+                self.bridge.store.set_native_id(&self.record.id, Some(id)).await?;
                 id.to_string()
             }
         };
@@ -242,7 +242,15 @@ impl Turn<'_> {
                         match output {
                             Output::Update(update) => {
                                 last_event = tokio::time::Instant::now();
-                                emit.send(update);
+                                if let Err(e) = emit.send(update).await {
+                                    // Nothing may reach the editor that is not stored: the turn stops here.
+                                    let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
+                                    for task in pending.drain(..) {
+                                        task.abort();
+                                    }
+                                    server.end_strays();
+                                    return Err(e);
+                                }
                             }
                             Output::NativeSessionId { .. } => {}
                             Output::End(turn_end) => end = Some(turn_end),
@@ -276,7 +284,7 @@ impl Turn<'_> {
         }
         for output in translator.finish() {
             if let Output::Update(update) = output {
-                emit.send(update);
+                emit.send(update).await?;
             }
         }
         let died = || Error::CliFailed {

@@ -1,0 +1,348 @@
+//! Nothing lost, nothing hung: what the bridge does when its store cannot write (a full disk, a data dir deleted
+//! while it runs, another program holding the write lock), with databases of earlier schemas, and with a turn
+//! longer than the replay limit. The editor must only ever see what the store kept, and a turn that cannot be
+//! kept ends with an error that says what to do.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+fn database(dirs: &TestDirs) -> PathBuf {
+    dirs.data.join("acp-sandbox.sqlite3")
+}
+
+/// A connection of the test's own to the bridge's database, like another program's.
+fn other_program(path: &Path) -> rusqlite::Connection {
+    let connection = rusqlite::Connection::open(path).unwrap();
+    connection.busy_timeout(Duration::from_secs(60)).unwrap();
+    connection
+}
+
+/// The status of a session's turns, oldest first, read from the database.
+fn turn_statuses(path: &Path, session: &str) -> Vec<String> {
+    let connection = other_program(path);
+    let mut statement = connection.prepare("SELECT status FROM turns WHERE session_id = ?1 ORDER BY id").unwrap();
+    statement.query_map([session], |row| row.get(0)).unwrap().collect::<Result<_, _>>().unwrap()
+}
+
+/// The store error of a failed prompt: its `data.store` reason, failing the test if the prompt did not fail so.
+fn store_error(turn: &Turn) -> (String, RpcError) {
+    let error = turn.result.clone().expect_err("the turn must fail when its updates cannot be stored");
+    let reason = error.data.as_ref().and_then(|data| data["store"].as_str()).unwrap_or_default().to_string();
+    (reason, error)
+}
+
+/// The updates a replay shows for one turn: those after its prompt, up to the note that closes a failed turn.
+fn replayed_turn(replay: &[Value], prompt: &str) -> Vec<Value> {
+    let start = replay
+        .iter()
+        .position(|u| u["sessionUpdate"] == "user_message_chunk" && u["content"]["text"] == prompt)
+        .unwrap_or_else(|| panic!("the prompt {prompt:?} is not replayed: {:?}", kinds(replay)));
+    replay[start + 1..]
+        .iter()
+        .take_while(|u| {
+            u["sessionUpdate"] != "user_message_chunk"
+                && !u["content"]["text"].as_str().unwrap_or_default().contains("_This turn failed")
+        })
+        .cloned()
+        .collect()
+}
+
+/// A turn's updates without the session's command list, which is not part of any turn (it follows
+/// `session/new` and `session/load`, and may arrive after a prompt was sent).
+fn of_the_turn(updates: &[Value]) -> Vec<Value> {
+    updates.iter().filter(|u| u["sessionUpdate"] != "available_commands_update").cloned().collect()
+}
+
+fn is_failed_note(update: &Value, words: &str) -> bool {
+    let text = update["content"]["text"].as_str().unwrap_or_default();
+    text.contains("This turn failed") && text.contains(words)
+}
+
+/// A size-limited tmpfs mounted at a test's path, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts one, or says why it cannot (not root, no permission to mount) and answers `None`.
+    fn mount(path: &Path, size: &str) -> Option<Tmpfs> {
+        use std::os::unix::ffi::OsStrExt;
+        let target = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        let options = std::ffi::CString::new(format!("size={size},mode=0700")).unwrap();
+        // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+        let result =
+            unsafe { libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), 0, options.as_ptr().cast()) };
+        if result != 0 {
+            eprintln!("skipped: cannot mount a tmpfs at {}: {}", path.display(), std::io::Error::last_os_error());
+            return None;
+        }
+        Some(Tmpfs(path.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        use std::os::unix::ffi::OsStrExt;
+        let target = std::ffi::CString::new(self.0.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[test]
+fn a_full_disk_fails_the_turn_clearly_the_editor_saw_only_what_was_stored_and_saving_resumes_once_space_is_freed() {
+    let dirs = TestDirs::new("store-full");
+    let ws = dirs.workspace("ws");
+    let Some(_tmpfs) = Tmpfs::mount(&dirs.data, "4m") else { return };
+    // Room to free later, without restarting the bridge.
+    let ballast = dirs.data.join("ballast");
+    std::fs::write(&ballast, vec![0u8; 1024 * 1024]).unwrap();
+    let options =
+        || BridgeOptions::new("opencode", &dirs.data).env("RUST_LOG", "warn").arg("--replay-limit").arg("1000000");
+    let mut bridge = Bridge::start(options());
+    let sid = bridge.new_session(&ws);
+    let prompt = "SCENARIO:slow FAKE_COUNT=100000 FAKE_DELAY_MS=0 fill the disk";
+    let turn = bridge.prompt(&sid, prompt);
+
+    let (reason, error) = store_error(&turn);
+    assert_eq!(reason, "disk_full", "{error}");
+    assert!(error.message.contains("free some disk space"), "says what to do: {error}");
+    assert!(error.message.contains(&dirs.data.display().to_string()), "names the data dir: {error}");
+    assert_eq!(error.data.as_ref().unwrap()["dataDir"], json!(dirs.data));
+    let cli = invocations(&ws)[0].pid();
+    assert!(wait_until(Duration::from_secs(10), || !pid_alive(cli)), "the CLI must be stopped");
+    let streamed = turn.updates.iter().filter(|u| u["sessionUpdate"] == "agent_message_chunk").count();
+    assert!(streamed > 0 && streamed < 100_000, "the disk filled up mid-turn ({streamed} chunks sent)");
+
+    std::fs::remove_file(&ballast).unwrap();
+    let next = bridge.prompt(&sid, "and now?");
+    assert_eq!(next.stop_reason(), "end_turn", "saving resumes once there is room");
+    assert_eq!(turn_statuses(&database(&dirs), &sid), ["failed", "done"], "the failed turn is ended");
+    drop(bridge);
+
+    let mut bridge = Bridge::start(options());
+    let load = bridge.load_session(&sid, &ws);
+    load.result.as_ref().expect("the session loads after a full disk");
+    let replay = replayed_turn(&load.updates, prompt);
+    assert_eq!(replay, of_the_turn(&turn.updates), "the replay is exactly what the editor was sent");
+    assert!(
+        load.updates.iter().any(|u| is_failed_note(u, "disk")),
+        "the replay says the turn failed and why: {:?}",
+        kinds(&load.updates)
+    );
+}
+
+#[test]
+fn a_data_dir_deleted_mid_turn_fails_the_turn_naming_it_stops_the_cli_and_later_requests_say_so() {
+    let dirs = TestDirs::new("store-gone");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=3000 FAKE_DELAY_MS=20 a long answer");
+    bridge.wait_update(&sid, "a streamed chunk", |u| {
+        u["content"]["text"].as_str().unwrap_or_default().contains("slow chunk")
+    });
+    let cli = invocations(&ws)[0].pid();
+    let _guard = KillOnDrop(cli);
+    std::fs::remove_dir_all(&dirs.data).unwrap();
+
+    let turn = bridge.finish_turn(&sid, id);
+    let (reason, error) = store_error(&turn);
+    assert_eq!(reason, "gone", "{error}");
+    assert!(error.message.contains("was deleted"), "{error}");
+    assert!(error.message.contains(&dirs.data.display().to_string()), "names the data dir: {error}");
+    assert!(wait_until(Duration::from_secs(10), || !pid_alive(cli)), "the CLI must be stopped");
+    assert!(!dirs.data.exists(), "the bridge did not recreate an empty data dir behind the user's back");
+
+    let list = bridge.request("session/list", json!({})).expect_err("the list would lie: its store is gone");
+    assert_eq!(list.data.as_ref().unwrap()["store"], "gone", "{list}");
+    let new = bridge.request("session/new", json!({"cwd": ws, "mcpServers": []})).expect_err("nothing can be saved");
+    assert_eq!(new.data.as_ref().unwrap()["store"], "gone", "{new}");
+}
+
+#[test]
+fn session_list_answers_while_another_program_holds_the_write_lock_and_the_waiting_prompt_goes_on_after() {
+    let dirs = TestDirs::new("store-lock");
+    let ws = dirs.workspace("ws");
+    // A busy timeout far longer than the test: the prompt waits for the lock however slow the machine is.
+    let options = BridgeOptions::new("opencode", &dirs.data).arg("--store-busy-timeout").arg("600");
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let other = other_program(&database(&dirs));
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+
+    let prompt = bridge.send_prompt(&sid, "Say hello");
+    let list = bridge.request("session/list", json!({})).expect("session/list answers while the lock is held");
+    assert_eq!(list["sessions"][0]["sessionId"], sid.as_str(), "{list}");
+    assert!(
+        bridge.wait_response_within(prompt, Duration::ZERO).is_none(),
+        "the prompt cannot have started its turn: the lock is still held"
+    );
+
+    other.execute_batch("COMMIT").unwrap();
+    let turn = bridge.finish_turn(&sid, prompt);
+    assert_eq!(turn.stop_reason(), "end_turn", "the prompt goes on once the lock is released");
+}
+
+#[test]
+fn a_lock_held_past_the_busy_timeout_fails_the_running_turn_clearly_and_the_turn_is_ended_once_it_is_released() {
+    let dirs = TestDirs::new("store-locked-turn");
+    let ws = dirs.workspace("ws");
+    let options = BridgeOptions::new("opencode", &dirs.data).arg("--store-busy-timeout").arg("1");
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let prompt = "SCENARIO:slow FAKE_COUNT=3000 FAKE_DELAY_MS=20 a long answer";
+    let id = bridge.send_prompt(&sid, prompt);
+    let other = other_program(&database(&dirs));
+    // Mid-stream: the first chunks are stored (the harness keeps every update it received meanwhile).
+    let streaming = wait_until(Duration::from_secs(60), || {
+        other
+            .query_row("SELECT COUNT(*) FROM events WHERE payload LIKE '%slow chunk%'", [], |row| row.get::<_, i64>(0))
+            .unwrap()
+            > 0
+    });
+    assert!(streaming, "the turn never streamed");
+    let cli = invocations(&ws)[0].pid();
+    let _guard = KillOnDrop(cli);
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+
+    let turn = bridge.finish_turn(&sid, id);
+    let (reason, error) = store_error(&turn);
+    assert_eq!(reason, "locked", "{error}");
+    assert!(error.message.contains(&database(&dirs).display().to_string()), "names the database: {error}");
+    assert!(wait_until(Duration::from_secs(10), || !pid_alive(cli)), "the CLI must be stopped");
+    assert_eq!(turn_statuses(&database(&dirs), &sid), ["running"], "cannot be recorded while locked");
+
+    other.execute_batch("COMMIT").unwrap();
+    let ended = wait_until(Duration::from_secs(60), || turn_statuses(&database(&dirs), &sid) == ["failed"]);
+    assert!(
+        ended,
+        "the turn is recorded as failed once the store can write: {:?}",
+        turn_statuses(&database(&dirs), &sid)
+    );
+    assert_eq!(bridge.prompt(&sid, "and now?").stop_reason(), "end_turn", "the store works again");
+
+    let load = bridge.load_session(&sid, &ws);
+    load.result.as_ref().expect("load");
+    // Everything the editor got from the failed turn, and only that, was stored.
+    assert_eq!(replayed_turn(&load.updates, prompt), of_the_turn(&turn.updates));
+    assert!(load.updates.iter().any(|u| is_failed_note(u, "locked")), "{:?}", kinds(&load.updates));
+}
+
+/// The first schema, as shipped before the `cost` column and before versioning.
+const SCHEMA_FIRST: &str = "
+CREATE TABLE sessions (id TEXT PRIMARY KEY, agent TEXT NOT NULL, cwd TEXT NOT NULL, sandbox_provider TEXT NOT NULL,
+    sandbox_id TEXT, native_id TEXT, title TEXT, config TEXT NOT NULL DEFAULT '{}', created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL);
+CREATE INDEX sessions_by_cwd ON sessions (cwd, updated_at);
+CREATE TABLE turns (id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE, prompt TEXT NOT NULL, status TEXT NOT NULL,
+    stop_reason TEXT, error TEXT, owner_pid INTEGER NOT NULL, started_at INTEGER NOT NULL, ended_at INTEGER);
+CREATE INDEX turns_by_session ON turns (session_id, id);
+CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    turn_id INTEGER NOT NULL REFERENCES turns (id) ON DELETE CASCADE, payload TEXT NOT NULL,
+    created_at INTEGER NOT NULL);
+CREATE INDEX events_by_turn ON events (turn_id, id);
+";
+
+#[test]
+fn a_database_from_before_the_cost_column_is_migrated_replayed_and_prompted() {
+    let dirs = TestDirs::new("store-old-schema");
+    let ws = dirs.workspace("ws");
+    let old = other_program(&database(&dirs));
+    old.execute_batch(SCHEMA_FIRST).unwrap();
+    old.execute(
+        "INSERT INTO sessions (id, agent, cwd, sandbox_provider, title, created_at, updated_at)
+         VALUES ('sess_old', 'opencode', ?1, 'local', 'From an older bridge', 1, 2)",
+        [ws.display().to_string()],
+    )
+    .unwrap();
+    let chunk = json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "an old answer"}});
+    old.execute_batch(&format!(
+        "INSERT INTO turns (id, session_id, prompt, status, stop_reason, owner_pid, started_at, ended_at)
+             VALUES (1, 'sess_old', '[{{\"type\":\"text\",\"text\":\"an old prompt\"}}]', 'done', 'end_turn', 1, 1, 2);
+         INSERT INTO turns (id, session_id, prompt, status, owner_pid, started_at)
+             VALUES (2, 'sess_old', '[{{\"type\":\"text\",\"text\":\"cut by a crash\"}}]', 'running', 999999999, 3);
+         INSERT INTO events (session_id, turn_id, payload, created_at) VALUES ('sess_old', 1, '{chunk}', 1);"
+    ))
+    .unwrap();
+    drop(old);
+
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let list = bridge.request("session/list", json!({})).unwrap();
+    assert_eq!(list["sessions"][0]["sessionId"], "sess_old", "{list}");
+    assert_eq!(list["sessions"][0]["title"], "From an older bridge", "{list}");
+    let load = bridge.load_session("sess_old", &ws);
+    load.result.as_ref().expect("an old session loads");
+    assert_eq!(replayed_turn(&load.updates, "an old prompt"), [chunk]);
+    assert!(
+        text_of(&load.updates, "agent_message_chunk").contains("interrupted"),
+        "the turn a dead bridge left running is interrupted: {:?}",
+        load.updates
+    );
+    let turn = bridge.prompt("sess_old", "Say hello");
+    assert_eq!(turn.stop_reason(), "end_turn", "prompts work on a migrated database: {:?}", turn.result);
+    assert_eq!(turn_statuses(&database(&dirs), "sess_old"), ["done", "interrupted", "done"]);
+}
+
+#[test]
+fn a_turn_longer_than_the_replay_limit_replays_its_newest_updates_and_says_how_many_were_cut() {
+    let dirs = TestDirs::new("store-replay-cut");
+    let ws = dirs.workspace("ws");
+    let options =
+        || BridgeOptions::new("opencode", &dirs.data).env("RUST_LOG", "info").arg("--replay-limit").arg("5000");
+    let mut bridge = Bridge::start(options());
+    let sid = bridge.new_session(&ws);
+    let prompt = "SCENARIO:slow FAKE_COUNT=10005 FAKE_DELAY_MS=0 a very long answer";
+    let turn = bridge.prompt(&sid, prompt);
+    assert_eq!(turn.stop_reason(), "end_turn");
+    let sent = of_the_turn(&turn.updates);
+    assert!(sent.len() > 10_005, "{} updates", sent.len());
+    drop(bridge);
+
+    let mut bridge = Bridge::start(options());
+    let load = bridge.load_session(&sid, &ws);
+    load.result.as_ref().expect("load");
+    let replay = replayed_turn(&load.updates, prompt);
+    let cut = sent.len() - 4999;
+    let note = &replay[0];
+    assert!(
+        note["content"]["text"].as_str().unwrap_or_default().contains(&format!("The first {cut} updates of this turn")),
+        "the replay says how many updates were cut: {note}"
+    );
+    assert_eq!(replay[1..1 + 4999], sent[cut..], "the prompt, the note, then the newest 4,999 updates");
+}
+
+#[test]
+fn a_prompt_sent_right_after_set_config_option_runs_with_the_new_option_even_while_the_store_is_locked() {
+    let dirs = TestDirs::new("store-order");
+    let ws = dirs.workspace("ws");
+    let config = dirs.root().join("xdg-config");
+    std::fs::create_dir_all(config.join("opencode")).unwrap();
+    std::fs::write(config.join("opencode/opencode.json"), r#"{"provider": {"fake": {"models": {"thinker": {}}}}}"#)
+        .unwrap();
+    let options = BridgeOptions::new("opencode", &dirs.data)
+        .env("XDG_CONFIG_HOME", config.to_str().unwrap())
+        .arg("--store-busy-timeout")
+        .arg("600");
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    // The option's write waits for the lock; the prompt must not overtake it and run with the old model.
+    let other = other_program(&database(&dirs));
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let set = bridge.send_request(
+        "session/set_config_option",
+        json!({"sessionId": sid, "configId": "model", "value": "fake/thinker"}),
+    );
+    let prompt = bridge.send_prompt(&sid, "Say hello");
+    let list = bridge.request("session/list", json!({})).expect("session/list waits for no session's requests");
+    assert_eq!(list["sessions"][0]["sessionId"], sid.as_str(), "{list}");
+    other.execute_batch("COMMIT").unwrap();
+
+    bridge.wait_response(set).expect("the option is set once the lock is released");
+    assert_eq!(bridge.finish_turn(&sid, prompt).stop_reason(), "end_turn");
+    assert_eq!(invocations(&ws)[0].flag_value("--model").as_deref(), Some("fake/thinker"));
+}
