@@ -221,12 +221,32 @@ mod tests {
     fn opencode_offers_default_and_the_models_it_can_use() {
         let options = config_options(AgentKind::OpenCode, &json!({}), &config(), &models());
         let value = serde_json::to_value(&options).unwrap();
-        assert_eq!(value.as_array().unwrap().len(), 1, "no variants for the default model");
-        assert_eq!(value[0]["id"], "model");
+        let ids: Vec<&str> = value.as_array().unwrap().iter().map(|o| o["id"].as_str().unwrap()).collect();
+        assert_eq!(ids, ["model", "mode", "approvals"], "no variants for the default model");
+        assert_eq!(value[1]["category"], "mode");
+        assert_eq!(value[1]["currentValue"], "build");
+        assert_eq!(value[2]["currentValue"], "auto");
+        assert!(value[2].get("category").is_none(), "{value}");
         assert_eq!(value[0]["category"], "model");
         assert_eq!(value[0]["currentValue"], "default");
         assert_eq!(value[0]["options"][1]["value"], "fake/fake-model");
         assert_eq!(value[0]["options"][2]["name"], "Thinker");
+    }
+
+    #[test]
+    fn mode_and_approvals_are_stored_and_approvals_exist_only_with_the_server_backend() {
+        let (mut config, models) = (config(), models());
+        let session = apply(AgentKind::OpenCode, &json!({}), "mode", "plan", &config, &models).unwrap();
+        assert_eq!(opencode_agent(&session), Some("plan"));
+        let session = apply(AgentKind::OpenCode, &session, "approvals", "ask", &config, &models).unwrap();
+        assert_eq!(approvals(&session), APPROVALS_ASK);
+        assert!(apply(AgentKind::OpenCode, &session, "mode", "yolo", &config, &models).is_err());
+        config.opencode_backend = crate::config::OpenCodeBackend::Run;
+        let ids: Vec<String> = config_options(AgentKind::OpenCode, &session, &config, &models)
+            .iter()
+            .map(|o| serde_json::to_value(o).unwrap()["id"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(ids, ["model", "mode"], "`run` cannot ask, so it offers no approvals");
     }
 
     #[test]
