@@ -17,12 +17,13 @@ use futures::future::{BoxFuture, Shared};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, AvailableCommandsUpdate, CancelNotification, CloseSessionRequest, CloseSessionResponse,
-    DeleteSessionRequest, DeleteSessionResponse, Implementation, InitializeRequest, InitializeResponse,
-    ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
-    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
-    SessionCapabilities, SessionCloseCapabilities, SessionDeleteCapabilities, SessionInfo, SessionListCapabilities,
-    SessionNotification, SessionResumeCapabilities, SessionUpdate, SetSessionConfigOptionRequest,
-    SetSessionConfigOptionResponse,
+    ConfigOptionUpdate, CurrentModeUpdate, DeleteSessionRequest, DeleteSessionResponse, Implementation,
+    InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse, LoadSessionRequest,
+    LoadSessionResponse, NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse,
+    ResumeSessionRequest, ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities,
+    SessionDeleteCapabilities, SessionInfo, SessionListCapabilities, SessionNotification, SessionResumeCapabilities,
+    SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest,
+    SetSessionModeResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client};
@@ -181,7 +182,12 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     tokio::spawn(async move {
                         let result = bridge.new_session(&request.cwd).await;
                         let id = result.as_ref().ok().map(|(id, _)| id.clone());
-                        let answer = result.map(|(id, options)| NewSessionResponse::new(id).config_options(options));
+                        let modes = match &id {
+                            Some(id) => bridge.session_modes(id).await.ok().flatten(),
+                            None => None,
+                        };
+                        let answer = result
+                            .map(|(id, options)| NewSessionResponse::new(id).config_options(options).modes(modes));
                         if respond(responder, answer).is_err() {
                             return;
                         }
@@ -214,9 +220,11 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     spawn_answer(responder, async move {
                         place.wait().await;
                         let sink = ConnectionSink { connection: cx };
-                        let options = bridge.load_session(&request.session_id.to_string(), &sink).await?;
-                        bridge.warm_server(&request.session_id.to_string());
-                        Ok(LoadSessionResponse::new().config_options(options))
+                        let id = request.session_id.to_string();
+                        let options = bridge.load_session(&id, &sink).await?;
+                        bridge.warm_server(&id);
+                        let modes = bridge.session_modes(&id).await?;
+                        Ok(LoadSessionResponse::new().config_options(options).modes(modes))
                     });
                     Ok(())
                 }
@@ -232,9 +240,11 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     let mut place = order.enter(&request.session_id.to_string());
                     spawn_answer(responder, async move {
                         place.wait().await;
-                        let options = bridge.resume_session(&request.session_id.to_string()).await?;
-                        bridge.warm_server(&request.session_id.to_string());
-                        Ok(ResumeSessionResponse::new().config_options(options))
+                        let id = request.session_id.to_string();
+                        let options = bridge.resume_session(&id).await?;
+                        bridge.warm_server(&id);
+                        let modes = bridge.session_modes(&id).await?;
+                        Ok(ResumeSessionResponse::new().config_options(options).modes(modes))
                     });
                     Ok(())
                 }
@@ -297,7 +307,7 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                 let order = order.clone();
                 async move |request: SetSessionConfigOptionRequest,
                             responder: Responder<SetSessionConfigOptionResponse>,
-                            _cx| {
+                            cx| {
                     let value = match request.value.as_value_id() {
                         Some(value) => value.to_string(),
                         None => request.value.as_bool().map(|b| b.to_string()).unwrap_or_default(),
@@ -307,9 +317,37 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     spawn_answer(responder, async move {
                         place.wait().await;
                         let session_id = request.session_id.to_string();
-                        let options =
-                            bridge.set_config_option(&session_id, &request.config_id.to_string(), &value).await?;
+                        let option = request.config_id.to_string();
+                        let options = bridge.set_config_option(&session_id, &option, &value).await?;
+                        if option == "mode" {
+                            ConnectionSink { connection: cx }.send(
+                                &session_id,
+                                SessionUpdate::CurrentModeUpdate(CurrentModeUpdate::new(value.clone())),
+                            );
+                        }
                         Ok(SetSessionConfigOptionResponse::new(options))
+                    });
+                    Ok(())
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                let order = order.clone();
+                async move |request: SetSessionModeRequest, responder: Responder<SetSessionModeResponse>, cx| {
+                    let bridge = bridge.clone();
+                    let mut place = order.enter(&request.session_id.to_string());
+                    spawn_answer(responder, async move {
+                        place.wait().await;
+                        let session_id = request.session_id.to_string();
+                        let options =
+                            bridge.set_config_option(&session_id, "mode", &request.mode_id.to_string()).await?;
+                        // The config option says the same as the mode: clients that read only options see it too.
+                        ConnectionSink { connection: cx }
+                            .send(&session_id, SessionUpdate::ConfigOptionUpdate(ConfigOptionUpdate::new(options)));
+                        Ok(SetSessionModeResponse::new())
                     });
                     Ok(())
                 }

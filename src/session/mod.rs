@@ -390,6 +390,12 @@ impl Bridge {
     }
 
     /// Changes a config option from the next turn on; answers the complete list.
+    /// The session's modes (its mode option, as ACP session modes).
+    pub async fn session_modes(&self, id: &str) -> Result<Option<agent_client_protocol::v1::schema::SessionModeState>> {
+        let record = self.record(id).await?;
+        Ok(options::session_modes(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
+    }
+
     pub async fn set_config_option(&self, id: &str, option: &str, value: &str) -> Result<Vec<SessionConfigOption>> {
         let record = self.record(id).await?;
         let agent = self.agent_of(&record);

@@ -158,6 +158,28 @@ pub fn config_options(
         .collect()
 }
 
+/// The session's mode option as ACP session modes (`modes` of new/load/resume, `session/set_mode`): several
+/// clients read only one of the two, so both say the same.
+pub fn session_modes(
+    agent: AgentKind,
+    session_config: &Value,
+    config: &Config,
+    models: &[ModelInfo],
+) -> Option<agent_client_protocol::v1::schema::SessionModeState> {
+    use agent_client_protocol::v1::schema::{SessionMode, SessionModeState};
+    let spec = specs(agent, session_config, config, models).into_iter().find(|spec| spec.id == "mode")?;
+    let modes = spec
+        .choices
+        .iter()
+        .map(|(id, name)| {
+            let description =
+                OPENCODE_MODES.iter().find(|(mode, _, _)| mode == id).map(|(_, _, about)| about.to_string());
+            SessionMode::new(id.clone(), name.clone()).description(description)
+        })
+        .collect();
+    Some(SessionModeState::new(spec.current, modes))
+}
+
 /// Applies a change, returning the new session config. Unknown options or values are invalid params.
 pub fn apply(
     agent: AgentKind,

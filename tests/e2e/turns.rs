@@ -442,3 +442,41 @@ fn the_models_opencode_lists_are_offered_and_the_usage_meter_uses_their_context_
     assert_eq!(usage["size"], 128_000, "the model's own context window: {usage}");
     assert!(dirs.data.join("opencode-models.json").exists(), "the listing is cached for the next start");
 }
+
+#[test]
+fn opencode_modes_are_session_modes_and_a_config_option_and_reach_the_cli_as_its_agent() {
+    let dirs = TestDirs::new("modes");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let created = bridge.request("session/new", json!({"cwd": ws, "mcpServers": []})).unwrap();
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(created["modes"]["currentModeId"], "build", "{created}");
+    let ids: Vec<&str> =
+        created["modes"]["availableModes"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["build", "plan"]);
+    let option = created["configOptions"].as_array().unwrap().iter().find(|o| o["category"] == "mode").unwrap();
+    assert_eq!(option["id"], "mode");
+    assert_eq!(option["currentValue"], "build");
+
+    // The default passes no agent: OpenCode's own default is build.
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    assert_eq!(invocations(&ws)[0].flag_value("--agent"), None);
+
+    // session/set_mode: the config option follows, and the next turn runs OpenCode's plan agent.
+    let set = bridge.request("session/set_mode", json!({"sessionId": sid, "modeId": "plan"}));
+    assert_eq!(set, Ok(json!({})));
+    let update = bridge.wait_update(&sid, "config_option_update", |u| u["sessionUpdate"] == "config_option_update");
+    let mode = update["configOptions"].as_array().unwrap().iter().find(|o| o["id"] == "mode").unwrap().clone();
+    assert_eq!(mode["currentValue"], "plan");
+    assert_eq!(bridge.prompt(&sid, "Plan it").stop_reason(), "end_turn");
+    assert_eq!(invocations(&ws)[1].flag_value("--agent").as_deref(), Some("plan"));
+
+    // The config option: the session mode follows.
+    let set = bridge.request("session/set_config_option", json!({"sessionId": sid, "configId": "mode", "value": "build"}));
+    assert!(set.is_ok(), "{set:?}");
+    let update = bridge.wait_update(&sid, "current_mode_update", |u| u["sessionUpdate"] == "current_mode_update");
+    assert_eq!(update["currentModeId"], "build");
+    let resumed = bridge.request("session/resume", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
+    assert_eq!(resumed["modes"]["currentModeId"], "build", "{resumed}");
+    assert!(bridge.request("session/set_mode", json!({"sessionId": sid, "modeId": "yolo"})).is_err());
+}
