@@ -151,6 +151,8 @@ impl Bridge {
             .arg(data_dir)
             .args(extra)
             .env("ACP_SANDBOX_OPENCODE_BIN", fake)
+            // The fake prints a recorded `opencode run` stream: these rows measure the `run` backend.
+            .env("ACP_SANDBOX_OPENCODE_BACKEND", "run")
             .env("RUST_LOG", "warn")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -288,6 +290,207 @@ fn bench_stream() {
     );
 }
 
+/// The real OpenCode for the side-by-side bench: `ACP_SANDBOX_TEST_OPENCODE`, else the install of
+/// `.ci/install-opencode.sh`.
+fn real_opencode() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("ACP_SANDBOX_TEST_OPENCODE").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(path));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    let path = cache.join("acp-sandbox/opencode-ai@1.18.33/node_modules/.bin/opencode");
+    path.exists().then_some(path)
+}
+
+/// An ACP client of any agent server over stdio that times the first agent text of each prompt and allows
+/// every permission it is asked for.
+struct Acp {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: BufReader<std::process::ChildStdout>,
+    next_id: i64,
+}
+
+impl Acp {
+    fn start(mut command: Command) -> Self {
+        let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self { child, stdin, stdout, next_id: 0 }
+    }
+
+    fn send(&mut self, method: &str, params: Value) -> i64 {
+        self.next_id += 1;
+        let message = json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params});
+        writeln!(self.stdin, "{message}").unwrap();
+        self.stdin.flush().unwrap();
+        self.next_id
+    }
+
+    /// Reads until the answer to `id`; returns it and when the first model text arrived (a chunk with a message
+    /// id: the bridge's own notes have none).
+    fn wait(&mut self, id: i64) -> (Value, Option<Instant>) {
+        let mut first_text = None;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the agent server exited");
+            let Ok(message) = serde_json::from_str::<Value>(&line) else { continue };
+            if message["method"] == "session/update" {
+                let update = &message["params"]["update"];
+                if first_text.is_none()
+                    && update["sessionUpdate"] == "agent_message_chunk"
+                    && update["content"]["text"].as_str().is_some_and(|t| t.contains("tok0") || t.contains("Hello"))
+                {
+                    first_text = Some(Instant::now());
+                }
+            } else if message["method"] == "session/request_permission" {
+                let option = message["params"]["options"]
+                    .as_array()
+                    .and_then(|options| options.iter().find(|o| o["kind"] == "allow_once"))
+                    .map(|o| o["optionId"].clone())
+                    .unwrap_or(json!("allow"));
+                let answer = json!({"jsonrpc": "2.0", "id": message["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}});
+                writeln!(self.stdin, "{answer}").unwrap();
+                self.stdin.flush().unwrap();
+            } else if message["id"] == json!(id) {
+                return (message, first_text);
+            }
+        }
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params);
+        self.wait(id).0
+    }
+
+    /// One prompt: (time to the first model text, time to the answer).
+    fn prompt(&mut self, session: &Value, text: &str) -> (Duration, Duration) {
+        let start = Instant::now();
+        let id = self.send("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]}));
+        let (answer, first) = self.wait(id);
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        (first.map(|at| at - start).unwrap_or(Duration::MAX), start.elapsed())
+    }
+}
+
+/// The resident memory of the process (and its descendants) whose command line contains `needle`, below `root`.
+fn rss_of_tree_matching(root: u32, needle: &str) -> Option<u64> {
+    let mut total = 0;
+    let mut stack = vec![root];
+    let mut found = false;
+    while let Some(pid) = stack.pop() {
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        stack.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(needle)
+            && !String::from_utf8_lossy(&cmdline).contains("sandbox-init")
+        {
+            found = true;
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            total += status
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    found.then_some(total)
+}
+
+/// Time to the first agent text through `acp-sandbox` (the server backend under bubblewrap) and through OpenCode's
+/// own ACP server (`opencode acp`), same OpenCode, same fake model server, same machine, in one run: the first
+/// prompt of a session created a few seconds earlier, and follow-ups. Medians and their ratio.
+fn bench_warm() {
+    let Some(opencode) = real_opencode() else {
+        println!("warm      skipped: no real OpenCode (run .ci/install-opencode.sh or set ACP_SANDBOX_TEST_OPENCODE)");
+        return;
+    };
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-warm");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/fake_openai.py");
+    let mut model = Command::new("python3")
+        .arg(&script)
+        .arg("--record")
+        .arg(root.join("requests.jsonl"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut port_line = String::new();
+    BufReader::new(model.stdout.take().unwrap()).read_line(&mut port_line).unwrap();
+    let port = port_line.trim().trim_start_matches("PORT ").to_string();
+    let template = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real-opencode/opencode.json"),
+    )
+    .unwrap();
+    let config = template.replace("http://127.0.0.1:18080/v1", &format!("http://127.0.0.1:{port}/v1"));
+    let sandbox = if acp_sandbox::sandbox::local::probe_bwrap().is_ok() { "bwrap" } else { "none" };
+    const FOLLOW_UPS: usize = 5;
+    let mut rows = Vec::new();
+    for name in [format!("acp-sandbox ({sandbox}, serve)"), "opencode acp".to_string()] {
+        let home = root.join(format!("home-{}", rows.len()));
+        std::fs::create_dir_all(home.join(".config/opencode")).unwrap();
+        std::fs::write(home.join(".config/opencode/opencode.json"), &config).unwrap();
+        let workspace = root.join(format!("ws-{}", rows.len()));
+        std::fs::create_dir_all(&workspace).unwrap();
+        let mut command = if name.starts_with("acp-sandbox") {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_acp-sandbox"));
+            command
+                .args(["--agent", "opencode", "--sandbox", sandbox, "--data-dir"])
+                .arg(root.join(format!("data-{}", rows.len())));
+            command.env("ACP_SANDBOX_OPENCODE_BIN", &opencode).env("RUST_LOG", "warn");
+            command
+        } else {
+            let mut command = Command::new(&opencode);
+            command.arg("acp").current_dir(&workspace).env("PWD", &workspace);
+            command
+        };
+        command
+            .env("HOME", &home)
+            .env("XDG_CONFIG_HOME", home.join(".config"))
+            .env("XDG_DATA_HOME", home.join(".local/share"))
+            .env("XDG_CACHE_HOME", home.join(".cache"))
+            .env("XDG_STATE_HOME", home.join(".local/state"))
+            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+            .env("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1")
+            .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
+            .env("OPENCODE_DISABLE_SHARE", "1");
+        let mut client = Acp::start(command);
+        client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+        let created = client.request("session/new", json!({"cwd": workspace, "mcpServers": []}));
+        let session = created["result"]["sessionId"].clone();
+        assert!(session.is_string(), "{name}: {created}");
+        // The editor is opened, the user types for a few seconds.
+        std::thread::sleep(Duration::from_secs(3));
+        let (first, _) = client.prompt(&session, "SCENARIO:tokens:3 first prompt");
+        let follow_ups: Vec<Duration> =
+            (0..FOLLOW_UPS).map(|i| client.prompt(&session, &format!("SCENARIO:tokens:3 follow-up {i}")).0).collect();
+        let rss = rss_of_tree_matching(client.child.id(), if name.starts_with("acp") { " serve " } else { "opencode" });
+        drop(client.stdin);
+        let _ = client.child.kill();
+        let _ = client.child.wait();
+        rows.push((name, first, median(follow_ups), rss));
+    }
+    let _ = model.kill();
+    let _ = model.wait();
+    let (_, anchor_first, anchor_follow, _) = rows[1].clone();
+    for (name, first, follow, rss) in &rows {
+        println!(
+            "warm      {name:<26}  first prompt (session 3 s old) {:>7.0} ms ({:.2}x)  follow-up {:>6.0} ms ({:.2}x)  OpenCode RSS {:>5.0} MiB",
+            first.as_secs_f64() * 1e3,
+            first.as_secs_f64() / anchor_first.as_secs_f64(),
+            follow.as_secs_f64() * 1e3,
+            follow.as_secs_f64() / anchor_follow.as_secs_f64(),
+            rss.unwrap_or(0) as f64 / 1024.0
+        );
+    }
+}
+
 fn peak_rss_kib() -> Option<u64> {
     peak_rss_kib_of("/proc/self/status")
 }
@@ -307,6 +510,7 @@ fn main() {
     bench_store();
     bench_stream();
     bench_turns();
+    bench_warm();
     if let Some(kib) = peak_rss_kib() {
         println!("peak memory of the bench process: {:.1} MiB", kib as f64 / 1024.0);
     }

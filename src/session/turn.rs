@@ -235,7 +235,10 @@ impl Turn<'_> {
         }
         let sandbox = self.bridge.session_sandbox(&self.record).await?;
         let mut native_id = self.record.native_id.clone();
-        let mut serve = self.bridge.serves(&self.record);
+        // A session whose server could not start runs `run` for the rest of this bridge's life: every prompt
+        // would otherwise wait for another failing start.
+        let mut serve = self.bridge.serves(&self.record)
+            && !self.bridge.fallback_told.lock().unwrap_or_else(|p| p.into_inner()).contains(&self.record.id);
         loop {
             if self.cancel.is_cancelled() {
                 return Ok(StopReason::Cancelled);

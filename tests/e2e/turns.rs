@@ -472,7 +472,8 @@ fn opencode_modes_are_session_modes_and_a_config_option_and_reach_the_cli_as_its
     assert_eq!(invocations(&ws)[1].flag_value("--agent").as_deref(), Some("plan"));
 
     // The config option: the session mode follows.
-    let set = bridge.request("session/set_config_option", json!({"sessionId": sid, "configId": "mode", "value": "build"}));
+    let set =
+        bridge.request("session/set_config_option", json!({"sessionId": sid, "configId": "mode", "value": "build"}));
     assert!(set.is_ok(), "{set:?}");
     let update = bridge.wait_update(&sid, "current_mode_update", |u| u["sessionUpdate"] == "current_mode_update");
     assert_eq!(update["currentModeId"], "build");
