@@ -136,7 +136,8 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         .on_receive_request(
             {
                 let bridge = bridge.clone();
-                async move |request: InitializeRequest, responder: Responder<InitializeResponse>, _cx| {
+                async move |request: InitializeRequest, responder: Responder<InitializeResponse>, cx| {
+                    bridge.set_notifier(Arc::new(ConnectionSink { connection: cx.clone() }));
                     let terminal_output = request
                         .client_capabilities
                         .meta

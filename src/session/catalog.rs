@@ -70,6 +70,22 @@ impl ModelCatalog {
         });
     }
 
+    /// Takes the models a warm server reported; answers whether the list changed.
+    pub fn set(&self, models: Vec<ModelInfo>) -> bool {
+        if models.is_empty() {
+            return false;
+        }
+        let mut listed = self.listed.write().unwrap_or_else(|p| p.into_inner());
+        if *listed == models {
+            return false;
+        }
+        if let Ok(text) = serde_json::to_string_pretty(&models) {
+            let _ = std::fs::write(cache_path(&self.config), text);
+        }
+        *listed = models;
+        true
+    }
+
     fn listing_env_names(&self) -> std::collections::BTreeSet<String> {
         let mut names = self.config.opencode_needs.env_names(std::iter::empty());
         names.extend(crate::agents::opencode::providers::all_provider_env().into_iter().map(String::from));

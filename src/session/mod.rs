@@ -97,6 +97,10 @@ pub struct Bridge {
     fallback_told: Mutex<std::collections::HashSet<String>>,
     /// What `--version` said, per executable.
     versions: Mutex<HashMap<PathBuf, Option<String>>>,
+    /// Where updates outside any turn go (the editor's connection, once it initialized).
+    notifier: Mutex<Option<Arc<dyn UpdateSink>>>,
+    /// A warm server already reported its models in this process.
+    models_from_server: AtomicBool,
 }
 
 const LIST_PAGE: usize = 50;
@@ -136,6 +140,8 @@ impl Bridge {
             servers,
             fallback_told: Mutex::default(),
             versions: Mutex::default(),
+            notifier: Mutex::default(),
+            models_from_server: AtomicBool::new(false),
             catalog,
             config,
             store,
@@ -495,7 +501,7 @@ impl Bridge {
                 let (executable, _) = bridge.opencode_for_server(&executable).await.map_err(|e| e.to_string())?;
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
                 let model = options::opencode_model(&record.config).map(str::to_string);
-                bridge
+                let warmed = bridge
                     .servers
                     .warm(&id, || {
                         serve::start_server(
@@ -509,7 +515,9 @@ impl Bridge {
                         )
                     })
                     .await
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| e.to_string())?;
+                bridge.learn_models(warmed.client.clone());
+                Ok::<(), String>(())
             };
             if let Err(e) = result.await {
                 tracing::info!(session = %id, "the OpenCode server was not started ahead of the first prompt: {e}");
@@ -597,6 +605,50 @@ impl Bridge {
         Ok((pinned, version))
     }
 
+    /// Where updates that belong to no turn go (a changed model list); set by the server once the editor connected.
+    pub fn set_notifier(&self, sink: Arc<dyn UpdateSink>) {
+        *self.notifier.lock().unwrap_or_else(|p| p.into_inner()) = Some(sink);
+    }
+
+    /// Takes the model list from the first warm server (instead of a separate `opencode models` run competing with
+    /// the first prompt); when it differs from what sessions were offered, each open session gets the new options.
+    fn learn_models(&self, client: serve::client::Client) {
+        if self.models_from_server.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let catalog = self.catalog.clone();
+        let store = self.store.clone();
+        let config = self.config.clone();
+        let notifier = self.notifier.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let open: Vec<String> = self.live.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        tokio::spawn(async move {
+            let answer = match client.call(hyper::Method::GET, "/config/providers", None).await {
+                Ok(answer) => answer,
+                Err(e) => return tracing::warn!("could not ask the OpenCode server for its models: {e}"),
+            };
+            let models = crate::agents::opencode::catalog::parse_providers(&answer);
+            tracing::info!(count = models.len(), "OpenCode models from the server");
+            if !catalog.set(models) {
+                return;
+            }
+            let Some(notifier) = notifier else { return };
+            let models = catalog.models();
+            for id in open {
+                if let Ok(Some(record)) = store.session(&id).await
+                    && AgentKind::parse(&record.agent) == Some(AgentKind::OpenCode)
+                {
+                    let options = options::config_options(AgentKind::OpenCode, &record.config, &config, &models);
+                    notifier.send(
+                        &id,
+                        SessionUpdate::ConfigOptionUpdate(agent_client_protocol::v1::schema::ConfigOptionUpdate::new(
+                            options,
+                        )),
+                    );
+                }
+            }
+        });
+    }
+
     /// Stops the session's warm server, in the background.
     fn stop_server(&self, id: &str) {
         if self.servers.get(id).is_none() {
@@ -612,9 +664,12 @@ impl Bridge {
         live.values().any(|session| session.running.lock().unwrap_or_else(|p| p.into_inner()).is_some())
     }
 
-    /// Lists OpenCode's models again in the background (when this bridge runs OpenCode and it is installed).
+    /// Lists OpenCode's models again in the background (when this bridge runs OpenCode and it is installed). With
+    /// the server backend the first warm server says them instead.
     pub fn refresh_opencode_models(&self) {
-        if self.config.agent == AgentKind::OpenCode {
+        if self.config.agent == AgentKind::OpenCode
+            && self.config.opencode_backend == crate::config::OpenCodeBackend::Run
+        {
             self.catalog.refresh();
         }
     }

@@ -34,6 +34,20 @@ fn serve_followup(sandbox: &str, test: &str) {
         "{:#?}",
         turn.updates
     );
+    // The model picker comes from the warm server (no separate `opencode models` run): a changed list is sent.
+    let listed = match turn.updates.iter().find(|u| u["sessionUpdate"] == "config_option_update") {
+        Some(update) => update.clone(),
+        None => bridge.wait_update(&sid, "config_option_update", |u| u["sessionUpdate"] == "config_option_update"),
+    };
+    let offered: Vec<&str> = listed["configOptions"][0]["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["value"].as_str().unwrap())
+        .collect();
+    assert_eq!(offered[0], "default", "{listed}");
+    assert!(offered.contains(&"fake/fake-model") && offered.contains(&"fake/other-model"), "{offered:?}");
+    assert!(offered.len() > 3, "the server's providers add their models to the config's: {offered:?}");
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:followup Do you remember?", "2 (serve, follow-up)");
     assert_end_turn(&bridge, &turn);
     assert_eq!(model_chunks(&turn.updates).concat(), "FOLLOWUP-OK: I remember the earlier turn.");

@@ -71,6 +71,19 @@ pub fn parse(output: &str) -> Vec<ModelInfo> {
     models
 }
 
+/// The models of a server's `GET /config/providers` answer (`{providers: [{id, models: {key: model}}]}`), in the
+/// order it gives them.
+pub fn parse_providers(answer: &serde_json::Value) -> Vec<ModelInfo> {
+    let mut models = Vec::new();
+    for provider in answer["providers"].as_array().into_iter().flatten() {
+        let Some(provider_id) = provider["id"].as_str() else { continue };
+        for (key, model) in provider["models"].as_object().into_iter().flatten() {
+            models.push(model_info(format!("{provider_id}/{key}"), model));
+        }
+    }
+    models
+}
+
 fn model_info(id: String, value: &serde_json::Value) -> ModelInfo {
     let mut variants: Vec<String> =
         value.get("variants").and_then(|v| v.as_object()).map(|v| v.keys().cloned().collect()).unwrap_or_default();
@@ -107,6 +120,27 @@ mod tests {
         assert!(!fake.image);
         assert_eq!(models[0].context, Some(200_000));
         assert!(models[0].variants.is_empty());
+    }
+
+    #[test]
+    fn parses_a_servers_providers() {
+        let answer = serde_json::json!({"providers": [
+            {"id": "fake", "models": {
+                "fake-model": {"id": "fake-model", "name": "Fake Model", "limit": {"context": 128000},
+                               "capabilities": {"input": {"image": true}}, "variants": {"high": {}, "low": {}}},
+                "bare": {}
+            }},
+            {"name": "no id"}
+        ], "default": {"fake": "fake-model"}});
+        let models = parse_providers(&answer);
+        let ids: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["fake/fake-model", "fake/bare"]);
+        assert_eq!(models[0].name, "Fake Model");
+        assert_eq!(models[0].context, Some(128_000));
+        assert_eq!(models[0].variants, ["low", "high"]);
+        assert!(models[0].image);
+        assert_eq!((models[1].name.as_str(), models[1].context, models[1].image), ("fake/bare", None, false));
+        assert!(parse_providers(&serde_json::json!("garbage")).is_empty());
     }
 
     #[test]

@@ -194,12 +194,12 @@ impl Servers {
     }
 
     /// Starts the session's server unless it runs; for the background start on new, load and resume.
-    pub async fn warm<F, Fut>(&self, session: &str, start: F) -> Result<(), ServeError>
+    pub async fn warm<F, Fut>(&self, session: &str, start: F) -> Result<Arc<Server>, ServeError>
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Started, ServeError>>,
     {
-        self.get_or_start(session, start).await.map(drop)
+        self.get_or_start(session, start).await
     }
 
     async fn get_or_start<F, Fut>(&self, session: &str, start: F) -> Result<Arc<Server>, ServeError>
