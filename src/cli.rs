@@ -517,6 +517,30 @@ async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<Ex
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `doctor` says about how OpenCode will be driven, given the version it printed.
+fn opencode_backend(config: &Config, version: &str) -> String {
+    let major = acp_sandbox::session::major_version(version);
+    if major.is_some_and(|major| major >= 2) {
+        return match config.opencode_bin {
+            Some(_) => format!(
+                "ERROR OpenCode {version} is a major version acp-sandbox cannot drive yet; point --opencode-bin at a 1.x"
+            ),
+            None => format!(
+                "OpenCode {version} is not driven (a 2.x): the pinned {} of the tools cache is used instead",
+                acp_sandbox::agents::opencode::PACKAGE.version
+            ),
+        };
+    }
+    match config.opencode_backend {
+        acp_sandbox::config::OpenCodeBackend::Serve => format!(
+            "serve: a warm `opencode serve` per session (stopped after {} s idle, at most {} at once)",
+            config.server_idle_timeout.as_secs(),
+            config.max_servers
+        ),
+        acp_sandbox::config::OpenCodeBackend::Run => "run: one `opencode run` per prompt".to_string(),
+    }
+}
+
 async fn doctor(config: Config) -> anyhow::Result<ExitCode> {
     println!("acp-sandbox {}", env!("CARGO_PKG_VERSION"));
     println!("data dir    {}", config.data_dir.display());
@@ -574,7 +598,10 @@ async fn doctor(config: Config) -> anyhow::Result<ExitCode> {
             }
             match acp_sandbox::session::check_cli(&config, agent).await {
                 Ok(version) => {
-                    println!("  {:<12}  ok  `{} --version` in the sandbox: {version}", "run", agent.package().bin)
+                    println!("  {:<12}  ok  `{} --version` in the sandbox: {version}", "run", agent.package().bin);
+                    if agent == AgentKind::OpenCode {
+                        println!("  {:<12}  {}", "backend", opencode_backend(&config, &version));
+                    }
                 }
                 Err(why) => {
                     println!("  {:<12}  ERROR `{} --version` in the sandbox: {why}", "run", agent.package().bin)

@@ -824,10 +824,14 @@ fn installed_executable(config: &Config, agent: AgentKind) -> Option<PathBuf> {
     cached.exists().then_some(cached)
 }
 
-/// The major version in a version line such as `1.18.33` or `opencode 2.0.23`.
-fn major_version(line: &str) -> Option<u64> {
-    let start = line.find(|c: char| c.is_ascii_digit())?;
-    line[start..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+/// The major version in a version line such as `1.18.33` or `opencode 2.0.23`, if it is one.
+pub fn major_version(line: &str) -> Option<u64> {
+    // A word like `1.18.33` or `v2.0.23`; anything else (a CLI that printed something else) is no version.
+    line.split_whitespace().find_map(|word| {
+        let word = word.trim_start_matches('v');
+        let looks = word.contains('.') && word.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '-');
+        looks.then(|| word.split('.').next()?.parse().ok()).flatten()
+    })
 }
 
 /// Marks a session idle when the turn that made it busy ends.
@@ -868,5 +872,15 @@ mod tests {
         assert_eq!(normalize(Path::new("/a/./b")), "/a/b");
         assert_eq!(parse_cursor("17:sess_x"), Some((17, "sess_x".to_string())));
         assert_eq!(parse_cursor("nonsense"), None);
+    }
+
+    #[test]
+    fn major_versions_are_read_from_version_lines() {
+        assert_eq!(major_version("1.18.33"), Some(1));
+        assert_eq!(major_version("opencode 2.0.23"), Some(2));
+        assert_eq!(major_version("v10.1"), Some(10));
+        assert_eq!(major_version("no digits"), None);
+        assert_eq!(major_version(r#"{"type":"step_start","timestamp":1795943138587}"#), None);
+        assert_eq!(major_version("1795943138587"), None);
     }
 }

@@ -481,3 +481,56 @@ fn opencode_modes_are_session_modes_and_a_config_option_and_reach_the_cli_as_its
     assert_eq!(resumed["modes"]["currentModeId"], "build", "{resumed}");
     assert!(bridge.request("session/set_mode", json!({"sessionId": sid, "modeId": "yolo"})).is_err());
 }
+
+#[test]
+fn an_opencode_server_that_cannot_start_makes_the_session_run_opencode_run_and_says_so_once() {
+    let dirs = TestDirs::new("serve-fallback");
+    let ws = dirs.workspace("ws");
+    // The fake has no `serve`: it exits 1 at once, as an OpenCode without a server would.
+    let mut bridge =
+        Bridge::start(BridgeOptions::new("opencode", &dirs.data).env("ACP_SANDBOX_OPENCODE_BACKEND", "serve"));
+    let sid = bridge.new_session(&ws);
+    let first = bridge.prompt(&sid, "Say hello");
+    assert_eq!(first.stop_reason(), "end_turn", "{:?}", first.result);
+    let notes: Vec<&str> = first
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .filter(|text| text.contains("could not start"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{:#?}", first.updates);
+    assert!(
+        notes[0].starts_with("\n\n_OpenCode's server could not start here, so this session runs `opencode run` per prompt (no live output): "),
+        "{}",
+        notes[0]
+    );
+    assert_eq!(invocations(&ws).last().unwrap().argv()[0], "run");
+    let second = bridge.prompt(&sid, "Say hello again");
+    assert_eq!(second.stop_reason(), "end_turn");
+    assert!(
+        !second.updates.iter().any(|u| u["content"]["text"].as_str().is_some_and(|t| t.contains("could not start"))),
+        "said once: {:#?}",
+        second.updates
+    );
+}
+
+#[test]
+fn an_opencode_2_named_by_opencode_bin_is_refused_naming_its_version_and_the_setting() {
+    let dirs = TestDirs::new("opencode-2");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data).env("OPENCODE_FAKE_VERSION", "2.0.23"));
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "Say hello");
+    let error = turn.result.expect_err("OpenCode 2 must not be driven");
+    assert_eq!(error.code, -32603);
+    let bin = fakes_dir().join("opencode");
+    assert_eq!(
+        error.message,
+        format!(
+            "OpenCode 2.0.23 at {} is a major version acp-sandbox cannot drive yet (it supports OpenCode 1.x). Point ACP_SANDBOX_OPENCODE_BIN (--opencode-bin) at an OpenCode 1.x, or unset it to use the pinned 1.18.33",
+            bin.display()
+        )
+    );
+    assert!(invocations(&ws).is_empty(), "nothing but `--version` ran: {:?}", invocations(&ws));
+}

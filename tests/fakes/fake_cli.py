@@ -18,6 +18,8 @@ Scenarios (both agents unless noted):
   crash (garbage, a partial line and stderr text, exit 3), garbage (non-JSON lines, then a normal answer),
   slow (a text event every FAKE_DELAY_MS=200 ms, FAKE_COUNT=50 times), hang (starts, then sleeps forever),
   probe (tries writing in the workspace, its parent, HOME and /tmp; results in <cwd>/.fake-cli/probe.json),
+  `--version` prints $OPENCODE_FAKE_VERSION (default 1.18.33); `serve` is not implemented (exit 1, like a CLI
+  without a server).
   child (starts a grandchild `sleep 1000` in its own session, writes its pid to <cwd>/.fake-cli/child.pid, sleeps).
   (* OpenCode only, + Amp only.) Amp prints the `User cancelled (SIGINT/SIGTERM)` error result and exits 0 on
   SIGTERM/SIGINT once it has started streaming, like the real one; OpenCode just dies from the signal.
@@ -188,7 +190,7 @@ OPENCODE_FIXTURES = {
 
 def parse_opencode(args):
     if args[:1] == ["--version"]:
-        print("1.18.33")
+        print(os.environ.get("OPENCODE_FAKE_VERSION", "1.18.33"))
         sys.exit(0)
     if args == ["models", "--verbose"]:
         # What the real one lists for the fake provider (plus one of its own free models).

@@ -269,3 +269,25 @@ fn serve_killed_bridge_leaves_no_server_bwrap() {
         killed_bridge_leaves_no_server("bwrap", "serve_killed_bridge_leaves_no_server_bwrap");
     }
 }
+
+/// With `--max-servers 1`, a second session's server stops the first one's; the first session then continues on a
+/// fresh server (OpenCode's database in its state dir keeps the conversation).
+#[test]
+fn serve_at_most_max_servers_run_and_the_stopped_ones_continue() {
+    let Some(world) = World::new("serve_max_servers") else { return };
+    let (ws_a, ws_b) = (world.workspace("a"), world.workspace("b"));
+    let mut bridge = world.start_with(world.backend_options("none", "serve").env("ACP_SANDBOX_MAX_SERVERS", "1"));
+    let a = bridge.new_session(&ws_a);
+    let turn = timed_prompt(&mut bridge, &a, &ws_a, "SCENARIO:text Say hello", "session a");
+    assert_end_turn(&bridge, &turn);
+    let b = bridge.new_session(&ws_b);
+    let turn = timed_prompt(&mut bridge, &b, &ws_b, "SCENARIO:tokens:2 hi", "session b");
+    assert_end_turn(&bridge, &turn);
+    let running = || servers_of(&world).into_iter().filter(|(_, cmd)| !cmd.contains("sandbox-init")).count();
+    assert!(wait_until(Duration::from_secs(10), || running() == 1), "one server at most: {:?}", servers_of(&world));
+    assert!(processes_under(&ws_a).is_empty(), "session a's server was stopped: {:?}", processes_under(&ws_a));
+    let turn = timed_prompt(&mut bridge, &a, &ws_a, "SCENARIO:followup Do you remember?", "session a again");
+    assert_end_turn(&bridge, &turn);
+    assert_continued(&world.server, "SCENARIO:text Say hello", "PLAIN-ANSWER-OK");
+    assert!(wait_until(Duration::from_secs(10), || running() == 1), "still one: {:?}", servers_of(&world));
+}

@@ -462,3 +462,51 @@ async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subagents_permission_request_is_asked_in_words_and_ours_is_left_to_the_translator() {
+        let event = json!({"type": "permission.asked", "properties": {
+            "id": "per_1", "sessionID": "ses_child", "permission": "bash", "patterns": ["rm -rf build"],
+            "metadata": {}, "always": []}})
+        .to_string();
+        let ask = foreign_permission(&event, "ses_parent").unwrap();
+        assert_eq!(ask.request_id, "per_1");
+        let card = serde_json::to_value(&ask.tool_call).unwrap();
+        assert_eq!(card, json!({"toolCallId": "per_1", "title": "A subagent asks for bash: rm -rf build"}));
+        assert!(foreign_permission(&event, "ses_child").is_none());
+        assert!(foreign_permission(r#"{"type":"session.idle","properties":{"sessionID":"x"}}"#, "y").is_none());
+        assert!(foreign_permission("not json \"permission.asked\"", "y").is_none());
+    }
+
+    #[test]
+    fn approvals_rules_allow_everything_or_ask_before_edits_and_commands() {
+        assert_eq!(permission_rules("auto"), json!([{"permission": "*", "pattern": "*", "action": "allow"}]));
+        let ask = permission_rules("ask");
+        let asked: Vec<&str> = ask
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|rule| rule["action"] == "ask")
+            .map(|rule| rule["permission"].as_str().unwrap())
+            .collect();
+        assert_eq!(asked, ["edit", "bash", "webfetch", "external_directory"]);
+    }
+
+    #[test]
+    fn images_become_data_url_file_parts_and_a_command_sends_no_text_part() {
+        let rendered =
+            RenderedPrompt { text: "look".into(), images: vec![("a.jpg".into(), vec![1, 2, 3])], dropped: Vec::new() };
+        assert_eq!(
+            parts(&rendered, false),
+            json!([
+                {"type": "text", "text": "look"},
+                {"type": "file", "mime": "image/jpeg", "filename": "a.jpg", "url": "data:image/jpeg;base64,AQID"}
+            ])
+        );
+        assert_eq!(parts(&rendered, true).as_array().unwrap().len(), 1);
+    }
+}
