@@ -97,6 +97,7 @@ pub struct Bridge {
     fallback_told: Mutex<std::collections::HashSet<String>>,
     /// What `--version` said, per executable.
     versions: Mutex<HashMap<PathBuf, Option<String>>>,
+    version_probe: tokio::sync::Mutex<()>,
     /// Where updates outside any turn go (the editor's connection, once it initialized).
     notifier: Mutex<Option<Arc<dyn UpdateSink>>>,
     /// A warm server already reported its models in this process.
@@ -140,6 +141,7 @@ impl Bridge {
             servers,
             fallback_told: Mutex::default(),
             versions: Mutex::default(),
+            version_probe: tokio::sync::Mutex::const_new(()),
             notifier: Mutex::default(),
             models_from_server: AtomicBool::new(false),
             catalog,
@@ -517,6 +519,20 @@ impl Bridge {
                     .await
                     .map_err(|e| e.to_string())?;
                 bridge.learn_models(warmed.client.clone());
+                // The conversation is made ahead too, so the first prompt only sends the prompt.
+                if record.native_id.is_none() {
+                    match warmed.client.call(hyper::Method::POST, "/session", Some(&json!({}))).await {
+                        Ok(created) => {
+                            if let Some(native) = created["id"].as_str()
+                                && bridge.record(&id).await.is_ok_and(|now| now.native_id.is_none())
+                            {
+                                bridge.store.set_native_id(&id, Some(native)).await.map_err(|e| e.to_string())?;
+                                tracing::info!(session = %id, native, "the CLI conversation id (made ahead)");
+                            }
+                        }
+                        Err(e) => tracing::debug!(session = %id, "could not make the conversation ahead: {e}"),
+                    }
+                }
                 Ok::<(), String>(())
             };
             if let Err(e) = result.await {
@@ -550,6 +566,11 @@ impl Bridge {
     /// The version line `<cli> --version` prints, asked once per executable (in a sandbox of the bridge's own).
     async fn cli_version(&self, agent: AgentKind, executable: &Path) -> Option<String> {
         let key = executable.to_path_buf();
+        if let Some(known) = self.versions.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return known.clone();
+        }
+        // One probe at a time: the one started with the bridge is usually the answer of the first session's.
+        let _one = self.version_probe.lock().await;
         if let Some(known) = self.versions.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return known.clone();
         }
@@ -646,6 +667,18 @@ impl Bridge {
                     );
                 }
             }
+        });
+    }
+
+    /// Asks OpenCode's version in the background, so that the first session's server does not wait for it.
+    pub fn probe_opencode(self: &Arc<Self>) {
+        if self.config.agent != AgentKind::OpenCode {
+            return;
+        }
+        let Some(executable) = installed_executable(&self.config, AgentKind::OpenCode) else { return };
+        let bridge = self.clone();
+        tokio::spawn(async move {
+            bridge.cli_version(AgentKind::OpenCode, &executable).await;
         });
     }
 

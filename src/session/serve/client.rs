@@ -110,9 +110,9 @@ impl Client {
         serde_json::from_slice(&body).map_err(|e| ClientError::Invalid { what, why: e.to_string() })
     }
 
-    /// Whether the server is up and answers with its version.
-    pub async fn health(&self) -> Option<String> {
-        let answer = tokio::time::timeout(Duration::from_secs(5), self.call(Method::GET, "/global/health", None));
+    /// Whether the server is up and answers with its version within `limit`.
+    pub async fn health(&self, limit: Duration) -> Option<String> {
+        let answer = tokio::time::timeout(limit, self.call(Method::GET, "/global/health", None));
         match answer.await {
             Ok(Ok(value)) if value["healthy"] == true => Some(value["version"].as_str().unwrap_or("").to_string()),
             _ => None,

@@ -312,7 +312,16 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
             let _ = kill.try_send(Control::Kill);
             return Err(ServeError::Start(format!("it did not answer within {} s", START_LIMIT.as_secs())));
         }
-        if let Some(version) = client.health().await {
+        // A request that reaches OpenCode while it is still setting up its listener is never answered (measured:
+        // a first health check hung for 10 s, while one sent a moment later answered in 2 ms), so each check
+        // gives up soon and the next one is a fresh connection; on a machine too loaded for that, later checks
+        // wait longer.
+        let patience = if started_at.elapsed() < Duration::from_secs(10) {
+            Duration::from_millis(500)
+        } else {
+            Duration::from_secs(3)
+        };
+        if let Some(version) = client.health(patience).await {
             break version;
         }
         tokio::select! {

@@ -99,7 +99,10 @@ impl Turn<'_> {
             stderr_tail: server.stderr_tail(),
             exit_code: server.exit().and_then(|exit| exit.code),
         };
+        let known = |id: &str| server.permissions.lock().unwrap_or_else(|p| p.into_inner()).contains_key(id);
         let ses = match native_id {
+            // This server already served it: no need to ask again whether it exists.
+            Some(id) if known(id) => id.to_string(),
             Some(id) => match client.call(Method::GET, &format!("/session/{id}"), None).await {
                 Ok(_) => id.to_string(),
                 Err(ClientError::Status { status, .. }) if status.as_u16() == 404 || status.as_u16() == 400 => {
