@@ -383,10 +383,9 @@ fn rss_of_tree_matching(root: u32, needle: &str) -> Option<u64> {
     while let Some(pid) = stack.pop() {
         let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
         stack.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(needle)
-            && !String::from_utf8_lossy(&cmdline).contains("sandbox-init")
-        {
+        let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default())
+            .replace('\0', " ");
+        if cmdline.contains(needle) && !cmdline.contains("sandbox-init") {
             found = true;
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
             total += status
