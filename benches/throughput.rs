@@ -375,27 +375,44 @@ impl Acp {
     }
 }
 
-/// The resident memory of the process (and its descendants) whose command line contains `needle`, below `root`.
+/// The resident memory of the processes below `root` whose command line contains `needle` (by parent links: a
+/// child forked by another thread of `root` is not in its main thread's `children`).
 fn rss_of_tree_matching(root: u32, needle: &str) -> Option<u64> {
-    let mut total = 0;
-    let mut stack = vec![root];
-    let mut found = false;
-    while let Some(pid) = stack.pop() {
-        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        stack.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+    let mut parents = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some(ppid) =
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        parents.insert(pid, ppid);
+    }
+    let below = |mut pid: u32| {
+        while let Some(&parent) = parents.get(&pid) {
+            if parent == root {
+                return true;
+            }
+            pid = parent;
+        }
+        false
+    };
+    let mut total = None;
+    for (&pid, _) in parents.iter().filter(|(pid, _)| below(**pid)) {
         let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default())
             .replace('\0', " ");
         if cmdline.contains(needle) && !cmdline.contains("sandbox-init") {
-            found = true;
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            total += status
+            let kib = status
                 .lines()
                 .find(|l| l.starts_with("VmRSS:"))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
                 .unwrap_or(0);
+            *total.get_or_insert(0) += kib;
         }
     }
-    found.then_some(total)
+    total
 }
 
 /// Time to the first agent text through `acp-sandbox` (the server backend under bubblewrap) and through OpenCode's
@@ -428,7 +445,7 @@ fn bench_warm() {
     .unwrap();
     let config = template.replace("http://127.0.0.1:18080/v1", &format!("http://127.0.0.1:{port}/v1"));
     let sandbox = if acp_sandbox::sandbox::local::probe_bwrap().is_ok() { "bwrap" } else { "none" };
-    const FOLLOW_UPS: usize = 5;
+    const FOLLOW_UPS: usize = 15;
     let mut rows = Vec::new();
     for name in [format!("acp-sandbox ({sandbox}, serve)"), "opencode acp".to_string()] {
         let home = root.join(format!("home-{}", rows.len()));
