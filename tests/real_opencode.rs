@@ -830,6 +830,29 @@ def through_proxy():
     s.sendall(("CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n\r\n" % targets["port"]).encode())
     return s.recv(64).split(b" ")[1] == b"200"
 attempt("proxy_to_host_loopback", through_proxy)
+def reach_a_door():
+    # The bridge's own sockets (the proxies', the servers' doors) live in the data dir's run dir.
+    for name in os.listdir(targets["run_dir"]):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(os.path.join(targets["run_dir"], name))
+        return True
+    return False
+attempt("reach_the_bridges_sockets", reach_a_door)
+def hold_a_listener():
+    # A listening socket inherited from the sandbox's first process (a server's door) would let a tool answer the
+    # bridge in the server's place.
+    for fd in range(3, 256):
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                return True
+        except OSError:
+            pass
+    return False
+attempt("hold_a_listening_socket", hold_a_listener)
 status = open("/proc/self/status").read()
 field = lambda name: [l.split()[1] for l in status.splitlines() if l.startswith(name + ":")][0]
 result["capabilities"] = int(field("CapEff"), 16) != 0
@@ -839,7 +862,15 @@ json.dump(result, open(".attack-result.json", "w"))
 
 #[test]
 fn opencodes_bash_tool_cannot_escape_the_sandbox() {
-    let test = "opencodes_bash_tool_cannot_escape_the_sandbox";
+    bash_tool_attack("run", "opencodes_bash_tool_cannot_escape_the_sandbox");
+}
+
+#[test]
+fn opencodes_bash_tool_cannot_escape_the_sandbox_of_a_warm_server() {
+    bash_tool_attack("serve", "opencodes_bash_tool_cannot_escape_the_sandbox_of_a_warm_server");
+}
+
+fn bash_tool_attack(backend: &str, test: &str) {
     if !bwrap_ok(test) {
         return;
     }
@@ -855,10 +886,11 @@ fn opencodes_bash_tool_cannot_escape_the_sandbox() {
         "store": world.data.join("acp-sandbox.sqlite3"),
         "bashrc": world.home.join(".bashrc"),
         "port": listener.local_addr().unwrap().port(),
+        "run_dir": world.data.join("run"),
     });
     std::fs::write(ws.join(".attack-targets.json"), targets.to_string()).unwrap();
     std::fs::write(ws.join(".attack.py"), ATTACK_SCRIPT).unwrap();
-    let mut bridge = world.start("bwrap");
+    let mut bridge = world.start_with(world.backend_options("bwrap", backend));
     let sid = bridge.new_session(&ws);
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:attack set the project up", "attack");
     assert_end_turn(&bridge, &turn);
@@ -873,7 +905,7 @@ fn opencodes_bash_tool_cannot_escape_the_sandbox() {
         .map(|(k, _)| k)
         .collect();
     assert!(worked.is_empty(), "attacks that worked through OpenCode's bash tool: {worked:?} in {report}");
-    assert_eq!(report.as_object().unwrap().len(), 8, "{report}");
+    assert_eq!(report.as_object().unwrap().len(), 10, "{report}");
     assert!(!world.home.join(".bashrc").exists() && !ws.join(".git/hooks/pre-commit").exists());
 }
 

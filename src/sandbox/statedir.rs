@@ -40,7 +40,12 @@ impl StateDir {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
             }
-            self.dir.create_dir(&current)?;
+            match self.dir.create_dir(&current) {
+                // Made meanwhile by someone else (another bridge on this data dir): a directory is all we want.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && self.dir.symlink_metadata(&current)?.is_dir() => {
+                }
+                other => other?,
+            }
         }
         Ok(())
     }

@@ -98,6 +98,8 @@ pub struct Bridge {
     /// What `--version` said, per executable.
     versions: Mutex<HashMap<PathBuf, Option<String>>>,
     version_probe: tokio::sync::Mutex<()>,
+    /// Per session: see [`Bridge::gate`].
+    gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Where updates outside any turn go (the editor's connection, once it initialized).
     notifier: Mutex<Option<Arc<dyn UpdateSink>>>,
     /// A warm server already reported its models in this process.
@@ -142,6 +144,7 @@ impl Bridge {
             fallback_told: Mutex::default(),
             versions: Mutex::default(),
             version_probe: tokio::sync::Mutex::const_new(()),
+            gates: Mutex::default(),
             notifier: Mutex::default(),
             models_from_server: AtomicBool::new(false),
             catalog,
@@ -520,18 +523,10 @@ impl Bridge {
                     .map_err(|e| e.to_string())?;
                 bridge.learn_models(warmed.client.clone());
                 // The conversation is made ahead too, so the first prompt only sends the prompt.
-                if record.native_id.is_none() {
-                    match warmed.client.call(hyper::Method::POST, "/session", Some(&json!({}))).await {
-                        Ok(created) => {
-                            if let Some(native) = created["id"].as_str()
-                                && bridge.record(&id).await.is_ok_and(|now| now.native_id.is_none())
-                            {
-                                bridge.store.set_native_id(&id, Some(native)).await.map_err(|e| e.to_string())?;
-                                tracing::info!(session = %id, native, "the CLI conversation id (made ahead)");
-                            }
-                        }
-                        Err(e) => tracing::debug!(session = %id, "could not make the conversation ahead: {e}"),
-                    }
+                if record.native_id.is_none()
+                    && let Ok(Err(e)) = serve::conversation(&bridge, &id, &warmed.client).await
+                {
+                    tracing::debug!(session = %id, "could not make the conversation ahead: {e}");
                 }
                 Ok::<(), String>(())
             };
@@ -543,6 +538,9 @@ impl Bridge {
 
     /// The session's sandbox: reconnected when it exists, created (and persisted) otherwise.
     async fn session_sandbox(&self, record: &SessionRecord) -> Result<Arc<dyn crate::sandbox::Sandbox>> {
+        // The background start of a server and the first prompt may both get here: one creates, the other connects.
+        let gate = self.gate(&record.id);
+        let _one = gate.lock().await;
         let provider = self.provider();
         let spec = crate::sandbox::SandboxSpec { session_id: record.id.clone(), workspace: PathBuf::from(&record.cwd) };
         let current = self.store.session(&record.id).await?;
@@ -668,6 +666,12 @@ impl Bridge {
                 }
             }
         });
+    }
+
+    /// A lock of one session's setup (its sandbox, its OpenCode conversation), held only while it is made.
+    fn gate(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        gates.entry(id.to_string()).or_default().clone()
     }
 
     /// Asks OpenCode's version in the background, so that the first session's server does not wait for it.

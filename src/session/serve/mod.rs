@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 use self::client::Client;
 use crate::sandbox::{ExitInfo, ProcessHandle, RunningProcess};
 
-pub(super) use self::turn::{ServeOutcome, start_server};
+pub(super) use self::turn::{ServeOutcome, conversation, start_server};
 
 /// Where the server listens inside the sandbox. With a network namespace of its own any port is free; under
 /// `--sandbox none` a free port of the host is picked instead.

@@ -110,15 +110,7 @@ impl Turn<'_> {
                 }
                 Err(e) => return Err(failed(e)),
             },
-            None => {
-                let created = client.call(Method::POST, "/session", Some(&json!({}))).await.map_err(failed)?;
-                let Some(id) = created["id"].as_str() else {
-                    return Err(failed(ClientError::Invalid { what: "POST /session".into(), why: "no id".into() }));
-                };
-                tracing::info!(session = %self.record.id, native = %id, "the CLI conversation id");
-                self.bridge.store.set_native_id(&self.record.id, Some(id)).await?;
-                id.to_string()
-            }
+            None => conversation(self.bridge, &self.record.id, client).await?.map_err(failed)?,
         };
         let approvals = options::approvals(&self.record.config);
         let rules = permission_rules(approvals);
@@ -370,6 +362,30 @@ impl Turn<'_> {
             }
         })
     }
+}
+
+/// The session's OpenCode conversation: the stored one (the background start may have made it ahead), or a new
+/// one, stored. One at a time per session, so the warm start and the first prompt never make two.
+pub(in crate::session) async fn conversation(
+    bridge: &crate::session::Bridge,
+    session: &str,
+    client: &Client,
+) -> Result<std::result::Result<String, ClientError>> {
+    let gate = bridge.gate(session);
+    let _one = gate.lock().await;
+    if let Some(native) = bridge.store.session(session).await?.and_then(|record| record.native_id) {
+        return Ok(Ok(native));
+    }
+    let created = match client.call(Method::POST, "/session", Some(&json!({}))).await {
+        Ok(created) => created,
+        Err(e) => return Ok(Err(e)),
+    };
+    let Some(native) = created["id"].as_str() else {
+        return Ok(Err(ClientError::Invalid { what: "POST /session".into(), why: "no id".into() }));
+    };
+    tracing::info!(session, native, "the CLI conversation id");
+    bridge.store.set_native_id(session, Some(native)).await?;
+    Ok(Ok(native.to_string()))
 }
 
 /// Starts `opencode serve` in the session's sandbox: the same command, environment and isolation as a turn's
