@@ -375,7 +375,7 @@ impl Acp {
     }
 }
 
-/// The resident memory of the processes below `root` whose command line contains `needle` (by parent links: a
+/// The resident memory of `root` and the processes below it whose command line contains `needle` (by parent links: a
 /// child forked by another thread of `root` is not in its main thread's `children`).
 fn rss_of_tree_matching(root: u32, needle: &str) -> Option<u64> {
     let mut parents = std::collections::HashMap::new();
@@ -390,6 +390,9 @@ fn rss_of_tree_matching(root: u32, needle: &str) -> Option<u64> {
         parents.insert(pid, ppid);
     }
     let below = |mut pid: u32| {
+        if pid == root {
+            return true;
+        }
         while let Some(&parent) = parents.get(&pid) {
             if parent == root {
                 return true;
