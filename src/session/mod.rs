@@ -106,6 +106,9 @@ pub struct Bridge {
 
 const LIST_PAGE: usize = 50;
 
+/// How long [`Bridge::shutdown`] waits for the turns it cancelled to be recorded: the editor waits for the exit.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(700);
+
 impl Bridge {
     /// Opens the store and decides the sandbox. Fails when `--sandbox bwrap` cannot work.
     pub async fn open(config: Config) -> Result<Self> {
@@ -457,15 +460,24 @@ impl Bridge {
         turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token, model }.run().await
     }
 
-    /// Ends every running turn and waits (a few seconds at most) until their CLIs are killed and the turns
-    /// recorded. Called when the client goes away: nothing the bridge started may outlive it.
+    /// Ends every running turn and stops every warm server, waiting at most [`SHUTDOWN_GRACE`] for the turns to
+    /// be recorded. Called when the client goes away: nothing the bridge started may outlive it. A turn still
+    /// busy after the grace is dropped with the runtime, which kills its processes; its row is marked
+    /// `interrupted` by the next bridge. Only the first call waits; later ones return at once.
     pub async fn shutdown(&self) {
-        self.shutdown.cancel();
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-        while self.any_turn_running() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        if self.shutdown.is_cancelled() {
+            return;
         }
-        self.servers.stop_all().await;
+        self.shutdown.cancel();
+        let turns = async {
+            while self.any_turn_running() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        let ended = tokio::time::timeout(SHUTDOWN_GRACE, futures::future::join(turns, self.servers.stop_all())).await;
+        if ended.is_err() {
+            tracing::warn!("turns were still ending at exit; their processes are killed with the bridge");
+        }
     }
 
     /// Whether this session's prompts go to a warm OpenCode server.
@@ -500,7 +512,8 @@ impl Bridge {
                 if !bridge.serves(&record) {
                     return Ok(());
                 }
-                let (executable, _) = bridge.opencode_for_server(&executable).await.map_err(|e| e.to_string())?;
+                let (executable, _) =
+                    bridge.opencode_for_server(&executable, &bridge.shutdown).await.map_err(|e| e.to_string())?;
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
                 let model = options::opencode_model(&record.config).map(str::to_string);
                 let warmed = bridge
@@ -596,7 +609,7 @@ impl Bridge {
     /// onto a server (which could run tools outside the sandbox), so a 2.x found on PATH is replaced by the pinned
     /// install of the tools cache (installed when `install` allows), and one named by `--opencode-bin` is refused.
     /// Answers the executable and its version line.
-    async fn opencode_for_server(&self, found: &Path) -> Result<(PathBuf, Option<String>)> {
+    async fn opencode_for_server(&self, found: &Path, cancel: &CancellationToken) -> Result<(PathBuf, Option<String>)> {
         let version = self.cli_version(AgentKind::OpenCode, found).await;
         let major = version.as_deref().and_then(major_version);
         match major {
@@ -620,7 +633,8 @@ impl Bridge {
             "the OpenCode on PATH is a major version acp-sandbox cannot drive yet; using the pinned install"
         );
         if !pinned.exists() {
-            crate::sandbox::install::install(crate::agents::opencode::PACKAGE, &self.config.tools_dir()).await?;
+            crate::sandbox::install::install(crate::agents::opencode::PACKAGE, &self.config.tools_dir(), cancel)
+                .await?;
         }
         let version = self.cli_version(AgentKind::OpenCode, &pinned).await;
         Ok((pinned, version))

@@ -229,11 +229,21 @@ impl Turn<'_> {
             )))
             .await?;
         }
-        let mut executable = self.executable(emit).await?;
+        // A cancel (or the bridge's exit) while the CLI is installed, probed or its sandbox made ends the turn
+        // there; what those steps started is stopped with them.
+        // The install hears the cancel itself, so that its card says how it ended.
+        let mut executable = match self.executable(emit).await {
+            Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)) => return Ok(StopReason::Cancelled),
+            other => other?,
+        };
         if self.agent == AgentKind::OpenCode {
-            executable = self.bridge.opencode_for_server(&executable).await?.0;
+            let found = self.bridge.opencode_for_server(&executable, &self.cancel);
+            let Some((pinned, _)) = self.unless_cancelled(found).await? else { return Ok(StopReason::Cancelled) };
+            executable = pinned;
         }
-        let sandbox = self.bridge.session_sandbox(&self.record).await?;
+        let Some(sandbox) = self.unless_cancelled(self.bridge.session_sandbox(&self.record)).await? else {
+            return Ok(StopReason::Cancelled);
+        };
         let mut native_id = self.record.native_id.clone();
         // A session whose server could not start runs `run` for the rest of this bridge's life: every prompt
         // would otherwise wait for another failing start.
@@ -307,6 +317,19 @@ impl Turn<'_> {
         }
     }
 
+    /// Runs a step before the CLI starts: `None` when the turn is cancelled first (the step is dropped, which
+    /// stops what it started) or the step says it was.
+    async fn unless_cancelled<T>(&self, step: impl Future<Output = Result<T>>) -> Result<Option<T>> {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Ok(None),
+            result = step => match result {
+                Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)) => Ok(None),
+                other => other.map(Some),
+            },
+        }
+    }
+
     /// The CLI's executable: the override, PATH, the tools cache, or an install on first use.
     async fn executable(&self, emit: &Emitter) -> Result<PathBuf> {
         if let Some(path) = super::installed_executable(self.bridge.config(), self.agent) {
@@ -325,13 +348,23 @@ impl Turn<'_> {
             .raw_input(serde_json::json!({ "npm": format!("{}@{}", package.name, package.version) })),
         ))
         .await?;
-        match install::install(package, &tools).await {
+        match install::install(package, &tools, &self.cancel).await {
             Ok(path) => {
                 emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Completed))).await?;
                 if self.agent == AgentKind::OpenCode {
                     self.bridge.refresh_opencode_models();
                 }
                 Ok(path)
+            }
+            Err(crate::sandbox::SandboxError::Cancelled) => {
+                emit.send(update(
+                    &call_id,
+                    ToolCallUpdateFields::new()
+                        .status(ToolCallStatus::Failed)
+                        .content(vec![ToolCallContent::from("The install was cancelled.".to_string())]),
+                ))
+                .await?;
+                Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled))
             }
             Err(e) => {
                 emit.send(update(

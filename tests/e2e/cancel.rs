@@ -45,6 +45,34 @@ fn cancel_kills_the_cli_process_tree_and_the_prompt_answers_cancelled() {
 }
 
 #[test]
+fn cancel_during_the_first_use_install_answers_cancelled_and_ends_npm() {
+    let dirs = TestDirs::new("cancel-install");
+    let ws = dirs.workspace("ws");
+    let npm_dir = dirs.workspace("npm");
+    let mut bridge = Bridge::start(installing_forever(&dirs.data, &npm_dir));
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt(&sid, "Say hello");
+    let (npm, child) = wait_npm(&npm_dir);
+    let _guards = (KillOnDrop(npm), KillOnDrop(child));
+
+    bridge.cancel(&sid);
+    let turn = bridge.finish_turn(&sid, id);
+    assert_eq!(turn.stop_reason(), "cancelled");
+    assert!(
+        wait_until(RECV_TIMEOUT, || !pid_alive(npm) && !pid_alive(child)),
+        "npm {npm} or its child {child} outlived the cancel"
+    );
+    let statuses: Vec<String> = turn
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "tool_call_update")
+        .map(|u| u["status"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(statuses, vec!["failed".to_string()], "the install's card: {:?}", turn.updates);
+    assert!(invocations(&ws).is_empty(), "no CLI may run after the cancel");
+}
+
+#[test]
 fn cancel_of_an_idle_session_is_harmless() {
     let dirs = TestDirs::new("cancel-idle");
     let ws = dirs.workspace("ws");
