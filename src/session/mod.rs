@@ -77,6 +77,39 @@ struct ClientInfo {
 struct LiveSession {
     /// Cancels the running turn, if any.
     running: Mutex<Option<CancellationToken>>,
+    /// The prompts that arrived and hold a [`PromptTicket`]: queued, starting or running. A cancel cancels them
+    /// all, so one sent right after its prompt is not lost before the turn registers in `running`.
+    pending: Mutex<Vec<(u64, CancellationToken)>>,
+}
+
+impl LiveSession {
+    fn idle(&self) -> bool {
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+            && self.pending.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+}
+
+/// A prompt's place, taken when it arrives ([`Bridge::prompt_arrived`], in the order of the connection): a cancel of
+/// its session from then on cancels it, whether its turn runs yet or not; a prompt that arrives after the cancel
+/// gets a fresh ticket and is not cancelled.
+pub struct PromptTicket {
+    live: Arc<LiveSession>,
+    number: u64,
+    /// Cancels this prompt only (its `$/cancel_request`); cancelled with the bridge too.
+    token: CancellationToken,
+}
+
+impl PromptTicket {
+    /// Cancels this prompt, and only it.
+    pub fn canceller(&self) -> CancellationToken {
+        self.token.clone()
+    }
+}
+
+impl Drop for PromptTicket {
+    fn drop(&mut self) {
+        self.live.pending.lock().unwrap_or_else(|p| p.into_inner()).retain(|(number, _)| *number != self.number);
+    }
 }
 
 /// All sessions of one bridge process.
@@ -102,6 +135,8 @@ pub struct Bridge {
     notifier: Mutex<Option<Arc<dyn UpdateSink>>>,
     /// A warm server already reported its models in this process.
     models_from_server: AtomicBool,
+    /// The last [`PromptTicket`] number given.
+    tickets: std::sync::atomic::AtomicU64,
 }
 
 const LIST_PAGE: usize = 50;
@@ -147,6 +182,7 @@ impl Bridge {
             version_probe: tokio::sync::Mutex::const_new(()),
             notifier: Mutex::default(),
             models_from_server: AtomicBool::new(false),
+            tickets: std::sync::atomic::AtomicU64::new(0),
             catalog,
             config,
             store,
@@ -360,14 +396,18 @@ impl Bridge {
     pub fn close_session(&self, id: &str) -> Result<()> {
         self.cancel(id);
         self.stop_server(id);
+        self.forget_if_idle(id);
+        Ok(())
+    }
+
+    /// Forgets the in-memory state of a session with no prompt queued or running. A cancelled turn may still be
+    /// winding down; its entry stays until then, so that a prompt sent right after a close waits its turn instead
+    /// of running beside it.
+    fn forget_if_idle(&self, id: &str) {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        // A cancelled turn may still be winding down; its entry stays until then, so that a prompt sent
-        // right after the close waits its turn instead of running beside it.
-        let idle = live.get(id).is_some_and(|s| s.running.lock().unwrap_or_else(|p| p.into_inner()).is_none());
-        if idle {
+        if live.get(id).is_some_and(|s| s.idle()) {
             live.remove(id);
         }
-        Ok(())
     }
 
     /// Cancels any running turn, frees the sandbox and removes the session from the store. Unknown ids
@@ -389,15 +429,32 @@ impl Bridge {
         Ok(())
     }
 
-    /// Cancels the running turn of a session. A cancel for an idle or unknown session does nothing.
+    /// Cancels the running turn of a session and every prompt of it that arrived before and has not started
+    /// yet. A cancel for an idle or unknown session does nothing (a later prompt is not cancelled).
     pub fn cancel(&self, id: &str) {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
-        if let Some(live) = live
-            && let Some(token) = live.running.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
-        {
+        let Some(live) = live else { return };
+        let pending = live.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(token) = live.running.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             tracing::info!(session = id, "cancelling the running turn");
             token.cancel();
         }
+        if !pending.is_empty() {
+            tracing::info!(session = id, count = pending.len(), "cancelling the prompts that arrived");
+        }
+        for (_, token) in pending.iter() {
+            token.cancel();
+        }
+    }
+
+    /// Takes the place of a prompt of `id` that just arrived: call it where prompts and cancels are received in
+    /// order, then run the prompt with [`Bridge::prompt_queued`].
+    pub fn prompt_arrived(&self, id: &str) -> PromptTicket {
+        let live = self.live(id);
+        let number = self.tickets.fetch_add(1, Ordering::SeqCst) + 1;
+        let token = self.shutdown.child_token();
+        live.pending.lock().unwrap_or_else(|p| p.into_inner()).push((number, token.clone()));
+        PromptTicket { live, number, token }
     }
 
     /// Changes a config option from the next turn on; answers the complete list.
@@ -419,7 +476,28 @@ impl Bridge {
     /// Runs one prompt turn to its end. Updates go to `sink` (and the store) as they happen; every one
     /// of them is sent before this returns.
     pub async fn prompt(&self, id: &str, blocks: Vec<ContentBlock>, sink: Arc<dyn UpdateSink>) -> Result<StopReason> {
-        let record = self.record(id).await?;
+        let ticket = self.prompt_arrived(id);
+        self.prompt_queued(id, ticket, blocks, sink).await
+    }
+
+    /// [`Bridge::prompt`] for a prompt whose place was taken when it arrived: cancelled meanwhile, its turn is
+    /// recorded and answers `cancelled` without starting the CLI.
+    pub async fn prompt_queued(
+        &self,
+        id: &str,
+        ticket: PromptTicket,
+        blocks: Vec<ContentBlock>,
+        sink: Arc<dyn UpdateSink>,
+    ) -> Result<StopReason> {
+        let record = match self.record(id).await {
+            Ok(record) => record,
+            Err(error) => {
+                // A prompt of an unknown session leaves nothing behind.
+                drop(ticket);
+                self.forget_if_idle(id);
+                return Err(error);
+            }
+        };
         let agent = self.agent_of(&record);
         if agent != self.config.agent {
             return Err(Error::WrongAgent {
@@ -437,14 +515,15 @@ impl Bridge {
             },
             None => None,
         };
-        let live = self.live(id);
+        let live = ticket.live.clone();
         let elsewhere = self.store.running_elsewhere(id).await?;
         let token = {
             let mut running = live.running.lock().unwrap_or_else(|p| p.into_inner());
             if running.is_some() || elsewhere {
                 return Err(Error::TurnInProgress);
             }
-            let token = self.shutdown.child_token();
+            // The ticket's own token: a cancel that came while the prompt waited has cancelled it already.
+            let token = ticket.token.clone();
             *running = Some(token.clone());
             token
         };

@@ -73,6 +73,27 @@ fn cancel_during_the_first_use_install_answers_cancelled_and_ends_npm() {
 }
 
 #[test]
+fn a_cancel_sent_right_after_its_prompt_always_cancels_it() {
+    let dirs = TestDirs::new("cancel-race");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    // Each cancel may reach the bridge before its prompt's turn started, while the CLI starts or while it hangs:
+    // every one must be heard (a lost one leaves the `hang` turn running and its prompt unanswered).
+    let stops: Vec<String> = (0..30)
+        .map(|_| {
+            let id = bridge.send_prompt(&sid, "SCENARIO:hang");
+            bridge.cancel(&sid);
+            bridge.finish_turn(&sid, id).stop_reason()
+        })
+        .collect();
+    assert_eq!(stops, vec!["cancelled".to_string(); 30]);
+    assert_no_processes_under(&ws, "after the cancels");
+    // An earlier cancel does not cancel a later prompt.
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session must work after the cancels");
+}
+
+#[test]
 fn cancel_of_an_idle_session_is_harmless() {
     let dirs = TestDirs::new("cancel-idle");
     let ws = dirs.workspace("ws");
