@@ -849,6 +849,9 @@ pub async fn check_cli(config: &Config, agent: AgentKind) -> std::result::Result
 /// How long a bridge's own run of a CLI (listing models, `--version`) may take.
 const RUN_ONCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// The most a bridge's own run of a CLI may print (a model listing is some hundred KiB).
+const RUN_ONCE_OUTPUT_LIMIT: u64 = 16 * 1024 * 1024;
+
 /// Runs one short command of a CLI in a sandbox of the bridge's own (`sandbox`, never a session's, with its own
 /// workspace in the data dir) and answers its stdout, or its own words when it fails.
 async fn run_once(
@@ -874,16 +877,19 @@ async fn run_once(
         .map_err(|e| e.to_string())?;
     let stderr = tokio::spawn(turn::stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
     let mut output = Vec::new();
+    // One byte more than allowed tells an output that is too long from one that just fits.
+    let mut bounded = tokio::io::AsyncReadExt::take(&mut process.stdout, RUN_ONCE_OUTPUT_LIMIT + 1);
     let read =
-        tokio::time::timeout(RUN_ONCE_LIMIT, tokio::io::AsyncReadExt::read_to_end(&mut process.stdout, &mut output))
-            .await;
-    if read.is_err() {
+        tokio::time::timeout(RUN_ONCE_LIMIT, tokio::io::AsyncReadExt::read_to_end(&mut bounded, &mut output)).await;
+    let too_long = output.len() as u64 > RUN_ONCE_OUTPUT_LIMIT;
+    if read.is_err() || too_long {
         process.handle.kill().await;
     }
     let exit = process.handle.wait().await.map_err(|e| e.to_string())?;
     let stderr = tokio::time::timeout(std::time::Duration::from_secs(2), stderr).await.ok().and_then(|r| r.ok());
     match read {
         Err(_) => Err(format!("{command} took longer than {} s", RUN_ONCE_LIMIT.as_secs())),
+        Ok(_) if too_long => Err(format!("{command} printed more than {} MiB", RUN_ONCE_OUTPUT_LIMIT >> 20)),
         Ok(_) if !exit.success() => {
             Err(format!("{command} failed ({}): {}", exit.describe(), stderr.unwrap_or_default().trim()))
         }
@@ -998,6 +1004,31 @@ mod tests {
         assert_eq!(normalize(Path::new("/a/./b")), "/a/b");
         assert_eq!(parse_cursor("17:sess_x"), Some((17, "sess_x".to_string())));
         assert_eq!(parse_cursor("nonsense"), None);
+    }
+
+    #[tokio::test]
+    async fn a_run_once_that_prints_more_than_its_limit_fails_instead_of_filling_memory() {
+        let data = tempfile::tempdir().unwrap();
+        let config = Config::new(AgentKind::OpenCode, data.path().to_path_buf());
+        let isolation = Isolation::None("a test".into());
+        let mut settings = LocalSettings::from_config(&config, isolation);
+        // The test binary is no `acp-sandbox sandbox-init`: the command runs in a plain process group.
+        settings.init_program = None;
+        let provider = LocalProvider::new(config.sessions_dir(), Arc::new(settings));
+        let head = Path::new("/usr/bin/head");
+        let run = |bytes: u64| {
+            let count = bytes.to_string();
+            let (config, provider) = (&config, &provider);
+            async move {
+                let args = ["-c", count.as_str(), "/dev/zero"];
+                run_once(config, provider, "_test", AgentKind::OpenCode, head, &args, &Default::default()).await
+            }
+        };
+        assert_eq!(run(RUN_ONCE_OUTPUT_LIMIT).await.map(|out| out.len() as u64), Ok(RUN_ONCE_OUTPUT_LIMIT));
+        assert_eq!(
+            run(RUN_ONCE_OUTPUT_LIMIT + 1).await,
+            Err(format!("`opencode -c {} /dev/zero` printed more than 16 MiB", RUN_ONCE_OUTPUT_LIMIT + 1))
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ Scenarios (both agents unless noted):
   probe (tries writing in the workspace, its parent, HOME and /tmp; results in <cwd>/.fake-cli/probe.json),
   `--version` prints $OPENCODE_FAKE_VERSION (default 1.18.33); `serve` is not implemented (exit 1, like a CLI
   without a server).
+  hugeline* (a 20 MiB text event on one line, then a normal answer),
   child (starts a grandchild `sleep 1000` in its own session, writes its pid to <cwd>/.fake-cli/child.pid, sleeps).
   (* OpenCode only, + Amp only.) Amp prints the `User cancelled (SIGINT/SIGTERM)` error result and exits 0 on
   SIGTERM/SIGINT once it has started streaming, like the real one; OpenCode just dies from the signal.
@@ -317,6 +318,10 @@ def run_opencode(args):
     elif scenario == "hang":
         emit_json(oc_step_start(sid, msg))
         sleep_forever()
+    elif scenario == "hugeline":
+        emit_json(oc_text(sid, msg, "x" * (20 * 1024 * 1024)))
+        for line in opencode_fixture_lines(OPENCODE_FIXTURES["text"], sid, cwd):
+            emit(line)
     elif scenario == "child":
         start_grandchild()
         emit_json(oc_step_start(sid, msg))
