@@ -165,12 +165,6 @@ impl Bridge {
         if config.network == crate::sandbox::proxy::NetworkMode::Host {
             tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
         }
-        for (pid, session) in crate::sandbox::local::leftover_processes(&config.sessions_dir()) {
-            if !store.running_elsewhere(&session).await? {
-                tracing::warn!(session = %session, pid, "killing a process an earlier, killed bridge left running");
-                crate::sandbox::local::kill_tree(pid as u32);
-            }
-        }
         let settings = Arc::new(LocalSettings::from_config(&config, isolation.clone()));
         let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), settings));
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), provider.clone()));
@@ -192,6 +186,25 @@ impl Bridge {
             client: ClientInfo::default(),
             shutdown: CancellationToken::new(),
         })
+    }
+
+    /// Kills what CLIs of earlier, killed bridges left running on this data dir: processes carrying a session's
+    /// HOME whose owners ([`crate::sandbox::local::record_owner`]) are all gone and whose session no live bridge
+    /// runs a turn of. Only a serving bridge does this, before it starts anything; read-only commands never do.
+    pub async fn reap_leftovers(&self) -> Result<()> {
+        let run_dir = self.config.run_dir();
+        for (pid, session) in crate::sandbox::local::leftover_processes(&self.config.sessions_dir()) {
+            if crate::sandbox::local::owned_by_a_live_bridge(&run_dir, &session)
+                || self.store.running_elsewhere(&session).await?
+            {
+                continue;
+            }
+            tracing::warn!(session = %session, pid, "killing a process an earlier, killed bridge left running");
+            if let Ok(pid) = u32::try_from(pid) {
+                crate::sandbox::local::kill_tree(pid);
+            }
+        }
+        Ok(())
     }
 
     /// The settings this bridge runs with.

@@ -189,6 +189,43 @@ fn processes_of_a_killed_bridge_end_with_it_and_the_next_bridge_continues() {
 }
 
 #[test]
+fn another_bridge_or_a_sessions_command_leaves_a_live_bridges_processes_alone() {
+    // The first bridge's version probe (a process carrying a sandbox's HOME, with no turn recorded for it) and a
+    // turn waiting behind it run while a `sessions list` and a second serving bridge start on the same data dir.
+    let dirs = TestDirs::new("live-owner");
+    let ws = dirs.workspace("ws");
+    let hold = dirs.workspace("hold").join("release");
+    let mut options = BridgeOptions::new("opencode", &dirs.data);
+    options.env.push(("OPENCODE_FAKE_VERSION_HOLD".into(), hold.display().to_string()));
+    let mut first = Bridge::start(options);
+    let probe_pid_file = hold.with_extension("pid");
+    assert!(wait_until(RECV_TIMEOUT, || probe_pid_file.exists()), "the first bridge never probed the version");
+    let probe: i32 = std::fs::read_to_string(&probe_pid_file).unwrap().trim().parse().unwrap();
+    let _guard = KillOnDrop(probe);
+    let sid = first.new_session(&ws);
+    let id = first.send_prompt(&sid, "Say hello");
+
+    let listed = std::process::Command::new(bridge_bin())
+        .args(["sessions", "list", "--data-dir"])
+        .arg(&dirs.data)
+        .env("ACP_SANDBOX_OPENCODE_BIN", fakes_dir().join("opencode"))
+        .env_remove("ACP_SANDBOX_AGENT")
+        .env_remove("ACP_SANDBOX_DATA_DIR")
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    assert!(pid_alive(probe), "`sessions list` killed the first bridge's process {probe}");
+    // A serving bridge reaps before it answers `initialize`.
+    let mut second = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    assert!(pid_alive(probe), "a second bridge killed the first bridge's process {probe}");
+
+    std::fs::write(&hold, b"").unwrap();
+    assert_eq!(first.finish_turn(&sid, id).stop_reason(), "end_turn", "the first bridge's turn ends normally");
+    let other = second.new_session(&ws);
+    assert_eq!(second.prompt(&other, "Say hello").stop_reason(), "end_turn");
+}
+
+#[test]
 fn cancel_request_for_a_running_prompt_cancels_the_turn() {
     let dirs = TestDirs::new("cancel-request");
     let ws = dirs.workspace("ws");
