@@ -560,8 +560,11 @@ impl Sandbox for LocalSandbox {
     }
 
     async fn exec(&self, mut spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
-        // Before anything of the command runs: another bridge's reaper must know it is ours.
-        record_owner(&self.settings.run_dir, &self.session_id)?;
+        // Before anything of the command runs: another bridge's reaper must know it is ours. Without the record the
+        // command still runs; only a bridge started meanwhile could take it for a leftover.
+        if let Err(e) = record_owner(&self.settings.run_dir, &self.session_id) {
+            tracing::warn!(session = %self.session_id, "could not record this bridge as the owner: {e}");
+        }
         let state = StateDir::open(&self.state_dir)
             .map_err(|e| SandboxError::io(format!("open {}", self.state_dir.display()), e))?;
         // A shown directory becomes a real, writable directory of the state dir holding its entries: the CLI may

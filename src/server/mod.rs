@@ -407,7 +407,10 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         )
         .connect_to(channel)
         .await;
-    stdio.finish().await;
+    // What is queued for stdout is written, unless the editor stopped reading: the exit is not held up for it.
+    if tokio::time::timeout(crate::session::SHUTDOWN_GRACE, stdio.finish()).await.is_err() {
+        tracing::warn!("stdout did not take the last messages; exiting without them");
+    }
     bridge.shutdown().await;
     result
 }
