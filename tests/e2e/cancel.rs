@@ -94,6 +94,28 @@ fn a_cancel_sent_right_after_its_prompt_always_cancels_it() {
 }
 
 #[test]
+fn cancel_while_the_cli_is_still_being_probed_answers_cancelled_and_no_cli_runs() {
+    let dirs = TestDirs::new("cancel-probe");
+    let ws = dirs.workspace("ws");
+    let hold = dirs.workspace("hold").join("release");
+    let mut options = BridgeOptions::new("opencode", &dirs.data);
+    options.env.push(("OPENCODE_FAKE_VERSION_HOLD".into(), hold.display().to_string()));
+    let mut bridge = Bridge::start(options);
+    let probe_pid_file = hold.with_extension("pid");
+    assert!(wait_until(RECV_TIMEOUT, || probe_pid_file.exists()), "the bridge never probed the version");
+    let _guard = KillOnDrop(std::fs::read_to_string(&probe_pid_file).unwrap().trim().parse().unwrap());
+    let sid = bridge.new_session(&ws);
+    // The turn waits for the version before it starts the CLI: the cancel must end it there.
+    let id = bridge.send_prompt(&sid, "Say hello");
+    bridge.cancel(&sid);
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "cancelled");
+    assert!(invocations(&ws).is_empty(), "no CLI may run for a cancelled prompt");
+
+    std::fs::write(&hold, b"").unwrap();
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session must work after the cancel");
+}
+
+#[test]
 fn cancel_of_an_idle_session_is_harmless() {
     let dirs = TestDirs::new("cancel-idle");
     let ws = dirs.workspace("ws");
