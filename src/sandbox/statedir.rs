@@ -40,7 +40,17 @@ impl StateDir {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
             }
-            self.dir.create_dir(&current)?;
+            match self.dir.create_dir(&current) {
+                Ok(()) => {}
+                // Made meanwhile by another task of the bridge (a warm server's start and a prompt both prepare the
+                // sandbox): a real directory is what was wanted; anything else is not.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    if !self.dir.symlink_metadata(&current).is_ok_and(|meta| meta.is_dir()) {
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
