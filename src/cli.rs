@@ -260,14 +260,18 @@ pub fn main() -> anyhow::Result<ExitCode> {
     let quiet = !matches!(command, None | Some(Command::Serve));
     let _guard = acp_sandbox::logging::init(&config.log_path(), if quiet { "warn" } else { "info" });
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         match command {
             None | Some(Command::Serve) => serve(config).await,
             Some(Command::Prompt { text, json, session }) => prompt(config, text, json, session).await,
             Some(Command::Sessions { command }) => sessions(config, command).await,
             Some(Command::Doctor) => doctor(config).await,
         }
-    })
+    });
+    // Dropping the tasks still running kills their processes; a blocking read of the store (waiting out a lock)
+    // must not hold up the exit the editor waits for.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    result
 }
 
 fn sandbox_init(init: SandboxInit) -> ExitCode {
@@ -296,10 +300,13 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     );
     let bridge = Arc::new(Bridge::open(config).await.context("cannot start")?);
     tracing::info!("sandbox: {}", bridge.isolation().describe());
+    bridge.reap_leftovers().await.context("cannot start")?;
     bridge.refresh_opencode_models();
     bridge.probe_opencode();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    // `server::serve` shuts the bridge down itself when stdin ends; after a signal it is done here (a second call
+    // returns at once).
     tokio::select! {
         result = acp_sandbox::server::serve(bridge.clone()) => {
             result.map_err(|e| anyhow::anyhow!("ACP connection failed: {e}"))?;

@@ -3,6 +3,8 @@
 //! terminal `_meta`). A family is an agent's CLI stream (`amp`, `opencode`) or `opencode-serve`, the events of
 //! `opencode serve` (one SSE `data:` payload per line). `UPDATE_GOLDENS=1 cargo test --test golden` rewrites
 //! them; review the diff by eye, since the goldens are the spec.
+// A test fails by panicking: unwrap and expect say where.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -11,6 +11,8 @@
 //! With `--nocapture` each test prints `TIMING` lines (bridge start, one turn under `none` vs `bwrap`).
 // Tests start the bridge, fake CLIs and servers themselves.
 #![allow(clippy::disallowed_methods)]
+// A test fails by panicking: unwrap and expect say where.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
 
 use super::SandboxError;
 
@@ -36,8 +37,13 @@ impl NpmPackage {
     }
 }
 
-/// Installs `package` unless it is already in the cache, and returns its executable.
-pub async fn install(package: NpmPackage, tools_dir: &Path) -> Result<PathBuf, SandboxError> {
+/// Installs `package` unless it is already in the cache, and returns its executable. `cancel` (or dropping the
+/// future) ends npm and everything it started, and removes the half-made install: nothing outlives the turn.
+pub async fn install(
+    package: NpmPackage,
+    tools_dir: &Path,
+    cancel: &CancellationToken,
+) -> Result<PathBuf, SandboxError> {
     let executable = package.executable(tools_dir);
     if executable.exists() {
         return Ok(executable);
@@ -51,19 +57,17 @@ pub async fn install(package: NpmPackage, tools_dir: &Path) -> Result<PathBuf, S
     tokio::fs::create_dir_all(&staging)
         .await
         .map_err(|e| SandboxError::io(format!("create {}", staging.display()), e))?;
+    let _staging = Staging(staging.clone());
     let spec = format!("{}@{}", package.name, package.version);
     tracing::info!(package = %spec, into = %target.display(), "installing CLI from npm");
     // npm runs with the bridge's own environment: it needs the user's proxy and CA settings.
-    let output = Command::new(&npm)
+    let mut npm_install = Command::new(&npm);
+    npm_install
         .args(["install", "--no-audit", "--no-fund", "--loglevel", "error", "--prefix"])
         .arg(&staging)
-        .arg(&spec)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .map_err(|source| SandboxError::Spawn { program: npm.display().to_string(), source })?;
+        .arg(&spec);
+    let output = run(npm_install, cancel).await?;
     if !output.status.success() {
-        let _ = tokio::fs::remove_dir_all(&staging).await;
         return Err(SandboxError::Install { package: spec, message: tail(&output.stderr) });
     }
     let staged_bin = package.executable(&staging).parent().map(|bin| bin.join(package.bin));
@@ -74,19 +78,16 @@ pub async fn install(package: NpmPackage, tools_dir: &Path) -> Result<PathBuf, S
     {
         // npm 11 may skip install scripts; the package's own script links the platform binary.
         let package_dir = staging.join("node_modules").join(package.name);
-        let _ = Command::new("node")
-            .arg(package_dir.join(script))
-            .current_dir(&package_dir)
-            .stdin(Stdio::null())
-            .output()
-            .await;
+        let mut link = Command::new("node");
+        link.arg(package_dir.join(script)).current_dir(&package_dir);
+        if let Err(SandboxError::Cancelled) = run(link, cancel).await {
+            return Err(SandboxError::Cancelled);
+        }
     }
     match tokio::fs::rename(&staging, &target).await {
         Ok(()) => {}
-        // Another bridge won the race: use its copy.
-        Err(_) if executable.exists() => {
-            let _ = tokio::fs::remove_dir_all(&staging).await;
-        }
+        // Another bridge won the race: use its copy (the staging folder goes with `_staging`).
+        Err(_) if executable.exists() => {}
         Err(e) => {
             return Err(SandboxError::io(format!("move {} into place", target.display()), e));
         }
@@ -98,6 +99,43 @@ pub async fn install(package: NpmPackage, tools_dir: &Path) -> Result<PathBuf, S
             package: spec,
             message: format!("{} is missing after install", executable.display()),
         })
+    }
+}
+
+/// Runs one step of an install in a process group of its own, and ends the whole group when it exits, when
+/// `cancel` fires and when the future is dropped (npm starts node, node starts install scripts).
+async fn run(mut command: Command, cancel: &CancellationToken) -> Result<std::process::Output, SandboxError> {
+    let program = command.as_std().get_program().to_string_lossy().into_owned();
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
+    let child = command.spawn().map_err(|source| SandboxError::Spawn { program, source })?;
+    let _group = child.id().map(ProcessGroup);
+    tokio::select! {
+        output = child.wait_with_output() => output.map_err(|e| SandboxError::io("wait for npm", e)),
+        _ = cancel.cancelled() => Err(SandboxError::Cancelled),
+    }
+}
+
+/// Kills a process group when dropped. Safe after its leader is gone: a group's id is not given to a new
+/// process while any member lives, and a signal to a group without members reaches nobody.
+struct ProcessGroup(u32);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if let Ok(group) = i32::try_from(self.0) {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(group), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// Removes a staging folder when dropped: after an install that failed, was cancelled or lost the race (one that
+/// was renamed into place is no longer there).
+struct Staging(PathBuf);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 

@@ -47,6 +47,9 @@ pub enum SandboxError {
         /// Why.
         source: std::io::Error,
     },
+    /// The turn was cancelled while this was being done (an install); the caller answers `cancelled`.
+    #[error("cancelled")]
+    Cancelled,
     /// Installing a CLI failed.
     #[error("installing {package} failed: {message}")]
     Install {

@@ -41,10 +41,15 @@ impl StateDir {
                 Err(e) => return Err(e),
             }
             match self.dir.create_dir(&current) {
-                // Made meanwhile by someone else (another bridge on this data dir): a directory is all we want.
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && self.dir.symlink_metadata(&current)?.is_dir() => {
+                Ok(()) => {}
+                // Made meanwhile by another task of the bridge (a warm server's start and a prompt both prepare the
+                // sandbox): a real directory is what was wanted; anything else is not.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    if !self.dir.symlink_metadata(&current).is_ok_and(|meta| meta.is_dir()) {
+                        return Err(e);
+                    }
                 }
-                other => other?,
+                Err(e) => return Err(e),
             }
         }
         Ok(())

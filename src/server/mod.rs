@@ -364,22 +364,27 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     let sink: Arc<dyn UpdateSink> = Arc::new(ConnectionSink { connection: cx.clone() });
                     let cancellation = responder.cancellation();
                     let mut place = order.enter(&request.session_id.to_string());
+                    // Taken here, in the order of the connection: a `session/cancel` read after this prompt
+                    // cancels it even when its task has not started the turn yet.
+                    let ticket = bridge.prompt_arrived(&request.session_id.to_string());
                     tokio::spawn(async move {
+                        // `$/cancel_request` for the prompt cancels its turn like `session/cancel`, so it
+                        // answers `cancelled` (the method's own cancel value).
+                        let watcher = {
+                            let canceller = ticket.canceller();
+                            tokio::spawn(async move {
+                                cancellation.cancelled().await;
+                                canceller.cancel();
+                            })
+                        };
                         // Starts after what came before it; what comes after need not wait for the whole turn.
                         place.wait().await;
                         place.release();
                         let session_id = request.session_id.to_string();
-                        // `$/cancel_request` for the prompt cancels the turn like `session/cancel`, so it
-                        // answers `cancelled` (the method's own cancel value).
-                        let watcher = {
-                            let bridge = bridge.clone();
-                            let session_id = session_id.clone();
-                            tokio::spawn(async move {
-                                cancellation.cancelled().await;
-                                bridge.cancel(&session_id);
-                            })
-                        };
-                        let result = bridge.prompt(&session_id, request.prompt, sink).await.map(PromptResponse::new);
+                        let result = bridge
+                            .prompt_queued(&session_id, ticket, request.prompt, sink)
+                            .await
+                            .map(PromptResponse::new);
                         watcher.abort();
                         if let Err(e) = respond(responder, result) {
                             tracing::debug!(session = %session_id, "could not answer the prompt: {e}");
@@ -402,7 +407,10 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
         )
         .connect_to(channel)
         .await;
-    stdio.finish().await;
+    // What is queued for stdout is written, unless the editor stopped reading: the exit is not held up for it.
+    if tokio::time::timeout(crate::session::SHUTDOWN_GRACE, stdio.finish()).await.is_err() {
+        tracing::warn!("stdout did not take the last messages; exiting without them");
+    }
     bridge.shutdown().await;
     result
 }

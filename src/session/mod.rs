@@ -77,6 +77,39 @@ struct ClientInfo {
 struct LiveSession {
     /// Cancels the running turn, if any.
     running: Mutex<Option<CancellationToken>>,
+    /// The prompts that arrived and hold a [`PromptTicket`]: queued, starting or running. A cancel cancels them
+    /// all, so one sent right after its prompt is not lost before the turn registers in `running`.
+    pending: Mutex<Vec<(u64, CancellationToken)>>,
+}
+
+impl LiveSession {
+    fn idle(&self) -> bool {
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+            && self.pending.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+}
+
+/// A prompt's place, taken when it arrives ([`Bridge::prompt_arrived`], in the order of the connection): a cancel of
+/// its session from then on cancels it, whether its turn runs yet or not; a prompt that arrives after the cancel
+/// gets a fresh ticket and is not cancelled.
+pub struct PromptTicket {
+    live: Arc<LiveSession>,
+    number: u64,
+    /// Cancels this prompt only (its `$/cancel_request`); cancelled with the bridge too.
+    token: CancellationToken,
+}
+
+impl PromptTicket {
+    /// Cancels this prompt, and only it.
+    pub fn canceller(&self) -> CancellationToken {
+        self.token.clone()
+    }
+}
+
+impl Drop for PromptTicket {
+    fn drop(&mut self) {
+        self.live.pending.lock().unwrap_or_else(|p| p.into_inner()).retain(|(number, _)| *number != self.number);
+    }
 }
 
 /// All sessions of one bridge process.
@@ -104,9 +137,14 @@ pub struct Bridge {
     notifier: Mutex<Option<Arc<dyn UpdateSink>>>,
     /// A warm server already reported its models in this process.
     models_from_server: AtomicBool,
+    /// The last [`PromptTicket`] number given.
+    tickets: std::sync::atomic::AtomicU64,
 }
 
 const LIST_PAGE: usize = 50;
+
+/// How long [`Bridge::shutdown`] waits for the turns it cancelled to be recorded: the editor waits for the exit.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(700);
 
 impl Bridge {
     /// Opens the store and decides the sandbox. Fails when `--sandbox bwrap` cannot work.
@@ -129,12 +167,6 @@ impl Bridge {
         if config.network == crate::sandbox::proxy::NetworkMode::Host {
             tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
         }
-        for (pid, session) in crate::sandbox::local::leftover_processes(&config.sessions_dir()) {
-            if !store.running_elsewhere(&session).await? {
-                tracing::warn!(session = %session, pid, "killing a process an earlier, killed bridge left running");
-                crate::sandbox::local::kill_tree(pid as u32);
-            }
-        }
         let settings = Arc::new(LocalSettings::from_config(&config, isolation.clone()));
         let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), settings));
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), provider.clone()));
@@ -147,6 +179,7 @@ impl Bridge {
             gates: Mutex::default(),
             notifier: Mutex::default(),
             models_from_server: AtomicBool::new(false),
+            tickets: std::sync::atomic::AtomicU64::new(0),
             catalog,
             config,
             store,
@@ -156,6 +189,25 @@ impl Bridge {
             client: ClientInfo::default(),
             shutdown: CancellationToken::new(),
         })
+    }
+
+    /// Kills what CLIs of earlier, killed bridges left running on this data dir: processes carrying a session's
+    /// HOME whose owners ([`crate::sandbox::local::record_owner`]) are all gone and whose session no live bridge
+    /// runs a turn of. Only a serving bridge does this, before it starts anything; read-only commands never do.
+    pub async fn reap_leftovers(&self) -> Result<()> {
+        let run_dir = self.config.run_dir();
+        for (pid, session) in crate::sandbox::local::leftover_processes(&self.config.sessions_dir()) {
+            if crate::sandbox::local::owned_by_a_live_bridge(&run_dir, &session)
+                || self.store.running_elsewhere(&session).await?
+            {
+                continue;
+            }
+            tracing::warn!(session = %session, pid, "killing a process an earlier, killed bridge left running");
+            if let Ok(pid) = u32::try_from(pid) {
+                crate::sandbox::local::kill_tree(pid);
+            }
+        }
+        Ok(())
     }
 
     /// The settings this bridge runs with.
@@ -360,14 +412,18 @@ impl Bridge {
     pub fn close_session(&self, id: &str) -> Result<()> {
         self.cancel(id);
         self.stop_server(id);
+        self.forget_if_idle(id);
+        Ok(())
+    }
+
+    /// Forgets the in-memory state of a session with no prompt queued or running. A cancelled turn may still be
+    /// winding down; its entry stays until then, so that a prompt sent right after a close waits its turn instead
+    /// of running beside it.
+    fn forget_if_idle(&self, id: &str) {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        // A cancelled turn may still be winding down; its entry stays until then, so that a prompt sent
-        // right after the close waits its turn instead of running beside it.
-        let idle = live.get(id).is_some_and(|s| s.running.lock().unwrap_or_else(|p| p.into_inner()).is_none());
-        if idle {
+        if live.get(id).is_some_and(|s| s.idle()) {
             live.remove(id);
         }
-        Ok(())
     }
 
     /// Cancels any running turn, frees the sandbox and removes the session from the store. Unknown ids
@@ -389,15 +445,32 @@ impl Bridge {
         Ok(())
     }
 
-    /// Cancels the running turn of a session. A cancel for an idle or unknown session does nothing.
+    /// Cancels the running turn of a session and every prompt of it that arrived before and has not started
+    /// yet. A cancel for an idle or unknown session does nothing (a later prompt is not cancelled).
     pub fn cancel(&self, id: &str) {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
-        if let Some(live) = live
-            && let Some(token) = live.running.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
-        {
+        let Some(live) = live else { return };
+        let pending = live.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(token) = live.running.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             tracing::info!(session = id, "cancelling the running turn");
             token.cancel();
         }
+        if !pending.is_empty() {
+            tracing::info!(session = id, count = pending.len(), "cancelling the prompts that arrived");
+        }
+        for (_, token) in pending.iter() {
+            token.cancel();
+        }
+    }
+
+    /// Takes the place of a prompt of `id` that just arrived: call it where prompts and cancels are received in
+    /// order, then run the prompt with [`Bridge::prompt_queued`].
+    pub fn prompt_arrived(&self, id: &str) -> PromptTicket {
+        let live = self.live(id);
+        let number = self.tickets.fetch_add(1, Ordering::SeqCst) + 1;
+        let token = self.shutdown.child_token();
+        live.pending.lock().unwrap_or_else(|p| p.into_inner()).push((number, token.clone()));
+        PromptTicket { live, number, token }
     }
 
     /// Changes a config option from the next turn on; answers the complete list.
@@ -419,7 +492,28 @@ impl Bridge {
     /// Runs one prompt turn to its end. Updates go to `sink` (and the store) as they happen; every one
     /// of them is sent before this returns.
     pub async fn prompt(&self, id: &str, blocks: Vec<ContentBlock>, sink: Arc<dyn UpdateSink>) -> Result<StopReason> {
-        let record = self.record(id).await?;
+        let ticket = self.prompt_arrived(id);
+        self.prompt_queued(id, ticket, blocks, sink).await
+    }
+
+    /// [`Bridge::prompt`] for a prompt whose place was taken when it arrived: cancelled meanwhile, its turn is
+    /// recorded and answers `cancelled` without starting the CLI.
+    pub async fn prompt_queued(
+        &self,
+        id: &str,
+        ticket: PromptTicket,
+        blocks: Vec<ContentBlock>,
+        sink: Arc<dyn UpdateSink>,
+    ) -> Result<StopReason> {
+        let record = match self.record(id).await {
+            Ok(record) => record,
+            Err(error) => {
+                // A prompt of an unknown session leaves nothing behind.
+                drop(ticket);
+                self.forget_if_idle(id);
+                return Err(error);
+            }
+        };
         let agent = self.agent_of(&record);
         if agent != self.config.agent {
             return Err(Error::WrongAgent {
@@ -437,14 +531,15 @@ impl Bridge {
             },
             None => None,
         };
-        let live = self.live(id);
+        let live = ticket.live.clone();
         let elsewhere = self.store.running_elsewhere(id).await?;
         let token = {
             let mut running = live.running.lock().unwrap_or_else(|p| p.into_inner());
             if running.is_some() || elsewhere {
                 return Err(Error::TurnInProgress);
             }
-            let token = self.shutdown.child_token();
+            // The ticket's own token: a cancel that came while the prompt waited has cancelled it already.
+            let token = ticket.token.clone();
             *running = Some(token.clone());
             token
         };
@@ -460,15 +555,24 @@ impl Bridge {
         turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token, model }.run().await
     }
 
-    /// Ends every running turn and waits (a few seconds at most) until their CLIs are killed and the turns
-    /// recorded. Called when the client goes away: nothing the bridge started may outlive it.
+    /// Ends every running turn and stops every warm server, waiting at most [`SHUTDOWN_GRACE`] for the turns to
+    /// be recorded. Called when the client goes away: nothing the bridge started may outlive it. A turn still
+    /// busy after the grace is dropped with the runtime, which kills its processes; its row is marked
+    /// `interrupted` by the next bridge. Only the first call waits; later ones return at once.
     pub async fn shutdown(&self) {
-        self.shutdown.cancel();
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-        while self.any_turn_running() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        if self.shutdown.is_cancelled() {
+            return;
         }
-        self.servers.stop_all().await;
+        self.shutdown.cancel();
+        let turns = async {
+            while self.any_turn_running() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        let ended = tokio::time::timeout(SHUTDOWN_GRACE, futures::future::join(turns, self.servers.stop_all())).await;
+        if ended.is_err() {
+            tracing::warn!("turns were still ending at exit; their processes are killed with the bridge");
+        }
     }
 
     /// Whether this session's prompts go to a warm OpenCode server.
@@ -503,7 +607,8 @@ impl Bridge {
                 if !bridge.serves(&record) {
                     return Ok(());
                 }
-                let (executable, _) = bridge.opencode_for_server(&executable).await.map_err(|e| e.to_string())?;
+                let (executable, _) =
+                    bridge.opencode_for_server(&executable, &bridge.shutdown).await.map_err(|e| e.to_string())?;
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
                 let model = options::opencode_model(&record.config).map(str::to_string);
                 let warmed = bridge
@@ -594,7 +699,7 @@ impl Bridge {
     /// onto a server (which could run tools outside the sandbox), so a 2.x found on PATH is replaced by the pinned
     /// install of the tools cache (installed when `install` allows), and one named by `--opencode-bin` is refused.
     /// Answers the executable and its version line.
-    async fn opencode_for_server(&self, found: &Path) -> Result<(PathBuf, Option<String>)> {
+    async fn opencode_for_server(&self, found: &Path, cancel: &CancellationToken) -> Result<(PathBuf, Option<String>)> {
         let version = self.cli_version(AgentKind::OpenCode, found).await;
         let major = version.as_deref().and_then(major_version);
         match major {
@@ -618,7 +723,8 @@ impl Bridge {
             "the OpenCode on PATH is a major version acp-sandbox cannot drive yet; using the pinned install"
         );
         if !pinned.exists() {
-            crate::sandbox::install::install(crate::agents::opencode::PACKAGE, &self.config.tools_dir()).await?;
+            crate::sandbox::install::install(crate::agents::opencode::PACKAGE, &self.config.tools_dir(), cancel)
+                .await?;
         }
         let version = self.cli_version(AgentKind::OpenCode, &pinned).await;
         Ok((pinned, version))
@@ -760,6 +866,9 @@ pub async fn check_cli(config: &Config, agent: AgentKind) -> std::result::Result
 /// How long a bridge's own run of a CLI (listing models, `--version`) may take.
 const RUN_ONCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// The most a bridge's own run of a CLI may print (a model listing is some hundred KiB).
+const RUN_ONCE_OUTPUT_LIMIT: u64 = 16 * 1024 * 1024;
+
 /// Runs one short command of a CLI in a sandbox of the bridge's own (`sandbox`, never a session's, with its own
 /// workspace in the data dir) and answers its stdout, or its own words when it fails.
 async fn run_once(
@@ -785,16 +894,19 @@ async fn run_once(
         .map_err(|e| e.to_string())?;
     let stderr = tokio::spawn(turn::stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
     let mut output = Vec::new();
+    // One byte more than allowed tells an output that is too long from one that just fits.
+    let mut bounded = tokio::io::AsyncReadExt::take(&mut process.stdout, RUN_ONCE_OUTPUT_LIMIT + 1);
     let read =
-        tokio::time::timeout(RUN_ONCE_LIMIT, tokio::io::AsyncReadExt::read_to_end(&mut process.stdout, &mut output))
-            .await;
-    if read.is_err() {
+        tokio::time::timeout(RUN_ONCE_LIMIT, tokio::io::AsyncReadExt::read_to_end(&mut bounded, &mut output)).await;
+    let too_long = output.len() as u64 > RUN_ONCE_OUTPUT_LIMIT;
+    if read.is_err() || too_long {
         process.handle.kill().await;
     }
     let exit = process.handle.wait().await.map_err(|e| e.to_string())?;
     let stderr = tokio::time::timeout(std::time::Duration::from_secs(2), stderr).await.ok().and_then(|r| r.ok());
     match read {
         Err(_) => Err(format!("{command} took longer than {} s", RUN_ONCE_LIMIT.as_secs())),
+        Ok(_) if too_long => Err(format!("{command} printed more than {} MiB", RUN_ONCE_OUTPUT_LIMIT >> 20)),
         Ok(_) if !exit.success() => {
             Err(format!("{command} failed ({}): {}", exit.describe(), stderr.unwrap_or_default().trim()))
         }
@@ -909,6 +1021,31 @@ mod tests {
         assert_eq!(normalize(Path::new("/a/./b")), "/a/b");
         assert_eq!(parse_cursor("17:sess_x"), Some((17, "sess_x".to_string())));
         assert_eq!(parse_cursor("nonsense"), None);
+    }
+
+    #[tokio::test]
+    async fn a_run_once_that_prints_more_than_its_limit_fails_instead_of_filling_memory() {
+        let data = tempfile::tempdir().unwrap();
+        let config = Config::new(AgentKind::OpenCode, data.path().to_path_buf());
+        let isolation = Isolation::None("a test".into());
+        let mut settings = LocalSettings::from_config(&config, isolation);
+        // The test binary is no `acp-sandbox sandbox-init`: the command runs in a plain process group.
+        settings.init_program = None;
+        let provider = LocalProvider::new(config.sessions_dir(), Arc::new(settings));
+        let head = Path::new("/usr/bin/head");
+        let run = |bytes: u64| {
+            let count = bytes.to_string();
+            let (config, provider) = (&config, &provider);
+            async move {
+                let args = ["-c", count.as_str(), "/dev/zero"];
+                run_once(config, provider, "_test", AgentKind::OpenCode, head, &args, &Default::default()).await
+            }
+        };
+        assert_eq!(run(RUN_ONCE_OUTPUT_LIMIT).await.map(|out| out.len() as u64), Ok(RUN_ONCE_OUTPUT_LIMIT));
+        assert_eq!(
+            run(RUN_ONCE_OUTPUT_LIMIT + 1).await,
+            Err(format!("`opencode -c {} /dev/zero` printed more than 16 MiB", RUN_ONCE_OUTPUT_LIMIT + 1))
+        );
     }
 
     #[test]

@@ -229,11 +229,21 @@ impl Turn<'_> {
             )))
             .await?;
         }
-        let mut executable = self.executable(emit).await?;
+        // A cancel (or the bridge's exit) while the CLI is installed, probed or its sandbox made ends the turn
+        // there; what those steps started is stopped with them.
+        // The install hears the cancel itself, so that its card says how it ended.
+        let mut executable = match self.executable(emit).await {
+            Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)) => return Ok(StopReason::Cancelled),
+            other => other?,
+        };
         if self.agent == AgentKind::OpenCode {
-            executable = self.bridge.opencode_for_server(&executable).await?.0;
+            let found = self.bridge.opencode_for_server(&executable, &self.cancel);
+            let Some((pinned, _)) = self.unless_cancelled(found).await? else { return Ok(StopReason::Cancelled) };
+            executable = pinned;
         }
-        let sandbox = self.bridge.session_sandbox(&self.record).await?;
+        let Some(sandbox) = self.unless_cancelled(self.bridge.session_sandbox(&self.record)).await? else {
+            return Ok(StopReason::Cancelled);
+        };
         let mut native_id = self.record.native_id.clone();
         // A session whose server could not start runs `run` for the rest of this bridge's life: every prompt
         // would otherwise wait for another failing start.
@@ -307,6 +317,19 @@ impl Turn<'_> {
         }
     }
 
+    /// Runs a step before the CLI starts: `None` when the turn is cancelled first (the step is dropped, which
+    /// stops what it started) or the step says it was.
+    async fn unless_cancelled<T>(&self, step: impl Future<Output = Result<T>>) -> Result<Option<T>> {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Ok(None),
+            result = step => match result {
+                Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)) => Ok(None),
+                other => other.map(Some),
+            },
+        }
+    }
+
     /// The CLI's executable: the override, PATH, the tools cache, or an install on first use.
     async fn executable(&self, emit: &Emitter) -> Result<PathBuf> {
         if let Some(path) = super::installed_executable(self.bridge.config(), self.agent) {
@@ -325,13 +348,23 @@ impl Turn<'_> {
             .raw_input(serde_json::json!({ "npm": format!("{}@{}", package.name, package.version) })),
         ))
         .await?;
-        match install::install(package, &tools).await {
+        match install::install(package, &tools, &self.cancel).await {
             Ok(path) => {
                 emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Completed))).await?;
                 if self.agent == AgentKind::OpenCode {
                     self.bridge.refresh_opencode_models();
                 }
                 Ok(path)
+            }
+            Err(crate::sandbox::SandboxError::Cancelled) => {
+                emit.send(update(
+                    &call_id,
+                    ToolCallUpdateFields::new()
+                        .status(ToolCallStatus::Failed)
+                        .content(vec![ToolCallContent::from("The install was cancelled.".to_string())]),
+                ))
+                .await?;
+                Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled))
             }
             Err(e) => {
                 emit.send(update(
@@ -411,11 +444,11 @@ impl Turn<'_> {
         };
         let mut translator = self.agent.translator(context);
         let mut state = StreamState { native_id: native_id.map(str::to_string), ..StreamState::default() };
-        let mut reader = BufReader::new(process.stdout);
+        let mut reader = BoundedLines::new(process.stdout, LINE_LIMIT);
         let idle = self.bridge.config().idle_timeout;
         let deadline = tokio::time::Instant::now() + self.bridge.config().turn_timeout;
-        let mut line = Vec::new();
         let mut stop = Stop::Eof;
+        let mut told_cut = false;
         let mut failed = None;
         let mut exited = None;
         // After the CLI exits, what it printed is read for a moment more; a descendant that still holds the pipe
@@ -439,13 +472,24 @@ impl Turn<'_> {
                 _ = sleep_until_or_never(drain_until) => break,
                 // The other branches wake the loop often: silence is measured from the last output.
                 _ = tokio::time::sleep_until(last_output + idle) => { stop = Stop::Stalled; break; }
-                read = reader.read_until(b'\n', &mut line) => match read {
-                    Ok(0) => break,
-                    Ok(_) => {
+                // Cancel-safe: a read interrupted by another branch keeps what it had read in `reader`.
+                read = reader.next_line() => match read {
+                    Ok(None) => break,
+                    Ok(Some(line)) => {
                         last_output = tokio::time::Instant::now();
-                        // Cut at a line: a read interrupted by another branch keeps what it had read in `line`.
-                        let text = String::from_utf8_lossy(&line).trim_end_matches(['\n', '\r']).to_string();
-                        line.clear();
+                        if line.cut && !told_cut {
+                            told_cut = true;
+                            tracing::warn!(session = %self.record.id, "a line of the CLI's output was longer than {LINE_LIMIT} bytes; cut");
+                            if let Err(error) = emit.send(note(&format!(
+                                "_A line of {}'s output was longer than {} MiB; it was cut there._",
+                                self.agent.display_name(),
+                                LINE_LIMIT / (1024 * 1024)
+                            ))).await {
+                                failed = Some(error);
+                                break;
+                            }
+                        }
+                        let text = String::from_utf8_lossy(&line.bytes).trim_end_matches(['\n', '\r']).to_string();
                         if text.trim().is_empty() {
                             continue;
                         }
@@ -558,7 +602,12 @@ impl Turn<'_> {
             }
             // Only the server backend's translator asks or says idle; a CLI run per turn ends with its stdout.
             Output::Permission(_) | Output::Idle => {}
-            Output::Unparsed { line } => {
+            Output::Unparsed { mut line } => {
+                // Kept for the error message and logged: an excerpt of a line that may be megabytes long.
+                if let Some((at, _)) = line.char_indices().nth(UNPARSED_EXCERPT) {
+                    line.truncate(at);
+                    line.push('…');
+                }
                 tracing::debug!(session = %self.record.id, "unparsed CLI line: {line}");
                 if state.unparsed.len() == 10 {
                     state.unparsed.pop_front();
@@ -589,6 +638,69 @@ enum Stop {
     TimedOut,
     /// The sandbox hit its process or memory limit (a fork bomb, a runaway build).
     Limit(String),
+}
+
+/// How many characters of a line the translator could not read are kept and logged.
+const UNPARSED_EXCERPT: usize = 2000;
+
+/// The longest line of a CLI's output that is kept whole; the rest of a longer one is read and dropped.
+const LINE_LIMIT: usize = 16 * 1024 * 1024;
+
+/// One line of [`BoundedLines`].
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Line {
+    /// The line with its newline, or its first `limit` bytes when it was longer.
+    pub bytes: Vec<u8>,
+    /// The line was longer than the limit: what followed up to its newline was dropped.
+    pub cut: bool,
+}
+
+/// Reads lines of at most `limit` bytes without ever holding more: the rest of a longer line is consumed as it
+/// arrives and dropped. [`BoundedLines::next_line`] is cancel-safe, like `read_until`: what it read stays here.
+pub(super) struct BoundedLines<R> {
+    reader: BufReader<R>,
+    limit: usize,
+    line: Vec<u8>,
+    /// The line in `line` reached the limit; its rest is being dropped.
+    cutting: bool,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> BoundedLines<R> {
+    pub(super) fn new(reader: R, limit: usize) -> Self {
+        BoundedLines { reader: BufReader::new(reader), limit, line: Vec::new(), cutting: false }
+    }
+
+    /// The next line; `None` at the end of the stream. A last line without a newline is a line too.
+    pub(super) async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
+        loop {
+            // The only await: everything below it runs to the end or returns, so nothing read is lost on cancel.
+            let buffer = self.reader.fill_buf().await?;
+            if buffer.is_empty() {
+                if self.line.is_empty() && !self.cutting {
+                    return Ok(None);
+                }
+                return Ok(Some(self.take()));
+            }
+            let newline = buffer.iter().position(|&b| b == b'\n');
+            let used = newline.map_or(buffer.len(), |at| at + 1);
+            if !self.cutting {
+                let room = self.limit - self.line.len();
+                let kept = used.min(room);
+                self.line.extend_from_slice(&buffer[..kept]);
+                // Full without its newline: the rest of the line goes.
+                self.cutting = kept < used || (newline.is_none() && self.line.len() == self.limit);
+            }
+            self.reader.consume(used);
+            if newline.is_some() {
+                return Ok(Some(self.take()));
+            }
+        }
+    }
+
+    fn take(&mut self) -> Line {
+        let cut = std::mem::take(&mut self.cutting);
+        Line { bytes: std::mem::take(&mut self.line), cut }
+    }
 }
 
 /// How long output is still read after the CLI exited.
@@ -706,6 +818,48 @@ mod tests {
             crash_message("Amp", "signal 9", "", &VecDeque::new()),
             "Amp exited with signal 9 before finishing the turn"
         );
+    }
+
+    async fn lines_of(input: &[u8], limit: usize) -> Vec<(String, bool)> {
+        let mut reader = BoundedLines::new(input, limit);
+        let mut lines = Vec::new();
+        while let Some(line) = reader.next_line().await.unwrap() {
+            lines.push((String::from_utf8(line.bytes).unwrap(), line.cut));
+        }
+        lines
+    }
+
+    #[tokio::test]
+    async fn lines_longer_than_the_limit_are_cut_and_their_rest_dropped() {
+        assert_eq!(
+            lines_of(b"short\n0123456789abc\n01234567\nlast", 8).await,
+            vec![
+                ("short\n".to_string(), false),
+                ("01234567".to_string(), true),
+                ("01234567".to_string(), true),
+                ("last".to_string(), false),
+            ]
+        );
+        assert_eq!(lines_of(b"1234567\n", 8).await, vec![("1234567\n".to_string(), false)]);
+        assert_eq!(lines_of(b"0123456789", 8).await, vec![("01234567".to_string(), true)]);
+        assert_eq!(lines_of(b"", 8).await, Vec::<(String, bool)>::new());
+    }
+
+    #[tokio::test]
+    async fn a_line_cut_across_many_reads_keeps_only_the_limit() {
+        // A pipe that holds 3 bytes at a time: the rest of the long line is dropped across many reads.
+        let (mut writer, reader) = tokio::io::duplex(3);
+        let feeder = tokio::spawn(async move {
+            tokio::io::AsyncWriteExt::write_all(&mut writer, &[b'x'; 100]).await.unwrap();
+            tokio::io::AsyncWriteExt::write_all(&mut writer, b"\nafter\n").await.unwrap();
+        });
+        let mut lines = BoundedLines::new(reader, 10);
+        let first = lines.next_line().await.unwrap().unwrap();
+        assert_eq!(first, Line { bytes: vec![b'x'; 10], cut: true });
+        let second = lines.next_line().await.unwrap().unwrap();
+        assert_eq!(second, Line { bytes: b"after\n".to_vec(), cut: false });
+        feeder.await.unwrap();
+        assert_eq!(lines.next_line().await.unwrap(), None);
     }
 
     #[tokio::test]

@@ -45,6 +45,77 @@ fn cancel_kills_the_cli_process_tree_and_the_prompt_answers_cancelled() {
 }
 
 #[test]
+fn cancel_during_the_first_use_install_answers_cancelled_and_ends_npm() {
+    let dirs = TestDirs::new("cancel-install");
+    let ws = dirs.workspace("ws");
+    let npm_dir = dirs.workspace("npm");
+    let mut bridge = Bridge::start(installing_forever(&dirs.data, &npm_dir));
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt(&sid, "Say hello");
+    let (npm, child) = wait_npm(&npm_dir);
+    let _guards = (KillOnDrop(npm), KillOnDrop(child));
+
+    bridge.cancel(&sid);
+    let turn = bridge.finish_turn(&sid, id);
+    assert_eq!(turn.stop_reason(), "cancelled");
+    assert!(
+        wait_until(RECV_TIMEOUT, || !pid_alive(npm) && !pid_alive(child)),
+        "npm {npm} or its child {child} outlived the cancel"
+    );
+    let statuses: Vec<String> = turn
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "tool_call_update")
+        .map(|u| u["status"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(statuses, vec!["failed".to_string()], "the install's card: {:?}", turn.updates);
+    assert!(invocations(&ws).is_empty(), "no CLI may run after the cancel");
+}
+
+#[test]
+fn a_cancel_sent_right_after_its_prompt_always_cancels_it() {
+    let dirs = TestDirs::new("cancel-race");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    // Each cancel may reach the bridge before its prompt's turn started, while the CLI starts or while it hangs:
+    // every one must be heard (a lost one leaves the `hang` turn running and its prompt unanswered).
+    let stops: Vec<String> = (0..30)
+        .map(|_| {
+            let id = bridge.send_prompt(&sid, "SCENARIO:hang");
+            bridge.cancel(&sid);
+            bridge.finish_turn(&sid, id).stop_reason()
+        })
+        .collect();
+    assert_eq!(stops, vec!["cancelled".to_string(); 30]);
+    assert_no_processes_under(&ws, "after the cancels");
+    // An earlier cancel does not cancel a later prompt.
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session must work after the cancels");
+}
+
+#[test]
+fn cancel_while_the_cli_is_still_being_probed_answers_cancelled_and_no_cli_runs() {
+    let dirs = TestDirs::new("cancel-probe");
+    let ws = dirs.workspace("ws");
+    let hold = dirs.workspace("hold").join("release");
+    let mut options = BridgeOptions::new("opencode", &dirs.data);
+    options.env.push(("OPENCODE_FAKE_VERSION_HOLD".into(), hold.display().to_string()));
+    let mut bridge = Bridge::start(options);
+    let probe_pid_file = hold.with_extension("pid");
+    assert!(wait_until(RECV_TIMEOUT, || probe_pid_file.exists()), "the bridge never probed the version");
+    let _guard = KillOnDrop(std::fs::read_to_string(&probe_pid_file).unwrap().trim().parse().unwrap());
+    let sid = bridge.new_session(&ws);
+    // The turn waits for the version before it starts the CLI: the cancel must end it there.
+    let id = bridge.send_prompt(&sid, "Say hello");
+    bridge.cancel(&sid);
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "cancelled");
+    assert!(invocations(&ws).is_empty(), "no CLI may run for a cancelled prompt");
+
+    std::fs::write(&hold, b"").unwrap();
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session must work after the cancel");
+}
+
+#[test]
 fn cancel_of_an_idle_session_is_harmless() {
     let dirs = TestDirs::new("cancel-idle");
     let ws = dirs.workspace("ws");
@@ -137,6 +208,43 @@ fn processes_of_a_killed_bridge_end_with_it_and_the_next_bridge_continues() {
     let load = next.load_session(&sid, &ws);
     assert!(load.result.is_ok(), "{:?}", load.result);
     assert_eq!(next.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+}
+
+#[test]
+fn another_bridge_or_a_sessions_command_leaves_a_live_bridges_processes_alone() {
+    // The first bridge's version probe (a process carrying a sandbox's HOME, with no turn recorded for it) and a
+    // turn waiting behind it run while a `sessions list` and a second serving bridge start on the same data dir.
+    let dirs = TestDirs::new("live-owner");
+    let ws = dirs.workspace("ws");
+    let hold = dirs.workspace("hold").join("release");
+    let mut options = BridgeOptions::new("opencode", &dirs.data);
+    options.env.push(("OPENCODE_FAKE_VERSION_HOLD".into(), hold.display().to_string()));
+    let mut first = Bridge::start(options);
+    let probe_pid_file = hold.with_extension("pid");
+    assert!(wait_until(RECV_TIMEOUT, || probe_pid_file.exists()), "the first bridge never probed the version");
+    let probe: i32 = std::fs::read_to_string(&probe_pid_file).unwrap().trim().parse().unwrap();
+    let _guard = KillOnDrop(probe);
+    let sid = first.new_session(&ws);
+    let id = first.send_prompt(&sid, "Say hello");
+
+    let listed = std::process::Command::new(bridge_bin())
+        .args(["sessions", "list", "--data-dir"])
+        .arg(&dirs.data)
+        .env("ACP_SANDBOX_OPENCODE_BIN", fakes_dir().join("opencode"))
+        .env_remove("ACP_SANDBOX_AGENT")
+        .env_remove("ACP_SANDBOX_DATA_DIR")
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    assert!(pid_alive(probe), "`sessions list` killed the first bridge's process {probe}");
+    // A serving bridge reaps before it answers `initialize`.
+    let mut second = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    assert!(pid_alive(probe), "a second bridge killed the first bridge's process {probe}");
+
+    std::fs::write(&hold, b"").unwrap();
+    assert_eq!(first.finish_turn(&sid, id).stop_reason(), "end_turn", "the first bridge's turn ends normally");
+    let other = second.new_session(&ws);
+    assert_eq!(second.prompt(&other, "Say hello").stop_reason(), "end_turn");
 }
 
 #[test]

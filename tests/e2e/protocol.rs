@@ -152,6 +152,34 @@ fn stdin_eof_exits_0_and_kills_the_running_cli_tree() {
 }
 
 #[test]
+fn stdin_eof_during_the_first_use_install_exits_0_with_npm_and_its_children_gone() {
+    let dirs = TestDirs::new("eof-install");
+    let ws = dirs.workspace("ws");
+    let npm_dir = dirs.workspace("npm");
+    let mut bridge = Bridge::start(installing_forever(&dirs.data, &npm_dir));
+    let sid = bridge.new_session(&ws);
+    bridge.send_prompt(&sid, "Say hello");
+    let (npm, child) = wait_npm(&npm_dir);
+    let _guards = (KillOnDrop(npm), KillOnDrop(child));
+
+    bridge.close_stdin();
+    bridge.drain_stdout(RECV_TIMEOUT);
+    let status = bridge.wait_exit(RECV_TIMEOUT).unwrap_or_else(|| bridge.fail("the bridge did not exit on stdin EOF"));
+    assert_eq!(status.code(), Some(0), "exit status on stdin EOF: {status}");
+    // Killed before the bridge exited: by now each is gone or a zombie waiting for init.
+    assert_eq!(
+        (pid_alive(npm), pid_alive(child)),
+        (false, false),
+        "npm {npm} or its child {child} outlived the bridge"
+    );
+    assert!(invocations(&ws).is_empty(), "no CLI may run after the editor left");
+    let tools = dirs.data.join("tools");
+    let staged: Vec<_> =
+        std::fs::read_dir(&tools).map(|dir| dir.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert_eq!(staged, Vec::<std::ffi::OsString>::new(), "the half-made install is left in {}", tools.display());
+}
+
+#[test]
 fn every_kind_of_mcp_server_the_editor_offers_is_accepted() {
     let dirs = TestDirs::new("mcp");
     let ws = dirs.workspace("ws");

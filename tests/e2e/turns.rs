@@ -230,6 +230,34 @@ fn non_json_lines_from_the_cli_are_skipped() {
 }
 
 #[test]
+fn a_line_longer_than_16_mib_is_cut_with_a_note_and_the_turn_ends_normally() {
+    let dirs = TestDirs::new("hugeline");
+    let ws = dirs.workspace("ws");
+    let mut bridge = opencode_bridge(&dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:hugeline Say hello");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    let notes: Vec<&serde_json::Value> = turn
+        .updates
+        .iter()
+        .filter(|u| {
+            u["sessionUpdate"] == "agent_message_chunk"
+                && u["content"]["text"].as_str().is_some_and(|t| t.contains("MiB"))
+        })
+        .collect();
+    assert_eq!(
+        notes,
+        vec![&json!({
+            "sessionUpdate": "agent_message_chunk",
+            "content": {"type": "text", "text": "\n\n_A line of OpenCode's output was longer than 16 MiB; it was cut there._\n\n"}
+        })]
+    );
+    // What followed the cut line is read as usual.
+    assert!(turn.agent_text().ends_with(TEXT_ANSWER), "{}", turn.agent_text());
+    assert_eq!(bridge.prompt(&sid, "Say hello again").stop_reason(), "end_turn", "the bridge must serve on");
+}
+
+#[test]
 fn second_prompt_during_a_running_turn_gets_a_clear_error() {
     let dirs = TestDirs::new("busy");
     let ws = dirs.workspace("ws");

@@ -18,8 +18,10 @@ Scenarios (both agents unless noted):
   crash (garbage, a partial line and stderr text, exit 3), garbage (non-JSON lines, then a normal answer),
   slow (a text event every FAKE_DELAY_MS=200 ms, FAKE_COUNT=50 times), hang (starts, then sleeps forever),
   probe (tries writing in the workspace, its parent, HOME and /tmp; results in <cwd>/.fake-cli/probe.json),
-  `--version` prints $OPENCODE_FAKE_VERSION (default 1.18.33); `serve` is not implemented (exit 1, like a CLI
+  `--version` prints $OPENCODE_FAKE_VERSION (default 1.18.33), with $OPENCODE_FAKE_VERSION_HOLD=PATH only once PATH
+  exists (its pid in PATH.pid meanwhile); `serve` is not implemented (exit 1, like a CLI
   without a server).
+  hugeline* (a 20 MiB text event on one line, then a normal answer),
   child (starts a grandchild `sleep 1000` in its own session, writes its pid to <cwd>/.fake-cli/child.pid, sleeps).
   (* OpenCode only, + Amp only.) Amp prints the `User cancelled (SIGINT/SIGTERM)` error result and exits 0 on
   SIGTERM/SIGINT once it has started streaming, like the real one; OpenCode just dies from the signal.
@@ -190,6 +192,13 @@ OPENCODE_FIXTURES = {
 
 def parse_opencode(args):
     if args[:1] == ["--version"]:
+        hold = os.environ.get("OPENCODE_FAKE_VERSION_HOLD")
+        if hold:
+            # Writes its pid to HOLD.pid, then answers only once HOLD exists (a slow first start).
+            Path(hold + ".pid.tmp").write_text(str(os.getpid()))
+            os.rename(hold + ".pid.tmp", hold + ".pid")
+            while not Path(hold).exists():
+                time.sleep(0.02)
         print(os.environ.get("OPENCODE_FAKE_VERSION", "1.18.33"))
         sys.exit(0)
     if args == ["models", "--verbose"]:
@@ -317,6 +326,10 @@ def run_opencode(args):
     elif scenario == "hang":
         emit_json(oc_step_start(sid, msg))
         sleep_forever()
+    elif scenario == "hugeline":
+        emit_json(oc_text(sid, msg, "x" * (20 * 1024 * 1024)))
+        for line in opencode_fixture_lines(OPENCODE_FIXTURES["text"], sid, cwd):
+            emit(line)
     elif scenario == "child":
         start_grandchild()
         emit_json(oc_step_start(sid, msg))

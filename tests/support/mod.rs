@@ -135,6 +135,24 @@ pub struct BridgeOptions {
     pub launcher: Vec<String>,
 }
 
+/// OpenCode without `--opencode-bin` and not on PATH, so the first prompt installs it, with `tests/fakes/npm` as
+/// the `npm` it installs with: an install that never ends. The fake writes its pid and its child's to `npm_dir`.
+pub fn installing_forever(data_dir: &Path, npm_dir: &Path) -> BridgeOptions {
+    let mut options = BridgeOptions::new("opencode", data_dir);
+    options.env.retain(|(name, _)| name != "ACP_SANDBOX_OPENCODE_BIN");
+    options.env.push(("PATH".into(), format!("{}:/usr/bin:/bin", fakes_dir().join("npm").display())));
+    options.env.push(("FAKE_NPM_DIR".into(), npm_dir.display().to_string()));
+    options
+}
+
+/// Waits until the fake npm of [`installing_forever`] runs; returns its pid and its child's.
+pub fn wait_npm(npm_dir: &Path) -> (i32, i32) {
+    let npm_pid = npm_dir.join("npm.pid");
+    assert!(wait_until(RECV_TIMEOUT, || npm_pid.exists()), "the install never started npm");
+    let read = |name: &str| -> i32 { std::fs::read_to_string(npm_dir.join(name)).unwrap().trim().parse().unwrap() };
+    (read("npm.pid"), read("child.pid"))
+}
+
 /// The Amp key the tests give the bridge (the fake only checks that one is set).
 pub const FAKE_AMP_KEY: &str = "sgamp_user_e2e_dummy_key";
 

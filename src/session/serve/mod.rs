@@ -236,9 +236,8 @@ impl Servers {
     pub async fn stop_all(&self) {
         let all: Vec<Arc<Server>> =
             self.running.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, server)| server).collect();
-        for server in all {
-            server.stop().await;
-        }
+        // All at once: the bridge's exit waits for the slowest, not for their sum.
+        futures::future::join_all(all.iter().map(|server| server.stop())).await;
     }
 
     async fn stop_idle(&self) {

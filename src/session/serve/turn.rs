@@ -219,7 +219,13 @@ impl Turn<'_> {
                     break Outcome::KillServer;
                 },
                 _ = server.exited() => break Outcome::ServerDied,
-                result = async { command_call.as_mut().expect("guarded").await }, if command_call.is_some() => {
+                // Never pending for good: the branch is off once the call is answered.
+                result = async {
+                    match command_call.as_mut() {
+                        Some(call) => call.await,
+                        None => std::future::pending().await,
+                    }
+                }, if command_call.is_some() => {
                     command_call = None;
                     if let Ok(Err(e)) = result {
                         tracing::warn!(session = %self.record.id, "the command failed: {e}");
