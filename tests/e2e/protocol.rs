@@ -192,6 +192,15 @@ fn every_kind_of_mcp_server_the_editor_offers_is_accepted() {
     let created = bridge.request("session/new", json!({"cwd": ws, "mcpServers": servers})).expect("session/new");
     let sid = created["sessionId"].as_str().unwrap().to_string();
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    // They stay out of the sandbox: the CLI is told of none of them, by argument, variable or config.
+    let invocation = &invocations(&ws)[0];
+    assert_eq!(invocation.env("K"), None);
+    assert_eq!(invocation.env("OPENCODE_CONFIG_CONTENT"), None);
+    assert_eq!(invocation.env("OPENCODE_CONFIG"), None);
+    let argv = invocation.argv().join(" ");
+    for server in ["local tool", "/usr/bin/true", "127.0.0.1:9", "mcp"] {
+        assert!(!argv.contains(server), "{server} in the CLI's argv: {argv}");
+    }
 }
 
 #[test]
@@ -208,4 +217,28 @@ fn each_agent_server_lists_only_its_own_sessions_of_a_shared_data_dir() {
     };
     assert_eq!(ids(&mut opencode), vec![oc_session]);
     assert_eq!(ids(&mut amp), vec![amp_session]);
+}
+
+#[test]
+fn two_bridges_on_one_data_dir_never_run_two_turns_of_one_session() {
+    let dirs = TestDirs::new("two-bridges");
+    let ws = dirs.workspace("ws");
+    let mut first = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = first.new_session(&ws);
+    let running = first.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=200 FAKE_DELAY_MS=100 stream for a while");
+    let _guard = KillOnDrop(wait_invocations(&ws, 1)[0].pid());
+    first.wait_update(&sid, "the first streamed chunk", |u| u["sessionUpdate"] == "agent_message_chunk");
+
+    // A second editor window on the same data dir opens the session and prompts while the turn runs.
+    let mut second = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let loaded = second.load_session(&sid, &ws);
+    assert!(loaded.result.is_ok(), "{:?}", loaded.result);
+    let refused = second.prompt(&sid, "SCENARIO:text me too").result.expect_err("one turn per session");
+    assert_eq!(refused.code, -32600, "{refused}");
+    assert_eq!(refused.message, "A turn is already running in this session; wait for it to finish or cancel it first");
+
+    first.cancel(&sid);
+    assert_eq!(first.finish_turn(&sid, running).stop_reason(), "cancelled");
+    assert_eq!(second.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session is free once the turn ended");
+    assert_eq!(invocations(&ws).len(), 2, "the refused prompt started no CLI");
 }

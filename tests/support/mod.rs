@@ -162,7 +162,8 @@ impl BridgeOptions {
         let fakes = fakes_dir();
         BridgeOptions {
             agent: agent.to_string(),
-            sandbox: "none".to_string(),
+            // `ACP_SANDBOX_E2E_SANDBOX=bwrap` runs the whole suite under bubblewrap (what most users get).
+            sandbox: std::env::var("ACP_SANDBOX_E2E_SANDBOX").unwrap_or_else(|_| "none".to_string()),
             data_dir: data_dir.to_path_buf(),
             args: vec![],
             env: vec![
