@@ -290,6 +290,87 @@ fn bench_stream() {
     );
 }
 
+/// The latency the bridge adds to each event (the CLI's print → the client's read, same clock) at 1,000 events/s:
+/// a CLI printing 5,000 text events, each stamped with the time it was printed. p50 and p99.
+fn bench_latency() {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-latency");
+    let _ = std::fs::remove_dir_all(&root);
+    let workspace = root.join("ws");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let count = 5_000;
+    let script = format!(
+        r#"import json, sys, time
+sys.stdin.read()
+sid = "ses_benchlatency00000000000"
+out = sys.stdout
+start = time.time()
+for n in range({count}):
+    due = start + n / 1000.0
+    while time.time() < due:
+        pass
+    part = {{"id": "prt_%d" % n, "messageID": "msg_1", "sessionID": sid, "type": "text",
+             "text": "t=%.6f " % time.time(), "time": {{"start": 1, "end": 1}}}}
+    out.write(json.dumps({{"type": "text", "timestamp": 1, "sessionID": sid, "part": part}}) + "
+")
+    out.flush()
+"#
+    );
+    let script_path = root.join("cli.py");
+    std::fs::write(&script_path, script).unwrap();
+    let fake = root.join("fake-opencode");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh
+exec python3 '{}'
+",
+            script_path.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut bridge = Bridge::start(&root.join("data"), "none", &[], &fake);
+    bridge.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    let session =
+        bridge.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
+    bridge.next_id += 1;
+    let id = bridge.next_id;
+    let prompt = json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
+        "params": {"sessionId": session, "prompt": [{"type": "text", "text": "stream"}]}});
+    writeln!(bridge.stdin, "{prompt}").unwrap();
+    bridge.stdin.flush().unwrap();
+    let mut added = Vec::with_capacity(count);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(bridge.stdout.read_line(&mut line).unwrap() > 0, "the bridge exited");
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        let message: Value = serde_json::from_str(&line).unwrap();
+        if message["id"] == json!(id) {
+            break;
+        }
+        if let Some(stamp) = message["params"]["update"]["content"]["text"]
+            .as_str()
+            .and_then(|text| text.strip_prefix("t="))
+            .and_then(|t| t.trim().parse::<f64>().ok())
+        {
+            added.push(Duration::from_secs_f64((now - stamp).max(0.0)));
+        }
+    }
+    drop(bridge.stdin);
+    let _ = bridge.child.wait();
+    assert_eq!(added.len(), count, "every event arrived");
+    added.sort();
+    let at = |q: f64| added[((added.len() as f64 * q) as usize).min(added.len() - 1)];
+    println!(
+        "bridge    latency   {count:>6} events at 1,000/s: added p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms",
+        at(0.5).as_secs_f64() * 1e3,
+        at(0.99).as_secs_f64() * 1e3,
+        added[added.len() - 1].as_secs_f64() * 1e3
+    );
+}
+
 /// The real OpenCode for the side-by-side bench: `ACP_SANDBOX_TEST_OPENCODE`, else the install of
 /// `.ci/install-opencode.sh`.
 fn real_opencode() -> Option<PathBuf> {
@@ -528,6 +609,7 @@ fn main() {
     bench_translate();
     bench_store();
     bench_stream();
+    bench_latency();
     bench_turns();
     bench_warm();
     if let Some(kib) = peak_rss_kib() {
