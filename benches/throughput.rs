@@ -310,8 +310,7 @@ for n in range({count}):
         pass
     part = {{"id": "prt_%d" % n, "messageID": "msg_1", "sessionID": sid, "type": "text",
              "text": "t=%.6f " % time.time(), "time": {{"start": 1, "end": 1}}}}
-    out.write(json.dumps({{"type": "text", "timestamp": 1, "sessionID": sid, "part": part}}) + "
-")
+    out.write(json.dumps({{"type": "text", "timestamp": 1, "sessionID": sid, "part": part}}) + "\n")
     out.flush()
 "#
     );
@@ -348,6 +347,7 @@ exec python3 '{}'
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
         let message: Value = serde_json::from_str(&line).unwrap();
         if message["id"] == json!(id) {
+            assert_eq!(message["result"]["stopReason"], "end_turn", "{message}");
             break;
         }
         if let Some(stamp) = message["params"]["update"]["content"]["text"]

@@ -55,12 +55,28 @@ pub struct Server {
     busy: std::sync::atomic::AtomicBool,
     /// The approvals rules last given to each OpenCode session of this server.
     pub(super) permissions: Mutex<HashMap<String, String>>,
+    /// Where the server's event stream goes: the running turn's receiver, if any. One stream, opened when the
+    /// server became ready, saves every turn a subscription.
+    listener: Arc<Mutex<Option<mpsc::UnboundedSender<String>>>>,
+    /// The event stream ended (the server died or dropped it).
+    stream_open: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Server {
-    /// Whether the process still runs.
+    /// Whether the process still runs and its event stream is open.
     pub fn alive(&self) -> bool {
-        self.exited.borrow().is_none()
+        self.exited.borrow().is_none() && self.stream_open.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Every event from now on, until the returned receiver is dropped or another turn listens. `None` once the
+    /// stream has ended.
+    pub fn listen(&self) -> Option<mpsc::UnboundedReceiver<String>> {
+        if !self.stream_open.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        let (sender, receiver) = mpsc::unbounded_channel();
+        *self.listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
+        Some(receiver)
     }
 
     /// How it exited, once it did.
@@ -328,7 +344,36 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
             _ = watch_exit.changed() => {}
         }
     };
+    // The first event says the subscription is live: nothing a turn asks for afterwards can be missed.
+    let mut events = client.events().await.map_err(|e| ServeError::Start(format!("its event stream: {e}")))?;
+    match tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut events)).await {
+        Ok(Some(_)) => {}
+        _ => {
+            let _ = kill.try_send(Control::Kill);
+            return Err(ServeError::Start("its event stream did not open".into()));
+        }
+    }
+    let listener: Arc<Mutex<Option<mpsc::UnboundedSender<String>>>> = Arc::default();
+    let stream_open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    {
+        let (listener, stream_open) = (listener.clone(), stream_open.clone());
+        tokio::spawn(async move {
+            while let Some(event) = futures::StreamExt::next(&mut events).await {
+                let mut listener = listener.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(sender) = listener.as_ref()
+                    && sender.send(event).is_err()
+                {
+                    *listener = None;
+                }
+            }
+            stream_open.store(false, std::sync::atomic::Ordering::SeqCst);
+            // The turn listening sees its channel close.
+            listener.lock().unwrap_or_else(|p| p.into_inner()).take();
+        });
+    }
     Ok(Server {
+        listener,
+        stream_open,
         client,
         version,
         kill,

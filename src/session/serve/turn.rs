@@ -8,7 +8,6 @@ use std::time::Duration;
 use agent_client_protocol::v1::schema::{
     PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest, StopReason,
 };
-use futures::StreamExt;
 use hyper::Method;
 use serde_json::{Value, json};
 
@@ -32,11 +31,11 @@ pub enum ServeOutcome {
     Unavailable(String),
 }
 
+/// How long the stream must be quiet after an aborted OpenCode went idle before the turn ends.
+const SETTLE: Duration = Duration::from_millis(500);
+
 /// How long OpenCode gets to go idle after an abort before its server is killed.
 const ABORT_GRACE: Duration = Duration::from_secs(1);
-
-/// How long the event stream may take to say it is connected.
-const SUBSCRIBE_LIMIT: Duration = Duration::from_secs(10);
 
 /// The approvals rules given to OpenCode: `auto` lets every tool run (the sandbox is the boundary, as with `run
 /// --auto`); `ask` asks before edits, commands and fetches.
@@ -123,14 +122,10 @@ impl Turn<'_> {
             server.permissions.lock().unwrap_or_else(|p| p.into_inner()).insert(ses.clone(), approvals.to_string());
         }
 
-        let mut events = client.events().await.map_err(failed)?;
-        // The first event says the subscription is live: nothing of the turn can be missed after it.
-        match tokio::time::timeout(SUBSCRIBE_LIMIT, events.next()).await {
-            Ok(Some(_)) => {}
-            _ => {
-                return Err(failed(ClientError::Connect("the event stream did not open".into())));
-            }
-        }
+        tracing::debug!(session = %self.record.id, "server turn: conversation and rules ready");
+        let Some(mut events) = server.listen() else {
+            return Err(failed(ClientError::Connect("the event stream ended".into())));
+        };
         let context = TranslateContext {
             workspace: PathBuf::from(&self.record.cwd),
             agent_workspace: sandbox.workspace().to_path_buf(),
@@ -175,10 +170,12 @@ impl Turn<'_> {
                 Some(tokio::spawn(async move { client.call(Method::POST, &path, Some(&request)).await }))
             }
             None => {
+                tracing::debug!(session = %self.record.id, "server turn: subscribed; prompting");
                 client
                     .call(Method::POST, &format!("/session/{ses}/prompt_async"), Some(&body))
                     .await
                     .map_err(failed)?;
+                tracing::debug!(session = %self.record.id, "server turn: prompted");
                 None
             }
         };
@@ -190,12 +187,15 @@ impl Turn<'_> {
         let mut end: Option<TurnEnd> = None;
         let mut stop: Option<Stop> = None;
         let mut abort_deadline: Option<tokio::time::Instant> = None;
+        // After a stopped turn went idle: until the stream has been quiet for a moment.
+        let mut settle: Option<tokio::time::Instant> = None;
+        let mut settle_cap: Option<tokio::time::Instant> = None;
         let mut pending: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         let name = self.agent.display_name();
         let outcome = loop {
             tokio::select! {
                 biased;
-                _ = self.cancel.cancelled(), if abort_deadline.is_none() => {
+                _ = self.cancel.cancelled(), if abort_deadline.is_none() && settle.is_none() => {
                     stop = Some(Stop::Cancelled);
                     for task in pending.drain(..) {
                         task.abort();
@@ -203,7 +203,8 @@ impl Turn<'_> {
                     let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
                     abort_deadline = Some(tokio::time::Instant::now() + ABORT_GRACE);
                 }
-                _ = sleep_until_or_never(abort_deadline) => break Outcome::KillServer,
+                _ = sleep_until_or_never(if settle.is_some() { None } else { abort_deadline }) => break Outcome::KillServer,
+                _ = sleep_until_or_never(settle) => break Outcome::Idle,
                 _ = tokio::time::sleep_until(deadline), if stop.is_none() => {
                     stop = Some(Stop::TimedOut);
                     let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
@@ -232,7 +233,7 @@ impl Turn<'_> {
                         end.get_or_insert(TurnEnd::Error { message: format!("{name} could not run the command: {e}") });
                     }
                 }
-                event = events.next() => {
+                event = events.recv() => {
                     let Some(event) = event else { break Outcome::StreamEnded };
                     if let Some(ask) = foreign_permission(&event, &ses) {
                         // A subagent's own session asks: no card of ours shows it, so it is asked in words.
@@ -272,8 +273,17 @@ impl Turn<'_> {
                             }
                         }
                     }
+                    if let Some(cap) = settle_cap {
+                        settle = Some((tokio::time::Instant::now() + SETTLE).min(cap));
+                    }
                     if idle_now {
-                        break Outcome::Idle;
+                        if stop.is_none() {
+                            break Outcome::Idle;
+                        }
+                        // An aborted OpenCode goes idle before its tool and message say so (measured: 260 ms
+                        // later, then idle again); those belong to this turn, not to the next one.
+                        settle = Some(tokio::time::Instant::now() + SETTLE);
+                        settle_cap = Some(tokio::time::Instant::now() + SETTLE * 6);
                     }
                 }
             }
