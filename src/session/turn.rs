@@ -431,18 +431,7 @@ impl Turn<'_> {
         let mut process = sandbox.exec(spec).await?;
         let mut stderr_task =
             tokio::spawn(stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
-        let context = TranslateContext {
-            workspace: PathBuf::from(&self.record.cwd),
-            agent_workspace: sandbox.workspace().to_path_buf(),
-            terminal_output: self.bridge.terminal_output(),
-            context_window: self
-                .model
-                .as_ref()
-                .and_then(|model| model.context)
-                .unwrap_or(self.bridge.config().context_window),
-            turn_key: format!("{}-", emit.turn_id),
-        };
-        let mut translator = self.agent.translator(context);
+        let mut translator = self.agent.translator(self.translate_context(sandbox, emit));
         let mut state = StreamState { native_id: native_id.map(str::to_string), ..StreamState::default() };
         let mut reader = BoundedLines::new(process.stdout, LINE_LIMIT);
         let idle = self.bridge.config().idle_timeout;
@@ -580,6 +569,21 @@ impl Turn<'_> {
             }
         };
         Ok(Attempt::Finished(result))
+    }
+
+    /// What the translator of this turn is told: the workspaces, the client's rendering, the model's window.
+    pub(super) fn translate_context(&self, sandbox: &dyn Sandbox, emit: &Emitter) -> TranslateContext {
+        TranslateContext {
+            workspace: PathBuf::from(&self.record.cwd),
+            agent_workspace: sandbox.workspace().to_path_buf(),
+            terminal_output: self.bridge.terminal_output(),
+            context_window: self
+                .model
+                .as_ref()
+                .and_then(|model| model.context)
+                .unwrap_or(self.bridge.config().context_window),
+            turn_key: format!("{}-", emit.turn_id),
+        }
     }
 
     async fn handle(&self, output: Output, emit: &Emitter, state: &mut StreamState) -> Result<()> {

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::client::{Client, ClientError};
 use super::{Servers, Started};
 use crate::agents::opencode::serve::ServeTranslator;
-use crate::agents::{Output, PermissionAsk, TranslateContext, Translator, TurnEnd};
+use crate::agents::{Output, PermissionAsk, Translator, TurnEnd};
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::session::options;
@@ -126,18 +126,7 @@ impl Turn<'_> {
         let Some(mut events) = server.listen() else {
             return Err(failed(ClientError::Connect("the event stream ended".into())));
         };
-        let context = TranslateContext {
-            workspace: PathBuf::from(&self.record.cwd),
-            agent_workspace: sandbox.workspace().to_path_buf(),
-            terminal_output: self.bridge.terminal_output(),
-            context_window: self
-                .model
-                .as_ref()
-                .and_then(|model| model.context)
-                .unwrap_or(self.bridge.config().context_window),
-            turn_key: format!("{}-", emit.turn_id),
-        };
-        let mut translator = ServeTranslator::new(context, ses.clone());
+        let mut translator = ServeTranslator::new(self.translate_context(sandbox.as_ref(), emit), ses.clone());
 
         let mut body = json!({ "parts": parts(rendered, command.is_some()) });
         if let Some((provider, model)) = options::opencode_model(&self.record.config).and_then(|m| m.split_once('/')) {
