@@ -145,6 +145,39 @@ async fn a_fast_stream_is_committed_in_one_transaction_per_drain_of_the_queue() 
     assert_eq!(store.history("s", usize::MAX).await.unwrap().turns[0].1.len(), 5000);
 }
 
+#[tokio::test]
+async fn the_wal_is_checkpointed_into_the_database_once_the_writer_is_idle_not_in_the_middle_of_a_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.create_session(&record("s", "/w", 1)).await.unwrap();
+    let turn = store.start_turn("s", &json!([])).await.unwrap();
+    let main_file = || std::fs::metadata(store.path()).unwrap().len();
+    // What the opening wrote is checkpointed once the writer has nothing to do.
+    let settled = |size: &dyn Fn() -> u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut last = size();
+        loop {
+            std::thread::sleep(Duration::from_millis(600));
+            let now = size();
+            if now == last || std::time::Instant::now() > deadline {
+                return now;
+            }
+            last = now;
+        }
+    };
+    let before = settled(&main_file);
+    for n in 0..2000 {
+        store.append_event("s", turn, &json!({ "n": n, "text": "x".repeat(2500) })).await.unwrap();
+    }
+    // 5 MB: past the 1,000 pages at which SQLite would checkpoint by itself. Automatic checkpoints are off, so
+    // during the stream the updates are only in the WAL...
+    assert_eq!(main_file(), before, "the database file was written in the middle of the stream");
+    // ...and the idle writer copies them into the database file.
+    let after = settled(&main_file);
+    assert!(after > before + 2500 * 2000 / 2, "the idle checkpoint did not happen: {before} -> {after} bytes");
+    assert_eq!(store.history("s", usize::MAX).await.unwrap().turns[0].1.len(), 2000);
+}
+
 #[test]
 fn two_stores_on_one_file_write_concurrently_without_losing_anything() {
     // Two Zed windows are two bridge processes on one data dir; two stores model them here.

@@ -70,8 +70,14 @@ impl Writer {
     /// Starts the writer thread on `connection` (already migrated).
     pub fn start(connection: Connection, context: Arc<Context>) -> std::io::Result<Self> {
         let (jobs, queue) = mpsc::channel();
-        let mut thread =
-            WriterThread { connection, context, unended: Vec::new(), broken: HashMap::new(), failing: false };
+        let mut thread = WriterThread {
+            connection,
+            context,
+            unended: Vec::new(),
+            broken: HashMap::new(),
+            failing: false,
+            since_checkpoint: 0,
+        };
         std::thread::Builder::new().name("acp-sandbox-store".into()).spawn(move || thread.run(queue))?;
         Ok(Self { places: Arc::new(Semaphore::new(QUEUE)), jobs })
     }
@@ -93,7 +99,14 @@ struct WriterThread {
     broken: HashMap<i64, StoreError>,
     /// Whether the last transaction failed (to log the failure and the recovery once each).
     failing: bool,
+    /// Transactions committed since the last checkpoint of the WAL into the database file.
+    since_checkpoint: usize,
 }
+
+/// The WAL is checkpointed once the queue has been empty this long (a turn's stream has paused or ended)...
+const CHECKPOINT_WHEN_IDLE: Duration = Duration::from_millis(250);
+/// ...or, in a stream that never pauses, after this many transactions, so the WAL stays bounded.
+const CHECKPOINT_AT_THE_LATEST: usize = 5_000;
 
 /// What a job did inside the transaction, to acknowledge once it is committed.
 enum Done {
@@ -126,10 +139,19 @@ impl Done {
 impl WriterThread {
     fn run(&mut self, queue: mpsc::Receiver<Queued>) {
         loop {
-            let first = if self.unended.is_empty() {
+            let first = if self.unended.is_empty() && self.since_checkpoint == 0 {
                 match queue.recv() {
                     Ok(job) => job,
                     Err(_) => break,
+                }
+            } else if self.unended.is_empty() {
+                match queue.recv_timeout(CHECKPOINT_WHEN_IDLE) {
+                    Ok(job) => job,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.checkpoint();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
                 }
             } else {
                 match queue.recv_timeout(RETRY_EVERY) {
@@ -149,11 +171,25 @@ impl WriterThread {
                 }
             }
             self.batch(batch);
+            self.since_checkpoint += 1;
+            if self.since_checkpoint >= CHECKPOINT_AT_THE_LATEST {
+                self.checkpoint();
+            }
         }
         // The store is dropped: a last try for the turns that are still not ended.
         if !self.unended.is_empty() {
             self.batch(Vec::new());
         }
+        self.checkpoint();
+    }
+
+    /// Copies the WAL into the database file without waiting for readers (a reader in the middle of a read keeps
+    /// its frames; the next checkpoint takes them).
+    fn checkpoint(&mut self) {
+        if let Err(e) = self.connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::debug!(path = %self.context.path.display(), "checkpoint of the session store failed: {e}");
+        }
+        self.since_checkpoint = 0;
     }
 
     /// Runs the waiting turn endings and `batch` in one transaction, then acknowledges every job.
