@@ -503,6 +503,25 @@ impl Turn<'_> {
         if stop != Stop::Eof || failed.is_some() {
             process.handle.kill().await;
         }
+        if stop == Stop::Cancelled && failed.is_none() {
+            // What the CLI printed before it was stopped (its conversation id above all) may still be in the pipe:
+            // a cancel that won the race against it must not lose it, or the next prompt would start a new
+            // conversation. The CLI is dead, so the pipe ends at once; the bound covers a descendant holding it.
+            let drain = async {
+                while let Ok(Some(line)) = reader.next_line().await {
+                    let text = String::from_utf8_lossy(&line.bytes).trim_end_matches(['\n', '\r']).to_string();
+                    if text.trim().is_empty() {
+                        continue;
+                    }
+                    for output in translator.line(&text) {
+                        if self.handle(output, emit, &mut state).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(CANCEL_DRAIN, drain).await;
+        }
         // What the CLI says next could not be kept (the store cannot write): it is stopped, and the turn fails.
         if let Some(error) = failed {
             let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, process.handle.wait()).await;
@@ -706,6 +725,9 @@ impl<R: tokio::io::AsyncRead + Unpin> BoundedLines<R> {
         Line { bytes: std::mem::take(&mut self.line), cut }
     }
 }
+
+/// How long what a cancelled CLI printed before it died is still read.
+const CANCEL_DRAIN: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// How long output is still read after the CLI exited.
 const DRAIN_AFTER_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
