@@ -14,7 +14,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncBufReadExt;
 use tokio::sync::{mpsc, watch};
 
 use self::client::Client;
@@ -25,6 +24,9 @@ pub(super) use self::turn::{ServeOutcome, conversation, start_server};
 /// Where the server listens inside the sandbox. With a network namespace of its own any port is free; under
 /// `--sandbox none` a free port of the host is picked instead.
 const INSIDE_PORT: u16 = 4096;
+
+/// At most this much of a line of the server's output is kept.
+const LINE_EXCERPT: usize = 2000;
 
 /// Lines of the server's stderr kept for error messages.
 const STDERR_LINES: usize = 40;
@@ -294,11 +296,6 @@ impl Servers {
             self.stop(&session).await;
         }
     }
-
-    /// How many servers run.
-    pub fn count(&self) -> usize {
-        self.running.lock().unwrap_or_else(|p| p.into_inner()).values().filter(|server| server.alive()).count()
-    }
 }
 
 /// How long a server may take to answer its first health check (OpenCode's cold start took up to 18 s on a loaded
@@ -432,12 +429,14 @@ fn supervise(mut handle: Box<dyn ProcessHandle>) -> Supervision {
     (kill_tx, exit_rx, limit)
 }
 
+/// Keeps the last lines of a server's output. Bounded like a CLI's: anything in the sandbox may write there.
 async fn keep_tail(stream: crate::sandbox::OutputStream, tail: Arc<Mutex<VecDeque<String>>>) {
-    let mut lines = tokio::io::BufReader::new(stream).lines();
+    let mut lines = crate::session::turn::BoundedLines::new(stream, LINE_EXCERPT);
     while let Ok(Some(line)) = lines.next_line().await {
+        let line = String::from_utf8_lossy(&line.bytes).trim_end().to_string();
         tracing::debug!(target: "acp_sandbox::opencode_server", "{line}");
         let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
-        tail.push_back(line.chars().take(2000).collect());
+        tail.push_back(line);
         if tail.len() > STDERR_LINES {
             tail.pop_front();
         }
