@@ -11,10 +11,38 @@ fn start_turn_with_grandchild(bridge: &mut Bridge, sid: &str, ws: &std::path::Pa
     let id = bridge.send_prompt(sid, "SCENARIO:child run the test suite in the background");
     let cli = wait_invocations(ws, 1)[0].pid();
     let pid_file = ws.join(".fake-cli/child.pid");
-    assert!(wait_until(RECV_TIMEOUT, || pid_file.exists()), "the fake never started its grandchild");
-    let grandchild = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
-    assert!(pid_alive(grandchild));
+    let mut grandchild = None;
+    assert!(
+        wait_until(RECV_TIMEOUT, || {
+            grandchild = read_pid_file(ws, &pid_file);
+            grandchild.is_some()
+        }),
+        "the fake never started its grandchild"
+    );
+    let grandchild = grandchild.unwrap_or_default();
+    assert!(pid_alive(cli) && pid_alive(grandchild), "CLI {cli}, grandchild {grandchild}");
     (id, cli, grandchild)
+}
+
+/// Options whose fake `opencode --version` answers only once the returned file exists. The file is in the
+/// probe's scratch workspace, the one directory of the host a probe's sandbox sees.
+fn probe_held(dirs: &TestDirs) -> (BridgeOptions, std::path::PathBuf) {
+    let hold = dirs.data.join("version-workspace/release");
+    let mut options = BridgeOptions::new("opencode", &dirs.data);
+    options.env.push(("OPENCODE_FAKE_VERSION_HOLD".into(), hold.display().to_string()));
+    (options, hold)
+}
+
+/// Waits until the held probe of [`probe_held`] runs; returns its pid.
+fn wait_probe(hold: &std::path::Path) -> i32 {
+    let (dir, pid_file) = (hold.parent().unwrap_or(hold), hold.with_extension("pid"));
+    let mut probe = None;
+    let found = wait_until(RECV_TIMEOUT, || {
+        probe = read_pid_file(dir, &pid_file);
+        probe.is_some()
+    });
+    assert!(found, "the bridge never probed the version");
+    probe.unwrap_or_default()
 }
 
 #[test]
@@ -97,13 +125,9 @@ fn a_cancel_sent_right_after_its_prompt_always_cancels_it() {
 fn cancel_while_the_cli_is_still_being_probed_answers_cancelled_and_no_cli_runs() {
     let dirs = TestDirs::new("cancel-probe");
     let ws = dirs.workspace("ws");
-    let hold = dirs.workspace("hold").join("release");
-    let mut options = BridgeOptions::new("opencode", &dirs.data);
-    options.env.push(("OPENCODE_FAKE_VERSION_HOLD".into(), hold.display().to_string()));
+    let (options, hold) = probe_held(&dirs);
     let mut bridge = Bridge::start(options);
-    let probe_pid_file = hold.with_extension("pid");
-    assert!(wait_until(RECV_TIMEOUT, || probe_pid_file.exists()), "the bridge never probed the version");
-    let _guard = KillOnDrop(std::fs::read_to_string(&probe_pid_file).unwrap().trim().parse().unwrap());
+    let _guard = KillOnDrop(wait_probe(&hold));
     let sid = bridge.new_session(&ws);
     // The turn waits for the version before it starts the CLI: the cancel must end it there.
     let id = bridge.send_prompt(&sid, "Say hello");
@@ -216,13 +240,9 @@ fn another_bridge_or_a_sessions_command_leaves_a_live_bridges_processes_alone() 
     // turn waiting behind it run while a `sessions list` and a second serving bridge start on the same data dir.
     let dirs = TestDirs::new("live-owner");
     let ws = dirs.workspace("ws");
-    let hold = dirs.workspace("hold").join("release");
-    let mut options = BridgeOptions::new("opencode", &dirs.data);
-    options.env.push(("OPENCODE_FAKE_VERSION_HOLD".into(), hold.display().to_string()));
+    let (options, hold) = probe_held(&dirs);
     let mut first = Bridge::start(options);
-    let probe_pid_file = hold.with_extension("pid");
-    assert!(wait_until(RECV_TIMEOUT, || probe_pid_file.exists()), "the first bridge never probed the version");
-    let probe: i32 = std::fs::read_to_string(&probe_pid_file).unwrap().trim().parse().unwrap();
+    let probe = wait_probe(&hold);
     let _guard = KillOnDrop(probe);
     let sid = first.new_session(&ws);
     let id = first.send_prompt(&sid, "Say hello");

@@ -135,15 +135,24 @@ fn stdin_eof_exits_0_and_kills_the_running_cli_tree() {
     let cli = wait_invocations(&ws, 1)[0].pid();
     let _cli_guard = KillOnDrop(cli);
     let child_pid_file = ws.join(".fake-cli/child.pid");
-    assert!(wait_until(RECV_TIMEOUT, || child_pid_file.exists()), "the fake never started its grandchild");
-    let grandchild: i32 = std::fs::read_to_string(&child_pid_file).unwrap().trim().parse().unwrap();
+    let mut grandchild = None;
+    let started = wait_until(RECV_TIMEOUT, || {
+        grandchild = read_pid_file(&ws, &child_pid_file);
+        grandchild.is_some()
+    });
+    assert!(started, "the fake never started its grandchild");
+    let grandchild = grandchild.unwrap_or_default();
     let _grandchild_guard = KillOnDrop(grandchild);
 
     bridge.close_stdin();
     bridge.drain_stdout(RECV_TIMEOUT);
     let status = bridge.wait_exit(RECV_TIMEOUT).unwrap_or_else(|| bridge.fail("the bridge did not exit on stdin EOF"));
     assert_eq!(status.code(), Some(0), "exit status on stdin EOF: {status}");
-    assert!(wait_until(Duration::from_secs(5), || !pid_alive(cli)), "the CLI process {cli} outlived the bridge");
+    assert!(
+        wait_until(Duration::from_secs(5), || !pid_alive(cli)),
+        "the CLI process {cli} outlived the bridge: {:?}",
+        processes_under(&ws)
+    );
     assert!(
         wait_until(Duration::from_secs(5), || !pid_alive(grandchild)),
         "the CLI's grandchild {grandchild} (its own session, like OpenCode's bash tool) outlived the bridge"

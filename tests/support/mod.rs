@@ -104,8 +104,8 @@ impl Drop for TestDirs {
             for run in invocations(&workspace) {
                 kill_if_cmdline_contains(run.pid(), "fake_cli.py");
             }
-            if let Ok(pid) = std::fs::read_to_string(workspace.join(".fake-cli/child.pid")) {
-                kill_if_cmdline_contains(pid.trim().parse().unwrap_or(0), "sleep");
+            if let Some(pid) = read_pid_file(&workspace, &workspace.join(".fake-cli/child.pid")) {
+                kill_if_cmdline_contains(pid, "sleep");
             }
         }
     }
@@ -771,7 +771,7 @@ impl Drop for Bridge {
 
 /// One run of a fake CLI, as it recorded itself in `<cwd>/.fake-cli/invocations.jsonl`.
 #[derive(Clone, Debug)]
-pub struct Invocation(pub Value);
+pub struct Invocation(pub Value, PathBuf);
 
 impl Invocation {
     pub fn argv(&self) -> Vec<String> {
@@ -812,8 +812,10 @@ impl Invocation {
         PathBuf::from(self.0["cwd"].as_str().unwrap())
     }
 
+    /// The run's pid as this test sees it (the fake records its pid inside the sandbox's PID namespace, if any);
+    /// -1 once the run is gone.
     pub fn pid(&self) -> i32 {
-        self.0["pid"].as_i64().unwrap() as i32
+        host_pid(&self.1, self.0["pid"].as_i64().unwrap() as i32).unwrap_or(-1)
     }
 
     /// The OpenCode session / Amp thread id the fake used (generated, or the one it was asked to continue).
@@ -827,7 +829,8 @@ pub fn invocations(workspace: &Path) -> Vec<Invocation> {
     let path = workspace.join(".fake-cli/invocations.jsonl");
     match std::fs::read_to_string(&path) {
         Ok(text) => {
-            text.lines().map(|l| Invocation(serde_json::from_str(l).expect("invocation record is JSON"))).collect()
+            let record = |line: &str| serde_json::from_str(line).expect("invocation record is JSON");
+            text.lines().map(|line| Invocation(record(line), workspace.to_path_buf())).collect()
         }
         Err(_) => vec![],
     }
@@ -883,6 +886,22 @@ pub fn processes_under(dir: &Path) -> Vec<(i32, String)> {
             (pid, String::from_utf8_lossy(&cmdline).replace('\0', " ").trim().to_string())
         })
         .collect()
+}
+
+/// The pid, as this test sees it, of the live process under `dir` that has pid `inner` in its own PID namespace:
+/// a sandboxed process knows only the pid inside its sandbox, and without a sandbox the two are the same.
+pub fn host_pid(dir: &Path, inner: i32) -> Option<i32> {
+    processes_under(dir).into_iter().map(|(pid, _)| pid).find(|&pid| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let nspid = status.lines().find_map(|line| line.strip_prefix("NSpid:"));
+        nspid.and_then(|pids| pids.split_whitespace().last()).and_then(|p| p.parse().ok()) == Some(inner)
+    })
+}
+
+/// The pid a fake wrote to `file` (from inside its sandbox, if any), as this test sees it: `None` when there is no
+/// such file or the process under `dir` is gone.
+pub fn read_pid_file(dir: &Path, file: &Path) -> Option<i32> {
+    host_pid(dir, std::fs::read_to_string(file).ok()?.trim().parse().ok()?)
 }
 
 /// Asserts that no process is left running in `dir` (waiting up to 5 s for them to go).
