@@ -10,8 +10,17 @@ use crate::store::StoreError;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The client named a session the store does not have (load, resume, prompt, set_config_option).
-    #[error("Session not found: {0}")]
-    SessionNotFound(String),
+    #[error("Session not found: {id} is not in the session store {store} ({held}). {hint}")]
+    SessionNotFound {
+        /// The id the client named.
+        id: String,
+        /// The database file.
+        store: std::path::PathBuf,
+        /// What the store holds, in words.
+        held: String,
+        /// What may have happened and what to do.
+        hint: &'static str,
+    },
 
     /// The agent needs a credential that is not in the bridge's environment; the CLI was not started.
     #[error(
@@ -98,7 +107,7 @@ pub enum Error {
 pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
     let message = error.to_string();
     match error {
-        Error::SessionNotFound(id) => {
+        Error::SessionNotFound { id, .. } => {
             agent_client_protocol::Error::new(ErrorCode::RESOURCE_NOT_FOUND, message).data(json!({ "sessionId": id }))
         }
         Error::MissingCredential { variable, .. } => {

@@ -236,7 +236,27 @@ impl Bridge {
     }
 
     async fn record(&self, id: &str) -> Result<SessionRecord> {
-        self.store.session(id).await?.ok_or_else(|| Error::SessionNotFound(id.to_string()))
+        match self.store.session(id).await? {
+            Some(record) => Ok(record),
+            None => Err(self.not_found(id).await),
+        }
+    }
+
+    /// Says why a session may be missing: a store that holds nothing usually means its data dir was deleted or
+    /// moved (an editor keeps its thread list on its own, so it asks for sessions a new store never had).
+    async fn not_found(&self, id: &str) -> Error {
+        let (held, oldest) = self.store.census().await.unwrap_or((0, None));
+        let (held, hint) = match oldest {
+            None => (
+                "it holds no sessions".to_string(),
+                "If the session was made here before, the data dir was deleted or replaced, or --data-dir or XDG_DATA_HOME now names another one",
+            ),
+            Some(oldest) => (
+                format!("{held} session{}, the oldest from {}", if held == 1 { "" } else { "s" }, rfc3339(oldest)),
+                "It was deleted, or it is in another data dir (--data-dir); `acp-sandbox sessions list` shows what this store holds",
+            ),
+        };
+        Error::SessionNotFound { id: id.to_string(), store: self.store.path().to_path_buf(), held, hint }
     }
 
     /// Creates a session. The sandbox is prepared on the first prompt, so this answers at once.

@@ -110,7 +110,15 @@ pub(super) struct Emitter {
     prior_cost: f64,
     /// This turn's running cost as the CLI reported it.
     turn_cost: std::sync::Mutex<f64>,
+    /// The turn's cancel: once it fires, the turn waits for its store only until [`Emitter::grace`] ends.
+    cancel: CancellationToken,
+    grace: std::sync::OnceLock<tokio::time::Instant>,
 }
+
+/// How long a cancelled turn still waits for its store. A store that another program keeps locked must not hold
+/// the cancel until its busy timeout: the turn is answered, and what could not be written yet is written (not
+/// sent) once the store can.
+const CANCEL_STORE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Emitter {
     /// Queues one update; fails when the store cannot write it (or could not write an earlier one).
@@ -133,13 +141,54 @@ impl Emitter {
                 return Ok(());
             }
         };
-        let ack = self.store.queue_event(&self.session_id, self.turn_id, &value).await?;
-        Ok(self.outbox.push(ack, update)?)
+        // Given up on (the turn was cancelled and the store is stuck): neither stored nor sent.
+        let Some(ack) = self.unless_given_up(self.store.queue_event(&self.session_id, self.turn_id, &value)).await
+        else {
+            return Ok(());
+        };
+        Ok(self.outbox.push(ack?, update)?)
     }
 
-    /// Waits until every update queued so far is stored and sent.
+    /// Waits until every update queued so far is stored and sent. A cancelled turn waits only for its grace;
+    /// what is left is stored but no longer sent.
     async fn flush(&self) -> Result<()> {
-        Ok(self.outbox.flush().await?)
+        match self.unless_given_up(self.outbox.flush()).await {
+            Some(flushed) => Ok(flushed?),
+            None => {
+                self.outbox.mute();
+                tracing::warn!(session = %self.session_id, "the store is stuck: the cancelled turn is answered without its last updates, which are stored once it can write");
+                Ok(())
+            }
+        }
+    }
+
+    /// Awaits a step that waits for the store, unless the turn is cancelled and the store takes longer than the
+    /// grace after the cancel: then `None`, and the step is dropped.
+    pub(super) async fn unless_given_up<F: Future>(&self, step: F) -> Option<F::Output> {
+        let mut step = std::pin::pin!(step);
+        if !self.cancel.is_cancelled() {
+            tokio::select! {
+                biased;
+                done = &mut step => return Some(done),
+                _ = self.cancel.cancelled() => {}
+            }
+        }
+        let grace = *self.grace.get_or_init(|| tokio::time::Instant::now() + CANCEL_STORE_GRACE);
+        tokio::time::timeout_at(grace, step).await.ok()
+    }
+
+    /// Like [`Emitter::unless_given_up`], for a write that must happen even when the turn stops waiting for it:
+    /// it runs on a task of its own, and the store's writer commits it once it can.
+    pub(super) async fn write<T: Send + 'static>(
+        &self,
+        write: impl Future<Output = std::result::Result<T, crate::store::StoreError>> + Send + 'static,
+    ) -> Result<Option<T>> {
+        let task = tokio::spawn(write);
+        match self.unless_given_up(task).await {
+            None => Ok(None),
+            Some(Ok(written)) => Ok(Some(written?)),
+            Some(Err(_)) => Err(Error::Store(crate::store::StoreError::Stopped)),
+        }
     }
 }
 
@@ -157,7 +206,27 @@ impl Turn<'_> {
         let prompt_json = serde_json::to_value(&self.blocks).unwrap_or_default();
         // Read first: once the turn row exists, nothing may fail before the turn is ended.
         let prior_cost = store.session_cost(&self.record.id).await?;
-        let turn_id = store.start_turn(&self.record.id, &prompt_json).await?;
+        // The turn row is written on a task of its own: a cancel while the store waits for a lock answers at
+        // once, and a row written after that is ended as cancelled.
+        let mut started = {
+            let store = store.clone();
+            let session = self.record.id.clone();
+            tokio::spawn(async move { store.start_turn(&session, &prompt_json).await })
+        };
+        let turn_id = tokio::select! {
+            biased;
+            started = &mut started => started.map_err(|_| Error::Store(crate::store::StoreError::Stopped))??,
+            _ = self.cancel.cancelled() => {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    if let Ok(Ok(turn_id)) = started.await {
+                        let _ = store.end_turn(turn_id, TurnStatus::Done, Some("cancelled"), None, 0.0).await;
+                    }
+                });
+                tracing::info!(session = %self.record.id, "cancelled while the store was busy: turn ended");
+                return Ok(StopReason::Cancelled);
+            }
+        };
         let sink = self.sink.clone();
         let sink_session = self.record.id.clone();
         let emitter = Emitter {
@@ -167,6 +236,8 @@ impl Turn<'_> {
             turn_id,
             prior_cost,
             turn_cost: std::sync::Mutex::new(0.0),
+            cancel: self.cancel.clone(),
+            grace: std::sync::OnceLock::new(),
         };
         let session_id = self.record.id.clone();
         let result = self.run_turn(&emitter).await;
@@ -177,13 +248,21 @@ impl Turn<'_> {
             _ => result,
         };
         let cost = *emitter.turn_cost.lock().unwrap_or_else(|p| p.into_inner());
-        let stored = match &result {
-            Ok(stop) => store.end_turn(turn_id, TurnStatus::Done, Some(stop_reason_name(*stop)), None, cost).await,
-            Err(error) => store.end_turn(turn_id, TurnStatus::Failed, None, Some(&error.to_string()), cost).await,
+        let (status, stop, error) = match &result {
+            Ok(stop) => (TurnStatus::Done, Some(stop_reason_name(*stop)), None),
+            Err(error) => (TurnStatus::Failed, None, Some(error.to_string())),
         };
-        if let Err(e) = stored {
+        let ending = {
+            let store = store.clone();
+            async move { store.end_turn(turn_id, status, stop, error.as_deref(), cost).await }
+        };
+        match emitter.write(ending).await {
+            Ok(Some(())) => {}
+            Ok(None) => {
+                tracing::warn!(session = %session_id, "the end of the cancelled turn is recorded once the store can write")
+            }
             // The store keeps trying; a later bridge marks the turn interrupted if this one dies first.
-            tracing::error!(session = %session_id, "could not record the end of the turn yet: {e}");
+            Err(e) => tracing::error!(session = %session_id, "could not record the end of the turn yet: {e}"),
         }
         match &result {
             Ok(stop) => {
@@ -202,7 +281,8 @@ impl Turn<'_> {
         if self.record.title.is_none()
             && let Some(title) = prompt::title(&self.blocks)
         {
-            self.bridge.store.set_title(&self.record.id, &title).await?;
+            let (store, id, stored_title) = (self.bridge.store.clone(), self.record.id.clone(), title.clone());
+            emit.write(async move { store.set_title(&id, &stored_title).await }).await?;
             emit.send(SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title))).await?;
         }
         // The user must know when the agent has their whole machine: said once, in the session's first turn.
@@ -614,7 +694,9 @@ impl Turn<'_> {
             Output::NativeSessionId { id } => {
                 if state.native_id.as_deref() != Some(id.as_str()) {
                     tracing::info!(session = %self.record.id, native = %id, "the CLI conversation id");
-                    self.bridge.store.set_native_id(&self.record.id, Some(&id)).await?;
+                    // Kept even when a cancelled turn stops waiting for the store: the next prompt continues it.
+                    let (store, session, native) = (self.bridge.store.clone(), self.record.id.clone(), id.clone());
+                    emit.write(async move { store.set_native_id(&session, Some(&native)).await }).await?;
                     state.native_id = Some(id);
                 }
             }

@@ -339,6 +339,8 @@ pub struct Outbox<T> {
     queue: Mutex<Option<tokio::sync::mpsc::UnboundedSender<(Ack, T)>>>,
     failure: Arc<Mutex<Option<StoreError>>>,
     forwarder: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Held while an item is handed on, so that once [`Outbox::mute`] returns nothing more is.
+    muted: Arc<Mutex<bool>>,
 }
 
 impl<T: Send + 'static> Outbox<T> {
@@ -347,10 +349,17 @@ impl<T: Send + 'static> Outbox<T> {
         let (queue, mut items) = tokio::sync::mpsc::unbounded_channel::<(Ack, T)>();
         let failure = Arc::new(Mutex::new(None));
         let failed = failure.clone();
+        let muted = Arc::new(Mutex::new(false));
+        let silenced = muted.clone();
         let forwarder = tokio::spawn(async move {
             while let Some((ack, item)) = items.recv().await {
                 match ack.await {
-                    Ok(()) => deliver(item),
+                    Ok(()) => {
+                        let muted = lock(&silenced);
+                        if !*muted {
+                            deliver(item);
+                        }
+                    }
                     Err(error) => {
                         *lock(&failed) = Some(error);
                         return;
@@ -358,7 +367,14 @@ impl<T: Send + 'static> Outbox<T> {
                 }
             }
         });
-        Self { queue: Mutex::new(Some(queue)), failure, forwarder: Mutex::new(Some(forwarder)) }
+        Self { queue: Mutex::new(Some(queue)), failure, forwarder: Mutex::new(Some(forwarder)), muted }
+    }
+
+    /// Hands nothing more on, from now: what still waits for the store is kept once it is written, but not
+    /// handed on (a cancelled turn is answered without waiting for a store that cannot write, and ACP allows no
+    /// update of a turn after its answer).
+    pub fn mute(&self) {
+        *lock(&self.muted) = true;
     }
 
     /// Hands `item` on once `ack` resolves. Fails at once if an earlier write failed (with that failure).
@@ -624,6 +640,16 @@ impl Store {
                 sessions.push(row??);
             }
             Ok(sessions)
+        })
+        .await
+    }
+
+    /// How many sessions the store holds and when the oldest was created: what a "not found" tells the user.
+    pub async fn census(&self) -> Result<(u64, Option<i64>)> {
+        self.read(|connection| {
+            Ok(connection.query_row("SELECT COUNT(*), MIN(created_at) FROM sessions", [], |row| {
+                Ok((row.get::<_, i64>(0)?.max(0) as u64, row.get(1)?))
+            })?)
         })
         .await
     }

@@ -125,3 +125,43 @@ fn load_caps_the_replay_and_says_what_was_cut() {
     );
     assert_eq!(bridge.prompt(&sid, "and now?").stop_reason(), "end_turn", "a cut replay still continues");
 }
+
+#[test]
+fn a_session_lost_with_its_deleted_data_dir_is_not_found_with_a_word_of_why() {
+    let dirs = TestDirs::new("data-dir-deleted");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    bridge.kill9();
+    std::fs::remove_dir_all(&dirs.data).unwrap();
+
+    // The editor keeps its own thread list, so after a restart it asks for a session the new store never had.
+    let mut next = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let error = next.load_session(&sid, &ws).result.expect_err("the session went with its data dir");
+    assert_eq!(error.code, -32002, "{error}");
+    let store = dirs.data.join("acp-sandbox.sqlite3");
+    assert_eq!(
+        error.message,
+        format!(
+            "Session not found: {sid} is not in the session store {} (it holds no sessions). If the session was made \
+             here before, the data dir was deleted or replaced, or --data-dir or XDG_DATA_HOME now names another one",
+            store.display()
+        )
+    );
+
+    // A store that holds sessions says how many and since when, and where to look.
+    let other = next.new_session(&ws);
+    let listed = next.request("session/list", json!({})).unwrap();
+    assert_eq!(listed["sessions"][0]["sessionId"], other.as_str(), "{listed}");
+    let error = next.load_session(&sid, &ws).result.expect_err("still not there");
+    let (before, after) = error.message.split_once(", the oldest from ").unwrap_or_else(|| panic!("{error}"));
+    assert_eq!(before, format!("Session not found: {sid} is not in the session store {} (1 session", store.display()));
+    let (created, hint) = after.split_once(')').unwrap_or_else(|| panic!("{error}"));
+    assert!(humantime::parse_rfc3339(created).is_ok(), "{created:?} is not a time: {error}");
+    assert_eq!(
+        hint,
+        ". It was deleted, or it is in another data dir (--data-dir); `acp-sandbox sessions list` shows what this store \
+         holds"
+    );
+}

@@ -231,6 +231,83 @@ fn a_lock_held_past_the_busy_timeout_fails_the_running_turn_clearly_and_the_turn
     assert!(load.updates.iter().any(|u| is_failed_note(u, "locked")), "{:?}", kinds(&load.updates));
 }
 
+#[test]
+fn a_cancel_while_another_program_holds_the_lock_is_answered_at_once_and_the_turn_is_recorded_once_released() {
+    let dirs = TestDirs::new("store-locked-cancel");
+    let ws = dirs.workspace("ws");
+    // A busy timeout far longer than the test: only the cancel can end the turn while the lock is held.
+    let options = BridgeOptions::new("opencode", &dirs.data).arg("--store-busy-timeout").arg("600");
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let prompt = "SCENARIO:slow FAKE_COUNT=3000 FAKE_DELAY_MS=5 a long answer";
+    let id = bridge.send_prompt(&sid, prompt);
+    let other = other_program(&database(&dirs));
+    let streaming = wait_until(Duration::from_secs(60), || {
+        other
+            .query_row("SELECT COUNT(*) FROM events WHERE payload LIKE '%slow chunk%'", [], |row| row.get::<_, i64>(0))
+            .unwrap()
+            > 0
+    });
+    assert!(streaming, "the turn never streamed");
+    let cli = invocations(&ws)[0].pid();
+    let _guard = KillOnDrop(cli);
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // The writer is stuck behind the lock and the CLI goes on printing: its queue fills up.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let cancelled_at = std::time::Instant::now();
+    bridge.cancel(&sid);
+    let turn = bridge.finish_turn(&sid, id);
+    let took = cancelled_at.elapsed();
+    assert_eq!(turn.stop_reason(), "cancelled");
+    // Bounded far above the cancel's own 1 s and far below the busy timeout, so a slow machine cannot fail it.
+    assert!(took < Duration::from_secs(30), "the cancel waited for the lock: {took:?}");
+    eprintln!("cancel answered in {took:?} with the store locked");
+    assert!(wait_until(Duration::from_secs(10), || !pid_alive(cli)), "the CLI must be stopped");
+    assert_no_processes_under(&ws, "after the cancel");
+    assert_eq!(turn_statuses(&database(&dirs), &sid), ["running"], "cannot be recorded while locked");
+
+    other.execute_batch("COMMIT").unwrap();
+    let ended = wait_until(Duration::from_secs(60), || turn_statuses(&database(&dirs), &sid) == ["done"]);
+    assert!(ended, "the turn is recorded once the store can write: {:?}", turn_statuses(&database(&dirs), &sid));
+    assert_eq!(bridge.prompt(&sid, "and now?").stop_reason(), "end_turn", "the session goes on");
+
+    // The editor saw a prefix of what was stored: what the CLI printed before it was stopped is kept, and what
+    // was still waiting for the lock when the prompt was answered was not sent after it.
+    let load = bridge.load_session(&sid, &ws);
+    load.result.as_ref().expect("load");
+    let replayed = replayed_turn(&load.updates, prompt);
+    let seen = of_the_turn(&turn.updates);
+    assert!(!seen.is_empty() && seen.len() <= replayed.len(), "saw {}, stored {}", seen.len(), replayed.len());
+    assert_eq!(replayed[..seen.len()], seen[..]);
+}
+
+#[test]
+fn a_prompt_waiting_for_the_lock_is_cancelled_at_once_and_recorded_as_cancelled_once_released() {
+    let dirs = TestDirs::new("store-locked-cancel-early");
+    let ws = dirs.workspace("ws");
+    let options = BridgeOptions::new("opencode", &dirs.data).arg("--store-busy-timeout").arg("600");
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let other = other_program(&database(&dirs));
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let id = bridge.send_prompt(&sid, "Say hello");
+    std::thread::sleep(Duration::from_millis(500));
+    bridge.cancel(&sid);
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "cancelled");
+    assert!(invocations(&ws).is_empty(), "no CLI may run for a prompt cancelled before its turn was recorded");
+
+    other.execute_batch("COMMIT").unwrap();
+    let stop = |connection: &rusqlite::Connection| -> Vec<(String, Option<String>)> {
+        let mut statement = connection.prepare("SELECT status, stop_reason FROM turns ORDER BY id").unwrap();
+        statement.query_map([], |row| Ok((row.get(0)?, row.get(1)?))).unwrap().collect::<Result<_, _>>().unwrap()
+    };
+    let ended = wait_until(Duration::from_secs(60), || !stop(&other).is_empty() && stop(&other)[0].0 != "running");
+    assert!(ended, "{:?}", stop(&other));
+    assert_eq!(stop(&other), [("done".to_string(), Some("cancelled".to_string()))]);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session goes on");
+}
+
 /// The first schema, as shipped before the `cost` column and before versioning.
 const SCHEMA_FIRST: &str = "
 CREATE TABLE sessions (id TEXT PRIMARY KEY, agent TEXT NOT NULL, cwd TEXT NOT NULL, sandbox_provider TEXT NOT NULL,
