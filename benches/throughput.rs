@@ -1,6 +1,6 @@
 //! Benchmarks: translation throughput, store append and replay, and the bridge's own cost per turn.
 //!
-//! `cargo bench --bench throughput` prints one line per measurement (median of several runs) and the
+//! `cargo bench --bench throughput [-- NAME…]` prints one line per measurement (median of several runs) and the
 //! process's peak memory. The per-turn numbers drive the real binary over stdio with a CLI that only prints a
 //! recorded stream, so they measure the bridge (spawn, sandbox, translate, persist, send), not a model.
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
@@ -608,12 +608,21 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    bench_translate();
-    bench_store();
-    bench_stream();
-    bench_latency();
-    bench_turns();
-    bench_warm();
+    // `cargo bench --bench throughput -- stream latency` runs only the named measurements.
+    let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let benches: [(&str, fn()); 6] = [
+        ("translate", bench_translate),
+        ("store", bench_store),
+        ("stream", bench_stream),
+        ("latency", bench_latency),
+        ("turns", bench_turns),
+        ("warm", bench_warm),
+    ];
+    for (name, bench) in benches {
+        if only.is_empty() || only.iter().any(|o| o == name) {
+            bench();
+        }
+    }
     if let Some(kib) = peak_rss_kib() {
         println!("peak memory of the bench process: {:.1} MiB", kib as f64 / 1024.0);
     }
