@@ -291,7 +291,14 @@ fn sandbox_init(init: SandboxInit) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
+/// What `acp-sandbox` says when a person, not an editor, started it on a terminal.
+const SERVE_HINT: &str = "acp-sandbox speaks the Agent Client Protocol on stdin/stdout, for an editor to run (see \
+    the editor setup in the README); Ctrl-D quits. For a person: acp-sandbox prompt \"…\"";
+
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {
+    if std::io::stdin().is_terminal() {
+        eprintln!("{SERVE_HINT}");
+    }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         agent = %config.agent,

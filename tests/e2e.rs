@@ -20,6 +20,7 @@ mod e2e {
     mod sandbox;
     mod schemas;
     mod store;
+    mod terminal;
     mod transport;
     mod turns;
 }
