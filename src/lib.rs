@@ -13,3 +13,4 @@ pub mod sandbox;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod terminal;

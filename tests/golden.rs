@@ -193,3 +193,56 @@ fn cut_and_corrupted_lines_never_panic() {
         }
     }
 }
+
+/// `acp-sandbox prompt`'s rendering of whole turns (`acp_sandbox::terminal`): recorded streams through their
+/// translator, and `tests/golden/terminal/*.updates.jsonl` (ACP updates, one per line), each compared with
+/// `tests/golden/terminal/<name>.txt`.
+#[test]
+fn terminal_rendering_goldens() {
+    let update = std::env::var("UPDATE_GOLDENS").is_ok_and(|value| value == "1");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let golden_dir = root.join("golden/terminal");
+    let mut turns: Vec<(String, Vec<SessionUpdate>)> = Vec::new();
+    for (family, stem) in [
+        (Family::Cli(AgentKind::OpenCode), "opencode-tools"),
+        (Family::Cli(AgentKind::OpenCode), "opencode-edit"),
+        (Family::Cli(AgentKind::OpenCode), "opencode-alltools.synthetic"),
+        (Family::Cli(AgentKind::Amp), "amp-tools.reconstructed"),
+        (Family::OpenCodeServe, "events-livebash"),
+    ] {
+        let path = root.join("fixtures").join(family.name()).join(format!("{stem}.jsonl"));
+        let stream = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let updates = translate_stream(family.translator(false, &stream).as_mut(), &stream)
+            .into_iter()
+            .filter_map(|output| match output {
+                Output::Update(update) => Some(update),
+                _ => None,
+            })
+            .collect();
+        turns.push((format!("{}-{stem}", family.name()), updates));
+    }
+    let recorded = fs::read_to_string(golden_dir.join("long-output.updates.jsonl")).expect("updates");
+    let updates = recorded.lines().map(|line| serde_json::from_str(line).expect("a SessionUpdate")).collect();
+    turns.push(("long-output".into(), updates));
+
+    let mut failures = Vec::new();
+    for (name, updates) in turns {
+        let mut render = acp_sandbox::terminal::Render::new();
+        let mut actual: String = updates.iter().map(|update| render.update(update)).collect();
+        actual.push_str(&render.finish());
+        let golden = golden_dir.join(format!("{name}.txt"));
+        if update {
+            fs::write(&golden, &actual).expect("write golden");
+            continue;
+        }
+        match fs::read_to_string(&golden) {
+            Ok(expected) if expected == actual => {}
+            Ok(expected) => {
+                eprintln!("{name}:\n{}", pretty_assertions::StrComparison::new(&expected, &actual));
+                failures.push(name);
+            }
+            Err(_) => failures.push(format!("{name} (missing: run with UPDATE_GOLDENS=1)")),
+        }
+    }
+    assert!(failures.is_empty(), "terminal golden mismatches: {failures:#?}");
+}

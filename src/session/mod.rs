@@ -525,6 +525,12 @@ impl Bridge {
         blocks: Vec<ContentBlock>,
         sink: Arc<dyn UpdateSink>,
     ) -> Result<StopReason> {
+        // Refused before anything starts or is stored: the CLI would start only to fail on it.
+        if blocks.iter().all(|block| matches!(block, ContentBlock::Text(text) if text.text.trim().is_empty())) {
+            drop(ticket);
+            self.forget_if_idle(id);
+            return Err(Error::InvalidParams("The prompt is empty: write something to send".into()));
+        }
         let record = match self.record(id).await {
             Ok(record) => record,
             Err(error) => {
