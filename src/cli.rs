@@ -546,6 +546,8 @@ async fn prompt(config: Config, text: Option<String>, json: bool, session: Optio
     let status = Arc::new(Status::new(agent, std::io::stderr().is_terminal()));
     let sink = Arc::new(PrintSink { json, render: Mutex::new(Render::new()), status: status.clone() });
     let interrupted = Arc::new(AtomicBool::new(false));
+    // Listening from here on: a Ctrl-C never kills the command before the turn is cancelled.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let signals = {
         let (bridge, session_id, status, interrupted) =
@@ -553,7 +555,7 @@ async fn prompt(config: Config, text: Option<String>, json: bool, session: Optio
         tokio::spawn(async move {
             // Either signal cancels the turn, which kills the CLI's whole tree before this command exits.
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {
+                _ = interrupt.recv() => {
                     interrupted.store(true, Ordering::SeqCst);
                     status.stop();
                     eprintln!("\ncancelling… (Ctrl-C again to quit at once)");
@@ -561,7 +563,7 @@ async fn prompt(config: Config, text: Option<String>, json: bool, session: Optio
                 _ = terminate.recv() => {}
             }
             bridge.cancel(&session_id);
-            if tokio::signal::ctrl_c().await.is_ok() {
+            if interrupt.recv().await.is_some() {
                 std::process::exit(i32::from(INTERRUPTED));
             }
         })
@@ -570,7 +572,8 @@ async fn prompt(config: Config, text: Option<String>, json: bool, session: Optio
     let ticker = {
         let status = status.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let second = Duration::from_secs(1);
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + second, second);
             loop {
                 tick.tick().await;
                 status.draw();
@@ -674,7 +677,7 @@ async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<Ex
                     })
                     .collect();
                 for line in answer.trim().lines() {
-                    out!("  {line}");
+                    out!("{}", format!("  {line}").trim_end());
                 }
             }
         }

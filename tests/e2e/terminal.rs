@@ -76,3 +76,76 @@ fn serving_on_a_pipe_prints_no_hint() {
     assert_eq!(String::from_utf8_lossy(&output.stderr), "", "an editor's pipe gets nothing but logs");
     assert_eq!(String::from_utf8_lossy(&output.stdout), "");
 }
+
+#[test]
+fn prompt_on_a_terminal_shows_a_status_line_while_waiting_and_ctrl_c_cancels_with_status_130() {
+    let dirs = TestDirs::new("tty-prompt");
+    let ws = dirs.workspace("ws");
+    let (master, slave) = pty();
+    let mut child = Command::new(bridge_bin())
+        .args(["prompt", "--sandbox", "none", "--opencode-backend", "run", "--data-dir"])
+        .arg(&dirs.data)
+        .arg("SCENARIO:hang")
+        .current_dir(&ws)
+        .env("ACP_SANDBOX_OPENCODE_BIN", fakes_dir().join("opencode"))
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(slave))
+        .spawn()
+        .expect("spawn acp-sandbox");
+    // What the terminal shows of stderr, as it comes.
+    let screen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reader = {
+        let screen = screen.clone();
+        std::thread::spawn(move || {
+            let mut master = master;
+            let mut buffer = [0u8; 4096];
+            // Ends with an error once the child and every holder of the slave end are gone.
+            while let Ok(n @ 1..) = master.read(&mut buffer) {
+                screen.lock().unwrap().extend_from_slice(&buffer[..n]);
+            }
+        })
+    };
+    let shown = || String::from_utf8_lossy(&screen.lock().unwrap()).into_owned();
+    assert!(
+        wait_until(Duration::from_secs(20), || invocations(&ws).len() == 1 && shown().contains("working… 1 s")),
+        "no status line while the agent works: {:?}",
+        shown()
+    );
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = wait_exit(&mut child, "Ctrl-C");
+    assert_eq!(status.code(), Some(130), "{status}");
+    let _ = reader.join();
+
+    let sid = std::fs::read_dir(dirs.data.join("sessions"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|name| name.starts_with("sess_"))
+        .expect("the session's state dir");
+    let screen = shown();
+    let warning = " WARN CLIs run WITHOUT a sandbox: --sandbox none was given\r\n";
+    let (before, after) = screen.split_once("cancelling…").unwrap_or_else(|| panic!("{screen:?}"));
+    assert_eq!(
+        after,
+        format!(" (Ctrl-C again to quit at once)\r\ncancelled (session {sid}: continue with --session {sid})\r\n")
+    );
+    // Every drawing of the status line replaces the last one in place, and the last is erased.
+    let drawings: Vec<&str> =
+        before.strip_prefix(warning).unwrap_or_else(|| panic!("{screen:?}")).split("\r\x1b[2K").collect();
+    assert_eq!((drawings[0], *drawings.last().unwrap()), ("", "\r\n"), "{screen:?}");
+    let seconds: Vec<u64> = drawings[1..drawings.len() - 1]
+        .iter()
+        // An empty drawing: the line was erased for output.
+        .filter(|drawing| !drawing.is_empty())
+        .map(|drawing| {
+            let seconds = drawing.strip_prefix("OpenCode is working… ").and_then(|d| d.strip_suffix(" s"));
+            seconds.and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{drawing:?} in {screen:?}"))
+        })
+        .collect();
+    assert_eq!(seconds.first(), Some(&0), "drawn as the turn starts: {screen:?}");
+    assert!(seconds.windows(2).all(|pair| pair[0] <= pair[1]), "{screen:?}");
+    let mut stdout = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    assert!(!stdout.contains('\x1b'), "nothing of the status line on stdout: {stdout:?}");
+}
