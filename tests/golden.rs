@@ -107,18 +107,7 @@ fn check_family(family: Family) {
             let outputs = translate_stream(family.translator(terminal, &stream).as_mut(), &stream);
             assert_wire_round_trip(&name, &outputs);
             let actual = serde_json::to_string_pretty(&outputs).expect("serialize") + "\n";
-            if update {
-                fs::write(&golden, &actual).expect("write golden");
-                continue;
-            }
-            match fs::read_to_string(&golden) {
-                Ok(expected) if expected == actual => {}
-                Ok(expected) => {
-                    eprintln!("{name}:\n{}", pretty_assertions::StrComparison::new(&expected, &actual));
-                    failures.push(name);
-                }
-                Err(_) => failures.push(format!("{name} (missing: run with UPDATE_GOLDENS=1)")),
-            }
+            failures.extend(compare(&golden, &name, &actual, update));
         }
     }
     // A golden whose fixture was removed or renamed would otherwise rot unnoticed.
@@ -133,6 +122,22 @@ fn check_family(family: Family) {
         }
     }
     assert!(failures.is_empty(), "golden mismatches for {}: {failures:#?}", family.name());
+}
+
+/// Compares `actual` with the golden file (or rewrites it when `update`); says what failed, if anything.
+fn compare(golden: &Path, name: &str, actual: &str, update: bool) -> Option<String> {
+    if update {
+        fs::write(golden, actual).expect("write golden");
+        return None;
+    }
+    match fs::read_to_string(golden) {
+        Ok(expected) if expected == actual => None,
+        Ok(expected) => {
+            eprintln!("{name}:\n{}", pretty_assertions::StrComparison::new(&expected, actual));
+            Some(name.to_string())
+        }
+        Err(_) => Some(format!("{name} (missing: run with UPDATE_GOLDENS=1)")),
+    }
 }
 
 /// Every update must read back as the same ACP type and validate against the ACP JSON Schema: a shape the
@@ -231,18 +236,7 @@ fn terminal_rendering_goldens() {
         let mut actual: String = updates.iter().map(|update| render.update(update)).collect();
         actual.push_str(&render.finish());
         let golden = golden_dir.join(format!("{name}.txt"));
-        if update {
-            fs::write(&golden, &actual).expect("write golden");
-            continue;
-        }
-        match fs::read_to_string(&golden) {
-            Ok(expected) if expected == actual => {}
-            Ok(expected) => {
-                eprintln!("{name}:\n{}", pretty_assertions::StrComparison::new(&expected, &actual));
-                failures.push(name);
-            }
-            Err(_) => failures.push(format!("{name} (missing: run with UPDATE_GOLDENS=1)")),
-        }
+        failures.extend(compare(&golden, &name, &actual, update));
     }
     assert!(failures.is_empty(), "terminal golden mismatches: {failures:#?}");
 }
