@@ -89,6 +89,20 @@ pub enum Error {
         seconds: u64,
     },
 
+    /// The session's model is one the CLI does not have (OpenCode says only "Unexpected server error" for it
+    /// under `run`).
+    #[error(
+        "{agent} has no model {model} here: pick one in the model picker (these are the models {agent} offers), or run `opencode models` to see them\n\n{agent} said: {said}"
+    )]
+    UnknownModel {
+        /// The agent's display name.
+        agent: &'static str,
+        /// The model the session asked for.
+        model: String,
+        /// What the CLI said.
+        said: String,
+    },
+
     /// The CLI could not be found or installed.
     #[error("{0}")]
     CliUnavailable(String),
@@ -117,6 +131,10 @@ pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
         Error::TurnInProgress => agent_client_protocol::Error::new(ErrorCode::INVALID_REQUEST, message),
         Error::InvalidParams(_) | Error::WrongAgent { .. } => {
             agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message)
+        }
+        // The session's model option is what is wrong: the data names it, for a client that can point to it.
+        Error::UnknownModel { model, .. } => {
+            agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message).data(json!({ "model": model }))
         }
         Error::CliFailed { stderr_tail, exit_code, .. } => {
             let shown = if stderr_tail.trim().is_empty() {
