@@ -301,6 +301,7 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let bridge = Arc::new(Bridge::open(config).await.context("cannot start")?);
     tracing::info!("sandbox: {}", bridge.isolation().describe());
     bridge.reap_leftovers().await.context("cannot start")?;
+    bridge.trim_idle_caches();
     bridge.refresh_opencode_models();
     bridge.probe_opencode();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

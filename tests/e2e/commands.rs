@@ -84,7 +84,8 @@ fn doctor_reports_the_configured_cli_and_sandbox() {
 fn a_cli_not_found_is_installed_from_npm_on_first_use_and_shown_as_a_tool_call() {
     let dirs = TestDirs::new("install");
     let ws = dirs.workspace("ws");
-    // A stand-in for npm: installs a package whose executable is the fake OpenCode.
+    // A stand-in for npm: installs a package whose executable is the fake OpenCode, linked from `.bin` as npm does
+    // (so the sandbox shows the fake where it really is, also when the checkout is under /tmp).
     let bin = dirs.root().join("fake-bin");
     std::fs::create_dir_all(&bin).unwrap();
     let npm = bin.join("npm");
@@ -93,8 +94,7 @@ fn a_cli_not_found_is_installed_from_npm_on_first_use_and_shown_as_a_tool_call()
         format!(
             "#!/bin/sh\necho \"$@\" >> '{log}'\nwhile [ $# -gt 0 ]; do [ \"$1\" = --prefix ] && prefix=\"$2\"; shift; done\n\
              mkdir -p \"$prefix/node_modules/.bin\"\n\
-             printf '#!/bin/sh\\nexec %s \"$@\"\\n' '{fake}' > \"$prefix/node_modules/.bin/opencode\"\n\
-             chmod +x \"$prefix/node_modules/.bin/opencode\"\n",
+             ln -s '{fake}' \"$prefix/node_modules/.bin/opencode\"\n",
             log = dirs.root().join("npm.log").display(),
             fake = fakes_dir().join("opencode").display()
         ),
