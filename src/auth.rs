@@ -212,12 +212,12 @@ fn read_token(prompt: &str, terminal: &mut dyn Write) -> Result<String, LoginErr
     let io = |source| LoginError::Io { path: PathBuf::from("stdin"), source };
     let mut line = String::new();
     if stdin.is_terminal() {
+        // Off before the prompt shows, so nothing typed after it can be echoed.
+        let echo = EchoOff::new(&stdin);
         let _ = write!(terminal, "{prompt}");
         let _ = terminal.flush();
-        let echo = EchoOff::new(&stdin);
         let read = stdin.lock().read_line(&mut line);
         drop(echo);
-        let _ = writeln!(terminal);
         read.map_err(io)?;
     } else {
         stdin.lock().read_line(&mut line).map_err(io)?;

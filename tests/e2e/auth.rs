@@ -214,3 +214,36 @@ fn opencode_authenticate_checks_for_a_login_of_opencodes_own() {
     std::fs::write(data_home.join("opencode/auth.json"), r#"{"anthropic": {"type": "api", "key": "sk-x"}}"#).unwrap();
     assert_eq!(bridge.request("authenticate", json!({"methodId": "opencode-login"})).unwrap(), json!({}));
 }
+
+#[test]
+fn a_token_typed_on_a_terminal_is_not_echoed() {
+    // `script` gives the login a pseudo-terminal; the token is typed once the prompt shows.
+    let dirs = TestDirs::new("auth-amp-tty");
+    let command = format!("{} --data-dir {} login --agent amp", bridge_bin().display(), dirs.data.display());
+    let mut child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env_remove("AMP_API_KEY")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs the login on a pseudo-terminal");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let prompt = b"the input is not shown): ";
+    while !seen.windows(prompt.len()).any(|w| w == prompt) {
+        let mut buf = [0u8; 256];
+        let n = std::io::Read::read(&mut stdout, &mut buf).unwrap();
+        assert!(n > 0, "the login ended before asking: {:?}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"sgamp_typed_on_a_tty\r").unwrap();
+    std::io::Read::read_to_end(&mut stdout, &mut seen).unwrap();
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    let shown = String::from_utf8_lossy(&seen);
+    assert!(!shown.contains("sgamp_typed_on_a_tty"), "the token was echoed: {shown:?}");
+    assert!(shown.contains("Stored in "), "{shown:?}");
+    assert_eq!(std::fs::read_to_string(dirs.data.join("credentials/amp")).unwrap(), "sgamp_typed_on_a_tty\n");
+}
