@@ -177,6 +177,9 @@ enum Command {
     },
     /// Say which CLIs are found, which sandbox is used and why, and which credentials are missing.
     Doctor,
+    /// Log in for the agent: Amp asks for its access token and stores it (mode 0600); OpenCode runs its own
+    /// `opencode auth login`.
+    Login,
 }
 
 #[derive(Subcommand, Debug)]
@@ -266,6 +269,9 @@ pub fn main() -> anyhow::Result<ExitCode> {
             Some(Command::Prompt { text, json, session }) => prompt(config, text, json, session).await,
             Some(Command::Sessions { command }) => sessions(config, command).await,
             Some(Command::Doctor) => doctor(config).await,
+            Some(Command::Login) => {
+                Ok(ExitCode::from(acp_sandbox::auth::login(&config, &mut std::io::stderr()).await?))
+            }
         }
     });
     // Dropping the tasks still running kills their processes; a blocking read of the store (waiting out a lock)
@@ -570,9 +576,10 @@ async fn doctor(config: Config) -> anyhow::Result<ExitCode> {
         };
         println!("{:<10}  {found}", agent.display_name());
         if let Some(variable) = agent.required_credential() {
-            let state = match std::env::var(variable) {
-                Ok(value) if !value.trim().is_empty() => "set".to_string(),
-                _ => format!("MISSING: {} will refuse to run until {variable} is set", agent.display_name()),
+            let state = match acp_sandbox::auth::source(&config, agent) {
+                Some(acp_sandbox::auth::Source::Environment(_)) => "set".to_string(),
+                Some(acp_sandbox::auth::Source::Stored(path)) => format!("stored by login in {}", path.display()),
+                None => format!("MISSING: set {variable} or run `{}`", acp_sandbox::auth::login_command(agent)),
             };
             println!("{:<10}  {variable}: {state}", "");
         }

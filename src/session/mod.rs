@@ -580,15 +580,7 @@ impl Bridge {
             });
         }
         self.check_workspace(Path::new(&record.cwd))?;
-        let credential = match agent.required_credential() {
-            Some(variable) => match std::env::var(variable) {
-                Ok(value) if !value.trim().is_empty() => Some((variable, value)),
-                _ => {
-                    return Err(Error::MissingCredential { agent: agent.display_name(), variable });
-                }
-            },
-            None => None,
-        };
+        let credential = crate::auth::credential(&self.config, agent)?;
         let live = ticket.live.clone();
         let elsewhere = self.store.running_elsewhere(id).await?;
         let token = {
@@ -1018,8 +1010,13 @@ fn cli_spec(
     }
 }
 
+/// The user's own data dir (`~/.local/share`), where OpenCode keeps its logins.
+pub(crate) fn user_data_dir() -> PathBuf {
+    Bridge::user_dirs().1
+}
+
 /// The CLI's executable when it is already there: the override, PATH, or the install cache.
-fn installed_executable(config: &Config, agent: AgentKind) -> Option<PathBuf> {
+pub(crate) fn installed_executable(config: &Config, agent: AgentKind) -> Option<PathBuf> {
     if let Some(path) = config.bin_override(agent) {
         return Some(path.clone());
     }
