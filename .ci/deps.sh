@@ -1,18 +1,10 @@
 #!/usr/bin/env bash
-# Installs what the tests need on a Debian machine: bubblewrap, Python 3 (the fake CLIs), Node.js/npm,
-# and the pinned OpenCode CLI for the end-to-end test against the real thing. Idempotent.
+# Installs what the tests need on a Debian machine: the system packages of ./install.sh (bubblewrap, a C
+# compiler, Node.js/npm) plus Python 3 (the fake CLIs), then the pinned OpenCode CLI for the end-to-end test
+# against the real thing. Idempotent; as root without sudo, or as a sudo user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-sudo_if_needed() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-missing=()
-command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
-[ -x /usr/bin/python3 ] || missing+=(python3)
-command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
-if [ ${#missing[@]} -gt 0 ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  sudo_if_needed apt-get update -qq
-  sudo_if_needed apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+./install.sh --deps-only --with-test-deps
 if [ -x .ci/install-opencode.sh ]; then
   .ci/install-opencode.sh
 fi

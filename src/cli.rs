@@ -188,6 +188,9 @@ enum Command {
     },
     /// Say which CLIs are found, which sandbox is used and why, and which credentials are missing.
     Doctor,
+    /// Log in for the agent: Amp asks for its access token and stores it (mode 0600); OpenCode runs its own
+    /// `opencode auth login`.
+    Login,
 }
 
 #[derive(Subcommand, Debug)]
@@ -312,6 +315,9 @@ pub fn main() -> anyhow::Result<ExitCode> {
             Some(Command::Prompt { text, json, session }) => prompt(config, text, json, session).await,
             Some(Command::Sessions { command }) => sessions(config, command).await,
             Some(Command::Doctor) => doctor(config, bins).await,
+            Some(Command::Login) => {
+                Ok(ExitCode::from(acp_sandbox::auth::login(&config, &mut std::io::stderr()).await?))
+            }
         }
     });
     // Dropping the tasks still running kills their processes; a blocking read of the store (waiting out a lock)
@@ -373,6 +379,7 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     let bridge = Arc::new(Bridge::open(config).await.context("cannot start")?);
     tracing::info!("sandbox: {}", bridge.isolation().describe());
     bridge.reap_leftovers().await.context("cannot start")?;
+    bridge.trim_idle_caches();
     bridge.refresh_opencode_models();
     bridge.probe_opencode();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -500,17 +507,6 @@ impl UpdateSink for PrintSink {
     }
 }
 
-/// How a failed turn reads on the terminal: the editor's words, plus what to do here when that differs.
-fn terminal_error(error: &acp_sandbox::error::Error) -> String {
-    let message = to_acp_error(error).message;
-    match error {
-        acp_sandbox::error::Error::MissingCredential { variable, .. } => {
-            format!("{message}\nOn a terminal: export {variable}=… and run the command again.")
-        }
-        _ => message,
-    }
-}
-
 /// The exit status of a command stopped by Ctrl-C, as shells report a process killed by SIGINT.
 const INTERRUPTED: u8 = 130;
 
@@ -592,7 +588,7 @@ async fn prompt(config: Config, text: Option<String>, json: bool, session: Optio
             ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!("error: {}", terminal_error(&error));
+            eprintln!("error: {}", to_acp_error(&error).message);
             eprintln!("(session {session_id}: continue with --session {session_id})");
             ExitCode::FAILURE
         }
@@ -798,6 +794,8 @@ async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<ExitCode> {
     out!("data dir    {}", config.data_dir.display());
     out!("log files   {}.<date>", config.log_path().display());
     out!();
+    // Whether the agent in use is still to be installed from npm: nothing to run in the sandbox yet.
+    let mut to_install = false;
     for agent in [AgentKind::OpenCode, AgentKind::Amp] {
         let package = agent.package();
         let used = agent == config.agent;
@@ -808,6 +806,7 @@ async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<ExitCode> {
         } else if package.executable(&config.tools_dir()).exists() {
             format!("{} (installed by acp-sandbox)", package.executable(&config.tools_dir()).display())
         } else if which::which("npm").is_ok() {
+            to_install |= used;
             format!("not installed: {}@{} will be installed from npm on first use", package.name, package.version)
         } else if used {
             error("not found, and npm is missing to install it".to_string())
@@ -816,10 +815,14 @@ async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<ExitCode> {
         };
         out!("{:<10}  {found}", agent.display_name());
         if let Some(variable) = agent.required_credential() {
-            let state = match std::env::var(variable) {
-                Ok(value) if !value.trim().is_empty() => "set".to_string(),
-                _ if used => error(format!("missing: {} refuses to run until {variable} is set", agent.display_name())),
-                _ => format!("missing: {} will refuse to run until {variable} is set", agent.display_name()),
+            let state = match acp_sandbox::auth::source(&config, agent) {
+                Some(acp_sandbox::auth::Source::Environment(_)) => "set".to_string(),
+                Some(acp_sandbox::auth::Source::Stored(path)) => format!("stored by login in {}", path.display()),
+                None => {
+                    let missing =
+                        format!("missing: set {variable} or run `{}`", acp_sandbox::auth::login_command(agent));
+                    if used { error(missing) } else { missing }
+                }
             };
             out!("{:<10}  {variable}: {state}", "");
         }
@@ -871,6 +874,9 @@ async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<ExitCode> {
         );
         let agent = config.agent;
         match acp_sandbox::session::check_cli(&config, agent).await {
+            Err(_) if to_install => {
+                out!("  {:<12}  `{} --version` runs in the sandbox once it is installed", "run", agent.package().bin)
+            }
             Ok(version) => {
                 out!("  {:<12}  ok  `{} --version` in the sandbox: {version}", "run", agent.package().bin);
                 if agent == AgentKind::OpenCode {

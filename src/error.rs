@@ -22,16 +22,23 @@ pub enum Error {
         hint: &'static str,
     },
 
-    /// The agent needs a credential that is not in the bridge's environment; the CLI was not started.
+    /// The agent needs a credential that is neither in the bridge's environment nor stored by `acp-sandbox
+    /// login`; the CLI was not started.
     #[error(
-        "{agent} needs the environment variable {variable}: set it in the agent server's \"env\" in the editor's settings (e.g. Zed's agent_servers) and restart the agent"
+        "{agent} needs an access token: run `{login}` in a terminal (it stores the token for acp-sandbox), or set {variable} in the agent server's \"env\" in the editor's settings (e.g. Zed's agent_servers) and restart the agent; in a shell, `export {variable}=…`"
     )]
     MissingCredential {
         /// The agent's display name.
         agent: &'static str,
-        /// The variable to set.
+        /// The variable that would carry it.
         variable: &'static str,
+        /// The command that stores it.
+        login: String,
     },
+
+    /// `authenticate` found no login for an agent that keeps its own (OpenCode): the words say what to do.
+    #[error("{0}")]
+    NotLoggedIn(String),
 
     /// The CLI's provider rejected the credentials (e.g. OpenCode's ProviderAuthError).
     #[error("{0}")]
@@ -89,6 +96,20 @@ pub enum Error {
         seconds: u64,
     },
 
+    /// The session's model is one the CLI does not have (OpenCode says only "Unexpected server error" for it
+    /// under `run`).
+    #[error(
+        "{agent} has no model {model} here: pick one in the model picker (these are the models {agent} offers), or run `opencode models` to see them\n\n{agent} said: {said}"
+    )]
+    UnknownModel {
+        /// The agent's display name.
+        agent: &'static str,
+        /// The model the session asked for.
+        model: String,
+        /// What the CLI said.
+        said: String,
+    },
+
     /// The CLI could not be found or installed.
     #[error("{0}")]
     CliUnavailable(String),
@@ -110,13 +131,20 @@ pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
         Error::SessionNotFound { id, .. } => {
             agent_client_protocol::Error::new(ErrorCode::RESOURCE_NOT_FOUND, message).data(json!({ "sessionId": id }))
         }
-        Error::MissingCredential { variable, .. } => {
-            agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message).data(json!({ "variable": variable }))
+        Error::MissingCredential { variable, login, .. } => {
+            agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message)
+                .data(json!({ "variable": variable, "login": login }))
         }
-        Error::AuthRejected(_) => agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message),
+        Error::AuthRejected(_) | Error::NotLoggedIn(_) => {
+            agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message)
+        }
         Error::TurnInProgress => agent_client_protocol::Error::new(ErrorCode::INVALID_REQUEST, message),
         Error::InvalidParams(_) | Error::WrongAgent { .. } => {
             agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message)
+        }
+        // The session's model option is what is wrong: the data names it, for a client that can point to it.
+        Error::UnknownModel { model, .. } => {
+            agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message).data(json!({ "model": model }))
         }
         Error::CliFailed { stderr_tail, exit_code, .. } => {
             let shown = if stderr_tail.trim().is_empty() {

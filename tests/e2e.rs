@@ -12,6 +12,7 @@ mod support;
 
 mod e2e {
     mod amp;
+    mod auth;
     mod cancel;
     mod commands;
     mod errors;

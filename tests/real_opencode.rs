@@ -763,6 +763,43 @@ fn model_flag_reaches_opencode() {
     assert_eq!(chats.last().unwrap()["body"]["model"], "other-model", "--model fake/other-model is the model called");
 }
 
+/// A model OpenCode does not know: OpenCode itself says only "Unexpected server error" (`run`) or nothing useful
+/// (`serve`); the error must name the model and say where to pick one.
+fn unknown_model(backend: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let options = world.backend_options("none", backend).arg("--model").arg("fake/no-such-model");
+    let mut bridge = world.start_with(options);
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text which model", "unknown model");
+    let error = turn.result.clone().expect_err("a model OpenCode does not know fails the turn");
+    eprintln!("{backend}: {error}");
+    assert_eq!(error.code, -32602, "{error}");
+    assert_eq!(error.data, Some(json!({"model": "fake/no-such-model"})), "{error}");
+    let (advice, said) = error.message.split_once("\n\nOpenCode said: ").unwrap_or_else(|| panic!("{error}"));
+    assert_eq!(
+        advice,
+        "OpenCode has no model fake/no-such-model here: pick one in the model picker (these are the models OpenCode \
+         offers), or run `opencode models` to see them"
+    );
+    let expected_said = match backend {
+        "run" => "Unexpected server error. Check server logs for details.",
+        _ => "Model not found: fake/no-such-model. Did you mean: fake-model, other-model?",
+    };
+    assert_eq!(said, expected_said);
+    assert!(world.server.chats("text").is_empty(), "no model may be called");
+}
+
+#[test]
+fn an_unknown_model_is_named_in_the_error_run() {
+    unknown_model("run", "unknown_model_run");
+}
+
+#[test]
+fn an_unknown_model_is_named_in_the_error_serve() {
+    unknown_model("serve", "unknown_model_serve");
+}
+
 // ---- a user config dir OpenCode never wrote to ---------------------------------------------------------------
 
 /// OpenCode creates `.gitignore` in its global config dir when it is missing (`Config.ensureGitignore`) and only

@@ -291,6 +291,10 @@ impl LocalProvider {
     }
 }
 
+/// What of a state dir is cache (XDG_CACHE_HOME, npm's and other tools' caches in HOME): 7-14 MB of OpenCode's
+/// plugins and npm downloads per session, fetched again when needed. Never the CLI's data (its conversations).
+const TRIMMED_CACHES: [&str; 3] = ["cache", "home/.npm", "home/.cache"];
+
 #[async_trait]
 impl SandboxProvider for LocalProvider {
     fn name(&self) -> &'static str {
@@ -332,6 +336,26 @@ impl SandboxProvider for LocalProvider {
     async fn suspend(&self, _id: &str) -> Result<(), SandboxError> {
         // Nothing runs between turns locally.
         Ok(())
+    }
+
+    async fn trim(&self, id: &str) -> Result<bool, SandboxError> {
+        let Some(path) = self.owned(id) else { return Ok(false) };
+        let work = tokio::task::spawn_blocking(move || -> std::io::Result<bool> {
+            let state = match StateDir::open(&path) {
+                Ok(state) => state,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            let mut freed = false;
+            for cache in TRIMMED_CACHES {
+                freed |= state.empty_dir(Path::new(cache))?;
+            }
+            Ok(freed)
+        });
+        match work.await {
+            Ok(result) => result.map_err(|e| SandboxError::io(format!("trim the caches of {id}"), e)),
+            Err(e) => Err(SandboxError::Unavailable(format!("trimming {id} failed: {e}"))),
+        }
     }
 
     async fn destroy(&self, id: &str) -> Result<(), SandboxError> {

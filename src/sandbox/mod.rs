@@ -7,6 +7,8 @@
 
 // The one place allowed to start processes (clippy.toml bans it elsewhere).
 #[allow(clippy::disallowed_methods)]
+pub mod host;
+#[allow(clippy::disallowed_methods)]
 pub mod init;
 #[allow(clippy::disallowed_methods)]
 pub mod install;
@@ -196,4 +198,10 @@ pub trait SandboxProvider: Send + Sync {
     async fn suspend(&self, id: &str) -> Result<(), SandboxError>;
     /// Frees the sandbox and everything in it. Destroying a missing sandbox succeeds.
     async fn destroy(&self, id: &str) -> Result<(), SandboxError>;
+    /// Frees what a sandbox keeps only to be faster: the CLI's caches (downloaded plugins, npm's cache), which the
+    /// CLI fetches again when it needs them. Called for sessions long unused, while nothing runs in them; answers
+    /// whether anything was there to free.
+    async fn trim(&self, _id: &str) -> Result<bool, SandboxError> {
+        Ok(false)
+    }
 }

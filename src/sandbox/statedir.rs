@@ -97,6 +97,25 @@ impl StateDir {
         Ok(())
     }
 
+    /// Removes everything in the directory `path`, never following a link (one in its place or inside it is
+    /// removed itself); answers whether there was anything. A missing directory, or a link or file where it
+    /// should be, has nothing to remove.
+    pub fn empty_dir(&self, path: &Path) -> io::Result<bool> {
+        let rel = self.relative(path)?;
+        match self.dir.symlink_metadata(rel) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        let mut any = false;
+        for entry in self.dir.read_dir(rel)? {
+            self.remove_entry(&rel.join(entry?.file_name()))?;
+            any = true;
+        }
+        Ok(any)
+    }
+
     /// Removes a file, link or directory tree at `path`, never following a link.
     fn remove_entry(&self, rel: &Path) -> io::Result<()> {
         match self.dir.symlink_metadata(rel) {
@@ -115,6 +134,30 @@ fn outside(path: &Path) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn emptying_a_dir_removes_links_never_what_they_point_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, victim) = (dir.path().join("state"), dir.path().join("victim"));
+        std::fs::create_dir_all(state.join("cache/opencode/node_modules/plugin")).unwrap();
+        std::fs::create_dir_all(state.join("home")).unwrap();
+        std::fs::create_dir_all(&victim).unwrap();
+        std::fs::write(victim.join("keep"), "precious").unwrap();
+        std::fs::write(state.join("cache/opencode/node_modules/plugin/index.js"), "x").unwrap();
+        std::os::unix::fs::symlink(&victim, state.join("cache/opencode/link")).unwrap();
+        // A link where a cache dir should be: not followed, and nothing to empty.
+        std::os::unix::fs::symlink(&victim, state.join("home/.npm")).unwrap();
+        let sd = StateDir::open(&state).unwrap();
+
+        assert!(sd.empty_dir(Path::new("cache")).unwrap());
+        assert_eq!(std::fs::read_dir(state.join("cache")).unwrap().count(), 0);
+        assert!(!sd.empty_dir(Path::new("cache")).unwrap(), "nothing left the second time");
+        assert!(!sd.empty_dir(Path::new("home/.npm")).unwrap());
+        assert!(!sd.empty_dir(Path::new("home/.cache")).unwrap(), "a missing dir");
+        assert_eq!(std::fs::read_to_string(victim.join("keep")).unwrap(), "precious");
+        assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 1);
+        assert!(sd.empty_dir(Path::new("../victim")).is_err());
+    }
 
     #[test]
     fn planted_symlinks_are_replaced_never_followed() {

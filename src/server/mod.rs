@@ -159,12 +159,31 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                                 .close(SessionCloseCapabilities::new())
                                 .delete(SessionDeleteCapabilities::new()),
                         );
+                    let auth_methods = crate::auth::auth_methods(agent, request.client_capabilities.auth.terminal);
                     responder.respond(
-                        InitializeResponse::new(ProtocolVersion::V1).agent_capabilities(capabilities).agent_info(
-                            Implementation::new("acp-sandbox", env!("CARGO_PKG_VERSION"))
-                                .title(format!("{} (sandboxed)", agent.display_name())),
-                        ),
+                        InitializeResponse::new(ProtocolVersion::V1)
+                            .agent_capabilities(capabilities)
+                            .auth_methods(auth_methods)
+                            .agent_info(
+                                Implementation::new("acp-sandbox", env!("CARGO_PKG_VERSION"))
+                                    .title(format!("{} (sandboxed)", agent.display_name())),
+                            ),
                     )
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                // Reads only the environment and two small files: answered in the loop.
+                async move |request: agent_client_protocol::v1::schema::AuthenticateRequest,
+                            responder: Responder<agent_client_protocol::v1::schema::AuthenticateResponse>,
+                            _cx| {
+                    let config = bridge.config();
+                    let result = crate::auth::authenticate(config, config.agent, &request.method_id.0)
+                        .map(|()| agent_client_protocol::v1::schema::AuthenticateResponse::new());
+                    respond(responder, result)
                 }
             },
             agent_client_protocol::on_receive_request!(),

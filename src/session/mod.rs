@@ -143,6 +143,9 @@ pub struct Bridge {
 
 const LIST_PAGE: usize = 50;
 
+/// How long a session goes unused before its sandbox's caches are freed.
+pub const TRIM_CACHES_AFTER: std::time::Duration = std::time::Duration::from_secs(14 * 86_400);
+
 /// How long [`Bridge::shutdown`] waits for the turns it cancelled to be recorded: the editor waits for the exit.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_millis(700);
 
@@ -208,6 +211,41 @@ impl Bridge {
             }
         }
         Ok(())
+    }
+
+    /// Frees, in the background, the caches of the sandboxes of sessions unused for [`TRIM_CACHES_AFTER`] (OpenCode
+    /// downloads its plugins into every session's own cache, so they add up across many sessions), unless
+    /// something still runs in them. The CLI fetches what it needs again on the next prompt. Serving bridges only.
+    pub fn trim_idle_caches(self: &Arc<Self>) {
+        let bridge = self.clone();
+        tokio::spawn(async move {
+            let before = now_ms().saturating_sub(TRIM_CACHES_AFTER.as_millis() as i64);
+            let Ok(sessions) = bridge.store.list_sessions(None, None, None, usize::MAX).await else { return };
+            let busy: std::collections::HashSet<String> =
+                crate::sandbox::local::leftover_processes(&bridge.config.sessions_dir())
+                    .into_iter()
+                    .map(|(_, session)| session)
+                    .collect();
+            let mut trimmed = 0;
+            for record in sessions.iter().filter(|r| r.updated_at < before && !busy.contains(&r.id)) {
+                let Some(sandbox) = record.sandbox_id.as_deref() else { continue };
+                if record.sandbox_provider != bridge.provider.name() {
+                    continue;
+                }
+                match bridge.provider.trim(sandbox).await {
+                    Ok(true) => trimmed += 1,
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(session = %record.id, "could not trim the sandbox's caches: {e}"),
+                }
+            }
+            if trimmed > 0 {
+                tracing::info!(
+                    sessions = trimmed,
+                    "freed the caches of sessions unused for {} days",
+                    TRIM_CACHES_AFTER.as_secs() / 86_400
+                );
+            }
+        });
     }
 
     /// The settings this bridge runs with.
@@ -548,15 +586,7 @@ impl Bridge {
             });
         }
         self.check_workspace(Path::new(&record.cwd))?;
-        let credential = match agent.required_credential() {
-            Some(variable) => match std::env::var(variable) {
-                Ok(value) if !value.trim().is_empty() => Some((variable, value)),
-                _ => {
-                    return Err(Error::MissingCredential { agent: agent.display_name(), variable });
-                }
-            },
-            None => None,
-        };
+        let credential = crate::auth::credential(&self.config, agent)?;
         let live = ticket.live.clone();
         let elsewhere = self.store.running_elsewhere(id).await?;
         let token = {
@@ -986,8 +1016,13 @@ fn cli_spec(
     }
 }
 
+/// The user's own data dir (`~/.local/share`), where OpenCode keeps its logins.
+pub(crate) fn user_data_dir() -> PathBuf {
+    Bridge::user_dirs().1
+}
+
 /// The CLI's executable when it is already there: the override, PATH, or the install cache.
-fn installed_executable(config: &Config, agent: AgentKind) -> Option<PathBuf> {
+pub(crate) fn installed_executable(config: &Config, agent: AgentKind) -> Option<PathBuf> {
     if let Some(path) = config.bin_override(agent) {
         return Some(path.clone());
     }

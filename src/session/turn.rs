@@ -240,7 +240,7 @@ impl Turn<'_> {
             grace: std::sync::OnceLock::new(),
         };
         let session_id = self.record.id.clone();
-        let result = self.run_turn(&emitter).await;
+        let result = self.run_turn(&emitter).await.map_err(|error| self.explain(error));
         // Every update is stored and sent before the prompt is answered; one that could not be stored fails the turn
         // with the store's words (what the user can do about it), whatever else went wrong.
         let result = match emitter.flush().await {
@@ -271,6 +271,41 @@ impl Turn<'_> {
             Err(error) => tracing::warn!(session = %session_id, "turn failed: {error}"),
         }
         result
+    }
+
+    /// Says what a CLI's failure means when the CLI itself does not: OpenCode answers a model it does not have
+    /// with "Unexpected server error" (`run`) or "Model not found" (`serve`), which name neither the picker nor
+    /// `opencode models`.
+    fn explain(&self, mut error: Error) -> Error {
+        if let Error::CliFailed { message, .. } = &mut error
+            && message.starts_with("Cannot connect to API")
+        {
+            let model = options::opencode_model(&self.record.config)
+                .or(self.bridge.config().opencode_default_model.as_deref())
+                .map(|model| format!(" of {model}"))
+                .unwrap_or_default();
+            message.push_str(&format!(
+                "\n\nThe model's provider{model} could not be reached: check that it is up, that the sandbox's network policy lets it through (`--network`; `acp-sandbox doctor` shows the policy), or pick another model"
+            ));
+            return error;
+        }
+        let Error::CliFailed { message, .. } = &error else { return error };
+        let opencode_says_unknown =
+            message.starts_with("Unexpected server error") || message.starts_with("Model not found");
+        if self.agent != AgentKind::OpenCode || self.model.is_some() || !opencode_says_unknown {
+            return error;
+        }
+        let chosen =
+            options::opencode_model(&self.record.config).or(self.bridge.config().opencode_default_model.as_deref());
+        // Only a model missing from what OpenCode listed is known to be the cause.
+        match chosen {
+            Some(model) if !self.bridge.catalog.models().is_empty() => Error::UnknownModel {
+                agent: self.agent.display_name(),
+                model: model.to_string(),
+                said: message.clone(),
+            },
+            _ => error,
+        }
     }
 
     async fn run_turn(&self, emit: &Emitter) -> Result<StopReason> {

@@ -104,7 +104,8 @@ fn doctor_reports_the_configured_cli_and_sandbox() {
 fn a_cli_not_found_is_installed_from_npm_on_first_use_and_shown_as_a_tool_call() {
     let dirs = TestDirs::new("install");
     let ws = dirs.workspace("ws");
-    // A stand-in for npm: installs a package whose executable is the fake OpenCode.
+    // A stand-in for npm: installs a package whose executable is the fake OpenCode, linked from `.bin` as npm does
+    // (so the sandbox shows the fake where it really is, also when the checkout is under /tmp).
     let bin = dirs.root().join("fake-bin");
     std::fs::create_dir_all(&bin).unwrap();
     let npm = bin.join("npm");
@@ -113,8 +114,7 @@ fn a_cli_not_found_is_installed_from_npm_on_first_use_and_shown_as_a_tool_call()
         format!(
             "#!/bin/sh\necho \"$@\" >> '{log}'\nwhile [ $# -gt 0 ]; do [ \"$1\" = --prefix ] && prefix=\"$2\"; shift; done\n\
              mkdir -p \"$prefix/node_modules/.bin\"\n\
-             printf '#!/bin/sh\\nexec %s \"$@\"\\n' '{fake}' > \"$prefix/node_modules/.bin/opencode\"\n\
-             chmod +x \"$prefix/node_modules/.bin/opencode\"\n",
+             ln -s '{fake}' \"$prefix/node_modules/.bin/opencode\"\n",
             log = dirs.root().join("npm.log").display(),
             fake = fakes_dir().join("opencode").display()
         ),
@@ -214,7 +214,11 @@ fn a_failed_turn_is_said_once_on_the_terminal() {
     let sid = only_session(&dirs.data, dirs.root());
     assert_eq!(
         stderr(&output),
-        format!("{NO_SANDBOX}error: fake upstream error: model refused (scripted 400)\n{}\n", continue_line(&sid))
+        format!(
+            "{NO_SANDBOX}error: fake upstream error: model refused (scripted 400) \
+             (http://127.0.0.1:18080/v1/chat/completions)\n{}\n",
+            continue_line(&sid)
+        )
     );
     let log = std::fs::read_dir(&dirs.data)
         .unwrap()
@@ -238,9 +242,9 @@ fn amps_missing_key_tells_a_terminal_user_to_export_it() {
     assert_eq!(
         stderr(&output),
         format!(
-            "{NO_SANDBOX}error: Amp needs the environment variable AMP_API_KEY: set it in the agent server's \"env\" in \
-             the editor's settings (e.g. Zed's agent_servers) and restart the agent\n\
-             On a terminal: export AMP_API_KEY=… and run the command again.\n{}\n",
+            "{NO_SANDBOX}error: Amp needs an access token: run `acp-sandbox login --agent amp` in a terminal (it \
+             stores the token for acp-sandbox), or set AMP_API_KEY in the agent server's \"env\" in the editor's \
+             settings (e.g. Zed's agent_servers) and restart the agent; in a shell, `export AMP_API_KEY=…`\n{}\n",
             continue_line(&sid)
         )
     );
@@ -466,7 +470,7 @@ fn doctor_exits_non_zero_on_errors_and_gives_namespace_advice_when_bubblewrap_is
             "            model: OpenCode's own choice (no --model, and no `model` in your OpenCode config)",
             "            providers: none found in your OpenCode config, its logins or the environment: run `opencode \
              auth login`, or set a provider's key (e.g. ANTHROPIC_API_KEY)",
-            "            AMP_API_KEY: ERROR missing: Amp refuses to run until AMP_API_KEY is set",
+            "            AMP_API_KEY: ERROR missing: set AMP_API_KEY or run `acp-sandbox login --agent amp`",
             "            install the `bubblewrap` package for isolation",
         ],
         "{out}"
@@ -533,4 +537,24 @@ fn help_shows_each_command_its_own_settings_and_the_defaults() {
         "When an editor reopens a session, replay at most this many updates (a prompt counts as one): the newest turns whole and no older ones; a newest turn longer than this keeps its prompt and its newest updates. Each cut is said in a note  [env: ACP_SANDBOX_REPLAY_LIMIT=] [default: 5000]"
     );
     assert!(about("--data-dir").starts_with("Sessions, logs and installed CLIs live here [default: $XDG_DATA_HOME/acp-sandbox, or ~/.local/share/acp-sandbox when XDG_DATA_HOME is unset]"), "{top}");
+}
+
+#[test]
+fn doctor_on_a_fresh_machine_is_not_an_error_when_the_cli_is_still_to_be_installed() {
+    let dirs = TestDirs::new("doctor-fresh");
+    // npm is there, OpenCode is not: it is installed on first use.
+    let bin = dirs.root().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("npm"), "#!/bin/sh\nexit 0\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(bin.join("npm"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, out, err) = doctor(&dirs, &["--sandbox", "none"], |c| {
+        c.env("PATH", &bin).env_remove("ACP_SANDBOX_OPENCODE_BIN");
+    });
+    assert_eq!((code, err.as_str()), (Some(0), ""), "{out}");
+    assert_eq!(
+        lines_starting(&out, "  run "),
+        ["  run           `opencode --version` runs in the sandbox once it is installed"],
+        "{out}"
+    );
 }

@@ -40,6 +40,23 @@ fn cli_error_event_fails_the_prompt_with_the_cli_message() {
 }
 
 #[test]
+fn a_provider_opencode_cannot_reach_is_named_with_its_url_and_what_to_check() {
+    let dirs = TestDirs::new("unreachable");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data).arg("--model").arg("local/coder"));
+    let sid = bridge.new_session(&ws);
+    let error = bridge.prompt(&sid, "SCENARIO:unreachable hello").result.expect_err("the provider cannot be reached");
+    assert_eq!(error.code, -32603, "{error}");
+    assert_eq!(
+        error.message,
+        "Cannot connect to API: Unable to connect. Is the computer able to access the url? \
+         (http://127.0.0.1:9/v1/chat/completions)\n\nThe model's provider of local/coder could not be reached: check that \
+         it is up, that the sandbox's network policy lets it through (`--network`; `acp-sandbox doctor` shows the \
+         policy), or pick another model"
+    );
+}
+
+#[test]
 fn a_cli_stuck_re_prompting_after_cut_streams_is_stopped_and_the_session_continues() {
     let dirs = TestDirs::new("loop");
     let ws = dirs.workspace("ws");

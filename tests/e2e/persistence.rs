@@ -2,6 +2,8 @@
 //! dir lists them, `session/load` replays their history before answering, and the next prompt continues the same
 //! CLI session.
 
+use std::path::PathBuf;
+
 use serde_json::json;
 
 use crate::support::*;
@@ -164,4 +166,58 @@ fn a_session_lost_with_its_deleted_data_dir_is_not_found_with_a_word_of_why() {
         ". It was deleted, or it is in another data dir (--data-dir); `acp-sandbox sessions list` shows what this store \
          holds"
     );
+}
+
+#[test]
+fn the_caches_of_sessions_unused_for_two_weeks_are_freed_and_nothing_else() {
+    let dirs = TestDirs::new("trim-caches");
+    let (ws_old, ws_new) = (dirs.workspace("old"), dirs.workspace("new"));
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let (old, new) = (bridge.new_session(&ws_old), bridge.new_session(&ws_new));
+    assert_eq!(bridge.prompt(&old, "Say hello").stop_reason(), "end_turn");
+    assert_eq!(bridge.prompt(&new, "Say hello").stop_reason(), "end_turn");
+    bridge.kill9();
+
+    // What OpenCode downloads into a session (plugins, npm's cache), a link the agent planted in it, and what
+    // must stay: the CLI's conversations, and the file the link points to.
+    let precious = dirs.workspace("outside").join("precious");
+    std::fs::write(&precious, "keep me").unwrap();
+    let state = |sid: &str| dirs.data.join("sessions").join(sid);
+    for sid in [&old, &new] {
+        let plugin = state(sid).join("cache/opencode/node_modules/some-plugin");
+        std::fs::create_dir_all(&plugin).unwrap();
+        std::fs::write(plugin.join("index.js"), "export default {}").unwrap();
+        std::os::unix::fs::symlink(&precious, state(sid).join("cache/opencode/planted")).unwrap();
+        std::fs::create_dir_all(state(sid).join("home/.npm/_cacache")).unwrap();
+        std::fs::write(state(sid).join("home/.npm/_cacache/entry"), "packument").unwrap();
+        std::fs::write(state(sid).join("data/conversation"), "the CLI's own state").unwrap();
+    }
+    let fifteen_days_ago = now_ms() - 15 * 86_400_000;
+    let connection = rusqlite::Connection::open(dirs.data.join("acp-sandbox.sqlite3")).unwrap();
+    connection.execute("UPDATE sessions SET updated_at = ?1 WHERE id = ?2", (fifteen_days_ago, &old)).unwrap();
+
+    let mut next = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let entries = |dir: PathBuf| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|read| read.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let freed = wait_until(RECV_TIMEOUT, || entries(state(&old).join("cache")).is_empty());
+    assert!(freed, "the unused session's cache: {:?}", entries(state(&old).join("cache")));
+    assert_eq!(entries(state(&old).join("home/.npm")), Vec::<String>::new());
+    assert_eq!(std::fs::read_to_string(state(&old).join("data/conversation")).unwrap(), "the CLI's own state");
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me", "a planted link is removed, not followed");
+    // The session used lately keeps everything.
+    assert_eq!(entries(state(&new).join("cache/opencode")), ["node_modules", "planted"]);
+    assert_eq!(entries(state(&new).join("home/.npm")), ["_cacache"]);
+
+    // The trimmed session goes on as before.
+    assert!(next.load_session(&old, &ws_old).result.is_ok());
+    assert_eq!(next.prompt(&old, "Say hello again").stop_reason(), "end_turn");
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }

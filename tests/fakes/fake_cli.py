@@ -14,7 +14,8 @@ It behaves like the real CLI as far as the bridge can tell (see the project rese
 
 Scenarios (both agents unless noted):
   text (default; `followup`/`continue` text on a continued session), tools, edit*, todo*, reasoning*, toolerror*,
-  error400* (error event, exit 1), thinking+, error-inference+ (error result, exit 0), cancelled+,
+  error400* and unreachable* (error event, exit 1; the second a provider OpenCode cannot connect to), thinking+,
+  error-inference+ (error result, exit 0), cancelled+,
   crash (garbage, a partial line and stderr text, exit 3), garbage (non-JSON lines, then a normal answer),
   slow (a text event every FAKE_DELAY_MS=200 ms, FAKE_COUNT=50 times), hang (starts, then sleeps forever),
   probe (tries writing in the workspace, its parent, HOME and /tmp; results in <cwd>/.fake-cli/probe.json),
@@ -187,6 +188,7 @@ OPENCODE_FIXTURES = {
     "todo": "opencode-todo.jsonl",
     "toolerror": "opencode-toolerror.jsonl",
     "error400": "opencode-error400.jsonl",
+    "unreachable": "opencode-unreachable.jsonl",
 }
 
 
@@ -298,7 +300,7 @@ def run_opencode(args):
     if scenario_file:
         for line in opencode_fixture_lines(scenario_file, sid, cwd):
             emit(line)
-        sys.exit(1 if scenario == "error400" else 0)
+        sys.exit(1 if scenario in ("error400", "unreachable") else 0)
 
     if scenario == "crash":
         crash(json.dumps(oc_step_start(sid, msg), separators=(",", ":")))

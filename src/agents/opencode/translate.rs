@@ -390,12 +390,17 @@ pub(crate) fn error_end(error: ErrorInfo) -> TurnEnd {
         "ContentFilterError" => TurnEnd::Refusal,
         "MessageAbortedError" => TurnEnd::Cancelled,
         _ => {
-            let status = error.data.get("statusCode").and_then(Value::as_u64);
-            let message = match status {
-                Some(code) if !message.contains(&code.to_string()) => {
-                    format!("{message} (HTTP {code})")
-                }
-                _ => message,
+            let status = error.data.get("statusCode").and_then(Value::as_u64).filter(|code| {
+                // Already said in the message.
+                !message.contains(&code.to_string())
+            });
+            // Where OpenCode sent the request: the message alone ("Cannot connect to API") names no provider.
+            let url = error.data.pointer("/metadata/url").and_then(Value::as_str);
+            let message = match (status, url) {
+                (Some(code), Some(url)) => format!("{message} (HTTP {code} from {url})"),
+                (Some(code), None) => format!("{message} (HTTP {code})"),
+                (None, Some(url)) => format!("{message} ({url})"),
+                (None, None) => message,
             };
             TurnEnd::Error { message }
         }

@@ -66,6 +66,15 @@ fn errors_map_by_name_and_never_to_end_turn() {
         end(error_line("APIError", json!({"message": "Service unavailable", "statusCode": 503})))["message"],
         "Service unavailable (HTTP 503)"
     );
+    let unreachable = json!({"message": "Cannot connect to API: Unable to connect. Is the computer able to access the url?",
+        "isRetryable": true, "metadata": {"url": "http://127.0.0.1:9/v1/chat/completions"}});
+    assert_eq!(
+        end(error_line("APIError", unreachable))["message"],
+        "Cannot connect to API: Unable to connect. Is the computer able to access the url? \
+         (http://127.0.0.1:9/v1/chat/completions)"
+    );
+    let refused = json!({"message": "Bad Request", "statusCode": 400, "metadata": {"url": "https://api.example/v1"}});
+    assert_eq!(end(error_line("APIError", refused))["message"], "Bad Request (HTTP 400 from https://api.example/v1)");
     assert_eq!(end(error_line("ContextOverflowError", json!({"message": "too long"})))["kind"], "error");
     assert_eq!(end(error_line("Weird", Value::Null)), json!({"output": "end", "kind": "error", "message": "Weird"}));
 }
