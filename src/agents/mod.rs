@@ -245,8 +245,8 @@ pub enum TurnEnd {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "output", rename_all = "snake_case")]
 pub enum Output {
-    /// An ACP update to persist and send to the editor, in order.
-    Update(SessionUpdate),
+    /// An ACP update to persist and send to the editor, in order. Serialized as the editor gets it.
+    Update(#[serde(serialize_with = "tools::serialize_update")] SessionUpdate),
     /// The CLI's own conversation id (OpenCode `ses_…`, Amp `T-…`): persisted so the next turn continues it.
     NativeSessionId {
         /// The id as the CLI prints it.

@@ -39,8 +39,13 @@ struct ConnectionSink {
 #[async_trait::async_trait]
 impl UpdateSink for ConnectionSink {
     fn send(&self, session_id: &str, update: SessionUpdate) {
+        // Untyped, to send the update as `tools::update_json` writes it (a new file's diff with `"oldText": null`).
         let notification = SessionNotification::new(session_id.to_string(), update);
-        if let Err(e) = self.connection.send_notification(notification) {
+        let sent = agent_client_protocol::JsonRpcMessage::to_untyped_message(&notification).and_then(|mut message| {
+            crate::agents::tools::explicit_new_files(&mut message.params["update"]);
+            self.connection.send_notification(message)
+        });
+        if let Err(e) = sent {
             // The editor went away; the update is already persisted and will be replayed on load.
             tracing::debug!(session = session_id, "could not send an update: {e}");
         }
