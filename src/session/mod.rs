@@ -354,6 +354,12 @@ impl Bridge {
                     sink.send(id, note(&format!("_This turn failed: {}_", first_line(&error))))
                 }
                 TurnStatus::Running => sink.send(id, note("_This turn is still running in another window._")),
+                // The editor saw its own cancel; a replay would show the prompt with nothing after it.
+                TurnStatus::Done
+                    if turn.stop_reason.as_deref() == Some(turn::stop_reason_name(StopReason::Cancelled)) =>
+                {
+                    sink.send(id, note("_This turn was cancelled before it finished._"))
+                }
                 TurnStatus::Done => {}
             }
         }

@@ -190,6 +190,31 @@ fn tool_use_streams_tool_calls_before_their_updates() {
     assert_eq!(tool_calls, 3, "write, bash and read: {:?}", kinds(&turn.updates));
     assert_tool_updates_follow_their_calls(&turn.updates);
     assert!(turn.agent_text().contains("Done"), "the final text is streamed too: {:?}", turn.updates);
+
+    // A new file's diff says `"oldText": null` on the wire, live and replayed (Toad draws an empty card without).
+    let new_file =
+        json!({"type": "diff", "path": ws.join("hello.txt"), "newText": "hello from fake model\n", "oldText": null});
+    let write = |updates: &[Value]| {
+        let call = updates.iter().find(|u| u["sessionUpdate"] == "tool_call" && u["kind"] == "edit").cloned();
+        call.unwrap_or_else(|| panic!("no edit card: {updates:?}"))["content"].clone()
+    };
+    assert_eq!(write(&turn.updates), json!([new_file]));
+    // The output is the content, once: rawOutput keeps OpenCode's structured result.
+    let closed = |kind: &str| {
+        let call = turn.updates.iter().find(|u| u["sessionUpdate"] == "tool_call" && u["kind"] == kind).unwrap();
+        let id = &call["toolCallId"];
+        let update = turn.updates.iter().rfind(|u| u["sessionUpdate"] == "tool_call_update" && u["toolCallId"] == *id);
+        update.unwrap().clone()
+    };
+    let bash = closed("execute");
+    assert_eq!(bash["content"][0]["content"]["text"], "```console\nhello from fake model\nbash-ok\n```");
+    assert_eq!(bash["rawOutput"], json!({"metadata": {"exit": 0, "truncated": false}}));
+    let read = closed("read");
+    assert_eq!(read["content"][0]["content"]["text"], "```\nhello from fake model\n```");
+    let display = json!({"type": "file", "path": ws.join("hello.txt"), "lineStart": 1, "lineEnd": 1, "totalLines": 1, "truncated": false});
+    assert_eq!(read["rawOutput"], json!({"metadata": {"truncated": false, "loaded": [], "display": display}}));
+    let loaded = bridge.load_session(&sid, &ws);
+    assert_eq!(write(&loaded.updates), json!([new_file]));
 }
 
 #[test]
