@@ -151,6 +151,7 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         .and_then(|value| value.as_bool())
                         .unwrap_or(false);
                     bridge.set_client_terminal_output(terminal_output);
+                    bridge.set_client_capabilities(&request.client_capabilities);
                     let agent = bridge.config().agent;
                     let capabilities = AgentCapabilities::new()
                         .load_session(true)

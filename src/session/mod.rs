@@ -70,6 +70,20 @@ pub struct SessionPage {
 #[derive(Debug, Default)]
 struct ClientInfo {
     terminal_output: AtomicBool,
+    abilities: Mutex<ClientAbilities>,
+}
+
+/// What the client offers to do for the agent (`initialize`'s `clientCapabilities`): read and write files through
+/// the editor, with its unsaved changes (`fs/read_text_file`, `fs/write_text_file`), and run commands in its own
+/// terminals (`terminal/*`). Recorded for the features that use them; nothing does yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientAbilities {
+    /// `fs.readTextFile`.
+    pub read_text_file: bool,
+    /// `fs.writeTextFile`.
+    pub write_text_file: bool,
+    /// `terminal`.
+    pub terminal: bool,
 }
 
 /// The state of a session that this process has touched.
@@ -228,6 +242,27 @@ impl Bridge {
     /// Records what the client can render (from `initialize`).
     pub fn set_client_terminal_output(&self, supported: bool) {
         self.client.terminal_output.store(supported, Ordering::Relaxed);
+    }
+
+    /// Records what the client offers to do (from `initialize`), for [`Bridge::client_abilities`].
+    pub fn set_client_capabilities(&self, offered: &agent_client_protocol::v1::schema::ClientCapabilities) {
+        let abilities = ClientAbilities {
+            read_text_file: offered.fs.read_text_file,
+            write_text_file: offered.fs.write_text_file,
+            terminal: offered.terminal,
+        };
+        tracing::info!(
+            read_text_file = abilities.read_text_file,
+            write_text_file = abilities.write_text_file,
+            terminal = abilities.terminal,
+            "the client's capabilities"
+        );
+        *self.client.abilities.lock().unwrap_or_else(|p| p.into_inner()) = abilities;
+    }
+
+    /// What the client offered to do, as last recorded; nothing before it initialized.
+    pub fn client_abilities(&self) -> ClientAbilities {
+        *self.client.abilities.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn live(&self, id: &str) -> Arc<LiveSession> {
@@ -1071,6 +1106,29 @@ mod tests {
         assert_eq!(
             run(RUN_ONCE_OUTPUT_LIMIT + 1).await,
             Err(format!("`opencode -c {} /dev/zero` printed more than 16 MiB", RUN_ONCE_OUTPUT_LIMIT + 1))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_clients_fs_and_terminal_capabilities_are_recorded_as_it_sent_them() {
+        let data = tempfile::tempdir().unwrap();
+        let config = Config {
+            sandbox: crate::config::SandboxChoice::None,
+            ..Config::new(AgentKind::OpenCode, data.path().to_path_buf())
+        };
+        let bridge = Bridge::open(config).await.unwrap();
+        assert_eq!(bridge.client_abilities(), ClientAbilities::default());
+        let sent = json!({"fs": {"readTextFile": true, "writeTextFile": false}, "terminal": true});
+        bridge.set_client_capabilities(&serde_json::from_value(sent).unwrap());
+        assert_eq!(
+            bridge.client_abilities(),
+            ClientAbilities { read_text_file: true, write_text_file: false, terminal: true }
+        );
+        let sent = json!({"fs": {"writeTextFile": true}});
+        bridge.set_client_capabilities(&serde_json::from_value(sent).unwrap());
+        assert_eq!(
+            bridge.client_abilities(),
+            ClientAbilities { read_text_file: false, write_text_file: true, terminal: false }
         );
     }
 
