@@ -132,7 +132,8 @@ pub struct Bridge {
     store: Arc<Store>,
     provider: Arc<dyn SandboxProvider>,
     isolation: Isolation,
-    live: Mutex<HashMap<String, Arc<LiveSession>>>,
+    /// The sessions open in this process (made, loaded or resumed here, and not closed).
+    live: Arc<Mutex<HashMap<String, Arc<LiveSession>>>>,
     client: ClientInfo,
     /// Cancelled when the bridge shuts down: every running turn ends and kills its CLI.
     shutdown: CancellationToken,
@@ -148,7 +149,7 @@ pub struct Bridge {
     /// Per session: see [`Bridge::gate`].
     gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Where updates outside any turn go (the editor's connection, once it initialized).
-    notifier: Mutex<Option<Arc<dyn UpdateSink>>>,
+    notifier: Arc<Mutex<Option<Arc<dyn UpdateSink>>>>,
     /// A warm server already reported its models in this process.
     models_from_server: AtomicBool,
     /// The last [`PromptTicket`] number given.
@@ -191,7 +192,7 @@ impl Bridge {
             versions: Mutex::default(),
             version_probe: tokio::sync::Mutex::const_new(()),
             gates: Mutex::default(),
-            notifier: Mutex::default(),
+            notifier: Arc::default(),
             models_from_server: AtomicBool::new(false),
             tickets: std::sync::atomic::AtomicU64::new(0),
             catalog,
@@ -199,7 +200,7 @@ impl Bridge {
             store,
             provider,
             isolation,
-            live: Mutex::default(),
+            live: Arc::default(),
             client: ClientInfo::default(),
             shutdown: CancellationToken::new(),
         })
@@ -316,6 +317,8 @@ impl Bridge {
         };
         self.store.create_session(&record).await?;
         tracing::info!(session = %record.id, cwd = %record.cwd, agent = %record.agent, "new session");
+        // Open from now on: a changed model list is announced to it.
+        self.live(&record.id);
         let options =
             options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models());
         Ok((record.id, options))
@@ -802,11 +805,7 @@ impl Bridge {
         if self.models_from_server.swap(true, Ordering::SeqCst) {
             return;
         }
-        let catalog = self.catalog.clone();
-        let store = self.store.clone();
-        let config = self.config.clone();
-        let notifier = self.notifier.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let open: Vec<String> = self.live.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        let announce = self.model_announcer();
         tokio::spawn(async move {
             let answer = match client.call(hyper::Method::GET, "/config/providers", None).await {
                 Ok(answer) => answer,
@@ -814,25 +813,21 @@ impl Bridge {
             };
             let models = crate::agents::opencode::catalog::parse_providers(&answer);
             tracing::info!(count = models.len(), "OpenCode models from the server");
-            if !catalog.set(models) {
-                return;
-            }
-            let Some(notifier) = notifier else { return };
-            let models = catalog.models();
-            for id in open {
-                if let Ok(Some(record)) = store.session(&id).await
-                    && AgentKind::parse(&record.agent) == Some(AgentKind::OpenCode)
-                {
-                    let options = options::config_options(AgentKind::OpenCode, &record.config, &config, &models);
-                    notifier.send(
-                        &id,
-                        SessionUpdate::ConfigOptionUpdate(agent_client_protocol::v1::schema::ConfigOptionUpdate::new(
-                            options,
-                        )),
-                    );
-                }
+            if announce.catalog.set(models) {
+                announce.announce().await;
             }
         });
+    }
+
+    /// What tells the open sessions about a changed model list, from a task of its own.
+    fn model_announcer(&self) -> ModelAnnouncer {
+        ModelAnnouncer {
+            catalog: self.catalog.clone(),
+            store: self.store.clone(),
+            config: self.config.clone(),
+            notifier: self.notifier.clone(),
+            live: self.live.clone(),
+        }
     }
 
     /// A lock of one session's setup (its sandbox, its OpenCode conversation), held only while it is made.
@@ -870,12 +865,20 @@ impl Bridge {
 
     /// Lists OpenCode's models again in the background (when this bridge runs OpenCode and it is installed). With
     /// the server backend the first warm server says them instead.
+    /// When the list changed, each open session gets the new options, as with [`Bridge::learn_models`].
     pub fn refresh_opencode_models(&self) {
-        if self.config.agent == AgentKind::OpenCode
-            && self.config.opencode_backend == crate::config::OpenCodeBackend::Run
+        if self.config.agent != AgentKind::OpenCode
+            || self.config.opencode_backend != crate::config::OpenCodeBackend::Run
         {
-            self.catalog.refresh();
+            return;
         }
+        let Some(listing) = self.catalog.refresh() else { return };
+        let announce = self.model_announcer();
+        tokio::spawn(async move {
+            if listing.await.unwrap_or(false) {
+                announce.announce().await;
+            }
+        });
     }
 
     /// The exact variables of the bridge's environment a CLI gets beyond its own namespace: for OpenCode, those
@@ -909,6 +912,40 @@ impl Bridge {
         match directories::BaseDirs::new() {
             Some(dirs) => (dirs.config_dir().to_path_buf(), dirs.data_dir().to_path_buf()),
             None => (PathBuf::from("/nonexistent"), PathBuf::from("/nonexistent")),
+        }
+    }
+}
+
+/// Tells every open OpenCode session its options again (`config_option_update`) once the model list changed, so
+/// that the editor's model picker shows what OpenCode listed.
+struct ModelAnnouncer {
+    catalog: Arc<catalog::ModelCatalog>,
+    store: Arc<Store>,
+    config: Config,
+    notifier: Arc<Mutex<Option<Arc<dyn UpdateSink>>>>,
+    live: Arc<Mutex<HashMap<String, Arc<LiveSession>>>>,
+}
+
+impl ModelAnnouncer {
+    /// Sends the options to the sessions open now (some were made while OpenCode listed), through the editor's
+    /// connection once it initialized.
+    async fn announce(&self) {
+        let Some(notifier) = self.notifier.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
+        let mut open: Vec<String> = self.live.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        open.sort();
+        let models = self.catalog.models();
+        for id in open {
+            if let Ok(Some(record)) = self.store.session(&id).await
+                && AgentKind::parse(&record.agent) == Some(AgentKind::OpenCode)
+            {
+                let options = options::config_options(AgentKind::OpenCode, &record.config, &self.config, &models);
+                notifier.send(
+                    &id,
+                    SessionUpdate::ConfigOptionUpdate(agent_client_protocol::v1::schema::ConfigOptionUpdate::new(
+                        options,
+                    )),
+                );
+            }
         }
     }
 }

@@ -516,6 +516,36 @@ fn the_models_opencode_lists_are_offered_and_the_usage_meter_uses_their_context_
 }
 
 #[test]
+fn sessions_opened_while_opencode_lists_its_models_get_the_listed_models_when_it_is_done() {
+    let dirs = TestDirs::new("models-announced");
+    let ws = dirs.workspace("ws");
+    // `opencode models --verbose` answers only once `release` exists, in the listing's own scratch workspace.
+    let release = dirs.data.join("models-workspace/release");
+    let mut bridge = Bridge::start(
+        BridgeOptions::new("opencode", &dirs.data).env("OPENCODE_FAKE_MODELS_HOLD", &release.display().to_string()),
+    );
+    assert!(wait_until(RECV_TIMEOUT, || release.with_extension("pid").exists()), "the bridge never listed the models");
+    let models = |options: &Value| -> Vec<String> {
+        let model = options.as_array().unwrap().iter().find(|option| option["id"] == "model").unwrap();
+        model["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|option| option["value"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let created = bridge.request("session/new", json!({"cwd": ws, "mcpServers": []})).unwrap();
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(models(&created["configOptions"]), ["default"], "nothing listed yet: {created}");
+    std::fs::write(&release, "").unwrap();
+    let update = bridge.wait_update(&sid, "config_option_update", |u| u["sessionUpdate"] == "config_option_update");
+    assert_eq!(
+        models(&update["configOptions"]),
+        ["default", "opencode/big-pickle", "fake/fake-model", "fake/other-model"]
+    );
+}
+
+#[test]
 fn opencode_modes_are_session_modes_and_a_config_option_and_reach_the_cli_as_its_agent() {
     let dirs = TestDirs::new("modes");
     let ws = dirs.workspace("ws");
