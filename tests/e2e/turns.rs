@@ -259,11 +259,13 @@ fn non_json_lines_from_the_cli_are_skipped() {
         .map(|u| u["content"]["text"].as_str().unwrap())
         .collect();
     assert_eq!(answers, [TEXT_ANSWER], "{:?}", turn.updates);
-    // Our own notes (no message id: the no-sandbox warning under `--sandbox none`) aside.
+    // Our own notes (no message id: the no-sandbox warning under `--sandbox none`) aside, and the options sent
+    // again when the background listing of OpenCode's models ends during the turn.
     let theirs: Vec<Value> = turn
         .updates
         .iter()
         .filter(|u| u["sessionUpdate"] != "agent_message_chunk" || u.get("messageId").is_some())
+        .filter(|u| u["sessionUpdate"] != "config_option_update")
         .cloned()
         .collect();
     assert_eq!(
