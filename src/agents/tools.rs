@@ -102,10 +102,16 @@ pub fn explicit_new_files(update: &mut Value) {
     }
 }
 
-/// Serializes an update as [`update_json`] does: for `Output`'s `Serialize`, so the goldens show the wire form.
-pub(crate) fn serialize_update<S: serde::Serializer>(update: &SessionUpdate, serializer: S) -> Result<S::Ok, S::Error> {
+/// Serializes an update, or a permission request's tool call, as [`update_json`] does: for `Output`'s
+/// `Serialize`, so that the goldens show the wire form.
+pub(crate) fn serialize_wire<T: serde::Serialize, S: serde::Serializer>(
+    item: &T,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
     use serde::Serialize;
-    update_json(update).map_err(serde::ser::Error::custom)?.serialize(serializer)
+    let mut value = serde_json::to_value(item).map_err(serde::ser::Error::custom)?;
+    explicit_new_files(&mut value);
+    value.serialize(serializer)
 }
 
 /// A file's text without the line numbers a CLI adds for its model (`1: fn main`, `00001| fn main`): only

@@ -55,8 +55,16 @@ impl UpdateSink for ConnectionSink {
         &self,
         request: agent_client_protocol::v1::schema::RequestPermissionRequest,
     ) -> Option<agent_client_protocol::v1::schema::RequestPermissionOutcome> {
-        // Turns run in tasks of their own, never in the dispatch loop, so waiting here cannot deadlock it.
-        match self.connection.send_request(request).block_task().await {
+        // Untyped like `send`: the tool call's new-file diffs say `"oldText": null`.
+        let asked = async {
+            let mut message = agent_client_protocol::JsonRpcMessage::to_untyped_message(&request)?;
+            crate::agents::tools::explicit_new_files(&mut message.params["toolCall"]);
+            // Turns run in tasks of their own, never in the dispatch loop, so waiting here cannot deadlock it.
+            let answer = self.connection.send_request(message).block_task().await?;
+            serde_json::from_value::<agent_client_protocol::v1::schema::RequestPermissionResponse>(answer)
+                .map_err(agent_client_protocol::Error::into_internal_error)
+        };
+        match asked.await {
             Ok(response) => Some(response.outcome),
             Err(e) => {
                 tracing::warn!("the editor did not answer a permission request: {e}");
