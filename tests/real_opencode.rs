@@ -415,7 +415,11 @@ fn tool_loop(sandbox: &str, test: &str) {
         .find(|d| d["newText"] == "hello from fake model\n")
         .unwrap_or_else(|| panic!("a diff for the write: {diffs:#?}"));
     assert_eq!(write_diff["path"], json!(hello), "diff paths are absolute host paths");
-    assert!(write_diff["oldText"].is_null(), "a new file has no old text: {write_diff}");
+    assert_eq!(
+        write_diff.get("oldText"),
+        Some(&Value::Null),
+        "a new file's old text is an explicit null: {write_diff}"
+    );
     let edit_diff = diffs
         .iter()
         .find(|d| d["newText"].as_str().is_some_and(|t| t.contains("EDITED")))
@@ -431,9 +435,14 @@ fn tool_loop(sandbox: &str, test: &str) {
         .filter_map(|c| c["content"]["text"].as_str())
         .collect();
     assert!(bash_text.contains("hello from fake model") && bash_text.contains("bash-ok"), "bash output: {bash_text:?}");
-    // The read shows where it read.
+    // The read shows where it read, and the file as a person reads it (not OpenCode's tagged, numbered text),
+    // once: rawOutput keeps only OpenCode's structured result.
     let read = calls[2];
     assert_eq!(read["locations"][0]["path"], json!(hello), "{read}");
+    let read_done = updates.iter().rfind(|u| u["toolCallId"] == "call_fake_2_0").unwrap();
+    assert_eq!(read_done["content"][0]["content"]["text"], "```\nhello from fake model\n```", "{read_done}");
+    assert_eq!(read_done["rawOutput"].get("output"), None, "{read_done}");
+    assert_eq!(read_done["rawOutput"]["metadata"].get("preview"), None, "{read_done}");
 
     // One model call per step, each after the previous tool result.
     let steps: Vec<i64> = world.server.chats("tools").iter().map(|r| r["step"].as_i64().unwrap()).collect();

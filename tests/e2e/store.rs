@@ -54,7 +54,9 @@ fn replayed_turn(replay: &[Value], prompt: &str) -> Vec<Value> {
 /// A turn's updates without the session's command list, which is not part of any turn (it follows
 /// `session/new` and `session/load`, and may arrive after a prompt was sent).
 fn of_the_turn(updates: &[Value]) -> Vec<Value> {
-    updates.iter().filter(|u| u["sessionUpdate"] != "available_commands_update").cloned().collect()
+    // Updates of the session, not of a turn: its commands, and its options once OpenCode listed its models.
+    let session_wide = ["available_commands_update", "config_option_update"];
+    updates.iter().filter(|u| !session_wide.iter().any(|kind| u["sessionUpdate"] == *kind)).cloned().collect()
 }
 
 fn is_failed_note(update: &Value, words: &str) -> bool {
