@@ -482,7 +482,9 @@ impl UpdateSink for PrintSink {
     fn send(&self, session_id: &str, update: SessionUpdate) {
         if self.json {
             let notification = SessionNotification::new(session_id.to_string(), update);
-            let message = serde_json::to_value(notification).map_err(|e| e.to_string()).and_then(|params| {
+            let message = serde_json::to_value(notification).map_err(|e| e.to_string()).and_then(|mut params| {
+                // As the editor gets it: a new file's diff says `"oldText": null`.
+                acp_sandbox::agents::tools::explicit_new_files(&mut params["update"]);
                 RawJsonRpcMessage::notification(CLIENT_METHOD_NAMES.session_update.to_string(), params)
                     .map_err(|e| e.to_string())
             });

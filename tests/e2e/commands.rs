@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::support::schema::Schemas;
 use crate::support::*;
@@ -90,6 +90,23 @@ fn prompt_command_prints_acp_updates_and_its_session_can_be_continued_listed_and
     run(&["sessions", "rm", &sid], &dirs.data, &ws);
     let list = String::from_utf8_lossy(&run(&["sessions", "list"], &dirs.data, &ws).stdout).into_owned();
     assert!(!list.contains(&sid), "removed session still listed: {list}");
+}
+
+#[test]
+fn prompt_json_prints_a_new_files_diff_as_the_editor_gets_it() {
+    let dirs = TestDirs::new("prompt-json-diff");
+    let ws = dirs.workspace("ws");
+    let args = ["prompt", "--json", "--agent", "opencode", "--sandbox", "none", "SCENARIO:tools write a file"];
+    let printed = notifications(&run(&args, &dirs.data, &ws));
+    let diffs: Vec<Value> = printed
+        .iter()
+        .flat_map(|n| n["update"]["content"].as_array().cloned().unwrap_or_default())
+        .filter(|item| item["type"] == "diff")
+        .collect();
+    assert_eq!(
+        diffs,
+        [json!({"type": "diff", "path": ws.join("hello.txt"), "newText": "hello from fake model\n", "oldText": null})]
+    );
 }
 
 #[test]
