@@ -127,7 +127,7 @@ fn a_full_disk_fails_the_turn_clearly_the_editor_saw_only_what_was_stored_and_sa
     let mut bridge = Bridge::start(options());
     let load = bridge.load_session(&sid, &ws);
     load.result.as_ref().expect("the session loads after a full disk");
-    let replay = replayed_turn(&load.updates, &prompt);
+    let replay = replayed_turn(&load.updates, prompt);
     assert_eq!(replay, of_the_turn(&turn.updates), "the replay is exactly what the editor was sent");
     assert!(
         load.updates.iter().any(|u| is_failed_note(u, "disk")),
@@ -399,7 +399,7 @@ fn a_turn_longer_than_the_replay_limit_replays_its_newest_updates_and_says_how_m
     let mut bridge = Bridge::start(options());
     let load = bridge.load_session(&sid, &ws);
     load.result.as_ref().expect("load");
-    let replay = replayed_turn(&load.updates, &prompt);
+    let replay = replayed_turn(&load.updates, prompt);
     let cut = sent.len() - 4999;
     let note = &replay[0];
     assert!(
