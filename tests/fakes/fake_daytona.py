@@ -16,7 +16,7 @@ codes, the log framing):
   sessions (`POST /process/session`, `GET|DELETE /process/session/{s}`, `POST /process/session/{s}/exec` with
   `runAsync`, `GET …/command/{c}`, `GET …/command/{c}/logs` as a WebSocket with `follow=true` or as plain HTTP,
   `POST …/command/{c}/terminate`, `POST …/command/{c}/input`), files (`POST /files/bulk-upload`,
-  `POST /files/bulk-download`, `GET /files/download?path=`), `GET /work-dir`, `GET /user-home-dir`.
+  `POST /files/bulk-download`, `GET /files/download?path=`, `POST /files/folder?path=&mode=`), `GET /work-dir`, `GET /user-home-dir`.
 - A command's log is one file where every line of stdout is prefixed with 01 01 01 and every line of stderr with
   02 02 02, as the daemon writes it; clients that send `X-Daytona-SDK-Version` >= 0.27 or
   `X-Daytona-Split-Output: true` get the markers, others get them stripped.
@@ -716,6 +716,12 @@ class Handler(BaseHTTPRequestHandler):
             )
             data += b"\r\n--" + BOUNDARY.encode() + b"--\r\n"
             return self.send(200, data, f"multipart/form-data; boundary={BOUNDARY}")
+        if path == "/files/folder" and method == "POST":
+            target = self.resolve(sandbox, query.get("path", ""))
+            if target is None:
+                return self.toolbox_error(403, "path outside the sandbox", "FORBIDDEN")
+            os.makedirs(target, mode=int(query.get("mode", "755"), 8), exist_ok=True)
+            return self.send(201)
         if path == "/files/download" and method == "GET":
             target = self.resolve(sandbox, query.get("path", ""))
             if target is None:
