@@ -43,6 +43,10 @@ struct FakeDaytona {
 
 impl FakeDaytona {
     fn start(dir: &Path) -> FakeDaytona {
+        Self::start_with(dir, &[])
+    }
+
+    fn start_with(dir: &Path, flags: &[&str]) -> FakeDaytona {
         let root = dir.join("sandboxes");
         let record = dir.join("requests.jsonl");
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/fake_daytona.py");
@@ -54,6 +58,7 @@ impl FakeDaytona {
             .arg(KEY)
             .arg("--record")
             .arg(&record)
+            .args(flags)
             .env_remove("DAYTONA_API_KEY")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -272,10 +277,9 @@ fn alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
-#[tokio::test]
-async fn cancel_kills_the_remote_command() {
-    let dir = test_dir("cancel");
-    let fake = FakeDaytona::start(&dir);
+async fn cancel(flags: &[&str]) -> Vec<Value> {
+    let dir = test_dir(if flags.is_empty() { "cancel" } else { "cancel-old" });
+    let fake = FakeDaytona::start_with(&dir, flags);
     let (_provider, _id, sandbox) = created(&fake, "s-cancel").await;
     let script = "echo $$; while true; do echo tick; sleep 0.02; done";
     let RunningProcess { stdout, mut handle, .. } = sandbox.exec(shell(sandbox.as_ref(), script, &[])).await.unwrap();
@@ -289,8 +293,26 @@ async fn cancel_kills_the_remote_command() {
     assert!(!alive(pid), "the command still runs after kill and wait");
     // Its output ends too.
     while within("EOF after kill", lines.next_line()).await.unwrap().is_some() {}
-    let terminate = fake.requests().into_iter().filter(|r| r["path"].as_str().unwrap().ends_with("/terminate")).count();
-    assert_eq!(terminate, 1);
+    // What the provider asked the toolbox to end it (the session is deleted after the exit either way).
+    fake.requests()
+        .into_iter()
+        .filter(|r| r["path"].as_str().unwrap().ends_with("/terminate") || r["method"] == "DELETE")
+        .map(|r| json!([r["method"], r["path"].as_str().unwrap().rsplit('/').next().unwrap()]))
+        .collect()
+}
+
+#[tokio::test]
+async fn cancel_kills_the_remote_command() {
+    let asked = cancel(&[]).await;
+    assert_eq!(asked[0], json!(["POST", "terminate"]));
+}
+
+#[tokio::test]
+async fn cancel_deletes_the_session_on_daemons_without_terminate() {
+    let asked = cancel(&["--no-terminate"]).await;
+    assert_eq!(asked[0], json!(["POST", "terminate"]));
+    assert_eq!(asked[1][0], json!("DELETE"));
+    assert!(asked[1][1].as_str().unwrap().starts_with("acp-"), "{asked:?}");
 }
 
 #[tokio::test]

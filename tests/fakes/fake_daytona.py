@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A fake Daytona cloud for tests/daytona.rs: the control plane and the toolbox of its sandboxes, on 127.0.0.1.
 
-Usage: fake_daytona.py --root DIR --api-key KEY [--port 0] [--record FILE]
+Usage: fake_daytona.py --root DIR --api-key KEY [--port 0] [--record FILE] [--no-terminate]
 Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until killed (or until stdin closes).
 
 Speaks what the official SDKs and our provider use, as the Daytona API and its daemon do (JSON shapes, status
@@ -16,7 +16,7 @@ codes, the log framing):
   sessions (`POST /process/session`, `GET|DELETE /process/session/{s}`, `POST /process/session/{s}/exec` with
   `runAsync`, `GET …/command/{c}`, `GET …/command/{c}/logs` as a WebSocket with `follow=true` or as plain HTTP,
   `POST …/command/{c}/terminate`, `POST …/command/{c}/input`), files (`POST /files/bulk-upload`,
-  `POST /files/bulk-download`, `GET /files/download?path=`, `POST /files/folder?path=&mode=`), `GET /work-dir`, `GET /user-home-dir`.
+  `POST /files/bulk-download`, `GET /files/download?path=`, `POST /files/folder?path=&mode=`, `DELETE /files?path=`), `GET /work-dir`, `GET /user-home-dir`.
 - A command's log is one file where every line of stdout is prefixed with 01 01 01 and every line of stderr with
   02 02 02, as the daemon writes it; clients that send `X-Daytona-SDK-Version` >= 0.27 or
   `X-Daytona-Split-Output: true` get the markers, others get them stripped.
@@ -510,6 +510,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(200, command.json())
         if action == "/logs" and method == "GET":
             return self.logs(command, query)
+        if action == "/terminate" and ARGS.no_terminate:
+            return self.send(404, b"404 page not found", "text/plain")
         if action == "/terminate" and method == "POST":
             if command.exit_code is not None:
                 return self.toolbox_error(
@@ -716,6 +718,19 @@ class Handler(BaseHTTPRequestHandler):
             )
             data += b"\r\n--" + BOUNDARY.encode() + b"--\r\n"
             return self.send(200, data, f"multipart/form-data; boundary={BOUNDARY}")
+        if path == "/files" and method == "DELETE":
+            target = self.resolve(sandbox, query.get("path", ""))
+            if target is None:
+                return self.toolbox_error(403, "path outside the sandbox", "FORBIDDEN")
+            if not os.path.lexists(target):
+                return self.toolbox_error(404, f"file not found: {query.get('path', '')}", "FILE_NOT_FOUND")
+            if os.path.isdir(target) and not os.path.islink(target):
+                if query.get("recursive") != "true":
+                    return self.toolbox_error(400, "path is a directory: use recursive", "BAD_REQUEST")
+                shutil.rmtree(target)
+            else:
+                os.remove(target)
+            return self.send(204)
         if path == "/files/folder" and method == "POST":
             target = self.resolve(sandbox, query.get("path", ""))
             if target is None:
@@ -743,6 +758,8 @@ def main():
     parser.add_argument("--api-key", required=True)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--record")
+    # Daemons before the terminate route: a cancel must delete the session instead.
+    parser.add_argument("--no-terminate", action="store_true")
     ARGS = parser.parse_args()
     os.makedirs(ARGS.root, exist_ok=True)
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)

@@ -371,6 +371,13 @@ impl Toolbox {
         send(self.client.request(Method::POST, &self.url("/files/bulk-upload")).multipart(form), &what).await.map(drop)
     }
 
+    /// `DELETE /files`: removes a file (a missing one is a 404).
+    pub async fn delete_file(&self, path: &str) -> Result<(), DaytonaError> {
+        let what = format!("delete {path}");
+        let request = self.client.request(Method::DELETE, &self.url("/files")).query(&[("path", path)]);
+        send(request, &what).await.map(drop)
+    }
+
     /// `GET /files/download`.
     pub async fn download(&self, path: &str) -> Result<Vec<u8>, DaytonaError> {
         let what = format!("download {path}");

@@ -129,8 +129,9 @@ pub async fn follow(
     let mut request = url.as_str().into_client_request().map_err(|e| broken(0, e.to_string()))?;
     let endpoint = toolbox.client().endpoint();
     let headers = request.headers_mut();
-    let bearer = HeaderValue::from_str(&format!("Bearer {}", endpoint.api_key))
+    let mut bearer = HeaderValue::from_str(&format!("Bearer {}", endpoint.api_key))
         .map_err(|_| broken(0, "the API key is not a valid header value".into()))?;
+    bearer.set_sensitive(true);
     headers.insert("Authorization", bearer);
     headers.insert("X-Daytona-Split-Output", HeaderValue::from_static("true"));
     headers.insert("X-Daytona-Source", HeaderValue::from_static(SOURCE));

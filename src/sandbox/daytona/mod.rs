@@ -289,11 +289,20 @@ impl Sandbox for DaytonaSandbox {
                 (stdin_path.clone(), std::mem::take(&mut spec.stdin)),
             ])
             .await?;
-        self.toolbox.create_session(&session).await?;
         let line = process::command_line(&spec, &env_path, &stdin_path);
-        let command = match self.toolbox.execute(&session, &line).await {
+        let started = match self.toolbox.create_session(&session).await {
+            Ok(()) => self.toolbox.execute(&session, &line).await,
+            Err(e) => Err(e),
+        };
+        let command = match started {
             Ok(command) => command,
             Err(e) => {
+                // The staged environment holds the CLI's secrets: it must not stay behind.
+                for path in [&env_path, &stdin_path] {
+                    if let Err(e) = self.toolbox.delete_file(path).await {
+                        tracing::warn!(session = %self.session_id, "could not remove {path}: {e}");
+                    }
+                }
                 let _ = self.toolbox.delete_session(&session).await;
                 return Err(e.into());
             }
