@@ -10,7 +10,7 @@ import asyncio
 import json
 import sys
 
-from daytona import CreateSandboxFromSnapshotParams, Daytona, SessionExecuteRequest
+from daytona import CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, Daytona, SessionExecuteRequest
 
 
 def check(what, got, want):
@@ -75,6 +75,12 @@ def main():
     check("state after start", str(sandbox.state.value), "started")
     after_restart = sandbox.fs.download_file("notes/hello.txt")
     check("file survives stop/start", after_restart, b"first file\n")
+
+    # From an image: the SDK sends a Dockerfile as the build info.
+    built = daytona.create(CreateSandboxFromImageParams(image="debian:12-slim"), timeout=30)
+    check("image sandbox state", str(built.state.value), "started")
+    check("image build info", built.build_info.dockerfile_content, "FROM debian:12-slim\n")
+    daytona.delete(built)
 
     sandbox_id = sandbox.id
     sandbox.delete()
