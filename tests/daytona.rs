@@ -227,6 +227,30 @@ async fn output_streams_while_the_command_runs_and_the_exit_code_follows() {
 }
 
 #[tokio::test]
+async fn a_dropped_log_stream_is_resumed_without_losing_or_repeating_output() {
+    let dir = test_dir("dropped");
+    // The first stream of each command breaks inside the second line's stdout marker.
+    let fake = FakeDaytona::start_with(&dir, &["--drop-logs-after", "10"]);
+    let (_provider, _id, sandbox) = created(&fake, "s-dropped").await;
+    let go = sandbox.state_dir().join("go");
+    let script = r#"echo first; echo second; while [ ! -f "$GO" ]; do sleep 0.02; done; echo third >&2; echo fourth"#;
+    let RunningProcess { stdout, mut stderr, mut handle, .. } =
+        sandbox.exec(shell(sandbox.as_ref(), script, &[("GO", &go.display().to_string())])).await.unwrap();
+    let mut lines = AsyncBufReader::new(stdout).lines();
+    assert_eq!(within("first", lines.next_line()).await.unwrap().as_deref(), Some("first"));
+    // Still streaming after the drop: the second line comes before the command may go on.
+    assert_eq!(within("second", lines.next_line()).await.unwrap().as_deref(), Some("second"));
+    sandbox.write_state_file(Path::new("go"), b"").await.unwrap();
+    assert_eq!(within("fourth", lines.next_line()).await.unwrap().as_deref(), Some("fourth"));
+    assert_eq!(within("EOF", lines.next_line()).await.unwrap(), None);
+    assert_eq!(read_all(&mut stderr).await, "third\n");
+    assert_eq!(within("the exit", handle.wait()).await.unwrap(), ExitInfo { code: Some(0), signal: None });
+    let streams =
+        fake.requests().into_iter().filter(|r| r["path"].as_str().unwrap().ends_with("/logs?follow=true")).count();
+    assert_eq!(streams, 2);
+}
+
+#[tokio::test]
 async fn a_command_gets_exactly_its_environment_and_stdin_and_never_the_key() {
     let dir = test_dir("env");
     let fake = FakeDaytona::start(&dir);

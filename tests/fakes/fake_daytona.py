@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A fake Daytona cloud for tests/daytona.rs: the control plane and the toolbox of its sandboxes, on 127.0.0.1.
 
-Usage: fake_daytona.py --root DIR --api-key KEY [--port 0] [--record FILE] [--no-terminate]
+Usage: fake_daytona.py --root DIR --api-key KEY [--port 0] [--record FILE] [--no-terminate] [--drop-logs-after N]
 Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until killed (or until stdin closes).
 
 Speaks what the official SDKs and our provider use, as the Daytona API and its daemon do (JSON shapes, status
@@ -112,6 +112,7 @@ class Command:
         self.stdin_w = None
         self.log_lock = threading.Lock()
         self.done = threading.Event()
+        self.dropped = False
 
     def json(self):
         out = {"id": self.id, "command": self.command}
@@ -629,12 +630,19 @@ class Handler(BaseHTTPRequestHandler):
         threading.Thread(target=reader, daemon=True).start()
         sent = 0
         held = b""
+        drop = False
         try:
             while not closed.is_set():
                 finished = os.path.exists(command.exit_path)
                 with command.log_lock, open(command.log_path, "rb") as f:
                     f.seek(sent)
                     chunk = f.read()
+                drop = ARGS.drop_logs_after is not None and not command.dropped
+                if drop and sent + len(chunk) >= ARGS.drop_logs_after:
+                    # A connection lost mid-stream: part of the bytes, then no close frame.
+                    command.dropped = True
+                    frame(0x2, chunk[: ARGS.drop_logs_after - sent])
+                    break
                 sent += len(chunk)
                 if chunk:
                     if combined:
@@ -653,6 +661,8 @@ class Handler(BaseHTTPRequestHandler):
                     break
                 else:
                     time.sleep(0.02)
+            if command.dropped and not closed.is_set() and drop:
+                raise OSError("dropped")
             if held:
                 frame(0x2, held)
             if not closed.is_set():
@@ -760,6 +770,8 @@ def main():
     parser.add_argument("--record")
     # Daemons before the terminate route: a cancel must delete the session instead.
     parser.add_argument("--no-terminate", action="store_true")
+    # A network that drops each command's first log stream after this many bytes.
+    parser.add_argument("--drop-logs-after", type=int)
     ARGS = parser.parse_args()
     os.makedirs(ARGS.root, exist_ok=True)
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)

@@ -115,8 +115,13 @@ impl Sinks {
     }
 }
 
-/// Follows a command's logs until the daemon closes the stream (the command ended), writing them to `sinks`;
-/// answers how many raw bytes arrived, so that a broken stream can be completed from the plain logs.
+/// How often a dropped log stream is opened again before the rest is read at the end.
+const RECONNECTS: usize = 3;
+
+/// Follows a command's logs until the daemon closes the stream (the command ended), writing them to `sinks`.
+/// A dropped connection is opened again (the daemon replays the log from its start, so what was already seen is
+/// skipped); after [`RECONNECTS`] failures it answers how many raw bytes arrived, so that the rest can be read
+/// from the plain logs once the command ends.
 pub async fn follow(
     toolbox: &Toolbox,
     session: &str,
@@ -124,13 +129,45 @@ pub async fn follow(
     demuxer: &mut Demuxer,
     sinks: &mut Sinks,
 ) -> Result<usize, (usize, DaytonaError)> {
+    let mut seen = 0;
+    let mut failures = 0;
+    loop {
+        let error = match stream_once(toolbox, session, command, seen, demuxer, sinks).await {
+            Ok((total, true)) => return Ok(total),
+            Ok((total, false)) => {
+                seen = total;
+                "the stream ended without a close".to_string()
+            }
+            Err((total, e)) => {
+                seen = total;
+                e
+            }
+        };
+        failures += 1;
+        if failures > RECONNECTS {
+            return Err((seen, DaytonaError::Stream(error)));
+        }
+        tracing::debug!(command, "the log stream dropped ({error}); opening it again");
+        tokio::time::sleep(Duration::from_millis(200 * failures as u64)).await;
+    }
+}
+
+/// One connection of the followed logs: the bytes after the first `skip`; answers the total seen and whether the
+/// daemon closed the stream.
+async fn stream_once(
+    toolbox: &Toolbox,
+    session: &str,
+    command: &str,
+    skip: usize,
+    demuxer: &mut Demuxer,
+    sinks: &mut Sinks,
+) -> Result<(usize, bool), (usize, String)> {
     let url = toolbox.logs_ws_url(session, command);
-    let broken = |seen: usize, e: String| (seen, DaytonaError::Stream(e));
-    let mut request = url.as_str().into_client_request().map_err(|e| broken(0, e.to_string()))?;
+    let mut request = url.as_str().into_client_request().map_err(|e| (skip, e.to_string()))?;
     let endpoint = toolbox.client().endpoint();
     let headers = request.headers_mut();
     let mut bearer = HeaderValue::from_str(&format!("Bearer {}", endpoint.api_key))
-        .map_err(|_| broken(0, "the API key is not a valid header value".into()))?;
+        .map_err(|_| (skip, "the API key is not a valid header value".to_string()))?;
     bearer.set_sensitive(true);
     headers.insert("Authorization", bearer);
     headers.insert("X-Daytona-Split-Output", HeaderValue::from_static("true"));
@@ -141,21 +178,24 @@ pub async fn follow(
     let connect = tokio_tungstenite::connect_async(request);
     let (mut socket, _) = tokio::time::timeout(Duration::from_secs(30), connect)
         .await
-        .map_err(|_| broken(0, "connecting timed out".into()))?
-        .map_err(|e| broken(0, e.to_string()))?;
-    let mut seen = 0;
+        .map_err(|_| (skip, "connecting timed out".to_string()))?
+        .map_err(|e| (skip, e.to_string()))?;
+    let mut total = 0;
     while let Some(message) = socket.next().await {
         let bytes = match message {
             Ok(Message::Binary(bytes)) => bytes.to_vec(),
             Ok(Message::Text(text)) => text.as_bytes().to_vec(),
-            Ok(Message::Close(_)) => break,
+            Ok(Message::Close(_)) => return Ok((total.max(skip), true)),
             Ok(_) => continue,
-            Err(e) => return Err(broken(seen, e.to_string())),
+            Err(e) => return Err((total.max(skip), e.to_string())),
         };
-        seen += bytes.len();
-        sinks.write(demuxer.feed(&bytes)).await;
+        let new = bytes.get(skip.saturating_sub(total)..).unwrap_or_default();
+        total += bytes.len();
+        if !new.is_empty() {
+            sinks.write(demuxer.feed(new)).await;
+        }
     }
-    Ok(seen)
+    Ok((total.max(skip), false))
 }
 
 /// Writes what the followed stream missed (from byte `seen` of the plain logs) and what the demuxer still holds.

@@ -144,16 +144,23 @@ impl ProcessHandle for DaytonaProcess {
         }
         self.killed = true;
         // SIGKILL to the command's process group; a daemon without `terminate` ends the whole session instead.
-        match self.toolbox.terminate(&self.session, &self.command).await {
-            Ok(()) => {}
-            Err(e) => {
-                if !is_missing_route(&e) {
+        // Neither may hold up a cancel for long.
+        let quick = Duration::from_secs(5);
+        let terminated = tokio::time::timeout(quick, self.toolbox.terminate(&self.session, &self.command)).await;
+        match terminated {
+            Ok(Ok(())) => {}
+            failed => {
+                if let Ok(Err(e)) = &failed
+                    && !is_missing_route(e)
+                {
                     tracing::debug!(session = %self.session, "terminate failed ({e}); deleting the session");
                 }
-                if let Err(e) = self.toolbox.delete_session(&self.session).await
-                    && !e.is_not_found()
-                {
-                    tracing::warn!(session = %self.session, "could not end the command: {e}");
+                match tokio::time::timeout(quick, self.toolbox.delete_session(&self.session)).await {
+                    Ok(Err(e)) if !e.is_not_found() => {
+                        tracing::warn!(session = %self.session, "could not end the command: {e}")
+                    }
+                    Err(_) => tracing::warn!(session = %self.session, "ending the command timed out"),
+                    _ => {}
                 }
             }
         }
