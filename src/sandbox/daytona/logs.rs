@@ -258,6 +258,38 @@ mod tests {
         assert_eq!(demuxer.finish(), vec![(Pipe::Stderr, b"\x01\x01".to_vec())]);
     }
 
+    #[tokio::test]
+    async fn a_tls_stream_fails_cleanly_where_nothing_speaks_tls() {
+        // wss:// uses rustls with the process's ring provider: a peer that hangs up is an error, never a panic.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                drop(socket);
+            }
+        });
+        let endpoint = super::super::api::Endpoint {
+            api_url: format!("https://127.0.0.1:{port}/api"),
+            api_key: "k".into(),
+            organization_id: None,
+        };
+        let client = super::super::api::Client::new(endpoint).unwrap();
+        let info = super::super::api::SandboxInfo {
+            id: "sb".into(),
+            state: Some("started".into()),
+            error_reason: None,
+            toolbox_proxy_url: Some(format!("https://127.0.0.1:{port}/toolbox")),
+        };
+        let toolbox = client.toolbox(&info).await.unwrap();
+        let (stdout, _keep_out) = tokio::io::duplex(64);
+        let (stderr, _keep_err) = tokio::io::duplex(64);
+        let mut sinks = Sinks { stdout, stderr };
+        let result = stream_once(&toolbox, "s", "c", 0, &mut Demuxer::default(), &mut sinks).await;
+        let (seen, message) = result.unwrap_err();
+        assert_eq!(seen, 0);
+        assert!(message.starts_with("IO error"), "{message}");
+    }
+
     #[test]
     fn unmarked_output_is_stdout() {
         assert_eq!(run(&[b"plain\n"]), vec![(Pipe::Stdout, b"plain\n".to_vec())]);
