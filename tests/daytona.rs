@@ -112,6 +112,15 @@ impl FakeDaytona {
 
 impl Drop for FakeDaytona {
     fn drop(&mut self) {
+        // Closing its stdin makes the fake kill every command it still runs (they are process groups of their
+        // own, which a SIGKILL of the fake would leave behind), then exit.
+        drop(self.child.stdin.take());
+        for _ in 0..100 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
