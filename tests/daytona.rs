@@ -404,3 +404,32 @@ async fn a_refused_key_is_a_clear_error() {
     );
     assert!(!format!("{error:?}").contains("dtn_wrong"));
 }
+
+#[tokio::test]
+async fn the_organization_is_named_when_set() {
+    let dir = test_dir("org");
+    let fake = FakeDaytona::start(&dir);
+    let provider = DaytonaProvider::new(DaytonaSettings {
+        endpoint: Endpoint { api_url: fake.api_url(), api_key: KEY.into(), organization_id: Some("org-7".into()) },
+        snapshot: None,
+        target: Some("eu".into()),
+        auto_stop_minutes: 0,
+    })
+    .unwrap();
+    let id = provider.create(&spec("s-org")).await.unwrap();
+    let sandbox = provider.connect(&id, &spec("s-org")).await.unwrap().unwrap();
+    let RunningProcess { mut stdout, mut handle, .. } =
+        sandbox.exec(shell(sandbox.as_ref(), "echo ok", &[])).await.unwrap();
+    assert_eq!(read_all(&mut stdout).await, "ok\n");
+    assert_eq!(within("the exit", handle.wait()).await.unwrap(), ExitInfo { code: Some(0), signal: None });
+    let requests = fake.requests();
+    assert!(requests.iter().any(|r| r["path"].as_str().unwrap().ends_with("/logs?follow=true")));
+    for request in &requests {
+        assert_eq!(request["org"], json!("org-7"), "{request}");
+    }
+    let create = requests.iter().find(|r| r["method"] == "POST" && r["path"] == "/api/sandbox").unwrap();
+    assert_eq!(
+        create["body"],
+        json!({"env": {}, "labels": {"acp-sandbox.session": "s-org"}, "autoStopInterval": 0, "target": "eu"})
+    );
+}
