@@ -8,3 +8,6 @@ cd "$(dirname "$0")/.."
 if [ -x .ci/install-opencode.sh ]; then
   .ci/install-opencode.sh
 fi
+if [ -x .ci/install-daytona-sdk.sh ]; then
+  .ci/install-daytona-sdk.sh >/dev/null
+fi

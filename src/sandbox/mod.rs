@@ -5,6 +5,7 @@
 //! plain process group) is the embedded default; remote providers (E2B, Daytona) fit the same shape: their
 //! ids are persisted with the session, and `connect` answers `None` when the sandbox is gone.
 
+pub mod daytona;
 // The one place allowed to start processes (clippy.toml bans it elsewhere).
 #[allow(clippy::disallowed_methods)]
 pub mod host;

@@ -1,0 +1,424 @@
+//! Daytona (preview): sandboxes in Daytona's cloud behind the [`SandboxProvider`] / [`Sandbox`] /
+//! [`ProcessHandle`] traits.
+//!
+//! The control plane creates, starts, stops and deletes sandboxes (`api.rs`); commands run in toolbox sessions, one
+//! session per command, with their output streamed over the followed-logs WebSocket and split into stdout and
+//! stderr by the daemon's markers (`logs.rs`); `process.rs` builds each command's shell line and ends or awaits it.
+//! Between turns the sandbox is stopped (its processes end, its files stay) and started again on `connect`.
+//!
+//! The API key (`DAYTONA_API_KEY`) is used only in the bridge's own requests: a new sandbox gets no environment,
+//! every command's environment is scrubbed of `DAYTONA_*` and of any value holding the key, and nothing here logs
+//! it (its `Debug` is redacted).
+
+pub mod api;
+pub mod logs;
+pub mod process;
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use self::api::{Client, CreateRequest, DaytonaError, Endpoint, SandboxInfo, Toolbox};
+use self::logs::{Demuxer, Sinks};
+use self::process::DaytonaProcess;
+use crate::sandbox::{ExecSpec, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec};
+
+/// The cloud's API when `DAYTONA_API_URL` is not set.
+pub const DEFAULT_API_URL: &str = "https://app.daytona.io/api";
+/// Minutes without activity before Daytona stops a sandbox by itself (the bridge stops it after every turn).
+pub const DEFAULT_AUTO_STOP_MINUTES: u32 = 60;
+/// How long a sandbox may take to reach the state asked for.
+const STATE_WAIT: Duration = Duration::from_secs(180);
+/// The label naming the session a sandbox belongs to.
+pub const SESSION_LABEL: &str = "acp-sandbox.session";
+
+/// How to reach Daytona and what to create there.
+#[derive(Clone, Debug)]
+pub struct DaytonaSettings {
+    /// The API and its key.
+    pub endpoint: Endpoint,
+    /// `ACP_SANDBOX_DAYTONA_SNAPSHOT`: the snapshot new sandboxes start from (Daytona's default otherwise).
+    pub snapshot: Option<String>,
+    /// `DAYTONA_TARGET`: the region.
+    pub target: Option<String>,
+    /// `ACP_SANDBOX_DAYTONA_AUTO_STOP`: Daytona's own idle stop, in minutes (0: never).
+    pub auto_stop_minutes: u32,
+}
+
+impl DaytonaSettings {
+    /// From the bridge's environment.
+    pub fn from_env() -> Result<Self, DaytonaError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// From any lookup of variables (pure, for tests). `DAYTONA_SERVER_URL` is the SDKs' old name of the URL.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, DaytonaError> {
+        let set = |name: &str| get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let api_key = set("DAYTONA_API_KEY").ok_or(DaytonaError::MissingKey)?;
+        let api_url = set("DAYTONA_API_URL").or_else(|| set("DAYTONA_SERVER_URL")).unwrap_or(DEFAULT_API_URL.into());
+        let auto_stop_minutes = match set("ACP_SANDBOX_DAYTONA_AUTO_STOP") {
+            None => DEFAULT_AUTO_STOP_MINUTES,
+            Some(text) => text.parse().map_err(|_| {
+                DaytonaError::Config(format!("ACP_SANDBOX_DAYTONA_AUTO_STOP must be minutes (0 or more), not {text:?}"))
+            })?,
+        };
+        Ok(Self {
+            endpoint: Endpoint { api_url, api_key, organization_id: set("DAYTONA_ORGANIZATION_ID") },
+            snapshot: set("ACP_SANDBOX_DAYTONA_SNAPSHOT"),
+            target: set("DAYTONA_TARGET"),
+            auto_stop_minutes,
+        })
+    }
+}
+
+/// Sandboxes in Daytona.
+pub struct DaytonaProvider {
+    client: Client,
+    settings: DaytonaSettings,
+}
+
+impl DaytonaProvider {
+    /// A provider for the account of `settings`.
+    pub fn new(settings: DaytonaSettings) -> Result<Self, DaytonaError> {
+        Ok(Self { client: Client::new(settings.endpoint.clone())?, settings })
+    }
+
+    /// Polls until the sandbox is in one of `wanted` (passing through Daytona's transitional states).
+    async fn wait_for(&self, id: &str, wanted: &[&str]) -> Result<SandboxInfo, DaytonaError> {
+        let deadline = Instant::now() + STATE_WAIT;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let info = self.client.get(id).await?;
+            let state = info.state().to_string();
+            if wanted.contains(&state.as_str()) {
+                return Ok(info);
+            }
+            if matches!(state.as_str(), "error" | "build_failed" | "destroyed" | "destroying") {
+                return Err(DaytonaError::State { id: id.into(), state, reason: info.error_reason });
+            }
+            if Instant::now() >= deadline {
+                return Err(DaytonaError::Timeout {
+                    what: format!("waiting for sandbox {id} to be {}", wanted.join(" or ")),
+                    seconds: STATE_WAIT.as_secs(),
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause + pause / 2).min(Duration::from_secs(1));
+        }
+    }
+
+    async fn open(&self, info: &SandboxInfo, session_id: &str) -> Result<DaytonaSandbox, DaytonaError> {
+        let toolbox = self.client.toolbox(info).await?;
+        let home = PathBuf::from(toolbox.home_dir().await?);
+        Ok(DaytonaSandbox {
+            id: info.id.clone(),
+            workspace: home.join("workspace"),
+            state_dir: home.join(".acp-sandbox"),
+            toolbox,
+            api_key: self.settings.endpoint.api_key.clone(),
+            session_id: session_id.to_string(),
+        })
+    }
+}
+
+#[async_trait]
+impl SandboxProvider for DaytonaProvider {
+    fn name(&self) -> &'static str {
+        "daytona"
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<String, SandboxError> {
+        let request = CreateRequest {
+            snapshot: self.settings.snapshot.clone(),
+            target: self.settings.target.clone(),
+            labels: BTreeMap::from([(SESSION_LABEL.to_string(), spec.session_id.clone())]),
+            auto_stop_minutes: self.settings.auto_stop_minutes,
+        };
+        let created = self.client.create(&request).await?;
+        let info =
+            if created.state() == "started" { created } else { self.wait_for(&created.id, &["started"]).await? };
+        let sandbox = self.open(&info, &spec.session_id).await?;
+        for dir in [&sandbox.workspace, &sandbox.state_dir, &sandbox.state_dir.join(".run")] {
+            sandbox.toolbox.create_folder(&dir.display().to_string()).await?;
+        }
+        tracing::info!(session = %spec.session_id, sandbox = %info.id, "created a Daytona sandbox");
+        Ok(info.id)
+    }
+
+    async fn connect(&self, id: &str, spec: &SandboxSpec) -> Result<Option<Arc<dyn Sandbox>>, SandboxError> {
+        let info = match self.client.get(id).await {
+            Ok(info) => info,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let info = match info.state() {
+            "started" => info,
+            "destroyed" | "destroying" => return Ok(None),
+            "error" | "build_failed" => {
+                return Err(DaytonaError::State {
+                    id: id.into(),
+                    state: info.state().into(),
+                    reason: info.error_reason,
+                }
+                .into());
+            }
+            state => {
+                if state == "stopping" {
+                    self.wait_for(id, &["stopped"]).await?;
+                }
+                if matches!(state, "stopped" | "stopping" | "archived" | "paused") {
+                    match self.client.start(id).await {
+                        Err(e) if e.is_not_found() => return Ok(None),
+                        other => drop(other?),
+                    }
+                }
+                self.wait_for(id, &["started"]).await?
+            }
+        };
+        Ok(Some(Arc::new(self.open(&info, &spec.session_id).await?)))
+    }
+
+    async fn suspend(&self, id: &str) -> Result<(), SandboxError> {
+        let info = match self.client.get(id).await {
+            Ok(info) => info,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if matches!(info.state(), "stopped" | "archived" | "destroyed" | "destroying") {
+            return Ok(());
+        }
+        match self.client.stop(id).await {
+            Err(e) if e.is_not_found() => return Ok(()),
+            other => other?,
+        }
+        self.wait_for(id, &["stopped", "archived"]).await?;
+        Ok(())
+    }
+
+    async fn destroy(&self, id: &str) -> Result<(), SandboxError> {
+        match self.client.delete(id).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            other => Ok(other?),
+        }
+    }
+}
+
+/// A started Daytona sandbox of one session.
+pub struct DaytonaSandbox {
+    id: String,
+    toolbox: Toolbox,
+    workspace: PathBuf,
+    state_dir: PathBuf,
+    api_key: String,
+    session_id: String,
+}
+
+/// A path below a directory: relative, without `..`.
+fn below(dir: &Path, path: &Path) -> Result<PathBuf, SandboxError> {
+    let plain = path.components().all(|c| matches!(c, Component::Normal(_)));
+    if !plain || path.as_os_str().is_empty() {
+        return Err(SandboxError::Unavailable(format!("{} is not a plain path below the state dir", path.display())));
+    }
+    Ok(dir.join(path))
+}
+
+impl DaytonaSandbox {
+    /// Its Daytona id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Writes a file anywhere in the sandbox (parents are created), replacing what is there.
+    pub async fn upload(&self, path: &Path, bytes: Vec<u8>) -> Result<(), SandboxError> {
+        Ok(self.toolbox.upload(vec![(path.display().to_string(), bytes)]).await?)
+    }
+
+    /// Reads a file of the sandbox.
+    pub async fn download(&self, path: &Path) -> Result<Vec<u8>, SandboxError> {
+        Ok(self.toolbox.download(&path.display().to_string()).await?)
+    }
+}
+
+#[async_trait]
+impl Sandbox for DaytonaSandbox {
+    fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    fn isolation(&self) -> String {
+        format!("Daytona sandbox {} (remote)", self.id)
+    }
+
+    async fn write_state_file(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError> {
+        let target = below(&self.state_dir, path)?;
+        self.upload(&target, bytes.to_vec()).await
+    }
+
+    async fn exec(&self, spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
+        if spec.serve_port.is_some() {
+            return Err(SandboxError::Unavailable("a server inside a Daytona sandbox is not supported yet".into()));
+        }
+        if !spec.read_only.is_empty() || !spec.tools.is_empty() {
+            // Host paths mean nothing in the cloud; what a command needs is staged with `write_state_file`.
+            tracing::debug!(session = %self.session_id, "host paths of the command are not shown in a Daytona sandbox");
+        }
+        let mut spec = spec;
+        let (env, dropped) = process::scrub_env(std::mem::take(&mut spec.env), &self.api_key);
+        if !dropped.is_empty() {
+            tracing::warn!(session = %self.session_id, ?dropped, "left Daytona's own variables out of a command");
+        }
+        let (env_text, skipped) = process::env_file(&env, &spec.cwd);
+        if !skipped.is_empty() {
+            tracing::warn!(session = %self.session_id, ?skipped, "variables sh cannot export were left out");
+        }
+        let session = format!("acp-{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+        let run = self.state_dir.join(".run");
+        let env_path = run.join(format!("{session}.env")).display().to_string();
+        let stdin_path = run.join(format!("{session}.stdin")).display().to_string();
+        self.toolbox
+            .upload(vec![
+                (env_path.clone(), env_text.into_bytes()),
+                (stdin_path.clone(), std::mem::take(&mut spec.stdin)),
+            ])
+            .await?;
+        let line = process::command_line(&spec, &env_path, &stdin_path);
+        let started = match self.toolbox.create_session(&session).await {
+            Ok(()) => self.toolbox.execute(&session, &line).await,
+            Err(e) => Err(e),
+        };
+        let command = match started {
+            Ok(command) => command,
+            Err(e) => {
+                // The staged environment holds the CLI's secrets: it must not stay behind.
+                for path in [&env_path, &stdin_path] {
+                    if let Err(e) = self.toolbox.delete_file(path).await {
+                        tracing::warn!(session = %self.session_id, "could not remove {path}: {e}");
+                    }
+                }
+                let _ = self.toolbox.delete_session(&session).await;
+                return Err(e.into());
+            }
+        };
+        tracing::debug!(session = %self.session_id, sandbox = %self.id, daytona_session = %session, "started");
+
+        let (stdout_write, stdout_read) = tokio::io::duplex(64 * 1024);
+        let (stderr_write, stderr_read) = tokio::io::duplex(64 * 1024);
+        let (outcome_tx, outcome_rx) = watch::channel(None);
+        let (toolbox, task_session, task_command) = (self.toolbox.clone(), session.clone(), command.clone());
+        let sandbox_session = self.session_id.clone();
+        tokio::spawn(async move {
+            let mut sinks = Sinks { stdout: stdout_write, stderr: stderr_write };
+            let mut demuxer = Demuxer::default();
+            let streamed = logs::follow(&toolbox, &task_session, &task_command, &mut demuxer, &mut sinks).await;
+            let outcome = process::exit_code(&toolbox, &task_session, &task_command).await;
+            let rest = match streamed {
+                Ok(_) => Vec::new(),
+                // The stream broke: what it missed comes from the plain logs, at the end.
+                Err((seen, e)) => {
+                    tracing::warn!(session = %sandbox_session, "{e}; reading the rest of the output at the end");
+                    match toolbox.logs(&task_session, &task_command).await {
+                        Ok(all) => all.get(seen..).map(<[u8]>::to_vec).unwrap_or_default(),
+                        Err(e) => {
+                            tracing::warn!(session = %sandbox_session, "{e}");
+                            Vec::new()
+                        }
+                    }
+                }
+            };
+            logs::complete(&mut demuxer, &mut sinks, &rest).await;
+            drop(sinks);
+            let _ = outcome_tx.send(Some(outcome));
+        });
+        Ok(RunningProcess {
+            stdout: Box::pin(stdout_read),
+            stderr: Box::pin(stderr_read),
+            handle: Box::new(DaytonaProcess {
+                toolbox: self.toolbox.clone(),
+                session,
+                command,
+                outcome: outcome_rx,
+                killed: false,
+                exited: None,
+            }),
+            door: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+    use std::collections::HashMap;
+
+    fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn settings_come_from_the_environment() {
+        let settings = DaytonaSettings::from_lookup(lookup(&[("DAYTONA_API_KEY", " dtn_k ")])).unwrap();
+        assert_eq!(settings.endpoint.api_url, DEFAULT_API_URL);
+        assert_eq!(settings.endpoint.api_key, "dtn_k");
+        assert_eq!(settings.endpoint.organization_id, None);
+        assert_eq!((settings.snapshot, settings.target, settings.auto_stop_minutes), (None, None, 60));
+
+        let settings = DaytonaSettings::from_lookup(lookup(&[
+            ("DAYTONA_API_KEY", "k"),
+            ("DAYTONA_SERVER_URL", "http://old/api"),
+            ("DAYTONA_TARGET", "eu"),
+            ("DAYTONA_ORGANIZATION_ID", "org1"),
+            ("ACP_SANDBOX_DAYTONA_SNAPSHOT", "snap"),
+            ("ACP_SANDBOX_DAYTONA_AUTO_STOP", "0"),
+        ]))
+        .unwrap();
+        assert_eq!(settings.endpoint.api_url, "http://old/api");
+        assert_eq!(settings.endpoint.organization_id.as_deref(), Some("org1"));
+        assert_eq!(
+            (settings.snapshot.as_deref(), settings.target.as_deref(), settings.auto_stop_minutes),
+            (Some("snap"), Some("eu"), 0)
+        );
+        let url = DaytonaSettings::from_lookup(lookup(&[
+            ("DAYTONA_API_KEY", "k"),
+            ("DAYTONA_API_URL", "http://new/api"),
+            ("DAYTONA_SERVER_URL", "http://old/api"),
+        ]))
+        .unwrap();
+        assert_eq!(url.endpoint.api_url, "http://new/api");
+    }
+
+    #[test]
+    fn bad_settings_say_what_is_wrong() {
+        assert_eq!(
+            DaytonaSettings::from_lookup(lookup(&[("DAYTONA_API_KEY", "  ")])).unwrap_err().to_string(),
+            "Daytona needs an API key: set DAYTONA_API_KEY"
+        );
+        assert_eq!(
+            DaytonaSettings::from_lookup(lookup(&[
+                ("DAYTONA_API_KEY", "k"),
+                ("ACP_SANDBOX_DAYTONA_AUTO_STOP", "soon")
+            ]))
+            .unwrap_err()
+            .to_string(),
+            r#"ACP_SANDBOX_DAYTONA_AUTO_STOP must be minutes (0 or more), not "soon""#
+        );
+    }
+
+    #[test]
+    fn state_files_stay_below_the_state_dir() {
+        let dir = Path::new("/home/daytona/.acp-sandbox");
+        assert_eq!(below(dir, Path::new("att/a.png")).unwrap(), dir.join("att/a.png"));
+        for bad in ["/etc/passwd", "../x", "a/../../x", ""] {
+            assert!(below(dir, Path::new(bad)).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! One command in a Daytona sandbox: the shell line that runs it with exactly its environment (pure), and the
+//! handle that waits for its exit code or ends it.
+//!
+//! Each command gets a session of its own. Its environment and stdin travel as two files uploaded to the
+//! sandbox's state dir just before it starts, which the command's shell reads and deletes first thing: the
+//! command line the daemon records and logs then holds no value (no key), and the CLI starts from `env -i` with
+//! nothing else inherited.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use super::api::{DaytonaError, Toolbox, is_missing_route};
+use crate::sandbox::{ExecSpec, ExitInfo, ProcessHandle, SandboxError};
+
+/// A word for `sh`, single-quoted.
+pub fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+/// Whether `name` can be exported by `sh`.
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The environment file's text: one `export NAME='value'` per variable, then `PWD` (which OpenCode reads).
+/// Names `sh` cannot export are left out and returned.
+pub fn env_file(env: &[(String, String)], cwd: &Path) -> (String, Vec<String>) {
+    let mut text = String::new();
+    let mut skipped = Vec::new();
+    for (name, value) in env {
+        if !valid_name(name) || name == "PWD" {
+            if name != "PWD" {
+                skipped.push(name.clone());
+            }
+            continue;
+        }
+        text.push_str(&format!("export {name}={}\n", quote(value)));
+    }
+    text.push_str(&format!("export PWD={}\n", quote(&cwd.display().to_string())));
+    (text, skipped)
+}
+
+/// Drops what must never reach a sandbox: Daytona's own variables and any value that is the API key.
+pub fn scrub_env(env: Vec<(String, String)>, api_key: &str) -> (Vec<(String, String)>, Vec<String>) {
+    let mut dropped = Vec::new();
+    let kept = env
+        .into_iter()
+        .filter(|(name, value)| {
+            let secret = name.starts_with("DAYTONA_") || (!api_key.is_empty() && value.contains(api_key));
+            if secret {
+                dropped.push(name.clone());
+            }
+            !secret
+        })
+        .collect();
+    (kept, dropped)
+}
+
+/// The line the session runs: a clean `sh` reads the environment file, deletes it and the stdin file (already
+/// open as its stdin), enters the working directory and becomes the program.
+pub fn command_line(spec: &ExecSpec, env_path: &str, stdin_path: &str) -> String {
+    let script = r#". "$1" && rm -f -- "$1" "$2" && cd -- "$3" && shift 3 && exec "$@""#;
+    let mut words = vec![
+        "env".to_string(),
+        "-i".to_string(),
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        quote(script),
+        "acp-sandbox".to_string(),
+        quote(env_path),
+        quote(stdin_path),
+        quote(&spec.cwd.display().to_string()),
+        quote(&spec.program.display().to_string()),
+    ];
+    words.extend(spec.args.iter().map(|a| quote(a)));
+    format!("{} < {}", words.join(" "), quote(stdin_path))
+}
+
+/// How a command ended, as the log task found out.
+pub type Outcome = Result<Option<i32>, String>;
+
+/// Waits for a command's exit code: polled, first often, then once a second; `None` when its session is gone.
+pub async fn exit_code(toolbox: &Toolbox, session: &str, command: &str) -> Outcome {
+    let mut pause = Duration::from_millis(25);
+    let mut failures = 0;
+    loop {
+        match toolbox.command(session, command).await {
+            Ok(info) if info.exit_code.is_some() => return Ok(info.exit_code),
+            Ok(_) => failures = 0,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => {
+                failures += 1;
+                if failures >= 5 {
+                    return Err(e.to_string());
+                }
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// Control over a command running in a Daytona session.
+pub struct DaytonaProcess {
+    pub(crate) toolbox: Toolbox,
+    pub(crate) session: String,
+    pub(crate) command: String,
+    pub(crate) outcome: watch::Receiver<Option<Outcome>>,
+    pub(crate) killed: bool,
+    pub(crate) exited: Option<ExitInfo>,
+}
+
+impl DaytonaProcess {
+    /// Deletes the command's session (whatever it left running goes with it), off the caller's path.
+    fn clean_up(&self) {
+        let (toolbox, session) = (self.toolbox.clone(), self.session.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = toolbox.delete_session(&session).await
+                    && !e.is_not_found()
+                {
+                    tracing::debug!(session = %session, "could not delete the command's session: {e}");
+                }
+            });
+        }
+    }
+}
+
+/// How a command ended, from its exit code (`None`: its session went) and whether we killed it.
+pub fn exit_info(code: Option<i32>, killed: bool) -> ExitInfo {
+    if killed { ExitInfo { code: None, signal: Some(libc::SIGKILL) } } else { ExitInfo { code, signal: None } }
+}
+
+#[async_trait]
+impl ProcessHandle for DaytonaProcess {
+    async fn kill(&mut self) {
+        if self.exited.is_some() || self.killed {
+            return;
+        }
+        self.killed = true;
+        // SIGKILL to the command's process group; a daemon without `terminate` ends the whole session instead.
+        // Neither may hold up a cancel for long.
+        let quick = Duration::from_secs(5);
+        let terminated = tokio::time::timeout(quick, self.toolbox.terminate(&self.session, &self.command)).await;
+        match terminated {
+            Ok(Ok(())) => {}
+            failed => {
+                if let Ok(Err(e)) = &failed
+                    && !is_missing_route(e)
+                {
+                    tracing::debug!(session = %self.session, "terminate failed ({e}); deleting the session");
+                }
+                match tokio::time::timeout(quick, self.toolbox.delete_session(&self.session)).await {
+                    Ok(Err(e)) if !e.is_not_found() => {
+                        tracing::warn!(session = %self.session, "could not end the command: {e}")
+                    }
+                    Err(_) => tracing::warn!(session = %self.session, "ending the command timed out"),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    async fn wait(&mut self) -> Result<ExitInfo, SandboxError> {
+        if let Some(exit) = self.exited {
+            return Ok(exit);
+        }
+        let outcome = match self.outcome.wait_for(Option::is_some).await {
+            Ok(outcome) => outcome.clone(),
+            Err(_) => Some(Err("the log task ended without an outcome".to_string())),
+        };
+        let code = match outcome {
+            Some(Ok(code)) => code,
+            Some(Err(e)) if !self.killed => return Err(DaytonaError::Stream(e).into()),
+            _ => None,
+        };
+        let exit = exit_info(code, self.killed);
+        self.exited = Some(exit);
+        self.clean_up();
+        Ok(exit)
+    }
+}
+
+impl Drop for DaytonaProcess {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            // Dropped while running: nothing may outlive the turn.
+            let (toolbox, session, command) = (self.toolbox.clone(), self.session.clone(), self.command.clone());
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = toolbox.terminate(&session, &command).await;
+                    let _ = toolbox.delete_session(&session).await;
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+    use std::path::PathBuf;
+
+    #[test]
+    fn words_are_quoted_for_sh() {
+        assert_eq!(quote("plain"), "'plain'");
+        assert_eq!(quote("it's $HOME `x`"), r"'it'\''s $HOME `x`'");
+        assert_eq!(quote(""), "''");
+    }
+
+    #[test]
+    fn the_environment_file_exports_exactly_the_spec() {
+        let env = vec![
+            ("PATH".to_string(), "/usr/bin:/bin".to_string()),
+            ("OPENAI_API_KEY".to_string(), "sk-'x'".to_string()),
+            ("BAD-NAME".to_string(), "v".to_string()),
+            ("PWD".to_string(), "/elsewhere".to_string()),
+        ];
+        let (text, skipped) = env_file(&env, Path::new("/home/daytona/workspace"));
+        assert_eq!(
+            text,
+            "export PATH='/usr/bin:/bin'\nexport OPENAI_API_KEY='sk-'\\''x'\\'''\nexport PWD='/home/daytona/workspace'\n"
+        );
+        assert_eq!(skipped, vec!["BAD-NAME".to_string()]);
+    }
+
+    #[test]
+    fn daytona_secrets_never_reach_the_command() {
+        let env = vec![
+            ("DAYTONA_API_KEY".to_string(), "dtn_1".to_string()),
+            ("DAYTONA_API_URL".to_string(), "https://x".to_string()),
+            ("SNEAKY".to_string(), "prefix-dtn_1".to_string()),
+            ("HOME".to_string(), "/home/daytona".to_string()),
+        ];
+        let (kept, dropped) = scrub_env(env, "dtn_1");
+        assert_eq!(kept, vec![("HOME".to_string(), "/home/daytona".to_string())]);
+        assert_eq!(dropped, vec!["DAYTONA_API_KEY", "DAYTONA_API_URL", "SNEAKY"]);
+    }
+
+    #[test]
+    fn the_command_line_carries_no_values() {
+        let spec = ExecSpec {
+            program: PathBuf::from("opencode"),
+            args: vec!["run".into(), "it's".into()],
+            env: vec![("SECRET".into(), "value".into())],
+            cwd: PathBuf::from("/home/daytona/workspace"),
+            ..ExecSpec::default()
+        };
+        assert_eq!(
+            command_line(&spec, "/s/.run/a.env", "/s/.run/a.stdin"),
+            r#"env -i /bin/sh -c '. "$1" && rm -f -- "$1" "$2" && cd -- "$3" && shift 3 && exec "$@"' acp-sandbox '/s/.run/a.env' '/s/.run/a.stdin' '/home/daytona/workspace' 'opencode' 'run' 'it'\''s' < '/s/.run/a.stdin'"#
+        );
+    }
+
+    #[test]
+    fn a_killed_command_reports_the_signal() {
+        assert_eq!(exit_info(Some(137), true), ExitInfo { code: None, signal: Some(9) });
+        assert_eq!(exit_info(Some(3), false), ExitInfo { code: Some(3), signal: None });
+        assert_eq!(exit_info(None, false), ExitInfo { code: None, signal: None });
+    }
+}

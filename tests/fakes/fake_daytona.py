@@ -1,0 +1,794 @@
+#!/usr/bin/env python3
+"""A fake Daytona cloud for tests/daytona.rs: the control plane and the toolbox of its sandboxes, on 127.0.0.1.
+
+Usage: fake_daytona.py --root DIR --api-key KEY [--port 0] [--record FILE] [--no-terminate] [--drop-logs-after N]
+Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until killed (or until stdin closes).
+
+Speaks what the official SDKs and our provider use, as the Daytona API and its daemon do (JSON shapes, status
+codes, the log framing):
+- Control plane under `/api`: `POST /sandbox` (from a snapshot, or an image's `buildInfo`; env vars and labels),
+  `GET /sandbox/{idOrName}`, `POST /sandbox/{id}/start`, `POST /sandbox/{id}/stop`, `DELETE /sandbox/{id}`,
+  `GET /sandbox/{id}/toolbox-proxy-url`. `Authorization: Bearer KEY` is required (401 otherwise); an
+  `X-Daytona-Organization-ID` header is accepted and recorded. Start and stop pass through `starting` /
+  `stopping` (seen by the next GET), so clients must poll as they do against the real one. There is no
+  Socket.IO gateway (`/api/socket.io/` is 404): the SDK then falls back to polling.
+- Toolbox under `/toolbox/{sandboxId}` (the `toolboxProxyUrl` of every sandbox is `http://127.0.0.1:<n>/toolbox`):
+  sessions (`POST /process/session`, `GET|DELETE /process/session/{s}`, `POST /process/session/{s}/exec` with
+  `runAsync`, `GET …/command/{c}`, `GET …/command/{c}/logs` as a WebSocket with `follow=true` or as plain HTTP,
+  `POST …/command/{c}/terminate`, `POST …/command/{c}/input`), files (`POST /files/bulk-upload`,
+  `POST /files/bulk-download`, `GET /files/download?path=`, `POST /files/folder?path=&mode=`, `DELETE /files?path=`), `GET /work-dir`, `GET /user-home-dir`.
+- A command's log is one file where every line of stdout is prefixed with 01 01 01 and every line of stderr with
+  02 02 02, as the daemon writes it; clients that send `X-Daytona-SDK-Version` >= 0.27 or
+  `X-Daytona-Split-Output: true` get the markers, others get them stripped.
+
+Processes really run on the host, in the sandbox's directory under DIR (`<DIR>/<id>/home` is its home and work
+dir), each in a process group of its own; the commands of one session run one after the other. It is a fake: it
+isolates nothing. File paths must stay inside the sandbox's directory (403 otherwise). A stopped sandbox keeps
+its files and loses its processes and sessions, as a real one does. Every request is appended to FILE as one
+JSON line: {"method", "path", "auth", "org", "sdk", "split", "body"} (the body parsed where it is JSON).
+"""
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, unquote, urlparse
+
+STDOUT_PREFIX = b"\x01\x01\x01"
+STDERR_PREFIX = b"\x02\x02\x02"
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+BOUNDARY = "DAYTONA-FILE-BOUNDARY"
+
+LOCK = threading.RLock()
+RECORD_LOCK = threading.Lock()
+SANDBOXES = {}
+ARGS = None
+
+
+def now():
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def version_tuple(text):
+    parts = re.findall(r"\d+", text.split("-")[0])
+    return tuple(int(p) for p in parts[:3]) if parts else None
+
+
+def combined_output(headers):
+    """The daemon's rule: old SDKs (< 0.27) and clients that name no SDK and ask for no split get no markers."""
+    sdk = headers.get("X-Daytona-SDK-Version", "")
+    if sdk:
+        parsed = version_tuple(sdk)
+        return parsed is not None and parsed < (0, 27, 0) and "dev" not in sdk
+    return headers.get("X-Daytona-Split-Output", "") != "true"
+
+
+def strip_markers(data):
+    return data.replace(STDOUT_PREFIX, b"").replace(STDERR_PREFIX, b"")
+
+
+def demux(data):
+    out, err = bytearray(), bytearray()
+    target = None
+    i = 0
+    while i < len(data):
+        if data[i : i + 3] == STDOUT_PREFIX:
+            target, i = out, i + 3
+            continue
+        if data[i : i + 3] == STDERR_PREFIX:
+            target, i = err, i + 3
+            continue
+        if target is not None:
+            target.append(data[i])
+        i += 1
+    return bytes(out), bytes(err)
+
+
+class Command:
+    def __init__(self, session, command):
+        self.id = str(uuid.uuid4())
+        self.command = command
+        self.session = session
+        self.dir = os.path.join(session.dir, self.id)
+        os.makedirs(self.dir)
+        self.log_path = os.path.join(self.dir, "output.log")
+        self.exit_path = os.path.join(self.dir, "exit_code")
+        open(self.log_path, "wb").close()
+        self.exit_code = None
+        self.proc = None
+        self.stdin_w = None
+        self.log_lock = threading.Lock()
+        self.done = threading.Event()
+        self.dropped = False
+
+    def json(self):
+        out = {"id": self.id, "command": self.command}
+        if self.exit_code is not None:
+            out["exitCode"] = self.exit_code
+        return out
+
+    def run(self, sandbox):
+        """Runs in a thread of its own, after the session's earlier commands (a session is one shell)."""
+        with self.session.turn:
+            if self.session.deleted:
+                self.finish(130)
+                return
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": sandbox.home, "LANG": "C.UTF-8"}
+            env.update(sandbox.env)
+            read_fd, write_fd = os.pipe()
+            try:
+                self.proc = subprocess.Popen(
+                    ["sh", "-c", self.command],
+                    cwd=sandbox.home,
+                    env=env,
+                    stdin=read_fd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+            finally:
+                os.close(read_fd)
+            self.stdin_w = write_fd
+            readers = [
+                threading.Thread(target=self.label, args=(self.proc.stdout, STDOUT_PREFIX), daemon=True),
+                threading.Thread(target=self.label, args=(self.proc.stderr, STDERR_PREFIX), daemon=True),
+            ]
+            for reader in readers:
+                reader.start()
+            code = self.proc.wait()
+            for reader in readers:
+                reader.join()
+            self.close_stdin()
+            self.finish(code if code >= 0 else 128 - code)
+
+    def label(self, pipe, prefix):
+        # The daemon's labelers: `while read -r line; do printf '<prefix>%s\n' "$line"; done`.
+        for line in iter(pipe.readline, b""):
+            with self.log_lock, open(self.log_path, "ab") as log:
+                log.write(prefix + line.rstrip(b"\n") + b"\n")
+
+    def close_stdin(self):
+        if self.stdin_w is not None:
+            try:
+                os.close(self.stdin_w)
+            except OSError:
+                pass
+            self.stdin_w = None
+
+    def finish(self, code):
+        with open(self.exit_path + ".pending", "w") as f:
+            f.write(f"{code}\n")
+        os.replace(self.exit_path + ".pending", self.exit_path)
+        self.exit_code = code
+        self.done.set()
+
+    def signal_group(self, sig):
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+class Session:
+    def __init__(self, sandbox, session_id):
+        self.id = session_id
+        self.dir = os.path.join(sandbox.root, ".daytona", "sessions", session_id)
+        os.makedirs(self.dir, exist_ok=True)
+        self.commands = {}
+        self.turn = threading.Lock()
+        self.deleted = False
+
+    def json(self):
+        return {"sessionId": self.id, "commands": [c.json() for c in self.commands.values()]}
+
+    def end(self, grace):
+        """Ends every command of the session: SIGTERM, then SIGKILL after the grace (the daemon's delete)."""
+        self.deleted = True
+        for command in self.commands.values():
+            command.signal_group(signal.SIGTERM if grace else signal.SIGKILL)
+        deadline = time.monotonic() + grace
+        for command in self.commands.values():
+            while command.proc is not None and command.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            command.signal_group(signal.SIGKILL)
+            command.close_stdin()
+
+
+class Sandbox:
+    def __init__(self, body, port):
+        self.id = str(uuid.uuid4())
+        self.root = os.path.join(ARGS.root, self.id)
+        self.home = os.path.join(self.root, "home")
+        os.makedirs(self.home)
+        self.body = body
+        self.env = dict(body.get("env") or {})
+        self.labels = dict(body.get("labels") or {})
+        self.name = body.get("name") or self.id
+        self.state = "started"
+        self.next_state = None
+        self.created = now()
+        self.updated = self.created
+        self.port = port
+        self.sessions = {}
+
+    def json(self):
+        out = {
+            "id": self.id,
+            "organizationId": "fake-organization",
+            "name": self.name,
+            "snapshot": self.body.get("snapshot") or ("" if self.body.get("buildInfo") else "daytona-small"),
+            "user": self.body.get("user") or "daytona",
+            "env": self.env,
+            "labels": self.labels,
+            "public": bool(self.body.get("public", False)),
+            "networkBlockAll": bool(self.body.get("networkBlockAll", False)),
+            "kvm": False,
+            "target": self.body.get("target") or "us",
+            "cpu": int(self.body.get("cpu") or 1),
+            "gpu": 0,
+            "memory": int(self.body.get("memory") or 1),
+            "disk": int(self.body.get("disk") or 3),
+            "state": self.state,
+            "desiredState": {"stopping": "stopped", "starting": "started"}.get(self.state, self.state),
+            "autoStopInterval": self.body.get("autoStopInterval", 15),
+            "autoArchiveInterval": self.body.get("autoArchiveInterval", 10080),
+            "autoDeleteInterval": self.body.get("autoDeleteInterval", -1),
+            "createdAt": self.created,
+            "updatedAt": self.updated,
+            "daemonVersion": "fake",
+            "toolboxProxyUrl": f"http://127.0.0.1:{self.port}/toolbox",
+        }
+        if self.body.get("buildInfo"):
+            out["buildInfo"] = {
+                "dockerfileContent": self.body["buildInfo"].get("dockerfileContent", ""),
+                "contextHashes": self.body["buildInfo"].get("contextHashes", []),
+                "createdAt": self.created,
+                "updatedAt": self.created,
+                "snapshotRef": "fake-build",
+            }
+        return out
+
+    def settle(self):
+        """A transitional state is seen once, by the request after the one that caused it."""
+        if self.next_state is not None:
+            self.state, self.next_state = self.next_state, None
+            self.updated = now()
+
+    def kill_everything(self):
+        for session in self.sessions.values():
+            session.end(0)
+        self.sessions.clear()
+
+
+def record(handler, body):
+    if not ARGS.record:
+        return
+    parsed = body
+    if body:
+        try:
+            parsed = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            parsed = body.decode("utf-8", "replace")
+    line = {
+        "method": handler.command,
+        "path": handler.path,
+        "auth": handler.headers.get("Authorization"),
+        "org": handler.headers.get("X-Daytona-Organization-ID"),
+        "sdk": handler.headers.get("X-Daytona-SDK-Version"),
+        "split": handler.headers.get("X-Daytona-Split-Output"),
+        "body": parsed if parsed else None,
+    }
+    with RECORD_LOCK, open(ARGS.record, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def parse_multipart(body, content_type):
+    match = re.search(r'boundary="?([^";]+)"?', content_type or "")
+    if not match:
+        return None
+    delimiter = b"--" + match.group(1).encode()
+    fields = {}
+    for chunk in body.split(delimiter)[1:]:
+        if chunk.startswith(b"--"):
+            break
+        chunk = chunk[2:] if chunk.startswith(b"\r\n") else chunk
+        head, _, data = chunk.partition(b"\r\n\r\n")
+        data = data[:-2] if data.endswith(b"\r\n") else data
+        name = re.search(rb'name="([^"]*)"', head)
+        if name:
+            fields[name.group(1).decode()] = data
+    return fields
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    # --- plumbing -------------------------------------------------------------------------------------------
+
+    def body(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            data = bytearray()
+            while True:
+                size = int(self.rfile.readline().strip().split(b";")[0], 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                data += self.rfile.read(size)
+                self.rfile.readline()
+            return bytes(data)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def send(self, status, payload=None, content_type="application/json; charset=utf-8", headers=()):
+        data = b""
+        if payload is not None:
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(status)
+        if payload is not None:
+            self.send_header("Content-Type", content_type)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if data and self.command != "HEAD":
+            self.wfile.write(data)
+
+    def api_error(self, status, message, error):
+        # The API's (NestJS) error shape.
+        self.send(status, {"statusCode": status, "message": message, "error": error})
+
+    def toolbox_error(self, status, message, code):
+        # The daemon's ErrorResponse.
+        self.send(
+            status,
+            {
+                "statusCode": status,
+                "message": message,
+                "code": code,
+                "timestamp": now(),
+                "path": urlparse(self.path).path,
+                "method": self.command,
+            },
+        )
+
+    def authorized(self):
+        return self.headers.get("Authorization") == f"Bearer {ARGS.api_key}"
+
+    def handle_any(self):
+        body = self.body()
+        record(self, body)
+        url = urlparse(self.path)
+        path = url.path
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        if path.startswith("/api/"):
+            if not self.authorized():
+                return self.api_error(401, "Unauthorized", "Unauthorized")
+            return self.control(path[len("/api") :], query, body)
+        match = re.fullmatch(r"/toolbox/([^/]+)(/.*)", path)
+        if match:
+            if not self.authorized():
+                return self.api_error(401, "Unauthorized", "Unauthorized")
+            with LOCK:
+                sandbox = SANDBOXES.get(match.group(1))
+            if sandbox is None:
+                return self.api_error(404, f"Sandbox with ID {match.group(1)} not found", "Not Found")
+            if sandbox.state != "started":
+                return self.api_error(400, f"Sandbox {sandbox.id} is not running (state: {sandbox.state})", "Bad Request")
+            return self.toolbox(sandbox, match.group(2), query, body)
+        return self.api_error(404, f"Cannot {self.command} {path}", "Not Found")
+
+    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = handle_any
+
+    # --- control plane --------------------------------------------------------------------------------------
+
+    def find(self, key):
+        with LOCK:
+            sandbox = SANDBOXES.get(key) or next((s for s in SANDBOXES.values() if s.name == key), None)
+        if sandbox is not None:
+            sandbox.settle()
+        return sandbox
+
+    def control(self, path, query, body):
+        method = self.command
+        if path == "/sandbox" and method == "POST":
+            try:
+                request = json.loads(body or b"{}")
+            except ValueError:
+                return self.api_error(400, "Invalid JSON body", "Bad Request")
+            if not isinstance(request, dict):
+                return self.api_error(400, "Invalid body", "Bad Request")
+            bad = [k for k, v in (request.get("env") or {}).items() if not isinstance(v, str)]
+            if bad:
+                return self.api_error(400, [f"env.{k} must be a string" for k in bad], "Bad Request")
+            sandbox = Sandbox(request, self.server.server_address[1])
+            with LOCK:
+                SANDBOXES[sandbox.id] = sandbox
+            return self.send(200, sandbox.json())
+        match = re.fullmatch(r"/sandbox/([^/]+)(/[a-z-]+)?", path)
+        if not match:
+            return self.api_error(404, f"Cannot {method} /api{path}", "Not Found")
+        sandbox = self.find(unquote(match.group(1)))
+        if sandbox is None:
+            return self.api_error(404, f"Sandbox with ID or name {match.group(1)} not found", "Not Found")
+        action = match.group(2)
+        if action is None and method == "GET":
+            return self.send(200, sandbox.json())
+        if action is None and method == "DELETE":
+            with LOCK:
+                sandbox.kill_everything()
+                SANDBOXES.pop(sandbox.id, None)
+            shutil.rmtree(sandbox.root, ignore_errors=True)
+            sandbox.state = "destroying"
+            return self.send(200, sandbox.json())
+        if action == "/start" and method == "POST":
+            if sandbox.state in ("started", "starting"):
+                return self.send(200, sandbox.json())
+            sandbox.state, sandbox.next_state = "starting", "started"
+            return self.send(200, sandbox.json())
+        if action == "/stop" and method == "POST":
+            if sandbox.state not in ("started", "starting"):
+                return self.api_error(400, f"Sandbox is not started (state: {sandbox.state})", "Bad Request")
+            sandbox.kill_everything()
+            sandbox.state, sandbox.next_state = "stopping", "stopped"
+            return self.send(200, sandbox.json())
+        if action == "/toolbox-proxy-url" and method == "GET":
+            return self.send(200, {"url": sandbox.json()["toolboxProxyUrl"]})
+        return self.api_error(404, f"Cannot {method} /api{path}", "Not Found")
+
+    # --- toolbox --------------------------------------------------------------------------------------------
+
+    def resolve(self, sandbox, raw):
+        """A sandbox path on the host: relative to the work dir, and never outside the sandbox's directory."""
+        path = os.path.normpath(os.path.join(sandbox.home, raw))
+        root = os.path.realpath(sandbox.root)
+        real = os.path.realpath(path)
+        if real != root and not real.startswith(root + os.sep):
+            return None
+        return path
+
+    def toolbox(self, sandbox, path, query, body):
+        method = self.command
+        if path == "/work-dir" and method == "GET":
+            return self.send(200, {"dir": sandbox.home})
+        if path == "/user-home-dir" and method == "GET":
+            return self.send(200, {"dir": sandbox.home})
+        if path.startswith("/files"):
+            return self.files(sandbox, path, query, body)
+        if path == "/process/session" and method == "POST":
+            try:
+                session_id = json.loads(body or b"{}").get("sessionId")
+            except (ValueError, AttributeError):
+                session_id = None
+            if not session_id:
+                return self.toolbox_error(400, "sessionId is required", "BAD_REQUEST")
+            with LOCK:
+                if session_id in sandbox.sessions:
+                    return self.toolbox_error(409, "session already exists", "CONFLICT")
+                sandbox.sessions[session_id] = Session(sandbox, session_id)
+            return self.send(201)
+        if path == "/process/session" and method == "GET":
+            return self.send(200, [s.json() for s in sandbox.sessions.values()])
+        match = re.fullmatch(r"/process/session/([^/]+)(?:/(exec)|/command/([^/]+)(/logs|/terminate|/input)?)?", path)
+        if not match:
+            return self.toolbox_error(404, f"no route {method} {path}", "NOT_FOUND")
+        session = sandbox.sessions.get(match.group(1))
+        if session is None:
+            return self.toolbox_error(404, "session not found", "NOT_FOUND")
+        if match.group(2) is None and match.group(3) is None:
+            if method == "GET":
+                return self.send(200, session.json())
+            if method == "DELETE":
+                with LOCK:
+                    sandbox.sessions.pop(session.id, None)
+                session.end(0.5)
+                shutil.rmtree(session.dir, ignore_errors=True)
+                return self.send(204)
+            return self.toolbox_error(405, "method not allowed", "METHOD_NOT_ALLOWED")
+        if match.group(2) == "exec" and method == "POST":
+            return self.execute(sandbox, session, body)
+        command = session.commands.get(match.group(3))
+        if command is None:
+            return self.toolbox_error(404, "command not found", "NOT_FOUND")
+        action = match.group(4)
+        if action is None and method == "GET":
+            return self.send(200, command.json())
+        if action == "/logs" and method == "GET":
+            return self.logs(command, query)
+        if action == "/terminate" and ARGS.no_terminate:
+            return self.send(404, b"404 page not found", "text/plain")
+        if action == "/terminate" and method == "POST":
+            if command.exit_code is not None:
+                return self.toolbox_error(
+                    410, f"command has already completed with exit code {command.exit_code}", "GONE"
+                )
+            command.signal_group(signal.SIGKILL)
+            return self.send(204)
+        if action == "/input" and method == "POST":
+            data = json.loads(body or b"{}").get("data", "")
+            if command.stdin_w is None:
+                return self.toolbox_error(400, "command is not running", "BAD_REQUEST")
+            os.write(command.stdin_w, data.encode())
+            return self.send(204)
+        return self.toolbox_error(405, "method not allowed", "METHOD_NOT_ALLOWED")
+
+    def execute(self, sandbox, session, body):
+        try:
+            request = json.loads(body or b"{}")
+            text = request["command"]
+        except (ValueError, KeyError, TypeError):
+            return self.toolbox_error(400, "command is required", "BAD_REQUEST")
+        command = Command(session, text)
+        session.commands[command.id] = command
+        threading.Thread(target=command.run, args=(sandbox,), daemon=True).start()
+        if request.get("runAsync") or request.get("async"):
+            return self.send(202, {"cmdId": command.id})
+        command.done.wait()
+        with open(command.log_path, "rb") as f:
+            log = f.read()
+        if combined_output(self.headers):
+            return self.send(200, {"cmdId": command.id, "output": strip_markers(log).decode("utf-8", "replace"),
+                                   "exitCode": command.exit_code})
+        out, err = demux(log)
+        return self.send(
+            200,
+            {
+                "cmdId": command.id,
+                "output": log.decode("utf-8", "replace"),
+                "stdout": out.decode("utf-8", "replace"),
+                "stderr": err.decode("utf-8", "replace"),
+                "exitCode": command.exit_code,
+            },
+        )
+
+    def logs(self, command, query):
+        combined = combined_output(self.headers)
+        if self.headers.get("Upgrade", "").lower() == "websocket":
+            return self.websocket_logs(command, query.get("follow") == "true", combined)
+        with open(command.log_path, "rb") as f:
+            log = f.read()
+        if "application/json" in self.headers.get("Accept", ""):
+            out, err = demux(log)
+            return self.send(
+                200,
+                {
+                    "output": strip_markers(log).decode("utf-8", "replace"),
+                    "stdout": out.decode("utf-8", "replace"),
+                    "stderr": err.decode("utf-8", "replace"),
+                },
+            )
+        return self.send(200, strip_markers(log) if combined else log, "text/plain; charset=utf-8")
+
+    # --- WebSocket (RFC 6455, server side) --------------------------------------------------------------------
+
+    def websocket_logs(self, command, follow, combined):
+        key = self.headers.get("Sec-WebSocket-Key")
+        if not key:
+            return self.toolbox_error(400, "missing Sec-WebSocket-Key", "BAD_REQUEST")
+        accept = base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
+        self.send_response(101, "Switching Protocols")
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        conn = self.connection
+        write_lock = threading.Lock()
+        closed = threading.Event()
+
+        def frame(opcode, payload):
+            head = bytes([0x80 | opcode])
+            n = len(payload)
+            if n < 126:
+                head += bytes([n])
+            elif n < 65536:
+                head += bytes([126]) + struct.pack("!H", n)
+            else:
+                head += bytes([127]) + struct.pack("!Q", n)
+            with write_lock:
+                conn.sendall(head + payload)
+
+        def reader():
+            # Answers pings and notices the client's close; client frames are masked.
+            try:
+                while not closed.is_set():
+                    head = self.rfile.read(2)
+                    if len(head) < 2:
+                        break
+                    opcode, n = head[0] & 0x0F, head[1] & 0x7F
+                    if n == 126:
+                        n = struct.unpack("!H", self.rfile.read(2))[0]
+                    elif n == 127:
+                        n = struct.unpack("!Q", self.rfile.read(8))[0]
+                    mask = self.rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+                    data = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(n)))
+                    if opcode == 0x9:
+                        frame(0xA, data)
+                    elif opcode == 0x8:
+                        break
+            except (OSError, ValueError, struct.error):
+                pass
+            closed.set()
+
+        threading.Thread(target=reader, daemon=True).start()
+        sent = 0
+        held = b""
+        drop = False
+        try:
+            while not closed.is_set():
+                finished = os.path.exists(command.exit_path)
+                with command.log_lock, open(command.log_path, "rb") as f:
+                    f.seek(sent)
+                    chunk = f.read()
+                drop = ARGS.drop_logs_after is not None and not command.dropped
+                if drop and sent + len(chunk) >= ARGS.drop_logs_after:
+                    # A connection lost mid-stream: part of the bytes, then no close frame.
+                    command.dropped = True
+                    frame(0x2, chunk[: ARGS.drop_logs_after - sent])
+                    break
+                sent += len(chunk)
+                if chunk:
+                    if combined:
+                        # Markers may be split across reads: hold back a tail that could start one.
+                        data = held + chunk
+                        keep = 0
+                        for k in (2, 1):
+                            if len(data) >= k and data[-k:] in (STDOUT_PREFIX[:k], STDERR_PREFIX[:k]):
+                                keep = k
+                                break
+                        held = data[len(data) - keep :] if keep else b""
+                        chunk = strip_markers(data[: len(data) - keep])
+                    if chunk:
+                        frame(0x2, chunk)
+                elif finished or not follow:
+                    break
+                else:
+                    time.sleep(0.02)
+            if command.dropped and not closed.is_set() and drop:
+                raise OSError("dropped")
+            if held:
+                frame(0x2, held)
+            if not closed.is_set():
+                frame(0x8, struct.pack("!H", 1000))
+                # Let the client see the close before the socket goes.
+                closed.wait(1.0)
+        except OSError:
+            pass
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # --- files ----------------------------------------------------------------------------------------------
+
+    def files(self, sandbox, path, query, body):
+        method = self.command
+        if path == "/files/bulk-upload" and method == "POST":
+            fields = parse_multipart(body, self.headers.get("Content-Type"))
+            if fields is None:
+                return self.toolbox_error(400, "expected multipart/form-data", "BAD_REQUEST")
+            index = 0
+            while f"files[{index}].path" in fields:
+                target = self.resolve(sandbox, fields[f"files[{index}].path"].decode())
+                data = fields.get(f"files[{index}].file")
+                if target is None:
+                    return self.toolbox_error(403, "path outside the sandbox", "FORBIDDEN")
+                if data is None:
+                    return self.toolbox_error(400, f"files[{index}].file is missing", "BAD_REQUEST")
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with open(target, "wb") as f:
+                    f.write(data)
+                index += 1
+            if index == 0:
+                return self.toolbox_error(400, "no files", "BAD_REQUEST")
+            return self.send(200)
+        if path == "/files/bulk-download" and method == "POST":
+            try:
+                paths = json.loads(body or b"{}").get("paths") or []
+            except (ValueError, AttributeError):
+                paths = []
+            if not paths:
+                return self.send(400, {"error": 'request body must be {"paths": [ ... ]} and non-empty'})
+            parts = []
+            for raw in paths:
+                disposition = raw.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "").replace("\n", "")
+                target = self.resolve(sandbox, raw)
+                if target is None or not os.path.isfile(target):
+                    status, code = (403, "FILE_ACCESS_DENIED") if target is None else (404, "FILE_NOT_FOUND")
+                    message = f"permission denied: {raw}" if target is None else f"file not found: {raw}"
+                    payload = json.dumps({"statusCode": status, "message": message, "code": code,
+                                          "timestamp": now(), "path": raw, "method": "POST"}).encode()
+                    head = (f'Content-Disposition: form-data; name="error"; filename="{disposition}"\r\n'
+                            "Content-Type: application/json; charset=utf-8\r\n\r\n")
+                else:
+                    with open(target, "rb") as f:
+                        payload = f.read()
+                    head = (f'Content-Disposition: form-data; name="file"; filename="{disposition}"\r\n'
+                            "Content-Type: application/octet-stream\r\n\r\n")
+                parts.append(head.encode() + payload)
+            data = b"".join(
+                (b"--" if i == 0 else b"\r\n--") + BOUNDARY.encode() + b"\r\n" + part for i, part in enumerate(parts)
+            )
+            data += b"\r\n--" + BOUNDARY.encode() + b"--\r\n"
+            return self.send(200, data, f"multipart/form-data; boundary={BOUNDARY}")
+        if path == "/files" and method == "DELETE":
+            target = self.resolve(sandbox, query.get("path", ""))
+            if target is None:
+                return self.toolbox_error(403, "path outside the sandbox", "FORBIDDEN")
+            if not os.path.lexists(target):
+                return self.toolbox_error(404, f"file not found: {query.get('path', '')}", "FILE_NOT_FOUND")
+            if os.path.isdir(target) and not os.path.islink(target):
+                if query.get("recursive") != "true":
+                    return self.toolbox_error(400, "path is a directory: use recursive", "BAD_REQUEST")
+                shutil.rmtree(target)
+            else:
+                os.remove(target)
+            return self.send(204)
+        if path == "/files/folder" and method == "POST":
+            target = self.resolve(sandbox, query.get("path", ""))
+            if target is None:
+                return self.toolbox_error(403, "path outside the sandbox", "FORBIDDEN")
+            os.makedirs(target, mode=int(query.get("mode", "755"), 8), exist_ok=True)
+            return self.send(201)
+        if path == "/files/download" and method == "GET":
+            target = self.resolve(sandbox, query.get("path", ""))
+            if target is None:
+                return self.toolbox_error(403, "path outside the sandbox", "FORBIDDEN")
+            if not os.path.isfile(target):
+                return self.toolbox_error(404, f"file not found: {query.get('path', '')}", "FILE_NOT_FOUND")
+            with open(target, "rb") as f:
+                data = f.read()
+            name = os.path.basename(target)
+            return self.send(200, data, "application/octet-stream",
+                             [("Content-Disposition", f'attachment; filename="{name}"')])
+        return self.toolbox_error(404, f"no route {method} {path}", "NOT_FOUND")
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--api-key", required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--record")
+    # Daemons before the terminate route: a cancel must delete the session instead.
+    parser.add_argument("--no-terminate", action="store_true")
+    # A network that drops each command's first log stream after this many bytes.
+    parser.add_argument("--drop-logs-after", type=int)
+    ARGS = parser.parse_args()
+    os.makedirs(ARGS.root, exist_ok=True)
+    server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)
+    server.daemon_threads = True
+    print(f"PORT {server.server_address[1]}", flush=True)
+
+    def watch_stdin():
+        # The test's end: stdin closes when the test process goes.
+        sys.stdin.read()
+        with LOCK:
+            for sandbox in SANDBOXES.values():
+                sandbox.kill_everything()
+        os._exit(0)
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
