@@ -5,6 +5,7 @@
 //! plain process group) is the embedded default; remote providers (E2B, Daytona) fit the same shape: their
 //! ids are persisted with the session, and `connect` answers `None` when the sandbox is gone.
 
+pub mod e2b;
 // The one place allowed to start processes (clippy.toml bans it elsewhere).
 #[allow(clippy::disallowed_methods)]
 pub mod init;
@@ -58,6 +59,33 @@ pub enum SandboxError {
         /// npm's words.
         message: String,
     },
+    /// A remote provider (E2B) refused or failed a request.
+    #[error("{provider}: {message}")]
+    Remote {
+        /// The provider's name.
+        provider: &'static str,
+        /// What kind of failure, for the caller to act on (a gone sandbox is replaced, an auth error shown).
+        failure: RemoteFailure,
+        /// What happened and what to do, in words for the user.
+        message: String,
+    },
+}
+
+/// The kinds of failure of a remote provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteFailure {
+    /// The API key or access token was refused (401/403).
+    Auth,
+    /// The sandbox (or the process, the file) does not exist (404).
+    NotFound,
+    /// A rate or concurrency limit (429).
+    RateLimited,
+    /// The service could not be reached.
+    Unreachable,
+    /// The service answered what the protocol does not allow.
+    Protocol,
+    /// Any other refusal.
+    Failed,
 }
 
 impl SandboxError {

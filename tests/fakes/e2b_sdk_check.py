@@ -32,7 +32,7 @@ def main():
     )
     assert result.exit_code == 0, result
     assert result.stdout.splitlines()[:2] == ["one", "from-create|from-run"], result.stdout
-    assert result.stdout.splitlines()[2].endswith(f"/{sbx.sandbox_id}/home/user"), result.stdout
+    assert result.stdout.splitlines()[2] == "/home/user", result.stdout
     assert result.stderr == "err\n", result.stderr
     assert "".join(chunks) == result.stdout, chunks
     observed["stdout_chunks"] = len(chunks)
@@ -69,7 +69,7 @@ def main():
     resumed = Sandbox.connect(sbx.sandbox_id, timeout=300)
     assert resumed.sandbox_id == sbx.sandbox_id
     assert Sandbox.get_info(sbx.sandbox_id).state.value == "running"
-    again = resumed.commands.run("cat notes/hello.txt")
+    again = resumed.commands.run("cat /home/user/notes/hello.txt")
     assert again.stdout == "hello from the sdk\n", again.stdout
 
     resumed.set_timeout(120)

@@ -19,9 +19,11 @@ envd (`X-Access-Token` must be the sandbox's current token): Connect-RPC with th
 A paused sandbox's processes are stopped (SIGSTOP) and its open streams are cut, as a memory snapshot does;
 envd traffic to a paused sandbox created with `autoResume` resumes it, otherwise it gets 502 like E2B's proxy.
 
-The sandbox's filesystem is the directory DIR/<sandbox id>: the sandbox path /home/user/x is
-DIR/<id>/home/user/x, relative paths are below /home/user. Processes really run on the host (no isolation:
-this is a fake) with their cwd mapped that way and only the environment the sandbox and the request give.
+The sandbox's home is the directory DIR/<sandbox id>/home/user: processes really run on the host, under
+bubblewrap only so that this directory is their /home/user (no isolation: this is a fake; the rest of the
+filesystem is the host's), with only the environment the sandbox and the request give. The files API maps
+every sandbox path below DIR/<id> (relative paths are below /home/user), so only /home/user is shared with the
+processes.
 
 Test hooks on the API port (no key needed): POST /_fake/fail {"status", "message", "count"} makes the next
 `count` control-plane requests fail with that status; GET /_fake/state describes every sandbox and process.
@@ -36,6 +38,7 @@ import json
 import os
 import queue
 import secrets
+import shutil
 import signal
 import struct
 import subprocess
@@ -54,6 +57,7 @@ SANDBOXES = {}
 FAILURES = []
 ARGS = None
 
+BWRAP = shutil.which("bwrap")
 SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM}
 # How Go's os.ProcessState.String() (what envd reports as `status`) names the signals.
 GO_SIGNAL_NAMES = {9: "killed", 15: "terminated", 2: "interrupt", 1: "hangup"}
@@ -132,6 +136,29 @@ class Process:
         if self.tag is not None:
             info["tag"] = self.tag
         return info
+
+
+SPAWNS = queue.Queue()
+
+
+def spawner():
+    """Starts every process: bwrap's --die-with-parent follows the thread that forked it, so that thread lives as
+    long as the fake (a request's thread ends with its stream, a pause cuts streams)."""
+    while True:
+        argv, options, answer = SPAWNS.get()
+        try:
+            answer.put(subprocess.Popen(argv, **options))
+        except OSError as err:
+            answer.put(err)
+
+
+def spawn(argv, **options):
+    answer = queue.Queue()
+    SPAWNS.put((argv, options, answer))
+    result = answer.get()
+    if isinstance(result, OSError):
+        raise result
+    return result
 
 
 def sandbox_dir(sbx):
@@ -436,7 +463,8 @@ class ApiHandler(Handler):
                                "env": s["env"], "dir": sandbox_dir(s), "pauses": s["pauses"],
                                "resumes": s["resumes"], "autoPause": s["auto_pause"],
                                "autoResume": s["auto_resume"], "timeout": s["timeout"],
-                               "processes": [p.describe() for p in s["processes"].values()]}
+                               "processes": [dict(p.describe(), streams=len(p.subscribers))
+                                             for p in s["processes"].values()]}
                          for sid, s in SANDBOXES.items()}
             return self.send(200, state)
         return self.send(404, {"code": 404, "message": "no such hook"})
@@ -508,18 +536,32 @@ class EnvdHandler(Handler):
         config = request.get("process") or {}
         if not config.get("cmd"):
             return self.stream_error("process.cmd is required", code="invalid_argument")
-        cwd = host_path(sbx, config.get("cwd") or HOME)
-        if cwd is None or not os.path.isdir(cwd):
+        cwd = config.get("cwd") or HOME
+        inside_home = cwd == HOME or cwd.startswith(HOME + "/")
+        host_cwd = host_path(sbx, cwd) if inside_home else cwd
+        if host_cwd is None or not os.path.isdir(host_cwd):
             return self.stream_error(f"cwd '{config.get('cwd')}' does not exist", code="invalid_argument")
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": host_path(sbx, HOME),
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": HOME,
                "USER": "user", "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sbx["id"]}
         env.update(sbx["env"])
         env.update(config.get("envs") or {})
+        # envd's exec fails before the process exists (no start event): bwrap would fail after it started.
+        program = config["cmd"]
+        if "/" in program:
+            visible = host_path(sbx, program) if program.startswith(HOME + "/") else program
+            found = os.path.isfile(visible) and os.access(visible, os.X_OK)
+        else:
+            found = shutil.which(program, path=env["PATH"]) is not None
+        if not found:
+            return self.stream_error(f"error starting process '{program}': exec: \"{program}\": "
+                                     "executable file not found in $PATH")
         use_stdin = bool(request.get("stdin", False))
         try:
-            popen = subprocess.Popen([config["cmd"], *config.get("args", [])], cwd=cwd, env=env,
-                                     stdin=subprocess.PIPE if use_stdin else subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            # bwrap execs the command as its child, so the pid envd reports is bwrap's; it dies with bwrap.
+            argv = [BWRAP, "--dev-bind", "/", "/", "--tmpfs", "/home", "--bind", host_path(sbx, HOME), HOME,
+                    "--die-with-parent", "--chdir", cwd, "--", config["cmd"], *config.get("args", [])]
+            popen = spawn(argv, env=env, stdin=subprocess.PIPE if use_stdin else subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as err:
             return self.stream_error(f"error starting process '{config['cmd']}': {err}")
         proc = Process(sbx, popen, config, request.get("tag"))
@@ -663,9 +705,12 @@ def main():
     parser.add_argument("--api-key", default="e2b_0123456789abcdef0123456789abcdef")
     parser.add_argument("--templates", default="base")
     ARGS = parser.parse_args()
+    if BWRAP is None:
+        sys.exit("fake_e2b.py needs bubblewrap (bwrap) to show each sandbox its own /home/user")
     os.makedirs(ARGS.root, exist_ok=True)
     api, envd = serve(ApiHandler), serve(EnvdHandler)
     threading.Thread(target=expire_loop, daemon=True).start()
+    threading.Thread(target=spawner, daemon=True).start()
     print(f"PORTS {api.server_address[1]} {envd.server_address[1]}", flush=True)
     sys.stdin.read()
     with LOCK:
