@@ -478,3 +478,93 @@ async fn refusals_become_clear_errors() {
     assert_eq!(failure, RemoteFailure::Unreachable);
     assert!(message.starts_with("cannot reach http://127.0.0.1:9/: "), "{message}");
 }
+
+/// The bridge with `--sandbox e2b` against the fake, running the fake OpenCode in the session's sandbox.
+fn e2b_bridge(fake: &FakeE2b, dirs: &support::TestDirs) -> support::Bridge {
+    let options = support::BridgeOptions::new("opencode", &dirs.data)
+        .sandbox("e2b")
+        .env("E2B_API_KEY", KEY)
+        .env("E2B_API_URL", &fake.api_url())
+        .env("E2B_SANDBOX_URL", &fake.sandbox_url());
+    support::Bridge::start(options)
+}
+
+/// The one sandbox the fake holds.
+fn only_sandbox(fake: &FakeE2b) -> (String, Value) {
+    let state = fake.state();
+    let sandboxes = state.as_object().unwrap();
+    assert_eq!(sandboxes.len(), 1, "{state}");
+    let (id, sandbox) = sandboxes.iter().next().unwrap();
+    (id.clone(), sandbox.clone())
+}
+
+#[test]
+fn the_bridge_runs_a_session_in_its_own_e2b_sandbox_and_deletes_it_with_the_session() {
+    let fake = FakeE2b::start();
+    let dirs = support::TestDirs::new("e2b-bridge");
+    let ws = dirs.workspace("ws");
+    let mut bridge = e2b_bridge(&fake, &dirs);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "Say hello");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(turn.agent_text(), "Hello from the fake model. This is a plain text answer.");
+
+    let (id, sandbox) = only_sandbox(&fake);
+    assert_eq!(sandbox["metadata"], json!({"acp_session": sid}));
+    // The CLI ran inside the sandbox, in its workspace, with its state dir as HOME and without the E2B key.
+    let inside = fake.host_path(&id, WORKSPACE);
+    let runs = support::invocations(&inside);
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].cwd(), Path::new(WORKSPACE));
+    assert_eq!(runs[0].env("HOME").as_deref().map(|h| h.starts_with(STATE_DIR)), Some(true));
+    assert_eq!(runs[0].env("E2B_API_KEY"), None);
+    assert_eq!(runs[0].stdin_text(), "Say hello");
+    assert!(support::invocations(&ws).is_empty(), "the CLI ran in the editor's workspace");
+
+    // A follow-up reconnects to the same sandbox, and the CLI continues its conversation.
+    let turn = bridge.prompt(&sid, "SCENARIO:followup and now?");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(only_sandbox(&fake).0, id);
+    let runs = support::invocations(&inside);
+    assert_eq!(runs.len(), 2);
+    assert!(runs[1].has_flag("--session"), "argv: {:?}", runs[1].argv());
+
+    // The key went only to the control plane: never to envd, the store or the bridge's log.
+    for record in fake.records().iter().filter(|r| r["port"] == "envd") {
+        assert!(!record.to_string().contains(KEY), "the key went to envd: {record}");
+    }
+    for file in ["acp-sandbox.sqlite3", "acp-sandbox.log"] {
+        let bytes = std::fs::read(dirs.data.join(file)).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&bytes).contains(KEY), "the key is in {file}");
+    }
+    assert!(!bridge.stderr().contains(KEY), "the key is in the bridge's stderr");
+
+    bridge.request("session/delete", json!({"sessionId": sid})).unwrap();
+    assert_eq!(fake.state(), json!({}));
+}
+
+#[test]
+fn cancel_kills_the_cli_in_the_e2b_sandbox() {
+    let fake = FakeE2b::start();
+    let dirs = support::TestDirs::new("e2b-cancel");
+    let ws = dirs.workspace("ws");
+    let mut bridge = e2b_bridge(&fake, &dirs);
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=100000 FAKE_DELAY_MS=20 keep talking");
+    // Output arrives while the CLI still runs: the first chunk comes long before the last.
+    bridge.wait_update(&sid, "a streamed chunk", |u| u["sessionUpdate"] == "agent_message_chunk");
+    let (sandbox, _) = only_sandbox(&fake);
+    // No PID namespace in the fake: the pid the CLI recorded is the host's.
+    let cli = support::wait_invocations(&fake.host_path(&sandbox, WORKSPACE), 1)[0].0["pid"].as_i64().unwrap() as i32;
+    assert!(support::pid_alive(cli));
+
+    let cancelled = Instant::now();
+    bridge.cancel(&sid);
+    let turn = bridge.finish_turn(&sid, id);
+    eprintln!("cancel to answer: {:?}", cancelled.elapsed());
+    assert_eq!(turn.stop_reason(), "cancelled");
+    assert!(support::wait_until(support::RECV_TIMEOUT, || !support::pid_alive(cli)), "the CLI {cli} still runs");
+    assert_eq!(only_sandbox(&fake).1["processes"], json!([]));
+    let kills = fake.records().iter().filter(|r| r["path"] == "/process.Process/SendSignal").count();
+    assert_eq!(kills, 1);
+}

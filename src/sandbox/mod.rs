@@ -26,6 +26,24 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::io::AsyncRead;
 
+use crate::config::SandboxChoice;
+
+/// The provider of the sessions' sandboxes as `--sandbox` chose it: the one place that knows every provider.
+/// `local` serves `auto`, `bwrap` and `none`, and the bridge's own short commands whatever the choice.
+pub fn session_provider(
+    choice: SandboxChoice,
+    local: Arc<dyn SandboxProvider>,
+) -> Result<Arc<dyn SandboxProvider>, SandboxError> {
+    match choice {
+        SandboxChoice::E2b => {
+            let settings = e2b::E2bSettings::from_env(|name| std::env::var(name).ok())?;
+            tracing::info!(api = %settings.api_url, template = %settings.template, "sessions run in E2B sandboxes");
+            Ok(Arc::new(e2b::E2bProvider::new(settings)?))
+        }
+        SandboxChoice::Auto | SandboxChoice::Bwrap | SandboxChoice::None => Ok(local),
+    }
+}
+
 /// A sandbox failure.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
