@@ -568,3 +568,70 @@ fn cancel_kills_the_cli_in_the_e2b_sandbox() {
     let kills = fake.records().iter().filter(|r| r["path"] == "/process.Process/SendSignal").count();
     assert_eq!(kills, 1);
 }
+
+#[test]
+fn a_restarted_bridge_reconnects_and_a_gone_sandbox_is_replaced() {
+    let fake = FakeE2b::start();
+    let dirs = support::TestDirs::new("e2b-restart");
+    let ws = dirs.workspace("ws");
+    let mut bridge = e2b_bridge(&fake, &dirs);
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    let (first, _) = only_sandbox(&fake);
+    bridge.close_stdin();
+    drop(bridge);
+
+    // Another bridge finds the session's sandbox by the id in the store, paused meanwhile, and resumes it.
+    let provider = fake.provider();
+    tokio::runtime::Runtime::new().unwrap().block_on(provider.suspend(&first)).unwrap();
+    let mut bridge = e2b_bridge(&fake, &dirs);
+    bridge.request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
+    assert_eq!(bridge.prompt(&sid, "SCENARIO:followup again").stop_reason(), "end_turn");
+    let (again, state) = only_sandbox(&fake);
+    assert_eq!((again.as_str(), &state["state"], &state["resumes"]), (first.as_str(), &json!("running"), &json!(1)));
+    assert_eq!(support::invocations(&fake.host_path(&first, WORKSPACE)).len(), 2);
+
+    // Killed on E2B's side, it is replaced by a new sandbox on the next prompt.
+    tokio::runtime::Runtime::new().unwrap().block_on(provider.destroy(&first)).unwrap();
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    let (replaced, state) = only_sandbox(&fake);
+    assert_ne!(replaced, first);
+    assert_eq!(state["metadata"], json!({"acp_session": sid}));
+    // The new sandbox's CLI does not know the conversation: it starts a fresh one from the stored transcript.
+    let runs = support::invocations(&fake.host_path(&replaced, WORKSPACE));
+    assert_eq!(runs.len(), 2);
+    assert!(
+        runs[0].has_flag("--session") && !runs[1].has_flag("--session"),
+        "{:?} {:?}",
+        runs[0].argv(),
+        runs[1].argv()
+    );
+    assert!(runs[1].stdin_text().ends_with("Say hello"), "{}", runs[1].stdin_text());
+}
+
+#[test]
+fn opencodes_warm_server_falls_back_to_run_in_an_e2b_sandbox() {
+    let fake = FakeE2b::start();
+    let dirs = support::TestDirs::new("e2b-serve");
+    let ws = dirs.workspace("ws");
+    let options = support::BridgeOptions::new("opencode", &dirs.data)
+        .sandbox("e2b")
+        .env("E2B_API_KEY", KEY)
+        .env("E2B_API_URL", &fake.api_url())
+        .env("E2B_SANDBOX_URL", &fake.sandbox_url())
+        .env("ACP_SANDBOX_OPENCODE_BACKEND", "serve");
+    let mut bridge = support::Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "Say hello");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(
+        turn.agent_text(),
+        "\n\n_OpenCode's server could not start here, so this session runs `opencode run` per prompt (no live \
+         output): the OpenCode server did not start: sandbox unavailable: E2B sandboxes do not run a warm server \
+         yet: use `--opencode-backend run`_\n\nHello from the fake model. This is a plain text answer."
+    );
+    let (id, _) = only_sandbox(&fake);
+    let runs = support::invocations(&fake.host_path(&id, WORKSPACE));
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].argv()[0], "run");
+}
