@@ -164,6 +164,16 @@ async fn created(fake: &FakeE2b, provider: &E2bProvider, session: &str) -> (Stri
     (id, sandbox)
 }
 
+/// A command that prints `ready` and then sleeps, once it printed; and its pid (the host's, in the fake).
+async fn sleeper(fake: &FakeE2b, id: &str, sandbox: &E2bSandbox) -> (RunningProcess, u32) {
+    let mut process = sandbox.exec(sh("echo ready; exec sleep 300")).await.unwrap();
+    let mut ready = [0u8; 6];
+    process.stdout.read_exact(&mut ready).await.unwrap();
+    assert_eq!(&ready, b"ready\n");
+    let pid = fake.state()[id]["processes"][0]["pid"].as_u64().unwrap() as u32;
+    (process, pid)
+}
+
 fn host_pid_alive(pid: u32) -> bool {
     // The fake runs processes on the host: envd's pid is the host's. A zombie is not alive.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -314,10 +324,7 @@ async fn kill_ends_the_remote_process() {
     let fake = FakeE2b::start();
     let provider = fake.provider();
     let (id, sandbox) = created(&fake, &provider, "s-kill").await;
-    let mut process = sandbox.exec(sh("echo ready; exec sleep 300")).await.unwrap();
-    let mut lines = AsyncBufReader::new(&mut process.stdout).lines();
-    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ready"));
-    let pid = fake.state()[&id]["processes"][0]["pid"].as_u64().unwrap() as u32;
+    let (mut process, pid) = sleeper(&fake, &id, &sandbox).await;
     let tag = fake.state()[&id]["processes"][0]["tag"].as_str().unwrap().to_string();
     assert!(tag.starts_with("acp-s-kill-"), "{tag}");
     assert!(host_pid_alive(pid));
@@ -342,11 +349,7 @@ async fn kill_ends_the_remote_process() {
     assert_eq!(fake.records().iter().filter(|r| r["path"] == "/process.Process/SendSignal").count(), 1);
 
     // A handle dropped while its command runs kills the command too.
-    let mut process = sandbox.exec(sh("echo ready; exec sleep 300")).await.unwrap();
-    let mut lines = AsyncBufReader::new(&mut process.stdout).lines();
-    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ready"));
-    let pid = fake.state()[&id]["processes"][0]["pid"].as_u64().unwrap() as u32;
-    drop(lines);
+    let (process, pid) = sleeper(&fake, &id, &sandbox).await;
     drop(process);
     while host_pid_alive(pid) {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -417,10 +420,7 @@ async fn destroy_kills_and_a_gone_sandbox_is_none() {
     let fake = FakeE2b::start();
     let provider = fake.provider();
     let (id, sandbox) = created(&fake, &provider, "s-gone").await;
-    let mut process = sandbox.exec(sh("echo ready; exec sleep 300")).await.unwrap();
-    let mut lines = AsyncBufReader::new(&mut process.stdout).lines();
-    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ready"));
-    let pid = fake.state()[&id]["processes"][0]["pid"].as_u64().unwrap() as u32;
+    let (mut process, pid) = sleeper(&fake, &id, &sandbox).await;
 
     provider.destroy(&id).await.unwrap();
     assert_eq!(fake.state(), json!({}));
@@ -432,7 +432,16 @@ async fn destroy_kills_and_a_gone_sandbox_is_none() {
     let err = sandbox.exec(sh("true")).await.err().expect("a gone sandbox runs nothing");
     assert_eq!(remote_failure(&err).0, RemoteFailure::NotFound);
     // A process whose sandbox died under it ends with an error, not a hang.
-    assert!(process.handle.wait().await.is_err());
+    let (failure, message) = remote_failure(&process.handle.wait().await.unwrap_err());
+    assert_eq!(failure, RemoteFailure::Failed);
+    assert!(
+        message.starts_with("the command's stream broke (")
+            && message.ends_with(&format!(
+                "and its process is gone: envd: cannot Connect: HTTP 502: The sandbox {id} was not found; the \
+                 sandbox may be gone or paused"
+            )),
+        "{message}"
+    );
     // An id that is not E2B's never reaches a URL.
     let err = provider.connect("../v2/sandboxes", &spec("s-gone")).await.err().unwrap();
     assert_eq!(remote_failure(&err).0, RemoteFailure::NotFound);
