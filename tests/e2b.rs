@@ -489,13 +489,16 @@ async fn refusals_become_clear_errors() {
 }
 
 /// The bridge with `--sandbox e2b` against the fake, running the fake OpenCode in the session's sandbox.
-fn e2b_bridge(fake: &FakeE2b, dirs: &support::TestDirs) -> support::Bridge {
-    let options = support::BridgeOptions::new("opencode", &dirs.data)
+fn e2b_options(fake: &FakeE2b, dirs: &support::TestDirs) -> support::BridgeOptions {
+    support::BridgeOptions::new("opencode", &dirs.data)
         .sandbox("e2b")
         .env("E2B_API_KEY", KEY)
         .env("E2B_API_URL", &fake.api_url())
-        .env("E2B_SANDBOX_URL", &fake.sandbox_url());
-    support::Bridge::start(options)
+        .env("E2B_SANDBOX_URL", &fake.sandbox_url())
+}
+
+fn e2b_bridge(fake: &FakeE2b, dirs: &support::TestDirs) -> support::Bridge {
+    support::Bridge::start(e2b_options(fake, dirs))
 }
 
 /// The one sandbox the fake holds.
@@ -623,13 +626,7 @@ fn opencodes_warm_server_falls_back_to_run_in_an_e2b_sandbox() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-serve");
     let ws = dirs.workspace("ws");
-    let options = support::BridgeOptions::new("opencode", &dirs.data)
-        .sandbox("e2b")
-        .env("E2B_API_KEY", KEY)
-        .env("E2B_API_URL", &fake.api_url())
-        .env("E2B_SANDBOX_URL", &fake.sandbox_url())
-        .env("ACP_SANDBOX_OPENCODE_BACKEND", "serve");
-    let mut bridge = support::Bridge::start(options);
+    let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs).env("ACP_SANDBOX_OPENCODE_BACKEND", "serve"));
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "Say hello");
     assert_eq!(turn.stop_reason(), "end_turn");
@@ -643,4 +640,24 @@ fn opencodes_warm_server_falls_back_to_run_in_an_e2b_sandbox() {
     let runs = support::invocations(&fake.host_path(&id, WORKSPACE));
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].argv()[0], "run");
+}
+
+#[test]
+fn a_refused_e2b_key_answers_the_prompt_with_an_auth_error() {
+    let fake = FakeE2b::start();
+    let dirs = support::TestDirs::new("e2b-auth");
+    let ws = dirs.workspace("ws");
+    let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs).env("E2B_API_KEY", "e2b_not_the_key"));
+    let sid = bridge.new_session(&ws);
+    let error = bridge.prompt(&sid, "Say hello").result.unwrap_err();
+    assert_eq!(error.code, -32000);
+    assert_eq!(
+        error.message,
+        "e2b: E2B refused the API key (HTTP 401: Invalid API key, it must start with 'e2b_' prefix); check E2B_API_KEY \
+         in the bridge's environment"
+    );
+    assert_eq!(error.data, Some(json!({"provider": "e2b"})));
+    assert_eq!(fake.state(), json!({}));
+    // The bridge goes on: the next prompt gets the same answer, not a dead connection.
+    assert_eq!(bridge.prompt(&sid, "Say hello").result.unwrap_err().code, -32000);
 }
