@@ -8,8 +8,9 @@
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use acp_sandbox::agents::AgentKind;
 use acp_sandbox::config::{Config, OpenCodeModels, SandboxChoice};
@@ -18,10 +19,10 @@ use acp_sandbox::sandbox::local::{Isolation, probe_bwrap};
 use acp_sandbox::sandbox::policy::Profile;
 use acp_sandbox::sandbox::proxy::NetworkMode;
 use acp_sandbox::session::{Bridge, UpdateSink};
-use acp_sandbox::store::rfc3339;
-use agent_client_protocol::v1::schema::{
-    ContentBlock, SessionNotification, SessionUpdate, ToolCallContent, ToolCallStatus,
-};
+use acp_sandbox::store::{TurnStatus, rfc3339};
+use acp_sandbox::terminal::{Render, stop_reason_words};
+use agent_client_protocol::RawJsonRpcMessage;
+use agent_client_protocol::v1::schema::{CLIENT_METHOD_NAMES, ContentBlock, SessionNotification, SessionUpdate};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
@@ -85,7 +86,8 @@ struct Settings {
     /// sandbox per session (e2b, preview: needs E2B_API_KEY).
     #[arg(long, global = true, env = "ACP_SANDBOX_SANDBOX", value_enum, default_value = "auto")]
     sandbox: SandboxChoice,
-    /// Sessions, logs and installed CLIs live here [default: the platform data dir].
+    /// Sessions, logs and installed CLIs live here [default: $XDG_DATA_HOME/acp-sandbox, or
+    /// ~/.local/share/acp-sandbox when XDG_DATA_HOME is unset].
     #[arg(long, global = true, env = "ACP_SANDBOX_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// Default model for OpenCode (`provider/model`) or mode for Amp, for new sessions.
@@ -100,7 +102,9 @@ struct Settings {
     /// End a turn whose CLI prints nothing for this many seconds.
     #[arg(long, global = true, env = "ACP_SANDBOX_IDLE_TIMEOUT", default_value_t = 900)]
     idle_timeout: u64,
-    /// At most this many updates are replayed when the editor reopens a session.
+    /// When an editor reopens a session, replay at most this many updates (a prompt counts as one): the newest
+    /// turns whole and no older ones; a newest turn longer than this keeps its prompt and its newest updates.
+    /// Each cut is said in a note.
     #[arg(long, global = true, env = "ACP_SANDBOX_REPLAY_LIMIT", default_value_t = 5000)]
     replay_limit: usize,
     /// How many seconds a write to the session store waits for another program's lock on it.
@@ -110,7 +114,13 @@ struct Settings {
     #[arg(long, global = true, env = "ACP_SANDBOX_CONTEXT_WINDOW", default_value_t = 200_000)]
     context_window: u64,
     /// Amp modes offered in the editor (comma-separated; the first is the default).
-    #[arg(long, global = true, env = "ACP_SANDBOX_AMP_MODES", value_delimiter = ',')]
+    #[arg(
+        long,
+        global = true,
+        env = "ACP_SANDBOX_AMP_MODES",
+        value_delimiter = ',',
+        default_value = "medium,low,high,ultra"
+    )]
     amp_modes: Vec<String>,
     /// Where the sandbox may connect: `open` (any public host), `allow=HOST,...` (those and the CLI's own
     /// service), `none` (only the model endpoints of your config), or `host` (the host's network, unfiltered).
@@ -164,7 +174,8 @@ enum Command {
     Prompt {
         /// The prompt; `-` or nothing reads it from stdin.
         text: Option<String>,
-        /// Print the raw ACP `session/update` notifications, one JSON object per line.
+        /// Print the ACP `session/update` notifications instead, exactly as an editor receives them (JSON-RPC),
+        /// one per line.
         #[arg(long)]
         json: bool,
         /// Continue this session instead of starting one in the current directory.
@@ -178,6 +189,9 @@ enum Command {
     },
     /// Say which CLIs are found, which sandbox is used and why, and which credentials are missing.
     Doctor,
+    /// Log in for the agent: Amp asks for its access token and stores it (mode 0600); OpenCode runs its own
+    /// `opencode auth login`.
+    Login,
 }
 
 #[derive(Subcommand, Debug)]
@@ -248,9 +262,30 @@ fn absolute(path: &std::path::Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
+/// Settings that only the server uses: `prompt --help` does not list them.
+const SERVER_ONLY: [&str; 5] = ["replay_limit", "context_window", "amp_modes", "server_idle_timeout", "max_servers"];
+
+/// The command line, with each subcommand's help showing only the settings it uses (they are global, so that
+/// `acp-sandbox serve --agent amp` works as well as `acp-sandbox --agent amp`).
+fn command_line() -> clap::Command {
+    let command = <Cli as clap::CommandFactory>::command();
+    let settings: Vec<clap::Arg> = command.get_arguments().filter(|arg| arg.is_global_set()).cloned().collect();
+    // A subcommand that already has a global setting keeps its own copy of it: a hidden one.
+    let hide = |subcommand: clap::Command, hidden: &dyn Fn(&str) -> bool| {
+        settings
+            .iter()
+            .filter(|arg| hidden(arg.get_id().as_str()))
+            .fold(subcommand, |subcommand, arg| subcommand.arg(arg.clone().hide(true)))
+    };
+    command
+        .mut_subcommand("prompt", |prompt| hide(prompt, &|name| SERVER_ONLY.contains(&name)))
+        .mut_subcommand("sessions", |sessions| hide(sessions, &|name| name != "data_dir"))
+}
+
 /// Parses the command line and runs the command.
 pub fn main() -> anyhow::Result<ExitCode> {
-    let cli = Cli::parse();
+    let matches = command_line().get_matches();
+    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let command = match cli.command {
         // Inside the sandbox the data dir is not visible: no config, no log file, no store.
         Some(Invocation::SandboxInit(init)) => return Ok(sandbox_init(init)),
@@ -258,21 +293,57 @@ pub fn main() -> anyhow::Result<ExitCode> {
         None => None,
     };
     let config = cli.settings.config();
-    let quiet = !matches!(command, None | Some(Command::Serve));
-    let _guard = acp_sandbox::logging::init(&config.log_path(), if quiet { "warn" } else { "info" });
+    let bins = BinSource::of(&matches);
+    // A person reads short log lines on the terminal; a turn's own failure is said once, as the error.
+    let _guard = match &command {
+        None | Some(Command::Serve) => acp_sandbox::logging::init(&config.log_path(), "info", "info", false),
+        Some(Command::Prompt { .. }) => acp_sandbox::logging::init(
+            &config.log_path(),
+            "warn,acp_sandbox::session::turn=error,acp_sandbox::session::serve::turn=error",
+            "info",
+            true,
+        ),
+        // `sessions` opens the bridge without a sandbox, which the bridge would warn about.
+        Some(Command::Sessions { .. }) => {
+            acp_sandbox::logging::init(&config.log_path(), "warn,acp_sandbox::session=error", "warn", true)
+        }
+        Some(_) => acp_sandbox::logging::init(&config.log_path(), "warn", "warn", true),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = runtime.block_on(async move {
         match command {
             None | Some(Command::Serve) => serve(config).await,
             Some(Command::Prompt { text, json, session }) => prompt(config, text, json, session).await,
             Some(Command::Sessions { command }) => sessions(config, command).await,
-            Some(Command::Doctor) => doctor(config).await,
+            Some(Command::Doctor) => doctor(config, bins).await,
+            Some(Command::Login) => {
+                Ok(ExitCode::from(acp_sandbox::auth::login(&config, &mut std::io::stderr()).await?))
+            }
         }
     });
     // Dropping the tasks still running kills their processes; a blocking read of the store (waiting out a lock)
     // must not hold up the exit the editor waits for.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
-    result
+    match result {
+        Ok(code) => Ok(code),
+        // `acp-sandbox sessions list | head -1`: the reader has all it wanted.
+        Err(error) if broken_pipe(&error) => Ok(ExitCode::SUCCESS),
+        Err(error) => Err(error),
+    }
+}
+
+/// Whether `error` is a write to a pipe whose reader is gone.
+fn broken_pipe(error: &anyhow::Error) -> bool {
+    error
+        .chain()
+        .any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
+/// One line to stdout; a failed write (a closed pipe) is an error the command stops at, not a panic.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    };
 }
 
 fn sandbox_init(init: SandboxInit) -> ExitCode {
@@ -292,7 +363,14 @@ fn sandbox_init(init: SandboxInit) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
+/// What `acp-sandbox` says when a person, not an editor, started it on a terminal.
+const SERVE_HINT: &str = "acp-sandbox speaks the Agent Client Protocol on stdin/stdout, for an editor to run (see \
+    the editor setup in the README); Ctrl-D quits. For a person: acp-sandbox prompt \"…\"";
+
 async fn serve(config: Config) -> anyhow::Result<ExitCode> {
+    if std::io::stdin().is_terminal() {
+        eprintln!("{SERVE_HINT}");
+    }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         agent = %config.agent,
@@ -323,97 +401,117 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Prints updates for a person, or as JSON lines.
-struct PrintSink {
-    json: bool,
-    /// Whether the last thing printed ended a line: agent text streams without newlines.
-    at_line_start: Mutex<bool>,
+/// The line on stderr that says a turn is under way while nothing else shows it. Only on a terminal: it is
+/// redrawn in place and erased before any output.
+struct Status {
+    /// Off when stderr is not a terminal, and once the turn is over.
+    enabled: AtomicBool,
+    agent: &'static str,
+    started: Instant,
+    state: Mutex<StatusState>,
 }
 
-impl PrintSink {
-    fn line(&self, text: &str) {
-        let mut at_start = self.at_line_start.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = std::io::stdout().lock();
-        if !*at_start {
-            let _ = writeln!(out);
-        }
-        let _ = writeln!(out, "{text}");
-        *at_start = true;
+#[derive(Default)]
+struct StatusState {
+    /// Whether the line is on the screen now.
+    shown: bool,
+    /// Whether stdout ends a line: the status line never cuts into the agent's text.
+    at_line_start: bool,
+    /// The tool that runs, if any.
+    tool: Option<String>,
+}
+
+/// The most characters the status line takes: a wrapped line could not be erased in place.
+const STATUS_CHARS: usize = 60;
+
+impl Status {
+    fn new(agent: &'static str, enabled: bool) -> Self {
+        let state = StatusState { at_line_start: true, ..StatusState::default() };
+        Self { enabled: AtomicBool::new(enabled), agent, started: Instant::now(), state: Mutex::new(state) }
     }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, StatusState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Draws the line, with the time so far.
+    fn draw(&self) {
+        let mut state = self.state();
+        if !self.enabled.load(Ordering::SeqCst) || !state.at_line_start {
+            return;
+        }
+        let seconds = self.started.elapsed().as_secs();
+        let doing = match &state.tool {
+            Some(tool) => format!("{}: {tool}", self.agent),
+            None => format!("{} is working", self.agent),
+        };
+        let doing: String = doing.chars().take(STATUS_CHARS).collect();
+        eprint!("\r\x1b[2K{doing}… {seconds} s");
+        state.shown = true;
+    }
+
+    /// Erases the line if it is shown; `update` then records where stdout is and what runs.
+    fn clear(&self) {
+        let mut state = self.state();
+        if state.shown {
+            eprint!("\r\x1b[2K");
+            state.shown = false;
+        }
+    }
+
+    fn update(&self, at_line_start: bool, tool: Option<&str>) {
+        let mut state = self.state();
+        state.at_line_start = at_line_start;
+        state.tool = tool.map(str::to_string);
+    }
+
+    /// Erases the line for good.
+    fn stop(&self) {
+        self.clear();
+        self.enabled.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Prints a turn's updates for a person, or as the JSON-RPC notifications an editor gets.
+struct PrintSink {
+    json: bool,
+    render: Mutex<Render>,
+    status: Arc<Status>,
 }
 
 impl UpdateSink for PrintSink {
     fn send(&self, session_id: &str, update: SessionUpdate) {
         if self.json {
             let notification = SessionNotification::new(session_id.to_string(), update);
-            if let Ok(text) = serde_json::to_string(&notification) {
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{text}");
+            let message = serde_json::to_value(notification).map_err(|e| e.to_string()).and_then(|mut params| {
+                // As the editor gets it: a new file's diff says `"oldText": null`.
+                acp_sandbox::agents::tools::explicit_new_files(&mut params["update"]);
+                RawJsonRpcMessage::notification(CLIENT_METHOD_NAMES.session_update.to_string(), params)
+                    .map_err(|e| e.to_string())
+            });
+            match message.and_then(|message| serde_json::to_string(&message).map_err(|e| e.to_string())) {
+                Ok(line) => {
+                    self.status.clear();
+                    let _ = writeln!(std::io::stdout().lock(), "{line}");
+                }
+                Err(e) => tracing::warn!("could not print an update as JSON: {e}"),
             }
             return;
         }
-        match update {
-            SessionUpdate::AgentMessageChunk(chunk) => {
-                if let ContentBlock::Text(text) = chunk.content {
-                    let mut out = std::io::stdout().lock();
-                    let _ = write!(out, "{}", text.text);
-                    let _ = out.flush();
-                    *self.at_line_start.lock().unwrap_or_else(|p| p.into_inner()) = text.text.ends_with('\n');
-                }
-            }
-            SessionUpdate::AgentThoughtChunk(chunk) => {
-                if let ContentBlock::Text(text) = chunk.content {
-                    for line in text.text.lines() {
-                        self.line(&format!("  (thinking) {line}"));
-                    }
-                }
-            }
-            SessionUpdate::ToolCall(call) => {
-                // The kind's wire name (`execute`, `read`…) is what a reader of ACP logs knows.
-                let kind = serde_json::to_value(call.kind).ok().and_then(|k| k.as_str().map(str::to_string));
-                self.line(&format!("▸ {} [{}]", call.title, kind.unwrap_or_default()));
-            }
-            SessionUpdate::ToolCallUpdate(update) => {
-                let mark = match update.fields.status {
-                    Some(ToolCallStatus::Completed) => "  ✓ done",
-                    Some(ToolCallStatus::Failed) => "  ✗ failed",
-                    _ => return,
-                };
-                let detail = update
-                    .fields
-                    .content
-                    .iter()
-                    .flatten()
-                    .find_map(|content| match content {
-                        ToolCallContent::Content(c) => match &c.content {
-                            ContentBlock::Text(t) => t
-                                .text
-                                .lines()
-                                .find(|l| !l.trim().is_empty() && !l.starts_with("```"))
-                                .map(str::to_string),
-                            _ => None,
-                        },
-                        ToolCallContent::Diff(diff) => Some(format!("diff of {}", diff.path.display())),
-                        _ => None,
-                    })
-                    .map(|d| format!(": {d}"))
-                    .unwrap_or_default();
-                self.line(&format!("{mark}{detail}"));
-            }
-            SessionUpdate::Plan(plan) => {
-                self.line("Plan:");
-                for entry in plan.entries {
-                    self.line(&format!("  [{:?}] {}", entry.status, entry.content));
-                }
-            }
-            SessionUpdate::UsageUpdate(usage) => {
-                tracing::info!(used = usage.used, size = usage.size, "usage");
-            }
-            SessionUpdate::SessionInfoUpdate(_) => {}
-            other => tracing::debug!("update: {other:?}"),
+        let mut render = self.render.lock().unwrap_or_else(|p| p.into_inner());
+        let text = render.update(&update);
+        if !text.is_empty() {
+            self.status.clear();
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
         }
+        self.status.update(render.at_line_start(), render.running_tool());
     }
 }
+
+/// The exit status of a command stopped by Ctrl-C, as shells report a process killed by SIGINT.
+const INTERRUPTED: u8 = 130;
 
 async fn prompt(config: Config, text: Option<String>, json: bool, session: Option<String>) -> anyhow::Result<ExitCode> {
     let text = match text.as_deref() {
@@ -427,6 +525,12 @@ async fn prompt(config: Config, text: Option<String>, json: bool, session: Optio
         }
         Some(text) => text.to_string(),
     };
+    // Refused before anything starts or is stored.
+    if text.trim().is_empty() {
+        eprintln!("error: the prompt is empty: give it as an argument (acp-sandbox prompt \"…\") or on stdin");
+        return Ok(ExitCode::from(2));
+    }
+    let agent = config.agent.display_name();
     let bridge = Arc::new(Bridge::open(config).await.context("cannot start")?);
     let session_id = match session {
         Some(id) => {
@@ -438,47 +542,86 @@ async fn prompt(config: Config, text: Option<String>, json: bool, session: Optio
             bridge.new_session(&cwd).await.map_err(|e| anyhow::anyhow!("{e}"))?.0
         }
     };
-    let sink = Arc::new(PrintSink { json, at_line_start: Mutex::new(true) });
-    let cancel_bridge = bridge.clone();
-    let cancel_id = session_id.clone();
+    let status = Arc::new(Status::new(agent, std::io::stderr().is_terminal()));
+    let sink = Arc::new(PrintSink { json, render: Mutex::new(Render::new()), status: status.clone() });
+    let interrupted = Arc::new(AtomicBool::new(false));
+    // Listening from here on: a Ctrl-C never kills the command before the turn is cancelled.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::spawn(async move {
-        // Either signal cancels the turn, which kills the CLI's whole tree before this command exits.
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => eprintln!("\ncancelling…"),
-            _ = terminate.recv() => {}
-        }
-        cancel_bridge.cancel(&cancel_id);
-    });
+    let signals = {
+        let (bridge, session_id, status, interrupted) =
+            (bridge.clone(), session_id.clone(), status.clone(), interrupted.clone());
+        tokio::spawn(async move {
+            // Either signal cancels the turn, which kills the CLI's whole tree before this command exits.
+            tokio::select! {
+                _ = interrupt.recv() => {
+                    interrupted.store(true, Ordering::SeqCst);
+                    status.stop();
+                    eprintln!("\ncancelling… (Ctrl-C again to quit at once)");
+                }
+                _ = terminate.recv() => {}
+            }
+            bridge.cancel(&session_id);
+            if interrupt.recv().await.is_some() {
+                std::process::exit(i32::from(INTERRUPTED));
+            }
+        })
+    };
+    status.draw();
+    let ticker = {
+        let status = status.clone();
+        tokio::spawn(async move {
+            let second = Duration::from_secs(1);
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + second, second);
+            loop {
+                tick.tick().await;
+                status.draw();
+            }
+        })
+    };
     let result = bridge.prompt(&session_id, vec![ContentBlock::from(text)], sink.clone()).await;
-    if !*sink.at_line_start.lock().unwrap_or_else(|p| p.into_inner()) {
-        println!();
-    }
-    match result {
+    ticker.abort();
+    status.stop();
+    let rest = sink.render.lock().unwrap_or_else(|p| p.into_inner()).finish();
+    print!("{rest}");
+    let _ = std::io::stdout().flush();
+    let code = match result {
         Ok(stop) => {
-            eprintln!("[{stop:?}] session {session_id} (continue with --session {session_id})");
-            Ok(ExitCode::SUCCESS)
+            eprintln!("{} (session {session_id}: continue with --session {session_id})", stop_reason_words(stop));
+            ExitCode::SUCCESS
         }
         Err(error) => {
-            let acp = to_acp_error(&error);
-            eprintln!("error ({:?}): {}", acp.code, acp.message);
-            eprintln!("session {session_id}");
-            Ok(ExitCode::FAILURE)
+            eprintln!("error: {}", to_acp_error(&error).message);
+            eprintln!("(session {session_id}: continue with --session {session_id})");
+            ExitCode::FAILURE
         }
-    }
+    };
+    signals.abort();
+    Ok(if interrupted.load(Ordering::SeqCst) { ExitCode::from(INTERRUPTED) } else { code })
 }
 
 async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<ExitCode> {
     let bridge =
         Bridge::open(Config { sandbox: SandboxChoice::None, ..config }).await.context("cannot open the store")?;
+    let store = bridge.store();
     match command {
         SessionsCommand::List { cwd } => {
-            let records = bridge.store().list_sessions(None, cwd.as_ref().and_then(|c| c.to_str()), None, 1000).await?;
+            // Sessions are stored under their workspace's canonical path.
+            let cwd = match cwd {
+                Some(dir) => Some(
+                    std::fs::canonicalize(&dir)
+                        .with_context(|| format!("--cwd {}: no such directory", dir.display()))?
+                        .to_string_lossy()
+                        .into_owned(),
+                ),
+                None => None,
+            };
+            let records = store.list_sessions(None, cwd.as_deref(), None, 1000).await?;
             if records.is_empty() {
                 eprintln!("no sessions");
             }
             for record in records {
-                println!(
+                out!(
                     "{}  {:<8}  {}  {}  {}",
                     record.id,
                     record.agent,
@@ -489,37 +632,59 @@ async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<Ex
             }
         }
         SessionsCommand::Show { id } => {
-            let Some(record) = bridge.store().session(&id).await? else {
-                eprintln!("no session {id}");
+            let Some(record) = store.session(&id).await? else {
+                eprintln!("{}", no_session(&id, &bridge));
                 return Ok(ExitCode::FAILURE);
             };
-            println!("session     {}", record.id);
-            println!("agent       {}", record.agent);
-            println!("title       {}", record.title.as_deref().unwrap_or("(untitled)"));
-            println!("workspace   {}", record.cwd);
-            println!(
+            out!("session     {}", record.id);
+            out!("agent       {}", record.agent);
+            out!("title       {}", record.title.as_deref().unwrap_or("(untitled)"));
+            out!("workspace   {}", record.cwd);
+            out!(
                 "sandbox     {} {}",
                 record.sandbox_provider,
                 record.sandbox_id.as_deref().unwrap_or("(not created yet)")
             );
-            println!("cli session {}", record.native_id.as_deref().unwrap_or("(none yet)"));
-            println!("config      {}", record.config);
-            println!("created     {}", rfc3339(record.created_at));
-            println!("updated     {}", rfc3339(record.updated_at));
-            let history = bridge.store().history(&id, usize::MAX).await?;
-            for (turn, events) in history.turns {
-                let outcome = turn.stop_reason.or(turn.error).unwrap_or_default();
-                println!("\nturn {} at {}: {:?} {}", turn.id, rfc3339(turn.started_at), turn.status, outcome);
+            out!("cli session {}", record.native_id.as_deref().unwrap_or("(none yet)"));
+            out!("config      {}", record.config);
+            out!("created     {}", rfc3339(record.created_at));
+            out!("updated     {}", rfc3339(record.updated_at));
+            let history = store.history(&id, usize::MAX).await?;
+            for (number, (turn, events)) in history.turns.into_iter().enumerate() {
+                let status = match turn.status {
+                    TurnStatus::Running => "running",
+                    TurnStatus::Done => "done",
+                    TurnStatus::Failed => "failed",
+                    TurnStatus::Interrupted => "interrupted",
+                };
+                let outcome = turn.stop_reason.or(turn.error).map(|o| format!(": {o}")).unwrap_or_default();
+                out!("\nturn {} at {}, {status}{outcome}", number + 1, rfc3339(turn.started_at));
                 let prompt: Vec<ContentBlock> = serde_json::from_value(turn.prompt).unwrap_or_default();
                 for block in prompt {
                     if let ContentBlock::Text(text) = block {
-                        println!("  > {}", text.text.replace('\n', "\n  > "));
+                        out!("  > {}", text.text.trim_end().replace('\n', "\n  > "));
                     }
                 }
-                println!("  {} updates", events.len());
+                let answer: String = events
+                    .into_iter()
+                    .filter_map(|event| match serde_json::from_value(event) {
+                        Ok(SessionUpdate::AgentMessageChunk(chunk)) => match chunk.content {
+                            ContentBlock::Text(text) => Some(text.text),
+                            _ => None,
+                        },
+                        _ => None,
+                    })
+                    .collect();
+                for line in answer.trim().lines() {
+                    out!("{}", format!("  {line}").trim_end());
+                }
             }
         }
         SessionsCommand::Rm { id } => {
+            if store.session(&id).await?.is_none() {
+                eprintln!("{}", no_session(&id, &bridge));
+                return Ok(ExitCode::FAILURE);
+            }
             bridge.delete_session(&id).await.map_err(|e| anyhow::anyhow!("{e}"))?;
             eprintln!("deleted {id}");
         }
@@ -527,69 +692,177 @@ async fn sessions(config: Config, command: SessionsCommand) -> anyhow::Result<Ex
     Ok(ExitCode::SUCCESS)
 }
 
-/// What `doctor` says about how OpenCode will be driven, given the version it printed.
-fn opencode_backend(config: &Config, version: &str) -> String {
+/// Says that the store has no such session, and where to look.
+fn no_session(id: &str, bridge: &Bridge) -> String {
+    format!(
+        "no session {id} in {}: `acp-sandbox sessions list` shows the stored ones",
+        bridge.config().database_path().display()
+    )
+}
+
+/// What `doctor` says about how OpenCode will be driven, given the version it printed; an error when it cannot be.
+fn opencode_backend(config: &Config, version: &str) -> Result<String, String> {
     let major = acp_sandbox::session::major_version(version);
     if major.is_some_and(|major| major >= 2) {
         return match config.opencode_bin {
-            Some(_) => format!(
-                "ERROR OpenCode {version} is a major version acp-sandbox cannot drive yet; point --opencode-bin at a 1.x"
-            ),
-            None => format!(
+            Some(_) => Err(format!(
+                "OpenCode {version} is a major version acp-sandbox cannot drive yet; point --opencode-bin at a 1.x"
+            )),
+            None => Ok(format!(
                 "OpenCode {version} is not driven (a 2.x): the pinned {} of the tools cache is used instead",
                 acp_sandbox::agents::opencode::PACKAGE.version
-            ),
+            )),
         };
     }
-    match config.opencode_backend {
+    Ok(match config.opencode_backend {
         acp_sandbox::config::OpenCodeBackend::Serve => format!(
             "serve: a warm `opencode serve` per session (stopped after {} s idle, at most {} at once)",
             config.server_idle_timeout.as_secs(),
             config.max_servers
         ),
         acp_sandbox::config::OpenCodeBackend::Run => "run: one `opencode run` per prompt".to_string(),
+    })
+}
+
+/// Whether `--opencode-bin` and `--amp-bin` were set by their environment variables or by the flags.
+#[derive(Clone, Copy, Debug)]
+struct BinSource {
+    opencode_from_env: bool,
+    amp_from_env: bool,
+}
+
+impl BinSource {
+    fn of(matches: &clap::ArgMatches) -> Self {
+        let from_env = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::EnvVariable);
+        Self { opencode_from_env: from_env("opencode_bin"), amp_from_env: from_env("amp_bin") }
+    }
+
+    /// Where the override of `agent`'s executable came from, in words.
+    fn describe(self, agent: AgentKind) -> String {
+        let from_env = match agent {
+            AgentKind::OpenCode => self.opencode_from_env,
+            AgentKind::Amp => self.amp_from_env,
+        };
+        match from_env {
+            true => format!("from ACP_SANDBOX_{}_BIN", agent.as_str().to_uppercase()),
+            false => format!("from --{}-bin", agent.as_str()),
+        }
     }
 }
 
-async fn doctor(config: Config) -> anyhow::Result<ExitCode> {
-    println!("acp-sandbox {}", env!("CARGO_PKG_VERSION"));
-    println!("data dir    {}", config.data_dir.display());
-    println!("log files   {}.<date>", config.log_path().display());
-    println!();
+/// What to do when bubblewrap cannot run here: install it, or allow the user namespaces it needs.
+fn bwrap_advice(installed: bool) -> &'static [&'static str] {
+    if !installed {
+        return &["install the `bubblewrap` package for isolation"];
+    }
+    &[
+        "bubblewrap is installed, but user namespaces are disabled or restricted here. Check:",
+        "`sysctl kernel.apparmor_restrict_unprivileged_userns` (Ubuntu 23.10 and later: 1 restricts them; allow bwrap",
+        "with an AppArmor profile, or set it to 0), `sysctl kernel.unprivileged_userns_clone` (older Debian: 1 allows",
+        "them), `sysctl user.max_user_namespaces` (0 disables them); in a container, allow user namespaces.",
+    ]
+}
+
+/// The model OpenCode starts new sessions with, and where that comes from.
+fn opencode_model(config: &Config) -> String {
+    match (&config.model, &config.opencode_default_model) {
+        (Some(model), _) => format!("{model} (--model)"),
+        (None, Some(model)) => format!("{model} (the `model` of your OpenCode config)"),
+        (None, None) => "OpenCode's own choice (no --model, and no `model` in your OpenCode config)".to_string(),
+    }
+}
+
+/// The model providers OpenCode can find: in the user's config, in its stored logins, or in the environment.
+fn opencode_providers(config: &Config, logins: Option<&serde_json::Value>) -> Vec<String> {
+    let mut found: Vec<String> =
+        config.opencode_needs.providers.iter().map(|provider| format!("{provider} (your OpenCode config)")).collect();
+    for provider in logins.and_then(|l| l.as_object()).into_iter().flat_map(|logins| logins.keys()) {
+        found.push(format!("{provider} (`opencode auth login`)"));
+    }
+    for variable in acp_sandbox::agents::opencode::providers::all_provider_env() {
+        if std::env::var_os(variable).is_some_and(|value| !value.is_empty()) {
+            found.push(format!("{variable} is set"));
+        }
+    }
+    found
+}
+
+async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<ExitCode> {
+    let mut errors = 0;
+    let mut error = |text: String| {
+        errors += 1;
+        format!("ERROR {text}")
+    };
+    out!("acp-sandbox {}", env!("CARGO_PKG_VERSION"));
+    out!("data dir    {}", config.data_dir.display());
+    out!("log files   {}.<date>", config.log_path().display());
+    out!();
+    // Whether the agent in use is still to be installed from npm: nothing to run in the sandbox yet.
+    let mut to_install = false;
     for agent in [AgentKind::OpenCode, AgentKind::Amp] {
         let package = agent.package();
+        let used = agent == config.agent;
         let found = if let Some(path) = config.bin_override(agent) {
-            format!("{} (from ACP_SANDBOX_{}_BIN)", path.display(), agent.as_str().to_uppercase())
+            format!("{} ({})", path.display(), bins.describe(agent))
         } else if let Ok(path) = which::which(package.bin) {
             format!("{} (on PATH)", path.display())
         } else if package.executable(&config.tools_dir()).exists() {
             format!("{} (installed by acp-sandbox)", package.executable(&config.tools_dir()).display())
         } else if which::which("npm").is_ok() {
+            to_install |= used;
             format!("not installed: {}@{} will be installed from npm on first use", package.name, package.version)
+        } else if used {
+            error("not found, and npm is missing to install it".to_string())
         } else {
-            "NOT FOUND, and npm is missing to install it".to_string()
+            "not found, and npm is missing to install it".to_string()
         };
-        println!("{:<10}  {found}", agent.display_name());
+        out!("{:<10}  {found}", agent.display_name());
         if let Some(variable) = agent.required_credential() {
-            let state = match std::env::var(variable) {
-                Ok(value) if !value.trim().is_empty() => "set".to_string(),
-                _ => format!("MISSING: {} will refuse to run until {variable} is set", agent.display_name()),
+            let state = match acp_sandbox::auth::source(&config, agent) {
+                Some(acp_sandbox::auth::Source::Environment(_)) => "set".to_string(),
+                Some(acp_sandbox::auth::Source::Stored(path)) => format!("stored by login in {}", path.display()),
+                None => {
+                    let missing =
+                        format!("missing: set {variable} or run `{}`", acp_sandbox::auth::login_command(agent));
+                    if used { error(missing) } else { missing }
+                }
             };
-            println!("{:<10}  {variable}: {state}", "");
+            out!("{:<10}  {variable}: {state}", "");
+        }
+        if agent == AgentKind::OpenCode {
+            out!("{:<10}  model: {}", "", opencode_model(&config));
+            let logins = directories::BaseDirs::new().and_then(|dirs| {
+                acp_sandbox::config::read_opencode_config(&dirs.data_dir().join("opencode").join("auth.json"))
+            });
+            let providers = opencode_providers(&config, logins.as_ref());
+            if providers.is_empty() {
+                out!(
+                    "{:<10}  providers: none found in your OpenCode config, its logins or the environment: run \
+                     `opencode auth login`, or set a provider's key (e.g. ANTHROPIC_API_KEY)",
+                    ""
+                );
+            } else {
+                out!("{:<10}  providers: {}", "", providers.join(", "));
+            }
         }
     }
-    println!();
-    match Isolation::resolve(config.sandbox) {
-        Ok(isolation) => println!("sandbox     {} (--sandbox {})", isolation.describe(), config.sandbox.as_str()),
-        Err(e) => println!("sandbox     ERROR: {e}"),
+    out!();
+    let isolation = Isolation::resolve(config.sandbox);
+    match &isolation {
+        // Its description says why there is no isolation, `--sandbox none` among the reasons.
+        Ok(isolation @ Isolation::None(_)) => out!("sandbox     {}", isolation.describe()),
+        Ok(isolation) => out!("sandbox     {} (--sandbox {})", isolation.describe(), config.sandbox.as_str()),
+        Err(e) => out!("sandbox     {}", error(e.to_string())),
     }
-    if let Err(why) = probe_bwrap() {
-        println!("            bubblewrap: {why}; install the `bubblewrap` package for isolation");
+    if config.sandbox != SandboxChoice::None && probe_bwrap().is_err() {
+        for line in bwrap_advice(which::which("bwrap").is_ok()) {
+            out!("            {line}");
+        }
     }
-    if let Ok(isolation) = Isolation::resolve(config.sandbox) {
+    if let Ok(isolation) = isolation {
         let settings = acp_sandbox::sandbox::local::LocalSettings::from_config(&config, isolation);
         for (name, on, text) in settings.describe() {
-            println!("  {:<12}  {} {text}", name, if on { "on " } else { "OFF" });
+            out!("  {:<12}  {} {text}", name, if on { "on " } else { "OFF" });
         }
         let hidden: Vec<String> = settings
             .policy
@@ -598,37 +871,42 @@ async fn doctor(config: Config) -> anyhow::Result<ExitCode> {
             .filter(|path| path.exists())
             .map(|path| path.display().to_string())
             .collect();
-        println!(
+        out!(
             "  hidden here   {}",
             if hidden.is_empty() { "(none of the listed secrets exist)".into() } else { hidden.join(", ") }
         );
-        for agent in [AgentKind::OpenCode, AgentKind::Amp] {
-            if agent != config.agent {
-                continue;
+        let agent = config.agent;
+        match acp_sandbox::session::check_cli(&config, agent).await {
+            Err(_) if to_install => {
+                out!("  {:<12}  `{} --version` runs in the sandbox once it is installed", "run", agent.package().bin)
             }
-            match acp_sandbox::session::check_cli(&config, agent).await {
-                Ok(version) => {
-                    println!("  {:<12}  ok  `{} --version` in the sandbox: {version}", "run", agent.package().bin);
-                    if agent == AgentKind::OpenCode {
-                        println!("  {:<12}  {}", "backend", opencode_backend(&config, &version));
-                    }
+            Ok(version) => {
+                out!("  {:<12}  ok  `{} --version` in the sandbox: {version}", "run", agent.package().bin);
+                if agent == AgentKind::OpenCode {
+                    let backend = opencode_backend(&config, &version).unwrap_or_else(&mut error);
+                    out!("  {:<12}  {backend}", "backend");
                 }
-                Err(why) => {
-                    println!("  {:<12}  ERROR `{} --version` in the sandbox: {why}", "run", agent.package().bin)
-                }
+            }
+            Err(why) => {
+                let line = error(format!("`{} --version` in the sandbox: {why}", agent.package().bin));
+                out!("  {:<12}  {line}", "run")
             }
         }
     }
     match acp_sandbox::store::Store::open(&config.database_path()) {
         Ok(store) => {
             let count = store.list_sessions(None, None, None, 100_000).await.map(|s| s.len()).unwrap_or(0);
-            println!(
+            out!(
                 "store       {} ({count} sessions, schema version {})",
                 config.database_path().display(),
                 acp_sandbox::store::SCHEMA_VERSION
             );
         }
-        Err(e) => println!("store       ERROR: {e}"),
+        Err(e) => out!("store       {}", error(e.to_string())),
+    }
+    if errors > 0 {
+        eprintln!("{errors} problem{} found (the ERROR lines)", if errors == 1 { "" } else { "s" });
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -22,16 +22,23 @@ pub enum Error {
         hint: &'static str,
     },
 
-    /// The agent needs a credential that is not in the bridge's environment; the CLI was not started.
+    /// The agent needs a credential that is neither in the bridge's environment nor stored by `acp-sandbox
+    /// login`; the CLI was not started.
     #[error(
-        "{agent} needs the environment variable {variable}: set it in the agent server's \"env\" in the editor's settings (e.g. Zed's agent_servers) and restart the agent"
+        "{agent} needs an access token: run `{login}` in a terminal (it stores the token for acp-sandbox), or set {variable} in the agent server's \"env\" in the editor's settings (e.g. Zed's agent_servers) and restart the agent; in a shell, `export {variable}=…`"
     )]
     MissingCredential {
         /// The agent's display name.
         agent: &'static str,
-        /// The variable to set.
+        /// The variable that would carry it.
         variable: &'static str,
+        /// The command that stores it.
+        login: String,
     },
+
+    /// `authenticate` found no login for an agent that keeps its own (OpenCode): the words say what to do.
+    #[error("{0}")]
+    NotLoggedIn(String),
 
     /// The CLI's provider rejected the credentials (e.g. OpenCode's ProviderAuthError).
     #[error("{0}")]
@@ -124,10 +131,13 @@ pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
         Error::SessionNotFound { id, .. } => {
             agent_client_protocol::Error::new(ErrorCode::RESOURCE_NOT_FOUND, message).data(json!({ "sessionId": id }))
         }
-        Error::MissingCredential { variable, .. } => {
-            agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message).data(json!({ "variable": variable }))
+        Error::MissingCredential { variable, login, .. } => {
+            agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message)
+                .data(json!({ "variable": variable, "login": login }))
         }
-        Error::AuthRejected(_) => agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message),
+        Error::AuthRejected(_) | Error::NotLoggedIn(_) => {
+            agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message)
+        }
         // A remote sandbox provider refused the bridge's key: a credential to fix, like a CLI's.
         Error::Sandbox(SandboxError::Remote { provider, failure: RemoteFailure::Auth, .. }) => {
             agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message).data(json!({ "provider": provider }))

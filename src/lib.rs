@@ -6,6 +6,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod agents;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod logging;
@@ -13,3 +14,4 @@ pub mod sandbox;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod terminal;

@@ -7,11 +7,16 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-/// Installs the global subscriber. `default_filter` applies when `RUST_LOG` is unset. Keep the returned
-/// guard alive: it flushes the file on exit.
-pub fn init(log_file: &Path, default_filter: &str) -> Option<WorkerGuard> {
-    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(false).with_filter(filter());
+/// Installs the global subscriber: `stderr_filter` and `file_filter` apply when `RUST_LOG` is unset (which then
+/// sets both). `for_person` writes short lines on stderr (no time, no module), for the terminal commands. Keep
+/// the returned guard alive: it flushes the file on exit.
+pub fn init(log_file: &Path, stderr_filter: &str, file_filter: &str, for_person: bool) -> Option<WorkerGuard> {
+    let filter = |default: &str| EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let stderr = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(false);
+    let stderr = match for_person {
+        true => stderr.without_time().with_target(false).with_filter(filter(stderr_filter)).boxed(),
+        false => stderr.with_filter(filter(stderr_filter)).boxed(),
+    };
     let file = log_file.parent().and_then(|dir| {
         crate::config::create_private_dir(dir).ok()?;
         let name = log_file.file_name()?.to_str()?;
@@ -27,7 +32,7 @@ pub fn init(log_file: &Path, default_filter: &str) -> Option<WorkerGuard> {
     match file {
         Some((writer, guard)) => {
             let file_layer =
-                tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(false).with_filter(filter());
+                tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(false).with_filter(filter(file_filter));
             let _ = tracing_subscriber::registry().with(stderr).with(file_layer).try_init();
             Some(guard)
         }

@@ -12,6 +12,7 @@ mod support;
 
 mod e2e {
     mod amp;
+    mod auth;
     mod cancel;
     mod commands;
     mod errors;
@@ -20,6 +21,7 @@ mod e2e {
     mod sandbox;
     mod schemas;
     mod store;
+    mod terminal;
     mod transport;
     mod turns;
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use acp_sandbox::agents::opencode::serve::ServeTranslator;
 use acp_sandbox::agents::{AgentKind, Output, TranslateContext, Translator, translate_stream};
-use agent_client_protocol::v1::schema::{SessionNotification, SessionUpdate};
+use agent_client_protocol::v1::schema::SessionUpdate;
 
 #[path = "support/schema.rs"]
 #[allow(dead_code)]
@@ -107,18 +107,7 @@ fn check_family(family: Family) {
             let outputs = translate_stream(family.translator(terminal, &stream).as_mut(), &stream);
             assert_wire_round_trip(&name, &outputs);
             let actual = serde_json::to_string_pretty(&outputs).expect("serialize") + "\n";
-            if update {
-                fs::write(&golden, &actual).expect("write golden");
-                continue;
-            }
-            match fs::read_to_string(&golden) {
-                Ok(expected) if expected == actual => {}
-                Ok(expected) => {
-                    eprintln!("{name}:\n{}", pretty_assertions::StrComparison::new(&expected, &actual));
-                    failures.push(name);
-                }
-                Err(_) => failures.push(format!("{name} (missing: run with UPDATE_GOLDENS=1)")),
-            }
+            failures.extend(compare(&golden, &name, &actual, update));
         }
     }
     // A golden whose fixture was removed or renamed would otherwise rot unnoticed.
@@ -135,17 +124,32 @@ fn check_family(family: Family) {
     assert!(failures.is_empty(), "golden mismatches for {}: {failures:#?}", family.name());
 }
 
+/// Compares `actual` with the golden file (or rewrites it when `update`); says what failed, if anything.
+fn compare(golden: &Path, name: &str, actual: &str, update: bool) -> Option<String> {
+    if update {
+        fs::write(golden, actual).expect("write golden");
+        return None;
+    }
+    match fs::read_to_string(golden) {
+        Ok(expected) if expected == actual => None,
+        Ok(expected) => {
+            eprintln!("{name}:\n{}", pretty_assertions::StrComparison::new(&expected, actual));
+            Some(name.to_string())
+        }
+        Err(_) => Some(format!("{name} (missing: run with UPDATE_GOLDENS=1)")),
+    }
+}
+
 /// Every update must read back as the same ACP type and validate against the ACP JSON Schema: a shape the
 /// editor cannot parse would be dropped, however good it looks in a golden.
 fn assert_wire_round_trip(name: &str, outputs: &[Output]) {
     for output in outputs {
         if let Output::Update(update) = output {
-            let wire = serde_json::to_value(update).expect("serialize update");
+            let wire = acp_sandbox::agents::tools::update_json(update).expect("serialize update");
             let back: SessionUpdate = serde_json::from_value(wire.clone())
                 .unwrap_or_else(|error| panic!("{name}: {wire} does not parse as a SessionUpdate: {error}"));
             assert_eq!(&back, update, "{name}: {wire} changes on a round trip");
-            let notification = serde_json::to_value(SessionNotification::new("sess_golden", update.clone()))
-                .expect("serialize notification");
+            let notification = serde_json::json!({ "sessionId": "sess_golden", "update": wire });
             if let Err(error) = schema::Schemas::get().validate("SessionNotification", &notification) {
                 panic!("{name}: {wire} {error}");
             }
@@ -192,4 +196,46 @@ fn cut_and_corrupted_lines_never_panic() {
             }
         }
     }
+}
+
+/// `acp-sandbox prompt`'s rendering of whole turns (`acp_sandbox::terminal`): recorded streams through their
+/// translator, and `tests/golden/terminal/*.updates.jsonl` (ACP updates, one per line), each compared with
+/// `tests/golden/terminal/<name>.txt`.
+#[test]
+fn terminal_rendering_goldens() {
+    let update = std::env::var("UPDATE_GOLDENS").is_ok_and(|value| value == "1");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let golden_dir = root.join("golden/terminal");
+    let mut turns: Vec<(String, Vec<SessionUpdate>)> = Vec::new();
+    for (family, stem) in [
+        (Family::Cli(AgentKind::OpenCode), "opencode-tools"),
+        (Family::Cli(AgentKind::OpenCode), "opencode-edit"),
+        (Family::Cli(AgentKind::OpenCode), "opencode-alltools.synthetic"),
+        (Family::Cli(AgentKind::Amp), "amp-tools.reconstructed"),
+        (Family::OpenCodeServe, "events-livebash"),
+    ] {
+        let path = root.join("fixtures").join(family.name()).join(format!("{stem}.jsonl"));
+        let stream = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let updates = translate_stream(family.translator(false, &stream).as_mut(), &stream)
+            .into_iter()
+            .filter_map(|output| match output {
+                Output::Update(update) => Some(update),
+                _ => None,
+            })
+            .collect();
+        turns.push((format!("{}-{stem}", family.name()), updates));
+    }
+    let recorded = fs::read_to_string(golden_dir.join("long-output.updates.jsonl")).expect("updates");
+    let updates = recorded.lines().map(|line| serde_json::from_str(line).expect("a SessionUpdate")).collect();
+    turns.push(("long-output".into(), updates));
+
+    let mut failures = Vec::new();
+    for (name, updates) in turns {
+        let mut render = acp_sandbox::terminal::Render::new();
+        let mut actual: String = updates.iter().map(|update| render.update(update)).collect();
+        actual.push_str(&render.finish());
+        let golden = golden_dir.join(format!("{name}.txt"));
+        failures.extend(compare(&golden, &name, &actual, update));
+    }
+    assert!(failures.is_empty(), "terminal golden mismatches: {failures:#?}");
 }

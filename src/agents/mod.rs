@@ -245,8 +245,8 @@ pub enum TurnEnd {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "output", rename_all = "snake_case")]
 pub enum Output {
-    /// An ACP update to persist and send to the editor, in order.
-    Update(SessionUpdate),
+    /// An ACP update to persist and send to the editor, in order. Serialized as the editor gets it.
+    Update(#[serde(serialize_with = "tools::serialize_wire")] SessionUpdate),
     /// The CLI's own conversation id (OpenCode `ses_…`, Amp `T-…`): persisted so the next turn continues it.
     NativeSessionId {
         /// The id as the CLI prints it.
@@ -280,6 +280,7 @@ pub struct PermissionAsk {
     /// The agent's id of the request, to answer it with (OpenCode `per_…`).
     pub request_id: String,
     /// The tool call it is about: its id as the editor knows it, with a title, a kind and (for edits) the diff.
+    #[serde(serialize_with = "tools::serialize_wire")]
     pub tool_call: agent_client_protocol::v1::schema::ToolCallUpdate,
     /// What an "always" answer would allow from now on (OpenCode's `always` patterns, e.g. `git status *`), for
     /// the option's label; empty when the agent does not say.

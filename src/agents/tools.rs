@@ -77,9 +77,67 @@ pub fn text_content(text: impl Into<String>) -> ToolCallContent {
     ToolCallContent::Content(Content::new(ContentBlock::from(text.into())))
 }
 
-/// A diff as tool content. `old` is `None` for a new file.
+/// A diff as tool content. `old` is `None` for a new file, sent as `"oldText": null` (see [`update_json`]).
 pub fn diff_content(path: PathBuf, old: Option<String>, new: String) -> ToolCallContent {
     ToolCallContent::Diff(Diff::new(path, new).old_text(old))
+}
+
+/// An update as the client gets it: the ACP crate's JSON, except that a new file's diff says `"oldText": null`.
+/// The crate leaves a `None` out, which the schema allows, but some clients (Toad) then draw an empty card. The
+/// connection sends this, and the goldens record it.
+pub fn update_json(update: &SessionUpdate) -> serde_json::Result<Value> {
+    let mut value = serde_json::to_value(update)?;
+    explicit_new_files(&mut value);
+    Ok(value)
+}
+
+/// Gives every diff in the `content` of an update's JSON (a `tool_call` or `tool_call_update`, also the tool
+/// call of a permission request) an `oldText`, `null` where it had none.
+pub fn explicit_new_files(update: &mut Value) {
+    let Some(content) = update.get_mut("content").and_then(Value::as_array_mut) else { return };
+    for item in content {
+        if let Some(diff) = item.as_object_mut().filter(|item| item.get("type") == Some(&json!("diff"))) {
+            diff.entry("oldText").or_insert(Value::Null);
+        }
+    }
+}
+
+/// Serializes an update, or a permission request's tool call, as [`update_json`] does: for `Output`'s
+/// `Serialize`, so that the goldens show the wire form.
+pub(crate) fn serialize_wire<T: serde::Serialize, S: serde::Serializer>(
+    item: &T,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::Serialize;
+    let mut value = serde_json::to_value(item).map_err(serde::ser::Error::custom)?;
+    explicit_new_files(&mut value);
+    value.serialize(serializer)
+}
+
+/// A file's text without the line numbers a CLI adds for its model (`1: fn main`, `00001| fn main`): only
+/// when every line has one, so a file whose lines merely start with digits is left as it is.
+pub fn strip_line_numbers(text: &str) -> String {
+    let number = |line: &str| -> Option<usize> {
+        let digits = line.len() - line.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let rest = &line[digits..];
+        let sep = if rest.starts_with(": ") || rest.starts_with("| ") {
+            2
+        } else if rest == ":" || rest == "|" {
+            1
+        } else {
+            0
+        };
+        (digits > 0 && sep > 0).then_some(digits + sep)
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    if lines.is_empty() || !lines.iter().all(|line| number(line).is_some()) {
+        return text.to_string();
+    }
+    let mut plain: String = lines.iter().map(|line| &line[number(line).unwrap_or(0)..]).collect::<Vec<_>>().join("\n");
+    if text.ends_with('\n') {
+        plain.push('\n');
+    }
+    plain
 }
 
 /// A location to follow, with a line when one is known.
@@ -428,6 +486,38 @@ mod tests {
         let created = serde_json::to_value(created).unwrap_or_default();
         assert_eq!(created, json!([{"type": "diff", "path": "/w/n.txt", "newText": "hi\n"}]));
         assert!(diffs_from_patch("/w/a".into(), "no hunks").is_empty());
+    }
+
+    #[test]
+    fn a_new_files_diff_says_old_text_null_on_the_wire() {
+        let call = ToolCall::new("t1", "Write a").content(vec![
+            diff_content("/w/new.txt".into(), None, "hi\n".into()),
+            diff_content("/w/old.txt".into(), Some("was\n".into()), "is\n".into()),
+            text_content("done"),
+        ]);
+        let wire = update_json(&SessionUpdate::ToolCall(call)).unwrap_or_default();
+        assert_eq!(
+            wire["content"],
+            json!([
+                {"type": "diff", "path": "/w/new.txt", "newText": "hi\n", "oldText": null},
+                {"type": "diff", "path": "/w/old.txt", "oldText": "was\n", "newText": "is\n"},
+                {"type": "content", "content": {"type": "text", "text": "done"}}
+            ])
+        );
+        // Nothing else changes: a message's `content` is no list of tool content.
+        let chunk = SessionUpdate::AgentMessageChunk(agent_client_protocol::v1::schema::ContentChunk::new(
+            ContentBlock::from("hi".to_string()),
+        ));
+        assert_eq!(update_json(&chunk).ok(), serde_json::to_value(&chunk).ok());
+    }
+
+    #[test]
+    fn line_numbers_are_stripped_only_when_every_line_has_one() {
+        assert_eq!(strip_line_numbers("1: fn a() {}\n2: \n3:\n10: }\n"), "fn a() {}\n\n\n}\n");
+        assert_eq!(strip_line_numbers("00001| a\n00002| b"), "a\nb");
+        assert_eq!(strip_line_numbers("1: a\nplain"), "1: a\nplain");
+        assert_eq!(strip_line_numbers("2024: a year"), "a year");
+        assert_eq!(strip_line_numbers(""), "");
     }
 
     #[test]

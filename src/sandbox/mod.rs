@@ -8,6 +8,8 @@
 pub mod e2b;
 // The one place allowed to start processes (clippy.toml bans it elsewhere).
 #[allow(clippy::disallowed_methods)]
+pub mod host;
+#[allow(clippy::disallowed_methods)]
 pub mod init;
 #[allow(clippy::disallowed_methods)]
 pub mod install;

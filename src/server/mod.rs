@@ -39,8 +39,13 @@ struct ConnectionSink {
 #[async_trait::async_trait]
 impl UpdateSink for ConnectionSink {
     fn send(&self, session_id: &str, update: SessionUpdate) {
+        // Untyped, to send the update as `tools::update_json` writes it (a new file's diff with `"oldText": null`).
         let notification = SessionNotification::new(session_id.to_string(), update);
-        if let Err(e) = self.connection.send_notification(notification) {
+        let sent = agent_client_protocol::JsonRpcMessage::to_untyped_message(&notification).and_then(|mut message| {
+            crate::agents::tools::explicit_new_files(&mut message.params["update"]);
+            self.connection.send_notification(message)
+        });
+        if let Err(e) = sent {
             // The editor went away; the update is already persisted and will be replayed on load.
             tracing::debug!(session = session_id, "could not send an update: {e}");
         }
@@ -50,8 +55,16 @@ impl UpdateSink for ConnectionSink {
         &self,
         request: agent_client_protocol::v1::schema::RequestPermissionRequest,
     ) -> Option<agent_client_protocol::v1::schema::RequestPermissionOutcome> {
-        // Turns run in tasks of their own, never in the dispatch loop, so waiting here cannot deadlock it.
-        match self.connection.send_request(request).block_task().await {
+        // Untyped like `send`: the tool call's new-file diffs say `"oldText": null`.
+        let asked = async {
+            let mut message = agent_client_protocol::JsonRpcMessage::to_untyped_message(&request)?;
+            crate::agents::tools::explicit_new_files(&mut message.params["toolCall"]);
+            // Turns run in tasks of their own, never in the dispatch loop, so waiting here cannot deadlock it.
+            let answer = self.connection.send_request(message).block_task().await?;
+            serde_json::from_value::<agent_client_protocol::v1::schema::RequestPermissionResponse>(answer)
+                .map_err(agent_client_protocol::Error::into_internal_error)
+        };
+        match asked.await {
             Ok(response) => Some(response.outcome),
             Err(e) => {
                 tracing::warn!("the editor did not answer a permission request: {e}");
@@ -146,6 +159,7 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         .and_then(|value| value.as_bool())
                         .unwrap_or(false);
                     bridge.set_client_terminal_output(terminal_output);
+                    bridge.set_client_capabilities(&request.client_capabilities);
                     let agent = bridge.config().agent;
                     let capabilities = AgentCapabilities::new()
                         .load_session(true)
@@ -159,12 +173,31 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                                 .close(SessionCloseCapabilities::new())
                                 .delete(SessionDeleteCapabilities::new()),
                         );
+                    let auth_methods = crate::auth::auth_methods(agent, request.client_capabilities.auth.terminal);
                     responder.respond(
-                        InitializeResponse::new(ProtocolVersion::V1).agent_capabilities(capabilities).agent_info(
-                            Implementation::new("acp-sandbox", env!("CARGO_PKG_VERSION"))
-                                .title(format!("{} (sandboxed)", agent.display_name())),
-                        ),
+                        InitializeResponse::new(ProtocolVersion::V1)
+                            .agent_capabilities(capabilities)
+                            .auth_methods(auth_methods)
+                            .agent_info(
+                                Implementation::new("acp-sandbox", env!("CARGO_PKG_VERSION"))
+                                    .title(format!("{} (sandboxed)", agent.display_name())),
+                            ),
                     )
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                // Reads only the environment and two small files: answered in the loop.
+                async move |request: agent_client_protocol::v1::schema::AuthenticateRequest,
+                            responder: Responder<agent_client_protocol::v1::schema::AuthenticateResponse>,
+                            _cx| {
+                    let config = bridge.config();
+                    let result = crate::auth::authenticate(config, config.agent, &request.method_id.0)
+                        .map(|()| agent_client_protocol::v1::schema::AuthenticateResponse::new());
+                    respond(responder, result)
                 }
             },
             agent_client_protocol::on_receive_request!(),

@@ -95,6 +95,36 @@ impl<R: BufRead> LineReader<R> {
     }
 }
 
+/// Stdin as the framing reads it. A terminal in canonical mode hands over a typed line when it is ended by Enter
+/// (with its newline) or by Ctrl-D (without): the kernel reports the end of input only for a Ctrl-D at the start
+/// of a line, so after typing `abc` one Ctrl-D would hand over `abc` and the bridge would wait for more. Here a
+/// chunk without a newline from such a terminal is the last one: it is framed as the last line, then input ends.
+struct TypedEof<R> {
+    input: R,
+    canonical_tty: bool,
+    ended: bool,
+}
+
+impl<R: Read> Read for TypedEof<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.ended {
+            return Ok(0);
+        }
+        let read = self.input.read(buf)?;
+        // A canonical terminal never returns more than one line per read, so a short chunk is a Ctrl-D.
+        if self.canonical_tty && read > 0 && buf[read - 1] != b'\n' {
+            self.ended = true;
+        }
+        Ok(read)
+    }
+}
+
+/// Whether `input` is a terminal in canonical (line-editing) mode, where Ctrl-D ends a line without a newline.
+fn canonical_tty(input: &impl std::os::fd::AsFd) -> bool {
+    nix::sys::termios::tcgetattr(input)
+        .is_ok_and(|termios| termios.local_flags.contains(nix::sys::termios::LocalFlags::ICANON))
+}
+
 /// What becomes of one line.
 #[derive(Debug)]
 enum Routed {
@@ -361,11 +391,8 @@ impl StdioTransport {
     /// Must be called inside the tokio runtime.
     pub(super) fn start() -> std::io::Result<(Channel, StdioTransport)> {
         // Unlocked handles: a lock cannot move to the threads. Stdin skips its own buffer for reads this big.
-        Self::start_with(
-            std::io::BufReader::with_capacity(1 << 16, std::io::stdin()),
-            std::io::stdout(),
-            MAX_LINE_BYTES,
-        )
+        let stdin = TypedEof { canonical_tty: canonical_tty(&std::io::stdin()), input: std::io::stdin(), ended: false };
+        Self::start_with(std::io::BufReader::with_capacity(1 << 16, stdin), std::io::stdout(), MAX_LINE_BYTES)
     }
 
     fn start_with(
@@ -487,6 +514,34 @@ mod tests {
         );
         assert_eq!(frames(b"0123456789\n", 10), [Frame::Line(b"0123456789".to_vec())], "exactly the limit");
         assert_eq!(frames(b"0123456789abc", 10), [Frame::TooLong { prefix: b"0123456789a".to_vec() }]);
+    }
+
+    /// Hands over one chunk per read, as a terminal hands over one typed line.
+    struct Chunks(std::collections::VecDeque<&'static [u8]>);
+
+    impl Read for Chunks {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let chunk = self.0.pop_front().unwrap_or_default();
+            buf[..chunk.len()].copy_from_slice(chunk);
+            Ok(chunk.len())
+        }
+    }
+
+    #[test]
+    fn a_terminal_chunk_without_a_newline_is_the_last_line() {
+        // `ping⏎`, `pong` + Ctrl-D, then `later⏎`.
+        let typed = |canonical_tty: bool| {
+            let input = Chunks([&b"ping\n"[..], b"pong", b"later\n"].into());
+            let reader = TypedEof { input, canonical_tty, ended: false };
+            let mut lines = LineReader::new(std::io::BufReader::new(reader), 100);
+            std::iter::from_fn(|| lines.next_frame().unwrap()).collect::<Vec<_>>()
+        };
+        assert_eq!(typed(true), [Frame::Line(b"ping".to_vec()), Frame::Line(b"pong".to_vec())]);
+        assert_eq!(
+            typed(false),
+            [Frame::Line(b"ping".to_vec()), Frame::Line(b"ponglater".to_vec())],
+            "the chunks of a pipe are not lines"
+        );
     }
 
     fn reply_of(line: &[u8]) -> Value {

@@ -48,26 +48,31 @@ impl ModelCatalog {
         self.listed.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Lists the models again in the background, when OpenCode is installed. One listing at a time.
-    pub fn refresh(self: &Arc<Self>) {
+    /// Lists the models again in the background, when OpenCode is installed. One listing at a time: `None` when
+    /// one runs already. The task answers whether the list changed.
+    pub fn refresh(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<bool>> {
         if self.refreshing.swap(true, Ordering::SeqCst) {
-            return;
+            return None;
         }
         let catalog = self.clone();
-        tokio::spawn(async move {
-            match catalog.list().await {
+        Some(tokio::spawn(async move {
+            let changed = match catalog.list().await {
                 Ok(models) if !models.is_empty() => {
                     tracing::info!(count = models.len(), "OpenCode models listed");
-                    if let Ok(text) = serde_json::to_string_pretty(&models) {
-                        let _ = std::fs::write(cache_path(&catalog.config), text);
-                    }
-                    *catalog.listed.write().unwrap_or_else(|p| p.into_inner()) = models;
+                    catalog.set(models)
                 }
-                Ok(_) => tracing::debug!("`opencode models` listed nothing"),
-                Err(why) => tracing::warn!("could not list OpenCode's models: {why}"),
-            }
+                Ok(_) => {
+                    tracing::debug!("`opencode models` listed nothing");
+                    false
+                }
+                Err(why) => {
+                    tracing::warn!("could not list OpenCode's models: {why}");
+                    false
+                }
+            };
             catalog.refreshing.store(false, Ordering::SeqCst);
-        });
+            changed
+        }))
     }
 
     /// Takes the models a warm server reported; answers whether the list changed.

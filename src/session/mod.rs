@@ -70,6 +70,20 @@ pub struct SessionPage {
 #[derive(Debug, Default)]
 struct ClientInfo {
     terminal_output: AtomicBool,
+    abilities: Mutex<ClientAbilities>,
+}
+
+/// What the client offers to do for the agent (`initialize`'s `clientCapabilities`): read and write files through
+/// the editor, with its unsaved changes (`fs/read_text_file`, `fs/write_text_file`), and run commands in its own
+/// terminals (`terminal/*`). Recorded for the features that use them; nothing does yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientAbilities {
+    /// `fs.readTextFile`.
+    pub read_text_file: bool,
+    /// `fs.writeTextFile`.
+    pub write_text_file: bool,
+    /// `terminal`.
+    pub terminal: bool,
 }
 
 /// The state of a session that this process has touched.
@@ -121,7 +135,8 @@ pub struct Bridge {
     /// Where the bridge's own short commands run (`--version` probes, model lists): always on this machine.
     own_provider: Arc<dyn SandboxProvider>,
     isolation: Isolation,
-    live: Mutex<HashMap<String, Arc<LiveSession>>>,
+    /// The sessions open in this process (made, loaded or resumed here, and not closed).
+    live: Arc<Mutex<HashMap<String, Arc<LiveSession>>>>,
     client: ClientInfo,
     /// Cancelled when the bridge shuts down: every running turn ends and kills its CLI.
     shutdown: CancellationToken,
@@ -137,7 +152,7 @@ pub struct Bridge {
     /// Per session: see [`Bridge::gate`].
     gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Where updates outside any turn go (the editor's connection, once it initialized).
-    notifier: Mutex<Option<Arc<dyn UpdateSink>>>,
+    notifier: Arc<Mutex<Option<Arc<dyn UpdateSink>>>>,
     /// A warm server already reported its models in this process.
     models_from_server: AtomicBool,
     /// The last [`PromptTicket`] number given.
@@ -184,7 +199,7 @@ impl Bridge {
             versions: Mutex::default(),
             version_probe: tokio::sync::Mutex::const_new(()),
             gates: Mutex::default(),
-            notifier: Mutex::default(),
+            notifier: Arc::default(),
             models_from_server: AtomicBool::new(false),
             tickets: std::sync::atomic::AtomicU64::new(0),
             catalog,
@@ -193,7 +208,7 @@ impl Bridge {
             provider,
             own_provider,
             isolation,
-            live: Mutex::default(),
+            live: Arc::default(),
             client: ClientInfo::default(),
             shutdown: CancellationToken::new(),
         })
@@ -273,6 +288,27 @@ impl Bridge {
         self.client.terminal_output.store(supported, Ordering::Relaxed);
     }
 
+    /// Records what the client offers to do (from `initialize`), for [`Bridge::client_abilities`].
+    pub fn set_client_capabilities(&self, offered: &agent_client_protocol::v1::schema::ClientCapabilities) {
+        let abilities = ClientAbilities {
+            read_text_file: offered.fs.read_text_file,
+            write_text_file: offered.fs.write_text_file,
+            terminal: offered.terminal,
+        };
+        tracing::info!(
+            read_text_file = abilities.read_text_file,
+            write_text_file = abilities.write_text_file,
+            terminal = abilities.terminal,
+            "the client's capabilities"
+        );
+        *self.client.abilities.lock().unwrap_or_else(|p| p.into_inner()) = abilities;
+    }
+
+    /// What the client offered to do, as last recorded; nothing before it initialized.
+    pub fn client_abilities(&self) -> ClientAbilities {
+        *self.client.abilities.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn live(&self, id: &str) -> Arc<LiveSession> {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         live.entry(id.to_string()).or_default().clone()
@@ -324,6 +360,8 @@ impl Bridge {
         };
         self.store.create_session(&record).await?;
         tracing::info!(session = %record.id, cwd = %record.cwd, agent = %record.agent, "new session");
+        // Open from now on: a changed model list is announced to it.
+        self.live(&record.id);
         let options =
             options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models());
         Ok((record.id, options))
@@ -397,6 +435,12 @@ impl Bridge {
                     sink.send(id, note(&format!("_This turn failed: {}_", first_line(&error))))
                 }
                 TurnStatus::Running => sink.send(id, note("_This turn is still running in another window._")),
+                // The editor saw its own cancel; a replay would show the prompt with nothing after it.
+                TurnStatus::Done
+                    if turn.stop_reason.as_deref() == Some(turn::stop_reason_name(StopReason::Cancelled)) =>
+                {
+                    sink.send(id, note("_This turn was cancelled before it finished._"))
+                }
                 TurnStatus::Done => {}
             }
         }
@@ -568,6 +612,12 @@ impl Bridge {
         blocks: Vec<ContentBlock>,
         sink: Arc<dyn UpdateSink>,
     ) -> Result<StopReason> {
+        // Refused before anything starts or is stored: the CLI would start only to fail on it.
+        if blocks.iter().all(|block| matches!(block, ContentBlock::Text(text) if text.text.trim().is_empty())) {
+            drop(ticket);
+            self.forget_if_idle(id);
+            return Err(Error::InvalidParams("The prompt is empty: write something to send".into()));
+        }
         let record = match self.record(id).await {
             Ok(record) => record,
             Err(error) => {
@@ -585,15 +635,7 @@ impl Bridge {
             });
         }
         self.check_workspace(Path::new(&record.cwd))?;
-        let credential = match agent.required_credential() {
-            Some(variable) => match std::env::var(variable) {
-                Ok(value) if !value.trim().is_empty() => Some((variable, value)),
-                _ => {
-                    return Err(Error::MissingCredential { agent: agent.display_name(), variable });
-                }
-            },
-            None => None,
-        };
+        let credential = crate::auth::credential(&self.config, agent)?;
         let live = ticket.live.clone();
         let elsewhere = self.store.running_elsewhere(id).await?;
         let token = {
@@ -804,11 +846,7 @@ impl Bridge {
         if self.models_from_server.swap(true, Ordering::SeqCst) {
             return;
         }
-        let catalog = self.catalog.clone();
-        let store = self.store.clone();
-        let config = self.config.clone();
-        let notifier = self.notifier.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let open: Vec<String> = self.live.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        let announce = self.model_announcer();
         tokio::spawn(async move {
             let answer = match client.call(hyper::Method::GET, "/config/providers", None).await {
                 Ok(answer) => answer,
@@ -816,25 +854,21 @@ impl Bridge {
             };
             let models = crate::agents::opencode::catalog::parse_providers(&answer);
             tracing::info!(count = models.len(), "OpenCode models from the server");
-            if !catalog.set(models) {
-                return;
-            }
-            let Some(notifier) = notifier else { return };
-            let models = catalog.models();
-            for id in open {
-                if let Ok(Some(record)) = store.session(&id).await
-                    && AgentKind::parse(&record.agent) == Some(AgentKind::OpenCode)
-                {
-                    let options = options::config_options(AgentKind::OpenCode, &record.config, &config, &models);
-                    notifier.send(
-                        &id,
-                        SessionUpdate::ConfigOptionUpdate(agent_client_protocol::v1::schema::ConfigOptionUpdate::new(
-                            options,
-                        )),
-                    );
-                }
+            if announce.catalog.set(models) {
+                announce.announce().await;
             }
         });
+    }
+
+    /// What tells the open sessions about a changed model list, from a task of its own.
+    fn model_announcer(&self) -> ModelAnnouncer {
+        ModelAnnouncer {
+            catalog: self.catalog.clone(),
+            store: self.store.clone(),
+            config: self.config.clone(),
+            notifier: self.notifier.clone(),
+            live: self.live.clone(),
+        }
     }
 
     /// A lock of one session's setup (its sandbox, its OpenCode conversation), held only while it is made.
@@ -872,12 +906,20 @@ impl Bridge {
 
     /// Lists OpenCode's models again in the background (when this bridge runs OpenCode and it is installed). With
     /// the server backend the first warm server says them instead.
+    /// When the list changed, each open session gets the new options, as with [`Bridge::learn_models`].
     pub fn refresh_opencode_models(&self) {
-        if self.config.agent == AgentKind::OpenCode
-            && self.config.opencode_backend == crate::config::OpenCodeBackend::Run
+        if self.config.agent != AgentKind::OpenCode
+            || self.config.opencode_backend != crate::config::OpenCodeBackend::Run
         {
-            self.catalog.refresh();
+            return;
         }
+        let Some(listing) = self.catalog.refresh() else { return };
+        let announce = self.model_announcer();
+        tokio::spawn(async move {
+            if listing.await.unwrap_or(false) {
+                announce.announce().await;
+            }
+        });
     }
 
     /// The exact variables of the bridge's environment a CLI gets beyond its own namespace: for OpenCode, those
@@ -911,6 +953,40 @@ impl Bridge {
         match directories::BaseDirs::new() {
             Some(dirs) => (dirs.config_dir().to_path_buf(), dirs.data_dir().to_path_buf()),
             None => (PathBuf::from("/nonexistent"), PathBuf::from("/nonexistent")),
+        }
+    }
+}
+
+/// Tells every open OpenCode session its options again (`config_option_update`) once the model list changed, so
+/// that the editor's model picker shows what OpenCode listed.
+struct ModelAnnouncer {
+    catalog: Arc<catalog::ModelCatalog>,
+    store: Arc<Store>,
+    config: Config,
+    notifier: Arc<Mutex<Option<Arc<dyn UpdateSink>>>>,
+    live: Arc<Mutex<HashMap<String, Arc<LiveSession>>>>,
+}
+
+impl ModelAnnouncer {
+    /// Sends the options to the sessions open now (some were made while OpenCode listed), through the editor's
+    /// connection once it initialized.
+    async fn announce(&self) {
+        let Some(notifier) = self.notifier.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return };
+        let mut open: Vec<String> = self.live.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        open.sort();
+        let models = self.catalog.models();
+        for id in open {
+            if let Ok(Some(record)) = self.store.session(&id).await
+                && AgentKind::parse(&record.agent) == Some(AgentKind::OpenCode)
+            {
+                let options = options::config_options(AgentKind::OpenCode, &record.config, &self.config, &models);
+                notifier.send(
+                    &id,
+                    SessionUpdate::ConfigOptionUpdate(agent_client_protocol::v1::schema::ConfigOptionUpdate::new(
+                        options,
+                    )),
+                );
+            }
         }
     }
 }
@@ -1023,8 +1099,13 @@ fn cli_spec(
     }
 }
 
+/// The user's own data dir (`~/.local/share`), where OpenCode keeps its logins.
+pub(crate) fn user_data_dir() -> PathBuf {
+    Bridge::user_dirs().1
+}
+
 /// The CLI's executable when it is already there: the override, PATH, or the install cache.
-fn installed_executable(config: &Config, agent: AgentKind) -> Option<PathBuf> {
+pub(crate) fn installed_executable(config: &Config, agent: AgentKind) -> Option<PathBuf> {
     if let Some(path) = config.bin_override(agent) {
         return Some(path.clone());
     }
@@ -1108,6 +1189,29 @@ mod tests {
         assert_eq!(
             run(RUN_ONCE_OUTPUT_LIMIT + 1).await,
             Err(format!("`opencode -c {} /dev/zero` printed more than 16 MiB", RUN_ONCE_OUTPUT_LIMIT + 1))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_clients_fs_and_terminal_capabilities_are_recorded_as_it_sent_them() {
+        let data = tempfile::tempdir().unwrap();
+        let config = Config {
+            sandbox: crate::config::SandboxChoice::None,
+            ..Config::new(AgentKind::OpenCode, data.path().to_path_buf())
+        };
+        let bridge = Bridge::open(config).await.unwrap();
+        assert_eq!(bridge.client_abilities(), ClientAbilities::default());
+        let sent = json!({"fs": {"readTextFile": true, "writeTextFile": false}, "terminal": true});
+        bridge.set_client_capabilities(&serde_json::from_value(sent).unwrap());
+        assert_eq!(
+            bridge.client_abilities(),
+            ClientAbilities { read_text_file: true, write_text_file: false, terminal: true }
+        );
+        let sent = json!({"fs": {"writeTextFile": true}});
+        bridge.set_client_capabilities(&serde_json::from_value(sent).unwrap());
+        assert_eq!(
+            bridge.client_abilities(),
+            ClientAbilities { read_text_file: false, write_text_file: true, terminal: false }
         );
     }
 

@@ -129,6 +129,45 @@ fn load_caps_the_replay_and_says_what_was_cut() {
 }
 
 #[test]
+fn load_replays_a_cancelled_and_a_failed_turn_each_with_a_note_of_how_it_ended() {
+    let dirs = TestDirs::new("replay-endings");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt(&sid, "SCENARIO:hang wait");
+    let runs = wait_invocations(&ws, 1);
+    let _guard = KillOnDrop(runs[0].pid());
+    bridge.cancel(&sid);
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "cancelled");
+    let failed = bridge.prompt(&sid, "SCENARIO:error400 fail");
+    let error = failed.result.as_ref().expect_err("the error turn fails").message.clone();
+    drop(bridge);
+
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let load = bridge.load_session(&sid, &ws);
+    load.result.as_ref().expect("load must succeed");
+    let replay: Vec<(String, String)> = load
+        .updates
+        .iter()
+        .filter(|u| matches!(u["sessionUpdate"].as_str(), Some("user_message_chunk" | "agent_message_chunk")))
+        .map(|u| (u["sessionUpdate"].as_str().unwrap().to_string(), u["content"]["text"].as_str().unwrap().to_string()))
+        .filter(|(_, text)| !text.contains("WITHOUT a sandbox"))
+        .collect();
+    let pair = |kind: &str, text: &str| (kind.to_string(), text.to_string());
+    assert_eq!(
+        replay,
+        [
+            pair("user_message_chunk", "SCENARIO:hang wait"),
+            pair("agent_message_chunk", "\n\n_This turn was cancelled before it finished._\n\n"),
+            pair("user_message_chunk", "SCENARIO:error400 fail"),
+            pair("agent_message_chunk", &format!("\n\n_This turn failed: {error}_\n\n")),
+        ],
+        "{:#?}",
+        load.updates
+    );
+}
+
+#[test]
 fn a_session_lost_with_its_deleted_data_dir_is_not_found_with_a_word_of_why() {
     let dirs = TestDirs::new("data-dir-deleted");
     let ws = dirs.workspace("ws");

@@ -54,7 +54,9 @@ fn replayed_turn(replay: &[Value], prompt: &str) -> Vec<Value> {
 /// A turn's updates without the session's command list, which is not part of any turn (it follows
 /// `session/new` and `session/load`, and may arrive after a prompt was sent).
 fn of_the_turn(updates: &[Value]) -> Vec<Value> {
-    updates.iter().filter(|u| u["sessionUpdate"] != "available_commands_update").cloned().collect()
+    // Updates of the session, not of a turn: its commands, and its options once OpenCode listed its models.
+    let session_wide = ["available_commands_update", "config_option_update"];
+    updates.iter().filter(|u| !session_wide.iter().any(|kind| u["sessionUpdate"] == *kind)).cloned().collect()
 }
 
 fn is_failed_note(update: &Value, words: &str) -> bool {
@@ -146,7 +148,9 @@ fn a_data_dir_deleted_mid_turn_fails_the_turn_naming_it_stops_the_cli_and_later_
     });
     let cli = invocations(&ws)[0].pid();
     let _guard = KillOnDrop(cli);
-    std::fs::remove_dir_all(&dirs.data).unwrap();
+    // The bridge may be writing a file there meanwhile (its log, the model list): then the removal goes again.
+    let removed = (0..20).any(|_| std::fs::remove_dir_all(&dirs.data).is_ok() || !dirs.data.exists());
+    assert!(removed, "could not remove the data dir");
 
     let turn = bridge.finish_turn(&sid, id);
     let (reason, error) = store_error(&turn);
@@ -186,27 +190,52 @@ fn session_list_answers_while_another_program_holds_the_write_lock_and_the_waiti
     assert_eq!(turn.stop_reason(), "end_turn", "the prompt goes on once the lock is released");
 }
 
+/// A turn streaming a long answer, caught mid-stream by another program taking the store's write lock.
+struct Locked {
+    bridge: Bridge,
+    ws: PathBuf,
+    sid: String,
+    prompt: String,
+    id: i64,
+    /// The other program, holding the lock until it commits.
+    other: rusqlite::Connection,
+    /// The CLI, still printing.
+    cli: i32,
+}
+
+impl Locked {
+    fn mid_stream(dirs: &TestDirs, busy_timeout: u64, delay_ms: u64) -> Locked {
+        let ws = dirs.workspace("ws");
+        let options =
+            BridgeOptions::new("opencode", &dirs.data).arg("--store-busy-timeout").arg(&busy_timeout.to_string());
+        let mut bridge = Bridge::start(options);
+        let sid = bridge.new_session(&ws);
+        let prompt = format!("SCENARIO:slow FAKE_COUNT=3000 FAKE_DELAY_MS={delay_ms} a long answer");
+        let id = bridge.send_prompt(&sid, &prompt);
+        let other = other_program(&database(dirs));
+        // Mid-stream: the first chunks are stored (the harness keeps every update it received meanwhile).
+        let streaming = wait_until(Duration::from_secs(60), || {
+            other
+                .query_row("SELECT COUNT(*) FROM events WHERE payload LIKE '%slow chunk%'", [], |row| {
+                    row.get::<_, i64>(0)
+                })
+                .unwrap()
+                > 0
+        });
+        assert!(streaming, "the turn never streamed");
+        let cli = invocations(&ws)[0].pid();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        Locked { bridge, ws, sid, prompt, id, other, cli }
+    }
+}
+
 #[test]
 fn a_lock_held_past_the_busy_timeout_fails_the_running_turn_clearly_and_the_turn_is_ended_once_it_is_released() {
     let dirs = TestDirs::new("store-locked-turn");
-    let ws = dirs.workspace("ws");
-    let options = BridgeOptions::new("opencode", &dirs.data).arg("--store-busy-timeout").arg("1");
-    let mut bridge = Bridge::start(options);
-    let sid = bridge.new_session(&ws);
-    let prompt = "SCENARIO:slow FAKE_COUNT=3000 FAKE_DELAY_MS=20 a long answer";
-    let id = bridge.send_prompt(&sid, prompt);
-    let other = other_program(&database(&dirs));
-    // Mid-stream: the first chunks are stored (the harness keeps every update it received meanwhile).
-    let streaming = wait_until(Duration::from_secs(60), || {
-        other
-            .query_row("SELECT COUNT(*) FROM events WHERE payload LIKE '%slow chunk%'", [], |row| row.get::<_, i64>(0))
-            .unwrap()
-            > 0
-    });
-    assert!(streaming, "the turn never streamed");
-    let cli = invocations(&ws)[0].pid();
+    let locked = Locked::mid_stream(&dirs, 1, 20);
+    let (mut bridge, ws, sid, prompt, id, other, cli) =
+        (locked.bridge, locked.ws, locked.sid, locked.prompt, locked.id, locked.other, locked.cli);
     let _guard = KillOnDrop(cli);
-    other.execute_batch("BEGIN IMMEDIATE").unwrap();
 
     let turn = bridge.finish_turn(&sid, id);
     let (reason, error) = store_error(&turn);
@@ -227,31 +256,18 @@ fn a_lock_held_past_the_busy_timeout_fails_the_running_turn_clearly_and_the_turn
     let load = bridge.load_session(&sid, &ws);
     load.result.as_ref().expect("load");
     // Everything the editor got from the failed turn, and only that, was stored.
-    assert_eq!(replayed_turn(&load.updates, prompt), of_the_turn(&turn.updates));
+    assert_eq!(replayed_turn(&load.updates, &prompt), of_the_turn(&turn.updates));
     assert!(load.updates.iter().any(|u| is_failed_note(u, "locked")), "{:?}", kinds(&load.updates));
 }
 
 #[test]
 fn a_cancel_while_another_program_holds_the_lock_is_answered_at_once_and_the_turn_is_recorded_once_released() {
     let dirs = TestDirs::new("store-locked-cancel");
-    let ws = dirs.workspace("ws");
     // A busy timeout far longer than the test: only the cancel can end the turn while the lock is held.
-    let options = BridgeOptions::new("opencode", &dirs.data).arg("--store-busy-timeout").arg("600");
-    let mut bridge = Bridge::start(options);
-    let sid = bridge.new_session(&ws);
-    let prompt = "SCENARIO:slow FAKE_COUNT=3000 FAKE_DELAY_MS=5 a long answer";
-    let id = bridge.send_prompt(&sid, prompt);
-    let other = other_program(&database(&dirs));
-    let streaming = wait_until(Duration::from_secs(60), || {
-        other
-            .query_row("SELECT COUNT(*) FROM events WHERE payload LIKE '%slow chunk%'", [], |row| row.get::<_, i64>(0))
-            .unwrap()
-            > 0
-    });
-    assert!(streaming, "the turn never streamed");
-    let cli = invocations(&ws)[0].pid();
+    let locked = Locked::mid_stream(&dirs, 600, 5);
+    let (mut bridge, ws, sid, prompt, id, other, cli) =
+        (locked.bridge, locked.ws, locked.sid, locked.prompt, locked.id, locked.other, locked.cli);
     let _guard = KillOnDrop(cli);
-    other.execute_batch("BEGIN IMMEDIATE").unwrap();
     // The writer is stuck behind the lock and the CLI goes on printing: its queue fills up.
     std::thread::sleep(Duration::from_secs(2));
 
@@ -276,7 +292,7 @@ fn a_cancel_while_another_program_holds_the_lock_is_answered_at_once_and_the_tur
     // was still waiting for the lock when the prompt was answered was not sent after it.
     let load = bridge.load_session(&sid, &ws);
     load.result.as_ref().expect("load");
-    let replayed = replayed_turn(&load.updates, prompt);
+    let replayed = replayed_turn(&load.updates, &prompt);
     let seen = of_the_turn(&turn.updates);
     assert!(!seen.is_empty() && seen.len() <= replayed.len(), "saw {}, stored {}", seen.len(), replayed.len());
     assert_eq!(replayed[..seen.len()], seen[..]);

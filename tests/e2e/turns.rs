@@ -190,6 +190,31 @@ fn tool_use_streams_tool_calls_before_their_updates() {
     assert_eq!(tool_calls, 3, "write, bash and read: {:?}", kinds(&turn.updates));
     assert_tool_updates_follow_their_calls(&turn.updates);
     assert!(turn.agent_text().contains("Done"), "the final text is streamed too: {:?}", turn.updates);
+
+    // A new file's diff says `"oldText": null` on the wire, live and replayed (Toad draws an empty card without).
+    let new_file =
+        json!({"type": "diff", "path": ws.join("hello.txt"), "newText": "hello from fake model\n", "oldText": null});
+    let write = |updates: &[Value]| {
+        let call = updates.iter().find(|u| u["sessionUpdate"] == "tool_call" && u["kind"] == "edit").cloned();
+        call.unwrap_or_else(|| panic!("no edit card: {updates:?}"))["content"].clone()
+    };
+    assert_eq!(write(&turn.updates), json!([new_file]));
+    // The output is the content, once: rawOutput keeps OpenCode's structured result.
+    let closed = |kind: &str| {
+        let call = turn.updates.iter().find(|u| u["sessionUpdate"] == "tool_call" && u["kind"] == kind).unwrap();
+        let id = &call["toolCallId"];
+        let update = turn.updates.iter().rfind(|u| u["sessionUpdate"] == "tool_call_update" && u["toolCallId"] == *id);
+        update.unwrap().clone()
+    };
+    let bash = closed("execute");
+    assert_eq!(bash["content"][0]["content"]["text"], "```console\nhello from fake model\nbash-ok\n```");
+    assert_eq!(bash["rawOutput"], json!({"metadata": {"exit": 0, "truncated": false}}));
+    let read = closed("read");
+    assert_eq!(read["content"][0]["content"]["text"], "```\nhello from fake model\n```");
+    let display = json!({"type": "file", "path": ws.join("hello.txt"), "lineStart": 1, "lineEnd": 1, "totalLines": 1, "truncated": false});
+    assert_eq!(read["rawOutput"], json!({"metadata": {"truncated": false, "loaded": [], "display": display}}));
+    let loaded = bridge.load_session(&sid, &ws);
+    assert_eq!(write(&loaded.updates), json!([new_file]));
 }
 
 #[test]
@@ -234,11 +259,13 @@ fn non_json_lines_from_the_cli_are_skipped() {
         .map(|u| u["content"]["text"].as_str().unwrap())
         .collect();
     assert_eq!(answers, [TEXT_ANSWER], "{:?}", turn.updates);
-    // Our own notes (no message id: the no-sandbox warning under `--sandbox none`) aside.
+    // Our own notes (no message id: the no-sandbox warning under `--sandbox none`) aside, and the options sent
+    // again when the background listing of OpenCode's models ends during the turn.
     let theirs: Vec<Value> = turn
         .updates
         .iter()
         .filter(|u| u["sessionUpdate"] != "agent_message_chunk" || u.get("messageId").is_some())
+        .filter(|u| u["sessionUpdate"] != "config_option_update")
         .cloned()
         .collect();
     assert_eq!(
@@ -488,6 +515,36 @@ fn the_models_opencode_lists_are_offered_and_the_usage_meter_uses_their_context_
     let usage = turn.updates.iter().find(|u| u["sessionUpdate"] == "usage_update").expect("a usage update");
     assert_eq!(usage["size"], 128_000, "the model's own context window: {usage}");
     assert!(dirs.data.join("opencode-models.json").exists(), "the listing is cached for the next start");
+}
+
+#[test]
+fn sessions_opened_while_opencode_lists_its_models_get_the_listed_models_when_it_is_done() {
+    let dirs = TestDirs::new("models-announced");
+    let ws = dirs.workspace("ws");
+    // `opencode models --verbose` answers only once `release` exists, in the listing's own scratch workspace.
+    let release = dirs.data.join("models-workspace/release");
+    let mut bridge = Bridge::start(
+        BridgeOptions::new("opencode", &dirs.data).env("OPENCODE_FAKE_MODELS_HOLD", &release.display().to_string()),
+    );
+    assert!(wait_until(RECV_TIMEOUT, || release.with_extension("pid").exists()), "the bridge never listed the models");
+    let models = |options: &Value| -> Vec<String> {
+        let model = options.as_array().unwrap().iter().find(|option| option["id"] == "model").unwrap();
+        model["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|option| option["value"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let created = bridge.request("session/new", json!({"cwd": ws, "mcpServers": []})).unwrap();
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(models(&created["configOptions"]), ["default"], "nothing listed yet: {created}");
+    std::fs::write(&release, "").unwrap();
+    let update = bridge.wait_update(&sid, "config_option_update", |u| u["sessionUpdate"] == "config_option_update");
+    assert_eq!(
+        models(&update["configOptions"]),
+        ["default", "opencode/big-pickle", "fake/fake-model", "fake/other-model"]
+    );
 }
 
 #[test]

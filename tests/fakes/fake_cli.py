@@ -20,8 +20,8 @@ Scenarios (both agents unless noted):
   slow (a text event every FAKE_DELAY_MS=200 ms, FAKE_COUNT=50 times), hang (starts, then sleeps forever),
   probe (tries writing in the workspace, its parent, HOME and /tmp; results in <cwd>/.fake-cli/probe.json),
   `--version` prints $OPENCODE_FAKE_VERSION (default 1.18.33), with $OPENCODE_FAKE_VERSION_HOLD=PATH only once PATH
-  exists (its pid in PATH.pid meanwhile); `serve` is not implemented (exit 1, like a CLI
-  without a server).
+  exists (its pid in PATH.pid meanwhile), and `models --verbose` likewise with $OPENCODE_FAKE_MODELS_HOLD;
+  `serve` is not implemented (exit 1, like a CLI without a server).
   hugeline* (a 20 MiB text event on one line, then a normal answer),
   child (starts a grandchild `sleep 1000` in its own session, writes its pid to <cwd>/.fake-cli/child.pid, sleeps).
   (* OpenCode only, + Amp only.) Amp prints the `User cancelled (SIGINT/SIGTERM)` error result and exits 0 on
@@ -192,18 +192,23 @@ OPENCODE_FIXTURES = {
 }
 
 
+def hold_until_released(variable):
+    """With $VARIABLE=HOLD: writes its pid to HOLD.pid, then returns only once HOLD exists (a slow command)."""
+    hold = os.environ.get(variable)
+    if hold:
+        Path(hold + ".pid.tmp").write_text(str(os.getpid()))
+        os.rename(hold + ".pid.tmp", hold + ".pid")
+        while not Path(hold).exists():
+            time.sleep(0.02)
+
+
 def parse_opencode(args):
     if args[:1] == ["--version"]:
-        hold = os.environ.get("OPENCODE_FAKE_VERSION_HOLD")
-        if hold:
-            # Writes its pid to HOLD.pid, then answers only once HOLD exists (a slow first start).
-            Path(hold + ".pid.tmp").write_text(str(os.getpid()))
-            os.rename(hold + ".pid.tmp", hold + ".pid")
-            while not Path(hold).exists():
-                time.sleep(0.02)
+        hold_until_released("OPENCODE_FAKE_VERSION_HOLD")
         print(os.environ.get("OPENCODE_FAKE_VERSION", "1.18.33"))
         sys.exit(0)
     if args == ["models", "--verbose"]:
+        hold_until_released("OPENCODE_FAKE_MODELS_HOLD")
         # What the real one lists for the fake provider (plus one of its own free models).
         sys.stdout.write((FIXTURES / "opencode" / "models-verbose.txt").read_text())
         sys.exit(0)

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::events::{AssistantMessage, Block, Event, MessageContent, RunResult};
 use crate::agents::tools::{
     ToolStart, abandon_tool, cap, diff_content, error_content, fence, finish_shell, finish_tool, location, one_line,
-    plan_from_todos, shown_dir, str_field, text_content, unparsed,
+    plan_from_todos, shown_dir, str_field, strip_line_numbers, text_content, unparsed,
 };
 use crate::agents::{Output, TranslateContext, Translator, TurnEnd};
 
@@ -153,12 +153,8 @@ impl AmpTranslator {
             // A failed todo update would vanish without a card to carry its error.
             let start = ToolStart::new(&name, "Update the plan", ToolKind::Think);
             let mut outputs = vec![Output::Update(start.to_update(&self.context, &todo, Value::Null))];
-            outputs.push(Output::Update(finish_tool(
-                &todo,
-                ToolCallStatus::Failed,
-                Some(error_content(&text)),
-                Some(raw_output),
-            )));
+            // The error is the content; there is nothing else to put in `rawOutput`.
+            outputs.push(Output::Update(finish_tool(&todo, ToolCallStatus::Failed, Some(error_content(&text)), None)));
             return outputs;
         }
 
@@ -181,12 +177,12 @@ impl AmpTranslator {
             let exit = raw_output.get("exitCode").and_then(Value::as_i64);
             let ok = !is_error && exit.is_none_or(|code| code == 0);
             let status = if ok { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
-            finish_shell(&self.context, &tool.id, &output, exit, status, Some(raw_output))
+            finish_shell(&self.context, &tool.id, &output, exit, status, without(raw_output, Shown::Field("output")))
         } else if is_error {
-            vec![finish_tool(&tool.id, ToolCallStatus::Failed, Some(error_content(&text)), Some(raw_output))]
+            vec![finish_tool(&tool.id, ToolCallStatus::Failed, Some(error_content(&text)), None)]
         } else {
-            let content = result_content(&tool, &text, &raw_output);
-            vec![finish_tool(&tool.id, ToolCallStatus::Completed, content, Some(raw_output))]
+            let (content, shown) = result_content(&tool, &text, &raw_output);
+            vec![finish_tool(&tool.id, ToolCallStatus::Completed, content, without(raw_output, shown))]
         };
         outputs.extend(updates.into_iter().map(Output::Update));
         outputs
@@ -238,29 +234,67 @@ fn result_text(content: &Value) -> String {
     }
 }
 
-/// The content of a completed (non-shell) tool: diffs stay, a subagent shows its answer as Markdown,
-/// anything else its output in a fence.
-fn result_content(tool: &OpenTool, text: &str, parsed: &Value) -> Option<Vec<ToolCallContent>> {
+/// What a tool's card shows of its result, so that `rawOutput` does not repeat it.
+#[derive(Clone, Copy, PartialEq)]
+enum Shown {
+    /// Nothing: the card keeps its diffs, or the result was empty.
+    Nothing,
+    /// The whole result (its text, or its JSON laid out).
+    All,
+    /// One field of an object result (Read's `content`, Bash's `output`).
+    Field(&'static str),
+}
+
+/// The `rawOutput` of a finished tool: Amp's result (parsed when it is JSON) minus what the card shows, since
+/// clients such as acpx print both: Bash keeps its `exitCode`, Read its `absolutePath`, a text result shown as
+/// content has none. `None` when nothing is left.
+fn without(result: Value, shown: Shown) -> Option<Value> {
+    match (shown, result) {
+        (Shown::Nothing, result) => Some(result),
+        (Shown::All, _) => None,
+        (Shown::Field(key), Value::Object(mut map)) => {
+            map.shift_remove(key);
+            (!map.is_empty()).then_some(Value::Object(map))
+        }
+        // A plain-text result (Bash's error) is all shown.
+        (Shown::Field(_), _) => None,
+    }
+}
+
+/// The content of a completed (non-shell) tool, and what of the result it shows: diffs stay, a subagent shows
+/// its answer as Markdown, a file read its text, anything else its output in a fence.
+fn result_content(tool: &OpenTool, text: &str, parsed: &Value) -> (Option<Vec<ToolCallContent>>, Shown) {
     if tool.has_diff {
-        return None;
+        return (None, Shown::Nothing);
     }
     if tool.kind == ToolKind::Think {
-        return (!text.trim().is_empty()).then(|| vec![text_content(cap(text))]);
+        return match text.trim().is_empty() {
+            true => (None, Shown::Nothing),
+            false => (Some(vec![text_content(cap(text))]), Shown::All),
+        };
     }
     // Object results (Read's `{absolutePath, content}`) carry the interesting part in one field.
-    let shown = match parsed {
-        Value::Object(map) => ["content", "output", "result", "text"]
-            .iter()
-            .find_map(|key| map.get(*key).and_then(Value::as_str))
-            .map(str::to_string)
-            .unwrap_or_else(|| serde_json::to_string_pretty(parsed).unwrap_or_default()),
-        Value::Array(_) => serde_json::to_string_pretty(parsed).unwrap_or_default(),
-        _ => text.to_string(),
+    let (shown, what) = match parsed {
+        Value::Object(map) => match ["content", "output", "result", "text"]
+            .into_iter()
+            .find_map(|key| map.get(key).and_then(Value::as_str).map(|text| (key, text)))
+        {
+            Some((key, text)) => (text.to_string(), Shown::Field(key)),
+            None => (serde_json::to_string_pretty(parsed).unwrap_or_default(), Shown::All),
+        },
+        // A list of paths or names reads best one a line.
+        Value::Array(items) if items.iter().all(Value::is_string) => {
+            (items.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n"), Shown::All)
+        }
+        Value::Array(_) => (serde_json::to_string_pretty(parsed).unwrap_or_default(), Shown::All),
+        _ => (text.to_string(), Shown::All),
     };
     if shown.trim().is_empty() || tool.name == "create_file" {
-        return None;
+        return (None, Shown::Nothing);
     }
-    Some(vec![text_content(fence(&cap(&shown), ""))])
+    // Read numbers the lines for the model (`1: …`); the editor shows the file.
+    let shown = if tool.name == "read" { strip_line_numbers(&shown) } else { shown };
+    (Some(vec![text_content(fence(&cap(&shown), ""))]), what)
 }
 
 /// Kind, title, locations and input-derived content of an Amp tool.

@@ -106,7 +106,7 @@ fn paths_map_from_the_agent_workspace_to_the_editor() {
     assert_eq!(out[1]["locations"][0], json!({"path": "/etc/hosts", "line": 3}));
     assert_eq!(out[2]["title"], "Write notes/new.md");
     assert_eq!(out[2]["content"][0]["path"], "/home/me/proj/notes/new.md");
-    assert_eq!(out[2]["content"][0].get("oldText"), None);
+    assert_eq!(out[2]["content"][0].get("oldText"), Some(&Value::Null), "a new file: {}", out[2]);
 }
 
 #[test]

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::events::{ErrorInfo, Event, Line, StepFinishPart, TextPart, ToolPart, ToolState};
 use crate::agents::tools::{
     ToolStart, cap, diff_content, error_content, fence, finish_shell, finish_tool, first_hunk_line, location, one_line,
-    plan_from_todos, shown_dir, str_field, text_content, unparsed,
+    plan_from_todos, shown_dir, str_field, strip_line_numbers, text_content, unparsed,
 };
 use crate::agents::{Output, TranslateContext, Translator, TurnEnd};
 
@@ -153,53 +153,140 @@ pub(crate) fn closing_updates(
     shell_output: Option<&str>,
 ) -> Vec<SessionUpdate> {
     let failed = state.status == "error";
-    let mut raw_output = if failed { json!({ "error": state.error }) } else { json!({ "output": state.output }) };
-    if !state.metadata.is_null() {
-        raw_output["metadata"] = state.metadata.clone();
-    }
     if start.shell_cwd.is_some() {
+        let printed = shell_printed(state);
         let output = shell_output.unwrap_or_else(|| shell_final_output(state));
         let exit = state.metadata.get("exit").and_then(Value::as_i64);
         let ok = !failed && exit.is_none_or(|code| code == 0);
         let status = if ok { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
-        return finish_shell(context, id, output, exit, status, Some(raw_output));
+        let shown = if failed && printed.is_empty() { Shown::Error } else { Shown::Output };
+        return finish_shell(context, id, output, exit, status, raw_output(state, shown));
     }
     if failed {
         let error = state.error.as_deref().unwrap_or("");
-        return vec![finish_tool(id, ToolCallStatus::Failed, Some(error_content(error)), Some(raw_output))];
+        return vec![finish_tool(
+            id,
+            ToolCallStatus::Failed,
+            Some(error_content(error)),
+            raw_output(state, Shown::Error),
+        )];
     }
     let output = state.output.as_deref().unwrap_or("");
-    let content = result_content(start, name, output, &state.metadata);
-    vec![finish_tool(id, ToolCallStatus::Completed, content, Some(raw_output))]
+    let (content, shown) = result_content(start, name, output, &state.metadata);
+    vec![finish_tool(id, ToolCallStatus::Completed, content, raw_output(state, shown))]
+}
+
+/// What a finished tool's card shows of its state, so that `rawOutput` does not repeat it.
+#[derive(Clone, Copy, PartialEq)]
+enum Shown {
+    /// Nothing of the result: the card keeps its diffs, or there was nothing to show.
+    Nothing,
+    /// The output, in the form a person reads (a shell's output, a file's text, a subagent's answer).
+    Output,
+    /// The error.
+    Error,
+    /// The patch OpenCode keeps in `metadata.diff` (the output, a summary, is not shown).
+    Patch,
+}
+
+/// The `rawOutput` of a finished tool: OpenCode's structured result (`metadata`: exit code, counts, paths…),
+/// with its `output` or `error` only when the card does not show them. Clients such as acpx print both fields,
+/// so what the content shows is left out, and so are the copies `metadata` keeps of it (a shell's `output`, a
+/// read's `preview` and `display.text`, a patch's `diff`). `None` when nothing is left.
+fn raw_output(state: &ToolState, shown: Shown) -> Option<Value> {
+    let mut raw = serde_json::Map::new();
+    if let (Some(output), false) = (&state.output, shown == Shown::Output) {
+        raw.insert("output".into(), json!(output));
+    }
+    if let (Some(error), false) = (&state.error, shown == Shown::Error) {
+        raw.insert("error".into(), json!(error));
+    }
+    let mut metadata = state.metadata.clone();
+    if let Value::Object(map) = &mut metadata {
+        match shown {
+            Shown::Output => {
+                map.shift_remove("output");
+                map.shift_remove("preview");
+                if let Some(Value::Object(display)) = map.get_mut("display") {
+                    display.shift_remove("text");
+                }
+            }
+            Shown::Patch => {
+                map.shift_remove("diff");
+            }
+            Shown::Nothing | Shown::Error => {}
+        }
+    }
+    if !(metadata.is_null() || metadata == json!({})) {
+        raw.insert("metadata".into(), metadata);
+    }
+    (!raw.is_empty()).then_some(Value::Object(raw))
+}
+
+/// What a shell printed (OpenCode keeps it in `metadata.output` too).
+fn shell_printed(state: &ToolState) -> &str {
+    str_field(&state.metadata, "output").or(state.output.as_deref()).unwrap_or("")
 }
 
 /// All a finished shell tool printed: its output, or its error when it printed nothing.
 pub(crate) fn shell_final_output(state: &ToolState) -> &str {
-    let output = str_field(&state.metadata, "output").or(state.output.as_deref()).unwrap_or("");
+    let output = shell_printed(state);
     if state.status == "error" && output.is_empty() { state.error.as_deref().unwrap_or("") } else { output }
 }
 
-/// The content of a completed tool: diffs stay as they are, a subagent shows its answer, anything else
-/// its output in a fence.
-fn result_content(start: &ToolStart, name: &str, output: &str, metadata: &Value) -> Option<Vec<ToolCallContent>> {
+/// The content of a completed tool, and what of the state it shows: diffs stay as they are, a subagent shows
+/// its answer, a read the file's text, anything else its output in a fence.
+fn result_content(
+    start: &ToolStart,
+    name: &str,
+    output: &str,
+    metadata: &Value,
+) -> (Option<Vec<ToolCallContent>>, Shown) {
     if start.has_diff() {
-        return None;
+        return (None, Shown::Nothing);
     }
     if start.kind == ToolKind::Think {
-        return Some(vec![text_content(cap(&task_result(output)))]);
+        return (Some(vec![text_content(cap(&task_result(output)))]), Shown::Output);
     }
     if matches!(name, "patch" | "apply_patch") {
-        let patch = str_field(metadata, "diff").unwrap_or(output);
-        return Some(vec![text_content(fence(&cap(patch), "diff"))]);
+        let (patch, shown) = match str_field(metadata, "diff") {
+            Some(diff) => (diff, Shown::Patch),
+            None => (output, Shown::Output),
+        };
+        return (Some(vec![text_content(fence(&cap(patch), "diff"))]), shown);
     }
-    // `read` wraps the file in `<path>`/`<content>` tags with line numbers for the model; the editor gets
-    // the plain text OpenCode keeps for display.
-    let display = metadata.get("display").filter(|display| str_field(display, "type") == Some("file"));
-    let output = display.and_then(|display| display.get("text")).and_then(Value::as_str).unwrap_or(output);
+    let output = if name == "read" { read_text(output, metadata) } else { output.to_string() };
     if output.trim().is_empty() {
-        return None;
+        return (None, Shown::Nothing);
     }
-    Some(vec![text_content(fence(&cap(output), ""))])
+    (Some(vec![text_content(fence(&cap(&output), ""))]), Shown::Output)
+}
+
+/// The text a person reads of a `read`: OpenCode wraps the file for its model in `<path>`, `<type>` and
+/// `<content>` tags, numbers its lines (`1: …`) and adds notes such as `(End of file - total 3 lines)`. The plain
+/// text OpenCode keeps for display (`metadata.display.text`) when it has it; else the output unwrapped; else
+/// the output as it is.
+fn read_text(output: &str, metadata: &Value) -> String {
+    let display = metadata.get("display").filter(|display| str_field(display, "type") == Some("file"));
+    if let Some(text) = display.and_then(|display| display.get("text")).and_then(Value::as_str) {
+        return text.to_string();
+    }
+    let inner = ["content", "entries"].iter().find_map(|tag| {
+        let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+        let start = output.find(&open)? + open.len();
+        let end = output.rfind(&close).filter(|end| *end >= start)?;
+        Some(&output[start..end])
+    });
+    let Some(inner) = inner else { return output.to_string() };
+    let mut lines: Vec<&str> = inner.trim_matches('\n').lines().collect();
+    // The notes for the model come last, after a blank line.
+    while lines.last().is_some_and(|line| line.starts_with('(') && line.ends_with(')')) {
+        lines.pop();
+        while lines.last().is_some_and(|line| line.trim().is_empty()) {
+            lines.pop();
+        }
+    }
+    strip_line_numbers(&lines.join("\n"))
 }
 
 /// The subagent's answer from a `task` output (`<task …><task_result>…</task_result></task>`); the whole

@@ -1,0 +1,391 @@
+//! Credentials: the ACP auth methods each agent offers, what `authenticate` checks, the token that
+//! `acp-sandbox login` keeps for Amp, and the login command itself.
+//!
+//! Amp's access token comes from `AMP_API_KEY` in the bridge's environment (which wins) or from the file
+//! `acp-sandbox login --agent amp` wrote: `<data dir>/credentials/amp`, mode 0600 in a 0700 folder, which no
+//! sandbox sees (the data dir is hidden in it). The token is read when a prompt starts and goes only into that
+//! CLI's environment: never into the store, a log line or a sandbox's files. OpenCode keeps its own logins
+//! (`opencode auth login` writes `auth.json`, shown read-only in the sandbox), so its login runs that command.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use agent_client_protocol::v1::schema::{AuthMethod, AuthMethodAgent, AuthMethodTerminal};
+
+use crate::agents::AgentKind;
+use crate::config::Config;
+use crate::error::Error;
+
+/// The id of the agent-type method: `authenticate` with it checks that the agent's credential is there now.
+pub fn check_method_id(agent: AgentKind) -> String {
+    format!("{}-login", agent.as_str())
+}
+
+/// The id of the terminal-type method: the client runs our own command with `login` in a terminal.
+pub fn terminal_method_id(agent: AgentKind) -> String {
+    format!("{}-login-terminal", agent.as_str())
+}
+
+/// The command a person runs to log in, as the error messages and `doctor` name it.
+pub fn login_command(agent: AgentKind) -> String {
+    format!("acp-sandbox login --agent {}", agent.as_str())
+}
+
+/// What `initialize` offers: always a method `authenticate` can answer (the ACP registry requires one of type
+/// `agent` or `terminal`, and its check does not advertise terminal auth), and the terminal login where the
+/// client can run one (`clientCapabilities.auth.terminal`). The terminal method's arguments are appended to
+/// (or, in older clients, replace) the agent server's own, so they name the agent themselves.
+pub fn auth_methods(agent: AgentKind, client_runs_terminal: bool) -> Vec<AuthMethod> {
+    let login = login_command(agent);
+    let description = match agent {
+        AgentKind::Amp => format!(
+            "Checks for Amp's access token: run `{login}` in a terminal (it stores the token for acp-sandbox), or set AMP_API_KEY in the agent server's env"
+        ),
+        AgentKind::OpenCode => format!(
+            "Checks for an OpenCode login: run `{login}` (OpenCode's own `opencode auth login`) in a terminal, or set your provider's API key in the agent server's env"
+        ),
+    };
+    let mut methods = vec![AuthMethod::Agent(
+        AuthMethodAgent::new(check_method_id(agent), format!("{} login", agent.display_name()))
+            .description(description),
+    )];
+    if client_runs_terminal {
+        let description = match agent {
+            AgentKind::Amp => "Asks for your Amp access token in a terminal and stores it for acp-sandbox",
+            AgentKind::OpenCode => "Runs OpenCode's own login (`opencode auth login`) in a terminal",
+        };
+        methods.push(AuthMethod::Terminal(
+            AuthMethodTerminal::new(
+                terminal_method_id(agent),
+                format!("Log in to {} in a terminal", agent.display_name()),
+            )
+            .description(description.to_string())
+            .args(["login", "--agent", agent.as_str()].map(String::from).to_vec()),
+        ));
+    }
+    methods
+}
+
+/// `authenticate`: answers `Ok` when the agent's credential is there now, else the `-32000` that says what to do.
+pub fn authenticate(config: &Config, agent: AgentKind, method_id: &str) -> Result<(), Error> {
+    if method_id != check_method_id(agent) && method_id != terminal_method_id(agent) {
+        return Err(Error::InvalidParams(format!(
+            "Unknown authentication method {method_id:?}; this agent server offers {:?}",
+            check_method_id(agent)
+        )));
+    }
+    match agent {
+        AgentKind::Amp => credential(config, agent).map(|_| ()),
+        AgentKind::OpenCode => {
+            if opencode_configured(config) {
+                Ok(())
+            } else {
+                Err(Error::NotLoggedIn(format!(
+                    "OpenCode has no provider login: run `{}` (or `opencode auth login`) in a terminal, or set your provider's API key (e.g. ANTHROPIC_API_KEY) in the agent server's env, then try again",
+                    login_command(agent)
+                )))
+            }
+        }
+    }
+}
+
+/// The credential the agent's CLI needs, as (variable, value): the bridge's environment wins, then the token
+/// `acp-sandbox login` stored. `Ok(None)` for an agent that needs none; [`Error::MissingCredential`] when it is
+/// missing. Read each time, so a login while the bridge runs counts from the next prompt.
+pub fn credential(config: &Config, agent: AgentKind) -> Result<Option<(&'static str, String)>, Error> {
+    let Some(variable) = agent.required_credential() else {
+        return Ok(None);
+    };
+    match std::env::var(variable) {
+        Ok(value) if !value.trim().is_empty() => return Ok(Some((variable, value))),
+        _ => {}
+    }
+    match stored_token(config, agent) {
+        Some(token) => Ok(Some((variable, token))),
+        None => Err(Error::MissingCredential { agent: agent.display_name(), variable, login: login_command(agent) }),
+    }
+}
+
+/// Where the credential came from, for `doctor`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The variable is set in the bridge's environment.
+    Environment(&'static str),
+    /// The file `acp-sandbox login` wrote.
+    Stored(PathBuf),
+}
+
+/// Where the agent's credential would come from now, if it has one.
+pub fn source(config: &Config, agent: AgentKind) -> Option<Source> {
+    let variable = agent.required_credential()?;
+    match std::env::var(variable) {
+        Ok(value) if !value.trim().is_empty() => Some(Source::Environment(variable)),
+        _ => stored_token(config, agent).map(|_| Source::Stored(token_path(config, agent))),
+    }
+}
+
+/// The file a stored token lives in.
+pub fn token_path(config: &Config, agent: AgentKind) -> PathBuf {
+    config.data_dir.join("credentials").join(agent.as_str())
+}
+
+/// The stored token, if there is a non-empty one.
+pub fn stored_token(config: &Config, agent: AgentKind) -> Option<String> {
+    let text = std::fs::read_to_string(token_path(config, agent)).ok()?;
+    let token = text.trim();
+    (!token.is_empty()).then(|| token.to_string())
+}
+
+/// Why a token cannot be stored.
+#[derive(Debug, thiserror::Error)]
+pub enum LoginError {
+    /// Nothing was typed or piped.
+    #[error("no token given: paste the access token (from {0}) and press Enter, or pipe it on stdin")]
+    Empty(&'static str),
+    /// Several lines, or control characters: not a token.
+    #[error("that is not an access token (it has more than one line or control characters); nothing was stored")]
+    Malformed,
+    /// The agent keeps its own logins (OpenCode), or needs none.
+    #[error("{0} keeps no token in acp-sandbox")]
+    NotStored(&'static str),
+    /// The file could not be written.
+    #[error("cannot store the token in {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The CLI's own login could not be run.
+    #[error("{0}")]
+    Cli(String),
+}
+
+/// Stores `token` for the agent: a 0600 file written beside its final name and renamed over it, in a 0700
+/// folder of the data dir, so no reader ever sees a partial or world-readable token.
+pub fn store_token(config: &Config, agent: AgentKind, token: &str) -> Result<PathBuf, LoginError> {
+    if agent.required_credential().is_none() {
+        return Err(LoginError::NotStored(agent.display_name()));
+    }
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(LoginError::Empty(token_page(agent)));
+    }
+    if token.chars().any(char::is_control) {
+        return Err(LoginError::Malformed);
+    }
+    let path = token_path(config, agent);
+    let io = |source| LoginError::Io { path: path.clone(), source };
+    let dir = path.parent().unwrap_or(&config.data_dir);
+    crate::config::create_private_dir(&config.data_dir).map_err(io)?;
+    crate::config::create_private_dir(dir).map_err(io)?;
+    let staging = dir.join(format!(".{}.{}.tmp", agent.as_str(), std::process::id()));
+    let _ = std::fs::remove_file(&staging);
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&staging)?;
+        // The mode asked for is masked by the umask; a 0600 file needs no widening, so set it exactly.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        file.write_all(token.as_bytes())?;
+        file.write_all(b"\n")?;
+        file.sync_all()?;
+        std::fs::rename(&staging, &path)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&staging);
+        return Err(io(e));
+    }
+    Ok(path)
+}
+
+/// Where a person gets the token.
+fn token_page(agent: AgentKind) -> &'static str {
+    match agent {
+        AgentKind::Amp => "https://ampcode.com/settings",
+        AgentKind::OpenCode => "your provider",
+    }
+}
+
+/// Reads one token: from the terminal without echo when stdin is one, else the first line of stdin.
+fn read_token(prompt: &str, terminal: &mut dyn Write) -> Result<String, LoginError> {
+    let stdin = std::io::stdin();
+    let io = |source| LoginError::Io { path: PathBuf::from("stdin"), source };
+    let mut line = String::new();
+    if stdin.is_terminal() {
+        // Off before the prompt shows, so nothing typed after it can be echoed.
+        let echo = EchoOff::new(&stdin);
+        let _ = write!(terminal, "{prompt}");
+        let _ = terminal.flush();
+        let read = stdin.lock().read_line(&mut line);
+        drop(echo);
+        read.map_err(io)?;
+    } else {
+        stdin.lock().read_line(&mut line).map_err(io)?;
+        // A second line means this was not one token (a file piped by mistake): refuse rather than guess.
+        let mut rest = String::new();
+        stdin.lock().read_line(&mut rest).map_err(io)?;
+        if !rest.trim().is_empty() {
+            return Err(LoginError::Malformed);
+        }
+    }
+    Ok(line.trim().to_string())
+}
+
+/// Turns the terminal's echo off while a token is typed, and back on however reading ends.
+struct EchoOff {
+    saved: Option<nix::sys::termios::Termios>,
+}
+
+impl EchoOff {
+    fn new(stdin: &std::io::Stdin) -> Self {
+        use nix::sys::termios::{LocalFlags, SetArg, tcgetattr, tcsetattr};
+        let saved = tcgetattr(stdin).ok();
+        if let Some(saved) = &saved {
+            let mut quiet = saved.clone();
+            quiet.local_flags.remove(LocalFlags::ECHO);
+            // Enter must still show as a new line.
+            quiet.local_flags.insert(LocalFlags::ECHONL);
+            let _ = tcsetattr(stdin, SetArg::TCSANOW, &quiet);
+        }
+        Self { saved }
+    }
+}
+
+impl Drop for EchoOff {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.saved {
+            let _ = nix::sys::termios::tcsetattr(std::io::stdin(), nix::sys::termios::SetArg::TCSANOW, saved);
+        }
+    }
+}
+
+/// `acp-sandbox login`: for Amp, asks for the access token and stores it; for OpenCode, runs OpenCode's own
+/// `opencode auth login` on this terminal. Talks to the person on `terminal` (stderr); answers the exit code.
+pub async fn login(config: &Config, terminal: &mut dyn Write) -> Result<u8, LoginError> {
+    let agent = config.agent;
+    match agent {
+        AgentKind::Amp => {
+            let token = read_token(
+                &format!("Amp access token (from {}; the input is not shown): ", token_page(agent)),
+                terminal,
+            )?;
+            let path = store_token(config, agent, &token)?;
+            let _ = writeln!(
+                terminal,
+                "Stored in {} (readable by you only). acp-sandbox passes it to Amp as AMP_API_KEY; an AMP_API_KEY in the agent server's environment wins. Delete the file to log out.",
+                path.display()
+            );
+            Ok(0)
+        }
+        AgentKind::OpenCode => {
+            let executable = match crate::session::installed_executable(config, agent) {
+                Some(path) => path,
+                None => {
+                    let package = agent.package();
+                    let _ = writeln!(terminal, "Installing OpenCode {} (first use)…", package.version);
+                    let cancel = tokio_util::sync::CancellationToken::new();
+                    crate::sandbox::install::install(package, &config.tools_dir(), &cancel)
+                        .await
+                        .map_err(|e| LoginError::Cli(format!("OpenCode is not installed and could not be: {e}")))?
+                }
+            };
+            let status = crate::sandbox::host::run_interactive(&executable, &["auth", "login"])
+                .await
+                .map_err(|e| LoginError::Cli(format!("cannot run `{} auth login`: {e}", executable.display())))?;
+            Ok(status.code().and_then(|code| u8::try_from(code).ok()).unwrap_or(1))
+        }
+    }
+}
+
+/// Whether OpenCode has something to log in with: a stored login (`auth.json` with an entry), a provider's
+/// variable in the bridge's environment, or a provider configured in the user's `opencode.json` (a local
+/// model server needs no key).
+fn opencode_configured(config: &Config) -> bool {
+    if !config.opencode_needs.providers.is_empty() {
+        return true;
+    }
+    let mut names: Vec<String> =
+        crate::agents::opencode::providers::all_provider_env().into_iter().map(String::from).collect();
+    names.extend(config.opencode_needs.env.iter().cloned());
+    if names.iter().any(|name| std::env::var(name).is_ok_and(|value| !value.trim().is_empty())) {
+        return true;
+    }
+    opencode_logins(&crate::session::user_data_dir()) > 0
+}
+
+/// How many logins OpenCode's `auth.json` holds under `user_data_dir` (0 when it is missing or unreadable).
+fn opencode_logins(user_data_dir: &Path) -> usize {
+    std::fs::read_to_string(user_data_dir.join("opencode").join("auth.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|value| value.as_object().map(|entries| entries.len()))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path) -> Config {
+        Config::new(AgentKind::Amp, dir.join("data"))
+    }
+
+    #[test]
+    fn a_stored_token_is_a_0600_file_in_a_0700_folder_and_reads_back_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        let path = store_token(&config, AgentKind::Amp, "  sgamp_user_123 \n").unwrap();
+        assert_eq!(path, config.data_dir.join("credentials").join("amp"));
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "sgamp_user_123\n");
+        assert_eq!(stored_token(&config, AgentKind::Amp).as_deref(), Some("sgamp_user_123"));
+        // A second login replaces the first, and leaves no staging file behind.
+        store_token(&config, AgentKind::Amp, "sgamp_user_456").unwrap();
+        assert_eq!(stored_token(&config, AgentKind::Amp).as_deref(), Some("sgamp_user_456"));
+        let names: Vec<_> =
+            std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("amp")]);
+    }
+
+    #[test]
+    fn empty_multi_line_and_opencode_tokens_are_refused_and_nothing_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        assert!(matches!(store_token(&config, AgentKind::Amp, " \n"), Err(LoginError::Empty(_))));
+        assert!(matches!(store_token(&config, AgentKind::Amp, "a\nb"), Err(LoginError::Malformed)));
+        assert!(matches!(store_token(&config, AgentKind::OpenCode, "x"), Err(LoginError::NotStored("OpenCode"))));
+        assert!(!token_path(&config, AgentKind::Amp).exists());
+    }
+
+    #[test]
+    fn amp_offers_a_check_always_and_the_terminal_login_only_to_clients_that_run_one() {
+        let plain = serde_json::to_value(auth_methods(AgentKind::Amp, false)).unwrap();
+        assert_eq!(plain.as_array().unwrap().len(), 1);
+        assert_eq!(plain[0]["id"], "amp-login");
+        assert_eq!(plain[0].get("type"), None, "an agent method is the default type");
+        let both = serde_json::to_value(auth_methods(AgentKind::Amp, true)).unwrap();
+        assert_eq!(both[1]["type"], "terminal");
+        assert_eq!(both[1]["id"], "amp-login-terminal");
+        assert_eq!(both[1]["args"], serde_json::json!(["login", "--agent", "amp"]));
+        let opencode = serde_json::to_value(auth_methods(AgentKind::OpenCode, true)).unwrap();
+        assert_eq!(opencode[1]["args"], serde_json::json!(["login", "--agent", "opencode"]));
+    }
+
+    #[test]
+    fn opencode_logins_counts_the_entries_of_auth_json() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(opencode_logins(dir.path()), 0);
+        std::fs::create_dir_all(dir.path().join("opencode")).unwrap();
+        std::fs::write(dir.path().join("opencode/auth.json"), "{}").unwrap();
+        assert_eq!(opencode_logins(dir.path()), 0);
+        std::fs::write(dir.path().join("opencode/auth.json"), r#"{"anthropic":{"type":"api","key":"k"}}"#).unwrap();
+        assert_eq!(opencode_logins(dir.path()), 1);
+    }
+
+    #[test]
+    fn an_unknown_method_is_invalid_params() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(authenticate(&config(dir.path()), AgentKind::Amp, "nope"), Err(Error::InvalidParams(_))));
+    }
+}
