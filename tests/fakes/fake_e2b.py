@@ -21,9 +21,9 @@ envd traffic to a paused sandbox created with `autoResume` resumes it, otherwise
 
 The sandbox's home is the directory DIR/<sandbox id>/home/user: processes really run on the host, under
 bubblewrap only so that this directory is their /home/user (no isolation: this is a fake; the rest of the
-filesystem is the host's), with only the environment the sandbox and the request give. The files API maps
-every sandbox path below DIR/<id> (relative paths are below /home/user), so only /home/user is shared with the
-processes.
+filesystem, the host's other homes included, is the host's), with only the environment the sandbox and the request
+give. The files API maps every sandbox path below DIR/<id> (relative paths are below /home/user), so only
+/home/user is shared with the processes.
 
 Test hooks on the API port (no key needed): POST /_fake/fail {"status", "message", "count"} makes the next
 `count` control-plane requests fail with that status; GET /_fake/state describes every sandbox and process.
@@ -558,7 +558,10 @@ class EnvdHandler(Handler):
         use_stdin = bool(request.get("stdin", False))
         try:
             # bwrap execs the command as its child, so the pid envd reports is bwrap's; it dies with bwrap.
-            argv = [BWRAP, "--dev-bind", "/", "/", "--tmpfs", "/home", "--bind", host_path(sbx, HOME), HOME,
+            # The host's other homes stay visible (a checkout, and so the fake CLIs, may live there).
+            homes = [arg for name in sorted(os.listdir("/home")) if name != "user"
+                     for arg in ("--bind-try", f"/home/{name}", f"/home/{name}")]
+            argv = [BWRAP, "--dev-bind", "/", "/", "--tmpfs", "/home", *homes, "--bind", host_path(sbx, HOME), HOME,
                     "--die-with-parent", "--chdir", cwd, "--", config["cmd"], *config.get("args", [])]
             popen = spawn(argv, env=env, stdin=subprocess.PIPE if use_stdin else subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
