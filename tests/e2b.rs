@@ -87,14 +87,22 @@ impl FakeE2b {
         E2bProvider::new(self.settings(KEY)).unwrap()
     }
 
+    /// One request to the fake's test hooks (HTTP/1.1 by hand: the hooks answer small JSON and close).
     fn hook(&self, method: &str, path: &str, body: Option<Value>) -> Value {
-        let mut args = vec!["-s".to_string(), "-X".into(), method.into(), format!("{}{path}", self.api_url())];
-        if let Some(body) = body {
-            args.extend(["-d".into(), body.to_string()]);
-        }
-        let out = Command::new("curl").args(&args).output().expect("curl");
-        assert!(out.status.success(), "curl {args:?}");
-        if out.stdout.is_empty() { Value::Null } else { serde_json::from_slice(&out.stdout).unwrap() }
+        use std::io::{Read, Write};
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.api)).unwrap();
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        let (head, text) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 20"), "{method} {path}: {answer}");
+        if text.is_empty() { Value::Null } else { serde_json::from_str(text).unwrap() }
     }
 
     /// Every sandbox the fake holds, by id.
