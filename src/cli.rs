@@ -82,7 +82,8 @@ struct Settings {
     /// The agent CLI that new sessions run.
     #[arg(long, global = true, env = "ACP_SANDBOX_AGENT", value_enum, default_value = "opencode")]
     agent: AgentKind,
-    /// Where CLIs run: bubblewrap when available (auto), bubblewrap or fail (bwrap), or no sandbox (none).
+    /// Where CLIs run: bubblewrap when available (auto), bubblewrap or fail (bwrap), no sandbox (none), or an E2B
+    /// sandbox per session (e2b, preview: needs E2B_API_KEY).
     #[arg(long, global = true, env = "ACP_SANDBOX_SANDBOX", value_enum, default_value = "auto")]
     sandbox: SandboxChoice,
     /// Sessions, logs and installed CLIs live here [default: $XDG_DATA_HOME/acp-sandbox, or

@@ -19,6 +19,8 @@ pub enum SandboxChoice {
     Bwrap,
     /// A plain process group in the workspace: no isolation.
     None,
+    /// An E2B sandbox per session (preview): `E2B_API_KEY` in the bridge's environment.
+    E2b,
 }
 
 impl SandboxChoice {
@@ -28,6 +30,7 @@ impl SandboxChoice {
             SandboxChoice::Auto => "auto",
             SandboxChoice::Bwrap => "bwrap",
             SandboxChoice::None => "none",
+            SandboxChoice::E2b => "e2b",
         }
     }
 }

@@ -3,7 +3,7 @@
 use agent_client_protocol::ErrorCode;
 use serde_json::json;
 
-use crate::sandbox::SandboxError;
+use crate::sandbox::{RemoteFailure, SandboxError};
 use crate::store::StoreError;
 
 /// Everything that can fail while serving a request. Each variant says who returns it.
@@ -137,6 +137,10 @@ pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
         }
         Error::AuthRejected(_) | Error::NotLoggedIn(_) => {
             agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message)
+        }
+        // A remote sandbox provider refused the bridge's key: a credential to fix, like a CLI's.
+        Error::Sandbox(SandboxError::Remote { provider, failure: RemoteFailure::Auth, .. }) => {
+            agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message).data(json!({ "provider": provider }))
         }
         Error::TurnInProgress => agent_client_protocol::Error::new(ErrorCode::INVALID_REQUEST, message),
         Error::InvalidParams(_) | Error::WrongAgent { .. } => {

@@ -45,7 +45,8 @@ impl Isolation {
                 Ok(path) => Ok(Isolation::Bwrap(path)),
                 Err(why) => Err(SandboxError::Unavailable(format!("--sandbox bwrap cannot work here: {why}"))),
             },
-            SandboxChoice::Auto => Ok(match probe_bwrap() {
+            // With a remote provider only the bridge's own short commands (versions, model lists) run here.
+            SandboxChoice::Auto | SandboxChoice::E2b => Ok(match probe_bwrap() {
                 Ok(path) => Isolation::Bwrap(path),
                 Err(why) => Isolation::None(why),
             }),

@@ -6,6 +6,7 @@
 //! ids are persisted with the session, and `connect` answers `None` when the sandbox is gone.
 
 pub mod daytona;
+pub mod e2b;
 // The one place allowed to start processes (clippy.toml bans it elsewhere).
 #[allow(clippy::disallowed_methods)]
 pub mod host;
@@ -27,6 +28,24 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio::io::AsyncRead;
+
+use crate::config::SandboxChoice;
+
+/// The provider of the sessions' sandboxes as `--sandbox` chose it: the one place that knows every provider.
+/// `local` serves `auto`, `bwrap` and `none`, and the bridge's own short commands whatever the choice.
+pub fn session_provider(
+    choice: SandboxChoice,
+    local: Arc<dyn SandboxProvider>,
+) -> Result<Arc<dyn SandboxProvider>, SandboxError> {
+    match choice {
+        SandboxChoice::E2b => {
+            let settings = e2b::E2bSettings::from_env(|name| std::env::var(name).ok())?;
+            tracing::info!(api = %settings.api_url, template = %settings.template, "sessions run in E2B sandboxes");
+            Ok(Arc::new(e2b::E2bProvider::new(settings)?))
+        }
+        SandboxChoice::Auto | SandboxChoice::Bwrap | SandboxChoice::None => Ok(local),
+    }
+}
 
 /// A sandbox failure.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +80,33 @@ pub enum SandboxError {
         /// npm's words.
         message: String,
     },
+    /// A remote provider (E2B) refused or failed a request.
+    #[error("{provider}: {message}")]
+    Remote {
+        /// The provider's name.
+        provider: &'static str,
+        /// What kind of failure, for the caller to act on (a gone sandbox is replaced, an auth error shown).
+        failure: RemoteFailure,
+        /// What happened and what to do, in words for the user.
+        message: String,
+    },
+}
+
+/// The kinds of failure of a remote provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteFailure {
+    /// The API key or access token was refused (401/403).
+    Auth,
+    /// The sandbox (or the process, the file) does not exist (404).
+    NotFound,
+    /// A rate or concurrency limit (429).
+    RateLimited,
+    /// The service could not be reached.
+    Unreachable,
+    /// The service answered what the protocol does not allow.
+    Protocol,
+    /// Any other refusal.
+    Failed,
 }
 
 impl SandboxError {

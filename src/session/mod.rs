@@ -130,7 +130,10 @@ impl Drop for PromptTicket {
 pub struct Bridge {
     config: Config,
     store: Arc<Store>,
+    /// Where sessions run (`--sandbox`).
     provider: Arc<dyn SandboxProvider>,
+    /// Where the bridge's own short commands run (`--version` probes, model lists): always on this machine.
+    own_provider: Arc<dyn SandboxProvider>,
     isolation: Isolation,
     /// The sessions open in this process (made, loaded or resumed here, and not closed).
     live: Arc<Mutex<HashMap<String, Arc<LiveSession>>>>,
@@ -186,8 +189,9 @@ impl Bridge {
             tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
         }
         let settings = Arc::new(LocalSettings::from_config(&config, isolation.clone()));
-        let provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), settings));
-        let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), provider.clone()));
+        let own_provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), settings));
+        let provider = crate::sandbox::session_provider(config.sandbox, own_provider.clone())?;
+        let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), own_provider.clone()));
         let servers = serve::Servers::new(config.server_idle_timeout, config.max_servers);
         Ok(Self {
             servers,
@@ -202,6 +206,7 @@ impl Bridge {
             config,
             store,
             provider,
+            own_provider,
             isolation,
             live: Arc::default(),
             client: ClientInfo::default(),
@@ -779,7 +784,7 @@ impl Bridge {
         }
         let version = run_once(
             &self.config,
-            self.provider.as_ref(),
+            self.own_provider.as_ref(),
             "_version",
             agent,
             executable,
