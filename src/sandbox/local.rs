@@ -147,6 +147,8 @@ pub struct LocalSettings {
     pub run_dir: PathBuf,
     /// The bridge's own executable: the sandbox's first process (`sandbox-init`).
     pub init_program: Option<PathBuf>,
+    /// Whether the agent writes the workspace or a copy of it that the editor reviews.
+    pub workspace_mode: crate::config::WorkspaceMode,
 }
 
 impl LocalSettings {
@@ -159,7 +161,22 @@ impl LocalSettings {
             limits: config.limits,
             run_dir: config.run_dir(),
             init_program: std::env::current_exe().ok(),
+            workspace_mode: config.workspace,
         }
+    }
+
+    /// The review copy of a session's workspace: never a secret of the workspace in it, and changes to the git
+    /// dir and the protected paths kept out of the review (they stay in the copy until the next turn resets them).
+    fn review_copy(&self, state_dir: &Path, workspace: &Path) -> super::review::WorkspaceCopy {
+        let never_copied = self.policy.hidden_paths().into_iter().filter(|path| path.starts_with(workspace)).collect();
+        let mut not_reviewed: Vec<PathBuf> = self
+            .policy
+            .protected_paths(workspace, &RealDisk)
+            .iter()
+            .filter_map(|path| path.strip_prefix(workspace).ok().map(Path::to_path_buf))
+            .collect();
+        not_reviewed.push(".git".into());
+        super::review::WorkspaceCopy::new(state_dir.join("review"), workspace.to_path_buf(), never_copied, not_reviewed)
     }
 
     /// One line per protection for `doctor` and the log: what applies and what does not, with the reason.
@@ -325,7 +342,16 @@ impl SandboxProvider for LocalProvider {
         if !std::fs::symlink_metadata(state_dir.join("home")).is_ok_and(|m| m.is_dir()) {
             return Ok(None);
         }
+        let copy = (self.settings.workspace_mode == crate::config::WorkspaceMode::Review)
+            .then(|| Arc::new(self.settings.review_copy(&state_dir, &spec.workspace)));
+        // Without bubblewrap nothing can be bound over the workspace: the agent works in its copy, where it lives.
+        let agent_workspace = match (&copy, &self.settings.isolation) {
+            (Some(copy), Isolation::None(_)) => copy.path(),
+            _ => spec.workspace.clone(),
+        };
         Ok(Some(Arc::new(LocalSandbox {
+            copy,
+            agent_workspace,
             state_dir,
             workspace: spec.workspace.clone(),
             session_id: spec.session_id.clone(),
@@ -375,6 +401,12 @@ impl SandboxProvider for LocalProvider {
 
 /// One session's local sandbox.
 pub struct LocalSandbox {
+    /// In review mode, the agent's copy of the workspace: bound over the workspace under bubblewrap (overlayfs
+    /// is not used: the bubblewrap here may lack `--overlay`, and a layer cannot change under a mounted overlay,
+    /// which settling a reviewed file mid-turn must do), the agent's working directory without it.
+    copy: Option<Arc<super::review::WorkspaceCopy>>,
+    /// Where the agent sees the workspace: the workspace, or its copy in review mode without bubblewrap.
+    agent_workspace: PathBuf,
     state_dir: PathBuf,
     workspace: PathBuf,
     session_id: String,
@@ -430,12 +462,12 @@ impl LocalSandbox {
                 }
                 Mount::EmptyFile(path) => push(&["--ro-bind", "/dev/null", &path.display().to_string()]),
                 Mount::ReadOnly(path) => {
-                    let path = path.display().to_string();
-                    push(&["--ro-bind", &path, &path]);
+                    let source = self.source_of(path).display().to_string();
+                    push(&["--ro-bind", &source, &path.display().to_string()]);
                 }
                 Mount::Writable(path) => {
-                    let path = path.display().to_string();
-                    push(&["--bind", &path, &path]);
+                    let source = self.source_of(path).display().to_string();
+                    push(&["--bind", &source, &path.display().to_string()]);
                 }
             }
         }
@@ -473,6 +505,15 @@ impl LocalSandbox {
         args.push(spec.program.display().to_string());
         args.extend(spec.args.iter().cloned());
         args
+    }
+
+    /// Where a mount of the plan comes from on the host: in review mode what is in the workspace comes from the
+    /// agent's copy (so the copy is what the agent sees and writes there, protected paths included).
+    fn source_of(&self, path: &Path) -> PathBuf {
+        match (&self.copy, path.strip_prefix(&self.workspace)) {
+            (Some(copy), Ok(rel)) => copy.path().join(rel),
+            _ => path.to_path_buf(),
+        }
     }
 
     /// Binds the bridge's end of a server's door in the bridge's run dir (mode 0700, never mounted into a
@@ -566,11 +607,15 @@ fn proxy_env(port: u16) -> Vec<(String, String)> {
 #[async_trait]
 impl Sandbox for LocalSandbox {
     fn workspace(&self) -> &Path {
-        &self.workspace
+        &self.agent_workspace
     }
 
     fn state_dir(&self) -> &Path {
         &self.state_dir
+    }
+
+    fn review_copy(&self) -> Option<Arc<super::review::WorkspaceCopy>> {
+        self.copy.clone()
     }
 
     fn isolation(&self) -> String {
@@ -595,6 +640,9 @@ impl Sandbox for LocalSandbox {
         // add files next to them (OpenCode creates `.gitignore` in its config dir and fails on a read-only one),
         // and those land in the session's state, never in the user's own directory.
         spec.read_only = expand_read_only_dirs(&state, &spec.read_only);
+        if let Some(copy) = &self.copy {
+            copy.ensure().map_err(|e| SandboxError::io(format!("create {}", copy.path().display()), e))?;
+        }
         let mut guards = ProcessGuards::default();
         let enforcement = limits::probe();
         let cgroup = match limits::SandboxCgroup::create(
@@ -620,9 +668,13 @@ impl Sandbox for LocalSandbox {
                     workspace: self.workspace.clone(),
                     state_dir: self.state_dir.clone(),
                     tools: spec.tools.clone(),
+                    private: self.copy.iter().map(|copy| copy.review_dir().to_path_buf()).collect(),
                 };
                 let plan = self.settings.policy.plan(&subject, &RealDisk);
-                guards.placeholders = Some(Placeholders::hold(&self.workspace, plan.placeholders.clone()));
+                // In review mode the mount points are made in the agent's copy, which the next sync cleans.
+                if self.copy.is_none() {
+                    guards.placeholders = Some(Placeholders::hold(&self.workspace, plan.placeholders.clone()));
+                }
                 let net = if !self.settings.network.uses_proxy() {
                     None
                 } else if let Err(why) = bwrap_netns() {
@@ -1198,6 +1250,8 @@ mod tests {
         let mut settings = LocalSettings::from_config(&test_config(dir), isolation);
         settings.policy = Policy::default();
         LocalSandbox {
+            copy: None,
+            agent_workspace: dir.into(),
             state_dir: dir.into(),
             workspace: dir.into(),
             session_id: "s1".into(),

@@ -190,6 +190,8 @@ pub struct Subject {
     pub state_dir: PathBuf,
     /// Directories of the CLI's installation, shown read-only wherever they live (`/tmp`, the data dir).
     pub tools: Vec<PathBuf>,
+    /// Directories of the state dir that are the bridge's alone (the review copy and its manifest): hidden.
+    pub private: Vec<PathBuf>,
 }
 
 impl Policy {
@@ -307,6 +309,11 @@ impl Policy {
             }
         }
         mounts.push(Mount::Writable(subject.state_dir.clone()));
+        for dir in &subject.private {
+            if dir.starts_with(&subject.state_dir) && disk.kind(dir) == Some(true) {
+                mounts.push(Mount::EmptyDir(dir.clone()));
+            }
+        }
         mounts.push(Mount::Writable(subject.workspace.clone()));
         hide(mounts, secrets_in_workspace);
         let protected = self.protected_paths(&subject.workspace, disk);
@@ -519,6 +526,7 @@ mod tests {
             workspace: "/home/u/ws".into(),
             state_dir: "/home/u/.local/share/acp-sandbox/sessions/s1".into(),
             tools: vec!["/tmp/tools/opencode".into()],
+            private: vec![],
         }
     }
 
@@ -579,6 +587,7 @@ mod tests {
             workspace: "/home/u/.config".into(),
             state_dir: "/home/u/.local/share/acp-sandbox/sessions/s1".into(),
             tools: vec!["/home/u/.local/share".into(), "/home/u/.local/share/acp-sandbox/tools/x".into()],
+            private: vec![],
         };
         disk.entries.insert("/home/u/.local/share/acp-sandbox/tools/x".into(), true);
         let mounts = policy().plan(&subject, &disk).mounts;
