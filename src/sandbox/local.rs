@@ -345,15 +345,15 @@ impl SandboxProvider for LocalProvider {
         let copy = (self.settings.workspace_mode == crate::config::WorkspaceMode::Review)
             .then(|| Arc::new(self.settings.review_copy(&state_dir, &spec.workspace)));
         // Without bubblewrap nothing can be bound over the workspace: the agent works in its copy, where it lives.
-        let agent_workspace = match (&copy, &self.settings.isolation) {
+        let workspace = match (&copy, &self.settings.isolation) {
             (Some(copy), Isolation::None(_)) => copy.path(),
             _ => spec.workspace.clone(),
         };
         Ok(Some(Arc::new(LocalSandbox {
             copy,
-            agent_workspace,
+            workspace,
             state_dir,
-            workspace: spec.workspace.clone(),
+            host_workspace: spec.workspace.clone(),
             session_id: spec.session_id.clone(),
             settings: self.settings.clone(),
         })))
@@ -406,9 +406,10 @@ pub struct LocalSandbox {
     /// which settling a reviewed file mid-turn must do), the agent's working directory without it.
     copy: Option<Arc<super::review::WorkspaceCopy>>,
     /// Where the agent sees the workspace: the workspace, or its copy in review mode without bubblewrap.
-    agent_workspace: PathBuf,
-    state_dir: PathBuf,
     workspace: PathBuf,
+    state_dir: PathBuf,
+    /// The user's workspace on the host.
+    host_workspace: PathBuf,
     session_id: String,
     settings: Arc<LocalSettings>,
 }
@@ -510,7 +511,7 @@ impl LocalSandbox {
     /// Where a mount of the plan comes from on the host: in review mode what is in the workspace comes from the
     /// agent's copy (so the copy is what the agent sees and writes there, protected paths included).
     fn source_of(&self, path: &Path) -> PathBuf {
-        match (&self.copy, path.strip_prefix(&self.workspace)) {
+        match (&self.copy, path.strip_prefix(&self.host_workspace)) {
             (Some(copy), Ok(rel)) => copy.path().join(rel),
             _ => path.to_path_buf(),
         }
@@ -607,7 +608,7 @@ fn proxy_env(port: u16) -> Vec<(String, String)> {
 #[async_trait]
 impl Sandbox for LocalSandbox {
     fn workspace(&self) -> &Path {
-        &self.agent_workspace
+        &self.workspace
     }
 
     fn state_dir(&self) -> &Path {
@@ -665,7 +666,7 @@ impl Sandbox for LocalSandbox {
         let mut command = match &self.settings.isolation {
             Isolation::Bwrap(bwrap) => {
                 let subject = Subject {
-                    workspace: self.workspace.clone(),
+                    workspace: self.host_workspace.clone(),
                     state_dir: self.state_dir.clone(),
                     tools: spec.tools.clone(),
                     private: self.copy.iter().map(|copy| copy.review_dir().to_path_buf()).collect(),
@@ -673,7 +674,7 @@ impl Sandbox for LocalSandbox {
                 let plan = self.settings.policy.plan(&subject, &RealDisk);
                 // In review mode the mount points are made in the agent's copy, which the next sync cleans.
                 if self.copy.is_none() {
-                    guards.placeholders = Some(Placeholders::hold(&self.workspace, plan.placeholders.clone()));
+                    guards.placeholders = Some(Placeholders::hold(&self.host_workspace, plan.placeholders.clone()));
                 }
                 let net = if !self.settings.network.uses_proxy() {
                     None
@@ -1251,9 +1252,9 @@ mod tests {
         settings.policy = Policy::default();
         LocalSandbox {
             copy: None,
-            agent_workspace: dir.into(),
-            state_dir: dir.into(),
             workspace: dir.into(),
+            state_dir: dir.into(),
+            host_workspace: dir.into(),
             session_id: "s1".into(),
             settings: Arc::new(settings),
         }
