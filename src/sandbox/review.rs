@@ -215,6 +215,7 @@ impl WorkspaceCopy {
                 changes.push(Change::Deleted { path: rel.clone() });
             }
         }
+        changes.sort_by(|a, b| a.path().cmp(b.path()));
         Ok(changes)
     }
 
@@ -422,9 +423,9 @@ mod tests {
         assert_eq!(
             changes,
             vec![
+                Change::Deleted { path: "b.txt".into() },
                 Change::Written { path: "new.txt".into(), bytes: b"new\n".to_vec(), new: true },
                 Change::Written { path: "src/a.txt".into(), bytes: b"agent\n".to_vec(), new: false },
-                Change::Deleted { path: "b.txt".into() },
             ]
         );
         // The editor rejected the edit (the user's file is unchanged) and kept the new file.
