@@ -512,6 +512,7 @@ impl LocalSandbox {
     /// agent's copy (so the copy is what the agent sees and writes there, protected paths included).
     fn source_of(&self, path: &Path) -> PathBuf {
         match (&self.copy, path.strip_prefix(&self.host_workspace)) {
+            (Some(copy), Ok(rel)) if rel.as_os_str().is_empty() => copy.path(),
             (Some(copy), Ok(rel)) => copy.path().join(rel),
             _ => path.to_path_buf(),
         }
@@ -1258,6 +1259,42 @@ mod tests {
             session_id: "s1".into(),
             settings: Arc::new(settings),
         }
+    }
+
+    #[test]
+    fn in_review_mode_the_workspace_and_its_protected_paths_come_from_the_copy() {
+        let mut sandbox = sandbox(Path::new("/tmp/ws"), Isolation::Bwrap("/usr/bin/bwrap".into()));
+        sandbox.state_dir = "/tmp/data/sessions/s1".into();
+        let copy = super::super::review::WorkspaceCopy::new(
+            "/tmp/data/sessions/s1/review".into(),
+            "/tmp/ws".into(),
+            vec![],
+            vec![],
+        );
+        sandbox.copy = Some(Arc::new(copy));
+        let spec = ExecSpec { program: "/opt/opencode".into(), cwd: "/tmp/ws".into(), ..ExecSpec::default() };
+        let plan = Plan {
+            mounts: vec![
+                Mount::Writable("/tmp/data/sessions/s1".into()),
+                Mount::EmptyDir("/tmp/data/sessions/s1/review".into()),
+                Mount::Writable("/tmp/ws".into()),
+                Mount::Writable("/tmp/ws/.git".into()),
+                Mount::ReadOnly("/tmp/ws/.git/hooks".into()),
+                Mount::EmptyFile("/tmp/ws/.envrc".into()),
+            ],
+            placeholders: Vec::new(),
+        };
+        let args = sandbox.bwrap_args(&spec, &plan, None, None, None, None).join(" ");
+        assert!(
+            args.contains(
+                "--bind /tmp/data/sessions/s1 /tmp/data/sessions/s1 --tmpfs /tmp/data/sessions/s1/review --bind \
+                 /tmp/data/sessions/s1/review/copy /tmp/ws --bind /tmp/data/sessions/s1/review/copy/.git /tmp/ws/.git \
+                 --ro-bind /tmp/data/sessions/s1/review/copy/.git/hooks /tmp/ws/.git/hooks --ro-bind /dev/null \
+                 /tmp/ws/.envrc"
+            ),
+            "{args}"
+        );
+        assert!(args.contains("--remount-ro /tmp/data/sessions/s1/review"), "{args}");
     }
 
     #[test]

@@ -577,6 +577,23 @@ mod tests {
     }
 
     #[test]
+    fn the_bridges_private_dirs_in_the_state_dir_are_hidden_over_it() {
+        let mut disk = base_disk();
+        disk.entries.insert("/home/u/.local/share/acp-sandbox/sessions/s1/review".into(), true);
+        let subject = Subject {
+            private: vec!["/home/u/.local/share/acp-sandbox/sessions/s1/review".into(), "/home/u/ws/x".into()],
+            ..subject()
+        };
+        let mounts = policy().plan(&subject, &disk).mounts;
+        let state = mounts
+            .iter()
+            .position(|m| *m == Mount::Writable("/home/u/.local/share/acp-sandbox/sessions/s1".into()))
+            .unwrap();
+        assert_eq!(mounts[state + 1], Mount::EmptyDir("/home/u/.local/share/acp-sandbox/sessions/s1/review".into()));
+        assert_eq!(mounts[state + 2], Mount::Writable("/home/u/ws".into()));
+    }
+
+    #[test]
     fn nothing_mounted_later_shows_a_hidden_path_again() {
         let mut disk = base_disk();
         for (path, dir) in [("/home/u/.config", true), ("/home/u/.config/gh", true), ("/home/u/.local/share", true)] {

@@ -21,8 +21,12 @@ fn ops(list: Value) -> String {
 /// The writes the bridge sent, by path; the fake's own record of its runs (`.fake-cli/`, written in its
 /// working directory like any file of the agent) is left out.
 fn writes(bridge: &Bridge) -> Vec<FileWrite> {
-    let mut writes: Vec<FileWrite> =
-        bridge.file_writes.iter().filter(|w| !w.path.components().any(|c| c.as_os_str() == ".fake-cli")).cloned().collect();
+    let mut writes: Vec<FileWrite> = bridge
+        .file_writes
+        .iter()
+        .filter(|w| !w.path.components().any(|c| c.as_os_str() == ".fake-cli"))
+        .cloned()
+        .collect();
     writes.sort_by(|a, b| a.path.cmp(&b.path));
     writes
 }
@@ -59,10 +63,8 @@ fn an_edit_and_a_new_file_reach_the_users_files_only_through_the_editor() {
     std::fs::write(ws.join("hello.txt"), "old\n").unwrap();
     let mut bridge = Bridge::start_reviewing(options(&dirs), true);
     let sid = bridge.new_session(&ws);
-    let turn = bridge.prompt(
-        &sid,
-        &ops(json!([["write", "hello.txt", "new\n"], ["write", "src/main.rs", "fn main() {}\n"]])),
-    );
+    let turn =
+        bridge.prompt(&sid, &ops(json!([["write", "hello.txt", "new\n"], ["write", "src/main.rs", "fn main() {}\n"]])));
     assert_eq!(turn.stop_reason(), "end_turn");
     // Each arrived while the user's file still held the old content (or did not exist).
     assert_eq!(
