@@ -220,6 +220,16 @@ impl LocalSettings {
             if bwrap { (true, format!("read-only in the workspace: {}", PROTECTED.join(", "))) } else { off(no_bwrap) },
         );
         add(
+            "workspace",
+            match self.workspace_mode {
+                crate::config::WorkspaceMode::Direct => off("direct: the agent's writes land in your files at once"),
+                crate::config::WorkspaceMode::Review => (
+                    true,
+                    "review: the agent works on a copy; its text edits reach your files through the editor".into(),
+                ),
+            },
+        );
+        add(
             "network",
             match (&self.network, bwrap) {
                 (NetworkMode::Host, _) => {
