@@ -139,42 +139,34 @@ impl WorkspaceCopy {
         let old = self.load();
         let mut manifest = BTreeMap::new();
         let mut seen = BTreeSet::new();
-        let mut dirs = vec![PathBuf::new()];
-        while let Some(dir) = dirs.pop() {
-            let entries = if dir.as_os_str().is_empty() { workspace.entries()? } else { workspace.read_dir(&dir)? };
-            for entry in entries {
-                let rel = dir.join(entry?.file_name());
-                if self.never_copied.iter().any(|hidden| self.workspace.join(&rel).starts_with(hidden)) {
-                    continue;
+        let hidden = |rel: &Path| self.never_copied.iter().any(|hidden| self.workspace.join(rel).starts_with(hidden));
+        for rel in walk(&workspace, hidden)? {
+            let Ok(meta) = workspace.symlink_metadata(&rel) else { continue };
+            if meta.is_dir() {
+                if !copy.symlink_metadata(&rel).is_ok_and(|m| m.is_dir()) {
+                    copy_root.ensure_dir(&rel)?;
                 }
-                let Ok(meta) = workspace.symlink_metadata(&rel) else { continue };
-                if meta.is_dir() {
-                    if !copy.symlink_metadata(&rel).is_ok_and(|m| m.is_dir()) {
-                        copy_root.ensure_dir(&rel)?;
-                    }
-                    seen.insert(rel.clone());
-                    dirs.push(rel);
-                } else if meta.is_symlink() {
-                    let target = workspace.read_link_contents(&rel)?;
-                    if copy.read_link_contents(&rel).ok().as_ref() != Some(&target) {
-                        copy_root.symlink(&target, &rel)?;
-                    }
-                    seen.insert(rel.clone());
-                    manifest.insert(rel, Base::Link { target });
-                } else if meta.is_file() {
-                    let stamp = Stamp::of(&meta);
-                    let copy_now = copy.symlink_metadata(&rel).ok().filter(Metadata::is_file).map(|m| Stamp::of(&m));
-                    let same = matches!(old.get(&rel), Some(Base::File { workspace: w, copy: Some(c) })
-                        if *w == stamp && Some(*c) == copy_now);
-                    let copy_stamp =
-                        if same { copy_now } else { Some(copy_file(&workspace, &copy_root, &copy, &rel, &meta)?) };
-                    seen.insert(rel.clone());
-                    manifest.insert(rel, Base::File { workspace: stamp, copy: copy_stamp });
+                seen.insert(rel);
+            } else if meta.is_symlink() {
+                let target = workspace.read_link_contents(&rel)?;
+                if copy.read_link_contents(&rel).ok().as_ref() != Some(&target) {
+                    copy_root.symlink(&target, &rel)?;
                 }
+                seen.insert(rel.clone());
+                manifest.insert(rel, Base::Link { target });
+            } else if meta.is_file() {
+                let stamp = Stamp::of(&meta);
+                let copy_now = copy.symlink_metadata(&rel).ok().filter(Metadata::is_file).map(|m| Stamp::of(&m));
+                let same = matches!(old.get(&rel), Some(Base::File { workspace: w, copy: Some(c) })
+                    if *w == stamp && Some(*c) == copy_now);
+                let copy_stamp =
+                    if same { copy_now } else { Some(copy_file(&workspace, &copy_root, &copy, &rel, &meta)?) };
+                seen.insert(rel.clone());
+                manifest.insert(rel, Base::File { workspace: stamp, copy: copy_stamp });
             }
         }
         // What the copy holds beyond the workspace: the agent's leftovers, placeholders of protected paths.
-        for rel in walk(&copy)? {
+        for rel in walk(&copy, |_| false)? {
             if !seen.contains(&rel) && !seen_parent_missing(&rel, &seen) {
                 remove(&copy, &rel)?;
             }
@@ -188,10 +180,7 @@ impl WorkspaceCopy {
         let manifest = self.load();
         let mut changes = Vec::new();
         let mut present = BTreeSet::new();
-        for rel in walk(&copy)? {
-            if self.skipped(&rel) {
-                continue;
-            }
+        for rel in walk(&copy, |rel| self.skipped(rel))? {
             let Ok(meta) = copy.symlink_metadata(&rel) else { continue };
             if meta.is_file() {
                 present.insert(rel.clone());
@@ -331,14 +320,18 @@ fn copy_file(workspace: &Dir, copy_root: &StateDir, copy: &Dir, rel: &Path, meta
     Ok(Stamp::of(&copy.symlink_metadata(rel)?))
 }
 
-/// Every path below `dir` (directories before what they hold), never following a link.
-fn walk(dir: &Dir) -> io::Result<Vec<PathBuf>> {
+/// Every path below `dir` but the `pruned` ones and what they hold (directories before what they hold), never
+/// following a link.
+fn walk(dir: &Dir, pruned: impl Fn(&Path) -> bool) -> io::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let mut dirs = vec![PathBuf::new()];
     while let Some(current) = dirs.pop() {
         let entries = if current.as_os_str().is_empty() { dir.entries()? } else { dir.read_dir(&current)? };
         for entry in entries {
             let rel = current.join(entry?.file_name());
+            if pruned(&rel) {
+                continue;
+            }
             if dir.symlink_metadata(&rel).is_ok_and(|m| m.is_dir()) {
                 dirs.push(rel.clone());
             }
