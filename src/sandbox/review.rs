@@ -140,12 +140,14 @@ impl WorkspaceCopy {
         let mut manifest = BTreeMap::new();
         let mut seen = BTreeSet::new();
         let hidden = |rel: &Path| self.never_copied.iter().any(|hidden| self.workspace.join(rel).starts_with(hidden));
-        for rel in walk(&workspace, hidden)? {
+        for rel in walk(&workspace, hidden)?.paths {
             let Ok(meta) = workspace.symlink_metadata(&rel) else { continue };
             if meta.is_dir() {
                 if !copy.symlink_metadata(&rel).is_ok_and(|m| m.is_dir()) {
                     copy_root.ensure_dir(&rel)?;
                 }
+                // The user's mode again: a directory the agent made unreadable in its copy would stop every sync.
+                copy.set_permissions(&rel, meta.permissions())?;
                 seen.insert(rel);
             } else if meta.is_symlink() {
                 let target = workspace.read_link_contents(&rel)?;
@@ -159,14 +161,25 @@ impl WorkspaceCopy {
                 let copy_now = copy.symlink_metadata(&rel).ok().filter(Metadata::is_file).map(|m| Stamp::of(&m));
                 let same = matches!(old.get(&rel), Some(Base::File { workspace: w, copy: Some(c) })
                     if *w == stamp && Some(*c) == copy_now);
-                let copy_stamp =
-                    if same { copy_now } else { Some(copy_file(&workspace, &copy_root, &copy, &rel, &meta)?) };
+                let copy_stamp = if same {
+                    copy_now
+                } else {
+                    match copy_file(&workspace, &copy_root, &copy, &rel, &meta) {
+                        Ok(stamp) => Some(stamp),
+                        // A file the user's own account cannot read is not the agent's either.
+                        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                            tracing::warn!(path = %rel.display(), "not copied for review: {e}");
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                };
                 seen.insert(rel.clone());
                 manifest.insert(rel, Base::File { workspace: stamp, copy: copy_stamp });
             }
         }
         // What the copy holds beyond the workspace: the agent's leftovers, placeholders of protected paths.
-        for rel in walk(&copy, |_| false)? {
+        for rel in walk(&copy, |_| false)?.paths {
             if !seen.contains(&rel) && !seen_parent_missing(&rel, &seen) {
                 remove(&copy, &rel)?;
             }
@@ -180,7 +193,8 @@ impl WorkspaceCopy {
         let manifest = self.load();
         let mut changes = Vec::new();
         let mut present = BTreeSet::new();
-        for rel in walk(&copy, |rel| self.skipped(rel))? {
+        let walked = walk(&copy, |rel| self.skipped(rel))?;
+        for rel in walked.paths {
             let Ok(meta) = copy.symlink_metadata(&rel) else { continue };
             if meta.is_file() {
                 present.insert(rel.clone());
@@ -200,7 +214,8 @@ impl WorkspaceCopy {
             }
         }
         for rel in manifest.keys() {
-            if !present.contains(rel) && !self.skipped(rel) {
+            let unreadable = walked.unreadable.iter().any(|dir| rel.starts_with(dir));
+            if !present.contains(rel) && !self.skipped(rel) && !unreadable {
                 changes.push(Change::Deleted { path: rel.clone() });
             }
         }
@@ -322,11 +337,19 @@ fn copy_file(workspace: &Dir, copy_root: &StateDir, copy: &Dir, rel: &Path, meta
 
 /// Every path below `dir` but the `pruned` ones and what they hold (directories before what they hold), never
 /// following a link.
-fn walk(dir: &Dir, pruned: impl Fn(&Path) -> bool) -> io::Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
+fn walk(dir: &Dir, pruned: impl Fn(&Path) -> bool) -> io::Result<Walked> {
+    let mut out = Walked::default();
     let mut dirs = vec![PathBuf::new()];
     while let Some(current) = dirs.pop() {
-        let entries = if current.as_os_str().is_empty() { dir.entries()? } else { dir.read_dir(&current)? };
+        let entries = match if current.as_os_str().is_empty() { dir.entries() } else { dir.read_dir(&current) } {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied && !current.as_os_str().is_empty() => {
+                tracing::warn!(path = %current.display(), "not walked for review: {e}");
+                out.unreadable.push(current);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         for entry in entries {
             let rel = current.join(entry?.file_name());
             if pruned(&rel) {
@@ -335,10 +358,18 @@ fn walk(dir: &Dir, pruned: impl Fn(&Path) -> bool) -> io::Result<Vec<PathBuf>> {
             if dir.symlink_metadata(&rel).is_ok_and(|m| m.is_dir()) {
                 dirs.push(rel.clone());
             }
-            out.push(rel);
+            out.paths.push(rel);
         }
     }
     Ok(out)
+}
+
+/// What [`walk`] found.
+#[derive(Default)]
+struct Walked {
+    paths: Vec<PathBuf>,
+    /// Directories it could not read: what they hold is neither seen nor gone.
+    unreadable: Vec<PathBuf>,
 }
 
 /// Whether an ancestor of `rel` is already gone from `seen` (so `rel` went with it).
