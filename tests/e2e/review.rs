@@ -158,3 +158,25 @@ fn a_client_without_the_capability_gets_every_change_applied_with_a_note() {
           applied to your files directly: written `.fake-cli/invocations.jsonl`, `b.txt`, `hello.txt`._"]
     );
 }
+
+#[test]
+fn each_finished_tool_is_reviewed_while_the_agent_still_runs() {
+    let dirs = TestDirs::new("review-per-tool");
+    let ws = dirs.workspace("ws");
+    std::fs::write(ws.join("hello.txt"), "old\n").unwrap();
+    let mut bridge = Bridge::start_reviewing(options(&dirs), false);
+    let sid = bridge.new_session(&ws);
+    // The rejected write is reset in the agent's copy before its turn ends: its next step reads the user's file.
+    let turn = bridge.prompt(
+        &sid,
+        &ops(json!([
+            ["write", "hello.txt", "agent\n"],
+            ["flush"],
+            ["await", "hello.txt", "old\n"],
+            ["read", "hello.txt"]
+        ])),
+    );
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(reads(&turn), "READ hello.txt=old\n");
+    assert_eq!(writes(&bridge), vec![write(ws.join("hello.txt"), "agent\n", Some("old\n"))]);
+}

@@ -25,8 +25,9 @@ Scenarios (both agents unless noted):
   hugeline* (a 20 MiB text event on one line, then a normal answer),
   child (starts a grandchild `sleep 1000` in its own session, writes its pid to <cwd>/.fake-cli/child.pid, sleeps).
   files* (`OPS:[...]` in the prompt, a JSON list done in order in the cwd: ["read", path], ["write", path, text],
-  ["bytes", path, hex], ["delete", path]; then one completed tool event per op and a text `READ path=...; ...`
-  of what each read found, `path=<missing>` when there was no file).
+  ["bytes", path, hex], ["delete", path], ["flush"] (prints the events so far), ["await", path, text] (waits at
+  most 20 s for the file to hold text, else reports `path=<not awaited>`); then one completed tool event per op
+  and a text `READ path=...; ...` of what each read found, `path=<missing>` when there was no file).
   (* OpenCode only, + Amp only.) Amp prints the `User cancelled (SIGINT/SIGTERM)` error result and exits 0 on
   SIGTERM/SIGINT once it has started streaming, like the real one; OpenCode just dies from the signal.
 """
@@ -286,13 +287,13 @@ def oc_tool(sid, msg, tool, title, tool_input, output):
 
 
 def run_file_ops(prompt, sid, msg, cwd):
-    """The `files` scenario: every op is done before any event is printed, so what the bridge reviews after the
-    first tool event is the whole turn's work whatever the timing."""
+    """The `files` scenario: the ops are done before any event is printed (but at a `flush`), so what the bridge
+    reviews after the first tool event is all the work before it, whatever the timing."""
     match = re.search(r"OPS:(\[.*\])", prompt, re.S)
     ops = json.loads(match.group(1)) if match else []
-    reads, events = [], []
+    reads, events, started = [], [], False
     for op in ops:
-        kind, path = op[0], op[1]
+        kind, path = op[0], (op[1] if len(op) > 1 else "")
         full = os.path.join(cwd, path)
         if kind == "read":
             try:
@@ -309,12 +310,35 @@ def run_file_ops(prompt, sid, msg, cwd):
                 f.write(data)
             content = op[2] if kind == "write" else f"<{len(data)} bytes>"
             events.append(oc_tool(sid, msg, "write", path, {"filePath": full, "content": content}, "Wrote file successfully."))
+        elif kind == "flush":
+            # The events so far are printed now: the bridge reviews while we go on.
+            if not started:
+                emit_json(oc_step_start(sid, msg))
+                started = True
+            for event in events:
+                emit_json(event)
+            events = []
+        elif kind == "await":
+            # Waits (at most 20 s) until the file in our working directory holds the text: what the bridge made of
+            # it after the tools flushed before.
+            deadline = time.time() + 20
+            while time.time() < deadline:
+                try:
+                    with open(full, encoding="utf-8") as f:
+                        if f.read() == op[2]:
+                            break
+                except FileNotFoundError:
+                    pass
+                time.sleep(0.05)
+            else:
+                reads.append(f"{path}=<not awaited>")
         elif kind == "delete":
             os.remove(full)
             events.append(oc_tool(sid, msg, "bash", f"rm {path}", {"command": f"rm {path}", "description": "delete"}, ""))
         else:
             fail(f"fake opencode: unknown file op {kind!r}")
-    emit_json(oc_step_start(sid, msg))
+    if not started:
+        emit_json(oc_step_start(sid, msg))
     for event in events:
         emit_json(event)
     emit_json(oc_text(sid, msg, "READ " + "; ".join(reads)))
