@@ -180,3 +180,20 @@ fn each_finished_tool_is_reviewed_while_the_agent_still_runs() {
     assert_eq!(reads(&turn), "READ hello.txt=old\n");
     assert_eq!(writes(&bridge), vec![write(ws.join("hello.txt"), "agent\n", Some("old\n"))]);
 }
+
+#[test]
+fn review_sessions_run_opencode_per_prompt_even_when_its_server_is_configured() {
+    let dirs = TestDirs::new("review-run");
+    let ws = dirs.workspace("ws");
+    let options = options(&dirs).env("ACP_SANDBOX_OPENCODE_BACKEND", "serve");
+    let mut bridge = Bridge::start_reviewing(options, true);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, &ops(json!([["write", "a.txt", "a\n"]])));
+    assert_eq!(turn.stop_reason(), "end_turn");
+    // No server was tried (the fake has none, which would say so in a note): the fake's record of its runs reached
+    // the workspace through the editor like any file of the agent.
+    assert!(notes(&turn).iter().all(|note| !note.contains("server")), "{:?}", notes(&turn));
+    let runs = invocations(&ws);
+    let commands: Vec<String> = runs.iter().map(|run| run.argv()[0].clone()).collect();
+    assert_eq!(commands, ["run"]);
+}
