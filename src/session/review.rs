@@ -173,10 +173,14 @@ fn direct_note(direct: &[(PathBuf, Direct)], editor_writes: bool) -> String {
     .into_iter()
     .flatten()
     .collect();
+    let mut refused: std::collections::BTreeMap<&str, Vec<&Path>> = Default::default();
     for (path, why) in direct {
         if let Direct::Refused(reason) = why {
-            parts.push(format!("`{}` (the editor refused it: {reason})", path.display()));
+            refused.entry(reason.as_str()).or_default().push(path);
         }
+    }
+    for (reason, picked) in refused {
+        parts.push(format!("refused by the editor ({reason}) {}", paths(picked.into_iter())));
     }
     let head = if editor_writes {
         "Applied to your files directly, without review"

@@ -197,3 +197,25 @@ fn review_sessions_run_opencode_per_prompt_even_when_its_server_is_configured() 
     let commands: Vec<String> = runs.iter().map(|run| run.argv()[0].clone()).collect();
     assert_eq!(commands, ["run"]);
 }
+
+#[test]
+fn a_write_the_editor_refuses_is_applied_directly_with_its_reason() {
+    let dirs = TestDirs::new("review-refused");
+    let ws = dirs.workspace("ws");
+    std::fs::write(ws.join("hello.txt"), "old\n").unwrap();
+    let mut bridge = Bridge::spawn(options(&dirs));
+    bridge.offer_writes = true;
+    bridge.refuse_writes = Some("invalid path".into());
+    bridge.initialize();
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, &ops(json!([]))).stop_reason(), "end_turn");
+    let turn = bridge.prompt(&sid, &ops(json!([["write", "hello.txt", "new\n"]])));
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(writes(&bridge), vec![write(ws.join("hello.txt"), "new\n", Some("old\n"))]);
+    assert_eq!(read(&ws.join("hello.txt")).as_deref(), Some("new\n"));
+    assert_eq!(
+        notes(&turn),
+        ["_Applied to your files directly, without review: refused by the editor (invalid path) \
+          `.fake-cli/invocations.jsonl`, `hello.txt`._"]
+    );
+}

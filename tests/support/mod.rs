@@ -299,6 +299,8 @@ pub struct Bridge {
     /// How `fs/write_text_file` is answered: write the content to disk (Keep) or answer without writing, which
     /// leaves the user's file as it was (Reject).
     pub keep_writes: bool,
+    /// Answer `fs/write_text_file` with this JSON-RPC error message instead (an editor that refuses).
+    pub refuse_writes: Option<String>,
     /// Every `fs/write_text_file` received, in order.
     pub file_writes: Vec<FileWrite>,
     pub options: BridgeOptions,
@@ -398,6 +400,7 @@ impl Bridge {
             permission_requests: Vec::new(),
             offer_writes: false,
             keep_writes: true,
+            refuse_writes: None,
             file_writes: Vec::new(),
             options,
         }
@@ -632,6 +635,12 @@ impl Bridge {
                     self.fail(&format!("fs/write_text_file with a relative path: {trimmed}"));
                 }
                 let before = std::fs::read_to_string(&path).ok();
+                if let Some(message) = self.refuse_writes.clone() {
+                    self.file_writes.push(FileWrite { path, content, before });
+                    let error = json!({"code": -32603, "message": message});
+                    self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "error": error}).to_string());
+                    return;
+                }
                 if self.keep_writes {
                     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
                     std::fs::write(&path, &content).unwrap();
