@@ -312,8 +312,9 @@ impl WorkspaceCopy {
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                         Err(e) => return Err(e),
                     }
-                    manifest.remove(&rel);
                 }
+                // Either way the deletion is decided: the next sync brings a file the user changed back.
+                manifest.remove(&rel);
                 untouched
             }
         };
@@ -460,7 +461,7 @@ mod tests {
         // The user changed b.txt since: the deletion is not applied.
         assert!(!copy.apply(&Change::Deleted { path: "b.txt".into() }).unwrap());
         assert_eq!(std::fs::read_to_string(ws.join("b.txt")).unwrap(), "the user's\n");
-        assert_eq!(copy.changes().unwrap(), vec![Change::Deleted { path: "b.txt".into() }]);
+        assert_eq!(copy.changes().unwrap(), vec![], "a deletion is decided once");
         copy.sync().unwrap();
         assert_eq!(copy.changes().unwrap(), vec![]);
         assert_eq!(std::fs::read_to_string(root.join("b.txt")).unwrap(), "the user's\n");
