@@ -16,7 +16,7 @@ pub enum WorkspaceMode {
     /// The workspace is bound writable: the agent's writes land in the user's files.
     #[default]
     Direct,
-    /// The agent works on a layer over the workspace; its text edits reach the user's files through the editor.
+    /// The agent works on a copy of the workspace; its text edits reach the user's files through the editor.
     Review,
 }
 
