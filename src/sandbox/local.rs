@@ -320,7 +320,9 @@ impl LocalProvider {
 
 /// What of a state dir is cache (XDG_CACHE_HOME, npm's and other tools' caches in HOME): 7-14 MB of OpenCode's
 /// plugins and npm downloads per session, fetched again when needed. Never the CLI's data (its conversations).
-const TRIMMED_CACHES: [&str; 3] = ["cache", "home/.npm", "home/.cache"];
+/// The review copy goes whole, manifest and all (a copy without its manifest would read as deletions): the next
+/// turn copies the workspace again.
+const TRIMMED_CACHES: [&str; 4] = ["cache", "home/.npm", "home/.cache", "review"];
 
 #[async_trait]
 impl SandboxProvider for LocalProvider {
@@ -1441,6 +1443,27 @@ mod tests {
         ] {
             assert_eq!(provider.owned(bad), None, "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn trimming_drops_the_review_copy_with_its_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let sessions = dir.path().join("sessions");
+        let provider = LocalProvider::new(
+            sessions.clone(),
+            Arc::new(LocalSettings::from_config(&test_config(dir.path()), Isolation::None("test".into()))),
+        );
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        let spec = SandboxSpec { session_id: "s1".into(), workspace: ws };
+        let id = provider.create(&spec).await.unwrap();
+        let review = Path::new(&id).join("review");
+        std::fs::create_dir_all(review.join("copy")).unwrap();
+        std::fs::write(review.join("copy/a.txt"), "a").unwrap();
+        std::fs::write(review.join("manifest.json"), "{}").unwrap();
+        assert!(provider.trim(&id).await.unwrap());
+        assert_eq!(std::fs::read_dir(&review).unwrap().count(), 0);
+        assert!(Path::new(&id).join("home").is_dir());
     }
 
     #[tokio::test]

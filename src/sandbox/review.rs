@@ -189,6 +189,11 @@ impl WorkspaceCopy {
 
     /// What the agent changed in the copy since it was last made equal to the workspace.
     pub fn changes(&self) -> io::Result<Vec<Change>> {
+        // No copy (never made, trimmed, removed by hand): nothing was changed, whatever a manifest says; its
+        // entries would otherwise read as deletions of every file.
+        if !std::fs::symlink_metadata(self.path()).is_ok_and(|m| m.is_dir()) {
+            return Ok(Vec::new());
+        }
         let (_, _, copy) = self.open()?;
         let manifest = self.load();
         let mut changes = Vec::new();
@@ -466,6 +471,17 @@ mod tests {
         assert_eq!(copy.changes().unwrap(), vec![]);
         assert_eq!(std::fs::read_to_string(root.join("b.txt")).unwrap(), "the user's\n");
         assert_eq!(std::fs::read_to_string(root.join(".git/config")).unwrap(), "[core]\n");
+    }
+
+    #[test]
+    fn a_copy_gone_without_its_manifest_deletes_nothing() {
+        let (_dir, copy, ws) = setup();
+        std::fs::remove_dir_all(copy.path()).unwrap();
+        assert_eq!(copy.changes().unwrap(), vec![]);
+        copy.sync().unwrap();
+        assert_eq!(copy.changes().unwrap(), vec![]);
+        assert_eq!(std::fs::read_to_string(ws.join("b.txt")).unwrap(), "b\n");
+        assert_eq!(std::fs::read_to_string(copy.path().join("b.txt")).unwrap(), "b\n");
     }
 
     #[test]
