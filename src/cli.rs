@@ -86,6 +86,9 @@ struct Settings {
     /// sandbox per session (e2b, preview: needs E2B_API_KEY).
     #[arg(long, global = true, env = "ACP_SANDBOX_SANDBOX", value_enum, default_value = "auto")]
     sandbox: SandboxChoice,
+    /// How the agent's writes reach your files: at once (direct), or through the editor's review (review).
+    #[arg(long, global = true, env = "ACP_SANDBOX_WORKSPACE", value_enum, default_value = "direct")]
+    workspace: acp_sandbox::config::WorkspaceMode,
     /// Sessions, logs and installed CLIs live here [default: $XDG_DATA_HOME/acp-sandbox, or
     /// ~/.local/share/acp-sandbox when XDG_DATA_HOME is unset].
     #[arg(long, global = true, env = "ACP_SANDBOX_DATA_DIR")]
@@ -219,6 +222,7 @@ impl Settings {
         let data_dir = self.data_dir.clone().unwrap_or_else(Config::default_data_dir);
         let mut config = Config::new(self.agent, data_dir);
         config.sandbox = self.sandbox;
+        config.workspace = self.workspace;
         config.model = self.model.clone();
         config.opencode_bin = self.opencode_bin.clone();
         config.amp_bin = self.amp_bin.clone();

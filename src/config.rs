@@ -10,6 +10,16 @@ use crate::sandbox::limits::Limits;
 use crate::sandbox::policy::{Policy, Profile};
 use crate::sandbox::proxy::NetworkMode;
 
+/// How the agent's writes reach the workspace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkspaceMode {
+    /// The workspace is bound writable: the agent's writes land in the user's files.
+    #[default]
+    Direct,
+    /// The agent works on a copy of the workspace; its text edits reach the user's files through the editor.
+    Review,
+}
+
 /// Which sandbox runs the CLIs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum SandboxChoice {
@@ -84,6 +94,8 @@ pub struct Config {
     pub limits: Limits,
     /// How OpenCode is driven.
     pub opencode_backend: OpenCodeBackend,
+    /// Whether the agent's edits go through the editor's review first.
+    pub workspace: WorkspaceMode,
     /// A warm OpenCode server unused for this long is stopped.
     pub server_idle_timeout: Duration,
     /// At most this many warm OpenCode servers run at once.
@@ -133,6 +145,7 @@ impl Config {
             network: NetworkMode::Open,
             limits: Limits::default(),
             opencode_backend: OpenCodeBackend::Serve,
+            workspace: WorkspaceMode::Direct,
             server_idle_timeout: Duration::from_secs(600),
             max_servers: 4,
         }

@@ -839,6 +839,38 @@ fn protected_workspace_paths_are_read_only_and_git_still_commits() {
 }
 
 #[test]
+fn review_mode_keeps_protected_paths_protected_and_its_copy_private() {
+    let test = "review_mode_keeps_protected_paths_protected_and_its_copy_private";
+    for_each_variant(test, bwrap_variants(test), |variant| {
+        let lab = Lab::new("review", variant);
+        let before: Vec<Option<String>> =
+            PROTECTED_PATHS.iter().map(|rel| std::fs::read_to_string(lab.ws.join(rel)).ok()).collect();
+        let mut bridge = Bridge::start(lab.options().arg("--workspace").arg("review"));
+        let sid = bridge.new_session(&lab.ws);
+        lab.attack(&mut bridge, &sid, "noop", &lab.targets());
+        // The copy and its manifest are the bridge's: the agent sees the copy only where the workspace is.
+        let review = PathBuf::from(lab.stored_sandbox_id(&sid).unwrap()).join("review");
+        let mut targets = lab.targets();
+        targets["outside_writes"] = json!([
+            {"label": "review_manifest", "path": review.join("manifest.json")},
+            {"label": "review_copy", "path": review.join("copy/planted.txt")},
+        ]);
+        let report = lab.attack(&mut bridge, &sid, "protected,outside_writes", &targets);
+        let mut checks = Checks::new();
+        checks.note_stderr(bridge.stderr());
+        checks.blocked(&report, "write:review_manifest");
+        checks.blocked(&report, "write:review_copy");
+        checks.check(!review.join("copy/planted.txt").exists(), || "the agent wrote into its copy's host path".into());
+        for (rel, old) in PROTECTED_PATHS.iter().zip(before) {
+            checks.blocked(&report, &format!("protect:{rel}"));
+            let now = std::fs::read_to_string(lab.ws.join(rel)).ok();
+            checks.check(now == old, || format!("{rel} changed on the host: was {old:?}, is {now:?}"));
+        }
+        checks.finish();
+    });
+}
+
+#[test]
 fn protect_flag_makes_a_workspace_path_read_only() {
     let test = "protect_flag_makes_a_workspace_path_read_only";
     for_each_variant(test, bwrap_variants(test), |variant| {

@@ -18,6 +18,7 @@ mod e2e {
     mod errors;
     mod persistence;
     mod protocol;
+    mod review;
     mod sandbox;
     mod schemas;
     mod store;

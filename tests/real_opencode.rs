@@ -461,6 +461,50 @@ fn tool_loop_write_bash_read_edit_bwrap() {
     }
 }
 
+// ---- review before write -------------------------------------------------------------------------------------
+
+/// `--workspace review` with OpenCode's own write and edit tools and a client that keeps every write: the file
+/// reaches the workspace only through `fs/write_text_file`, and OpenCode's later steps (bash, read, edit) see it.
+fn review_mode(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let options = world.options(sandbox).arg("--workspace").arg("review");
+    let mut bridge = Bridge::start_reviewing(options, true);
+    let sid = bridge.new_session(&ws);
+    // Under `none` OpenCode works in the copy in the data dir: its processes are waited for in the whole world.
+    let id = bridge.send_prompt(&sid, "SCENARIO:tools write, cat, read and edit hello.txt");
+    let turn = finish_turn_patiently(&mut bridge, &sid, id, world.root.path());
+    assert_end_turn(&bridge, &turn);
+    let hello = ws.join("hello.txt");
+    let paths: Vec<&Path> = bridge.file_writes.iter().map(|w| w.path.as_path()).collect();
+    assert!(paths.iter().all(|path| *path == hello), "only hello.txt is written: {:#?}", bridge.file_writes);
+    // The write and the edit arrive one by one (or, when OpenCode was faster than the review, the edit alone);
+    // each while the user's file did not hold it yet.
+    let last = bridge.file_writes.last().unwrap_or_else(|| panic!("no write arrived: {:#?}", turn.updates));
+    assert_eq!(last.content, "hello EDITED by fake model\n");
+    for write in &bridge.file_writes {
+        assert_ne!(write.before.as_ref(), Some(&write.content), "{write:?} was on disk already");
+    }
+    assert_eq!(bridge.file_writes[0].before, None, "hello.txt is new: {:?}", bridge.file_writes);
+    assert_eq!(std::fs::read_to_string(&hello).unwrap(), "hello EDITED by fake model\n");
+    assert!(turn.agent_text().contains("TOOLS-DONE"), "{:#?}", turn.updates);
+    let kinds: Vec<&str> =
+        of_kind(&turn.updates, "tool_call").iter().map(|c| c["kind"].as_str().unwrap_or("?")).collect();
+    assert_eq!(kinds, ["edit", "execute", "read", "edit"], "{:#?}", turn.updates);
+}
+
+#[test]
+fn review_mode_sends_opencodes_writes_to_the_editor_none() {
+    review_mode("none", "review_mode_sends_opencodes_writes_to_the_editor_none");
+}
+
+#[test]
+fn review_mode_sends_opencodes_writes_to_the_editor_bwrap() {
+    if bwrap_ok("review_mode_sends_opencodes_writes_to_the_editor_bwrap") {
+        review_mode("bwrap", "review_mode_sends_opencodes_writes_to_the_editor_bwrap");
+    }
+}
+
 // ---- todowrite, reasoning ------------------------------------------------------------------------------------
 
 #[test]

@@ -148,6 +148,8 @@ pub struct LocalSettings {
     pub run_dir: PathBuf,
     /// The bridge's own executable: the sandbox's first process (`sandbox-init`).
     pub init_program: Option<PathBuf>,
+    /// Whether the agent writes the workspace or a copy of it that the editor reviews.
+    pub workspace_mode: crate::config::WorkspaceMode,
 }
 
 impl LocalSettings {
@@ -160,7 +162,22 @@ impl LocalSettings {
             limits: config.limits,
             run_dir: config.run_dir(),
             init_program: std::env::current_exe().ok(),
+            workspace_mode: config.workspace,
         }
+    }
+
+    /// The review copy of a session's workspace: never a secret of the workspace in it, and changes to the git
+    /// dir and the protected paths kept out of the review (they stay in the copy until the next turn resets them).
+    fn review_copy(&self, state_dir: &Path, workspace: &Path) -> super::review::WorkspaceCopy {
+        let never_copied = self.policy.hidden_paths().into_iter().filter(|path| path.starts_with(workspace)).collect();
+        let mut not_reviewed: Vec<PathBuf> = self
+            .policy
+            .protected_paths(workspace, &RealDisk)
+            .iter()
+            .filter_map(|path| path.strip_prefix(workspace).ok().map(Path::to_path_buf))
+            .collect();
+        not_reviewed.push(".git".into());
+        super::review::WorkspaceCopy::new(state_dir.join("review"), workspace.to_path_buf(), never_copied, not_reviewed)
     }
 
     /// One line per protection for `doctor` and the log: what applies and what does not, with the reason.
@@ -202,6 +219,16 @@ impl LocalSettings {
         add(
             "protected",
             if bwrap { (true, format!("read-only in the workspace: {}", PROTECTED.join(", "))) } else { off(no_bwrap) },
+        );
+        add(
+            "workspace",
+            match self.workspace_mode {
+                crate::config::WorkspaceMode::Direct => off("direct: the agent's writes land in your files at once"),
+                crate::config::WorkspaceMode::Review => (
+                    true,
+                    "review: the agent works on a copy; its text edits reach your files through the editor".into(),
+                ),
+            },
         );
         add(
             "network",
@@ -294,7 +321,9 @@ impl LocalProvider {
 
 /// What of a state dir is cache (XDG_CACHE_HOME, npm's and other tools' caches in HOME): 7-14 MB of OpenCode's
 /// plugins and npm downloads per session, fetched again when needed. Never the CLI's data (its conversations).
-const TRIMMED_CACHES: [&str; 3] = ["cache", "home/.npm", "home/.cache"];
+/// The review copy goes whole, manifest and all (a copy without its manifest would read as deletions): the next
+/// turn copies the workspace again.
+const TRIMMED_CACHES: [&str; 4] = ["cache", "home/.npm", "home/.cache", "review"];
 
 #[async_trait]
 impl SandboxProvider for LocalProvider {
@@ -326,9 +355,18 @@ impl SandboxProvider for LocalProvider {
         if !std::fs::symlink_metadata(state_dir.join("home")).is_ok_and(|m| m.is_dir()) {
             return Ok(None);
         }
+        let copy = (self.settings.workspace_mode == crate::config::WorkspaceMode::Review)
+            .then(|| Arc::new(self.settings.review_copy(&state_dir, &spec.workspace)));
+        // Without bubblewrap nothing can be bound over the workspace: the agent works in its copy, where it lives.
+        let workspace = match (&copy, &self.settings.isolation) {
+            (Some(copy), Isolation::None(_)) => copy.path(),
+            _ => spec.workspace.clone(),
+        };
         Ok(Some(Arc::new(LocalSandbox {
+            copy,
+            workspace,
             state_dir,
-            workspace: spec.workspace.clone(),
+            host_workspace: spec.workspace.clone(),
             session_id: spec.session_id.clone(),
             settings: self.settings.clone(),
         })))
@@ -376,8 +414,15 @@ impl SandboxProvider for LocalProvider {
 
 /// One session's local sandbox.
 pub struct LocalSandbox {
-    state_dir: PathBuf,
+    /// In review mode, the agent's copy of the workspace: bound over the workspace under bubblewrap (overlayfs
+    /// is not used: the bubblewrap here may lack `--overlay`, and a layer cannot change under a mounted overlay,
+    /// which settling a reviewed file mid-turn must do), the agent's working directory without it.
+    copy: Option<Arc<super::review::WorkspaceCopy>>,
+    /// Where the agent sees the workspace: the workspace, or its copy in review mode without bubblewrap.
     workspace: PathBuf,
+    state_dir: PathBuf,
+    /// The user's workspace on the host.
+    host_workspace: PathBuf,
     session_id: String,
     settings: Arc<LocalSettings>,
 }
@@ -431,12 +476,12 @@ impl LocalSandbox {
                 }
                 Mount::EmptyFile(path) => push(&["--ro-bind", "/dev/null", &path.display().to_string()]),
                 Mount::ReadOnly(path) => {
-                    let path = path.display().to_string();
-                    push(&["--ro-bind", &path, &path]);
+                    let source = self.source_of(path).display().to_string();
+                    push(&["--ro-bind", &source, &path.display().to_string()]);
                 }
                 Mount::Writable(path) => {
-                    let path = path.display().to_string();
-                    push(&["--bind", &path, &path]);
+                    let source = self.source_of(path).display().to_string();
+                    push(&["--bind", &source, &path.display().to_string()]);
                 }
             }
         }
@@ -474,6 +519,16 @@ impl LocalSandbox {
         args.push(spec.program.display().to_string());
         args.extend(spec.args.iter().cloned());
         args
+    }
+
+    /// Where a mount of the plan comes from on the host: in review mode what is in the workspace comes from the
+    /// agent's copy (so the copy is what the agent sees and writes there, protected paths included).
+    fn source_of(&self, path: &Path) -> PathBuf {
+        match (&self.copy, path.strip_prefix(&self.host_workspace)) {
+            (Some(copy), Ok(rel)) if rel.as_os_str().is_empty() => copy.path(),
+            (Some(copy), Ok(rel)) => copy.path().join(rel),
+            _ => path.to_path_buf(),
+        }
     }
 
     /// Binds the bridge's end of a server's door in the bridge's run dir (mode 0700, never mounted into a
@@ -574,6 +629,10 @@ impl Sandbox for LocalSandbox {
         &self.state_dir
     }
 
+    fn review_copy(&self) -> Option<Arc<super::review::WorkspaceCopy>> {
+        self.copy.clone()
+    }
+
     fn isolation(&self) -> String {
         self.settings.isolation.describe()
     }
@@ -596,6 +655,9 @@ impl Sandbox for LocalSandbox {
         // add files next to them (OpenCode creates `.gitignore` in its config dir and fails on a read-only one),
         // and those land in the session's state, never in the user's own directory.
         spec.read_only = expand_read_only_dirs(&state, &spec.read_only);
+        if let Some(copy) = &self.copy {
+            copy.ensure().map_err(|e| SandboxError::io(format!("create {}", copy.path().display()), e))?;
+        }
         let mut guards = ProcessGuards::default();
         let enforcement = limits::probe();
         let cgroup = match limits::SandboxCgroup::create(
@@ -618,12 +680,16 @@ impl Sandbox for LocalSandbox {
         let mut command = match &self.settings.isolation {
             Isolation::Bwrap(bwrap) => {
                 let subject = Subject {
-                    workspace: self.workspace.clone(),
+                    workspace: self.host_workspace.clone(),
                     state_dir: self.state_dir.clone(),
                     tools: spec.tools.clone(),
+                    private: self.copy.iter().map(|copy| copy.review_dir().to_path_buf()).collect(),
                 };
                 let plan = self.settings.policy.plan(&subject, &RealDisk);
-                guards.placeholders = Some(Placeholders::hold(&self.workspace, plan.placeholders.clone()));
+                // In review mode the mount points are made in the agent's copy, which the next sync cleans.
+                if self.copy.is_none() {
+                    guards.placeholders = Some(Placeholders::hold(&self.host_workspace, plan.placeholders.clone()));
+                }
                 let net = if !self.settings.network.uses_proxy() {
                     None
                 } else if let Err(why) = bwrap_netns() {
@@ -1199,11 +1265,49 @@ mod tests {
         let mut settings = LocalSettings::from_config(&test_config(dir), isolation);
         settings.policy = Policy::default();
         LocalSandbox {
-            state_dir: dir.into(),
+            copy: None,
             workspace: dir.into(),
+            state_dir: dir.into(),
+            host_workspace: dir.into(),
             session_id: "s1".into(),
             settings: Arc::new(settings),
         }
+    }
+
+    #[test]
+    fn in_review_mode_the_workspace_and_its_protected_paths_come_from_the_copy() {
+        let mut sandbox = sandbox(Path::new("/tmp/ws"), Isolation::Bwrap("/usr/bin/bwrap".into()));
+        sandbox.state_dir = "/tmp/data/sessions/s1".into();
+        let copy = super::super::review::WorkspaceCopy::new(
+            "/tmp/data/sessions/s1/review".into(),
+            "/tmp/ws".into(),
+            vec![],
+            vec![],
+        );
+        sandbox.copy = Some(Arc::new(copy));
+        let spec = ExecSpec { program: "/opt/opencode".into(), cwd: "/tmp/ws".into(), ..ExecSpec::default() };
+        let plan = Plan {
+            mounts: vec![
+                Mount::Writable("/tmp/data/sessions/s1".into()),
+                Mount::EmptyDir("/tmp/data/sessions/s1/review".into()),
+                Mount::Writable("/tmp/ws".into()),
+                Mount::Writable("/tmp/ws/.git".into()),
+                Mount::ReadOnly("/tmp/ws/.git/hooks".into()),
+                Mount::EmptyFile("/tmp/ws/.envrc".into()),
+            ],
+            placeholders: Vec::new(),
+        };
+        let args = sandbox.bwrap_args(&spec, &plan, None, None, None, None).join(" ");
+        assert!(
+            args.contains(
+                "--bind /tmp/data/sessions/s1 /tmp/data/sessions/s1 --tmpfs /tmp/data/sessions/s1/review --bind \
+                 /tmp/data/sessions/s1/review/copy /tmp/ws --bind /tmp/data/sessions/s1/review/copy/.git /tmp/ws/.git \
+                 --ro-bind /tmp/data/sessions/s1/review/copy/.git/hooks /tmp/ws/.git/hooks --ro-bind /dev/null \
+                 /tmp/ws/.envrc"
+            ),
+            "{args}"
+        );
+        assert!(args.contains("--remount-ro /tmp/data/sessions/s1/review"), "{args}");
     }
 
     #[test]
@@ -1340,6 +1444,27 @@ mod tests {
         ] {
             assert_eq!(provider.owned(bad), None, "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn trimming_drops_the_review_copy_with_its_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let sessions = dir.path().join("sessions");
+        let provider = LocalProvider::new(
+            sessions.clone(),
+            Arc::new(LocalSettings::from_config(&test_config(dir.path()), Isolation::None("test".into()))),
+        );
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        let spec = SandboxSpec { session_id: "s1".into(), workspace: ws };
+        let id = provider.create(&spec).await.unwrap();
+        let review = Path::new(&id).join("review");
+        std::fs::create_dir_all(review.join("copy")).unwrap();
+        std::fs::write(review.join("copy/a.txt"), "a").unwrap();
+        std::fs::write(review.join("manifest.json"), "{}").unwrap();
+        assert!(provider.trim(&id).await.unwrap());
+        assert_eq!(std::fs::read_dir(&review).unwrap().count(), 0);
+        assert!(Path::new(&id).join("home").is_dir());
     }
 
     #[tokio::test]

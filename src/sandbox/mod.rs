@@ -19,6 +19,7 @@ pub mod limits;
 pub mod local;
 pub mod policy;
 pub mod proxy;
+pub mod review;
 pub mod seccomp;
 pub mod statedir;
 
@@ -230,6 +231,11 @@ pub trait Sandbox: Send + Sync {
     /// Writes a file the CLI needs (an attachment) at `path` below the state dir, replacing whatever is there and
     /// never following a link the agent planted.
     async fn write_state_file(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError>;
+    /// In review mode (`--workspace review`): the agent's copy of the workspace, whose changes reach the user's
+    /// files only through the session's review. `None` when the agent writes the workspace itself.
+    fn review_copy(&self) -> Option<Arc<review::WorkspaceCopy>> {
+        None
+    }
 }
 
 /// Creates and finds sandboxes of one kind.

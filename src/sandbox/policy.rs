@@ -190,6 +190,8 @@ pub struct Subject {
     pub state_dir: PathBuf,
     /// Directories of the CLI's installation, shown read-only wherever they live (`/tmp`, the data dir).
     pub tools: Vec<PathBuf>,
+    /// Directories of the state dir that are the bridge's alone (the review copy and its manifest): hidden.
+    pub private: Vec<PathBuf>,
 }
 
 impl Policy {
@@ -307,6 +309,11 @@ impl Policy {
             }
         }
         mounts.push(Mount::Writable(subject.state_dir.clone()));
+        for dir in &subject.private {
+            if dir.starts_with(&subject.state_dir) && disk.kind(dir) == Some(true) {
+                mounts.push(Mount::EmptyDir(dir.clone()));
+            }
+        }
         mounts.push(Mount::Writable(subject.workspace.clone()));
         hide(mounts, secrets_in_workspace);
         let protected = self.protected_paths(&subject.workspace, disk);
@@ -519,6 +526,7 @@ mod tests {
             workspace: "/home/u/ws".into(),
             state_dir: "/home/u/.local/share/acp-sandbox/sessions/s1".into(),
             tools: vec!["/tmp/tools/opencode".into()],
+            private: vec![],
         }
     }
 
@@ -569,6 +577,23 @@ mod tests {
     }
 
     #[test]
+    fn the_bridges_private_dirs_in_the_state_dir_are_hidden_over_it() {
+        let mut disk = base_disk();
+        disk.entries.insert("/home/u/.local/share/acp-sandbox/sessions/s1/review".into(), true);
+        let subject = Subject {
+            private: vec!["/home/u/.local/share/acp-sandbox/sessions/s1/review".into(), "/home/u/ws/x".into()],
+            ..subject()
+        };
+        let mounts = policy().plan(&subject, &disk).mounts;
+        let state = mounts
+            .iter()
+            .position(|m| *m == Mount::Writable("/home/u/.local/share/acp-sandbox/sessions/s1".into()))
+            .unwrap();
+        assert_eq!(mounts[state + 1], Mount::EmptyDir("/home/u/.local/share/acp-sandbox/sessions/s1/review".into()));
+        assert_eq!(mounts[state + 2], Mount::Writable("/home/u/ws".into()));
+    }
+
+    #[test]
     fn nothing_mounted_later_shows_a_hidden_path_again() {
         let mut disk = base_disk();
         for (path, dir) in [("/home/u/.config", true), ("/home/u/.config/gh", true), ("/home/u/.local/share", true)] {
@@ -579,6 +604,7 @@ mod tests {
             workspace: "/home/u/.config".into(),
             state_dir: "/home/u/.local/share/acp-sandbox/sessions/s1".into(),
             tools: vec!["/home/u/.local/share".into(), "/home/u/.local/share/acp-sandbox/tools/x".into()],
+            private: vec![],
         };
         disk.entries.insert("/home/u/.local/share/acp-sandbox/tools/x".into(), true);
         let mounts = policy().plan(&subject, &disk).mounts;

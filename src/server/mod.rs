@@ -72,6 +72,17 @@ impl UpdateSink for ConnectionSink {
             }
         }
     }
+
+    async fn write_text_file(
+        &self,
+        request: agent_client_protocol::v1::schema::WriteTextFileRequest,
+    ) -> Result<(), String> {
+        // Turns run in tasks of their own, never in the dispatch loop, so waiting here cannot deadlock it.
+        match self.connection.send_request(request).block_task().await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 fn respond<T>(responder: Responder<T>, result: crate::error::Result<T>) -> Result<(), agent_client_protocol::Error>

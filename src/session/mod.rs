@@ -6,6 +6,7 @@
 mod catalog;
 pub mod options;
 pub mod prompt;
+mod review;
 pub mod serve;
 mod turn;
 
@@ -41,6 +42,15 @@ pub trait UpdateSink: Send + Sync {
         _request: agent_client_protocol::v1::schema::RequestPermissionRequest,
     ) -> Option<agent_client_protocol::v1::schema::RequestPermissionOutcome> {
         None
+    }
+
+    /// Hands a file's new text to the editor (`fs/write_text_file`), which shows it for review. `Err` with the
+    /// reason when the editor refused it or cannot be asked.
+    async fn write_text_file(
+        &self,
+        _request: agent_client_protocol::v1::schema::WriteTextFileRequest,
+    ) -> std::result::Result<(), String> {
+        Err("no editor is connected".into())
     }
 }
 
@@ -685,6 +695,9 @@ impl Bridge {
         self.agent_of(record) == AgentKind::OpenCode
             && self.config.agent == AgentKind::OpenCode
             && self.config.opencode_backend == crate::config::OpenCodeBackend::Serve
+            // Review mode runs `run`: its hooks (after each tool, at the end) live in that turn loop. The copy would
+            // suit a warm server too (it is a plain bind, changed freely while mounted), an overlay would not.
+            && self.config.workspace == crate::config::WorkspaceMode::Direct
     }
 
     /// Whether sandboxes get a network namespace of their own (a server's port is then private to its sandbox).

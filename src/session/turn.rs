@@ -508,6 +508,16 @@ impl Turn<'_> {
         command: Option<&str>,
         rendered: &prompt::RenderedPrompt,
     ) -> Result<Attempt> {
+        let review = sandbox.review_copy().map(|copy| super::review::Review {
+            copy,
+            sink: self.sink.clone(),
+            session_id: self.record.id.clone(),
+            workspace: PathBuf::from(&self.record.cwd),
+            editor_writes: self.bridge.client_abilities().write_text_file,
+        });
+        if let Some(review) = &review {
+            review.begin(emit).await?;
+        }
         let mut files = Vec::new();
         if !rendered.images.is_empty() {
             let dir = prompt::attachments_dir(sandbox.state_dir(), emit.turn_id);
@@ -597,11 +607,20 @@ impl Turn<'_> {
                         if text.trim().is_empty() {
                             continue;
                         }
+                        let mut tool_ended = false;
                         for output in translator.line(&text) {
+                            tool_ended |= ends_a_tool(&output);
                             if let Err(error) = self.handle(output, emit, &mut state).await {
                                 failed = Some(error);
                                 break;
                             }
+                        }
+                        if failed.is_none()
+                            && tool_ended
+                            && let Some(review) = &review
+                            && let Err(error) = review.step(emit).await
+                        {
+                            failed = Some(error);
                         }
                         if failed.is_some() {
                             break;
@@ -666,6 +685,10 @@ impl Turn<'_> {
         let limit_hit = process.handle.limit_hit();
         for output in translator.finish() {
             self.handle(output, emit, &mut state).await?;
+        }
+        // What the agent changed last (or before it was stopped) is reviewed with the turn.
+        if let Some(review) = &review {
+            review.step(emit).await?;
         }
         let name = self.agent.display_name();
         tracing::debug!(session = %self.record.id, exit = %exit.describe(), "the CLI exited");
@@ -857,6 +880,17 @@ async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Whether an output says a tool finished: what it changed is reviewed then.
+fn ends_a_tool(output: &Output) -> bool {
+    let done =
+        |status: Option<ToolCallStatus>| matches!(status, Some(ToolCallStatus::Completed | ToolCallStatus::Failed));
+    match output {
+        Output::Update(SessionUpdate::ToolCall(call)) => done(Some(call.status)),
+        Output::Update(SessionUpdate::ToolCallUpdate(update)) => done(update.fields.status),
+        _ => false,
     }
 }
 

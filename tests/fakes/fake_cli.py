@@ -24,6 +24,10 @@ Scenarios (both agents unless noted):
   `serve` is not implemented (exit 1, like a CLI without a server).
   hugeline* (a 20 MiB text event on one line, then a normal answer),
   child (starts a grandchild `sleep 1000` in its own session, writes its pid to <cwd>/.fake-cli/child.pid, sleeps).
+  files* (`OPS:[...]` in the prompt, a JSON list done in order in the cwd: ["read", path], ["write", path, text],
+  ["bytes", path, hex], ["delete", path], ["flush"] (prints the events so far), ["await", path, text] (waits at
+  most 20 s for the file to hold text, else reports `path=<not awaited>`); then one completed tool event per op
+  and a text `READ path=...; ...` of what each read found, `path=<missing>` when there was no file).
   (* OpenCode only, + Amp only.) Amp prints the `User cancelled (SIGINT/SIGTERM)` error result and exits 0 on
   SIGTERM/SIGINT once it has started streaming, like the real one; OpenCode just dies from the signal.
 """
@@ -273,6 +277,74 @@ def opencode_fixture_lines(name, sid, cwd):
     return [line.replace(recorded_sid, sid).replace("/tmp/ws-oc", json_escaped(cwd)) for line in lines]
 
 
+def oc_tool(sid, msg, tool, title, tool_input, output):
+    t = now_ms()
+    return {"type": "tool_use", "timestamp": t, "sessionID": sid,
+            "part": {"type": "tool", "tool": tool, "callID": "call_" + oc_ids()[1],
+                     "state": {"status": "completed", "input": tool_input, "output": output, "metadata": {},
+                               "title": title, "time": {"start": t, "end": t}},
+                     "id": oc_ids()[1], "sessionID": sid, "messageID": msg}}
+
+
+def run_file_ops(prompt, sid, msg, cwd):
+    """The `files` scenario: the ops are done before any event is printed (but at a `flush`), so what the bridge
+    reviews after the first tool event is all the work before it, whatever the timing."""
+    match = re.search(r"OPS:(\[.*\])", prompt, re.S)
+    ops = json.loads(match.group(1)) if match else []
+    reads, events, started = [], [], False
+    for op in ops:
+        kind, path = op[0], (op[1] if len(op) > 1 else "")
+        full = os.path.join(cwd, path)
+        if kind == "read":
+            try:
+                with open(full, encoding="utf-8") as f:
+                    found = f.read()
+            except FileNotFoundError:
+                found = "<missing>"
+            reads.append(f"{path}={found}")
+            events.append(oc_tool(sid, msg, "read", path, {"filePath": full}, found))
+        elif kind in ("write", "bytes"):
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            data = op[2].encode() if kind == "write" else bytes.fromhex(op[2])
+            with open(full, "wb") as f:
+                f.write(data)
+            content = op[2] if kind == "write" else f"<{len(data)} bytes>"
+            events.append(oc_tool(sid, msg, "write", path, {"filePath": full, "content": content}, "Wrote file successfully."))
+        elif kind == "flush":
+            # The events so far are printed now: the bridge reviews while we go on.
+            if not started:
+                emit_json(oc_step_start(sid, msg))
+                started = True
+            for event in events:
+                emit_json(event)
+            events = []
+        elif kind == "await":
+            # Waits (at most 20 s) until the file in our working directory holds the text: what the bridge made of
+            # it after the tools flushed before.
+            deadline = time.time() + 20
+            while time.time() < deadline:
+                try:
+                    with open(full, encoding="utf-8") as f:
+                        if f.read() == op[2]:
+                            break
+                except FileNotFoundError:
+                    pass
+                time.sleep(0.05)
+            else:
+                reads.append(f"{path}=<not awaited>")
+        elif kind == "delete":
+            os.remove(full)
+            events.append(oc_tool(sid, msg, "bash", f"rm {path}", {"command": f"rm {path}", "description": "delete"}, ""))
+        else:
+            fail(f"fake opencode: unknown file op {kind!r}")
+    if not started:
+        emit_json(oc_step_start(sid, msg))
+    for event in events:
+        emit_json(event)
+    emit_json(oc_text(sid, msg, "READ " + "; ".join(reads)))
+    emit_json(oc_step_finish(sid, msg))
+
+
 def run_opencode(args):
     opts = parse_opencode(args)
     if opts.get("dir"):
@@ -337,6 +409,8 @@ def run_opencode(args):
         emit_json(oc_text(sid, msg, "x" * (20 * 1024 * 1024)))
         for line in opencode_fixture_lines(OPENCODE_FIXTURES["text"], sid, cwd):
             emit(line)
+    elif scenario == "files":
+        run_file_ops(prompt, sid, msg, cwd)
     elif scenario == "child":
         start_grandchild()
         emit_json(oc_step_start(sid, msg))

@@ -294,7 +294,25 @@ pub struct Bridge {
     pub permission_answer: Option<String>,
     /// Every `session/request_permission` received (its params), in order.
     pub permission_requests: Vec<Value>,
+    /// Advertise `fs.writeTextFile` in `initialize` (a client like Zed that reviews the agent's writes).
+    pub offer_writes: bool,
+    /// How `fs/write_text_file` is answered: write the content to disk (Keep) or answer without writing, which
+    /// leaves the user's file as it was (Reject).
+    pub keep_writes: bool,
+    /// Answer `fs/write_text_file` with this JSON-RPC error message instead (an editor that refuses).
+    pub refuse_writes: Option<String>,
+    /// Every `fs/write_text_file` received, in order.
+    pub file_writes: Vec<FileWrite>,
     pub options: BridgeOptions,
+}
+
+/// One `fs/write_text_file` the bridge sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileWrite {
+    pub path: PathBuf,
+    pub content: String,
+    /// What the file held on disk when the request arrived (`None`: no file).
+    pub before: Option<String>,
 }
 
 impl Bridge {
@@ -380,6 +398,10 @@ impl Bridge {
             transcript: Vec::new(),
             permission_answer: None,
             permission_requests: Vec::new(),
+            offer_writes: false,
+            keep_writes: true,
+            refuse_writes: None,
+            file_writes: Vec::new(),
             options,
         }
     }
@@ -391,13 +413,25 @@ impl Bridge {
         bridge
     }
 
-    /// Sends `initialize` the way Zed does (protocol 1, no client fs/terminal) and returns the result.
+    /// Starts the bridge and completes `initialize` as a client that offers `fs/write_text_file` and keeps
+    /// (`keep`: writes to disk) or rejects (answers without writing) every write.
+    pub fn start_reviewing(options: BridgeOptions, keep: bool) -> Bridge {
+        let mut bridge = Bridge::spawn(options);
+        bridge.offer_writes = true;
+        bridge.keep_writes = keep;
+        bridge.initialize();
+        bridge
+    }
+
+    /// Sends `initialize` the way Zed does (protocol 1, no terminal; fs writes only with `offer_writes`) and
+    /// returns the result.
     pub fn initialize(&mut self) -> Value {
+        let writes = self.offer_writes;
         self.request(
             "initialize",
             json!({
                 "protocolVersion": 1,
-                "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false},
+                "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": writes}, "terminal": false},
                 "clientInfo": {"name": "acp-sandbox-e2e", "title": "acp-sandbox e2e tests", "version": "0.0.0"}
             }),
         )
@@ -587,6 +621,32 @@ impl Bridge {
                 };
                 self.permission_requests.push(params);
                 self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": outcome}}).to_string());
+                return;
+            }
+            if method == "fs/write_text_file"
+                && self.offer_writes
+                && let Some(id) = message.get("id").cloned()
+            {
+                let params = message.get("params").cloned().unwrap_or(Value::Null);
+                check(self, "WriteTextFileRequest", &params);
+                let path = PathBuf::from(params["path"].as_str().unwrap_or_default());
+                let content = params["content"].as_str().unwrap_or_default().to_string();
+                if !path.is_absolute() {
+                    self.fail(&format!("fs/write_text_file with a relative path: {trimmed}"));
+                }
+                let before = std::fs::read_to_string(&path).ok();
+                if let Some(message) = self.refuse_writes.clone() {
+                    self.file_writes.push(FileWrite { path, content, before });
+                    let error = json!({"code": -32603, "message": message});
+                    self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "error": error}).to_string());
+                    return;
+                }
+                if self.keep_writes {
+                    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                    std::fs::write(&path, &content).unwrap();
+                }
+                self.file_writes.push(FileWrite { path, content, before });
+                self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string());
                 return;
             }
             if message.get("id").is_some() {

@@ -28,6 +28,7 @@ pub fn generate() -> Vec<(&'static str, Value)> {
         // Agent -> client notifications and requests.
         SessionNotification,
         RequestPermissionRequest,
+        WriteTextFileRequest,
         // Responses to the client's requests.
         InitializeResponse,
         AuthenticateResponse,
