@@ -182,6 +182,17 @@ async fn sleeper(fake: &FakeE2b, id: &str, sandbox: &E2bSandbox) -> (RunningProc
     (process, pid)
 }
 
+/// Whether `pid` is gone within a few seconds (a killed process takes a moment to die).
+async fn host_pid_ends(pid: u32) -> bool {
+    for _ in 0..250 {
+        if !host_pid_alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    false
+}
+
 fn host_pid_alive(pid: u32) -> bool {
     // The fake runs processes on the host: envd's pid is the host's. A zombie is not alive.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -359,9 +370,7 @@ async fn kill_ends_the_remote_process() {
     // A handle dropped while its command runs kills the command too.
     let (process, pid) = sleeper(&fake, &id, &sandbox).await;
     drop(process);
-    while host_pid_alive(pid) {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    assert!(host_pid_ends(pid).await, "a dropped handle's command {pid} runs on");
     provider.destroy(&id).await.unwrap();
 }
 
@@ -432,7 +441,7 @@ async fn destroy_kills_and_a_gone_sandbox_is_none() {
 
     provider.destroy(&id).await.unwrap();
     assert_eq!(fake.state(), json!({}));
-    assert!(!host_pid_alive(pid));
+    assert!(host_pid_ends(pid).await, "the sandbox's process {pid} outlived it");
     assert!(provider.connect(&id, &spec("s-gone")).await.unwrap().is_none());
     // Destroying or pausing what is gone succeeds; running in it says the sandbox is not found.
     provider.destroy(&id).await.unwrap();
