@@ -515,6 +515,7 @@ fn help_shows_each_command_its_own_settings_and_the_defaults() {
             "--json",
             "--sandbox",
             "--session",
+            "--workspace",
             "--data-dir",
             "--model",
             "--opencode-bin",
