@@ -377,6 +377,13 @@ impl SandboxProvider for LocalProvider {
         Ok(())
     }
 
+    fn unconfined(&self) -> Option<String> {
+        match &self.settings.isolation {
+            Isolation::None(why) => Some(why.clone()),
+            Isolation::Bwrap(_) => None,
+        }
+    }
+
     async fn trim(&self, id: &str) -> Result<bool, SandboxError> {
         let Some(path) = self.owned(id) else { return Ok(false) };
         let work = tokio::task::spawn_blocking(move || -> std::io::Result<bool> {

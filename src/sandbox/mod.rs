@@ -257,4 +257,8 @@ pub trait SandboxProvider: Send + Sync {
     async fn trim(&self, _id: &str) -> Result<bool, SandboxError> {
         Ok(false)
     }
+    /// Why this provider's sandboxes would not confine the CLI at all, if they would not: the user is told once.
+    fn unconfined(&self) -> Option<String> {
+        None
+    }
 }

@@ -322,7 +322,7 @@ impl Turn<'_> {
         }
         // The user must know when the agent has their whole machine: said once, in the session's first turn.
         if self.record.sandbox_id.is_none()
-            && let crate::sandbox::local::Isolation::None(why) = self.bridge.isolation()
+            && let Some(why) = self.bridge.provider.unconfined()
         {
             emit.send(note(&format!(
                 "_{} runs WITHOUT a sandbox here ({why}): it can read and write everything you can._",
