@@ -91,6 +91,19 @@ pub fn update_json(update: &SessionUpdate) -> serde_json::Result<Value> {
     Ok(value)
 }
 
+/// Whether the crate's JSON of `update` would leave out a diff's `oldText` (a new file): only such an update
+/// needs [`explicit_new_files`], so every other one is sent without the detour through a JSON value.
+pub fn has_new_file_diff(update: &SessionUpdate) -> bool {
+    let content = match update {
+        SessionUpdate::ToolCall(call) => Some(&call.content),
+        SessionUpdate::ToolCallUpdate(update) => update.fields.content.as_ref(),
+        _ => None,
+    };
+    content.is_some_and(|items| {
+        items.iter().any(|item| matches!(item, ToolCallContent::Diff(diff) if diff.old_text.is_none()))
+    })
+}
+
 /// Gives every diff in the `content` of an update's JSON (a `tool_call` or `tool_call_update`, also the tool
 /// call of a permission request) an `oldText`, `null` where it had none.
 pub fn explicit_new_files(update: &mut Value) {
@@ -495,7 +508,7 @@ mod tests {
             diff_content("/w/old.txt".into(), Some("was\n".into()), "is\n".into()),
             text_content("done"),
         ]);
-        let wire = update_json(&SessionUpdate::ToolCall(call)).unwrap_or_default();
+        let wire = update_json(&SessionUpdate::ToolCall(call.clone())).unwrap_or_default();
         assert_eq!(
             wire["content"],
             json!([
@@ -509,6 +522,25 @@ mod tests {
             ContentBlock::from("hi".to_string()),
         ));
         assert_eq!(update_json(&chunk).ok(), serde_json::to_value(&chunk).ok());
+        // Only an update with a new file's diff takes the detour.
+        let edit = ToolCallUpdate::new(
+            "t2",
+            ToolCallUpdateFields::new().content(vec![diff_content("/w/old.txt".into(), Some("a".into()), "b".into())]),
+        );
+        let created = ToolCallUpdate::new(
+            "t3",
+            ToolCallUpdateFields::new().content(vec![diff_content("/w/new.txt".into(), None, "b".into())]),
+        );
+        assert_eq!(
+            [
+                &SessionUpdate::ToolCall(call),
+                &SessionUpdate::ToolCallUpdate(edit),
+                &SessionUpdate::ToolCallUpdate(created),
+                &chunk
+            ]
+            .map(has_new_file_diff),
+            [true, false, true, false]
+        );
     }
 
     #[test]
