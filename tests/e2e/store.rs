@@ -166,16 +166,22 @@ fn a_data_dir_deleted_mid_turn_fails_the_turn_naming_it_stops_the_cli_and_later_
     assert_eq!(new.data.as_ref().unwrap()["store"], "gone", "{new}");
 }
 
-#[test]
-fn session_list_answers_while_another_program_holds_the_write_lock_and_the_waiting_prompt_goes_on_after() {
-    let dirs = TestDirs::new("store-lock");
+/// A session whose store another program holds locked before anything is prompted, with a busy timeout far
+/// longer than the test: a prompt waits for the lock however slow the machine is.
+fn locked_before_the_prompt(dirs: &TestDirs) -> (Bridge, PathBuf, String, rusqlite::Connection) {
     let ws = dirs.workspace("ws");
-    // A busy timeout far longer than the test: the prompt waits for the lock however slow the machine is.
     let options = BridgeOptions::new("opencode", &dirs.data).arg("--store-busy-timeout").arg("600");
     let mut bridge = Bridge::start(options);
     let sid = bridge.new_session(&ws);
-    let other = other_program(&database(&dirs));
+    let other = other_program(&database(dirs));
     other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    (bridge, ws, sid, other)
+}
+
+#[test]
+fn session_list_answers_while_another_program_holds_the_write_lock_and_the_waiting_prompt_goes_on_after() {
+    let dirs = TestDirs::new("store-lock");
+    let (mut bridge, _ws, sid, other) = locked_before_the_prompt(&dirs);
 
     let prompt = bridge.send_prompt(&sid, "Say hello");
     let list = bridge.request("session/list", json!({})).expect("session/list answers while the lock is held");
@@ -301,12 +307,7 @@ fn a_cancel_while_another_program_holds_the_lock_is_answered_at_once_and_the_tur
 #[test]
 fn a_prompt_waiting_for_the_lock_is_cancelled_at_once_and_recorded_as_cancelled_once_released() {
     let dirs = TestDirs::new("store-locked-cancel-early");
-    let ws = dirs.workspace("ws");
-    let options = BridgeOptions::new("opencode", &dirs.data).arg("--store-busy-timeout").arg("600");
-    let mut bridge = Bridge::start(options);
-    let sid = bridge.new_session(&ws);
-    let other = other_program(&database(&dirs));
-    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let (mut bridge, ws, sid, other) = locked_before_the_prompt(&dirs);
     let id = bridge.send_prompt(&sid, "Say hello");
     std::thread::sleep(Duration::from_millis(500));
     bridge.cancel(&sid);
