@@ -387,6 +387,11 @@ impl SandboxProvider for LocalProvider {
     async fn trim(&self, id: &str) -> Result<bool, SandboxError> {
         let Some(path) = self.owned(id) else { return Ok(false) };
         let work = tokio::task::spawn_blocking(move || -> std::io::Result<bool> {
+            // Something still runs in it (another bridge's warm server, a leftover): its caches stay.
+            let home = path.join("home");
+            if process_table().iter().any(|entry| home_of(entry.pid).as_deref() == Some(home.as_path())) {
+                return Ok(false);
+            }
             let state = match StateDir::open(&path) {
                 Ok(state) => state,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
@@ -1472,6 +1477,28 @@ mod tests {
         assert!(provider.trim(&id).await.unwrap());
         assert_eq!(std::fs::read_dir(&review).unwrap().count(), 0);
         assert!(Path::new(&id).join("home").is_dir());
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_something_still_runs_in_keeps_its_caches() {
+        let dir = tempfile::tempdir().unwrap();
+        let provider = LocalProvider::new(
+            dir.path().join("sessions"),
+            Arc::new(LocalSettings::from_config(&test_config(dir.path()), Isolation::None("test".into()))),
+        );
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        let id = provider.create(&SandboxSpec { session_id: "s1".into(), workspace: ws }).await.unwrap();
+        std::fs::write(Path::new(&id).join("cache/plugin.js"), "x").unwrap();
+        let mut running =
+            std::process::Command::new("sleep").arg("30").env("HOME", Path::new(&id).join("home")).spawn().unwrap();
+        let kept = provider.trim(&id).await.unwrap();
+        running.kill().unwrap();
+        running.wait().unwrap();
+        assert!(!kept, "a cache in use was emptied");
+        assert!(Path::new(&id).join("cache/plugin.js").exists());
+        assert!(provider.trim(&id).await.unwrap(), "once nothing runs there, it is emptied");
+        assert!(!Path::new(&id).join("cache/plugin.js").exists());
     }
 
     #[tokio::test]

@@ -252,8 +252,8 @@ pub trait SandboxProvider: Send + Sync {
     /// Frees the sandbox and everything in it. Destroying a missing sandbox succeeds.
     async fn destroy(&self, id: &str) -> Result<(), SandboxError>;
     /// Frees what a sandbox keeps only to be faster: the CLI's caches (downloaded plugins, npm's cache), which the
-    /// CLI fetches again when it needs them. Called for sessions long unused, while nothing runs in them; answers
-    /// whether anything was there to free.
+    /// CLI fetches again when it needs them. Called for sessions long unused; a sandbox something still runs in is
+    /// left alone. Answers whether anything was there to free.
     async fn trim(&self, _id: &str) -> Result<bool, SandboxError> {
         Ok(false)
     }

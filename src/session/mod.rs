@@ -244,20 +244,16 @@ impl Bridge {
     }
 
     /// Frees, in the background, the caches of the sandboxes of sessions unused for [`TRIM_CACHES_AFTER`] (OpenCode
-    /// downloads its plugins into every session's own cache, so they add up across many sessions), unless
-    /// something still runs in them. The CLI fetches what it needs again on the next prompt. Serving bridges only.
+    /// downloads its plugins into every session's own cache, so they add up across many sessions); the provider
+    /// leaves a sandbox alone while something still runs in it. The CLI fetches what it needs again on the next
+    /// prompt. Serving bridges only.
     pub fn trim_idle_caches(self: &Arc<Self>) {
         let bridge = self.clone();
         tokio::spawn(async move {
             let before = now_ms().saturating_sub(TRIM_CACHES_AFTER.as_millis() as i64);
             let Ok(sessions) = bridge.store.list_sessions(None, None, None, usize::MAX).await else { return };
-            let busy: std::collections::HashSet<String> =
-                crate::sandbox::local::leftover_processes(&bridge.config.sessions_dir())
-                    .into_iter()
-                    .map(|(_, session)| session)
-                    .collect();
             let mut trimmed = 0;
-            for record in sessions.iter().filter(|r| r.updated_at < before && !busy.contains(&r.id)) {
+            for record in sessions.iter().filter(|r| r.updated_at < before) {
                 let Some(sandbox) = record.sandbox_id.as_deref() else { continue };
                 if record.sandbox_provider != bridge.provider.name() {
                     continue;
