@@ -236,6 +236,22 @@ pub trait Sandbox: Send + Sync {
     fn review_copy(&self) -> Option<Arc<review::WorkspaceCopy>> {
         None
     }
+    /// A remote sandbox (its workspace is on its own disk, not the user's): its files, through which the session
+    /// uploads the workspace, brings the agent's changes back for review and stages what a turn needs. `None` for
+    /// a sandbox that sees the user's files where they are.
+    fn remote_files(&self) -> Option<&dyn RemoteFiles> {
+        None
+    }
+}
+
+/// The files of a remote sandbox, reached through its provider's API (never through a command line, which a
+/// provider may record).
+#[async_trait]
+pub trait RemoteFiles: Send + Sync {
+    /// Writes `bytes` at the absolute `path` in the sandbox, creating its parents and replacing what is there.
+    async fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError>;
+    /// Reads the file at the absolute `path` in the sandbox; `None` when there is none.
+    async fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError>;
 }
 
 /// Creates and finds sandboxes of one kind.

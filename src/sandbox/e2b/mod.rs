@@ -348,6 +348,21 @@ impl Sandbox for E2bSandbox {
         }
         self.upload(path, bytes).await
     }
+
+    fn remote_files(&self) -> Option<&dyn super::RemoteFiles> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl super::RemoteFiles for E2bSandbox {
+    async fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError> {
+        self.upload(path, bytes).await
+    }
+
+    async fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
+        self.download(path).await
+    }
 }
 
 /// What the next read of a process stream gave.
