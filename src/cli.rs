@@ -83,7 +83,7 @@ struct Settings {
     #[arg(long, global = true, env = "ACP_SANDBOX_AGENT", value_enum, default_value = "opencode")]
     agent: AgentKind,
     /// Where CLIs run: bubblewrap when available (auto), bubblewrap or fail (bwrap), no sandbox (none), or an E2B
-    /// sandbox per session (e2b, preview: needs E2B_API_KEY).
+    /// or Daytona sandbox per session (e2b, daytona; preview: need E2B_API_KEY, DAYTONA_API_KEY).
     #[arg(long, global = true, env = "ACP_SANDBOX_SANDBOX", value_enum, default_value = "auto")]
     sandbox: SandboxChoice,
     /// How the agent's writes reach your files: at once (direct), or through the editor's review (review).

@@ -31,6 +31,8 @@ pub enum SandboxChoice {
     None,
     /// An E2B sandbox per session (preview): `E2B_API_KEY` in the bridge's environment.
     E2b,
+    /// A Daytona sandbox per session (preview): `DAYTONA_API_KEY` in the bridge's environment.
+    Daytona,
 }
 
 impl SandboxChoice {
@@ -41,6 +43,7 @@ impl SandboxChoice {
             SandboxChoice::Bwrap => "bwrap",
             SandboxChoice::None => "none",
             SandboxChoice::E2b => "e2b",
+            SandboxChoice::Daytona => "daytona",
         }
     }
 }

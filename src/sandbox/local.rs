@@ -46,7 +46,7 @@ impl Isolation {
                 Err(why) => Err(SandboxError::Unavailable(format!("--sandbox bwrap cannot work here: {why}"))),
             },
             // With a remote provider only the bridge's own short commands (versions, model lists) run here.
-            SandboxChoice::Auto | SandboxChoice::E2b => Ok(match probe_bwrap() {
+            SandboxChoice::Auto | SandboxChoice::E2b | SandboxChoice::Daytona => Ok(match probe_bwrap() {
                 Ok(path) => Isolation::Bwrap(path),
                 Err(why) => Isolation::None(why),
             }),

@@ -44,6 +44,11 @@ pub fn session_provider(
             tracing::info!(api = %settings.api_url, template = %settings.template, "sessions run in E2B sandboxes");
             Ok(Arc::new(e2b::E2bProvider::new(settings)?))
         }
+        SandboxChoice::Daytona => {
+            let settings = daytona::DaytonaSettings::from_env()?;
+            tracing::info!(api = %settings.endpoint.api_url, snapshot = ?settings.snapshot, "sessions run in Daytona sandboxes");
+            Ok(Arc::new(daytona::DaytonaProvider::new(settings)?))
+        }
         SandboxChoice::Auto | SandboxChoice::Bwrap | SandboxChoice::None => Ok(local),
     }
 }

@@ -97,19 +97,37 @@ def demux(data):
     return bytes(out), bytes(err)
 
 
+def wrote(path, data, mode="w"):
+    """A file the daemon writes in a sandbox (mode "w" or "a"), also appended to --record-files when set."""
+    with open(path, mode + "b") as f:
+        f.write(data)
+    if ARGS.record_files:
+        line = {"path": os.path.relpath(path, ARGS.root), "mode": mode, "data": data.decode("utf-8", "replace")}
+        with RECORD_LOCK, open(ARGS.record_files, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
 class Command:
-    def __init__(self, session, command):
+    def __init__(self, session, command, run_async=True, suppress_echo=False):
         self.id = str(uuid.uuid4())
         self.command = command
         self.session = session
+        self.run_async = run_async
+        self.suppress_echo = suppress_echo
         self.dir = os.path.join(session.dir, self.id)
         os.makedirs(self.dir)
         self.log_path = os.path.join(self.dir, "output.log")
         self.exit_path = os.path.join(self.dir, "exit_code")
+        self.input_path = os.path.join(self.dir, "input.pipe")
         open(self.log_path, "wb").close()
+        # The daemon runs the command from a file it writes next to the log (the command line is on disk).
+        wrote(os.path.join(self.dir, "cmd.sh"), command.encode())
         self.exit_code = None
+        # The daemon learns the exit code when a GET of the command reads it; until then input is still tried.
+        self.exit_seen = False
         self.proc = None
         self.stdin_w = None
+        self.input_lock = threading.Lock()
         self.log_lock = threading.Lock()
         self.done = threading.Event()
         self.dropped = False
@@ -141,7 +159,11 @@ class Command:
                 )
             finally:
                 os.close(read_fd)
-            self.stdin_w = write_fd
+            with self.input_lock:
+                self.stdin_w = write_fd
+            if not self.run_async:
+                # A synchronous command's input pipe ends at once (`cat /dev/null > "$ip"`).
+                self.close_stdin()
             readers = [
                 threading.Thread(target=self.label, args=(self.proc.stdout, STDOUT_PREFIX), daemon=True),
                 threading.Thread(target=self.label, args=(self.proc.stderr, STDERR_PREFIX), daemon=True),
@@ -157,10 +179,14 @@ class Command:
     def label(self, pipe, prefix):
         # The daemon's labelers: `while read -r line; do printf '<prefix>%s\n' "$line"; done`.
         for line in iter(pipe.readline, b""):
-            with self.log_lock, open(self.log_path, "ab") as log:
-                log.write(prefix + line.rstrip(b"\n") + b"\n")
+            with self.log_lock:
+                wrote(self.log_path, prefix + line.rstrip(b"\n") + b"\n", "a")
 
     def close_stdin(self):
+        with self.input_lock:
+            self._close_stdin()
+
+    def _close_stdin(self):
         if self.stdin_w is not None:
             try:
                 os.close(self.stdin_w)
@@ -249,7 +275,7 @@ class Sandbox:
             "autoDeleteInterval": self.body.get("autoDeleteInterval", -1),
             "createdAt": self.created,
             "updatedAt": self.updated,
-            "daemonVersion": "fake",
+            "daemonVersion": ARGS.daemon_version,
             "toolboxProxyUrl": f"http://127.0.0.1:{self.port}/toolbox",
         }
         if self.body.get("buildInfo"):
@@ -508,6 +534,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.toolbox_error(404, "command not found", "NOT_FOUND")
         action = match.group(4)
         if action is None and method == "GET":
+            command.exit_seen = command.exit_code is not None
             return self.send(200, command.json())
         if action == "/logs" and method == "GET":
             return self.logs(command, query)
@@ -521,12 +548,43 @@ class Handler(BaseHTTPRequestHandler):
             command.signal_group(signal.SIGKILL)
             return self.send(204)
         if action == "/input" and method == "POST":
-            data = json.loads(body or b"{}").get("data", "")
-            if command.stdin_w is None:
-                return self.toolbox_error(400, "command is not running", "BAD_REQUEST")
-            os.write(command.stdin_w, data.encode())
-            return self.send(204)
+            return self.send_input(command, body)
         return self.toolbox_error(405, "method not allowed", "METHOD_NOT_ALLOWED")
+
+    def send_input(self, command, body):
+        """The daemon's SendInput: the data (a newline added when it has none) goes into the command's input pipe,
+        and is echoed into its log as stdout unless the command was started with `suppressInputEcho`."""
+        try:
+            data = json.loads(body or b"{}").get("data")
+        except (ValueError, AttributeError):
+            data = None
+        if not isinstance(data, str) or not data:
+            message = "Key: 'SessionSendInputRequest.Data' Error:Field validation for 'Data' failed on the 'required' tag"
+            return self.toolbox_error(400, message, "INVALID_REQUEST_BODY")
+        if command.exit_seen:
+            return self.toolbox_error(
+                410, f"command has already completed with exit code {command.exit_code}", "GONE"
+            )
+        if not data.endswith("\n"):
+            data += "\n"
+        with command.input_lock:
+            if command.stdin_w is None:
+                # Not made yet (the session's shell has not started the command) or already removed.
+                return self.toolbox_error(
+                    500,
+                    f"failed to open input pipe: open {command.input_path}: no such file or directory",
+                    "INTERNAL_SERVER_ERROR",
+                )
+            try:
+                encoded = data.encode()
+                while encoded:
+                    encoded = encoded[os.write(command.stdin_w, encoded):]
+            except OSError as e:
+                return self.toolbox_error(500, f"failed to write to input pipe: {e}", "INTERNAL_SERVER_ERROR")
+        if not command.suppress_echo:
+            with command.log_lock:
+                wrote(command.log_path, STDOUT_PREFIX + data.encode(), "a")
+        return self.send(204)
 
     def execute(self, sandbox, session, body):
         try:
@@ -534,10 +592,11 @@ class Handler(BaseHTTPRequestHandler):
             text = request["command"]
         except (ValueError, KeyError, TypeError):
             return self.toolbox_error(400, "command is required", "BAD_REQUEST")
-        command = Command(session, text)
+        run_async = bool(request.get("runAsync") or request.get("async"))
+        command = Command(session, text, run_async, bool(request.get("suppressInputEcho")))
         session.commands[command.id] = command
         threading.Thread(target=command.run, args=(sandbox,), daemon=True).start()
-        if request.get("runAsync") or request.get("async"):
+        if run_async:
             return self.send(202, {"cmdId": command.id})
         command.done.wait()
         with open(command.log_path, "rb") as f:
@@ -693,8 +752,7 @@ class Handler(BaseHTTPRequestHandler):
                 if data is None:
                     return self.toolbox_error(400, f"files[{index}].file is missing", "BAD_REQUEST")
                 os.makedirs(os.path.dirname(target), exist_ok=True)
-                with open(target, "wb") as f:
-                    f.write(data)
+                wrote(target, data)
                 index += 1
             if index == 0:
                 return self.toolbox_error(400, "no files", "BAD_REQUEST")
@@ -772,6 +830,10 @@ def main():
     parser.add_argument("--no-terminate", action="store_true")
     # A network that drops each command's first log stream after this many bytes.
     parser.add_argument("--drop-logs-after", type=int)
+    # Every file the daemon side writes in a sandbox (uploads, logs, cmd.sh), as JSON lines {path, mode, data}.
+    parser.add_argument("--record-files")
+    # What the control plane reports as the sandboxes' daemon version.
+    parser.add_argument("--daemon-version", default="fake")
     ARGS = parser.parse_args()
     os.makedirs(ARGS.root, exist_ok=True)
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)

@@ -84,8 +84,23 @@ impl DaytonaError {
 }
 
 impl From<DaytonaError> for crate::sandbox::SandboxError {
+    /// A refusal of Daytona's becomes a remote failure the session can act on (a refused key is a credential to fix,
+    /// a gone sandbox is replaced); a setting that is wrong says so before anything is asked.
     fn from(e: DaytonaError) -> Self {
-        crate::sandbox::SandboxError::Unavailable(e.to_string())
+        use crate::sandbox::{RemoteFailure, SandboxError};
+        let failure = match &e {
+            DaytonaError::MissingKey | DaytonaError::Config(_) => return SandboxError::Unavailable(e.to_string()),
+            DaytonaError::Auth { .. } => RemoteFailure::Auth,
+            DaytonaError::NotFound { .. } => RemoteFailure::NotFound,
+            DaytonaError::Api { status: 429, .. } => RemoteFailure::RateLimited,
+            DaytonaError::Transport { source, .. } if source.is_decode() => RemoteFailure::Protocol,
+            DaytonaError::Transport { .. } => RemoteFailure::Unreachable,
+            DaytonaError::Api { .. }
+            | DaytonaError::State { .. }
+            | DaytonaError::Timeout { .. }
+            | DaytonaError::Stream(_) => RemoteFailure::Failed,
+        };
+        SandboxError::Remote { provider: super::PROVIDER, failure, message: e.to_string() }
     }
 }
 
@@ -123,6 +138,9 @@ pub struct SandboxInfo {
     /// Where its toolbox is reached: `{toolboxProxyUrl}/{id}/…`.
     #[serde(default)]
     pub toolbox_proxy_url: Option<String>,
+    /// The version of the daemon inside (`v0.190.0`), when the control plane knows it.
+    #[serde(default)]
+    pub daemon_version: Option<String>,
 }
 
 impl SandboxInfo {
@@ -166,7 +184,8 @@ impl CreateRequest {
 
 /// The `POST /process/session/{id}/exec` body of an asynchronous command (pure).
 pub fn exec_body(command: &str) -> Value {
-    json!({ "command": command, "runAsync": true })
+    // The command's input carries its environment: the daemon must not echo it into the command's log on disk.
+    json!({ "command": command, "runAsync": true, "suppressInputEcho": true })
 }
 
 /// One command of a session, as the toolbox reports it.
@@ -410,6 +429,14 @@ impl Toolbox {
         Ok(json_of::<CmdId>(response, &what).await?.cmd_id)
     }
 
+    /// `POST …/command/{cmd}/input`: `data` goes to the command's stdin through the daemon's input pipe (a FIFO:
+    /// kernel memory, never a file), with a newline appended when it has none.
+    pub async fn send_input(&self, session: &str, command: &str, data: &str) -> Result<(), DaytonaError> {
+        let what = format!("send input to command {command}");
+        let url = self.url(&format!("/process/session/{}/command/{}/input", seg(session), seg(command)));
+        send(self.client.request(Method::POST, &url).json(&json!({ "data": data })), &what).await.map(drop)
+    }
+
     /// `GET /process/session/{id}/command/{cmd}`.
     pub async fn command(&self, session: &str, command: &str) -> Result<CommandInfo, DaytonaError> {
         let what = format!("get command {command}");
@@ -511,7 +538,7 @@ mod tests {
         );
         let bare = CreateRequest { target: Some("eu".into()), ..CreateRequest::default() };
         assert_eq!(bare.body(), json!({"env": {}, "labels": {}, "autoStopInterval": 0, "target": "eu"}));
-        assert_eq!(exec_body("echo hi"), json!({"command": "echo hi", "runAsync": true}));
+        assert_eq!(exec_body("echo hi"), json!({"command": "echo hi", "runAsync": true, "suppressInputEcho": true}));
     }
 
     #[test]
@@ -536,6 +563,7 @@ mod tests {
             state: Some("started".into()),
             error_reason: None,
             toolbox_proxy_url: Some("https://proxy.app.daytona.io/toolbox/".into()),
+            daemon_version: None,
         };
         let toolbox = client.toolbox(&info).await.unwrap();
         assert_eq!(

@@ -279,6 +279,7 @@ mod tests {
             state: Some("started".into()),
             error_reason: None,
             toolbox_proxy_url: Some(format!("https://127.0.0.1:{port}/toolbox")),
+            daemon_version: None,
         };
         let toolbox = client.toolbox(&info).await.unwrap();
         let (stdout, _keep_out) = tokio::io::duplex(64);

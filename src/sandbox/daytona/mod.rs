@@ -8,7 +8,8 @@
 //!
 //! The API key (`DAYTONA_API_KEY`) is used only in the bridge's own requests: a new sandbox gets no environment,
 //! every command's environment is scrubbed of `DAYTONA_*` and of any value holding the key, and nothing here logs
-//! it (its `Debug` is redacted).
+//! it (its `Debug` is redacted). A command's environment (the CLI's keys) and stdin never reach the sandbox's disk
+//! or the command line: they travel through the command's input pipe (`process.rs`).
 
 pub mod api;
 pub mod logs;
@@ -25,8 +26,10 @@ use tokio::sync::watch;
 use self::api::{Client, CreateRequest, DaytonaError, Endpoint, SandboxInfo, Toolbox};
 use self::logs::{Demuxer, Sinks};
 use self::process::DaytonaProcess;
-use crate::sandbox::{ExecSpec, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec};
+use crate::sandbox::{ExecSpec, RemoteFiles, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec};
 
+/// The provider's name, persisted with each session it created.
+pub const PROVIDER: &str = "daytona";
 /// The cloud's API when `DAYTONA_API_URL` is not set.
 pub const DEFAULT_API_URL: &str = "https://app.daytona.io/api";
 /// Minutes without activity before Daytona stops a sandbox by itself (the bridge stops it after every turn).
@@ -121,6 +124,8 @@ impl DaytonaProvider {
             toolbox,
             api_key: self.settings.endpoint.api_key.clone(),
             session_id: session_id.to_string(),
+            echo_suppressed: process::suppresses_input_echo(info.daemon_version.as_deref()),
+            daemon_version: info.daemon_version.clone(),
         })
     }
 }
@@ -128,7 +133,7 @@ impl DaytonaProvider {
 #[async_trait]
 impl SandboxProvider for DaytonaProvider {
     fn name(&self) -> &'static str {
-        "daytona"
+        PROVIDER
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<String, SandboxError> {
@@ -142,7 +147,7 @@ impl SandboxProvider for DaytonaProvider {
         let info =
             if created.state() == "started" { created } else { self.wait_for(&created.id, &["started"]).await? };
         let sandbox = self.open(&info, &spec.session_id).await?;
-        for dir in [&sandbox.workspace, &sandbox.state_dir, &sandbox.state_dir.join(".run")] {
+        for dir in [&sandbox.workspace, &sandbox.state_dir] {
             sandbox.toolbox.create_folder(&dir.display().to_string()).await?;
         }
         tracing::info!(session = %spec.session_id, sandbox = %info.id, "created a Daytona sandbox");
@@ -215,10 +220,14 @@ pub struct DaytonaSandbox {
     state_dir: PathBuf,
     api_key: String,
     session_id: String,
+    /// Whether its daemon keeps a command's input out of the on-disk log (commands are refused otherwise).
+    echo_suppressed: bool,
+    daemon_version: Option<String>,
 }
 
-/// A path below a directory: relative, without `..`.
+/// A path below a directory: absolute inside it (as the session names attachments), or relative; never with `..`.
 fn below(dir: &Path, path: &Path) -> Result<PathBuf, SandboxError> {
+    let path = path.strip_prefix(dir).unwrap_or(path);
     let plain = path.components().all(|c| matches!(c, Component::Normal(_)));
     if !plain || path.as_os_str().is_empty() {
         return Err(SandboxError::Unavailable(format!("{} is not a plain path below the state dir", path.display())));
@@ -237,9 +246,18 @@ impl DaytonaSandbox {
         Ok(self.toolbox.upload(vec![(path.display().to_string(), bytes)]).await?)
     }
 
-    /// Reads a file of the sandbox.
-    pub async fn download(&self, path: &Path) -> Result<Vec<u8>, SandboxError> {
-        Ok(self.toolbox.download(&path.display().to_string()).await?)
+    /// Reads a file of the sandbox; `None` when there is none.
+    pub async fn download(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
+        match self.toolbox.download(&path.display().to_string()).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            // The daemon answers a missing file with a bare 404, and so may the proxy for a sandbox that is gone:
+            // only a toolbox that still answers makes it a missing file (never "deleted" for a lost sandbox).
+            Err(e) if e.is_not_found() => {
+                self.toolbox.home_dir().await?;
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -262,6 +280,10 @@ impl Sandbox for DaytonaSandbox {
         self.upload(&target, bytes.to_vec()).await
     }
 
+    fn remote_files(&self) -> Option<&dyn RemoteFiles> {
+        Some(self)
+    }
+
     async fn exec(&self, spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
         if spec.serve_port.is_some() {
             return Err(SandboxError::Unavailable("a server inside a Daytona sandbox is not supported yet".into()));
@@ -275,35 +297,42 @@ impl Sandbox for DaytonaSandbox {
         if !dropped.is_empty() {
             tracing::warn!(session = %self.session_id, ?dropped, "left Daytona's own variables out of a command");
         }
-        let (env_text, skipped) = process::env_file(&env, &spec.cwd);
+        let (exports, skipped) = process::env_exports(&env, &spec.cwd);
         if !skipped.is_empty() {
             tracing::warn!(session = %self.session_id, ?skipped, "variables sh cannot export were left out");
         }
+        let (input, lines, stdin_len) =
+            process::input(&exports, &spec.stdin).map_err(|why| SandboxError::Spawn {
+                program: spec.program.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
+            })?;
+        if !self.echo_suppressed {
+            // An older daemon would copy the input (the CLI's keys) into the command's log file on the sandbox's disk.
+            return Err(SandboxError::Unavailable(format!(
+                "the Daytona sandbox {} runs daemon {}, which writes a command's input to its disk; acp-sandbox needs \
+                 daemon 0.144 or later (a newer snapshot)",
+                self.id,
+                self.daemon_version.as_deref().unwrap_or("?")
+            )));
+        }
         let session = format!("acp-{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
-        let run = self.state_dir.join(".run");
-        let env_path = run.join(format!("{session}.env")).display().to_string();
-        let stdin_path = run.join(format!("{session}.stdin")).display().to_string();
-        self.toolbox
-            .upload(vec![
-                (env_path.clone(), env_text.into_bytes()),
-                (stdin_path.clone(), std::mem::take(&mut spec.stdin)),
-            ])
-            .await?;
-        let line = process::command_line(&spec, &env_path, &stdin_path);
-        let started = match self.toolbox.create_session(&session).await {
-            Ok(()) => self.toolbox.execute(&session, &line).await,
-            Err(e) => Err(e),
-        };
+        let line = process::command_line(&spec, lines, stdin_len);
+        let started = async {
+            self.toolbox.create_session(&session).await?;
+            let command = self.toolbox.execute(&session, &line).await?;
+            process::send_input(&self.toolbox, &session, &command, &input).await?;
+            Ok::<_, DaytonaError>(command)
+        }
+        .await;
         let command = match started {
             Ok(command) => command,
             Err(e) => {
-                // The staged environment holds the CLI's secrets: it must not stay behind.
-                for path in [&env_path, &stdin_path] {
-                    if let Err(e) = self.toolbox.delete_file(path).await {
-                        tracing::warn!(session = %self.session_id, "could not remove {path}: {e}");
-                    }
+                // A command that never got its input would wait for it forever.
+                if let Err(e) = self.toolbox.delete_session(&session).await
+                    && !e.is_not_found()
+                {
+                    tracing::warn!(session = %self.session_id, "could not delete the command's session: {e}");
                 }
-                let _ = self.toolbox.delete_session(&session).await;
                 return Err(e.into());
             }
         };
@@ -350,6 +379,17 @@ impl Sandbox for DaytonaSandbox {
             }),
             door: None,
         })
+    }
+}
+
+#[async_trait]
+impl RemoteFiles for DaytonaSandbox {
+    async fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError> {
+        self.upload(path, bytes.to_vec()).await
+    }
+
+    async fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
+        self.download(path).await
     }
 }
 
@@ -417,7 +457,8 @@ mod tests {
     fn state_files_stay_below_the_state_dir() {
         let dir = Path::new("/home/daytona/.acp-sandbox");
         assert_eq!(below(dir, Path::new("att/a.png")).unwrap(), dir.join("att/a.png"));
-        for bad in ["/etc/passwd", "../x", "a/../../x", ""] {
+        assert_eq!(below(dir, &dir.join("att/a.png")).unwrap(), dir.join("att/a.png"));
+        for bad in ["/etc/passwd", "../x", "a/../../x", "", "/home/daytona/.acp-sandbox/../x", "/home/daytona/.acp-sandbox"] {
             assert!(below(dir, Path::new(bad)).is_err(), "{bad}");
         }
     }

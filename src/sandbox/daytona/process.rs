@@ -1,10 +1,12 @@
-//! One command in a Daytona sandbox: the shell line that runs it with exactly its environment (pure), and the
-//! handle that waits for its exit code or ends it.
+//! One command in a Daytona sandbox: the shell line that runs it with exactly its environment and the input that
+//! carries that environment and its stdin (pure), and the handle that waits for its exit code or ends it.
 //!
-//! Each command gets a session of its own. Its environment and stdin travel as two files uploaded to the
-//! sandbox's state dir just before it starts, which the command's shell reads and deletes first thing: the
-//! command line the daemon records and logs then holds no value (no key), and the CLI starts from `env -i` with
-//! nothing else inherited.
+//! Each command gets a session of its own. Its environment and stdin never touch the sandbox's disk, nor the
+//! command line (which the daemon writes to the session's `cmd.sh` and which Daytona may log): both go in one
+//! request to the command's input endpoint, which the daemon writes into the command's input pipe (a FIFO, with
+//! the echo into the on-disk log suppressed). The command's shell reads the environment's lines from that pipe,
+//! then hands the CLI exactly the stdin's bytes and an end of file (the daemon keeps the pipe open for as long as
+//! the command runs), from `env -i` with nothing else inherited.
 
 use std::path::Path;
 use std::time::Duration;
@@ -27,9 +29,9 @@ fn valid_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// The environment file's text: one `export NAME='value'` per variable, then `PWD` (which OpenCode reads).
+/// The environment as `sh` lines: one `export NAME='value'` per variable, then `PWD` (which OpenCode reads).
 /// Names `sh` cannot export are left out and returned.
-pub fn env_file(env: &[(String, String)], cwd: &Path) -> (String, Vec<String>) {
+pub fn env_exports(env: &[(String, String)], cwd: &Path) -> (String, Vec<String>) {
     let mut text = String::new();
     let mut skipped = Vec::new();
     for (name, value) in env {
@@ -43,6 +45,14 @@ pub fn env_file(env: &[(String, String)], cwd: &Path) -> (String, Vec<String>) {
     }
     text.push_str(&format!("export PWD={}\n", quote(&cwd.display().to_string())));
     (text, skipped)
+}
+
+/// What the command's input pipe gets: the environment's lines, then the stdin (text: the input endpoint takes a
+/// JSON string). Also how many lines the environment is and how many bytes the stdin.
+pub fn input(exports: &str, stdin: &[u8]) -> Result<(String, usize, usize), String> {
+    let stdin = std::str::from_utf8(stdin).map_err(|_| "a Daytona command's stdin must be UTF-8 text".to_string())?;
+    let lines = exports.bytes().filter(|b| *b == b'\n').count();
+    Ok((format!("{exports}{stdin}"), lines, stdin.len()))
 }
 
 /// Drops what must never reach a sandbox: Daytona's own variables and any value that is the API key.
@@ -61,10 +71,17 @@ pub fn scrub_env(env: Vec<(String, String)>, api_key: &str) -> (Vec<(String, Str
     (kept, dropped)
 }
 
-/// The line the session runs: a clean `sh` reads the environment file, deletes it and the stdin file (already
-/// open as its stdin), enters the working directory and becomes the program.
-pub fn command_line(spec: &ExecSpec, env_path: &str, stdin_path: &str) -> String {
-    let script = r#". "$1" && rm -f -- "$1" "$2" && cd -- "$3" && shift 3 && exec "$@""#;
+/// The line the session runs: a clean `sh` reads `lines` lines of exports from its stdin (the input pipe; `read`
+/// takes one byte at a time from a pipe, so nothing after them is consumed), evaluates them, enters the working
+/// directory and runs the program with the next `stdin_len` bytes as its whole stdin (none: `/dev/null`). The
+/// line holds names and paths only, never a value.
+pub fn command_line(spec: &ExecSpec, lines: usize, stdin_len: usize) -> String {
+    let script = concat!(
+        r#"n=$1; e=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; e="$e$l"#,
+        "\n",
+        r#""; n=$((n-1)); done; c=$2; d=$3; shift 3; eval "$e" && cd -- "$d" || exit 125; "#,
+        r#"if [ "$c" -eq 0 ]; then exec "$@" < /dev/null; fi; command -p head -c "$c" | "$@""#
+    );
     let mut words = vec![
         "env".to_string(),
         "-i".to_string(),
@@ -72,13 +89,43 @@ pub fn command_line(spec: &ExecSpec, env_path: &str, stdin_path: &str) -> String
         "-c".to_string(),
         quote(script),
         "acp-sandbox".to_string(),
-        quote(env_path),
-        quote(stdin_path),
+        lines.to_string(),
+        stdin_len.to_string(),
         quote(&spec.cwd.display().to_string()),
         quote(&spec.program.display().to_string()),
     ];
     words.extend(spec.args.iter().map(|a| quote(a)));
-    format!("{} < {}", words.join(" "), quote(stdin_path))
+    words.join(" ")
+}
+
+/// Whether the daemon of this version suppresses the echo of a command's input into its on-disk log
+/// (`suppressInputEcho`, daemon 0.144 on). A version that cannot be read (a development build) counts as new, as the
+/// daemon itself treats unknown SDK versions.
+pub fn suppresses_input_echo(daemon_version: Option<&str>) -> bool {
+    let Some(version) = daemon_version else { return true };
+    let core = version.trim().trim_start_matches('v');
+    let core = core.split(['-', '+']).next().unwrap_or_default();
+    let parts: Option<Vec<u64>> = core.split('.').map(|p| p.parse().ok()).collect();
+    match parts.as_deref() {
+        Some([major, minor, ..]) => (*major, *minor) >= (0, 144),
+        _ => true,
+    }
+}
+
+/// Sends the command's input, retrying while its pipe does not exist yet: the daemon makes it only when the
+/// session's shell starts the command, after `exec` answered (until then the endpoint answers 500).
+pub async fn send_input(toolbox: &Toolbox, session: &str, command: &str, data: &str) -> Result<(), DaytonaError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match toolbox.send_input(session, command, data).await {
+            Err(DaytonaError::Api { status: 500, .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(250));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// How a command ended, as the log task found out.
@@ -215,19 +262,33 @@ mod tests {
     }
 
     #[test]
-    fn the_environment_file_exports_exactly_the_spec() {
+    fn the_environment_is_exported_exactly_as_the_spec_says() {
         let env = vec![
             ("PATH".to_string(), "/usr/bin:/bin".to_string()),
-            ("OPENAI_API_KEY".to_string(), "sk-'x'".to_string()),
+            ("OPENAI_API_KEY".to_string(), "sk-'x'\nsecond".to_string()),
             ("BAD-NAME".to_string(), "v".to_string()),
             ("PWD".to_string(), "/elsewhere".to_string()),
         ];
-        let (text, skipped) = env_file(&env, Path::new("/home/daytona/workspace"));
+        let (text, skipped) = env_exports(&env, Path::new("/home/daytona/workspace"));
         assert_eq!(
             text,
-            "export PATH='/usr/bin:/bin'\nexport OPENAI_API_KEY='sk-'\\''x'\\'''\nexport PWD='/home/daytona/workspace'\n"
+            "export PATH='/usr/bin:/bin'\nexport OPENAI_API_KEY='sk-'\\''x'\\''\nsecond'\nexport PWD='/home/daytona/workspace'\n"
         );
         assert_eq!(skipped, vec!["BAD-NAME".to_string()]);
+        // A value's own newline is one more line for the shell to read.
+        assert_eq!(input(&text, b"the prompt\n").unwrap(), (format!("{text}the prompt\n"), 4, 11));
+        assert_eq!(input("x\n", "é".as_bytes()).unwrap(), ("x\né".to_string(), 1, 2));
+        assert_eq!(input("x\n", b"\xff").unwrap_err(), "a Daytona command's stdin must be UTF-8 text");
+    }
+
+    #[test]
+    fn only_daemons_that_suppress_the_echo_get_secrets() {
+        for new in [None, Some("v0.190.0"), Some("0.144.0"), Some("v0.226.1-rc1"), Some("fake"), Some("v0.0.0-dev")] {
+            assert!(suppresses_input_echo(new), "{new:?}");
+        }
+        for old in ["v0.143.9", "0.138.0", "v0.100"] {
+            assert!(!suppresses_input_echo(Some(old)), "{old}");
+        }
     }
 
     #[test]
@@ -253,8 +314,9 @@ mod tests {
             ..ExecSpec::default()
         };
         assert_eq!(
-            command_line(&spec, "/s/.run/a.env", "/s/.run/a.stdin"),
-            r#"env -i /bin/sh -c '. "$1" && rm -f -- "$1" "$2" && cd -- "$3" && shift 3 && exec "$@"' acp-sandbox '/s/.run/a.env' '/s/.run/a.stdin' '/home/daytona/workspace' 'opencode' 'run' 'it'\''s' < '/s/.run/a.stdin'"#
+            command_line(&spec, 3, 42),
+            r#"env -i /bin/sh -c 'n=$1; e=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; e="$e$l
+"; n=$((n-1)); done; c=$2; d=$3; shift 3; eval "$e" && cd -- "$d" || exit 125; if [ "$c" -eq 0 ]; then exec "$@" < /dev/null; fi; command -p head -c "$c" | "$@"' acp-sandbox 3 42 '/home/daytona/workspace' 'opencode' 'run' 'it'\''s'"#
         );
     }
 
