@@ -18,10 +18,15 @@ use std::time::Duration;
 
 use acp_sandbox::sandbox::daytona::api::Endpoint;
 use acp_sandbox::sandbox::daytona::{DaytonaProvider, DaytonaSettings};
-use acp_sandbox::sandbox::{ExecSpec, ExitInfo, RunningProcess, Sandbox, SandboxProvider, SandboxSpec};
+use acp_sandbox::sandbox::{
+    ExecSpec, ExitInfo, RemoteFailure, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec,
+};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader as AsyncBufReader};
+
+#[path = "daytona/secrets.rs"]
+mod secrets;
 
 const KEY: &str = "dtn_fake_key_0123456789";
 
@@ -200,6 +205,11 @@ fn the_official_sdk_agrees_with_the_fake() {
             "exit_code": 7,
             "read_back": "first file\n",
             "gone": "DaytonaNotFoundError",
+            "input": {
+                "suppressed": ["got:hello"],
+                "echoed": ["got:hello", "hello"],
+                "after_exit": "Failed to send session command input: command has already completed with exit code 0",
+            },
         })
     );
     // The SDK sent the key only as a bearer token, and named itself.
@@ -401,7 +411,7 @@ async fn a_refused_key_is_a_clear_error() {
         "daytona: Daytona refused the API key (HTTP 401) while create a sandbox: check DAYTONA_API_KEY (and DAYTONA_API_URL)"
     );
     assert!(
-        matches!(error, acp_sandbox::sandbox::SandboxError::Remote { failure: acp_sandbox::sandbox::RemoteFailure::Auth, .. }),
+        matches!(error, SandboxError::Remote { failure: RemoteFailure::Auth, .. }),
         "{error:?}"
     );
     assert!(!format!("{error:?}").contains("dtn_wrong"));

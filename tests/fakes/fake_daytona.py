@@ -2,6 +2,7 @@
 """A fake Daytona cloud for tests/daytona.rs: the control plane and the toolbox of its sandboxes, on 127.0.0.1.
 
 Usage: fake_daytona.py --root DIR --api-key KEY [--port 0] [--record FILE] [--no-terminate] [--drop-logs-after N]
+                       [--record-files FILE] [--daemon-version V]
 Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until killed (or until stdin closes).
 
 Speaks what the official SDKs and our provider use, as the Daytona API and its daemon do (JSON shapes, status
@@ -17,6 +18,12 @@ codes, the log framing):
   `runAsync`, `GET …/command/{c}`, `GET …/command/{c}/logs` as a WebSocket with `follow=true` or as plain HTTP,
   `POST …/command/{c}/terminate`, `POST …/command/{c}/input`), files (`POST /files/bulk-upload`,
   `POST /files/bulk-download`, `GET /files/download?path=`, `POST /files/folder?path=&mode=`, `DELETE /files?path=`), `GET /work-dir`, `GET /user-home-dir`.
+- As the daemon does, a command's text is written to `cmd.sh` next to its log; `POST …/input {"data"}` writes the
+  data (a newline appended when it has none) into the command's stdin, which stays open while an async command
+  runs (a sync one gets an empty stdin); before the command started or after it ended that is a 500 (its input
+  pipe does not exist), and 410 once its exit code was read; the data is echoed into the log as stdout unless
+  the exec asked for `suppressInputEcho`. `--record-files` appends every file this daemon side writes (uploads,
+  `cmd.sh`, log lines) as JSON lines {"path", "mode", "data"}; `--daemon-version` is what sandboxes report.
 - A command's log is one file where every line of stdout is prefixed with 01 01 01 and every line of stderr with
   02 02 02, as the daemon writes it; clients that send `X-Daytona-SDK-Version` >= 0.27 or
   `X-Daytona-Split-Output: true` get the markers, others get them stripped.

@@ -9,6 +9,7 @@ line with what it saw, for the test to compare exactly.
 import asyncio
 import json
 import sys
+import time
 
 from daytona import CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, Daytona, SessionExecuteRequest
 
@@ -61,6 +62,35 @@ def main():
     check("session commands", [c.id for c in session.commands], [started.cmd_id, sync.cmd_id])
     sandbox.process.delete_session("sdk-check")
 
+    # Input to a running command goes to its stdin (a newline added), and into its log as stdout unless the
+    # command was started with suppress_input_echo.
+    sandbox.process.create_session("sdk-input")
+    inputs = {}
+    for suppress in (True, False):
+        cmd = sandbox.process.execute_session_command(
+            "sdk-input",
+            SessionExecuteRequest(command='read line; echo "got:$line"', run_async=True, suppress_input_echo=suppress),
+        )
+        for attempt in range(200):
+            try:
+                # The daemon makes the input pipe once the session's shell starts the command.
+                sandbox.process.send_session_command_input("sdk-input", cmd.cmd_id, "hello")
+                break
+            except Exception:  # the SDK's DaytonaError for the 500 until then
+                if attempt == 199:
+                    raise
+                time.sleep(0.02)
+        while sandbox.process.get_session_command("sdk-input", cmd.cmd_id).exit_code is None:
+            time.sleep(0.02)
+        logs = sandbox.process.get_session_command_logs("sdk-input", cmd.cmd_id)
+        inputs["suppressed" if suppress else "echoed"] = sorted(logs.stdout.splitlines())
+    try:
+        sandbox.process.send_session_command_input("sdk-input", cmd.cmd_id, "late")
+        inputs["after_exit"] = None
+    except Exception as e:
+        inputs["after_exit"] = str(e)
+    sandbox.process.delete_session("sdk-input")
+
     # Files, by relative and by absolute path.
     sandbox.fs.upload_file(b"first file\n", "notes/hello.txt")
     sandbox.fs.upload_file(bytes(range(256)), f"{work_dir}/blob.bin")
@@ -97,6 +127,7 @@ def main():
                 "exit_code": command.exit_code,
                 "read_back": read_back.decode(),
                 "gone": gone,
+                "input": inputs,
             }
         ),
         flush=True,
