@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use acp_sandbox::sandbox::daytona::api::Endpoint;
 use acp_sandbox::sandbox::daytona::{DaytonaProvider, DaytonaSettings};
@@ -25,6 +25,10 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader as AsyncBufReader};
 
+mod support;
+
+#[path = "daytona/bridge.rs"]
+mod bridge;
 #[path = "daytona/secrets.rs"]
 mod secrets;
 
@@ -410,10 +414,7 @@ async fn a_refused_key_is_a_clear_error() {
         error.to_string(),
         "daytona: Daytona refused the API key (HTTP 401) while create a sandbox: check DAYTONA_API_KEY (and DAYTONA_API_URL)"
     );
-    assert!(
-        matches!(error, SandboxError::Remote { failure: RemoteFailure::Auth, .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, SandboxError::Remote { failure: RemoteFailure::Auth, .. }), "{error:?}");
     assert!(!format!("{error:?}").contains("dtn_wrong"));
 }
 

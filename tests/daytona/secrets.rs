@@ -47,10 +47,7 @@ async fn a_commands_environment_and_stdin_reach_it_through_its_input_and_never_t
     exec.stdin = stdin.clone().into_bytes();
     let RunningProcess { mut stdout, mut stderr, mut handle, .. } = sandbox.exec(exec).await.unwrap();
     let workspace = sandbox.workspace().display().to_string();
-    assert_eq!(
-        read_all(&mut stdout).await,
-        format!("{}\n{}\n{workspace}\n", SECRET.to_uppercase(), stdin.len())
-    );
+    assert_eq!(read_all(&mut stdout).await, format!("{}\n{}\n{workspace}\n", SECRET.to_uppercase(), stdin.len()));
     assert_eq!(read_all(&mut stderr).await, "");
     assert_eq!(within("the exit", handle.wait()).await.unwrap(), ExitInfo { code: Some(0), signal: None });
 
@@ -84,7 +81,14 @@ async fn a_commands_environment_and_stdin_reach_it_through_its_input_and_never_t
     assert_eq!(exec["body"]["suppressInputEcho"], json!(true));
     assert_eq!(exec["body"]["runAsync"], json!(true));
     let line = exec["body"]["command"].as_str().unwrap();
-    assert!(line.ends_with(&format!(" acp-sandbox 3 {} '{workspace}' '/bin/sh' '-c' '{}'", stdin.len(), script.replace('\'', r"'\''"))), "{line}");
+    assert!(
+        line.ends_with(&format!(
+            " acp-sandbox 3 {} '{workspace}' '/bin/sh' '-c' '{}'",
+            stdin.len(),
+            script.replace('\'', r"'\''")
+        )),
+        "{line}"
+    );
 }
 
 #[tokio::test]
@@ -111,14 +115,14 @@ async fn remote_files_are_written_and_read_and_a_missing_one_is_none() {
     let files = sandbox.remote_files().expect("a Daytona sandbox offers its files");
     let path = sandbox.workspace().join("src/deep/new.txt");
     files.write(&path, b"from the editor\n").await.unwrap();
-    assert_eq!(std::fs::read(fake.root.join(&id).join("home/workspace/src/deep/new.txt")).unwrap(), b"from the editor\n");
+    assert_eq!(
+        std::fs::read(fake.root.join(&id).join("home/workspace/src/deep/new.txt")).unwrap(),
+        b"from the editor\n"
+    );
     assert_eq!(files.read(&path).await.unwrap().as_deref(), Some(b"from the editor\n".as_slice()));
     assert_eq!(files.read(&sandbox.workspace().join("no/such/file")).await.unwrap(), None);
     // A sandbox that is gone is an error, never a missing file (which would read as the agent's deletion).
     provider.destroy(&id).await.unwrap();
     let error = files.read(&path).await.unwrap_err();
-    assert!(
-        matches!(error, SandboxError::Remote { failure: RemoteFailure::NotFound, .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, SandboxError::Remote { failure: RemoteFailure::NotFound, .. }), "{error:?}");
 }

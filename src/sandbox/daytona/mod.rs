@@ -301,11 +301,10 @@ impl Sandbox for DaytonaSandbox {
         if !skipped.is_empty() {
             tracing::warn!(session = %self.session_id, ?skipped, "variables sh cannot export were left out");
         }
-        let (input, lines, stdin_len) =
-            process::input(&exports, &spec.stdin).map_err(|why| SandboxError::Spawn {
-                program: spec.program.display().to_string(),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
-            })?;
+        let (input, lines, stdin_len) = process::input(&exports, &spec.stdin).map_err(|why| SandboxError::Spawn {
+            program: spec.program.display().to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
+        })?;
         if !self.echo_suppressed {
             // An older daemon would copy the input (the CLI's keys) into the command's log file on the sandbox's disk.
             return Err(SandboxError::Unavailable(format!(
@@ -458,7 +457,9 @@ mod tests {
         let dir = Path::new("/home/daytona/.acp-sandbox");
         assert_eq!(below(dir, Path::new("att/a.png")).unwrap(), dir.join("att/a.png"));
         assert_eq!(below(dir, &dir.join("att/a.png")).unwrap(), dir.join("att/a.png"));
-        for bad in ["/etc/passwd", "../x", "a/../../x", "", "/home/daytona/.acp-sandbox/../x", "/home/daytona/.acp-sandbox"] {
+        for bad in
+            ["/etc/passwd", "../x", "a/../../x", "", "/home/daytona/.acp-sandbox/../x", "/home/daytona/.acp-sandbox"]
+        {
             assert!(below(dir, Path::new(bad)).is_err(), "{bad}");
         }
     }
