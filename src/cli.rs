@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use acp_sandbox::agents::AgentKind;
 use acp_sandbox::config::{Config, OpenCodeModels, SandboxChoice};
 use acp_sandbox::error::to_acp_error;
+use acp_sandbox::sandbox::CheckLevel;
 use acp_sandbox::sandbox::local::{Isolation, probe_bwrap};
 use acp_sandbox::sandbox::policy::Profile;
 use acp_sandbox::sandbox::proxy::NetworkMode;
@@ -855,6 +856,12 @@ async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<ExitCode> {
     match &isolation {
         // Its description says why there is no isolation, `--sandbox none` among the reasons.
         Ok(isolation @ Isolation::None(_)) => out!("sandbox     {}", isolation.describe()),
+        // A remote choice leaves the local sandbox to the bridge's own short commands (the provider has its lines).
+        Ok(isolation) if matches!(config.sandbox, SandboxChoice::E2b | SandboxChoice::Daytona) => out!(
+            "sandbox     {} for the bridge's own commands; sessions: --sandbox {} (below)",
+            isolation.describe(),
+            config.sandbox.as_str()
+        ),
         Ok(isolation) => out!("sandbox     {} (--sandbox {})", isolation.describe(), config.sandbox.as_str()),
         Err(e) => out!("sandbox     {}", error(e.to_string())),
     }
@@ -895,6 +902,17 @@ async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<ExitCode> {
                 let line = error(format!("`{} --version` in the sandbox: {why}", agent.package().bin));
                 out!("  {:<12}  {line}", "run")
             }
+        }
+    }
+    let var = |name: &str| std::env::var(name).ok();
+    for (provider, lines) in acp_sandbox::sandbox::check_remote_providers(config.sandbox, &var).await {
+        for (i, line) in lines.into_iter().enumerate() {
+            let text = match line.level {
+                CheckLevel::Ok => line.text,
+                CheckLevel::Info => format!("INFO {}", line.text),
+                CheckLevel::Error => error(line.text),
+            };
+            out!("{:<10}  {text}", if i == 0 { provider } else { "" });
         }
     }
     match acp_sandbox::store::Store::open(&config.database_path()) {

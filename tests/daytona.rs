@@ -214,6 +214,7 @@ fn the_official_sdk_agrees_with_the_fake() {
                 "echoed": ["got:hello", "hello"],
                 "after_exit": "Failed to send session command input: command has already completed with exit code 0",
             },
+            "missing_snapshot": "DaytonaNotFoundError",
         })
     );
     // The SDK sent the key only as a bearer token, and named itself.

@@ -229,6 +229,7 @@ fn the_official_sdk_agrees_with_the_fake() {
     let observed: Value = serde_json::from_str(stdout.lines().last().unwrap().strip_prefix("OK ").unwrap()).unwrap();
     let id = observed["sandbox_id"].as_str().unwrap();
     assert!(observed["stdout_chunks"].as_u64().unwrap() >= 1);
+    assert_eq!(observed["templates_exist"], json!([true, false]));
 
     let records = fake.records();
     let create = &records[0];
@@ -254,6 +255,8 @@ fn the_official_sdk_agrees_with_the_fake() {
         format!("api POST /v2/sandboxes/{id}/connect"),
         format!("api POST /sandboxes/{id}/timeout"),
         format!("api DELETE /sandboxes/{id}"),
+        "api GET /templates/aliases/base".to_string(),
+        "api GET /templates/aliases/no-such-template".to_string(),
     ];
     for call in &expected_calls {
         assert!(paths.contains(call), "the SDK never made {call}: {paths:#?}");

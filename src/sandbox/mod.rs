@@ -53,6 +53,73 @@ pub fn session_provider(
     }
 }
 
+/// How `doctor` rates one of its lines about a remote provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckLevel {
+    /// What was found, and it works.
+    Ok,
+    /// Worth knowing, not a problem (a key set for a provider that is not selected).
+    Info,
+    /// A session would fail: `doctor` exits non-zero.
+    Error,
+}
+
+/// One line `doctor` prints about a remote provider. Never holds a key's value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckLine {
+    /// How it is rated.
+    pub level: CheckLevel,
+    /// The words.
+    pub text: String,
+}
+
+impl CheckLine {
+    pub fn ok(text: impl Into<String>) -> Self {
+        CheckLine { level: CheckLevel::Ok, text: text.into() }
+    }
+
+    pub fn info(text: impl Into<String>) -> Self {
+        CheckLine { level: CheckLevel::Info, text: text.into() }
+    }
+
+    pub fn error(text: impl Into<String>) -> Self {
+        CheckLine { level: CheckLevel::Error, text: text.into() }
+    }
+}
+
+/// What `doctor` says about each remote provider that is selected (`--sandbox`) or configured (its key is in the
+/// environment `var` reads), by provider name: the selected one is checked against its API (key, reachability,
+/// template or snapshot, what a session would use); one that is only configured gets a short INFO line. The one
+/// place besides [`session_provider`] that knows every provider.
+pub async fn check_remote_providers(
+    choice: SandboxChoice,
+    var: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Vec<(&'static str, Vec<CheckLine>)> {
+    let remotes = [
+        (SandboxChoice::E2b, e2b::PROVIDER, e2b::KEY_VARIABLE, "an E2B sandbox"),
+        (SandboxChoice::Daytona, daytona::PROVIDER, daytona::KEY_VARIABLE, "a Daytona sandbox"),
+    ];
+    let mut reports = Vec::new();
+    for (remote, name, key, what) in remotes {
+        let lines = if choice == remote {
+            match remote {
+                SandboxChoice::E2b => e2b::check(var).await,
+                _ => daytona::check(var).await,
+            }
+        } else if var(key).is_some_and(|value| !value.trim().is_empty()) {
+            vec![CheckLine::info(format!(
+                "{key} is set, but sessions run with --sandbox {}; --sandbox {name} would run each in {what} of its \
+                 own",
+                choice.as_str()
+            ))]
+        } else {
+            continue;
+        };
+        reports.push((name, lines));
+    }
+    reports
+}
+
 /// A sandbox failure.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {

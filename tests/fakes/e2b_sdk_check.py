@@ -9,7 +9,7 @@ against the fake's own record. Any disagreement raises, so the script exits non-
 import json
 import sys
 
-from e2b import CommandExitException, Sandbox
+from e2b import CommandExitException, Sandbox, Template
 
 
 def main():
@@ -75,6 +75,8 @@ def main():
     resumed.set_timeout(120)
     assert resumed.kill() is True
     assert Sandbox.kill(sbx.sandbox_id) is False
+    # `GET /templates/aliases/{alias}`: E2B's public `base` exists for every team (a 403), an unknown one does not.
+    observed["templates_exist"] = [Template.exists("base"), Template.exists("no-such-template")]
     print("OK " + json.dumps(observed))
 
 

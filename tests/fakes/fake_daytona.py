@@ -9,7 +9,9 @@ Speaks what the official SDKs and our provider use, as the Daytona API and its d
 codes, the log framing):
 - Control plane under `/api`: `POST /sandbox` (from a snapshot, or an image's `buildInfo`; env vars and labels),
   `GET /sandbox/{idOrName}`, `POST /sandbox/{id}/start`, `POST /sandbox/{id}/stop`, `DELETE /sandbox/{id}`,
-  `GET /sandbox/{id}/toolbox-proxy-url`. `Authorization: Bearer KEY` is required (401 otherwise); an
+  `GET /sandbox/{id}/toolbox-proxy-url`, `GET /snapshots/{idOrName}` (the names of --snapshots, 404 otherwise),
+  and the public `GET /config` (its `defaultSnapshot` is daytona-small). `Authorization: Bearer KEY` is required
+  (401 otherwise) but for /config; an
   `X-Daytona-Organization-ID` header is accepted and recorded. Start and stop pass through `starting` /
   `stopping` (seen by the next GET), so clients must poll as they do against the real one. There is no
   Socket.IO gateway (`/api/socket.io/` is 404): the SDK then falls back to polling.
@@ -58,6 +60,7 @@ STDOUT_PREFIX = b"\x01\x01\x01"
 STDERR_PREFIX = b"\x02\x02\x02"
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 BOUNDARY = "DAYTONA-FILE-BOUNDARY"
+DEFAULT_SNAPSHOT = "daytona-small"
 
 LOCK = threading.RLock()
 RECORD_LOCK = threading.Lock()
@@ -263,7 +266,7 @@ class Sandbox:
             "id": self.id,
             "organizationId": "fake-organization",
             "name": self.name,
-            "snapshot": self.body.get("snapshot") or ("" if self.body.get("buildInfo") else "daytona-small"),
+            "snapshot": self.body.get("snapshot") or ("" if self.body.get("buildInfo") else DEFAULT_SNAPSHOT),
             "user": self.body.get("user") or "daytona",
             "env": self.env,
             "labels": self.labels,
@@ -410,6 +413,9 @@ class Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         path = url.path
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        if path == "/api/config" and self.command == "GET":
+            # Public, as the API's configuration is.
+            return self.send(200, self.config())
         if path.startswith("/api/"):
             if not self.authorized():
                 return self.api_error(401, "Unauthorized", "Unauthorized")
@@ -438,8 +444,41 @@ class Handler(BaseHTTPRequestHandler):
             sandbox.settle()
         return sandbox
 
+    def config(self):
+        port = self.server.server_address[1]
+        return {
+            "version": "fake",
+            "oidc": {"issuer": f"http://127.0.0.1:{port}/oidc", "clientId": "fake", "audience": "fake"},
+            "linkedAccountsEnabled": False,
+            "announcements": {},
+            "proxyTemplateUrl": f"http://{{{{PORT}}}}-{{{{sandboxId}}}}.127.0.0.1:{port}",
+            "proxyToolboxUrl": f"http://127.0.0.1:{port}/toolbox",
+            "defaultSnapshot": DEFAULT_SNAPSHOT,
+            "dashboardUrl": f"http://127.0.0.1:{port}/dashboard",
+            "maxAutoArchiveInterval": 43200,
+            "maintananceMode": False,
+            "environment": "fake",
+        }
+
+    def snapshot(self, key):
+        """`GET /snapshots/{idOrName}`: the general (Daytona-wide) snapshots of --snapshots, by name or id."""
+        for name in ARGS.snapshots.split(","):
+            snapshot_id = str(uuid.uuid5(uuid.NAMESPACE_URL, "fake-daytona-snapshot:" + name))
+            if key in (name, snapshot_id):
+                return self.send(200, {
+                    "id": snapshot_id, "organizationId": None, "general": True, "name": name, "imageName": name,
+                    "state": "active", "size": 1.2, "entrypoint": ["sleep", "infinity"], "cpu": 1, "gpu": 0,
+                    "mem": 1, "disk": 3, "errorReason": None, "createdAt": "2026-01-01T00:00:00.000Z",
+                    "updatedAt": "2026-01-01T00:00:00.000Z", "lastUsedAt": None, "regionIds": ["us"],
+                    "ref": f"registry.fake/{name}:latest", "sourceSandboxId": None,
+                })
+        return self.api_error(404, f"Snapshot {key} not found", "Not Found")
+
     def control(self, path, query, body):
         method = self.command
+        match = re.fullmatch(r"/snapshots/([^/]+)", path)
+        if match and method == "GET":
+            return self.snapshot(unquote(match.group(1)))
         if path == "/sandbox" and method == "POST":
             try:
                 request = json.loads(body or b"{}")
@@ -839,6 +878,8 @@ def main():
     parser.add_argument("--drop-logs-after", type=int)
     # Every file the daemon side writes in a sandbox (uploads, logs, cmd.sh), as JSON lines {path, mode, data}.
     parser.add_argument("--record-files")
+    # The snapshots `GET /snapshots/{name}` knows (general ones, as Daytona's own are).
+    parser.add_argument("--snapshots", default=DEFAULT_SNAPSHOT)
     # What the control plane reports as the sandboxes' daemon version.
     parser.add_argument("--daemon-version", default="fake")
     ARGS = parser.parse_args()

@@ -112,6 +112,15 @@ def main():
     check("image build info", built.build_info.dockerfile_content, "FROM debian:12-slim\n")
     daytona.delete(built)
 
+    # Snapshots by name: Daytona's own exists, an unknown one is the SDK's not-found error.
+    snapshot = daytona.snapshot.get("daytona-small")
+    check("snapshot", (snapshot.name, str(snapshot.state.value), snapshot.general), ("daytona-small", "active", True))
+    try:
+        daytona.snapshot.get("no-such-snapshot")
+        missing_snapshot = None
+    except Exception as e:  # the SDK's DaytonaNotFoundError
+        missing_snapshot = type(e).__name__
+
     sandbox_id = sandbox.id
     sandbox.delete()
     try:
@@ -128,6 +137,7 @@ def main():
                 "read_back": read_back.decode(),
                 "gone": gone,
                 "input": inputs,
+                "missing_snapshot": missing_snapshot,
             }
         ),
         flush=True,

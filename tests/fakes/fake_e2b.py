@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A fake E2B cloud for tests/e2b.rs: the REST control plane and envd, on two ports of 127.0.0.1.
 
-Usage: fake_e2b.py --root DIR --record FILE [--api-key KEY] [--templates base,other]
+Usage: fake_e2b.py --root DIR --record FILE [--api-key KEY] [--templates base,other] [--own-templates other]
 Prints `PORTS <api> <envd>` on stdout once both listen, then serves until killed or until stdin closes.
 Point a client at it with E2B_API_URL=http://127.0.0.1:<api> and E2B_SANDBOX_URL=http://127.0.0.1:<envd>
 (with one sandbox URL for all sandboxes, envd requests are routed by their `E2b-Sandbox-Id` header, as
@@ -10,7 +10,9 @@ E2B's own proxy does at https://sandbox.<domain>).
 Control plane (`X-API-Key` must be the key; anything else is 401 as E2B answers it):
   POST /v2/sandboxes and /sandboxes (create, 201), GET /v2/sandboxes (list), GET /sandboxes/{id},
   POST /v2/sandboxes/{id}/connect and /sandboxes/{id}/connect (200 running, 201 resumed),
-  POST /sandboxes/{id}/resume, /pause (409 when paused), /timeout, /refreshes; DELETE /sandboxes/{id}.
+  POST /sandboxes/{id}/resume, /pause (409 when paused), /timeout, /refreshes; DELETE /sandboxes/{id};
+  GET /templates/aliases/{alias} (200 {templateID, public} for --own-templates, 403 for the other --templates,
+  404 for the rest).
   A sandbox's TTL really expires: it is paused when created with `autoPause`, killed otherwise.
 envd (`X-Access-Token` must be the sandbox's current token): Connect-RPC with the JSON codec —
   process.Process/Start and /Connect as server streams (envelopes: start, data stdout/stderr base64,
@@ -390,6 +392,14 @@ class ApiHandler(Handler):
                 return self.error(failure["status"], failure.get("message", "injected failure"))
         if parts[:1] == ["v2"]:
             parts = parts[1:]
+        if parts[:2] == ["templates", "aliases"] and len(parts) == 3 and self.command == "GET":
+            # E2B answers the team's own alias with its id, one of another team (E2B's public `base`) with 403.
+            alias = urllib.parse.unquote(parts[2])
+            if alias in ARGS.own_templates.split(","):
+                return self.send(200, {"templateID": alias, "public": False})
+            if alias in ARGS.templates.split(","):
+                return self.error(403, "You don't have access to this template alias")
+            return self.error(404, f"template '{alias}' not found")
         if parts[:1] != ["sandboxes"]:
             return self.error(404, f"no route {path}")
         try:
@@ -440,7 +450,7 @@ class ApiHandler(Handler):
         template = data.get("templateID")
         if not isinstance(template, str) or not template:
             return self.error(400, "templateID is required")
-        if template not in ARGS.templates.split(","):
+        if template not in ARGS.templates.split(",") + ARGS.own_templates.split(","):
             return self.error(404, f"template '{template}' not found")
         for field in ("metadata", "envVars"):
             value = data.get(field, {})
@@ -707,6 +717,8 @@ def main():
     parser.add_argument("--record", required=True)
     parser.add_argument("--api-key", default="e2b_0123456789abcdef0123456789abcdef")
     parser.add_argument("--templates", default="base")
+    # Of those, the ones the key's team owns (the rest answer `GET /templates/aliases/{alias}` as E2B's public ones).
+    parser.add_argument("--own-templates", default="")
     ARGS = parser.parse_args()
     if BWRAP is None:
         sys.exit("fake_e2b.py needs bubblewrap (bwrap) to show each sandbox its own /home/user")

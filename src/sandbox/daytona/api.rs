@@ -188,6 +188,19 @@ pub fn exec_body(command: &str) -> Value {
     json!({ "command": command, "runAsync": true, "suppressInputEcho": true })
 }
 
+/// A snapshot as the control plane describes it (the fields `doctor` reads).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotInfo {
+    /// Its name.
+    pub name: String,
+    /// `active` when sandboxes can start from it (`pending`, `building`, `error`, … otherwise).
+    pub state: String,
+    /// Why it is in `error`.
+    #[serde(default)]
+    pub error_reason: Option<String>,
+}
+
 /// One command of a session, as the toolbox reports it.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -318,6 +331,25 @@ impl Client {
         let what = format!("delete sandbox {id}");
         let url = self.api(&format!("/sandbox/{}", seg(id)));
         send(self.request(Method::DELETE, &url), &what).await.map(drop)
+    }
+
+    /// `GET /config` (public): the snapshot a sandbox created without one starts from.
+    pub async fn default_snapshot(&self) -> Result<String, DaytonaError> {
+        let what = "read Daytona's configuration";
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Config {
+            default_snapshot: String,
+        }
+        let response = send(self.request(Method::GET, &self.api("/config")), what).await?;
+        Ok(json_of::<Config>(response, what).await?.default_snapshot)
+    }
+
+    /// `GET /snapshots/{idOrName}`.
+    pub async fn snapshot(&self, name: &str) -> Result<SnapshotInfo, DaytonaError> {
+        let what = format!("get snapshot {name}");
+        let response = send(self.request(Method::GET, &self.api(&format!("/snapshots/{}", seg(name)))), &what).await?;
+        json_of(response, &what).await
     }
 
     /// The toolbox of a sandbox, at its `toolboxProxyUrl` (asked for when the sandbox did not say).

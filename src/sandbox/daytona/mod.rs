@@ -26,10 +26,14 @@ use tokio::sync::watch;
 use self::api::{Client, CreateRequest, DaytonaError, Endpoint, SandboxInfo, Toolbox};
 use self::logs::{Demuxer, Sinks};
 use self::process::DaytonaProcess;
-use crate::sandbox::{ExecSpec, RemoteFiles, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec};
+use crate::sandbox::{
+    CheckLine, ExecSpec, RemoteFiles, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec,
+};
 
 /// The provider's name, persisted with each session it created.
 pub const PROVIDER: &str = "daytona";
+/// The variable holding the key.
+pub const KEY_VARIABLE: &str = "DAYTONA_API_KEY";
 /// The cloud's API when `DAYTONA_API_URL` is not set.
 pub const DEFAULT_API_URL: &str = "https://app.daytona.io/api";
 /// Minutes without activity before Daytona stops a sandbox by itself (the bridge stops it after every turn).
@@ -76,6 +80,70 @@ impl DaytonaSettings {
             auto_stop_minutes,
         })
     }
+}
+
+/// `doctor`'s lines for `--sandbox daytona`: the key, the API (reached, the key accepted), the snapshot (the one
+/// configured, or Daytona's default as its public configuration names it), and what a session would use.
+pub async fn check(var: &(dyn Fn(&str) -> Option<String> + Sync)) -> Vec<CheckLine> {
+    if var(KEY_VARIABLE).is_none_or(|key| key.trim().is_empty()) {
+        return vec![CheckLine::error(format!(
+            "{KEY_VARIABLE}: missing: --sandbox daytona needs your Daytona key in the bridge's environment"
+        ))];
+    }
+    let settings = match DaytonaSettings::from_lookup(|name| var(name)) {
+        Ok(settings) => settings,
+        Err(e) => return vec![CheckLine::error(e.to_string())],
+    };
+    let mut lines = vec![CheckLine::ok(format!("{KEY_VARIABLE}: set"))];
+    let api = format!("API {}", settings.endpoint.api_url);
+    let client = match Client::new(settings.endpoint.clone()) {
+        Ok(client) => client,
+        Err(e) => {
+            lines.push(CheckLine::error(format!("{api}: {e}")));
+            return lines;
+        }
+    };
+    let (snapshot, named) = match &settings.snapshot {
+        Some(snapshot) => (Ok(snapshot.clone()), "(ACP_SANDBOX_DAYTONA_SNAPSHOT)"),
+        None => (client.default_snapshot().await, "(Daytona's default)"),
+    };
+    let snapshot = match snapshot {
+        Ok(snapshot) => snapshot,
+        Err(e) => {
+            lines.push(CheckLine::error(format!("{api}: {e}")));
+            return lines;
+        }
+    };
+    match client.snapshot(&snapshot).await {
+        Ok(info) => {
+            lines.push(CheckLine::ok(format!("{api}: reachable, the key is accepted")));
+            lines.push(match info.state.as_str() {
+                "active" => CheckLine::ok(format!("snapshot {snapshot} {named}: exists (active)")),
+                state => CheckLine::error(format!(
+                    "snapshot {snapshot} {named}: is {state}, not active{}: sandboxes cannot start from it",
+                    info.error_reason.map(|r| format!(" ({r})")).unwrap_or_default()
+                )),
+            });
+        }
+        Err(e) if e.is_not_found() => {
+            lines.push(CheckLine::ok(format!("{api}: reachable, the key is accepted")));
+            lines.push(CheckLine::error(format!(
+                "snapshot {snapshot} {named}: Daytona has no snapshot of that name: set ACP_SANDBOX_DAYTONA_SNAPSHOT \
+                 to one of yours, or unset it for Daytona's default"
+            )));
+        }
+        Err(e) => lines.push(CheckLine::error(format!("{api}: {e}"))),
+    }
+    let stop = match settings.auto_stop_minutes {
+        0 => "never stopped by Daytona when idle (ACP_SANDBOX_DAYTONA_AUTO_STOP=0)".to_string(),
+        minutes => format!("stopped by Daytona after {minutes} min without activity and started by the next prompt"),
+    };
+    let target = settings.target.as_deref().map(|t| format!(" in {t}")).unwrap_or_default();
+    lines.push(CheckLine::ok(format!(
+        "sessions: each in a Daytona sandbox of its own{target} from snapshot {snapshot}, {stop}; {KEY_VARIABLE} \
+         stays with the bridge"
+    )));
+    lines
 }
 
 /// Sandboxes in Daytona.

@@ -166,6 +166,46 @@ impl ControlPlane {
     }
 }
 
+/// Whose a template is, as `GET /templates/aliases/{alias}` says.
+#[derive(Debug, PartialEq, Eq)]
+pub enum TemplateOwner {
+    /// The key's team owns it (E2B's id of it).
+    Yours(String),
+    /// It exists but is another team's: E2B's public templates such as `base` answer so.
+    Other,
+}
+
+/// A path segment, percent-encoded as the SDKs encode a template's name (it may hold a namespace's `/`).
+fn segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+impl ControlPlane {
+    /// Whether a template exists: `None` when E2B knows no template of that name.
+    pub async fn template(&self, name: &str) -> Result<Option<TemplateOwner>, SandboxError> {
+        let answer = self.call(Method::GET, &format!("/templates/aliases/{}", segment(name)), None).await?;
+        #[derive(Deserialize)]
+        struct Alias {
+            #[serde(rename = "templateID")]
+            template_id: String,
+        }
+        match answer.status {
+            StatusCode::OK => serde_json::from_str::<Alias>(&answer.text)
+                .map(|alias| Some(TemplateOwner::Yours(alias.template_id)))
+                .map_err(|e| remote(RemoteFailure::Protocol, format!("E2B answered what is not a template ({e})"))),
+            // Before the 403, E2B has accepted the key: the alias exists and belongs to another team.
+            StatusCode::FORBIDDEN => Ok(Some(TemplateOwner::Other)),
+            StatusCode::NOT_FOUND => Ok(None),
+            status => Err(classify(status, &answer.text, "look up a template")),
+        }
+    }
+}
+
 struct Answer {
     status: StatusCode,
     text: String,

@@ -31,6 +31,8 @@ use super::{
 
 /// The provider's name, persisted with each session it created.
 pub const PROVIDER: &str = "e2b";
+/// The variable holding the key.
+pub const KEY_VARIABLE: &str = "E2B_API_KEY";
 /// Where the workspace appears inside the sandbox (the base template's user is `user`).
 pub const WORKSPACE: &str = "/home/user/workspace";
 /// The session's state dir inside the sandbox (the CLI's HOME and XDG dirs).
@@ -124,6 +126,60 @@ pub fn http_client() -> Result<reqwest::Client, SandboxError> {
         .no_proxy()
         .build()
         .map_err(|e| SandboxError::Unavailable(format!("cannot build the HTTP client for E2B: {e}")))
+}
+
+/// `doctor`'s lines for `--sandbox e2b`: the key, the control plane (reached, the key accepted), the template,
+/// and what a session would use.
+pub async fn check(var: &(dyn Fn(&str) -> Option<String> + Sync)) -> Vec<super::CheckLine> {
+    use super::CheckLine;
+    if var(KEY_VARIABLE).is_none_or(|key| key.trim().is_empty()) {
+        return vec![CheckLine::error(format!(
+            "{KEY_VARIABLE}: missing: --sandbox e2b needs your E2B key in the bridge's environment"
+        ))];
+    }
+    let settings = match E2bSettings::from_env(var) {
+        Ok(settings) => settings,
+        Err(e) => return vec![CheckLine::error(e.to_string())],
+    };
+    let mut lines = vec![CheckLine::ok(format!("{KEY_VARIABLE}: set"))];
+    let api = format!("API {}", settings.api_url);
+    let template = &settings.template;
+    let named = if var("ACP_SANDBOX_E2B_TEMPLATE").is_some_and(|t| !t.trim().is_empty()) {
+        format!("template {template} (ACP_SANDBOX_E2B_TEMPLATE)")
+    } else {
+        format!("template {template} (the default)")
+    };
+    match http_client() {
+        Err(e) => lines.push(CheckLine::error(format!("{api}: {e}"))),
+        Ok(http) => {
+            let plane = ControlPlane::new(http, settings.api_url.clone(), settings.api_key.clone());
+            match plane.template(template).await {
+                Ok(found) => {
+                    lines.push(CheckLine::ok(format!("{api}: reachable, the key is accepted")));
+                    lines.push(match found {
+                        Some(api::TemplateOwner::Yours(id)) => {
+                            CheckLine::ok(format!("{named}: exists (your team's, id {id})"))
+                        }
+                        Some(api::TemplateOwner::Other) => {
+                            CheckLine::ok(format!("{named}: exists (not your team's: a public one such as E2B's own)"))
+                        }
+                        None => CheckLine::error(format!(
+                            "{named}: E2B has no template of that name: set ACP_SANDBOX_E2B_TEMPLATE to one of yours, \
+                             or unset it for `{DEFAULT_TEMPLATE}`"
+                        )),
+                    });
+                }
+                Err(SandboxError::Remote { message, .. }) => lines.push(CheckLine::error(format!("{api}: {message}"))),
+                Err(e) => lines.push(CheckLine::error(format!("{api}: {e}"))),
+            }
+        }
+    }
+    lines.push(CheckLine::ok(format!(
+        "sessions: each in an E2B sandbox of its own from template {template}, paused by E2B after {} s without \
+         traffic and resumed by the next prompt; {KEY_VARIABLE} stays with the bridge",
+        settings.timeout.as_secs()
+    )));
+    lines
 }
 
 /// Creates, resumes, pauses and kills E2B sandboxes.
