@@ -29,6 +29,8 @@ mod support;
 
 #[path = "daytona/bridge.rs"]
 mod bridge;
+#[path = "daytona/doctor.rs"]
+mod doctor;
 #[path = "daytona/secrets.rs"]
 mod secrets;
 

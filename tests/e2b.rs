@@ -11,6 +11,9 @@
 
 mod support;
 
+#[path = "e2b/doctor.rs"]
+mod doctor;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -40,6 +43,10 @@ struct FakeE2b {
 
 impl FakeE2b {
     fn start() -> FakeE2b {
+        Self::start_with(&[])
+    }
+
+    fn start_with(flags: &[&str]) -> FakeE2b {
         let dir = support::temp_dir("e2b-fake");
         let root = dir.path().join("sandboxes");
         let record = dir.path().join("requests.jsonl");
@@ -52,6 +59,7 @@ impl FakeE2b {
             .arg(&record)
             .arg("--api-key")
             .arg(KEY)
+            .args(flags)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

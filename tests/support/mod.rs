@@ -999,3 +999,37 @@ pub fn bwrap_usable() -> Result<(), String> {
         Err(e) => Err(format!("cannot run bwrap: {e}")),
     }
 }
+
+// ---- doctor --------------------------------------------------------------------------------------------------
+
+/// `acp-sandbox doctor <args> --data-dir <data>` with only `env` (and a PATH, a HOME in the data dir and the fake
+/// CLIs): nothing of the machine's own keys. Its exit code, stdout and stderr.
+pub fn doctor_with(data: &Path, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let output = Command::new(bridge_bin())
+        .arg("doctor")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data)
+        .current_dir(data)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", data)
+        .env("ACP_SANDBOX_OPENCODE_BIN", fakes_dir().join("opencode"))
+        .env("ACP_SANDBOX_OPENCODE_BACKEND", "run")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run acp-sandbox doctor");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (output.status.code(), text(&output.stdout), text(&output.stderr))
+}
+
+/// The lines of `doctor`'s section that starts with `label` (its first line) and goes on with indented lines.
+pub fn doctor_section<'a>(out: &'a str, label: &str) -> Vec<&'a str> {
+    let head = format!("{label:<10}  ");
+    out.lines()
+        .skip_while(|line| !line.starts_with(&head))
+        .enumerate()
+        .take_while(|(i, line)| *i == 0 || line.starts_with("            "))
+        .map(|(_, line)| line)
+        .collect()
+}

@@ -43,7 +43,7 @@ pub enum DaytonaError {
         message: String,
     },
     /// The API could not be reached, or answered something unreadable.
-    #[error("Daytona: {what}: {source}")]
+    #[error("Daytona: {what}: {}", with_causes(source))]
     Transport {
         /// What was being done.
         what: String,
@@ -74,6 +74,17 @@ pub enum DaytonaError {
     /// A setting is wrong.
     #[error("{0}")]
     Config(String),
+}
+
+/// An error with its causes: reqwest's own words alone ("error sending request") do not say what failed.
+fn with_causes(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
 }
 
 impl DaytonaError {

@@ -1,0 +1,117 @@
+//! `acp-sandbox doctor --sandbox e2b` against the fake E2B: the key, the control plane and the template (E2B's
+//! `GET /templates/aliases/{alias}`), what a session would use; a refused key or a missing template is an ERROR
+//! (exit 1). It never creates a sandbox, and never prints the key.
+
+use super::*;
+use pretty_assertions::assert_eq;
+
+/// What E2B was asked, the fake's own test hooks left out.
+fn asked(fake: &FakeE2b) -> Vec<Value> {
+    fake.records().into_iter().filter(|r| !r["path"].as_str().unwrap().starts_with("/_fake/")).collect()
+}
+
+fn run(fake: &FakeE2b, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let dirs = support::TestDirs::new("e2b-doctor");
+    let api = fake.api_url();
+    let mut all = vec![("E2B_API_URL", api.as_str())];
+    all.extend_from_slice(env);
+    let (code, out, err) = support::doctor_with(&dirs.data, args, &all);
+    for (name, value) in env.iter().filter(|(name, _)| name.ends_with("_KEY")) {
+        assert!(!out.contains(value) && !err.contains(value), "doctor printed {name}: {out}{err}");
+    }
+    assert_eq!(fake.state(), json!({}), "doctor made a sandbox");
+    (code, out, err)
+}
+
+fn sessions_line(template: &str) -> String {
+    format!(
+        "            sessions: each in an E2B sandbox of its own from template {template}, paused by E2B after 3600 s \
+         without traffic and resumed by the next prompt; E2B_API_KEY stays with the bridge"
+    )
+}
+
+#[test]
+fn doctor_checks_the_key_the_control_plane_and_the_template() {
+    let fake = FakeE2b::start_with(&["--templates", "base,acp-opencode", "--own-templates", "acp-opencode"]);
+    let (code, out, _) = run(&fake, &["--sandbox", "e2b"], &[("E2B_API_KEY", KEY)]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        support::doctor_section(&out, "e2b"),
+        [
+            "e2b         E2B_API_KEY: set".to_string(),
+            format!("            API {}/: reachable, the key is accepted", fake.api_url()),
+            "            template base (the default): exists (not your team's: a public one such as E2B's own)"
+                .to_string(),
+            sessions_line("base"),
+        ],
+        "{out}"
+    );
+    let (code, out, _) =
+        run(&fake, &["--sandbox", "e2b"], &[("E2B_API_KEY", KEY), ("ACP_SANDBOX_E2B_TEMPLATE", "acp-opencode")]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        support::doctor_section(&out, "e2b")[2],
+        "            template acp-opencode (ACP_SANDBOX_E2B_TEMPLATE): exists (your team's, id acp-opencode)",
+        "{out}"
+    );
+    let paths: Vec<String> = asked(&fake).iter().map(|r| r["path"].as_str().unwrap().to_string()).collect();
+    assert_eq!(paths, ["/templates/aliases/base", "/templates/aliases/acp-opencode"]);
+    for record in asked(&fake) {
+        assert_eq!(record["headers"]["x-api-key"], KEY, "{record}");
+    }
+}
+
+#[test]
+fn doctor_fails_on_a_refused_key_or_a_missing_template_and_informs_of_an_unselected_key() {
+    let fake = FakeE2b::start();
+    let (code, out, err) = run(&fake, &["--sandbox", "e2b"], &[("E2B_API_KEY", "e2b_not_the_key")]);
+    assert_eq!((code, err.as_str()), (Some(1), "1 problem found (the ERROR lines)\n"), "{out}");
+    assert_eq!(
+        support::doctor_section(&out, "e2b"),
+        [
+            "e2b         E2B_API_KEY: set".to_string(),
+            format!(
+                "            ERROR API {}/: E2B refused the API key (HTTP 401: Invalid API key, it must start with \
+                 'e2b_' prefix); check E2B_API_KEY in the bridge's environment",
+                fake.api_url()
+            ),
+            sessions_line("base"),
+        ],
+        "{out}"
+    );
+
+    let (code, out, _) =
+        run(&fake, &["--sandbox", "e2b"], &[("E2B_API_KEY", KEY), ("ACP_SANDBOX_E2B_TEMPLATE", "no-such")]);
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(
+        support::doctor_section(&out, "e2b"),
+        [
+            "e2b         E2B_API_KEY: set".to_string(),
+            format!("            API {}/: reachable, the key is accepted", fake.api_url()),
+            "            ERROR template no-such (ACP_SANDBOX_E2B_TEMPLATE): E2B has no template of that name: set \
+             ACP_SANDBOX_E2B_TEMPLATE to one of yours, or unset it for `base`"
+                .to_string(),
+            sessions_line("no-such"),
+        ],
+        "{out}"
+    );
+
+    let (code, out, _) = run(&fake, &["--sandbox", "e2b"], &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(
+        support::doctor_section(&out, "e2b"),
+        ["e2b         ERROR E2B_API_KEY: missing: --sandbox e2b needs your E2B key in the bridge's environment"],
+        "{out}"
+    );
+
+    let before = asked(&fake).len();
+    let (code, out, _) = run(&fake, &["--sandbox", "none"], &[("E2B_API_KEY", KEY)]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        support::doctor_section(&out, "e2b"),
+        ["e2b         INFO E2B_API_KEY is set, but sessions run with --sandbox none; --sandbox e2b would run each \
+             in an E2B sandbox of its own"],
+        "{out}"
+    );
+    assert_eq!(asked(&fake).len(), before, "an unselected provider is not asked anything");
+}
