@@ -120,6 +120,17 @@ pub async fn check_remote_providers(
     reports
 }
 
+/// A path segment for a provider's URL, percent-encoded: ids come from the store, names from the user (a
+/// template's may hold a namespace's `/`), and neither may leave its segment.
+pub(crate) fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// A sandbox failure.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {

@@ -9,6 +9,8 @@ use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::sandbox::path_segment as seg;
+
 /// What the provider reports to the SDK-aware daemon: no SDK version, but split stdout and stderr (the markers).
 pub(crate) const SOURCE: &str = "acp-sandbox";
 
@@ -502,16 +504,6 @@ impl Toolbox {
         let url = self.url(&format!("/process/session/{}/command/{}/terminate", seg(session), seg(command)));
         send(self.client.request(Method::POST, &url), &what).await.map(drop)
     }
-}
-
-/// A path segment, percent-encoded (ids are plain, but they come from the store).
-fn seg(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 async fn send(request: RequestBuilder, what: &str) -> Result<Response, DaytonaError> {

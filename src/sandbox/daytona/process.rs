@@ -99,14 +99,16 @@ pub fn command_line(spec: &ExecSpec, lines: usize, stdin_len: usize) -> String {
 }
 
 /// Whether the daemon of this version suppresses the echo of a command's input into its on-disk log
-/// (`suppressInputEcho`, daemon 0.144 on). A version that cannot be read (a development build) counts as new, as the
-/// daemon itself treats unknown SDK versions.
+/// (`suppressInputEcho`, daemon 0.144 on). A version that cannot be read, and a development build's `0.0.0`, count
+/// as new, as the daemon itself treats such SDK versions.
 pub fn suppresses_input_echo(daemon_version: Option<&str>) -> bool {
     let Some(version) = daemon_version else { return true };
     let core = version.trim().trim_start_matches('v');
     let core = core.split(['-', '+']).next().unwrap_or_default();
     let parts: Option<Vec<u64>> = core.split('.').map(|p| p.parse().ok()).collect();
     match parts.as_deref() {
+        // `v0.0.0-dev` is how a development build of the daemon names itself.
+        Some([0, 0, 0]) => true,
         Some([major, minor, ..]) => (*major, *minor) >= (0, 144),
         _ => true,
     }

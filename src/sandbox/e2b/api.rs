@@ -175,20 +175,11 @@ pub enum TemplateOwner {
     Other,
 }
 
-/// A path segment, percent-encoded as the SDKs encode a template's name (it may hold a namespace's `/`).
-fn segment(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 impl ControlPlane {
     /// Whether a template exists: `None` when E2B knows no template of that name.
     pub async fn template(&self, name: &str) -> Result<Option<TemplateOwner>, SandboxError> {
-        let answer = self.call(Method::GET, &format!("/templates/aliases/{}", segment(name)), None).await?;
+        let answer =
+            self.call(Method::GET, &format!("/templates/aliases/{}", crate::sandbox::path_segment(name)), None).await?;
         #[derive(Deserialize)]
         struct Alias {
             #[serde(rename = "templateID")]
