@@ -243,3 +243,24 @@ fn a_refused_daytona_key_answers_the_prompt_with_an_auth_error() {
     // The bridge goes on: the next prompt gets the same answer.
     assert_eq!(bridge.prompt(&sid, "Say hello").result.unwrap_err().code, -32000);
 }
+
+#[test]
+fn opencodes_warm_server_falls_back_to_run_in_a_daytona_sandbox() {
+    let dir = test_dir("bridge-serve");
+    let fake = FakeDaytona::start(&dir);
+    let dirs = support::TestDirs::new("daytona-serve");
+    let ws = dirs.workspace("ws");
+    let mut bridge = support::Bridge::start(daytona_options(&fake, &dirs).env("ACP_SANDBOX_OPENCODE_BACKEND", "serve"));
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "Say hello");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(
+        turn.agent_text(),
+        "\n\n_OpenCode's server could not start here, so this session runs `opencode run` per prompt (no live \
+         output): the OpenCode server did not start: sandbox unavailable: a server inside a Daytona sandbox is not \
+         supported yet_\n\nHello from the fake model. This is a plain text answer."
+    );
+    let runs = support::invocations(&workspace_of(&fake, &only_sandbox(&fake)));
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].argv()[0], "run");
+}
