@@ -384,25 +384,13 @@ impl Sandbox for DaytonaSandbox {
         }
         let session = format!("acp-{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
         let line = process::command_line(&spec, lines, stdin_len);
-        let started = async {
-            self.toolbox.create_session(&session).await?;
-            let command = self.toolbox.execute(&session, &line).await?;
-            process::send_input(&self.toolbox, &session, &command, &input).await?;
-            Ok::<_, DaytonaError>(command)
-        }
-        .await;
-        let command = match started {
-            Ok(command) => command,
-            Err(e) => {
-                // A command that never got its input would wait for it forever.
-                if let Err(e) = self.toolbox.delete_session(&session).await
-                    && !e.is_not_found()
-                {
-                    tracing::warn!(session = %self.session_id, "could not delete the command's session: {e}");
-                }
-                return Err(e.into());
-            }
-        };
+        // Until the command has its input, failing (or being dropped by a cancel) deletes its session: a command
+        // that never got its input would wait for it for as long as the sandbox runs.
+        let mut guard = process::SessionGuard::new(self.toolbox.clone(), session.clone());
+        self.toolbox.create_session(&session).await?;
+        let command = self.toolbox.execute(&session, &line).await?;
+        process::send_input(&self.toolbox, &session, &command, &input).await?;
+        guard.disarm();
         tracing::debug!(session = %self.session_id, sandbox = %self.id, daytona_session = %session, "started");
 
         let (stdout_write, stdout_read) = tokio::io::duplex(64 * 1024);

@@ -115,17 +115,56 @@ pub fn suppresses_input_echo(daemon_version: Option<&str>) -> bool {
 }
 
 /// Sends the command's input, retrying while its pipe does not exist yet: the daemon makes it only when the
-/// session's shell starts the command, after `exec` answered (until then the endpoint answers 500).
+/// session's shell starts the command, after `exec` answered (until then the endpoint answers 500 saying it could
+/// not open the pipe; any other failure may have written part of the input, so it is not sent again).
 pub async fn send_input(toolbox: &Toolbox, session: &str, command: &str, data: &str) -> Result<(), DaytonaError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let mut pause = Duration::from_millis(10);
     loop {
         match toolbox.send_input(session, command, data).await {
-            Err(DaytonaError::Api { status: 500, .. }) if tokio::time::Instant::now() < deadline => {
+            Err(DaytonaError::Api { status: 500, message, .. })
+                if message.starts_with("failed to open input pipe") && tokio::time::Instant::now() < deadline =>
+            {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(250));
             }
             other => return other,
+        }
+    }
+}
+
+/// Deletes a command's session when dropped armed: a command that failed to start, or whose start was given up.
+pub struct SessionGuard {
+    toolbox: Toolbox,
+    session: String,
+    armed: bool,
+}
+
+impl SessionGuard {
+    pub fn new(toolbox: Toolbox, session: String) -> Self {
+        SessionGuard { toolbox, session, armed: true }
+    }
+
+    /// The command started: its handle ends it from now on.
+    pub fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (toolbox, session) = (self.toolbox.clone(), std::mem::take(&mut self.session));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = toolbox.delete_session(&session).await
+                    && !e.is_not_found()
+                {
+                    tracing::warn!(daytona_session = %session, "could not delete the session of a command that did not start: {e}");
+                }
+            });
         }
     }
 }
