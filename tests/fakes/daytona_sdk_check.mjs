@@ -1,0 +1,132 @@
+// Drives tests/fakes/fake_daytona.py with the official Daytona npm SDK (`@daytonaio/sdk`, pinned by
+// .ci/install-node-sdk.sh).
+//
+//   node tests/fakes/daytona_sdk_check.mjs PREFIX     # PREFIX: what .ci/install-node-sdk.sh printed
+//
+// Run with DAYTONA_API_URL and DAYTONA_API_KEY pointing at the fake. Every step asserts exactly what the SDK got
+// back; the first disagreement exits 1 with `daytona-sdk-check: <step>: ...` on stderr. On success it prints one
+// JSON line with what it saw, for tests/daytona.rs to compare exactly.
+
+import { createRequire } from 'node:module'
+import { isDeepStrictEqual, inspect } from 'node:util'
+
+const prefix = process.argv[2]
+if (!prefix) {
+  console.error('usage: daytona_sdk_check.mjs PREFIX (the directory .ci/install-node-sdk.sh printed)')
+  process.exit(2)
+}
+const { Daytona, Image, DaytonaNotFoundError } = createRequire(`${prefix}/package.json`)('@daytonaio/sdk')
+
+function check(what, got, want) {
+  if (!isDeepStrictEqual(got, want)) {
+    throw new Error(`${what}: got ${inspect(got)}, want ${inspect(want)}`)
+  }
+}
+
+async function main() {
+  const daytona = new Daytona()
+  const sandbox = await daytona.create(
+    {
+      snapshot: 'daytona-small',
+      envVars: { GREETING: 'hello from env' },
+      labels: { 'acp-sandbox': 'npm-sdk-check' },
+      autoStopInterval: 0,
+    },
+    { timeout: 30 },
+  )
+  check('state after create', sandbox.state, 'started')
+  check('labels', sandbox.labels, { 'acp-sandbox': 'npm-sdk-check', 'code-toolbox-language': 'python' })
+  check('get by id', (await daytona.get(sandbox.id)).id, sandbox.id)
+  const workDir = await sandbox.getWorkDir()
+  check('home is the work dir', await sandbox.getUserHomeDir(), workDir)
+
+  // A streamed session command: it prints its first lines, then waits for a file that is uploaded only once
+  // the first stdout line reached the callback, so that line cannot have come with the exit.
+  await sandbox.process.createSession('npm-check')
+  const started = await sandbox.process.executeSessionCommand('npm-check', {
+    command: 'echo "$GREETING"; echo to-stderr >&2; while [ ! -f go ]; do sleep 0.02; done; printf "no newline"; exit 7',
+    runAsync: true,
+  })
+  check('async exec has no exit code yet', started.exitCode, undefined)
+  const stdout = []
+  const stderr = []
+  let sawFirst
+  const firstLine = new Promise((resolve) => (sawFirst = resolve))
+  const streamed = sandbox.process.getSessionCommandLogs(
+    'npm-check',
+    started.cmdId,
+    (chunk) => {
+      stdout.push(chunk)
+      if (stdout.join('').includes('\n')) sawFirst()
+    },
+    (chunk) => stderr.push(chunk),
+  )
+  await Promise.race([firstLine, streamed.then(() => Promise.reject(new Error('the log stream ended before go')))])
+  check('stdout before the command could end', stdout.join(''), 'hello from env\n')
+  const running = await sandbox.process.getSessionCommand('npm-check', started.cmdId)
+  check('no exit code while it runs', running.exitCode, undefined)
+  await sandbox.fs.uploadFile(Buffer.from(''), 'go')
+  await streamed
+  const command = await sandbox.process.getSessionCommand('npm-check', started.cmdId)
+  check('exit code', command.exitCode, 7)
+  const logs = await sandbox.process.getSessionCommandLogs('npm-check', started.cmdId)
+  check('logs', logs, { output: 'hello from env\nto-stderr\nno newline\n', stdout: 'hello from env\nno newline\n', stderr: 'to-stderr\n' })
+  const sync = await sandbox.process.executeSessionCommand('npm-check', { command: 'echo sync; echo oops >&2; pwd' })
+  check('sync exit code', sync.exitCode, 0)
+  check('sync stdout', sync.stdout, `sync\n${workDir}\n`)
+  check('sync stderr', sync.stderr, 'oops\n')
+  const session = await sandbox.process.getSession('npm-check')
+  check('session commands', session.commands.map((c) => c.id), [started.cmdId, sync.cmdId])
+  await sandbox.process.deleteSession('npm-check')
+  check('sessions after delete', (await sandbox.process.listSessions()).map((s) => s.sessionId), [])
+
+  // Files, by relative and by absolute path.
+  await sandbox.fs.uploadFile(Buffer.from('first file\n'), 'notes/hello.txt')
+  const bytes = Buffer.from(Array.from({ length: 256 }, (_, i) => i))
+  await sandbox.fs.uploadFile(bytes, `${workDir}/blob.bin`)
+  const readBack = await sandbox.fs.downloadFile('notes/hello.txt')
+  check('blob', await sandbox.fs.downloadFile(`${workDir}/blob.bin`), bytes)
+  const missing = await sandbox.fs.downloadFile('no/such/file').then(
+    () => 'downloaded',
+    (err) => err.constructor.name,
+  )
+  check('a missing file', missing, 'DaytonaNotFoundError')
+
+  // Stop keeps the files; start brings the sandbox back.
+  await sandbox.stop(30)
+  check('state after stop', sandbox.state, 'stopped')
+  await sandbox.start(30)
+  check('state after start', sandbox.state, 'started')
+  const afterRestart = await sandbox.fs.downloadFile('notes/hello.txt')
+  check('file survives stop/start', afterRestart, Buffer.from('first file\n'))
+
+  // From an image: the SDK sends a Dockerfile as the build info.
+  const built = await daytona.create({ image: Image.base('debian:12-slim') }, { timeout: 30 })
+  check('image sandbox state', built.state, 'started')
+  check('image build info', built.buildInfo?.dockerfileContent, 'FROM debian:12-slim\n')
+  await daytona.delete(built)
+
+  const sandboxId = sandbox.id
+  await sandbox.delete()
+  const gone = await daytona.get(sandboxId).then(
+    () => false,
+    (err) => (err instanceof DaytonaNotFoundError ? err.constructor.name : inspect(err)),
+  )
+  console.log(
+    JSON.stringify({
+      stdout: stdout.join(''),
+      stderr: stderr.join(''),
+      exit_code: command.exitCode,
+      read_back: readBack.toString(),
+      gone,
+    }),
+  )
+}
+
+main().then(
+  () => process.exit(0),
+  (err) => {
+    console.error(`daytona-sdk-check: ${err instanceof Error ? err.stack : inspect(err)}`)
+    process.exit(1)
+  },
+)
