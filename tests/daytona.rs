@@ -1,7 +1,8 @@
 //! The Daytona provider against `tests/fakes/fake_daytona.py` (a fake Daytona on 127.0.0.1 that runs commands for
 //! real in a directory per sandbox), and the proof that the fake speaks Daytona's protocol: the official Python SDK
 //! (PyPI `daytona`, pinned in `.ci/install-daytona-sdk.sh`) drives it through create, a streamed session command,
-//! files, stop, start and delete (`tests/fakes/fake_daytona_sdk_check.py`).
+//! files, stop, start and delete (`tests/fakes/fake_daytona_sdk_check.py`); so does the official npm SDK
+//! (`daytona/npm_sdk.rs`, `tests/fakes/daytona_sdk_check.mjs`).
 //!
 //! The SDK comes from `ACP_SANDBOX_TEST_DAYTONA_PYTHON` (a python that imports it) or else from the install
 //! script, which installs it once under the cache dir and prints that python; without it the test FAILS.
@@ -9,6 +10,11 @@
 #![allow(clippy::disallowed_methods)]
 // A test fails by panicking: unwrap and expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/node_sdk.rs"]
+mod node_sdk;
+#[path = "daytona/npm_sdk.rs"]
+mod npm_sdk;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

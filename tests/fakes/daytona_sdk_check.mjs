@@ -70,15 +70,26 @@ async function main() {
   const command = await sandbox.process.getSessionCommand('npm-check', started.cmdId)
   check('exit code', command.exitCode, 7)
   const logs = await sandbox.process.getSessionCommandLogs('npm-check', started.cmdId)
-  check('logs', logs, { output: 'hello from env\nto-stderr\nno newline\n', stdout: 'hello from env\nno newline\n', stderr: 'to-stderr\n' })
+  check('logs stdout', logs.stdout, 'hello from env\nno newline\n')
+  check('logs stderr', logs.stderr, 'to-stderr\n')
+  // stdout and stderr are labelled by two readers, so the combined log interleaves their lines in either order.
+  check('logs output', logs.output.split('\n').sort(), ['', 'hello from env', 'no newline', 'to-stderr'])
   const sync = await sandbox.process.executeSessionCommand('npm-check', { command: 'echo sync; echo oops >&2; pwd' })
   check('sync exit code', sync.exitCode, 0)
   check('sync stdout', sync.stdout, `sync\n${workDir}\n`)
   check('sync stderr', sync.stderr, 'oops\n')
+  // Input reaches a running command's stdin.
+  const reader = await sandbox.process.executeSessionCommand('npm-check', {
+    command: 'read line; echo "got $line"',
+    runAsync: true,
+  })
+  await sandbox.process.sendSessionCommandInput('npm-check', reader.cmdId, 'typed in\n')
+  const answered = []
+  await sandbox.process.getSessionCommandLogs('npm-check', reader.cmdId, (chunk) => answered.push(chunk), () => {})
+  check('input echoed back', answered.join(''), 'got typed in\n')
+  check('input command exit', (await sandbox.process.getSessionCommand('npm-check', reader.cmdId)).exitCode, 0)
   const session = await sandbox.process.getSession('npm-check')
-  check('session commands', session.commands.map((c) => c.id), [started.cmdId, sync.cmdId])
-  await sandbox.process.deleteSession('npm-check')
-  check('sessions after delete', (await sandbox.process.listSessions()).map((s) => s.sessionId), [])
+  check('session commands', session.commands.map((c) => c.id), [started.cmdId, sync.cmdId, reader.cmdId])
 
   // Files, by relative and by absolute path.
   await sandbox.fs.uploadFile(Buffer.from('first file\n'), 'notes/hello.txt')
@@ -91,6 +102,47 @@ async function main() {
     (err) => err.constructor.name,
   )
   check('a missing file', missing, 'DaytonaNotFoundError')
+
+  // Folders, several files in one upload and one download (a missing one fails alone), deletion.
+  await sandbox.fs.createFolder('made/here', '750')
+  await sandbox.fs.uploadFiles([
+    { source: Buffer.from('a\n'), destination: 'made/here/a.txt' },
+    { source: Buffer.from('b\n'), destination: `${workDir}/made/b.txt` },
+  ])
+  const listing = await sandbox.process.executeSessionCommand('npm-check', { command: 'stat -c %a made/here; cat made/here/a.txt made/b.txt' })
+  check('folder mode and uploaded files', listing.stdout, '750\na\nb\n')
+  const several = await sandbox.fs.downloadFiles([{ source: 'made/here/a.txt' }, { source: 'made/b.txt' }, { source: 'made/none' }])
+  check(
+    'bulk download',
+    several.map((f) => [f.source, f.result?.toString(), f.error, f.errorDetails?.statusCode]),
+    [
+      ['made/here/a.txt', 'a\n', undefined, undefined],
+      ['made/b.txt', 'b\n', undefined, undefined],
+      ['made/none', undefined, 'file not found: made/none', 404],
+    ],
+  )
+  // A name beyond Latin-1 and with a quote: the SDK matches each part to its file by the part's filename.
+  const odd = 'made/grüße "日本".txt'
+  await sandbox.fs.uploadFile(Buffer.from('unicode\n'), odd)
+  const oddBack = await sandbox.fs.downloadFiles([{ source: odd }, { source: 'made/none "日本"' }])
+  check(
+    'download of a non-ASCII name',
+    oddBack.map((f) => [f.source, f.result?.toString(), f.error]),
+    [
+      [odd, 'unicode\n', undefined],
+      ['made/none "日本"', undefined, 'file not found: made/none "日本"'],
+    ],
+  )
+  await sandbox.fs.deleteFile('made/here/a.txt')
+  const deleted = await sandbox.fs.downloadFile('made/here/a.txt').then(
+    () => 'downloaded',
+    (err) => err.constructor.name,
+  )
+  check('a deleted file', deleted, 'DaytonaNotFoundError')
+  await sandbox.fs.deleteFile('made', true)
+  check('the folder is gone', (await sandbox.process.executeSessionCommand('npm-check', { command: 'ls' })).stdout, 'blob.bin\ngo\nnotes\n')
+  await sandbox.process.deleteSession('npm-check')
+  check('sessions after delete', (await sandbox.process.listSessions()).map((s) => s.sessionId), [])
 
   // Stop keeps the files; start brings the sandbox back.
   await sandbox.stop(30)
