@@ -9,11 +9,11 @@
 #![allow(clippy::disallowed_methods)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
 #[path = "support/node_sdk.rs"]
 mod node_sdk;
 #[path = "e2b/npm_sdk.rs"]
 mod npm_sdk;
+mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -24,12 +24,17 @@ fn the_official_npm_sdk_agrees_with_the_fake() {
             "gone": "DaytonaNotFoundError",
         })
     );
-    // The SDK sent the key only as a bearer token, and named itself (its Socket.IO probe, 404 here, aside).
+    // The SDK sent the key only as a bearer token, and named itself (its Socket.IO probe, 404 here, aside); the
+    // first call is the one with a wrong key.
     let requests = fake.requests();
     let sandbox_calls: Vec<&Value> =
         requests.iter().filter(|r| !r["path"].as_str().unwrap().contains("socket.io")).collect();
+    assert_eq!(
+        (&sandbox_calls[0]["path"], &sandbox_calls[0]["auth"]),
+        (&json!("/api/sandbox/anything"), &json!("Bearer dtn_wrong"))
+    );
     assert!(sandbox_calls.iter().any(|r| r["path"].as_str().unwrap().ends_with("/logs?follow=true")));
-    for request in sandbox_calls {
+    for request in &sandbox_calls[1..] {
         assert_eq!(request["auth"], json!(format!("Bearer {KEY}")), "{request}");
         assert_eq!(request["sdk"], json!("0.218.0"), "{request}");
     }

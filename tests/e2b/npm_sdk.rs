@@ -14,9 +14,12 @@ fn the_official_npm_sdk_agrees_with_the_fake() {
     let observed: Value = serde_json::from_str(stdout.lines().last().unwrap().strip_prefix("OK ").unwrap()).unwrap();
     let id = observed["sandbox_id"].as_str().unwrap();
 
+    // The first create has a wrong key and is refused; the second makes the sandbox.
     let records = fake.records();
+    assert_eq!((&records[0]["path"], &records[1]["path"]), (&json!("/v2/sandboxes"), &json!("/v2/sandboxes")));
+    assert_eq!(records[1]["headers"]["x-api-key"], KEY);
     assert_eq!(
-        serde_json::from_str::<Value>(records[0]["body"].as_str().unwrap()).unwrap(),
+        serde_json::from_str::<Value>(records[1]["body"].as_str().unwrap()).unwrap(),
         json!({"templateID": "base", "timeout": 600, "autoPause": true, "autoResume": {"enabled": true},
                "metadata": {"zed_session": "npm-sdk-check"}, "envVars": {"SANDBOX_WIDE": "from-create"}})
     );

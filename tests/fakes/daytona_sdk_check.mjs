@@ -15,7 +15,7 @@ if (!prefix) {
   console.error('usage: daytona_sdk_check.mjs PREFIX (the directory .ci/install-node-sdk.sh printed)')
   process.exit(2)
 }
-const { Daytona, Image, DaytonaNotFoundError } = createRequire(`${prefix}/package.json`)('@daytonaio/sdk')
+const { Daytona, Image, DaytonaNotFoundError, DaytonaAuthenticationError } = createRequire(`${prefix}/package.json`)('@daytonaio/sdk')
 
 function check(what, got, want) {
   if (!isDeepStrictEqual(got, want)) {
@@ -25,6 +25,11 @@ function check(what, got, want) {
 
 async function main() {
   const daytona = new Daytona()
+  const refused = await new Daytona({ apiKey: 'dtn_wrong' }).get('anything').then(
+    () => 'no error',
+    (err) => (err instanceof DaytonaAuthenticationError ? 'refused' : inspect(err)),
+  )
+  check('a wrong key', refused, 'refused')
   const sandbox = await daytona.create(
     {
       snapshot: 'daytona-small',
@@ -99,9 +104,9 @@ async function main() {
   check('blob', await sandbox.fs.downloadFile(`${workDir}/blob.bin`), bytes)
   const missing = await sandbox.fs.downloadFile('no/such/file').then(
     () => 'downloaded',
-    (err) => err.constructor.name,
+    (err) => (err instanceof DaytonaNotFoundError ? 'not found' : inspect(err)),
   )
-  check('a missing file', missing, 'DaytonaNotFoundError')
+  check('a missing file', missing, 'not found')
 
   // Folders, several files in one upload and one download (a missing one fails alone), deletion.
   await sandbox.fs.createFolder('made/here', '750')
@@ -136,9 +141,9 @@ async function main() {
   await sandbox.fs.deleteFile('made/here/a.txt')
   const deleted = await sandbox.fs.downloadFile('made/here/a.txt').then(
     () => 'downloaded',
-    (err) => err.constructor.name,
+    (err) => (err instanceof DaytonaNotFoundError ? 'not found' : inspect(err)),
   )
-  check('a deleted file', deleted, 'DaytonaNotFoundError')
+  check('a deleted file', deleted, 'not found')
   await sandbox.fs.deleteFile('made', true)
   check('the folder is gone', (await sandbox.process.executeSessionCommand('npm-check', { command: 'ls' })).stdout, 'blob.bin\ngo\nnotes\n')
   await sandbox.process.deleteSession('npm-check')

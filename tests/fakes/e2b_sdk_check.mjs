@@ -15,7 +15,8 @@ if (!prefix) {
   console.error('usage: e2b_sdk_check.mjs PREFIX (the directory .ci/install-node-sdk.sh printed)')
   process.exit(2)
 }
-const { Sandbox, CommandExitError } = createRequire(`${prefix}/package.json`)('e2b')
+const { Sandbox, CommandExitError, NotFoundError, SandboxNotFoundError, AuthenticationError } =
+  createRequire(`${prefix}/package.json`)('e2b')
 
 function check(what, got, want) {
   if (!isDeepStrictEqual(got, want)) {
@@ -33,8 +34,20 @@ async function exitError(what, promise) {
   throw new Error(`${what}: did not throw a CommandExitError`)
 }
 
+// What a call that must fail threw: the name of the expected class, or what it was instead.
+async function failure(promise, expected) {
+  try {
+    await promise
+  } catch (err) {
+    return err instanceof expected ? expected.name : inspect(err)
+  }
+  return 'no error'
+}
+
 async function main() {
   const observed = {}
+  const refused = failure(Sandbox.create('base', { apiKey: 'e2b_wrong0123456789abcdef0123456789ab' }), AuthenticationError)
+  check('a wrong key', await refused, 'AuthenticationError')
   const sbx = await Sandbox.create('base', {
     timeoutMs: 600_000,
     metadata: { zed_session: 'npm-sdk-check' },
@@ -101,6 +114,7 @@ async function main() {
   )
   // A gzip-compressed raw body (Content-Encoding: gzip) is stored decompressed.
   await sbx.files.write('/home/user/zipped.txt', 'stored plain\n', { gzip: true })
+  check('a missing file', await failure(sbx.files.read('/home/user/no/such'), NotFoundError), 'NotFoundError')
   const cat = await sbx.commands.run('cat notes/hello.txt many/a.txt many/b.txt zipped.txt', { cwd: '/home/user' })
   check('the command sees the written files', cat.stdout, 'hello from the npm sdk\nfirst\nsecond\nstored plain\n')
 
@@ -122,6 +136,8 @@ async function main() {
   check('killing it again', await sbx.commands.kill(background.pid), false)
 
   check('state before pause', (await sbx.getInfo()).state, 'running')
+  const same = await Sandbox.connect(sbx.sandboxId)
+  check('connect to a running sandbox', (await same.commands.run('echo $E2B_SANDBOX_ID')).stdout, `${sbx.sandboxId}\n`)
   check('pause', await sbx.pause(), true)
   check('pause again', await Sandbox.pause(sbx.sandboxId), false)
   const paused = await Sandbox.getInfo(sbx.sandboxId)
@@ -138,6 +154,8 @@ async function main() {
   await resumed.setTimeout(120_000)
   check('kill the sandbox', await resumed.kill(), true)
   check('kill it again', await Sandbox.kill(sbx.sandboxId), false)
+  check('info of a killed sandbox', await failure(Sandbox.getInfo(sbx.sandboxId), SandboxNotFoundError), 'SandboxNotFoundError')
+  check('connect to a killed sandbox', await failure(Sandbox.connect(sbx.sandboxId), SandboxNotFoundError), 'SandboxNotFoundError')
   console.log('OK ' + JSON.stringify(observed))
 }
 

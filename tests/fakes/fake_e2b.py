@@ -15,7 +15,8 @@ Control plane (`X-API-Key` must be the key; anything else is 401 as E2B answers 
 envd (`X-Access-Token` must be the sandbox's current token): Connect-RPC with the JSON codec —
   process.Process/Start and /Connect as server streams (envelopes: start, data stdout/stderr base64,
   keepalive, end, then the end-stream frame), /List, /SendSignal, /SendInput, /CloseStdin (unary JSON);
-  GET and POST /files (raw bytes, or multipart with a `file` field); GET /health.
+  GET and POST /files (an octet-stream body, or multipart `file` parts each written to `path` or else to its
+  filename; gzip Content-Encoding undone); GET /health.
 A paused sandbox's processes are stopped (SIGSTOP) and its open streams are cut, as a memory snapshot does;
 envd traffic to a paused sandbox created with `autoResume` resumes it, otherwise it gets 502 like E2B's proxy.
 
