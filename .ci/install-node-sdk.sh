@@ -25,16 +25,9 @@ node -e '
   process.exit((a === 20 && (b > 18 || (b === 18 && c >= 1))) || a >= 22 ? 0 : 1);
 ' || { log "Node.js $(node --version) is too old for e2b $E2B (needs >=20.18.1 <21 or >=22)"; exit 1; }
 
-mkdir -p "$(dirname "$PREFIX")"
-exec 9>"$PREFIX.lock"
-if command -v flock >/dev/null 2>&1; then
-  flock 9
-fi
-if works; then
-  log "e2b $E2B and @daytonaio/sdk $DAYTONA already installed"
-  echo "$PREFIX"
-  exit 0
-fi
+# shellcheck source=.ci/install-lock.sh
+. "$(dirname "$0")/install-lock.sh"
+reuse_or_lock "$PREFIX" "e2b $E2B and @daytonaio/sdk $DAYTONA" "$PREFIX"
 STAGING="$PREFIX.staging.$$"
 rm -rf "$STAGING" "$PREFIX"
 mkdir -p "$STAGING"

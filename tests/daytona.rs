@@ -103,6 +103,11 @@ impl FakeDaytona {
             .collect()
     }
 
+    /// The requests but the SDKs' Socket.IO probes (there is no gateway here: they get 404 and poll instead).
+    fn sdk_calls(&self) -> Vec<Value> {
+        self.requests().into_iter().filter(|r| !r["path"].as_str().unwrap().contains("socket.io")).collect()
+    }
+
     /// What the control plane says about a sandbox, asked directly.
     async fn state(&self, id: &str) -> String {
         let response = reqwest::Client::new()
@@ -198,9 +203,15 @@ fn the_official_sdk_agrees_with_the_fake() {
         String::from_utf8_lossy(&out.stdout)
     );
     let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_the_sdk_agreed(&seen, &fake.sdk_calls(), "0.226.1");
+}
+
+/// What an official SDK's check (Python or npm) reports, exactly; and that each of its calls carried the key only
+/// as a bearer token and named the SDK's version.
+fn assert_the_sdk_agreed(seen: &Value, calls: &[Value], sdk_version: &str) {
     assert_eq!(
         seen,
-        json!({
+        &json!({
             "stdout": "hello from env\nno newline\n",
             "stderr": "to-stderr\n",
             "exit_code": 7,
@@ -208,14 +219,10 @@ fn the_official_sdk_agrees_with_the_fake() {
             "gone": "DaytonaNotFoundError",
         })
     );
-    // The SDK sent the key only as a bearer token, and named itself.
-    let requests = fake.requests();
-    let sandbox_calls: Vec<&Value> =
-        requests.iter().filter(|r| !r["path"].as_str().unwrap().contains("socket.io")).collect();
-    assert!(sandbox_calls.len() > 10);
-    for request in sandbox_calls {
+    assert!(calls.len() > 10);
+    for request in calls {
         assert_eq!(request["auth"], json!(format!("Bearer {KEY}")), "{request}");
-        assert_eq!(request["sdk"], json!("0.226.1"), "{request}");
+        assert_eq!(request["sdk"], json!(sdk_version), "{request}");
     }
 }
 

@@ -5,7 +5,7 @@
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::{FakeDaytona, KEY, node_sdk, test_dir};
+use super::{FakeDaytona, KEY, assert_the_sdk_agreed, node_sdk, test_dir};
 
 #[test]
 fn the_official_npm_sdk_agrees_with_the_fake() {
@@ -14,28 +14,9 @@ fn the_official_npm_sdk_agrees_with_the_fake() {
     let env = [("DAYTONA_API_URL", fake.api_url()), ("DAYTONA_API_KEY", KEY.to_string())];
     let stdout = node_sdk::run_check("daytona_sdk_check.mjs", &dir, &env);
     let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert_eq!(
-        seen,
-        json!({
-            "stdout": "hello from env\nno newline\n",
-            "stderr": "to-stderr\n",
-            "exit_code": 7,
-            "read_back": "first file\n",
-            "gone": "DaytonaNotFoundError",
-        })
-    );
-    // The SDK sent the key only as a bearer token, and named itself (its Socket.IO probe, 404 here, aside); the
-    // first call is the one with a wrong key.
-    let requests = fake.requests();
-    let sandbox_calls: Vec<&Value> =
-        requests.iter().filter(|r| !r["path"].as_str().unwrap().contains("socket.io")).collect();
-    assert_eq!(
-        (&sandbox_calls[0]["path"], &sandbox_calls[0]["auth"]),
-        (&json!("/api/sandbox/anything"), &json!("Bearer dtn_wrong"))
-    );
-    assert!(sandbox_calls.iter().any(|r| r["path"].as_str().unwrap().ends_with("/logs?follow=true")));
-    for request in &sandbox_calls[1..] {
-        assert_eq!(request["auth"], json!(format!("Bearer {KEY}")), "{request}");
-        assert_eq!(request["sdk"], json!("0.218.0"), "{request}");
-    }
+    // The first call is the check's own with a wrong key; the streamed logs came over the WebSocket.
+    let calls = fake.sdk_calls();
+    assert_eq!((&calls[0]["path"], &calls[0]["auth"]), (&json!("/api/sandbox/anything"), &json!("Bearer dtn_wrong")));
+    assert!(calls.iter().any(|r| r["path"].as_str().unwrap().ends_with("/logs?follow=true")));
+    assert_the_sdk_agreed(&seen, &calls[1..], "0.218.0");
 }
