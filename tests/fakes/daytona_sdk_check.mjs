@@ -4,8 +4,8 @@
 //   node tests/fakes/daytona_sdk_check.mjs PREFIX     # PREFIX: what .ci/install-node-sdk.sh printed
 //
 // Run with DAYTONA_API_URL and DAYTONA_API_KEY pointing at the fake. Every step asserts exactly what the SDK got
-// back; the first disagreement exits 1 with `daytona-sdk-check: <step>: ...` on stderr. On success it prints one
-// JSON line with what it saw, for tests/daytona.rs to compare exactly.
+// back; the first disagreement exits 1 with `daytona-sdk-check:`, the step and what differed on stderr. On success
+// it prints one JSON line with what it saw, for tests/daytona.rs to compare exactly.
 
 import { createRequire } from 'node:module'
 import { isDeepStrictEqual, inspect } from 'node:util'
@@ -15,7 +15,8 @@ if (!prefix) {
   console.error('usage: daytona_sdk_check.mjs PREFIX (the directory .ci/install-node-sdk.sh printed)')
   process.exit(2)
 }
-const { Daytona, Image, DaytonaNotFoundError, DaytonaAuthenticationError } = createRequire(`${prefix}/package.json`)('@daytonaio/sdk')
+const { Daytona, Image, DaytonaNotFoundError, DaytonaAuthenticationError } =
+  createRequire(`${prefix}/package.json`)('@daytonaio/sdk')
 
 function check(what, got, want) {
   if (!isDeepStrictEqual(got, want)) {
@@ -49,7 +50,8 @@ async function main() {
   // the first stdout line reached the callback, so that line cannot have come with the exit.
   await sandbox.process.createSession('npm-check')
   const started = await sandbox.process.executeSessionCommand('npm-check', {
-    command: 'echo "$GREETING"; echo to-stderr >&2; while [ ! -f go ]; do sleep 0.02; done; printf "no newline"; exit 7',
+    command:
+      'echo "$GREETING"; echo to-stderr >&2; while [ ! -f go ]; do sleep 0.02; done; printf "no newline"; exit 7',
     runAsync: true,
   })
   check('async exec has no exit code yet', started.exitCode, undefined)
@@ -114,9 +116,15 @@ async function main() {
     { source: Buffer.from('a\n'), destination: 'made/here/a.txt' },
     { source: Buffer.from('b\n'), destination: `${workDir}/made/b.txt` },
   ])
-  const listing = await sandbox.process.executeSessionCommand('npm-check', { command: 'stat -c %a made/here; cat made/here/a.txt made/b.txt' })
+  const listing = await sandbox.process.executeSessionCommand('npm-check', {
+    command: 'stat -c %a made/here; cat made/here/a.txt made/b.txt',
+  })
   check('folder mode and uploaded files', listing.stdout, '750\na\nb\n')
-  const several = await sandbox.fs.downloadFiles([{ source: 'made/here/a.txt' }, { source: 'made/b.txt' }, { source: 'made/none' }])
+  const several = await sandbox.fs.downloadFiles([
+    { source: 'made/here/a.txt' },
+    { source: 'made/b.txt' },
+    { source: 'made/none' },
+  ])
   check(
     'bulk download',
     several.map((f) => [f.source, f.result?.toString(), f.error, f.errorDetails?.statusCode]),
@@ -145,7 +153,8 @@ async function main() {
   )
   check('a deleted file', deleted, 'not found')
   await sandbox.fs.deleteFile('made', true)
-  check('the folder is gone', (await sandbox.process.executeSessionCommand('npm-check', { command: 'ls' })).stdout, 'blob.bin\ngo\nnotes\n')
+  const left = await sandbox.process.executeSessionCommand('npm-check', { command: 'ls' })
+  check('the folder is gone', left.stdout, 'blob.bin\ngo\nnotes\n')
   await sandbox.process.deleteSession('npm-check')
   check('sessions after delete', (await sandbox.process.listSessions()).map((s) => s.sessionId), [])
 

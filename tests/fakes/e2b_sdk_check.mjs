@@ -3,9 +3,9 @@
 //   node tests/fakes/e2b_sdk_check.mjs PREFIX     # PREFIX: what .ci/install-node-sdk.sh printed
 //
 // Run with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY pointing at the fake. Every step asserts exactly what the
-// SDK saw; the first disagreement exits 1 with `e2b-sdk-check: <step>: ...` on stderr. On success the last line
-// on stdout is `OK <json>` with the sandbox id and what was observed, for tests/e2b.rs to check against the fake's
-// own record of the requests.
+// SDK saw; the first disagreement exits 1 with `e2b-sdk-check:`, the step and what differed on stderr. On success
+// the last line on stdout is `OK <json>` with the sandbox id and what was observed, for tests/e2b.rs to check
+// against the fake's own record of the requests.
 
 import { createRequire } from 'node:module'
 import { isDeepStrictEqual, inspect } from 'node:util'
@@ -46,8 +46,8 @@ async function failure(promise, expected) {
 
 async function main() {
   const observed = {}
-  const refused = failure(Sandbox.create('base', { apiKey: 'e2b_wrong0123456789abcdef0123456789ab' }), AuthenticationError)
-  check('a wrong key', await refused, 'AuthenticationError')
+  const wrongKey = { apiKey: 'e2b_wrong0123456789abcdef0123456789ab' }
+  check('a wrong key', await failure(Sandbox.create('base', wrongKey), AuthenticationError), 'AuthenticationError')
   const sbx = await Sandbox.create('base', {
     timeoutMs: 600_000,
     metadata: { zed_session: 'npm-sdk-check' },
@@ -98,7 +98,8 @@ async function main() {
   check('read back', await sbx.files.read('/home/user/notes/hello.txt'), 'hello from the npm sdk\n')
   const bytes = Uint8Array.from({ length: 256 }, (_, i) => i)
   await sbx.files.write('blob.bin', bytes.buffer)
-  check('binary read back', Buffer.from(await sbx.files.read('/home/user/blob.bin', { format: 'bytes' })), Buffer.from(bytes))
+  const blob = await sbx.files.read('/home/user/blob.bin', { format: 'bytes' })
+  check('binary read back', Buffer.from(blob), Buffer.from(bytes))
   // Several files in one request: a multipart part per file, each named by its path, and no `path` query.
   const many = await sbx.files.write([
     { path: '/home/user/many/a.txt', data: 'first\n' },
@@ -154,8 +155,10 @@ async function main() {
   await resumed.setTimeout(120_000)
   check('kill the sandbox', await resumed.kill(), true)
   check('kill it again', await Sandbox.kill(sbx.sandboxId), false)
-  check('info of a killed sandbox', await failure(Sandbox.getInfo(sbx.sandboxId), SandboxNotFoundError), 'SandboxNotFoundError')
-  check('connect to a killed sandbox', await failure(Sandbox.connect(sbx.sandboxId), SandboxNotFoundError), 'SandboxNotFoundError')
+  const infoGone = await failure(Sandbox.getInfo(sbx.sandboxId), SandboxNotFoundError)
+  check('info of a killed sandbox', infoGone, 'SandboxNotFoundError')
+  const connect = await failure(Sandbox.connect(sbx.sandboxId), SandboxNotFoundError)
+  check('connect to a killed sandbox', connect, 'SandboxNotFoundError')
   console.log('OK ' + JSON.stringify(observed))
 }
 
