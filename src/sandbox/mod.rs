@@ -361,3 +361,47 @@ pub trait SandboxProvider: Send + Sync {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[tokio::test]
+    async fn a_provider_neither_selected_nor_configured_is_not_mentioned_and_a_configured_one_is_one_line() {
+        let none = |_: &str| None;
+        assert_eq!(check_remote_providers(SandboxChoice::Auto, &none).await, vec![]);
+        let keys = |name: &str| matches!(name, "E2B_API_KEY" | "DAYTONA_API_KEY").then(|| "k".to_string());
+        assert_eq!(
+            check_remote_providers(SandboxChoice::Bwrap, &keys).await,
+            vec![
+                (
+                    "e2b",
+                    vec![CheckLine::info(
+                        "E2B_API_KEY is set, but sessions run with --sandbox bwrap; --sandbox e2b would run each in an \
+                     E2B sandbox of its own"
+                    )]
+                ),
+                (
+                    "daytona",
+                    vec![CheckLine::info(
+                        "DAYTONA_API_KEY is set, but sessions run with --sandbox bwrap; --sandbox daytona would run each \
+                     in a Daytona sandbox of its own"
+                    )]
+                ),
+            ]
+        );
+        // Selected without its key: one error, and nothing is asked of the provider.
+        let blank = |name: &str| (name == "DAYTONA_API_KEY").then(|| "  ".to_string());
+        let reports = check_remote_providers(SandboxChoice::Daytona, &blank).await;
+        assert_eq!(reports.len(), 1);
+        assert_eq!(reports[0].1[0].level, CheckLevel::Error);
+    }
+
+    #[test]
+    fn path_segments_cannot_leave_their_place() {
+        assert_eq!(path_segment("base"), "base");
+        assert_eq!(path_segment("team/tpl:v2"), "team%2Ftpl%3Av2");
+        assert_eq!(path_segment("../x y"), "..%2Fx%20y");
+    }
+}
