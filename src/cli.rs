@@ -720,6 +720,16 @@ fn opencode_backend(config: &Config, version: &str) -> Result<String, String> {
         };
     }
     Ok(match config.opencode_backend {
+        // Sessions in a remote sandbox fall back to `run` (their provider starts no server there yet).
+        acp_sandbox::config::OpenCodeBackend::Serve
+            if matches!(config.sandbox, SandboxChoice::E2b | SandboxChoice::Daytona) =>
+        {
+            format!(
+                "run: one `opencode run` per prompt (a warm `opencode serve` does not run in a remote sandbox yet, \
+                 --sandbox {})",
+                config.sandbox.as_str()
+            )
+        }
         acp_sandbox::config::OpenCodeBackend::Serve => format!(
             "serve: a warm `opencode serve` per session (stopped after {} s idle, at most {} at once)",
             config.server_idle_timeout.as_secs(),

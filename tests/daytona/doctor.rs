@@ -35,8 +35,20 @@ fn doctor_checks_the_key_the_api_and_the_default_snapshot() {
     let dir = test_dir("doctor-ok");
     let fake = FakeDaytona::start(&dir);
     let dirs = support::TestDirs::new("daytona-doctor");
-    let (code, out, _) = run(&fake, &dirs, &["--sandbox", "daytona"], &[("DAYTONA_API_KEY", KEY)]);
+    let (code, out, _) = run(
+        &fake,
+        &dirs,
+        &["--sandbox", "daytona"],
+        &[("DAYTONA_API_KEY", KEY), ("ACP_SANDBOX_OPENCODE_BACKEND", "serve")],
+    );
     assert_eq!(code, Some(0), "{out}");
+    // OpenCode's warm server does not run in a Daytona sandbox: doctor says what sessions really get.
+    assert_eq!(
+        out.lines().filter(|line| line.starts_with("  backend ")).collect::<Vec<_>>(),
+        ["  backend       run: one `opencode run` per prompt (a warm `opencode serve` does not run in a remote \
+          sandbox yet, --sandbox daytona)"],
+        "{out}"
+    );
     assert_eq!(
         support::doctor_section(&out, "daytona"),
         [
