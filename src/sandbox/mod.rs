@@ -28,6 +28,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use tokio::io::AsyncRead;
 
 use crate::config::SandboxChoice;
@@ -95,17 +96,18 @@ pub async fn check_remote_providers(
     choice: SandboxChoice,
     var: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Vec<(&'static str, Vec<CheckLine>)> {
-    let remotes = [
-        (SandboxChoice::E2b, e2b::PROVIDER, e2b::KEY_VARIABLE, "an E2B sandbox"),
-        (SandboxChoice::Daytona, daytona::PROVIDER, daytona::KEY_VARIABLE, "a Daytona sandbox"),
+    /// A provider's own check: its lines for `doctor` when it is selected.
+    type Check = for<'a> fn(&'a (dyn Fn(&str) -> Option<String> + Sync)) -> BoxFuture<'a, Vec<CheckLine>>;
+    let remotes: [(SandboxChoice, &str, &str, &str, Check); 2] = [
+        (SandboxChoice::E2b, e2b::PROVIDER, e2b::KEY_VARIABLE, "an E2B sandbox", |var| Box::pin(e2b::check(var))),
+        (SandboxChoice::Daytona, daytona::PROVIDER, daytona::KEY_VARIABLE, "a Daytona sandbox", |var| {
+            Box::pin(daytona::check(var))
+        }),
     ];
     let mut reports = Vec::new();
-    for (remote, name, key, what) in remotes {
+    for (remote, name, key, what, check) in remotes {
         let lines = if choice == remote {
-            match remote {
-                SandboxChoice::E2b => e2b::check(var).await,
-                _ => daytona::check(var).await,
-            }
+            check(var).await
         } else if var(key).is_some_and(|value| !value.trim().is_empty()) {
             vec![CheckLine::info(format!(
                 "{key} is set, but sessions run with --sandbox {}; --sandbox {name} would run each in {what} of its \
