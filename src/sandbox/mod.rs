@@ -19,6 +19,7 @@ pub mod limits;
 pub mod local;
 pub mod policy;
 pub mod proxy;
+pub mod mirror;
 pub mod review;
 pub mod seccomp;
 pub mod statedir;

@@ -1,6 +1,7 @@
 //! Review before write: the agent's changes to its copy of the workspace reach the user's files through the
 //! editor (`fs/write_text_file`, which Zed lists for Keep/Reject), or, where the editor cannot take them, directly
-//! with a note in the thread that lists them.
+//! with a note in the thread that lists them. A remote sandbox is always reviewed: its workspace is mirrored in a
+//! copy on this machine, pulled before each review and pushed after it (`sandbox::mirror`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,8 +11,9 @@ use agent_client_protocol::v1::schema::WriteTextFileRequest;
 use super::turn::Emitter;
 use super::{UpdateSink, note};
 use crate::error::{Error, Result};
-use crate::sandbox::SandboxError;
+use crate::sandbox::mirror::Mirror;
 use crate::sandbox::review::{Change, WorkspaceCopy};
+use crate::sandbox::{Sandbox, SandboxError};
 
 /// The largest text file handed to the editor; a larger one is applied directly.
 const TEXT_LIMIT: usize = 2 * 1024 * 1024;
@@ -22,7 +24,7 @@ const WRITES_PER_REVIEW: usize = 100;
 const NOTE_PATHS: usize = 20;
 
 /// The review of one turn.
-pub(super) struct Review {
+pub(super) struct Review<'a> {
     pub copy: Arc<WorkspaceCopy>,
     pub sink: Arc<dyn UpdateSink>,
     pub session_id: String,
@@ -30,6 +32,8 @@ pub(super) struct Review {
     pub workspace: PathBuf,
     /// The client advertised `fs.writeTextFile`.
     pub editor_writes: bool,
+    /// A remote sandbox, whose workspace the copy mirrors.
+    pub mirror: Option<Mirror<'a>>,
 }
 
 /// Why a change was applied directly.
@@ -44,18 +48,63 @@ enum Direct {
     Refused(String),
 }
 
-impl Review {
-    /// Before the agent runs: what an earlier turn left unreviewed (a crash, a cancel) is reviewed, then the copy
-    /// is made equal to the user's files.
-    pub async fn begin(&self, emit: &Emitter) -> Result<()> {
-        self.step(emit).await?;
-        let copy = self.copy.clone();
-        blocking(move || copy.sync()).await.map_err(|e| Error::Sandbox(SandboxError::io("sync the review copy", e)))
+impl<'a> Review<'a> {
+    /// The review of a turn in `sandbox`: in review mode its copy, and for a remote sandbox (whatever the mode) a
+    /// copy in the session's state dir on this machine, `review_dir`, that mirrors the sandbox's workspace.
+    pub fn of(
+        sandbox: &'a dyn Sandbox,
+        mirrored: impl FnOnce() -> WorkspaceCopy,
+        sink: Arc<dyn UpdateSink>,
+        session_id: &str,
+        workspace: PathBuf,
+        editor_writes: bool,
+    ) -> Option<Self> {
+        let (copy, mirror) = match sandbox.remote_files() {
+            Some(_) => {
+                let copy = Arc::new(mirrored().without_git_ignored());
+                (copy.clone(), Mirror::new(sandbox, copy))
+            }
+            None => (sandbox.review_copy()?, None),
+        };
+        Some(Review { copy, sink, session_id: session_id.to_string(), workspace, editor_writes, mirror })
     }
 
-    /// After a tool and at the end of the turn: every change goes to the editor or is applied, and is noted.
-    /// A change that cannot be read or applied now stays in the copy for the next review.
+    /// Before the agent runs: what an earlier turn left unreviewed (a crash, a cancel) is reviewed, then the copy
+    /// is made equal to the user's files (and a remote sandbox's workspace to the copy).
+    pub async fn begin(&self, emit: &Emitter) -> Result<()> {
+        if let Some(mirror) = &self.mirror {
+            mirror.pull().await?;
+        }
+        self.review(emit).await?;
+        let copy = self.copy.clone();
+        blocking(move || copy.sync()).await.map_err(|e| Error::Sandbox(SandboxError::io("sync the review copy", e)))?;
+        if let Some(mirror) = &self.mirror {
+            mirror.push().await?;
+        }
+        Ok(())
+    }
+
+    /// After a tool and at the end of the turn: every change goes to the editor or is applied, and is noted
+    /// (for a remote sandbox: brought back first, and what the review reset sent back after).
     pub async fn step(&self, emit: &Emitter) -> Result<()> {
+        if let Some(mirror) = &self.mirror
+            && let Err(e) = mirror.pull().await
+        {
+            tracing::warn!(session = %self.session_id, "could not bring the agent's changes back from its sandbox: {e}");
+            return Ok(());
+        }
+        self.review(emit).await?;
+        if let Some(mirror) = &self.mirror
+            && let Err(e) = mirror.push().await
+        {
+            tracing::warn!(session = %self.session_id, "could not reset the reviewed files in the sandbox: {e}");
+        }
+        Ok(())
+    }
+
+    /// Every change of the copy goes to the editor or is applied, and is noted. A change that cannot be read or
+    /// applied now stays in the copy for the next review.
+    async fn review(&self, emit: &Emitter) -> Result<()> {
         let copy = self.copy.clone();
         let changes = match blocking(move || copy.changes()).await {
             Ok(changes) => changes,

@@ -508,13 +508,14 @@ impl Turn<'_> {
         command: Option<&str>,
         rendered: &prompt::RenderedPrompt,
     ) -> Result<Attempt> {
-        let review = sandbox.review_copy().map(|copy| super::review::Review {
-            copy,
-            sink: self.sink.clone(),
-            session_id: self.record.id.clone(),
-            workspace: PathBuf::from(&self.record.cwd),
-            editor_writes: self.bridge.client_abilities().write_text_file,
-        });
+        let review = super::review::Review::of(
+            sandbox,
+            || self.bridge.mirror_copy(&self.record),
+            self.sink.clone(),
+            &self.record.id,
+            PathBuf::from(&self.record.cwd),
+            self.bridge.client_abilities().write_text_file,
+        );
         if let Some(review) = &review {
             review.begin(emit).await?;
         }
