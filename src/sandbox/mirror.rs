@@ -420,6 +420,9 @@ impl<'a> Mirror<'a> {
         let listing = self.list(&manifest).await?;
         if listing.token != manifest.token {
             tracing::info!(sandbox = %self.sandbox.isolation(), "the sandbox is new to the mirror: its workspace is uploaded afresh");
+            // Forgotten, so that the next push sends everything.
+            let path = self.manifest_path();
+            blocking(move || store(&path, &Manifest::default())).await?;
             return Ok(false);
         }
         let copy = self.copy.clone();
@@ -550,8 +553,7 @@ impl<'a> Mirror<'a> {
     }
 
     async fn list(&self, manifest: &Manifest) -> Result<Listing, SandboxError> {
-        let mut args =
-            vec![self.sandbox.workspace().display().to_string(), self.token_path().display().to_string()];
+        let mut args = vec![self.sandbox.workspace().display().to_string(), self.token_path().display().to_string()];
         let mut pruned: Vec<String> = manifest.pruned.iter().filter_map(|p| p.to_str()).map(find_pattern).collect();
         pruned.extend(self.copy.skipped_paths().iter().filter_map(|p| p.to_str()).map(find_pattern));
         if !pruned.is_empty() {
@@ -706,9 +708,7 @@ fn protocol(message: String) -> SandboxError {
     SandboxError::Remote { provider: "mirror", failure: RemoteFailure::Protocol, message }
 }
 
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> io::Result<T> + Send + 'static,
-) -> Result<T, SandboxError> {
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> io::Result<T> + Send + 'static) -> Result<T, SandboxError> {
     tokio::task::spawn_blocking(work)
         .await
         .map_err(io::Error::other)

@@ -17,9 +17,9 @@ pub mod install;
 pub mod limits;
 #[allow(clippy::disallowed_methods)]
 pub mod local;
+pub mod mirror;
 pub mod policy;
 pub mod proxy;
-pub mod mirror;
 pub mod review;
 pub mod seccomp;
 pub mod statedir;
