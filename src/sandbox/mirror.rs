@@ -29,7 +29,7 @@ use tokio::io::AsyncReadExt;
 
 use super::review::WorkspaceCopy;
 use super::statedir::StateDir;
-use super::{ExecSpec, RemoteFailure, RemoteFiles, Sandbox, SandboxError};
+use super::{ExecSpec, RemoteFiles, Sandbox, SandboxError};
 
 /// The manifest's file name in the review dir.
 const MANIFEST: &str = "remote.json";
@@ -567,7 +567,7 @@ impl<'a> Mirror<'a> {
             args.extend([")".into(), "-prune".into(), "-o".into()]);
         }
         let out = self.run(LIST, args, Vec::new()).await?;
-        parse_listing(&out).map_err(|why| protocol(format!("the sandbox's workspace listing is unreadable: {why}")))
+        parse_listing(&out).map_err(|why| failed(format!("its workspace listing is unreadable: {why}")))
     }
 
     /// Runs a script of ours with `sh` and answers its stdout; a failure carries its stderr.
@@ -592,15 +592,11 @@ impl<'a> Mirror<'a> {
             return Ok(out);
         }
         let said = String::from_utf8_lossy(&err);
-        Err(SandboxError::Remote {
-            provider: "mirror",
-            failure: RemoteFailure::Failed,
-            message: format!(
-                "a command on the sandbox's workspace ended with {}: {}",
-                exit.describe(),
-                said.lines().take(5).collect::<Vec<_>>().join(" / ")
-            ),
-        })
+        Err(failed(format!(
+            "a command on its workspace ended with {}: {}",
+            exit.describe(),
+            said.lines().take(5).collect::<Vec<_>>().join(" / ")
+        )))
     }
 }
 
@@ -704,8 +700,9 @@ fn check_relative(rel: &Path) -> io::Result<()> {
     Ok(())
 }
 
-fn protocol(message: String) -> SandboxError {
-    SandboxError::Remote { provider: "mirror", failure: RemoteFailure::Protocol, message }
+/// What to do is the same whatever failed: the workspace and the sandbox could not be made equal.
+fn failed(message: String) -> SandboxError {
+    SandboxError::io("sync the workspace with the remote sandbox", io::Error::other(message))
 }
 
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> io::Result<T> + Send + 'static) -> Result<T, SandboxError> {
@@ -713,5 +710,211 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> io::Result<T> + Send
         .await
         .map_err(io::Error::other)
         .and_then(|done| done)
-        .map_err(|e| SandboxError::io("mirror the sandbox's workspace", e))
+        .map_err(|e| SandboxError::io("sync the workspace with the remote sandbox", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    fn stamp(size: u64, mtime: &str) -> RemoteStamp {
+        RemoteStamp { size, mode: 0o644, mtime: mtime.into(), ctime: mtime.into(), ino: 7 }
+    }
+
+    fn copy_stamp(len: u64) -> CopyStamp {
+        CopyStamp { len, mode: 0o100644, ino: 1, mtime: (1, 0), ctime: (1, 0) }
+    }
+
+    fn listing(entries: &[(&str, RemoteKind, RemoteStamp)]) -> Listing {
+        Listing {
+            token: "t".into(),
+            entries: entries.iter().map(|(p, k, s)| (PathBuf::from(p), (k.clone(), s.clone()))).collect(),
+        }
+    }
+
+    fn manifest(entries: &[(&str, u64, RemoteStamp)]) -> Manifest {
+        Manifest {
+            token: "t".into(),
+            entries: entries
+                .iter()
+                .map(|(p, len, s)| {
+                    (PathBuf::from(p), Mirrored { copy: copy_stamp(*len), remote: Some(s.clone()), link: None })
+                })
+                .collect(),
+            pruned: BTreeSet::new(),
+        }
+    }
+
+    fn paths(list: &[&str]) -> Vec<PathBuf> {
+        list.iter().map(PathBuf::from).collect()
+    }
+
+    #[test]
+    fn a_listing_is_records_of_eight_nul_ended_fields_after_the_token() {
+        let out = b"tok\0f\0755\012\01700.5\01700.6\042\0dir/a\nb\0\0l\0777\03\01.0\01.0\043\0link\0a\nb\0";
+        let parsed = parse_listing(out).unwrap();
+        assert_eq!(parsed.token, "tok");
+        assert_eq!(
+            parsed.entries,
+            BTreeMap::from([
+                (
+                    PathBuf::from("dir/a\nb"),
+                    (
+                        RemoteKind::File,
+                        RemoteStamp { size: 12, mode: 0o755, mtime: "1700.5".into(), ctime: "1700.6".into(), ino: 42 }
+                    )
+                ),
+                (
+                    PathBuf::from("link"),
+                    (
+                        RemoteKind::Link("a\nb".into()),
+                        RemoteStamp { size: 3, mode: 0o777, mtime: "1.0".into(), ctime: "1.0".into(), ino: 43 }
+                    )
+                ),
+            ])
+        );
+        assert_eq!(parse_listing(b"\0").unwrap(), Listing::default());
+        assert!(parse_listing(b"t\0f\0644\01\01\01\01\0../x\0\0").is_err(), "a path out of the workspace");
+        assert!(parse_listing(b"t\0f\0644\01\01\0").is_err(), "a record cut short");
+        assert!(parse_listing(b"t\0f\0644\0x\01\01\01\0a\0\0").is_err(), "a size that is not a number");
+    }
+
+    #[test]
+    fn what_git_ignores_is_decided_by_the_nearest_rules_and_the_exclude_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path();
+        std::fs::create_dir_all(ws.join("nested/deep")).unwrap();
+        std::fs::create_dir_all(ws.join(".git/info")).unwrap();
+        std::fs::write(ws.join(".gitignore"), "build/\n*.log\n!keep.log\n").unwrap();
+        std::fs::write(ws.join("nested/.gitignore"), "local.txt\n!again.log\n").unwrap();
+        std::fs::write(ws.join(".git/info/exclude"), "mine.txt\n").unwrap();
+        let ignores = Ignores::new(ws);
+        let ignored = |rel: &str, dir: bool| ignores.ignored(Path::new(rel), dir);
+        assert!(ignored("build", true));
+        assert!(ignored("build/out/a.o", false), "below an ignored directory");
+        assert!(!ignored("build", false), "`build/` names directories only");
+        assert!(ignored("a.log", false) && ignored("nested/deep/b.log", false));
+        assert!(!ignored("keep.log", false) && !ignored("nested/again.log", false));
+        assert!(ignored("nested/local.txt", false) && ignored("nested/deep/local.txt", false));
+        assert!(!ignored("local.txt", false), "a nested rule stays below its directory");
+        assert!(ignored("mine.txt", false));
+        assert!(!ignored("src/main.rs", false) && !ignored(".gitignore", false));
+    }
+
+    #[test]
+    fn a_pull_downloads_what_moved_and_removes_what_is_gone_but_never_what_is_out_of_view() {
+        let old = stamp(1, "1.0");
+        let mut known = manifest(&[
+            ("same.txt", 1, old.clone()),
+            ("moved.txt", 1, old.clone()),
+            ("gone.txt", 1, old.clone()),
+            ("vendor/lib.rs", 1, old.clone()),
+        ]);
+        known.pruned.insert("node_modules".into());
+        let listed = listing(&[
+            ("same.txt", RemoteKind::File, old.clone()),
+            ("moved.txt", RemoteKind::File, stamp(2, "2.0")),
+            ("new.txt", RemoteKind::File, stamp(3, "2.0")),
+            ("link", RemoteKind::Link("same.txt".into()), old.clone()),
+            ("target", RemoteKind::Dir, old.clone()),
+            ("target/debug/app", RemoteKind::File, old.clone()),
+            (".git/config", RemoteKind::File, stamp(9, "3.0")),
+            ("fifo", RemoteKind::Other, old.clone()),
+        ]);
+        // The user's rules now ignore `vendor/`: what the mirror knew there is out of view, not deleted.
+        let ignored =
+            |rel: &Path, _dir: bool| ["target", "node_modules", "vendor"].iter().any(|top| rel.starts_with(top));
+        let plan = plan_pull(&known, &listed, ignored, |rel| rel.starts_with(".git"));
+        assert_eq!(
+            plan,
+            PullPlan {
+                download: vec![("moved.txt".into(), stamp(2, "2.0")), ("new.txt".into(), stamp(3, "2.0"))],
+                link: vec![("link".into(), "same.txt".into(), old.clone())],
+                remove: paths(&["gone.txt"]),
+                pruned: BTreeSet::from(["node_modules".into(), "target".into()]),
+            }
+        );
+    }
+
+    #[test]
+    fn a_push_sends_what_the_copy_changed_and_holds_back_what_the_agent_wrote_meanwhile() {
+        let old = stamp(1, "1.0");
+        let known = manifest(&[
+            ("same.txt", 1, old.clone()),
+            ("settled.txt", 1, old.clone()),
+            ("rewritten.txt", 1, old.clone()),
+            ("dropped.txt", 1, old.clone()),
+            ("was-a-dir/file", 1, old.clone()),
+        ]);
+        let entry = |len| CopyEntry { stamp: copy_stamp(len), link: None };
+        let copy = BTreeMap::from([
+            (PathBuf::from("same.txt"), entry(1)),
+            (PathBuf::from("settled.txt"), entry(5)),
+            (PathBuf::from("rewritten.txt"), entry(5)),
+            (PathBuf::from("added.txt"), entry(2)),
+            (PathBuf::from("was-a-dir"), entry(2)),
+        ]);
+        let no_ignores = |_: &Path, _: bool| false;
+        let plan = plan_push(&known, &copy, None, false, no_ignores);
+        assert_eq!(plan.upload, paths(&["added.txt", "rewritten.txt", "settled.txt", "was-a-dir"]));
+        assert_eq!(plan.delete, paths(&["dropped.txt", "was-a-dir", "was-a-dir/file"]));
+
+        // The agent wrote `rewritten.txt` again after the pull, and made `late.txt`: neither is touched.
+        let guard = listing(&[
+            ("same.txt", RemoteKind::File, old.clone()),
+            ("settled.txt", RemoteKind::File, old.clone()),
+            ("rewritten.txt", RemoteKind::File, stamp(4, "5.0")),
+            ("dropped.txt", RemoteKind::File, old.clone()),
+            ("was-a-dir", RemoteKind::Dir, old.clone()),
+            ("was-a-dir/file", RemoteKind::File, old.clone()),
+            ("late.txt", RemoteKind::File, old.clone()),
+        ]);
+        let plan = plan_push(&known, &copy, Some(&guard), false, no_ignores);
+        assert_eq!(plan.held, paths(&["rewritten.txt"]));
+        assert_eq!(plan.upload, paths(&["added.txt", "settled.txt", "was-a-dir"]));
+        assert_eq!(plan.delete, paths(&["dropped.txt", "was-a-dir", "was-a-dir/file"]));
+
+        // A sandbox new to the mirror gets everything, and loses what it held beyond the copy but what git ignores.
+        let guard =
+            listing(&[("stray.txt", RemoteKind::File, old.clone()), ("target/out", RemoteKind::File, old.clone())]);
+        let plan = plan_push(&Manifest::default(), &copy, Some(&guard), true, |rel, _| rel.starts_with("target"));
+        assert_eq!(plan.upload, copy.keys().cloned().collect::<Vec<_>>());
+        assert_eq!((plan.delete, plan.held), (paths(&["stray.txt"]), vec![]));
+    }
+
+    #[test]
+    fn archives_hold_files_modes_and_links_and_are_cut_by_size() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("bin")).unwrap();
+        std::fs::write(dir.path().join("bin/run"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(dir.path().join("bin/run"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.path().join("big"), vec![b'x'; ARCHIVE_LIMIT]).unwrap();
+        std::os::unix::fs::symlink("bin/run", dir.path().join("link")).unwrap();
+        let (first, rest) = archive(dir.path(), paths(&["bin/run", "big", "link"])).unwrap();
+        assert_eq!(rest, paths(&["link"]), "the archive is full after `big`");
+        let mut read = tar::Archive::new(first.as_slice());
+        let entries: Vec<(PathBuf, u32, u64)> = read
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.path().unwrap().into_owned(), e.header().mode().unwrap(), e.size())
+            })
+            .collect();
+        assert_eq!(entries, vec![("bin/run".into(), 0o755, 10), ("big".into(), 0o644, ARCHIVE_LIMIT as u64)]);
+        let (second, rest) = archive(dir.path(), rest).unwrap();
+        assert!(rest.is_empty());
+        let mut read = tar::Archive::new(second.as_slice());
+        let link = read.entries().unwrap().next().unwrap().unwrap();
+        assert_eq!(link.header().entry_type(), tar::EntryType::Symlink);
+        assert_eq!(link.link_name().unwrap().unwrap(), Path::new("bin/run"));
+    }
+
+    #[test]
+    fn pruned_paths_are_find_patterns_matching_only_themselves() {
+        assert_eq!(find_pattern("node_modules"), "./node_modules");
+        assert_eq!(find_pattern("a*b/[x]?\\"), "./a\\*b/\\[x\\]\\?\\\\");
+    }
 }
