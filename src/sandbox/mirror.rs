@@ -747,14 +747,22 @@ mod tests {
         }
     }
 
+    /// Fields as the listing prints them: each ended by a NUL.
+    fn ended(fields: &[&str]) -> Vec<u8> {
+        fields.iter().flat_map(|field| field.bytes().chain([0])).collect()
+    }
+
     fn paths(list: &[&str]) -> Vec<PathBuf> {
         list.iter().map(PathBuf::from).collect()
     }
 
     #[test]
     fn a_listing_is_records_of_eight_nul_ended_fields_after_the_token() {
-        let out = b"tok\0f\0755\012\01700.5\01700.6\042\0dir/a\nb\0\0l\0777\03\01.0\01.0\043\0link\0a\nb\0";
-        let parsed = parse_listing(out).unwrap();
+        let out = ended(&[
+            "tok", "f", "755", "12", "1700.5", "1700.6", "42", "dir/a\nb", "", "l", "777", "3", "1.0", "1.0", "43",
+            "link", "a\nb",
+        ]);
+        let parsed = parse_listing(&out).unwrap();
         assert_eq!(parsed.token, "tok");
         assert_eq!(
             parsed.entries,
@@ -776,9 +784,10 @@ mod tests {
             ])
         );
         assert_eq!(parse_listing(b"\0").unwrap(), Listing::default());
-        assert!(parse_listing(b"t\0f\0644\01\01\01\01\0../x\0\0").is_err(), "a path out of the workspace");
-        assert!(parse_listing(b"t\0f\0644\01\01\0").is_err(), "a record cut short");
-        assert!(parse_listing(b"t\0f\0644\0x\01\01\01\0a\0\0").is_err(), "a size that is not a number");
+        let bad = |fields: &[&str]| parse_listing(&ended(fields)).is_err();
+        assert!(bad(&["t", "f", "644", "1", "1", "1", "1", "../x", ""]), "a path out of the workspace");
+        assert!(bad(&["t", "f", "644", "1", "1"]), "a record cut short");
+        assert!(bad(&["t", "f", "644", "x", "1", "1", "1", "a", ""]), "a size that is not a number");
     }
 
     #[test]
