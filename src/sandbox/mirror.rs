@@ -27,7 +27,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use super::review::WorkspaceCopy;
+use super::review::{WorkspaceCopy, check_relative, remove};
 use super::statedir::StateDir;
 use super::{ExecSpec, RemoteFiles, Sandbox, SandboxError};
 
@@ -676,28 +676,6 @@ fn store(path: &Path, manifest: &Manifest) -> io::Result<()> {
         return Err(io::Error::other("the manifest has no directory"));
     };
     StateDir::open(dir)?.write_file(Path::new(name), &bytes)
-}
-
-fn remove(dir: &Dir, rel: &Path) -> io::Result<()> {
-    let result = match dir.symlink_metadata(rel) {
-        Ok(meta) if meta.is_dir() => dir.remove_dir_all(rel),
-        Ok(_) => dir.remove_file(rel),
-        Err(e) => Err(e),
-    };
-    match result {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
-    }
-}
-
-fn check_relative(rel: &Path) -> io::Result<()> {
-    if rel.as_os_str().is_empty() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{} is not inside the workspace", rel.display()),
-        ));
-    }
-    Ok(())
 }
 
 /// What to do is the same whatever failed: the workspace and the sandbox could not be made equal.

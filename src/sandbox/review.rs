@@ -410,7 +410,8 @@ fn seen_parent_missing(rel: &Path, seen: &BTreeSet<PathBuf>) -> bool {
     rel.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()).any(|a| !seen.contains(a))
 }
 
-fn remove(dir: &Dir, rel: &Path) -> io::Result<()> {
+/// Removes the file, link or directory tree at `rel`, never following a link; a missing one is fine.
+pub(super) fn remove(dir: &Dir, rel: &Path) -> io::Result<()> {
     let result = match dir.symlink_metadata(rel) {
         Ok(meta) if meta.is_dir() => dir.remove_dir_all(rel),
         Ok(_) => dir.remove_file(rel),
@@ -422,7 +423,8 @@ fn remove(dir: &Dir, rel: &Path) -> io::Result<()> {
     }
 }
 
-fn check_relative(rel: &Path) -> io::Result<()> {
+/// Refuses a path that is not plainly inside the workspace.
+pub(super) fn check_relative(rel: &Path) -> io::Result<()> {
     if rel.as_os_str().is_empty() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,

@@ -516,8 +516,11 @@ impl Turn<'_> {
             PathBuf::from(&self.record.cwd),
             self.bridge.client_abilities().write_text_file,
         );
-        if let Some(review) = &review {
-            review.begin(emit).await?;
+        // Uploading a remote sandbox's workspace may take a while: a cancel stops it (the next turn starts over).
+        if let Some(review) = &review
+            && self.unless_cancelled(review.begin(emit)).await?.is_none()
+        {
+            return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         }
         let mut files = Vec::new();
         if !rendered.images.is_empty() {

@@ -131,6 +131,21 @@ fn the_first_prompt_uploads_the_workspace_without_what_git_ignores_or_the_sandbo
     // Nothing came back: the agent only read, and its record of its runs is ignored.
     assert_eq!(writes(&bridge), vec![]);
     assert_eq!(notes(&turn), Vec::<String>::new());
+    // What the agent changes in the git dir, and what git ignores (its build outputs), stays in the sandbox.
+    let turn = bridge.prompt(
+        &sid,
+        &ops(json!([
+            ["write", ".git/config", "[core]\nhooksPath=x\n"],
+            ["write", "build/app", "bin\n"],
+            ["write", "x.log", "log\n"]
+        ])),
+    );
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!((writes(&bridge), notes(&turn)), (vec![], vec![]));
+    assert_eq!(read(&ws.join(".git/config")).as_deref(), Some("[core]\n"));
+    assert!(!ws.join("build/app").exists() && !ws.join("x.log").exists());
+    let turn = bridge.prompt(&sid, &ops(json!([["read", "build/app"], ["read", ".git/config"]])));
+    assert_eq!(reads(&turn), "READ build/app=bin\n; .git/config=[core]\nhooksPath=x\n");
     // The secret went nowhere: not in the sandbox, not in what the fake received.
     assert!(!fake.records().iter().any(|r| r.to_string().contains("hunter2")), "the secret was uploaded");
     assert!(!fake.records().iter().any(|r| r.to_string().contains(KEY) && r["port"] == "envd"));
@@ -166,6 +181,13 @@ fn an_edit_and_a_new_file_reach_the_users_files_only_through_the_editor() {
     let turn = bridge.prompt(&sid, &ops(json!([["read", "hello.txt"], ["read", "src/main.rs"]])));
     assert_eq!(reads(&turn), "READ hello.txt=new\n; src/main.rs=fn main() {}\n");
     assert_eq!(writes(&bridge).len(), 2);
+
+    // The mirror on this machine goes with the session.
+    let mirror = dirs.data.join("sessions").join(&sid).join("review");
+    assert_eq!(read(&mirror.join("copy/hello.txt")).as_deref(), Some("new\n"));
+    bridge.request("session/delete", json!({"sessionId": sid})).unwrap();
+    assert!(!mirror.exists(), "the mirror outlived its session");
+    assert_eq!(fake.state(), json!({}));
 }
 
 #[test]
