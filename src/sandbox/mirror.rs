@@ -382,6 +382,15 @@ pub fn plan_push(
     plan
 }
 
+/// What a push sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pushed {
+    /// Files and links uploaded.
+    pub files: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
 /// The mirror of one remote sandbox's workspace in the session's review copy.
 pub struct Mirror<'a> {
     sandbox: &'a dyn Sandbox,
@@ -481,7 +490,7 @@ impl<'a> Mirror<'a> {
 
     /// Makes the sandbox's workspace equal to the copy, but for what the agent changed there since the last pull
     /// (left for the next one). A sandbox new to the mirror gets the whole copy, and loses what it held beyond it.
-    pub async fn push(&self) -> Result<(), SandboxError> {
+    pub async fn push(&self) -> Result<Pushed, SandboxError> {
         let (copy, path) = (self.copy.clone(), self.manifest_path());
         let (manifest, entries, quick) = blocking(move || {
             copy.ensure()?;
@@ -493,7 +502,7 @@ impl<'a> Mirror<'a> {
         })
         .await?;
         if !manifest.token.is_empty() && quick.upload.is_empty() && quick.delete.is_empty() {
-            return Ok(());
+            return Ok(Pushed::default());
         }
         // Something to send: a listing made now holds back what the agent wrote since the last pull.
         let guard = self.list(&manifest).await?;
@@ -524,6 +533,10 @@ impl<'a> Mirror<'a> {
         }
         let mut manifest = Manifest { token, ..manifest };
         let after = self.list(&manifest).await?;
+        let pushed = Pushed {
+            files: plan.upload.len(),
+            bytes: plan.upload.iter().filter_map(|rel| entries.get(rel)).map(|e| e.stamp.len).sum(),
+        };
         for rel in &plan.delete {
             manifest.entries.remove(rel);
         }
@@ -533,7 +546,8 @@ impl<'a> Mirror<'a> {
             manifest.entries.insert(rel, Mirrored { copy: entry.stamp, remote, link: entry.link.clone() });
         }
         let path = self.manifest_path();
-        blocking(move || store(&path, &manifest)).await
+        blocking(move || store(&path, &manifest)).await?;
+        Ok(pushed)
     }
 
     /// Sends the files and links of `paths` as archives of at most [`ARCHIVE_LIMIT`] bytes each, one in memory

@@ -6,12 +6,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use agent_client_protocol::v1::schema::WriteTextFileRequest;
+use agent_client_protocol::v1::schema::{
+    SessionUpdate, ToolCall, ToolCallContent, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    WriteTextFileRequest,
+};
 
 use super::turn::Emitter;
 use super::{UpdateSink, note};
 use crate::error::{Error, Result};
-use crate::sandbox::mirror::Mirror;
+use crate::sandbox::mirror::{Mirror, Pushed};
 use crate::sandbox::review::{Change, WorkspaceCopy};
 use crate::sandbox::{Sandbox, SandboxError};
 
@@ -72,16 +75,37 @@ impl<'a> Review<'a> {
     /// Before the agent runs: what an earlier turn left unreviewed (a crash, a cancel) is reviewed, then the copy
     /// is made equal to the user's files (and a remote sandbox's workspace to the copy).
     pub async fn begin(&self, emit: &Emitter) -> Result<()> {
-        if let Some(mirror) = &self.mirror {
-            mirror.pull().await?;
-        }
+        let known = match &self.mirror {
+            Some(mirror) => mirror.pull().await?,
+            None => true,
+        };
         self.review(emit).await?;
         let copy = self.copy.clone();
         blocking(move || copy.sync()).await.map_err(|e| Error::Sandbox(SandboxError::io("sync the review copy", e)))?;
-        if let Some(mirror) = &self.mirror {
+        let Some(mirror) = &self.mirror else { return Ok(()) };
+        if known {
             mirror.push().await?;
+            return Ok(());
         }
-        Ok(())
+        // A whole workspace goes up (the session's first prompt, or a new sandbox): a card shows it happening.
+        let id = format!("{}-upload", emit.turn_id);
+        emit.send(SessionUpdate::ToolCall(
+            ToolCall::new(id.clone(), "Uploading the workspace to the sandbox")
+                .kind(ToolKind::Other)
+                .status(ToolCallStatus::InProgress),
+        ))
+        .await?;
+        let (status, said) = match mirror.push().await {
+            Ok(pushed) => (ToolCallStatus::Completed, Ok(uploaded(pushed))),
+            Err(e) => (ToolCallStatus::Failed, Err(e)),
+        };
+        let text = match &said {
+            Ok(text) => text.clone(),
+            Err(e) => e.to_string(),
+        };
+        let fields = ToolCallUpdateFields::new().status(status).content(vec![ToolCallContent::from(text)]);
+        emit.send(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id, fields))).await?;
+        said.map(drop).map_err(Error::Sandbox)
     }
 
     /// After a tool and at the end of the turn: every change goes to the editor or is applied, and is noted
@@ -194,6 +218,20 @@ impl<'a> Review<'a> {
     }
 }
 
+/// What the upload card says once the workspace is in the sandbox.
+fn uploaded(pushed: Pushed) -> String {
+    let size = if pushed.bytes >= 1024 * 1024 {
+        format!("{:.1} MiB", pushed.bytes as f64 / (1024.0 * 1024.0))
+    } else {
+        format!("{} KiB", pushed.bytes.div_ceil(1024))
+    };
+    format!(
+        "{} {} ({size}) uploaded; what `.gitignore` ignores and the secrets the sandbox hides stay on this machine.",
+        pushed.files,
+        if pushed.files == 1 { "file" } else { "files" }
+    )
+}
+
 /// The text of a file the editor can show, or why it is applied directly.
 fn text_of(bytes: &[u8]) -> std::result::Result<&str, Direct> {
     if bytes.len() > TEXT_LIMIT {
@@ -272,6 +310,19 @@ mod tests {
             direct_note(&[(PathBuf::from("a.txt"), Direct::NoEditor)], false),
             "_This editor cannot review file writes (it does not offer `fs/writeTextFile`), so the agent's changes \
              were applied to your files directly: written `a.txt`._"
+        );
+    }
+
+    #[test]
+    fn the_upload_card_says_how_much_went_up() {
+        assert_eq!(
+            uploaded(Pushed { files: 1, bytes: 10 }),
+            "1 file (1 KiB) uploaded; what `.gitignore` ignores and the secrets the sandbox hides stay on this machine."
+        );
+        assert_eq!(
+            uploaded(Pushed { files: 2000, bytes: 3 * 1024 * 1024 + 512 * 1024 }),
+            "2000 files (3.5 MiB) uploaded; what `.gitignore` ignores and the secrets the sandbox hides stay on this \
+             machine."
         );
     }
 

@@ -128,6 +128,24 @@ fn the_first_prompt_uploads_the_workspace_without_what_git_ignores_or_the_sandbo
     );
     assert_eq!(std::fs::metadata(inside.join("run.sh")).unwrap().permissions().mode() & 0o777, 0o755);
     assert_eq!(std::fs::read_link(inside.join("link")).unwrap(), Path::new("hello.txt"));
+    // A card showed the upload.
+    let upload: Vec<&Value> =
+        turn.updates.iter().filter(|u| u["toolCallId"].as_str().is_some_and(|id| id.ends_with("-upload"))).collect();
+    assert_eq!(
+        (
+            upload[0]["title"].as_str(),
+            upload[1]["status"].as_str(),
+            upload[1]["content"][0]["content"]["text"].as_str()
+        ),
+        (
+            Some("Uploading the workspace to the sandbox"),
+            Some("completed"),
+            Some(
+                "9 files (1 KiB) uploaded; what `.gitignore` ignores and the secrets the sandbox hides stay on this \
+                 machine."
+            )
+        )
+    );
     // Nothing came back: the agent only read, and its record of its runs is ignored.
     assert_eq!(writes(&bridge), vec![]);
     assert_eq!(notes(&turn), Vec::<String>::new());
@@ -173,7 +191,8 @@ fn an_edit_and_a_new_file_reach_the_users_files_only_through_the_editor() {
     assert_eq!(read(&ws.join("hello.txt")).as_deref(), Some("new\n"));
     assert_eq!(notes(&turn), Vec::<String>::new(), "nothing is applied directly");
     // The tool cards name the files in the editor's workspace, not the sandbox's.
-    let cards: Vec<&Value> = turn.updates.iter().filter(|u| u["sessionUpdate"] == "tool_call").collect();
+    let cards: Vec<&Value> =
+        turn.updates.iter().filter(|u| u["sessionUpdate"] == "tool_call" && u["kind"] == "edit").collect();
     assert_eq!(cards.len(), 2, "{:?}", turn.updates);
     assert_eq!(cards[0]["locations"][0]["path"], json!(ws.join("hello.txt")));
 
