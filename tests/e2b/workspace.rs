@@ -9,17 +9,14 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use super::{FakeE2b, KEY, WORKSPACE, e2b_options, only_sandbox, support};
+use super::support::{self, notes, ops, reads};
+use super::{FakeE2b, KEY, WORKSPACE, e2b_options, only_sandbox};
 
 /// A workspace whose `.gitignore` keeps the fake CLI's record of its runs in the sandbox.
 pub fn ignoring_the_fake(dirs: &support::TestDirs) -> PathBuf {
     let ws = dirs.workspace("ws");
     std::fs::write(ws.join(".gitignore"), ".fake-cli/\n").unwrap();
     ws
-}
-
-fn ops(list: Value) -> String {
-    format!("SCENARIO:files OPS:{list}")
 }
 
 fn write(path: PathBuf, content: &str, before: Option<&str>) -> support::FileWrite {
@@ -30,21 +27,6 @@ fn writes(bridge: &support::Bridge) -> Vec<support::FileWrite> {
     let mut writes = bridge.file_writes.clone();
     writes.sort_by(|a, b| a.path.cmp(&b.path));
     writes
-}
-
-fn notes(turn: &support::Turn) -> Vec<String> {
-    turn.updates
-        .iter()
-        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
-        .filter_map(|u| u["content"]["text"].as_str())
-        .map(|text| text.trim().to_string())
-        .filter(|text| text.starts_with('_') && text.ends_with('_'))
-        .collect()
-}
-
-fn reads(turn: &support::Turn) -> String {
-    let text = turn.agent_text();
-    text[text.find("READ ").unwrap_or_else(|| panic!("no READ in {text:?}"))..].to_string()
 }
 
 fn read(path: &Path) -> Option<String> {
