@@ -45,11 +45,12 @@ const LIST: &str = r#"cd "$1" || exit 90
 printf '%s\0' "$(cat "$2" 2>/dev/null)"
 shift 2
 exec find . -mindepth 1 "$@" -printf '%y\0%m\0%s\0%T@\0%C@\0%i\0%P\0%l\0'"#;
-/// Deletes the NUL-separated paths on stdin, then extracts the archives `$2…` in order and removes them.
+/// Deletes the NUL-separated paths on stdin (with `$2` = `delete`: stdin is read only then), then extracts the
+/// archives `$3…` in order and removes them.
 const APPLY: &str = r#"set -e
 cd "$1"
-shift
-xargs -0 -r rm -rf --
+if [ "$2" = delete ]; then xargs -0 -r rm -rf --; fi
+shift 2
 for archive in "$@"; do tar -x -p --no-same-owner -f "$archive"; rm -f "$archive"; done"#;
 
 /// What git ignores in the user's workspace: its `.gitignore` files (each read once, when a path below it is
@@ -524,7 +525,8 @@ impl<'a> Mirror<'a> {
             stdin.extend_from_slice(rel.as_os_str().as_bytes());
             stdin.push(0);
         }
-        let mut args = vec![self.sandbox.workspace().display().to_string()];
+        let deletes = if stdin.is_empty() { "keep" } else { "delete" };
+        let mut args = vec![self.sandbox.workspace().display().to_string(), deletes.to_string()];
         args.extend(archives.iter().map(|a| a.display().to_string()));
         self.run(APPLY, args, stdin).await?;
         let token = if fresh { uuid::Uuid::new_v4().simple().to_string() } else { manifest.token.clone() };
