@@ -560,10 +560,12 @@ impl Bridge {
         {
             self.provider.destroy(sandbox_id).await?;
         }
-        // A remote sandbox's mirror lives on this machine.
-        let mirror = self.config.sessions_dir().join(id).join("review");
-        if record.sandbox_provider != "local" && mirror.is_dir() {
-            let _ = std::fs::remove_dir_all(&mirror);
+        // A remote sandbox's mirror lives on this machine (a local sandbox's went with its state dir).
+        let mirror = self.config.sessions_dir().join(&record.id).join("review");
+        if mirror.is_dir()
+            && let Err(e) = std::fs::remove_dir_all(&mirror)
+        {
+            tracing::warn!(session = id, "could not remove the mirror of the sandbox's workspace: {e}");
         }
         self.store.delete_session(id).await?;
         tracing::info!(session = id, "deleted session");
