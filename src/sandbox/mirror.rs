@@ -457,6 +457,11 @@ impl<'a> Mirror<'a> {
             let mut manifest = manifest;
             let dir = Dir::open_ambient_dir(copy.path(), ambient_authority())?;
             let state = StateDir::open(&copy.path())?;
+            // Removals first: a directory the agent replaced by a link is emptied while it is still a directory.
+            for rel in plan.remove {
+                remove(&dir, &rel)?;
+                manifest.entries.remove(&rel);
+            }
             for (rel, stamp, bytes) in downloaded {
                 // Gone between the listing and the download: the next pull sees it gone.
                 let Some(bytes) = bytes else { continue };
@@ -477,10 +482,6 @@ impl<'a> Mirror<'a> {
                 state.symlink(&target, &rel)?;
                 let copy_stamp = CopyStamp::of(&dir.symlink_metadata(&rel)?);
                 manifest.entries.insert(rel, Mirrored { copy: copy_stamp, remote: Some(stamp), link: Some(target) });
-            }
-            for rel in plan.remove {
-                remove(&dir, &rel)?;
-                manifest.entries.remove(&rel);
             }
             manifest.pruned = plan.pruned;
             store(&path, &manifest)

@@ -130,13 +130,16 @@ impl<'a> Review<'a> {
     /// applied now stays in the copy for the next review.
     async fn review(&self, emit: &Emitter) -> Result<()> {
         let copy = self.copy.clone();
-        let changes = match blocking(move || copy.changes()).await {
+        let mut changes = match blocking(move || copy.changes()).await {
             Ok(changes) => changes,
             Err(e) => {
                 tracing::warn!(session = %self.session_id, "could not read the agent's changes: {e}");
                 return Ok(());
             }
         };
+        // Deletions first: a directory the agent replaced by a link is emptied before the link takes its place
+        // (its files are never reached through the link).
+        changes.sort_by_key(|change| !matches!(change, Change::Deleted { .. }));
         let mut direct: Vec<(PathBuf, Direct)> = Vec::new();
         let mut kept: Vec<PathBuf> = Vec::new();
         let mut failed: Vec<(PathBuf, String)> = Vec::new();

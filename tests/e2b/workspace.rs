@@ -346,3 +346,30 @@ fn a_workspace_of_two_thousand_files_is_uploaded_on_the_first_prompt() {
     eprintln!("file requests: {uploads}");
     assert_eq!(writes(&bridge), vec![]);
 }
+
+#[test]
+fn what_an_earlier_turn_left_in_the_sandbox_is_reviewed_before_the_next_one() {
+    let fake = FakeE2b::start();
+    let dirs = support::TestDirs::new("e2b-left");
+    let ws = ignoring_the_fake(&dirs);
+    std::fs::create_dir_all(ws.join("src")).unwrap();
+    std::fs::write(ws.join("src/a.rs"), "a\n").unwrap();
+    let mut bridge = support::Bridge::start_reviewing(e2b_options(&fake, &dirs), true);
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, &ops(json!([]))).stop_reason(), "end_turn");
+    // What a turn that crashed (or a process it left running) did after the last review: a directory replaced
+    // by a link out of the workspace, and a new file.
+    let inside = remote(&fake);
+    std::fs::remove_dir_all(inside.join("src")).unwrap();
+    std::os::unix::fs::symlink("/etc", inside.join("src")).unwrap();
+    std::fs::write(inside.join("made.txt"), "made\n").unwrap();
+
+    let turn = bridge.prompt(&sid, &ops(json!([["read", "made.txt"]])));
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(writes(&bridge), vec![write(ws.join("made.txt"), "made\n", None)]);
+    assert_eq!(std::fs::read_link(ws.join("src")).unwrap(), Path::new("/etc"));
+    assert_eq!(notes(&turn), ["_Applied to your files directly, without review: deleted `src/a.rs`; links `src`._"]);
+    // The bridge wrote nothing through the link.
+    let mirror = dirs.data.join("sessions").join(&sid).join("review/copy");
+    assert_eq!(std::fs::read_link(mirror.join("src")).unwrap(), Path::new("/etc"));
+}
