@@ -40,11 +40,22 @@ const DOWNLOADS: usize = 8;
 /// The commands' PATH: the sandbox's `sh`, `find`, `xargs`, `rm` and `tar` (GNU findutils and tar).
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Lists the workspace: the mirror's token, then per entry its type, mode, size, mtime, ctime, inode, path and
-/// link target, every field ended by NUL (so any file name is one field). `$3…` prunes what is never mirrored.
+/// link target, every field ended by NUL (so any file name is one field); or only `unchanged` when the entries'
+/// SHA-256 is `$3` (what the bridge last applied: a tool that changed nothing costs a few bytes, not a listing).
+/// `$4…` prunes what is never mirrored.
 const LIST: &str = r#"cd "$1" || exit 90
-printf '%s\0' "$(cat "$2" 2>/dev/null)"
-shift 2
-exec find . -mindepth 1 "$@" -printf '%y\0%m\0%s\0%T@\0%C@\0%i\0%P\0%l\0'"#;
+token=$(cat "$2" 2>/dev/null)
+known=$3
+shift 3
+listing=$(mktemp) || exit 91
+trap 'rm -f "$listing"' EXIT
+find . -mindepth 1 "$@" -printf '%y\0%m\0%s\0%T@\0%C@\0%i\0%P\0%l\0' > "$listing" || exit $?
+printf '%s\0' "$token"
+if [ -n "$known" ] && [ "$(sha256sum < "$listing" | cut -d ' ' -f 1)" = "$known" ]; then
+  printf 'unchanged\0'
+else
+  cat "$listing"
+fi"#;
 /// Deletes the NUL-separated paths on stdin (with `$2` = `delete`: stdin is read only then), then extracts the
 /// archives `$3…` in order and removes them.
 const APPLY: &str = r#"set -e
@@ -144,6 +155,10 @@ pub struct Listing {
     /// The mirror's token the sandbox holds (empty when none).
     pub token: String,
     pub entries: BTreeMap<PathBuf, (RemoteKind, RemoteStamp)>,
+    /// The entries' SHA-256 (hex), as the sandbox computes it.
+    pub digest: String,
+    /// The sandbox said only that the entries are those of the digest it was given.
+    pub unchanged: bool,
 }
 
 /// Parses what [`LIST`] printed. A path that is not plainly inside the workspace is refused: the sandbox's
@@ -151,6 +166,12 @@ pub struct Listing {
 pub fn parse_listing(out: &[u8]) -> Result<Listing, String> {
     let mut fields = out.split(|b| *b == 0);
     let token = String::from_utf8_lossy(fields.next().unwrap_or_default()).trim().to_string();
+    let records = out.iter().position(|b| *b == 0).map_or(&[][..], |at| &out[at + 1..]);
+    if records == b"unchanged\0" {
+        return Ok(Listing { token, unchanged: true, ..Listing::default() });
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, records);
+    let digest: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     let rest: Vec<&[u8]> = fields.collect();
     // The output ends with a NUL: the last split is empty.
     let rest = match rest.split_last() {
@@ -184,7 +205,7 @@ pub fn parse_listing(out: &[u8]) -> Result<Listing, String> {
         };
         entries.insert(path, (kind, stamp));
     }
-    Ok(Listing { token, entries })
+    Ok(Listing { token, entries, digest, unchanged: false })
 }
 
 /// The copy's side of a mirrored path when it was last made equal to the remote one.
@@ -228,6 +249,10 @@ pub struct Manifest {
     entries: BTreeMap<PathBuf, Mirrored>,
     /// Ignored directories seen in the sandbox: later listings do not walk them (`node_modules`, `target`).
     pruned: BTreeSet<PathBuf>,
+    /// The digest of the listing the entries were last made from by a pull (none after a push, whose listing
+    /// may hold what the agent wrote meanwhile, not brought back yet).
+    #[serde(default)]
+    listed: Option<String>,
 }
 
 /// What a pull brings into the copy.
@@ -415,8 +440,9 @@ impl<'a> Mirror<'a> {
 
     /// Brings what the agent changed in the sandbox's workspace into the copy (downloads, links, removals).
     /// Answers `false`, touching nothing, when the sandbox is new to the mirror (its workspace is not the
-    /// copy's yet: the next push uploads it).
-    pub async fn pull(&self) -> Result<bool, SandboxError> {
+    /// copy's yet: the next push uploads it). `quick` (mid-turn, the user's ignore rules unchanged): a sandbox
+    /// whose listing is the one last applied answers in a few bytes.
+    pub async fn pull(&self, quick: bool) -> Result<bool, SandboxError> {
         let copy = self.copy.clone();
         let path = self.manifest_path();
         let manifest = blocking(move || {
@@ -427,7 +453,11 @@ impl<'a> Mirror<'a> {
         if manifest.token.is_empty() {
             return Ok(false);
         }
-        let listing = self.list(&manifest).await?;
+        let known = if quick { manifest.listed.clone() } else { None };
+        let listing = self.list(&manifest, known.as_deref()).await?;
+        if listing.token == manifest.token && listing.unchanged {
+            return Ok(true);
+        }
         if listing.token != manifest.token {
             tracing::info!(sandbox = %self.sandbox.isolation(), "the sandbox is new to the mirror: its workspace is uploaded afresh");
             // Forgotten, so that the next push sends everything.
@@ -436,10 +466,10 @@ impl<'a> Mirror<'a> {
             return Ok(false);
         }
         let copy = self.copy.clone();
-        let (manifest, plan) = blocking(move || {
+        let (manifest, plan, digest) = blocking(move || {
             let ignores = Ignores::new(copy.workspace());
             let plan = plan_pull(&manifest, &listing, |rel, dir| ignores.ignored(rel, dir), |rel| copy.skips(rel));
-            Ok((manifest, plan))
+            Ok((manifest, plan, listing.digest))
         })
         .await?;
         let root = self.sandbox.workspace().to_path_buf();
@@ -484,6 +514,7 @@ impl<'a> Mirror<'a> {
                 manifest.entries.insert(rel, Mirrored { copy: copy_stamp, remote: Some(stamp), link: Some(target) });
             }
             manifest.pruned = plan.pruned;
+            manifest.listed = Some(digest);
             store(&path, &manifest)
         })
         .await?;
@@ -507,7 +538,7 @@ impl<'a> Mirror<'a> {
             return Ok(Pushed::default());
         }
         // Something to send: a listing made now holds back what the agent wrote since the last pull.
-        let guard = self.list(&manifest).await?;
+        let guard = self.list(&manifest, None).await?;
         let fresh = manifest.token.is_empty() || guard.token != manifest.token;
         let manifest = if fresh { Manifest::default() } else { manifest };
         let copy = self.copy.clone();
@@ -534,8 +565,8 @@ impl<'a> Mirror<'a> {
         if fresh {
             self.files.write(&self.token_path(), token.as_bytes()).await?;
         }
-        let mut manifest = Manifest { token, ..manifest };
-        let after = self.list(&manifest).await?;
+        let mut manifest = Manifest { token, listed: None, ..manifest };
+        let after = self.list(&manifest, None).await?;
         let pushed = Pushed {
             files: plan.upload.len(),
             bytes: plan.upload.iter().filter_map(|rel| entries.get(rel)).map(|e| e.stamp.len).sum(),
@@ -569,8 +600,12 @@ impl<'a> Mirror<'a> {
         Ok(archives)
     }
 
-    async fn list(&self, manifest: &Manifest) -> Result<Listing, SandboxError> {
-        let mut args = vec![self.sandbox.workspace().display().to_string(), self.token_path().display().to_string()];
+    async fn list(&self, manifest: &Manifest, known: Option<&str>) -> Result<Listing, SandboxError> {
+        let mut args = vec![
+            self.sandbox.workspace().display().to_string(),
+            self.token_path().display().to_string(),
+            known.unwrap_or_default().to_string(),
+        ];
         let mut pruned: Vec<String> = manifest.pruned.iter().filter_map(|p| p.to_str()).map(find_pattern).collect();
         pruned.extend(self.copy.skipped_paths().iter().filter_map(|p| p.to_str()).map(find_pattern));
         if !pruned.is_empty() {
@@ -726,6 +761,7 @@ mod tests {
         Listing {
             token: "t".into(),
             entries: entries.iter().map(|(p, k, s)| (PathBuf::from(p), (k.clone(), s.clone()))).collect(),
+            ..Listing::default()
         }
     }
 
@@ -739,6 +775,7 @@ mod tests {
                 })
                 .collect(),
             pruned: BTreeSet::new(),
+            listed: None,
         }
     }
 
@@ -778,7 +815,11 @@ mod tests {
                 ),
             ])
         );
-        assert_eq!(parse_listing(b"\0").unwrap(), Listing::default());
+        let empty = parse_listing(b"\0").unwrap();
+        assert_eq!((empty.token.as_str(), empty.entries.len(), empty.unchanged), ("", 0, false));
+        assert_eq!(empty.digest, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        let unchanged = parse_listing(&ended(&["t", "unchanged"])).unwrap();
+        assert!(unchanged.unchanged && unchanged.token == "t" && unchanged.entries.is_empty());
         let bad = |fields: &[&str]| parse_listing(&ended(fields)).is_err();
         assert!(bad(&["t", "f", "644", "1", "1", "1", "1", "../x", ""]), "a path out of the workspace");
         assert!(bad(&["t", "f", "644", "1", "1"]), "a record cut short");
@@ -914,6 +955,68 @@ mod tests {
         let link = read.entries().unwrap().next().unwrap().unwrap();
         assert_eq!(link.header().entry_type(), tar::EntryType::Symlink);
         assert_eq!(link.link_name().unwrap().unwrap(), Path::new("bin/run"));
+    }
+
+    /// Runs one of the scripts with the host's `sh`, as the sandbox would.
+    #[allow(clippy::disallowed_methods)]
+    fn script(script: &str, args: &[&str], stdin: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut child = std::process::Command::new("/bin/sh")
+            .args(["-c", script, "sh"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{script} failed");
+        out.stdout
+    }
+
+    #[test]
+    fn the_scripts_list_prune_delete_and_extract_with_the_systems_tools() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ws, token) = (dir.path().join("ws"), dir.path().join("token"));
+        std::fs::create_dir_all(ws.join("node_modules/x")).unwrap();
+        std::fs::create_dir_all(ws.join("old")).unwrap();
+        std::fs::write(ws.join("node_modules/x/i.js"), "x").unwrap();
+        std::fs::write(ws.join("old/a"), "a").unwrap();
+        std::fs::write(ws.join("gone"), "g").unwrap();
+        std::fs::write(&token, "tok").unwrap();
+        let (ws_arg, token_arg) = (ws.to_str().unwrap(), token.to_str().unwrap());
+        let prune = ["(", "-path", "./node_modules", ")", "-prune", "-o"];
+        let list = |known: &str| {
+            let mut args = vec![ws_arg, token_arg, known];
+            args.extend(prune);
+            parse_listing(&script(LIST, &args, b"")).unwrap()
+        };
+        let first = list("");
+        assert_eq!(first.token, "tok");
+        assert_eq!(first.entries.keys().cloned().collect::<Vec<_>>(), paths(&["gone", "old", "old/a"]));
+        assert_eq!(first.entries[Path::new("old/a")].0, RemoteKind::File);
+        let again = list(&first.digest);
+        assert!(again.unchanged, "the sandbox's sha256sum agrees with ours");
+
+        // Deletions from stdin, then archives in order; the listing is whole again afterwards.
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        // `old` was a directory in the sandbox: it is deleted, then comes back as a file.
+        std::fs::write(src.join("old"), "now a file").unwrap();
+        std::fs::write(src.join("new.sh"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(src.join("new.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (archive_bytes, _) = archive(&src, paths(&["new.sh", "old"])).unwrap();
+        let at = dir.path().join("push.tar");
+        std::fs::write(&at, archive_bytes).unwrap();
+        script(APPLY, &[ws_arg, "delete", at.to_str().unwrap()], b"gone\0old\0");
+        assert!(!at.exists(), "the archive is removed once extracted");
+        assert!(!ws.join("gone").exists());
+        assert_eq!(std::fs::read_to_string(ws.join("old")).unwrap(), "now a file");
+        assert_eq!(std::fs::metadata(ws.join("new.sh")).unwrap().permissions().mode() & 0o777, 0o755);
+        let after = list(&first.digest);
+        assert!(!after.unchanged);
+        assert_eq!(after.entries.keys().cloned().collect::<Vec<_>>(), paths(&["new.sh", "old"]));
+        assert_eq!(after.entries[Path::new("new.sh")].1.mode, 0o755);
     }
 
     #[test]

@@ -76,7 +76,7 @@ impl<'a> Review<'a> {
     /// is made equal to the user's files (and a remote sandbox's workspace to the copy).
     pub async fn begin(&self, emit: &Emitter) -> Result<()> {
         let known = match &self.mirror {
-            Some(mirror) => mirror.pull().await?,
+            Some(mirror) => mirror.pull(false).await?,
             None => true,
         };
         self.review(emit).await?;
@@ -112,7 +112,7 @@ impl<'a> Review<'a> {
     /// (for a remote sandbox: brought back first, and what the review reset sent back after).
     pub async fn step(&self, emit: &Emitter) -> Result<()> {
         if let Some(mirror) = &self.mirror
-            && let Err(e) = mirror.pull().await
+            && let Err(e) = mirror.pull(true).await
         {
             tracing::warn!(session = %self.session_id, "could not bring the agent's changes back from its sandbox: {e}");
             return Ok(());
