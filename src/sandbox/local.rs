@@ -168,7 +168,7 @@ impl LocalSettings {
 
     /// The review copy of a session's workspace: never a secret of the workspace in it, and changes to the git
     /// dir and the protected paths kept out of the review (they stay in the copy until the next turn resets them).
-    fn review_copy(&self, state_dir: &Path, workspace: &Path) -> super::review::WorkspaceCopy {
+    pub fn review_copy(&self, state_dir: &Path, workspace: &Path) -> super::review::WorkspaceCopy {
         let never_copied = self.policy.hidden_paths().into_iter().filter(|path| path.starts_with(workspace)).collect();
         let mut not_reviewed: Vec<PathBuf> = self
             .policy

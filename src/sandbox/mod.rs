@@ -17,6 +17,7 @@ pub mod install;
 pub mod limits;
 #[allow(clippy::disallowed_methods)]
 pub mod local;
+pub mod mirror;
 pub mod policy;
 pub mod proxy;
 pub mod review;

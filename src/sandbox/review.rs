@@ -77,6 +77,8 @@ pub struct WorkspaceCopy {
     /// Relative paths whose changes stay in the copy: the git dir and the protected paths. The next sync resets
     /// them to the user's.
     not_reviewed: Vec<PathBuf>,
+    /// What git ignores is left out of the copy (a remote sandbox's mirror: build outputs stay in the sandbox).
+    git_ignores: bool,
 }
 
 /// The manifest's file name in the review dir.
@@ -92,7 +94,27 @@ impl WorkspaceCopy {
         never_copied: Vec<PathBuf>,
         not_reviewed: Vec<PathBuf>,
     ) -> Self {
-        WorkspaceCopy { root: review_dir, workspace, never_copied, not_reviewed }
+        WorkspaceCopy { root: review_dir, workspace, never_copied, not_reviewed, git_ignores: false }
+    }
+
+    /// The same copy without what git ignores in the workspace (the mirror of a remote sandbox).
+    pub fn without_git_ignored(self) -> Self {
+        WorkspaceCopy { git_ignores: true, ..self }
+    }
+
+    /// The user's workspace.
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    /// The relative paths whose changes stay in the copy (the git dir, the protected paths).
+    pub fn skipped_paths(&self) -> &[PathBuf] {
+        &self.not_reviewed
+    }
+
+    /// Whether changes to `rel` stay in the copy.
+    pub fn skips(&self, rel: &Path) -> bool {
+        self.skipped(rel)
     }
 
     /// Where the copy is on the host.
@@ -139,7 +161,11 @@ impl WorkspaceCopy {
         let old = self.load();
         let mut manifest = BTreeMap::new();
         let mut seen = BTreeSet::new();
-        let hidden = |rel: &Path| self.never_copied.iter().any(|hidden| self.workspace.join(rel).starts_with(hidden));
+        let ignores = self.git_ignores.then(|| super::mirror::Ignores::new(&self.workspace));
+        let hidden = |rel: &Path, dir: bool| {
+            self.never_copied.iter().any(|hidden| self.workspace.join(rel).starts_with(hidden))
+                || ignores.as_ref().is_some_and(|ignores| ignores.ignored(rel, dir))
+        };
         for rel in walk(&workspace, hidden)?.paths {
             let Ok(meta) = workspace.symlink_metadata(&rel) else { continue };
             if meta.is_dir() {
@@ -179,7 +205,7 @@ impl WorkspaceCopy {
             }
         }
         // What the copy holds beyond the workspace: the agent's leftovers, placeholders of protected paths.
-        for rel in walk(&copy, |_| false)?.paths {
+        for rel in walk(&copy, |_, _| false)?.paths {
             if !seen.contains(&rel) && !seen_parent_missing(&rel, &seen) {
                 remove(&copy, &rel)?;
             }
@@ -198,7 +224,7 @@ impl WorkspaceCopy {
         let manifest = self.load();
         let mut changes = Vec::new();
         let mut present = BTreeSet::new();
-        let walked = walk(&copy, |rel| self.skipped(rel))?;
+        let walked = walk(&copy, |rel, _| self.skipped(rel))?;
         for rel in walked.paths {
             let Ok(meta) = copy.symlink_metadata(&rel) else { continue };
             if meta.is_file() {
@@ -343,7 +369,7 @@ fn copy_file(workspace: &Dir, copy_root: &StateDir, copy: &Dir, rel: &Path, meta
 
 /// Every path below `dir` but the `pruned` ones and what they hold (directories before what they hold), never
 /// following a link.
-fn walk(dir: &Dir, pruned: impl Fn(&Path) -> bool) -> io::Result<Walked> {
+fn walk(dir: &Dir, pruned: impl Fn(&Path, bool) -> bool) -> io::Result<Walked> {
     let mut out = Walked::default();
     let mut dirs = vec![PathBuf::new()];
     while let Some(current) = dirs.pop() {
@@ -358,10 +384,11 @@ fn walk(dir: &Dir, pruned: impl Fn(&Path) -> bool) -> io::Result<Walked> {
         };
         for entry in entries {
             let rel = current.join(entry?.file_name());
-            if pruned(&rel) {
+            let is_dir = dir.symlink_metadata(&rel).is_ok_and(|m| m.is_dir());
+            if pruned(&rel, is_dir) {
                 continue;
             }
-            if dir.symlink_metadata(&rel).is_ok_and(|m| m.is_dir()) {
+            if is_dir {
                 dirs.push(rel.clone());
             }
             out.paths.push(rel);
@@ -383,7 +410,8 @@ fn seen_parent_missing(rel: &Path, seen: &BTreeSet<PathBuf>) -> bool {
     rel.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()).any(|a| !seen.contains(a))
 }
 
-fn remove(dir: &Dir, rel: &Path) -> io::Result<()> {
+/// Removes the file, link or directory tree at `rel`, never following a link; a missing one is fine.
+pub(super) fn remove(dir: &Dir, rel: &Path) -> io::Result<()> {
     let result = match dir.symlink_metadata(rel) {
         Ok(meta) if meta.is_dir() => dir.remove_dir_all(rel),
         Ok(_) => dir.remove_file(rel),
@@ -395,7 +423,8 @@ fn remove(dir: &Dir, rel: &Path) -> io::Result<()> {
     }
 }
 
-fn check_relative(rel: &Path) -> io::Result<()> {
+/// Refuses a path that is not plainly inside the workspace.
+pub(super) fn check_relative(rel: &Path) -> io::Result<()> {
     if rel.as_os_str().is_empty() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,

@@ -310,6 +310,13 @@ impl Bridge {
         *self.client.abilities.lock().unwrap_or_else(|p| p.into_inner()) = abilities;
     }
 
+    /// The copy on this machine that mirrors a remote sandbox's workspace (`<sessions>/<id>/review`): what the
+    /// local sandbox would hide is never in it, and the git dir and protected paths are not reviewed.
+    pub(super) fn mirror_copy(&self, record: &SessionRecord) -> crate::sandbox::review::WorkspaceCopy {
+        LocalSettings::from_config(&self.config, self.isolation.clone())
+            .review_copy(&self.config.sessions_dir().join(&record.id), Path::new(&record.cwd))
+    }
+
     /// What the client offered to do, as last recorded; nothing before it initialized.
     pub fn client_abilities(&self) -> ClientAbilities {
         *self.client.abilities.lock().unwrap_or_else(|p| p.into_inner())
@@ -552,6 +559,13 @@ impl Bridge {
             && record.sandbox_provider == self.provider.name()
         {
             self.provider.destroy(sandbox_id).await?;
+        }
+        // A remote sandbox's mirror lives on this machine (a local sandbox's went with its state dir).
+        let mirror = self.config.sessions_dir().join(&record.id).join("review");
+        if mirror.is_dir()
+            && let Err(e) = std::fs::remove_dir_all(&mirror)
+        {
+            tracing::warn!(session = id, "could not remove the mirror of the sandbox's workspace: {e}");
         }
         self.store.delete_session(id).await?;
         tracing::info!(session = id, "deleted session");

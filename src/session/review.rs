@@ -1,17 +1,22 @@
 //! Review before write: the agent's changes to its copy of the workspace reach the user's files through the
 //! editor (`fs/write_text_file`, which Zed lists for Keep/Reject), or, where the editor cannot take them, directly
-//! with a note in the thread that lists them.
+//! with a note in the thread that lists them. A remote sandbox is always reviewed: its workspace is mirrored in a
+//! copy on this machine, pulled before each review and pushed after it (`sandbox::mirror`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use agent_client_protocol::v1::schema::WriteTextFileRequest;
+use agent_client_protocol::v1::schema::{
+    SessionUpdate, ToolCall, ToolCallContent, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    WriteTextFileRequest,
+};
 
 use super::turn::Emitter;
 use super::{UpdateSink, note};
 use crate::error::{Error, Result};
-use crate::sandbox::SandboxError;
+use crate::sandbox::mirror::{Mirror, Pushed};
 use crate::sandbox::review::{Change, WorkspaceCopy};
+use crate::sandbox::{Sandbox, SandboxError};
 
 /// The largest text file handed to the editor; a larger one is applied directly.
 const TEXT_LIMIT: usize = 2 * 1024 * 1024;
@@ -22,7 +27,7 @@ const WRITES_PER_REVIEW: usize = 100;
 const NOTE_PATHS: usize = 20;
 
 /// The review of one turn.
-pub(super) struct Review {
+pub(super) struct Review<'a> {
     pub copy: Arc<WorkspaceCopy>,
     pub sink: Arc<dyn UpdateSink>,
     pub session_id: String,
@@ -30,6 +35,8 @@ pub(super) struct Review {
     pub workspace: PathBuf,
     /// The client advertised `fs.writeTextFile`.
     pub editor_writes: bool,
+    /// A remote sandbox, whose workspace the copy mirrors.
+    pub mirror: Option<Mirror<'a>>,
 }
 
 /// Why a change was applied directly.
@@ -44,26 +51,95 @@ enum Direct {
     Refused(String),
 }
 
-impl Review {
-    /// Before the agent runs: what an earlier turn left unreviewed (a crash, a cancel) is reviewed, then the copy
-    /// is made equal to the user's files.
-    pub async fn begin(&self, emit: &Emitter) -> Result<()> {
-        self.step(emit).await?;
-        let copy = self.copy.clone();
-        blocking(move || copy.sync()).await.map_err(|e| Error::Sandbox(SandboxError::io("sync the review copy", e)))
+impl<'a> Review<'a> {
+    /// The review of a turn in `sandbox`: in review mode its copy, and for a remote sandbox (whatever the mode) a
+    /// copy in the session's state dir on this machine, `review_dir`, that mirrors the sandbox's workspace.
+    pub fn of(
+        sandbox: &'a dyn Sandbox,
+        mirrored: impl FnOnce() -> WorkspaceCopy,
+        sink: Arc<dyn UpdateSink>,
+        session_id: &str,
+        workspace: PathBuf,
+        editor_writes: bool,
+    ) -> Option<Self> {
+        let (copy, mirror) = match sandbox.remote_files() {
+            Some(_) => {
+                let copy = Arc::new(mirrored().without_git_ignored());
+                (copy.clone(), Mirror::new(sandbox, copy))
+            }
+            None => (sandbox.review_copy()?, None),
+        };
+        Some(Review { copy, sink, session_id: session_id.to_string(), workspace, editor_writes, mirror })
     }
 
-    /// After a tool and at the end of the turn: every change goes to the editor or is applied, and is noted.
-    /// A change that cannot be read or applied now stays in the copy for the next review.
-    pub async fn step(&self, emit: &Emitter) -> Result<()> {
+    /// Before the agent runs: what an earlier turn left unreviewed (a crash, a cancel) is reviewed, then the copy
+    /// is made equal to the user's files (and a remote sandbox's workspace to the copy).
+    pub async fn begin(&self, emit: &Emitter) -> Result<()> {
+        let known = match &self.mirror {
+            Some(mirror) => mirror.pull(false).await?,
+            None => true,
+        };
+        self.review(emit).await?;
         let copy = self.copy.clone();
-        let changes = match blocking(move || copy.changes()).await {
+        blocking(move || copy.sync()).await.map_err(|e| Error::Sandbox(SandboxError::io("sync the review copy", e)))?;
+        let Some(mirror) = &self.mirror else { return Ok(()) };
+        if known {
+            mirror.push().await?;
+            return Ok(());
+        }
+        // A whole workspace goes up (the session's first prompt, or a new sandbox): a card shows it happening.
+        let id = format!("{}-upload", emit.turn_id);
+        emit.send(SessionUpdate::ToolCall(
+            ToolCall::new(id.clone(), "Uploading the workspace to the sandbox")
+                .kind(ToolKind::Other)
+                .status(ToolCallStatus::InProgress),
+        ))
+        .await?;
+        let (status, said) = match mirror.push().await {
+            Ok(pushed) => (ToolCallStatus::Completed, Ok(uploaded(pushed))),
+            Err(e) => (ToolCallStatus::Failed, Err(e)),
+        };
+        let text = match &said {
+            Ok(text) => text.clone(),
+            Err(e) => e.to_string(),
+        };
+        let fields = ToolCallUpdateFields::new().status(status).content(vec![ToolCallContent::from(text)]);
+        emit.send(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id, fields))).await?;
+        said.map(drop).map_err(Error::Sandbox)
+    }
+
+    /// After a tool and at the end of the turn: every change goes to the editor or is applied, and is noted
+    /// (for a remote sandbox: brought back first, and what the review reset sent back after).
+    pub async fn step(&self, emit: &Emitter) -> Result<()> {
+        if let Some(mirror) = &self.mirror
+            && let Err(e) = mirror.pull(true).await
+        {
+            tracing::warn!(session = %self.session_id, "could not bring the agent's changes back from its sandbox: {e}");
+            return Ok(());
+        }
+        self.review(emit).await?;
+        if let Some(mirror) = &self.mirror
+            && let Err(e) = mirror.push().await
+        {
+            tracing::warn!(session = %self.session_id, "could not reset the reviewed files in the sandbox: {e}");
+        }
+        Ok(())
+    }
+
+    /// Every change of the copy goes to the editor or is applied, and is noted. A change that cannot be read or
+    /// applied now stays in the copy for the next review.
+    async fn review(&self, emit: &Emitter) -> Result<()> {
+        let copy = self.copy.clone();
+        let mut changes = match blocking(move || copy.changes()).await {
             Ok(changes) => changes,
             Err(e) => {
                 tracing::warn!(session = %self.session_id, "could not read the agent's changes: {e}");
                 return Ok(());
             }
         };
+        // Deletions first: a directory the agent replaced by a link is emptied before the link takes its place
+        // (its files are never reached through the link).
+        changes.sort_by_key(|change| !matches!(change, Change::Deleted { .. }));
         let mut direct: Vec<(PathBuf, Direct)> = Vec::new();
         let mut kept: Vec<PathBuf> = Vec::new();
         let mut failed: Vec<(PathBuf, String)> = Vec::new();
@@ -145,6 +221,20 @@ impl Review {
     }
 }
 
+/// What the upload card says once the workspace is in the sandbox.
+fn uploaded(pushed: Pushed) -> String {
+    let size = if pushed.bytes >= 1024 * 1024 {
+        format!("{:.1} MiB", pushed.bytes as f64 / (1024.0 * 1024.0))
+    } else {
+        format!("{} KiB", pushed.bytes.div_ceil(1024))
+    };
+    format!(
+        "{} {} ({size}) uploaded; what `.gitignore` ignores and the secrets the sandbox hides stay on this machine.",
+        pushed.files,
+        if pushed.files == 1 { "file" } else { "files" }
+    )
+}
+
 /// The text of a file the editor can show, or why it is applied directly.
 fn text_of(bytes: &[u8]) -> std::result::Result<&str, Direct> {
     if bytes.len() > TEXT_LIMIT {
@@ -223,6 +313,19 @@ mod tests {
             direct_note(&[(PathBuf::from("a.txt"), Direct::NoEditor)], false),
             "_This editor cannot review file writes (it does not offer `fs/writeTextFile`), so the agent's changes \
              were applied to your files directly: written `a.txt`._"
+        );
+    }
+
+    #[test]
+    fn the_upload_card_says_how_much_went_up() {
+        assert_eq!(
+            uploaded(Pushed { files: 1, bytes: 10 }),
+            "1 file (1 KiB) uploaded; what `.gitignore` ignores and the secrets the sandbox hides stay on this machine."
+        );
+        assert_eq!(
+            uploaded(Pushed { files: 2000, bytes: 3 * 1024 * 1024 + 512 * 1024 }),
+            "2000 files (3.5 MiB) uploaded; what `.gitignore` ignores and the secrets the sandbox hides stay on this \
+             machine."
         );
     }
 

@@ -434,7 +434,7 @@ impl Turn<'_> {
 
     /// Runs a step before the CLI starts: `None` when the turn is cancelled first (the step is dropped, which
     /// stops what it started) or the step says it was.
-    async fn unless_cancelled<T>(&self, step: impl Future<Output = Result<T>>) -> Result<Option<T>> {
+    pub(super) async fn unless_cancelled<T>(&self, step: impl Future<Output = Result<T>>) -> Result<Option<T>> {
         tokio::select! {
             biased;
             _ = self.cancel.cancelled() => Ok(None),
@@ -499,15 +499,17 @@ impl Turn<'_> {
         }
     }
 
-    /// The review of this turn, in review mode: what the agent changes goes to the editor first.
-    pub(super) fn review(&self, sandbox: &dyn Sandbox) -> Option<super::review::Review> {
-        sandbox.review_copy().map(|copy| super::review::Review {
-            copy,
-            sink: self.sink.clone(),
-            session_id: self.record.id.clone(),
-            workspace: PathBuf::from(&self.record.cwd),
-            editor_writes: self.bridge.client_abilities().write_text_file,
-        })
+    /// The review of this turn, in review mode and in every remote sandbox: what the agent changes goes to the
+    /// editor first.
+    pub(super) fn review<'s>(&self, sandbox: &'s dyn Sandbox) -> Option<super::review::Review<'s>> {
+        super::review::Review::of(
+            sandbox,
+            || self.bridge.mirror_copy(&self.record),
+            self.sink.clone(),
+            &self.record.id,
+            PathBuf::from(&self.record.cwd),
+            self.bridge.client_abilities().write_text_file,
+        )
     }
 
     async fn attempt(
@@ -520,8 +522,11 @@ impl Turn<'_> {
         rendered: &prompt::RenderedPrompt,
     ) -> Result<Attempt> {
         let review = self.review(sandbox);
-        if let Some(review) = &review {
-            review.begin(emit).await?;
+        // Uploading a remote sandbox's workspace may take a while: a cancel stops it (the next turn starts over).
+        if let Some(review) = &review
+            && self.unless_cancelled(review.begin(emit)).await?.is_none()
+        {
+            return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         }
         let mut files = Vec::new();
         if !rendered.images.is_empty() {

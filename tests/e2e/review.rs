@@ -13,11 +13,6 @@ fn options(dirs: &TestDirs) -> BridgeOptions {
     BridgeOptions::new("opencode", &dirs.data).arg("--workspace").arg("review")
 }
 
-/// A prompt of the fake's `files` scenario.
-fn ops(list: Value) -> String {
-    format!("SCENARIO:files OPS:{list}")
-}
-
 /// The writes the bridge sent, by path; the fake's own record of its runs (`.fake-cli/`, written in its
 /// working directory like any file of the agent) is left out.
 fn writes(bridge: &Bridge) -> Vec<FileWrite> {
@@ -33,23 +28,6 @@ fn writes(bridge: &Bridge) -> Vec<FileWrite> {
 
 fn write(path: PathBuf, content: &str, before: Option<&str>) -> FileWrite {
     FileWrite { path, content: content.into(), before: before.map(str::to_string) }
-}
-
-/// The notes of a turn: its agent text chunks that are a whole `_…_` line.
-fn notes(turn: &Turn) -> Vec<String> {
-    turn.updates
-        .iter()
-        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
-        .filter_map(|u| u["content"]["text"].as_str())
-        .map(|text| text.trim().to_string())
-        .filter(|text| text.starts_with('_') && text.ends_with('_'))
-        .collect()
-}
-
-/// What the fake's `read` ops found, from its last text.
-fn reads(turn: &Turn) -> String {
-    let text = turn.agent_text();
-    text[text.find("READ ").unwrap_or_else(|| panic!("no READ in {text:?}"))..].to_string()
 }
 
 fn read(path: &Path) -> Option<String> {

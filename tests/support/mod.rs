@@ -256,6 +256,28 @@ impl Turn {
     }
 }
 
+/// A prompt of the fake OpenCode's `files` scenario: the ops of `list`, done in its working directory.
+pub fn ops(list: Value) -> String {
+    format!("SCENARIO:files OPS:{list}")
+}
+
+/// The notes of a turn: its agent text chunks that are a whole `_…_` line.
+pub fn notes(turn: &Turn) -> Vec<String> {
+    turn.updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .map(|text| text.trim().to_string())
+        .filter(|text| text.starts_with('_') && text.ends_with('_'))
+        .collect()
+}
+
+/// What the fake's `read` ops found, from its last text.
+pub fn reads(turn: &Turn) -> String {
+    let text = turn.agent_text();
+    text[text.find("READ ").unwrap_or_else(|| panic!("no READ in {text:?}"))..].to_string()
+}
+
 /// The concatenated text of every update of `kind` (e.g. `agent_message_chunk`).
 pub fn text_of(updates: &[Value], kind: &str) -> String {
     updates.iter().filter(|u| u["sessionUpdate"] == kind).filter_map(|u| u["content"]["text"].as_str()).collect()

@@ -126,8 +126,10 @@ impl Turn<'_> {
         // Review mode: the server works on the copy (bound where the workspace is, so a warm server sees each
         // sync), reviewed before the prompt, after each tool and at the end, as under `run`.
         let review = self.review(sandbox.as_ref());
-        if let Some(review) = &review {
-            review.begin(emit).await?;
+        if let Some(review) = &review
+            && self.unless_cancelled(review.begin(emit)).await?.is_none()
+        {
+            return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled)));
         }
         let Some(mut events) = server.listen() else {
             return Err(failed(ClientError::Connect("the event stream ended".into())));

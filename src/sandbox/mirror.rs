@@ -1,0 +1,1027 @@
+//! The workspace of a remote sandbox, mirrored through the host's review copy: `push` makes the sandbox's
+//! workspace equal to the copy, `pull` brings what the agent changed there back into the copy, where the review
+//! finds it as it finds a local agent's changes.
+//!
+//! What the remote workspace holds is recorded in `review/remote.json` beside the copy: per path, the copy's
+//! stamp when it was last made equal to the remote file and the remote file's stamp as `find` printed it (size,
+//! mode, mtime, ctime, inode), or a link's target. A pull lists the workspace with one command and downloads only
+//! what moved; a push sends what differs as tar archives (a few requests, however many files) extracted by one
+//! command, which also deletes what is gone. File contents never travel on a command line. What git ignores (the
+//! user's `.gitignore` files and `.git/info/exclude`) is neither uploaded nor brought back, so the agent's build
+//! outputs stay in the sandbox; the git dir and the protected paths are uploaded and never brought back. The
+//! manifest is tied to the sandbox by a token the first push leaves there: a new sandbox (the old one was gone)
+//! is uploaded afresh, and never reads as the agent deleting everything.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use cap_std::ambient_authority;
+use cap_std::fs::{Dir, MetadataExt, PermissionsExt};
+use futures::{StreamExt, TryStreamExt};
+use ignore::Match;
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+
+use super::review::{WorkspaceCopy, check_relative, remove};
+use super::statedir::StateDir;
+use super::{ExecSpec, RemoteFiles, Sandbox, SandboxError};
+
+/// The manifest's file name in the review dir.
+const MANIFEST: &str = "remote.json";
+/// At most this many bytes of file content go into one archive (a push of a large workspace is several).
+const ARCHIVE_LIMIT: usize = 32 * 1024 * 1024;
+/// Downloads in flight at once.
+const DOWNLOADS: usize = 8;
+/// The commands' PATH: the sandbox's `sh`, `find`, `xargs`, `rm` and `tar` (GNU findutils and tar).
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Lists the workspace: the mirror's token, then per entry its type, mode, size, mtime, ctime, inode, path and
+/// link target, every field ended by NUL (so any file name is one field); or only `unchanged` when the entries'
+/// SHA-256 is `$3` (what the bridge last applied: a tool that changed nothing costs a few bytes, not a listing).
+/// `$4…` prunes what is never mirrored.
+const LIST: &str = r#"cd "$1" || exit 90
+token=$(cat "$2" 2>/dev/null)
+known=$3
+shift 3
+listing=$(mktemp) || exit 91
+trap 'rm -f "$listing"' EXIT
+find . -mindepth 1 "$@" -printf '%y\0%m\0%s\0%T@\0%C@\0%i\0%P\0%l\0' > "$listing" || exit $?
+printf '%s\0' "$token"
+if [ -n "$known" ] && [ "$(sha256sum < "$listing" | cut -d ' ' -f 1)" = "$known" ]; then
+  printf 'unchanged\0'
+else
+  cat "$listing"
+fi"#;
+/// Deletes the NUL-separated paths on stdin (with `$2` = `delete`: stdin is read only then), then extracts the
+/// archives `$3…` in order and removes them.
+const APPLY: &str = r#"set -e
+cd "$1"
+if [ "$2" = delete ]; then xargs -0 -r rm -rf --; fi
+shift 2
+for archive in "$@"; do tar -x -p --no-same-owner -f "$archive"; rm -f "$archive"; done"#;
+
+/// What git ignores in the user's workspace: its `.gitignore` files (each read once, when a path below it is
+/// first asked about) and `.git/info/exclude`. A path is ignored when it or one of its directories is.
+pub struct Ignores {
+    workspace: PathBuf,
+    exclude: Option<Gitignore>,
+    dirs: Mutex<HashMap<PathBuf, Option<Arc<Gitignore>>>>,
+}
+
+impl Ignores {
+    /// The rules of `workspace` as they are now.
+    pub fn new(workspace: &Path) -> Self {
+        let exclude = gitignore(workspace, &workspace.join(".git/info/exclude"));
+        Ignores { workspace: workspace.to_path_buf(), exclude, dirs: Mutex::default() }
+    }
+
+    /// Whether git would ignore `rel` (relative to the workspace; `dir` when it is a directory).
+    pub fn ignored(&self, rel: &Path, dir: bool) -> bool {
+        let parts: Vec<Component> = rel.components().collect();
+        let mut prefix = PathBuf::new();
+        for (at, part) in parts.iter().enumerate() {
+            prefix.push(part);
+            if self.decides(&prefix, at + 1 < parts.len() || dir) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// `rel` itself, by the nearest `.gitignore` that has a say, then the exclude file.
+    fn decides(&self, rel: &Path, dir: bool) -> bool {
+        let full = self.workspace.join(rel);
+        for ancestor in rel.ancestors().skip(1) {
+            if let Some(rules) = self.rules(ancestor) {
+                match rules.matched(&full, dir) {
+                    Match::Ignore(_) => return true,
+                    Match::Whitelist(_) => return false,
+                    Match::None => {}
+                }
+            }
+        }
+        self.exclude.as_ref().is_some_and(|rules| rules.matched(&full, dir).is_ignore())
+    }
+
+    fn rules(&self, dir: &Path) -> Option<Arc<Gitignore>> {
+        let mut dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
+        dirs.entry(dir.to_path_buf())
+            .or_insert_with(|| {
+                let root = self.workspace.join(dir);
+                gitignore(&root, &root.join(".gitignore")).map(Arc::new)
+            })
+            .clone()
+    }
+}
+
+fn gitignore(root: &Path, file: &Path) -> Option<Gitignore> {
+    if !std::fs::metadata(file).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
+    let mut builder = GitignoreBuilder::new(root);
+    if let Some(e) = builder.add(file) {
+        tracing::warn!(file = %file.display(), "a rule of this ignore file was not understood: {e}");
+    }
+    builder.build().ok()
+}
+
+/// One entry of the remote workspace as `find` printed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteStamp {
+    size: u64,
+    mode: u32,
+    mtime: String,
+    ctime: String,
+    ino: u64,
+}
+
+/// What kind of entry a listed path is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RemoteKind {
+    File,
+    Link(PathBuf),
+    Dir,
+    /// A fifo, socket or device: never mirrored.
+    Other,
+}
+
+/// The remote workspace as one listing saw it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// The mirror's token the sandbox holds (empty when none).
+    pub token: String,
+    pub entries: BTreeMap<PathBuf, (RemoteKind, RemoteStamp)>,
+    /// The entries' SHA-256 (hex), as the sandbox computes it.
+    pub digest: String,
+    /// The sandbox said only that the entries are those of the digest it was given.
+    pub unchanged: bool,
+}
+
+/// Parses what [`LIST`] printed. A path that is not plainly inside the workspace is refused: the sandbox's
+/// `find` is the agent's to replace.
+pub fn parse_listing(out: &[u8]) -> Result<Listing, String> {
+    let mut fields = out.split(|b| *b == 0);
+    let token = String::from_utf8_lossy(fields.next().unwrap_or_default()).trim().to_string();
+    let records = out.iter().position(|b| *b == 0).map_or(&[][..], |at| &out[at + 1..]);
+    if records == b"unchanged\0" {
+        return Ok(Listing { token, unchanged: true, ..Listing::default() });
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, records);
+    let digest: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let rest: Vec<&[u8]> = fields.collect();
+    // The output ends with a NUL: the last split is empty.
+    let rest = match rest.split_last() {
+        Some((&[], rest)) => rest,
+        None => &[][..],
+        Some(_) => return Err("the listing ends mid-record".into()),
+    };
+    if rest.len() % 8 != 0 {
+        return Err(format!("the listing has {} fields, not records of 8", rest.len()));
+    }
+    let mut entries = BTreeMap::new();
+    for record in rest.chunks(8) {
+        let text = |at: usize| String::from_utf8_lossy(record[at]).into_owned();
+        let number = |at: usize, radix: u32| {
+            u64::from_str_radix(&text(at), radix).map_err(|_| format!("a bad number {:?} in the listing", text(at)))
+        };
+        let path = PathBuf::from(OsStr::from_bytes(record[6]));
+        check_relative(&path).map_err(|e| e.to_string())?;
+        let kind = match record[0] {
+            b"f" => RemoteKind::File,
+            b"d" => RemoteKind::Dir,
+            b"l" => RemoteKind::Link(PathBuf::from(OsStr::from_bytes(record[7]))),
+            _ => RemoteKind::Other,
+        };
+        let stamp = RemoteStamp {
+            mode: number(1, 8)? as u32,
+            size: number(2, 10)?,
+            mtime: text(3),
+            ctime: text(4),
+            ino: number(5, 10)?,
+        };
+        entries.insert(path, (kind, stamp));
+    }
+    Ok(Listing { token, entries, digest, unchanged: false })
+}
+
+/// The copy's side of a mirrored path when it was last made equal to the remote one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyStamp {
+    len: u64,
+    mode: u32,
+    ino: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl CopyStamp {
+    fn of(meta: &cap_std::fs::Metadata) -> Self {
+        CopyStamp {
+            len: meta.len(),
+            mode: meta.mode(),
+            ino: meta.ino(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// One path the remote workspace holds as the mirror made it or last saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mirrored {
+    /// The copy's file when it was equal to the remote one.
+    copy: CopyStamp,
+    /// The remote file's stamp, when a listing saw it (never for pruned paths: the git dir).
+    remote: Option<RemoteStamp>,
+    /// A link's target.
+    link: Option<PathBuf>,
+}
+
+/// What the remote workspace holds, and which of its directories listings skip.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The token the sandbox holds when this manifest describes it.
+    token: String,
+    entries: BTreeMap<PathBuf, Mirrored>,
+    /// Ignored directories seen in the sandbox: later listings do not walk them (`node_modules`, `target`).
+    pruned: BTreeSet<PathBuf>,
+    /// The digest of the listing the entries were last made from by a pull (none after a push, whose listing
+    /// may hold what the agent wrote meanwhile, not brought back yet).
+    #[serde(default)]
+    listed: Option<String>,
+}
+
+/// What a pull brings into the copy.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PullPlan {
+    /// Files to download, with their mode and stamp.
+    pub download: Vec<(PathBuf, RemoteStamp)>,
+    /// Links to make.
+    pub link: Vec<(PathBuf, PathBuf, RemoteStamp)>,
+    /// Paths the agent removed.
+    pub remove: Vec<PathBuf>,
+    /// The ignored directories the next listings skip.
+    pub pruned: BTreeSet<PathBuf>,
+}
+
+/// Compares a listing with the manifest. `ignored` says what git ignores, `skipped` what is never brought back.
+pub fn plan_pull(
+    manifest: &Manifest,
+    listing: &Listing,
+    ignored: impl Fn(&Path, bool) -> bool,
+    skipped: impl Fn(&Path) -> bool,
+) -> PullPlan {
+    let mut plan = PullPlan::default();
+    let mut present = BTreeSet::new();
+    let out_of_view = |rel: &Path, dir: bool, plan: &mut PullPlan| {
+        if skipped(rel) || plan.pruned.iter().any(|p| rel.starts_with(p)) {
+            return true;
+        }
+        if ignored(rel, dir) {
+            if dir {
+                plan.pruned.insert(rel.to_path_buf());
+            }
+            return true;
+        }
+        false
+    };
+    for (rel, (kind, stamp)) in &listing.entries {
+        if out_of_view(rel, *kind == RemoteKind::Dir, &mut plan) {
+            continue;
+        }
+        let known = manifest.entries.get(rel);
+        match kind {
+            RemoteKind::File => {
+                present.insert(rel.clone());
+                if !known.is_some_and(|m| m.link.is_none() && m.remote.as_ref() == Some(stamp)) {
+                    plan.download.push((rel.clone(), stamp.clone()));
+                }
+            }
+            RemoteKind::Link(target) => {
+                present.insert(rel.clone());
+                if known.and_then(|m| m.link.as_ref()) != Some(target) {
+                    plan.link.push((rel.clone(), target.clone(), stamp.clone()));
+                }
+            }
+            RemoteKind::Dir | RemoteKind::Other => {}
+        }
+    }
+    // Directories pruned before are not listed: what they hold is out of view, not gone.
+    for dir in &manifest.pruned {
+        if ignored(dir, true) && !skipped(dir) {
+            plan.pruned.insert(dir.clone());
+        }
+    }
+    for rel in manifest.entries.keys() {
+        let hidden = skipped(rel) || plan.pruned.iter().any(|p| rel.starts_with(p)) || ignored(rel, false);
+        if !present.contains(rel) && !hidden {
+            plan.remove.push(rel.clone());
+        }
+    }
+    plan
+}
+
+/// One entry of the copy as a push sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyEntry {
+    pub stamp: CopyStamp,
+    pub link: Option<PathBuf>,
+}
+
+/// What a push sends.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PushPlan {
+    /// Files and links to upload.
+    pub upload: Vec<PathBuf>,
+    /// Paths to remove in the sandbox (first: a directory in the way of a file goes too).
+    pub delete: Vec<PathBuf>,
+    /// Paths the agent changed since the last pull: left alone, the next pull brings them.
+    pub held: Vec<PathBuf>,
+}
+
+/// Compares the copy with the manifest. With `guard` (a listing made just now), a path whose remote state moved
+/// since the manifest saw it is held back, so a push never overwrites what the agent wrote meanwhile; `fresh`
+/// (the sandbox is new to the mirror) also deletes what the sandbox holds beyond the copy.
+pub fn plan_push(
+    manifest: &Manifest,
+    copy: &BTreeMap<PathBuf, CopyEntry>,
+    guard: Option<&Listing>,
+    fresh: bool,
+    ignored: impl Fn(&Path, bool) -> bool,
+) -> PushPlan {
+    let mut plan = PushPlan::default();
+    let moved = |rel: &Path| {
+        let Some(listing) = guard else { return false };
+        let Some(known) = manifest.entries.get(rel) else {
+            return !fresh && listing.entries.get(rel).is_some_and(|(kind, _)| *kind != RemoteKind::Dir);
+        };
+        let Some(expected) = &known.remote else { return false };
+        match listing.entries.get(rel) {
+            Some((RemoteKind::File, stamp)) => known.link.is_some() || stamp != expected,
+            Some((RemoteKind::Link(target), _)) => known.link.as_ref() != Some(target),
+            _ => true,
+        }
+    };
+    for (rel, entry) in copy {
+        let same = manifest.entries.get(rel).is_some_and(|m| m.copy == entry.stamp && m.link == entry.link);
+        if same {
+            continue;
+        }
+        if moved(rel) {
+            plan.held.push(rel.clone());
+            continue;
+        }
+        // A directory of the sandbox where this file goes is removed first.
+        let next = manifest.entries.range(rel.clone()..).find(|(p, _)| *p != rel);
+        if next.is_some_and(|(p, _)| p.starts_with(rel)) {
+            plan.delete.push(rel.clone());
+        }
+        plan.upload.push(rel.clone());
+    }
+    for rel in manifest.entries.keys() {
+        if copy.contains_key(rel) || ignored(rel, false) || manifest.pruned.iter().any(|p| rel.starts_with(p)) {
+            continue;
+        }
+        if moved(rel) {
+            plan.held.push(rel.clone());
+        } else {
+            plan.delete.push(rel.clone());
+        }
+    }
+    if fresh && let Some(listing) = guard {
+        for (rel, (kind, _)) in &listing.entries {
+            if matches!(kind, RemoteKind::File | RemoteKind::Link(_))
+                && !copy.contains_key(rel)
+                && !manifest.entries.contains_key(rel)
+                && !ignored(rel, false)
+            {
+                plan.delete.push(rel.clone());
+            }
+        }
+    }
+    plan.delete.sort();
+    plan.delete.dedup();
+    plan
+}
+
+/// What a push sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pushed {
+    /// Files and links uploaded.
+    pub files: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// The mirror of one remote sandbox's workspace in the session's review copy.
+pub struct Mirror<'a> {
+    sandbox: &'a dyn Sandbox,
+    files: &'a dyn RemoteFiles,
+    copy: Arc<WorkspaceCopy>,
+}
+
+impl<'a> Mirror<'a> {
+    /// The mirror of `sandbox` in `copy`; `None` for a sandbox that sees the user's files where they are.
+    pub fn new(sandbox: &'a dyn Sandbox, copy: Arc<WorkspaceCopy>) -> Option<Self> {
+        Some(Mirror { files: sandbox.remote_files()?, sandbox, copy })
+    }
+
+    fn manifest_path(&self) -> PathBuf {
+        self.copy.review_dir().join(MANIFEST)
+    }
+
+    fn token_path(&self) -> PathBuf {
+        self.sandbox.state_dir().join("mirror-token")
+    }
+
+    /// Brings what the agent changed in the sandbox's workspace into the copy (downloads, links, removals).
+    /// Answers `false`, touching nothing, when the sandbox is new to the mirror (its workspace is not the
+    /// copy's yet: the next push uploads it). `quick` (mid-turn, the user's ignore rules unchanged): a sandbox
+    /// whose listing is the one last applied answers in a few bytes.
+    pub async fn pull(&self, quick: bool) -> Result<bool, SandboxError> {
+        let copy = self.copy.clone();
+        let path = self.manifest_path();
+        let manifest = blocking(move || {
+            copy.ensure()?;
+            Ok(load(&path))
+        })
+        .await?;
+        if manifest.token.is_empty() {
+            return Ok(false);
+        }
+        let known = if quick { manifest.listed.clone() } else { None };
+        let listing = self.list(&manifest, known.as_deref()).await?;
+        if listing.token == manifest.token && listing.unchanged {
+            return Ok(true);
+        }
+        if listing.token != manifest.token {
+            tracing::info!(sandbox = %self.sandbox.isolation(), "the sandbox is new to the mirror: its workspace is uploaded afresh");
+            // Forgotten, so that the next push sends everything.
+            let path = self.manifest_path();
+            blocking(move || store(&path, &Manifest::default())).await?;
+            return Ok(false);
+        }
+        let copy = self.copy.clone();
+        let (manifest, plan, digest) = blocking(move || {
+            let ignores = Ignores::new(copy.workspace());
+            let plan = plan_pull(&manifest, &listing, |rel, dir| ignores.ignored(rel, dir), |rel| copy.skips(rel));
+            Ok((manifest, plan, listing.digest))
+        })
+        .await?;
+        let root = self.sandbox.workspace().to_path_buf();
+        let downloaded: Vec<(PathBuf, RemoteStamp, Option<Vec<u8>>)> = futures::stream::iter(plan.download.clone())
+            .map(|(rel, stamp)| {
+                let remote = root.join(&rel);
+                async move { self.files.read(&remote).await.map(|bytes| (rel, stamp, bytes)) }
+            })
+            .buffer_unordered(DOWNLOADS)
+            .try_collect()
+            .await?;
+        let copy = self.copy.clone();
+        let path = self.manifest_path();
+        blocking(move || {
+            let mut manifest = manifest;
+            let dir = Dir::open_ambient_dir(copy.path(), ambient_authority())?;
+            let state = StateDir::open(&copy.path())?;
+            // Removals first: a directory the agent replaced by a link is emptied while it is still a directory.
+            for rel in plan.remove {
+                remove(&dir, &rel)?;
+                manifest.entries.remove(&rel);
+            }
+            for (rel, stamp, bytes) in downloaded {
+                // Gone between the listing and the download: the next pull sees it gone.
+                let Some(bytes) = bytes else { continue };
+                let same = dir.symlink_metadata(&rel).is_ok_and(|m| m.is_file())
+                    && dir.read(&rel).is_ok_and(|held| held == bytes);
+                if !same {
+                    state.write_file(&rel, &bytes)?;
+                }
+                // Readable and writable by the bridge whatever the agent set.
+                let mode = (stamp.mode & 0o777) | 0o600;
+                if dir.symlink_metadata(&rel)?.mode() & 0o777 != mode {
+                    dir.set_permissions(&rel, cap_std::fs::Permissions::from_mode(mode))?;
+                }
+                let copy_stamp = CopyStamp::of(&dir.symlink_metadata(&rel)?);
+                manifest.entries.insert(rel, Mirrored { copy: copy_stamp, remote: Some(stamp), link: None });
+            }
+            for (rel, target, stamp) in plan.link {
+                state.symlink(&target, &rel)?;
+                let copy_stamp = CopyStamp::of(&dir.symlink_metadata(&rel)?);
+                manifest.entries.insert(rel, Mirrored { copy: copy_stamp, remote: Some(stamp), link: Some(target) });
+            }
+            manifest.pruned = plan.pruned;
+            manifest.listed = Some(digest);
+            store(&path, &manifest)
+        })
+        .await?;
+        Ok(true)
+    }
+
+    /// Makes the sandbox's workspace equal to the copy, but for what the agent changed there since the last pull
+    /// (left for the next one). A sandbox new to the mirror gets the whole copy, and loses what it held beyond it.
+    pub async fn push(&self) -> Result<Pushed, SandboxError> {
+        let (copy, path) = (self.copy.clone(), self.manifest_path());
+        let (manifest, entries, quick) = blocking(move || {
+            copy.ensure()?;
+            let manifest = load(&path);
+            let entries = copy_entries(&copy)?;
+            let ignores = Ignores::new(copy.workspace());
+            let quick = plan_push(&manifest, &entries, None, false, |rel, dir| ignores.ignored(rel, dir));
+            Ok((manifest, entries, quick))
+        })
+        .await?;
+        if !manifest.token.is_empty() && quick.upload.is_empty() && quick.delete.is_empty() {
+            return Ok(Pushed::default());
+        }
+        // Something to send: a listing made now holds back what the agent wrote since the last pull.
+        let guard = self.list(&manifest, None).await?;
+        let fresh = manifest.token.is_empty() || guard.token != manifest.token;
+        let manifest = if fresh { Manifest::default() } else { manifest };
+        let copy = self.copy.clone();
+        let (manifest, entries, plan) = blocking(move || {
+            let ignores = Ignores::new(copy.workspace());
+            let plan = plan_push(&manifest, &entries, Some(&guard), fresh, |rel, dir| ignores.ignored(rel, dir));
+            Ok((manifest, entries, plan))
+        })
+        .await?;
+        if !plan.held.is_empty() {
+            tracing::debug!(held = plan.held.len(), "paths the agent changed since the last pull are not overwritten");
+        }
+        let archives = self.upload(&plan.upload).await?;
+        let mut stdin = Vec::new();
+        for rel in &plan.delete {
+            stdin.extend_from_slice(rel.as_os_str().as_bytes());
+            stdin.push(0);
+        }
+        let deletes = if stdin.is_empty() { "keep" } else { "delete" };
+        let mut args = vec![self.sandbox.workspace().display().to_string(), deletes.to_string()];
+        args.extend(archives.iter().map(|a| a.display().to_string()));
+        self.run(APPLY, args, stdin).await?;
+        let token = if fresh { uuid::Uuid::new_v4().simple().to_string() } else { manifest.token.clone() };
+        if fresh {
+            self.files.write(&self.token_path(), token.as_bytes()).await?;
+        }
+        let mut manifest = Manifest { token, listed: None, ..manifest };
+        let after = self.list(&manifest, None).await?;
+        let pushed = Pushed {
+            files: plan.upload.len(),
+            bytes: plan.upload.iter().filter_map(|rel| entries.get(rel)).map(|e| e.stamp.len).sum(),
+        };
+        for rel in &plan.delete {
+            manifest.entries.remove(rel);
+        }
+        for rel in plan.upload {
+            let Some(entry) = entries.get(&rel) else { continue };
+            let remote = after.entries.get(&rel).map(|(_, stamp)| stamp.clone());
+            manifest.entries.insert(rel, Mirrored { copy: entry.stamp, remote, link: entry.link.clone() });
+        }
+        let path = self.manifest_path();
+        blocking(move || store(&path, &manifest)).await?;
+        Ok(pushed)
+    }
+
+    /// Sends the files and links of `paths` as archives of at most [`ARCHIVE_LIMIT`] bytes each, one in memory
+    /// at a time; answers where they are in the sandbox.
+    async fn upload(&self, paths: &[PathBuf]) -> Result<Vec<PathBuf>, SandboxError> {
+        let mut archives = Vec::new();
+        let mut rest: Vec<PathBuf> = paths.to_vec();
+        while !rest.is_empty() {
+            let copy = self.copy.clone();
+            let (archive, left) = blocking(move || archive(&copy.path(), rest)).await?;
+            rest = left;
+            let at = self.sandbox.state_dir().join(format!("mirror-{}.tar", archives.len()));
+            self.files.write(&at, &archive).await?;
+            archives.push(at);
+        }
+        Ok(archives)
+    }
+
+    async fn list(&self, manifest: &Manifest, known: Option<&str>) -> Result<Listing, SandboxError> {
+        let mut args = vec![
+            self.sandbox.workspace().display().to_string(),
+            self.token_path().display().to_string(),
+            known.unwrap_or_default().to_string(),
+        ];
+        let mut pruned: Vec<String> = manifest.pruned.iter().filter_map(|p| p.to_str()).map(find_pattern).collect();
+        pruned.extend(self.copy.skipped_paths().iter().filter_map(|p| p.to_str()).map(find_pattern));
+        if !pruned.is_empty() {
+            args.push("(".into());
+            for (at, pattern) in pruned.into_iter().enumerate() {
+                if at > 0 {
+                    args.push("-o".into());
+                }
+                args.extend(["-path".to_string(), pattern]);
+            }
+            args.extend([")".into(), "-prune".into(), "-o".into()]);
+        }
+        let out = self.run(LIST, args, Vec::new()).await?;
+        parse_listing(&out).map_err(|why| failed(format!("its workspace listing is unreadable: {why}")))
+    }
+
+    /// Runs a script of ours with `sh` and answers its stdout; a failure carries its stderr.
+    async fn run(&self, script: &str, args: Vec<String>, stdin: Vec<u8>) -> Result<Vec<u8>, SandboxError> {
+        let mut argv = vec!["-c".to_string(), script.to_string(), "sh".to_string()];
+        argv.extend(args);
+        let spec = ExecSpec {
+            program: PathBuf::from("/bin/sh"),
+            args: argv,
+            env: vec![("PATH".into(), PATH.into()), ("LC_ALL".into(), "C".into())],
+            cwd: PathBuf::from("/"),
+            stdin,
+            ..ExecSpec::default()
+        };
+        let mut process = self.sandbox.exec(spec).await?;
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let (read_out, read_err) =
+            tokio::join!(process.stdout.read_to_end(&mut out), process.stderr.read_to_end(&mut err));
+        read_out.and(read_err).map_err(|e| SandboxError::io("read a workspace command's output", e))?;
+        let exit = process.handle.wait().await?;
+        if exit.success() {
+            return Ok(out);
+        }
+        let said = String::from_utf8_lossy(&err);
+        Err(failed(format!(
+            "a command on its workspace ended with {}: {}",
+            exit.describe(),
+            said.lines().take(5).collect::<Vec<_>>().join(" / ")
+        )))
+    }
+}
+
+/// Every file and link of the copy, never following a link.
+fn copy_entries(copy: &WorkspaceCopy) -> io::Result<BTreeMap<PathBuf, CopyEntry>> {
+    let dir = Dir::open_ambient_dir(copy.path(), ambient_authority())?;
+    let mut entries = BTreeMap::new();
+    let mut dirs = vec![PathBuf::new()];
+    while let Some(current) = dirs.pop() {
+        let listed = if current.as_os_str().is_empty() { dir.entries()? } else { dir.read_dir(&current)? };
+        for entry in listed {
+            let rel = current.join(entry?.file_name());
+            let meta = dir.symlink_metadata(&rel)?;
+            if meta.is_dir() {
+                dirs.push(rel);
+            } else if meta.is_file() {
+                entries.insert(rel, CopyEntry { stamp: CopyStamp::of(&meta), link: None });
+            } else if meta.is_symlink() {
+                let link = Some(dir.read_link_contents(&rel)?);
+                entries.insert(rel, CopyEntry { stamp: CopyStamp::of(&meta), link });
+            }
+        }
+    }
+    Ok(entries)
+}
+
+/// An archive of the first of `paths` (at least one, then up to [`ARCHIVE_LIMIT`] bytes), and the rest.
+fn archive(root: &Path, mut paths: Vec<PathBuf>) -> io::Result<(Vec<u8>, Vec<PathBuf>)> {
+    let dir = Dir::open_ambient_dir(root, ambient_authority())?;
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut size = 0;
+    let mut taken = 0;
+    for rel in &paths {
+        if taken > 0 && size >= ARCHIVE_LIMIT {
+            break;
+        }
+        taken += 1;
+        let meta = dir.symlink_metadata(rel)?;
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(meta.mode() & 0o777);
+        header.set_mtime(meta.mtime().max(0) as u64);
+        if meta.is_symlink() {
+            header.set_entry_type(tar::EntryType::Symlink);
+            header.set_size(0);
+            builder.append_link(&mut header, rel, dir.read_link_contents(rel)?)?;
+        } else {
+            let bytes = dir.read(rel)?;
+            size += bytes.len();
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_size(bytes.len() as u64);
+            builder.append_data(&mut header, rel, bytes.as_slice())?;
+        }
+    }
+    let rest = paths.split_off(taken);
+    Ok((builder.into_inner()?, rest))
+}
+
+/// A `find -path` pattern matching exactly `./rel`.
+fn find_pattern(rel: &str) -> String {
+    let mut pattern = String::from("./");
+    for c in rel.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern
+}
+
+fn load(path: &Path) -> Manifest {
+    std::fs::read(path).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok()).unwrap_or_default()
+}
+
+fn store(path: &Path, manifest: &Manifest) -> io::Result<()> {
+    let bytes = serde_json::to_vec(manifest).map_err(io::Error::other)?;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::other("the manifest has no directory"));
+    };
+    StateDir::open(dir)?.write_file(Path::new(name), &bytes)
+}
+
+/// What to do is the same whatever failed: the workspace and the sandbox could not be made equal.
+fn failed(message: String) -> SandboxError {
+    SandboxError::io("sync the workspace with the remote sandbox", io::Error::other(message))
+}
+
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> io::Result<T> + Send + 'static) -> Result<T, SandboxError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(io::Error::other)
+        .and_then(|done| done)
+        .map_err(|e| SandboxError::io("sync the workspace with the remote sandbox", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    fn stamp(size: u64, mtime: &str) -> RemoteStamp {
+        RemoteStamp { size, mode: 0o644, mtime: mtime.into(), ctime: mtime.into(), ino: 7 }
+    }
+
+    fn copy_stamp(len: u64) -> CopyStamp {
+        CopyStamp { len, mode: 0o100644, ino: 1, mtime: (1, 0), ctime: (1, 0) }
+    }
+
+    fn listing(entries: &[(&str, RemoteKind, RemoteStamp)]) -> Listing {
+        Listing {
+            token: "t".into(),
+            entries: entries.iter().map(|(p, k, s)| (PathBuf::from(p), (k.clone(), s.clone()))).collect(),
+            ..Listing::default()
+        }
+    }
+
+    fn manifest(entries: &[(&str, u64, RemoteStamp)]) -> Manifest {
+        Manifest {
+            token: "t".into(),
+            entries: entries
+                .iter()
+                .map(|(p, len, s)| {
+                    (PathBuf::from(p), Mirrored { copy: copy_stamp(*len), remote: Some(s.clone()), link: None })
+                })
+                .collect(),
+            pruned: BTreeSet::new(),
+            listed: None,
+        }
+    }
+
+    /// Fields as the listing prints them: each ended by a NUL.
+    fn ended(fields: &[&str]) -> Vec<u8> {
+        fields.iter().flat_map(|field| field.bytes().chain([0])).collect()
+    }
+
+    fn paths(list: &[&str]) -> Vec<PathBuf> {
+        list.iter().map(PathBuf::from).collect()
+    }
+
+    #[test]
+    fn a_listing_is_records_of_eight_nul_ended_fields_after_the_token() {
+        let out = ended(&[
+            "tok", "f", "755", "12", "1700.5", "1700.6", "42", "dir/a\nb", "", "l", "777", "3", "1.0", "1.0", "43",
+            "link", "a\nb",
+        ]);
+        let parsed = parse_listing(&out).unwrap();
+        assert_eq!(parsed.token, "tok");
+        assert_eq!(
+            parsed.entries,
+            BTreeMap::from([
+                (
+                    PathBuf::from("dir/a\nb"),
+                    (
+                        RemoteKind::File,
+                        RemoteStamp { size: 12, mode: 0o755, mtime: "1700.5".into(), ctime: "1700.6".into(), ino: 42 }
+                    )
+                ),
+                (
+                    PathBuf::from("link"),
+                    (
+                        RemoteKind::Link("a\nb".into()),
+                        RemoteStamp { size: 3, mode: 0o777, mtime: "1.0".into(), ctime: "1.0".into(), ino: 43 }
+                    )
+                ),
+            ])
+        );
+        let empty = parse_listing(b"\0").unwrap();
+        assert_eq!((empty.token.as_str(), empty.entries.len(), empty.unchanged), ("", 0, false));
+        assert_eq!(empty.digest, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        let unchanged = parse_listing(&ended(&["t", "unchanged"])).unwrap();
+        assert!(unchanged.unchanged && unchanged.token == "t" && unchanged.entries.is_empty());
+        let bad = |fields: &[&str]| parse_listing(&ended(fields)).is_err();
+        assert!(bad(&["t", "f", "644", "1", "1", "1", "1", "../x", ""]), "a path out of the workspace");
+        assert!(bad(&["t", "f", "644", "1", "1"]), "a record cut short");
+        assert!(bad(&["t", "f", "644", "x", "1", "1", "1", "a", ""]), "a size that is not a number");
+    }
+
+    #[test]
+    fn what_git_ignores_is_decided_by_the_nearest_rules_and_the_exclude_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path();
+        std::fs::create_dir_all(ws.join("nested/deep")).unwrap();
+        std::fs::create_dir_all(ws.join(".git/info")).unwrap();
+        std::fs::write(ws.join(".gitignore"), "build/\n*.log\n!keep.log\n").unwrap();
+        std::fs::write(ws.join("nested/.gitignore"), "local.txt\n!again.log\n").unwrap();
+        std::fs::write(ws.join(".git/info/exclude"), "mine.txt\n").unwrap();
+        let ignores = Ignores::new(ws);
+        let ignored = |rel: &str, dir: bool| ignores.ignored(Path::new(rel), dir);
+        assert!(ignored("build", true));
+        assert!(ignored("build/out/a.o", false), "below an ignored directory");
+        assert!(!ignored("build", false), "`build/` names directories only");
+        assert!(ignored("a.log", false) && ignored("nested/deep/b.log", false));
+        assert!(!ignored("keep.log", false) && !ignored("nested/again.log", false));
+        assert!(ignored("nested/local.txt", false) && ignored("nested/deep/local.txt", false));
+        assert!(!ignored("local.txt", false), "a nested rule stays below its directory");
+        assert!(ignored("mine.txt", false));
+        assert!(!ignored("src/main.rs", false) && !ignored(".gitignore", false));
+    }
+
+    #[test]
+    fn a_pull_downloads_what_moved_and_removes_what_is_gone_but_never_what_is_out_of_view() {
+        let old = stamp(1, "1.0");
+        let mut known = manifest(&[
+            ("same.txt", 1, old.clone()),
+            ("moved.txt", 1, old.clone()),
+            ("gone.txt", 1, old.clone()),
+            ("vendor/lib.rs", 1, old.clone()),
+        ]);
+        known.pruned.insert("node_modules".into());
+        let listed = listing(&[
+            ("same.txt", RemoteKind::File, old.clone()),
+            ("moved.txt", RemoteKind::File, stamp(2, "2.0")),
+            ("new.txt", RemoteKind::File, stamp(3, "2.0")),
+            ("link", RemoteKind::Link("same.txt".into()), old.clone()),
+            ("target", RemoteKind::Dir, old.clone()),
+            ("target/debug/app", RemoteKind::File, old.clone()),
+            (".git/config", RemoteKind::File, stamp(9, "3.0")),
+            ("fifo", RemoteKind::Other, old.clone()),
+        ]);
+        // The user's rules now ignore `vendor/`: what the mirror knew there is out of view, not deleted.
+        let ignored =
+            |rel: &Path, _dir: bool| ["target", "node_modules", "vendor"].iter().any(|top| rel.starts_with(top));
+        let plan = plan_pull(&known, &listed, ignored, |rel| rel.starts_with(".git"));
+        assert_eq!(
+            plan,
+            PullPlan {
+                download: vec![("moved.txt".into(), stamp(2, "2.0")), ("new.txt".into(), stamp(3, "2.0"))],
+                link: vec![("link".into(), "same.txt".into(), old.clone())],
+                remove: paths(&["gone.txt"]),
+                pruned: BTreeSet::from(["node_modules".into(), "target".into()]),
+            }
+        );
+    }
+
+    #[test]
+    fn a_push_sends_what_the_copy_changed_and_holds_back_what_the_agent_wrote_meanwhile() {
+        let old = stamp(1, "1.0");
+        let known = manifest(&[
+            ("same.txt", 1, old.clone()),
+            ("settled.txt", 1, old.clone()),
+            ("rewritten.txt", 1, old.clone()),
+            ("dropped.txt", 1, old.clone()),
+            ("was-a-dir/file", 1, old.clone()),
+        ]);
+        let entry = |len| CopyEntry { stamp: copy_stamp(len), link: None };
+        let copy = BTreeMap::from([
+            (PathBuf::from("same.txt"), entry(1)),
+            (PathBuf::from("settled.txt"), entry(5)),
+            (PathBuf::from("rewritten.txt"), entry(5)),
+            (PathBuf::from("added.txt"), entry(2)),
+            (PathBuf::from("was-a-dir"), entry(2)),
+        ]);
+        let no_ignores = |_: &Path, _: bool| false;
+        let plan = plan_push(&known, &copy, None, false, no_ignores);
+        assert_eq!(plan.upload, paths(&["added.txt", "rewritten.txt", "settled.txt", "was-a-dir"]));
+        assert_eq!(plan.delete, paths(&["dropped.txt", "was-a-dir", "was-a-dir/file"]));
+
+        // The agent wrote `rewritten.txt` again after the pull, and made `late.txt`: neither is touched.
+        let guard = listing(&[
+            ("same.txt", RemoteKind::File, old.clone()),
+            ("settled.txt", RemoteKind::File, old.clone()),
+            ("rewritten.txt", RemoteKind::File, stamp(4, "5.0")),
+            ("dropped.txt", RemoteKind::File, old.clone()),
+            ("was-a-dir", RemoteKind::Dir, old.clone()),
+            ("was-a-dir/file", RemoteKind::File, old.clone()),
+            ("late.txt", RemoteKind::File, old.clone()),
+        ]);
+        let plan = plan_push(&known, &copy, Some(&guard), false, no_ignores);
+        assert_eq!(plan.held, paths(&["rewritten.txt"]));
+        assert_eq!(plan.upload, paths(&["added.txt", "settled.txt", "was-a-dir"]));
+        assert_eq!(plan.delete, paths(&["dropped.txt", "was-a-dir", "was-a-dir/file"]));
+
+        // A sandbox new to the mirror gets everything, and loses what it held beyond the copy but what git ignores.
+        let guard =
+            listing(&[("stray.txt", RemoteKind::File, old.clone()), ("target/out", RemoteKind::File, old.clone())]);
+        let plan = plan_push(&Manifest::default(), &copy, Some(&guard), true, |rel, _| rel.starts_with("target"));
+        assert_eq!(plan.upload, copy.keys().cloned().collect::<Vec<_>>());
+        assert_eq!((plan.delete, plan.held), (paths(&["stray.txt"]), vec![]));
+    }
+
+    #[test]
+    fn archives_hold_files_modes_and_links_and_are_cut_by_size() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("bin")).unwrap();
+        std::fs::write(dir.path().join("bin/run"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(dir.path().join("bin/run"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.path().join("big"), vec![b'x'; ARCHIVE_LIMIT]).unwrap();
+        std::os::unix::fs::symlink("bin/run", dir.path().join("link")).unwrap();
+        let (first, rest) = archive(dir.path(), paths(&["bin/run", "big", "link"])).unwrap();
+        assert_eq!(rest, paths(&["link"]), "the archive is full after `big`");
+        let mut read = tar::Archive::new(first.as_slice());
+        let entries: Vec<(PathBuf, u32, u64)> = read
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.path().unwrap().into_owned(), e.header().mode().unwrap(), e.size())
+            })
+            .collect();
+        assert_eq!(entries, vec![("bin/run".into(), 0o755, 10), ("big".into(), 0o644, ARCHIVE_LIMIT as u64)]);
+        let (second, rest) = archive(dir.path(), rest).unwrap();
+        assert!(rest.is_empty());
+        let mut read = tar::Archive::new(second.as_slice());
+        let link = read.entries().unwrap().next().unwrap().unwrap();
+        assert_eq!(link.header().entry_type(), tar::EntryType::Symlink);
+        assert_eq!(link.link_name().unwrap().unwrap(), Path::new("bin/run"));
+    }
+
+    /// Runs one of the scripts with the host's `sh`, as the sandbox would.
+    #[allow(clippy::disallowed_methods)]
+    fn script(script: &str, args: &[&str], stdin: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut child = std::process::Command::new("/bin/sh")
+            .args(["-c", script, "sh"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{script} failed");
+        out.stdout
+    }
+
+    #[test]
+    fn the_scripts_list_prune_delete_and_extract_with_the_systems_tools() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ws, token) = (dir.path().join("ws"), dir.path().join("token"));
+        std::fs::create_dir_all(ws.join("node_modules/x")).unwrap();
+        std::fs::create_dir_all(ws.join("old")).unwrap();
+        std::fs::write(ws.join("node_modules/x/i.js"), "x").unwrap();
+        std::fs::write(ws.join("old/a"), "a").unwrap();
+        std::fs::write(ws.join("gone"), "g").unwrap();
+        std::fs::write(&token, "tok").unwrap();
+        let (ws_arg, token_arg) = (ws.to_str().unwrap(), token.to_str().unwrap());
+        let prune = ["(", "-path", "./node_modules", ")", "-prune", "-o"];
+        let list = |known: &str| {
+            let mut args = vec![ws_arg, token_arg, known];
+            args.extend(prune);
+            parse_listing(&script(LIST, &args, b"")).unwrap()
+        };
+        let first = list("");
+        assert_eq!(first.token, "tok");
+        assert_eq!(first.entries.keys().cloned().collect::<Vec<_>>(), paths(&["gone", "old", "old/a"]));
+        assert_eq!(first.entries[Path::new("old/a")].0, RemoteKind::File);
+        let again = list(&first.digest);
+        assert!(again.unchanged, "the sandbox's sha256sum agrees with ours");
+
+        // Deletions from stdin, then archives in order; the listing is whole again afterwards.
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        // `old` was a directory in the sandbox: it is deleted, then comes back as a file.
+        std::fs::write(src.join("old"), "now a file").unwrap();
+        std::fs::write(src.join("new.sh"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(src.join("new.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (archive_bytes, _) = archive(&src, paths(&["new.sh", "old"])).unwrap();
+        let at = dir.path().join("push.tar");
+        std::fs::write(&at, archive_bytes).unwrap();
+        script(APPLY, &[ws_arg, "delete", at.to_str().unwrap()], b"gone\0old\0");
+        assert!(!at.exists(), "the archive is removed once extracted");
+        assert!(!ws.join("gone").exists());
+        assert_eq!(std::fs::read_to_string(ws.join("old")).unwrap(), "now a file");
+        assert_eq!(std::fs::metadata(ws.join("new.sh")).unwrap().permissions().mode() & 0o777, 0o755);
+        let after = list(&first.digest);
+        assert!(!after.unchanged);
+        assert_eq!(after.entries.keys().cloned().collect::<Vec<_>>(), paths(&["new.sh", "old"]));
+        assert_eq!(after.entries[Path::new("new.sh")].1.mode, 0o755);
+    }
+
+    #[test]
+    fn pruned_paths_are_find_patterns_matching_only_themselves() {
+        assert_eq!(find_pattern("node_modules"), "./node_modules");
+        assert_eq!(find_pattern("a*b/[x]?\\"), "./a\\*b/\\[x\\]\\?\\\\");
+    }
+}
