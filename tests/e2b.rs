@@ -548,7 +548,7 @@ fn only_sandbox(fake: &FakeE2b) -> (String, Value) {
 fn the_bridge_runs_a_session_in_its_own_e2b_sandbox_and_deletes_it_with_the_session() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-bridge");
-    let ws = workspace::ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = e2b_bridge(&fake, &dirs);
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "Say hello");
@@ -593,7 +593,7 @@ fn the_bridge_runs_a_session_in_its_own_e2b_sandbox_and_deletes_it_with_the_sess
 fn cancel_kills_the_cli_in_the_e2b_sandbox() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-cancel");
-    let ws = workspace::ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = e2b_bridge(&fake, &dirs);
     let sid = bridge.new_session(&ws);
     let id = bridge.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=100000 FAKE_DELAY_MS=20 keep talking");
@@ -619,7 +619,7 @@ fn cancel_kills_the_cli_in_the_e2b_sandbox() {
 fn a_restarted_bridge_reconnects_and_a_gone_sandbox_is_replaced() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-restart");
-    let ws = workspace::ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = e2b_bridge(&fake, &dirs);
     let sid = bridge.new_session(&ws);
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
@@ -659,7 +659,7 @@ fn a_restarted_bridge_reconnects_and_a_gone_sandbox_is_replaced() {
 fn opencodes_warm_server_falls_back_to_run_in_an_e2b_sandbox() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-serve");
-    let ws = workspace::ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs).env("ACP_SANDBOX_OPENCODE_BACKEND", "serve"));
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "Say hello");
@@ -680,7 +680,7 @@ fn opencodes_warm_server_falls_back_to_run_in_an_e2b_sandbox() {
 fn a_refused_e2b_key_answers_the_prompt_with_an_auth_error() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-auth");
-    let ws = workspace::ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs).env("E2B_API_KEY", "e2b_not_the_key"));
     let sid = bridge.new_session(&ws);
     let error = bridge.prompt(&sid, "Say hello").result.unwrap_err();

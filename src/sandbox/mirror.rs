@@ -164,6 +164,11 @@ pub struct Listing {
 /// Parses what [`LIST`] printed. A path that is not plainly inside the workspace is refused: the sandbox's
 /// `find` is the agent's to replace.
 pub fn parse_listing(out: &[u8]) -> Result<Listing, String> {
+    // A provider that streams output by lines ends the last one with a newline it added (Daytona's daemon).
+    let out = match out {
+        [rest @ .., 0, b'\n'] => &out[..rest.len() + 1],
+        _ => out,
+    };
     let mut fields = out.split(|b| *b == 0);
     let token = String::from_utf8_lossy(fields.next().unwrap_or_default()).trim().to_string();
     let records = out.iter().position(|b| *b == 0).map_or(&[][..], |at| &out[at + 1..]);
@@ -818,6 +823,12 @@ mod tests {
         let empty = parse_listing(b"\0").unwrap();
         assert_eq!((empty.token.as_str(), empty.entries.len(), empty.unchanged), ("", 0, false));
         assert_eq!(empty.digest, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        let mut lined = ended(&["t", "unchanged"]);
+        lined.push(b'\n');
+        assert!(
+            parse_listing(&lined).unwrap().unchanged,
+            "a newline a provider added after the last NUL is not a field"
+        );
         let unchanged = parse_listing(&ended(&["t", "unchanged"])).unwrap();
         assert!(unchanged.unchanged && unchanged.token == "t" && unchanged.entries.is_empty());
         let bad = |fields: &[&str]| parse_listing(&ended(fields)).is_err();

@@ -89,7 +89,7 @@ fn the_bridge_runs_a_session_in_its_own_daytona_sandbox_and_deletes_it_with_the_
     let dir = test_dir("bridge");
     let fake = FakeDaytona::start(&dir);
     let dirs = support::TestDirs::new("daytona-bridge");
-    let ws = dirs.workspace("ws");
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = daytona_bridge(&fake, &dirs);
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "Say hello");
@@ -142,7 +142,7 @@ fn cancel_kills_the_cli_in_the_daytona_sandbox() {
     let dir = test_dir("bridge-cancel");
     let fake = FakeDaytona::start(&dir);
     let dirs = support::TestDirs::new("daytona-cancel");
-    let ws = dirs.workspace("ws");
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = daytona_bridge(&fake, &dirs);
     let sid = bridge.new_session(&ws);
     let prompt = bridge.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=100000 FAKE_DELAY_MS=20 keep talking");
@@ -171,7 +171,7 @@ fn a_restarted_bridge_reconnects_and_a_gone_sandbox_is_replaced_with_a_note() {
     let dir = test_dir("bridge-restart");
     let fake = FakeDaytona::start(&dir);
     let dirs = support::TestDirs::new("daytona-restart");
-    let ws = dirs.workspace("ws");
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = daytona_bridge(&fake, &dirs);
     let sid = bridge.new_session(&ws);
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
@@ -228,7 +228,7 @@ fn a_refused_daytona_key_answers_the_prompt_with_an_auth_error() {
     let dir = test_dir("bridge-auth");
     let fake = FakeDaytona::start(&dir);
     let dirs = support::TestDirs::new("daytona-auth");
-    let ws = dirs.workspace("ws");
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = support::Bridge::start(daytona_options(&fake, &dirs).env("DAYTONA_API_KEY", "dtn_not_the_key"));
     let sid = bridge.new_session(&ws);
     let error = bridge.prompt(&sid, "Say hello").result.unwrap_err();
@@ -249,7 +249,7 @@ fn opencodes_warm_server_falls_back_to_run_in_a_daytona_sandbox() {
     let dir = test_dir("bridge-serve");
     let fake = FakeDaytona::start(&dir);
     let dirs = support::TestDirs::new("daytona-serve");
-    let ws = dirs.workspace("ws");
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = support::Bridge::start(daytona_options(&fake, &dirs).env("ACP_SANDBOX_OPENCODE_BACKEND", "serve"));
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "Say hello");
@@ -263,4 +263,45 @@ fn opencodes_warm_server_falls_back_to_run_in_a_daytona_sandbox() {
     let runs = support::invocations(&workspace_of(&fake, &only_sandbox(&fake)));
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].argv()[0], "run");
+}
+
+/// The workspace of a Daytona sandbox is mirrored as E2B's is (the same code, over Daytona's files and commands):
+/// uploaded on the first prompt, the agent's edit and new file sent to the editor and not written by the bridge,
+/// a rejected edit undone in the sandbox, the user's own edit there before the next turn.
+#[test]
+fn the_workspace_goes_up_and_the_agents_changes_come_back_through_the_editor() {
+    let dir = test_dir("workspace");
+    let fake = FakeDaytona::start(&dir);
+    let dirs = support::TestDirs::new("daytona-workspace");
+    let ws = dirs.remote_workspace("ws");
+    std::fs::write(ws.join("hello.txt"), "old\n").unwrap();
+    std::fs::write(ws.join("mine.txt"), "mine\n").unwrap();
+    let mut bridge = support::Bridge::start_reviewing(daytona_options(&fake, &dirs), false);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(
+        &sid,
+        &support::ops(json!([["read", "mine.txt"], ["write", "hello.txt", "agent\n"], ["write", "new.txt", "x\n"]])),
+    );
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(support::reads(&turn), "READ mine.txt=mine\n");
+    let writes: Vec<(PathBuf, String, Option<String>)> =
+        bridge.file_writes.iter().map(|w| (w.path.clone(), w.content.clone(), w.before.clone())).collect();
+    assert_eq!(
+        writes,
+        [
+            (ws.join("hello.txt"), "agent\n".to_string(), Some("old\n".to_string())),
+            (ws.join("new.txt"), "x\n".to_string(), None),
+        ]
+    );
+    // Rejected: the user's files are as they were, and so is the sandbox's copy of them.
+    assert_eq!(std::fs::read_to_string(ws.join("hello.txt")).unwrap(), "old\n");
+    assert!(!ws.join("new.txt").exists());
+    let remote = workspace_of(&fake, &only_sandbox(&fake));
+    assert_eq!(std::fs::read_to_string(remote.join("hello.txt")).unwrap(), "old\n");
+    assert!(!remote.join("new.txt").exists(), "the rejected new file stayed in the sandbox");
+
+    std::fs::write(ws.join("mine.txt"), "edited by me\n").unwrap();
+    let turn = bridge.prompt(&sid, &support::ops(json!([["read", "mine.txt"], ["read", "hello.txt"]])));
+    assert_eq!(support::reads(&turn), "READ mine.txt=edited by me\n; hello.txt=old\n");
+    assert_eq!(bridge.file_writes.len(), 2, "nothing more was sent");
 }

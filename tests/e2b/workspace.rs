@@ -12,13 +12,6 @@ use serde_json::{Value, json};
 use super::support::{self, notes, ops, reads};
 use super::{FakeE2b, KEY, WORKSPACE, e2b_options, only_sandbox};
 
-/// A workspace whose `.gitignore` keeps the fake CLI's record of its runs in the sandbox.
-pub fn ignoring_the_fake(dirs: &support::TestDirs) -> PathBuf {
-    let ws = dirs.workspace("ws");
-    std::fs::write(ws.join(".gitignore"), ".fake-cli/\n").unwrap();
-    ws
-}
-
 fn write(path: PathBuf, content: &str, before: Option<&str>) -> support::FileWrite {
     support::FileWrite { path, content: content.into(), before: before.map(str::to_string) }
 }
@@ -66,7 +59,7 @@ fn tree(root: &Path) -> Vec<String> {
 fn the_first_prompt_uploads_the_workspace_without_what_git_ignores_or_the_sandbox_hides() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-upload");
-    let ws = ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     std::fs::write(ws.join(".gitignore"), ".fake-cli/\nbuild/\n*.log\n").unwrap();
     std::fs::create_dir_all(ws.join("src")).unwrap();
     std::fs::create_dir_all(ws.join("build")).unwrap();
@@ -155,7 +148,7 @@ fn the_first_prompt_uploads_the_workspace_without_what_git_ignores_or_the_sandbo
 fn an_edit_and_a_new_file_reach_the_users_files_only_through_the_editor() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-keep");
-    let ws = ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     std::fs::write(ws.join("hello.txt"), "old\n").unwrap();
     let mut bridge = support::Bridge::start_reviewing(e2b_options(&fake, &dirs), true);
     let sid = bridge.new_session(&ws);
@@ -195,7 +188,7 @@ fn an_edit_and_a_new_file_reach_the_users_files_only_through_the_editor() {
 fn a_rejected_change_is_undone_in_the_sandbox_and_the_users_edits_reach_it() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-reject");
-    let ws = ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     std::fs::write(ws.join("hello.txt"), "old\n").unwrap();
     std::fs::write(ws.join("stale.txt"), "stale\n").unwrap();
     let mut bridge = support::Bridge::start_reviewing(e2b_options(&fake, &dirs), false);
@@ -233,7 +226,7 @@ fn a_rejected_change_is_undone_in_the_sandbox_and_the_users_edits_reach_it() {
 fn each_finished_tool_is_reviewed_while_the_agent_still_runs_in_its_sandbox() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-per-tool");
-    let ws = ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     std::fs::write(ws.join("hello.txt"), "old\n").unwrap();
     let mut bridge = support::Bridge::start_reviewing(e2b_options(&fake, &dirs), false);
     let sid = bridge.new_session(&ws);
@@ -256,7 +249,7 @@ fn each_finished_tool_is_reviewed_while_the_agent_still_runs_in_its_sandbox() {
 fn deletions_and_binary_files_are_applied_directly_with_a_note() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-direct");
-    let ws = ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     std::fs::write(ws.join("gone.txt"), "bye\n").unwrap();
     std::fs::write(ws.join("kept.txt"), "stays\n").unwrap();
     let mut bridge = support::Bridge::start_reviewing(e2b_options(&fake, &dirs), true);
@@ -278,7 +271,7 @@ fn deletions_and_binary_files_are_applied_directly_with_a_note() {
 fn a_client_without_the_capability_gets_every_change_applied_with_a_note() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-nocap");
-    let ws = ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     std::fs::write(ws.join("hello.txt"), "old\n").unwrap();
     let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs));
     let sid = bridge.new_session(&ws);
@@ -297,7 +290,7 @@ fn a_client_without_the_capability_gets_every_change_applied_with_a_note() {
 fn a_replaced_sandbox_gets_the_workspace_again_and_nothing_reads_as_deleted() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-replaced");
-    let ws = ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     std::fs::write(ws.join("hello.txt"), "hello\n").unwrap();
     let mut bridge = support::Bridge::start_reviewing(e2b_options(&fake, &dirs), true);
     let sid = bridge.new_session(&ws);
@@ -325,7 +318,7 @@ fn a_replaced_sandbox_gets_the_workspace_again_and_nothing_reads_as_deleted() {
 fn a_workspace_of_two_thousand_files_is_uploaded_on_the_first_prompt() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-many");
-    let ws = ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     for i in 0..2000 {
         let dir = ws.join(format!("pkg{}", i / 100));
         std::fs::create_dir_all(&dir).unwrap();
@@ -351,7 +344,7 @@ fn a_workspace_of_two_thousand_files_is_uploaded_on_the_first_prompt() {
 fn what_an_earlier_turn_left_in_the_sandbox_is_reviewed_before_the_next_one() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-left");
-    let ws = ignoring_the_fake(&dirs);
+    let ws = dirs.remote_workspace("ws");
     std::fs::create_dir_all(ws.join("src")).unwrap();
     std::fs::write(ws.join("src/a.rs"), "a\n").unwrap();
     let mut bridge = support::Bridge::start_reviewing(e2b_options(&fake, &dirs), true);

@@ -83,6 +83,14 @@ impl TestDirs {
         path.canonicalize().unwrap()
     }
 
+    /// A workspace for a remote sandbox: its `.gitignore` keeps the fake CLI's record of its runs (`.fake-cli/`) in
+    /// the sandbox, so it never comes back to the user's files as a change of the agent.
+    pub fn remote_workspace(&self, name: &str) -> PathBuf {
+        let ws = self.workspace(name);
+        std::fs::write(ws.join(".gitignore"), ".fake-cli/\n").unwrap();
+        ws
+    }
+
     pub fn root(&self) -> &Path {
         self.root.path()
     }
