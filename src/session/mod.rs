@@ -669,10 +669,12 @@ impl Bridge {
         };
         let result =
             turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token, model }.run().await;
-        // The session is let go of first: a suspension checks that no prompt came meanwhile.
+        // The session is let go of first: a suspension checks that no prompt came meanwhile. It counts as on its way
+        // from before, so that a shutdown waiting for the turns waits for it too.
+        let suspension = self.remote.on_its_way();
         drop(_running);
         drop(ticket);
-        self.suspend_after_turn(id, live);
+        self.suspend_after_turn(id, live, suspension);
         result
     }
 
@@ -720,7 +722,7 @@ impl Bridge {
             || self.config.opencode_backend != crate::config::OpenCodeBackend::Serve
             || self.servers.get(id).is_some()
             // A remote sandbox runs no warm server yet, and warming would resume a sandbox paused between turns.
-            || !Arc::ptr_eq(&self.provider, &self.own_provider)
+            || !self.sessions_run_here()
         {
             return;
         }
@@ -958,6 +960,11 @@ impl Bridge {
             names.extend(self.config.opencode_needs.env_names(providers));
         }
         names
+    }
+
+    /// Whether sessions run in sandboxes on this machine (the local provider), not in a remote provider's.
+    fn sessions_run_here(&self) -> bool {
+        Arc::ptr_eq(&self.provider, &self.own_provider)
     }
 
     /// The sandbox provider.

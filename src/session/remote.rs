@@ -66,6 +66,12 @@ impl RemoteSessions {
         self.suspending.load(Ordering::SeqCst) > 0
     }
 
+    /// Counts a suspension as on its way until the guard is dropped (handed to [`Bridge::suspend_after_turn`]).
+    pub(super) fn on_its_way(&self) -> Counted {
+        self.suspending.fetch_add(1, Ordering::SeqCst);
+        Counted(self.suspending.clone())
+    }
+
     /// Uploads the files of the user's configuration of the CLI (what a local sandbox shows read-only) that changed
     /// since they were last uploaded to this session's sandbox, but never a credential file: the CLI gets those
     /// through its environment ([`cli_spec`]). Answers how many were uploaded.
@@ -232,7 +238,7 @@ impl Bridge {
     /// prompt's answer never waits for it. Call it after the turn let go of the session (its ticket and running
     /// mark dropped). A suspension and the next prompt's connect take the session's gate in turn, so the connect
     /// resumes a sandbox paused before it; a prompt that arrived first (queued or running) cancels the suspension.
-    pub(super) fn suspend_after_turn(&self, id: &str, live: Arc<LiveSession>) {
+    pub(super) fn suspend_after_turn(&self, id: &str, live: Arc<LiveSession>, counted: Counted) {
         if !self.remote.used.lock().unwrap_or_else(|p| p.into_inner()).remove(id) {
             return;
         }
@@ -240,10 +246,8 @@ impl Bridge {
             return;
         }
         let (provider, store, gate, id) = (self.provider.clone(), self.store.clone(), self.gate(id), id.to_string());
-        let counter = self.remote.suspending.clone();
-        counter.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
-            let _counted = Counted(counter);
+            let _counted = counted;
             let _one = gate.lock().await;
             // Another prompt of the session came meanwhile, here or in another bridge: it needs the sandbox awake.
             if !live.idle() || store.running_elsewhere(&id).await.unwrap_or(true) {
@@ -262,8 +266,8 @@ impl Bridge {
     }
 }
 
-/// Counts a task down when it ends, however it ends.
-struct Counted(Arc<AtomicUsize>);
+/// Counts a suspension down when it is dropped: at the end of its task, or when there is none to make.
+pub(super) struct Counted(Arc<AtomicUsize>);
 
 impl Drop for Counted {
     fn drop(&mut self) {

@@ -344,15 +344,20 @@ impl Turn<'_> {
             )))
             .await?;
         }
-        // A cancel (or the bridge's exit) while the sandbox is made, or the CLI installed or probed, ends the turn
-        // there; what those steps started is stopped with them.
+        // A cancel (or the bridge's exit) while the CLI is installed, probed or its sandbox made ends the turn
+        // there; what those steps started is stopped with them. A CLI of this machine is found first; a remote
+        // sandbox, which does not see this machine, gets its CLI (and the user's config of it) inside.
+        let mut found = None;
+        if self.bridge.sessions_run_here() {
+            found = Some(self.local_executable(emit).await);
+        }
         let Some(sandbox) = self.unless_cancelled(self.bridge.session_sandbox(&self.record)).await? else {
             return Ok(StopReason::Cancelled);
         };
-        // A remote sandbox does not see this machine: its CLI is installed inside, the user's config staged there.
-        let found = match sandbox.remote_files() {
-            Some(files) => self.remote_executable(emit, sandbox.as_ref(), files).await,
-            None => self.local_executable(emit).await,
+        let found = match (sandbox.remote_files(), found) {
+            (Some(files), _) => self.remote_executable(emit, sandbox.as_ref(), files).await,
+            (None, Some(found)) => found,
+            (None, None) => self.local_executable(emit).await,
         };
         let executable = match found {
             Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)) => return Ok(StopReason::Cancelled),
