@@ -8,33 +8,16 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::turn::{Emitter, Turn};
+use super::turn::{BASE_ENV, Emitter, Turn};
 use super::{Bridge, LiveSession, note};
 use crate::agents::AgentKind;
 use crate::config::RemoteIdle;
 use crate::error::{Error, Result};
 use crate::sandbox::{ExecSpec, RemoteFiles, Sandbox, SandboxError, install};
 
-/// Variables of the CLI's environment that describe this machine (its PATH, its proxies, its CA files): a remote
-/// sandbox has its own, which apply instead.
-const HOST_ONLY: &[&str] = &[
-    "PATH",
-    "USER",
-    "LOGNAME",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "ALL_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "all_proxy",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "NODE_EXTRA_CA_CERTS",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-];
+/// Of the variables every CLI gets ([`BASE_ENV`]), those that do not describe this machine (its PATH, user, proxies
+/// and CA files): a remote sandbox has its own of the others, which apply instead.
+const NOT_HOST_ONLY: &[&str] = &["LANG", "LANGUAGE", "TZ"];
 
 /// A file of the user's CLI configuration larger than this is not staged (the log says so).
 const STAGE_FILE_LIMIT: u64 = 1024 * 1024;
@@ -170,8 +153,10 @@ pub(super) fn cli_spec(
     env: Vec<(String, String)>,
     args: Vec<String>,
 ) -> ExecSpec {
-    let mut env: Vec<(String, String)> =
-        env.into_iter().filter(|(name, _)| !HOST_ONLY.contains(&name.as_str())).collect();
+    let mut env: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(name, _)| !BASE_ENV.contains(&name.as_str()) || NOT_HOST_ONLY.contains(&name.as_str()))
+        .collect();
     for (name, value) in agent.credential_env(&Bridge::user_dirs().1) {
         // One the user set in the bridge's environment wins, as locally.
         if !env.iter().any(|(existing, _)| *existing == name) {

@@ -21,7 +21,7 @@ use crate::store::{Outbox, SessionRecord, Store, TurnStatus};
 
 /// Variables of the bridge's environment every CLI gets: what programs need to run and to reach the
 /// network (proxies, CA bundles). Everything else is dropped; each agent adds its own settings and keys.
-const BASE_ENV: &[&str] = &[
+pub(super) const BASE_ENV: &[&str] = &[
     "PATH",
     "LANG",
     "LANGUAGE",

@@ -74,6 +74,17 @@ fn wait_sandbox(fake: &FakeE2b) -> String {
     only_sandbox(fake).0
 }
 
+/// The sandbox, and the host pids of the fake CLI of scenario `child` running there and of its grandchild, once
+/// both run (the fake E2B has no PID namespace: the pids the fake CLI records are the host's).
+fn cli_and_grandchild(fake: &FakeE2b) -> (String, i32, i32) {
+    let id = wait_sandbox(fake);
+    let inside = fake.host_path(&id, WORKSPACE);
+    let cli = support::wait_invocations(&inside, 1)[0].0["pid"].as_i64().unwrap() as i32;
+    let child_file = inside.join(".fake-cli/child.pid");
+    assert!(support::wait_until(support::RECV_TIMEOUT, || child_file.exists()), "the grandchild never started");
+    (id, cli, std::fs::read_to_string(&child_file).unwrap().trim().parse().unwrap())
+}
+
 /// Waits until the store has the session's CLI conversation id (written while the turn runs).
 fn wait_native_id(dirs: &TestDirs, sid: &str) {
     let db = rusqlite::Connection::open(dirs.data.join("acp-sandbox.sqlite3")).unwrap();
@@ -298,12 +309,7 @@ fn cancel_ends_the_clis_whole_process_tree_in_the_sandbox() {
     let sid = bridge.new_session(&ws);
     // The CLI starts a grandchild in a session of its own, which a signal to the CLI (or its group) never reaches.
     let prompt = bridge.send_prompt(&sid, "SCENARIO:child start something");
-    let id = wait_sandbox(&fake);
-    let inside = fake.host_path(&id, WORKSPACE);
-    let cli = support::wait_invocations(&inside, 1)[0].0["pid"].as_i64().unwrap() as i32;
-    let child_file = inside.join(".fake-cli/child.pid");
-    assert!(support::wait_until(support::RECV_TIMEOUT, || child_file.exists()), "the grandchild never started");
-    let child: i32 = std::fs::read_to_string(&child_file).unwrap().trim().parse().unwrap();
+    let (id, cli, child) = cli_and_grandchild(&fake);
     let _guards = (support::KillOnDrop(cli), support::KillOnDrop(child));
     assert!(support::pid_alive(cli) && support::pid_alive(child));
 
@@ -364,12 +370,8 @@ fn a_cli_left_running_by_a_killed_bridge_is_ended_with_a_note_before_the_next_pr
     let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs));
     let sid = bridge.new_session(&ws);
     bridge.send_prompt(&sid, "SCENARIO:child work for a long time");
-    let id = wait_sandbox(&fake);
+    let (id, old, child) = cli_and_grandchild(&fake);
     let inside = fake.host_path(&id, WORKSPACE);
-    let old = support::wait_invocations(&inside, 1)[0].0["pid"].as_i64().unwrap() as i32;
-    let child_file = inside.join(".fake-cli/child.pid");
-    assert!(support::wait_until(support::RECV_TIMEOUT, || child_file.exists()), "the grandchild never started");
-    let child: i32 = std::fs::read_to_string(&child_file).unwrap().trim().parse().unwrap();
     let _guards = (support::KillOnDrop(old), support::KillOnDrop(child));
     wait_native_id(&dirs, &sid);
     bridge.kill9();

@@ -13,6 +13,7 @@ pub mod envd;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -401,6 +402,7 @@ impl E2bSandbox {
         };
         tracing::debug!(provider = PROVIDER, sandbox = %self.id, pid, ?tag, %program, "started");
         let mark = tag.as_deref().map(|tag| format!("{}$", mark_pattern(tag)));
+        let killed = Arc::new(AtomicBool::new(false));
         let (stdout, stdout_reader) = tokio::io::duplex(PIPE_BUFFER);
         let (stderr, stderr_reader) = tokio::io::duplex(PIPE_BUFFER);
         let (exit_tx, exit_rx) = watch::channel(None);
@@ -411,6 +413,7 @@ impl E2bSandbox {
             timeout: self.timeout,
             pid,
             mark: mark.clone(),
+            killed: killed.clone(),
             stdout: Some(stdout),
             stderr: Some(stderr),
             exit: exit_tx,
@@ -429,7 +432,7 @@ impl E2bSandbox {
         Ok(RunningProcess {
             stdout: Box::pin(stdout_reader),
             stderr: Box::pin(stderr_reader),
-            handle: Box::new(E2bProcess { envd: self.envd.clone(), pid, mark, exit: exit_rx, killed: false }),
+            handle: Box::new(E2bProcess { envd: self.envd.clone(), pid, mark, exit: exit_rx, killed }),
             door: None,
         })
     }
@@ -507,6 +510,8 @@ struct Pump {
     pid: u32,
     /// The pattern of the command's mark: what it left running is ended when it ends.
     mark: Option<String>,
+    /// Set by a kill, which ends what the command left itself.
+    killed: Arc<AtomicBool>,
     stdout: Option<DuplexStream>,
     stderr: Option<DuplexStream>,
     exit: watch::Sender<ExitSlot>,
@@ -546,7 +551,9 @@ impl Pump {
             tracing::warn!(provider = PROVIDER, sandbox = %self.sandbox_id, pid = self.pid, "{why}");
         }
         // A turn's processes end with it, as in a local sandbox: daemons and `setsid` children of the command too.
-        if let Some(mark) = &self.mark {
+        if let Some(mark) = &self.mark
+            && !self.killed.load(Ordering::SeqCst)
+        {
             end_marked(&self.envd, self.pid, mark).await;
         }
         // The pipes close before the exit is told, so a reader sees all output before `wait` returns.
@@ -590,7 +597,7 @@ struct E2bProcess {
     pid: u32,
     mark: Option<String>,
     exit: watch::Receiver<ExitSlot>,
-    killed: bool,
+    killed: Arc<AtomicBool>,
 }
 
 impl E2bProcess {
@@ -602,10 +609,9 @@ impl E2bProcess {
 #[async_trait]
 impl ProcessHandle for E2bProcess {
     async fn kill(&mut self) {
-        if self.killed || self.ended() {
+        if self.ended() || self.killed.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.killed = true;
         kill(&self.envd, self.pid, self.mark.as_deref()).await;
     }
 
@@ -624,7 +630,7 @@ impl ProcessHandle for E2bProcess {
 impl Drop for E2bProcess {
     fn drop(&mut self) {
         // A handle dropped mid-run (a turn task aborted) must not leave its command running in the sandbox.
-        if self.killed || self.ended() {
+        if self.ended() || self.killed.swap(true, Ordering::SeqCst) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
