@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a Debian machine: the system packages of ./install.sh (bubblewrap, a C
 # compiler, Node.js/npm) plus Python 3 (the fake CLIs), then the pinned OpenCode CLI for the end-to-end test
-# against the real thing, and the pinned E2B Python SDK that tests/e2b.rs drives the fake E2B cloud with (in a
-# venv of its own: python3-venv). Idempotent; as root without sudo, or as a sudo user.
+# against the real thing, the pinned E2B and Daytona Python SDKs that tests/e2b.rs and tests/daytona.rs drive the
+# fakes with (in venvs of their own: python3-venv), and the same providers' pinned npm SDKs (Node.js >= 20.18.1).
+# Idempotent; as root without sudo, or as a sudo user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./install.sh --deps-only --with-test-deps
@@ -23,4 +24,7 @@ if [ -x .ci/install-daytona-sdk.sh ]; then
 fi
 if [ -x .ci/install-e2b-sdk.sh ]; then
   .ci/install-e2b-sdk.sh >/dev/null
+fi
+if [ -x .ci/install-node-sdk.sh ]; then
+  .ci/install-node-sdk.sh >/dev/null
 fi

@@ -21,16 +21,9 @@ works() {
 }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-mkdir -p "$(dirname "$PREFIX")"
-exec 9>"$PREFIX.lock"
-if command -v flock >/dev/null 2>&1; then
-  flock 9
-fi
-if works; then
-  log "$PACKAGE $VERSION already installed"
-  echo "$PY"
-  exit 0
-fi
+# shellcheck source=.ci/install-lock.sh
+. "$(dirname "$0")/install-lock.sh"
+reuse_or_lock "$PREFIX" "$PACKAGE $VERSION" "$PY"
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   command -v apt-get >/dev/null || { log "python3 with venv and ensurepip is required"; exit 1; }
   log "installing python3-venv"

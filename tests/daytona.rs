@@ -1,7 +1,8 @@
 //! The Daytona provider against `tests/fakes/fake_daytona.py` (a fake Daytona on 127.0.0.1 that runs commands for
 //! real in a directory per sandbox), and the proof that the fake speaks Daytona's protocol: the official Python SDK
 //! (PyPI `daytona`, pinned in `.ci/install-daytona-sdk.sh`) drives it through create, a streamed session command,
-//! files, stop, start and delete (`tests/fakes/fake_daytona_sdk_check.py`).
+//! files, stop, start and delete (`tests/fakes/fake_daytona_sdk_check.py`); so does the official npm SDK
+//! (`daytona/npm_sdk.rs`, `tests/fakes/daytona_sdk_check.mjs`).
 //!
 //! The SDK comes from `ACP_SANDBOX_TEST_DAYTONA_PYTHON` (a python that imports it) or else from the install
 //! script, which installs it once under the cache dir and prints that python; without it the test FAILS.
@@ -9,6 +10,11 @@
 #![allow(clippy::disallowed_methods)]
 // A test fails by panicking: unwrap and expect say where.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/node_sdk.rs"]
+mod node_sdk;
+#[path = "daytona/npm_sdk.rs"]
+mod npm_sdk;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -95,6 +101,11 @@ impl FakeDaytona {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
+    }
+
+    /// The requests but the SDKs' Socket.IO probes (there is no gateway here: they get 404 and poll instead).
+    fn sdk_calls(&self) -> Vec<Value> {
+        self.requests().into_iter().filter(|r| !r["path"].as_str().unwrap().contains("socket.io")).collect()
     }
 
     /// What the control plane says about a sandbox, asked directly.
@@ -192,9 +203,15 @@ fn the_official_sdk_agrees_with_the_fake() {
         String::from_utf8_lossy(&out.stdout)
     );
     let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_the_sdk_agreed(&seen, &fake.sdk_calls(), "0.226.1");
+}
+
+/// What an official SDK's check (Python or npm) reports, exactly; and that each of its calls carried the key only
+/// as a bearer token and named the SDK's version.
+fn assert_the_sdk_agreed(seen: &Value, calls: &[Value], sdk_version: &str) {
     assert_eq!(
         seen,
-        json!({
+        &json!({
             "stdout": "hello from env\nno newline\n",
             "stderr": "to-stderr\n",
             "exit_code": 7,
@@ -202,14 +219,10 @@ fn the_official_sdk_agrees_with_the_fake() {
             "gone": "DaytonaNotFoundError",
         })
     );
-    // The SDK sent the key only as a bearer token, and named itself.
-    let requests = fake.requests();
-    let sandbox_calls: Vec<&Value> =
-        requests.iter().filter(|r| !r["path"].as_str().unwrap().contains("socket.io")).collect();
-    assert!(sandbox_calls.len() > 10);
-    for request in sandbox_calls {
+    assert!(calls.len() > 10);
+    for request in calls {
         assert_eq!(request["auth"], json!(format!("Bearer {KEY}")), "{request}");
-        assert_eq!(request["sdk"], json!("0.226.1"), "{request}");
+        assert_eq!(request["sdk"], json!(sdk_version), "{request}");
     }
 }
 

@@ -1,7 +1,7 @@
 //! The E2B provider against `tests/fakes/fake_e2b.py`, a fake E2B cloud on 127.0.0.1 whose processes really run;
 //! and the proof that the fake speaks E2B's protocol: the official Python SDK (pinned, installed by
 //! `.ci/install-e2b-sdk.sh` outside the repository) drives it through create, a streamed command, files, pause,
-//! resume and kill, and must agree with it.
+//! resume and kill, and must agree with it; so must the official npm SDK (`e2b/npm_sdk.rs`).
 //!
 //! Run: `cargo test --locked --test e2b`.
 
@@ -9,6 +9,10 @@
 #![allow(clippy::disallowed_methods)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/node_sdk.rs"]
+mod node_sdk;
+#[path = "e2b/npm_sdk.rs"]
+mod npm_sdk;
 mod support;
 
 #[path = "e2b/lifecycle.rs"]

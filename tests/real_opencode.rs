@@ -505,6 +505,113 @@ fn review_mode_sends_opencodes_writes_to_the_editor_bwrap() {
     }
 }
 
+/// `--workspace review` with the warm server and a client that rejects every write: OpenCode's edit and new file
+/// reach the editor and not the user's files, its deletion is applied and noted, and its next turn reads the
+/// user's file as it really is (the rejected edit is gone from its copy).
+fn review_mode_served(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    std::fs::write(ws.join("notes.txt"), "line one\n").unwrap();
+    std::fs::write(ws.join("gone.txt"), "bye\n").unwrap();
+    let options = world.backend_options(sandbox, "serve").arg("--workspace").arg("review");
+    let mut bridge = Bridge::start_reviewing(options, false);
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:review", "review");
+    assert_end_turn(&bridge, &turn);
+    // One review per ended tool, or one for several when OpenCode ran ahead of it: the order is the paths'.
+    let mut writes: Vec<(PathBuf, String, Option<String>)> =
+        bridge.file_writes.iter().map(|w| (w.path.clone(), w.content.clone(), w.before.clone())).collect();
+    writes.sort();
+    assert_eq!(
+        writes,
+        [
+            (ws.join("new.txt"), "brand new\n".to_string(), None),
+            (ws.join("notes.txt"), "line two\n".to_string(), Some("line one\n".to_string())),
+        ],
+        "{:#?}",
+        turn.updates
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "line one\n");
+    assert!(!ws.join("new.txt").exists(), "the rejected new file was written");
+    assert!(!ws.join("gone.txt").exists(), "the deletion was not applied");
+    let notes: Vec<&str> = of_kind(&turn.updates, "agent_message_chunk")
+        .iter()
+        .filter_map(|u| u["content"]["text"].as_str().map(str::trim))
+        .filter(|text| text.starts_with("_Applied"))
+        .collect();
+    assert_eq!(notes, ["_Applied to your files directly, without review: deleted `gone.txt`._"]);
+    assert!(
+        !turn.updates.iter().any(|u| u.to_string().contains("runs `opencode run` per prompt")),
+        "the warm server was not used: {:#?}",
+        turn.updates
+    );
+
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:readback", "readback");
+    assert_end_turn(&bridge, &turn);
+    let read = world
+        .server
+        .chats("readback")
+        .into_iter()
+        .filter(|r| r["step"] == 1)
+        .flat_map(|r| messages_text(&r, "tool"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(read.contains("line one") && !read.contains("line two"), "the agent read: {read:?}");
+    assert_eq!(bridge.file_writes.len(), 2, "the read wrote nothing: {:#?}", bridge.file_writes);
+}
+
+#[test]
+fn review_mode_with_the_warm_server_rejects_notes_deletions_and_rereads_none() {
+    review_mode_served("none", "review_mode_with_the_warm_server_rejects_notes_deletions_and_rereads_none");
+}
+
+#[test]
+fn review_mode_with_the_warm_server_rejects_notes_deletions_and_rereads_bwrap() {
+    if bwrap_ok("review_mode_with_the_warm_server_rejects_notes_deletions_and_rereads_bwrap") {
+        review_mode_served("bwrap", "review_mode_with_the_warm_server_rejects_notes_deletions_and_rereads_bwrap");
+    }
+}
+
+/// A client without `fs/write_text_file` in review mode: OpenCode's writes reach the files directly, and the
+/// thread says so.
+#[test]
+fn review_mode_without_the_editors_writes_applies_them_with_a_note() {
+    let test = "review_mode_without_the_editors_writes_applies_them_with_a_note";
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    std::fs::write(ws.join("notes.txt"), "line one\n").unwrap();
+    std::fs::write(ws.join("gone.txt"), "bye\n").unwrap();
+    let options = world.backend_options("none", "serve").arg("--workspace").arg("review");
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:review", "review");
+    assert_end_turn(&bridge, &turn);
+    assert!(bridge.file_writes.is_empty(), "{:#?}", bridge.file_writes);
+    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "line two\n");
+    assert_eq!(std::fs::read_to_string(ws.join("new.txt")).unwrap(), "brand new\n");
+    assert!(!ws.join("gone.txt").exists());
+    // Each review's note lists what it applied, grouped (`written `a`, `b`; deleted `c``): one review per ended
+    // tool, or one for several when OpenCode ran ahead of it. Every change is noted exactly once.
+    let head = "_This editor cannot review file writes (it does not offer `fs/writeTextFile`), so the agent's \
+                changes were applied to your files directly: ";
+    let mut noted: Vec<(String, String)> = Vec::new();
+    for text in of_kind(&turn.updates, "agent_message_chunk").iter().filter_map(|u| u["content"]["text"].as_str()) {
+        let text = text.trim();
+        let Some(list) = text.strip_prefix(head) else { continue };
+        let list = list.strip_suffix("._").unwrap_or_else(|| panic!("a note ends with `._`: {text:?}"));
+        for group in list.split("; ") {
+            let (how, paths) = group.split_once(' ').unwrap_or_else(|| panic!("a group names how: {group:?}"));
+            for path in paths.split(", ") {
+                noted.push((how.to_string(), path.trim_matches('`').to_string()));
+            }
+        }
+    }
+    noted.sort();
+    let expected = [("deleted", "gone.txt"), ("written", "new.txt"), ("written", "notes.txt")]
+        .map(|(how, path)| (how.to_string(), path.to_string()));
+    assert_eq!(noted, expected, "{:#?}", turn.updates);
+}
+
 // ---- todowrite, reasoning ------------------------------------------------------------------------------------
 
 #[test]

@@ -703,9 +703,6 @@ impl Bridge {
         self.agent_of(record) == AgentKind::OpenCode
             && self.config.agent == AgentKind::OpenCode
             && self.config.opencode_backend == crate::config::OpenCodeBackend::Serve
-            // Review mode runs `run`: its hooks (after each tool, at the end) live in that turn loop. The copy would
-            // suit a warm server too (it is a plain bind, changed freely while mounted), an overlay would not.
-            && self.config.workspace == crate::config::WorkspaceMode::Direct
     }
 
     /// Whether sandboxes get a network namespace of their own (a server's port is then private to its sandbox).

@@ -535,6 +535,17 @@ impl Turn<'_> {
         }
     }
 
+    /// The review of this turn, in review mode: what the agent changes goes to the editor first.
+    pub(super) fn review(&self, sandbox: &dyn Sandbox) -> Option<super::review::Review> {
+        sandbox.review_copy().map(|copy| super::review::Review {
+            copy,
+            sink: self.sink.clone(),
+            session_id: self.record.id.clone(),
+            workspace: PathBuf::from(&self.record.cwd),
+            editor_writes: self.bridge.client_abilities().write_text_file,
+        })
+    }
+
     async fn attempt(
         &self,
         emit: &Emitter,
@@ -544,13 +555,7 @@ impl Turn<'_> {
         command: Option<&str>,
         rendered: &prompt::RenderedPrompt,
     ) -> Result<Attempt> {
-        let review = sandbox.review_copy().map(|copy| super::review::Review {
-            copy,
-            sink: self.sink.clone(),
-            session_id: self.record.id.clone(),
-            workspace: PathBuf::from(&self.record.cwd),
-            editor_writes: self.bridge.client_abilities().write_text_file,
-        });
+        let review = self.review(sandbox);
         if let Some(review) = &review {
             review.begin(emit).await?;
         }
@@ -920,7 +925,7 @@ async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {
 }
 
 /// Whether an output says a tool finished: what it changed is reviewed then.
-fn ends_a_tool(output: &Output) -> bool {
+pub(super) fn ends_a_tool(output: &Output) -> bool {
     let done =
         |status: Option<ToolCallStatus>| matches!(status, Some(ToolCallStatus::Completed | ToolCallStatus::Failed));
     match output {

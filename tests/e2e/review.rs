@@ -182,23 +182,6 @@ fn each_finished_tool_is_reviewed_while_the_agent_still_runs() {
 }
 
 #[test]
-fn review_sessions_run_opencode_per_prompt_even_when_its_server_is_configured() {
-    let dirs = TestDirs::new("review-run");
-    let ws = dirs.workspace("ws");
-    let options = options(&dirs).env("ACP_SANDBOX_OPENCODE_BACKEND", "serve");
-    let mut bridge = Bridge::start_reviewing(options, true);
-    let sid = bridge.new_session(&ws);
-    let turn = bridge.prompt(&sid, &ops(json!([["write", "a.txt", "a\n"]])));
-    assert_eq!(turn.stop_reason(), "end_turn");
-    // No server was tried (the fake has none, which would say so in a note): the fake's record of its runs reached
-    // the workspace through the editor like any file of the agent.
-    assert!(notes(&turn).iter().all(|note| !note.contains("server")), "{:?}", notes(&turn));
-    let runs = invocations(&ws);
-    let commands: Vec<String> = runs.iter().map(|run| run.argv()[0].clone()).collect();
-    assert_eq!(commands, ["run"]);
-}
-
-#[test]
 fn a_write_the_editor_refuses_is_applied_directly_with_its_reason() {
     let dirs = TestDirs::new("review-refused");
     let ws = dirs.workspace("ws");

@@ -296,6 +296,16 @@ def record(handler, body):
         f.write(json.dumps(line) + "\n")
 
 
+def part_disposition(form, path):
+    """The daemon's Content-Disposition of a bulk-download part: the path as a quoted Latin-1 `filename` (escaped,
+    anything else `_`) and exactly as an RFC 5987 `filename*`, which clients prefer."""
+    quoted = path.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "").replace("\n", "").replace("\0", "")
+    latin1 = "".join("_" if ord(c) > 0xFF or ord(c) < 0x20 or ord(c) == 0x7F else c for c in quoted)
+    safe = set(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$&+-.^_`|~")
+    encoded = "".join(chr(b) if b in safe else f"%{b:02X}" for b in path.encode())
+    return f"form-data; name=\"{form}\"; filename=\"{latin1}\"; filename*=utf-8''{encoded}"
+
+
 def parse_multipart(body, content_type):
     match = re.search(r'boundary="?([^";]+)"?', content_type or "")
     if not match:
@@ -708,21 +718,22 @@ class Handler(BaseHTTPRequestHandler):
                 return self.send(400, {"error": 'request body must be {"paths": [ ... ]} and non-empty'})
             parts = []
             for raw in paths:
-                disposition = raw.replace("\\", "\\\\").replace('"', '\\"').replace("\r", "").replace("\n", "")
                 target = self.resolve(sandbox, raw)
                 if target is None or not os.path.isfile(target):
                     status, code = (403, "FILE_ACCESS_DENIED") if target is None else (404, "FILE_NOT_FOUND")
                     message = f"permission denied: {raw}" if target is None else f"file not found: {raw}"
                     payload = json.dumps({"statusCode": status, "message": message, "code": code,
-                                          "timestamp": now(), "path": raw, "method": "POST"}).encode()
-                    head = (f'Content-Disposition: form-data; name="error"; filename="{disposition}"\r\n'
-                            "Content-Type: application/json; charset=utf-8\r\n\r\n")
+                                          "timestamp": now(), "path": raw, "method": "POST"},
+                                         ensure_ascii=False, separators=(",", ":")).encode()
+                    head = (f"Content-Disposition: {part_disposition('error', raw)}\r\n".encode("latin-1")
+                            + b"Content-Type: application/json; charset=utf-8\r\n\r\n")
                 else:
                     with open(target, "rb") as f:
                         payload = f.read()
-                    head = (f'Content-Disposition: form-data; name="file"; filename="{disposition}"\r\n'
-                            "Content-Type: application/octet-stream\r\n\r\n")
-                parts.append(head.encode() + payload)
+                    head = (f"Content-Disposition: {part_disposition('file', raw)}\r\n".encode("latin-1")
+                            + f"Content-Length: {len(payload)}\r\n".encode()
+                            + b"Content-Type: application/octet-stream\r\n\r\n")
+                parts.append(head + payload)
             data = b"".join(
                 (b"--" if i == 0 else b"\r\n--") + BOUNDARY.encode() + b"\r\n" + part for i, part in enumerate(parts)
             )

@@ -15,7 +15,8 @@ Control plane (`X-API-Key` must be the key; anything else is 401 as E2B answers 
 envd (`X-Access-Token` must be the sandbox's current token): Connect-RPC with the JSON codec —
   process.Process/Start and /Connect as server streams (envelopes: start, data stdout/stderr base64,
   keepalive, end, then the end-stream frame), /List, /SendSignal, /SendInput, /CloseStdin (unary JSON);
-  GET and POST /files (raw bytes, or multipart with a `file` field); GET /health.
+  GET and POST /files (an octet-stream body, or multipart `file` parts each written to `path` or else to its
+  filename; gzip Content-Encoding undone); GET /health.
 A paused sandbox's processes are stopped (SIGSTOP) and its open streams are cut, as a memory snapshot does;
 envd traffic to a paused sandbox created with `autoResume` resumes it, otherwise it gets 502 like E2B's proxy.
 
@@ -35,6 +36,7 @@ Every request is appended to FILE as one JSON line: {"port": "api"|"envd", "meth
 import argparse
 import base64
 import datetime
+import gzip
 import json
 import os
 import queue
@@ -669,6 +671,8 @@ class EnvdHandler(Handler):
 
     def files(self, sbx, query, body):
         path = query.get("path")
+        if self.command == "POST":
+            return self.upload(sbx, path, body)
         if not path:
             return self.send(400, {"code": 400, "message": "path is required"})
         target = host_path(sbx, path)
@@ -679,21 +683,54 @@ class EnvdHandler(Handler):
                 return self.send(404, {"code": 404, "message": f"path '{path}' does not exist"})
             with open(target, "rb") as src:
                 return self.send(200, raw=src.read(), content_type="application/octet-stream")
-        if self.command != "POST":
-            return self.send(405, {"code": 405, "message": "method not allowed"})
+        return self.send(405, {"code": 405, "message": "method not allowed"})
+
+    def upload(self, sbx, path, body):
+        """envd's POST /files: a raw body to `path`, or multipart `file` parts, each to `path` or else to the path
+        its filename gives; a gzip Content-Encoding is undone first. Answers the entries written."""
+        def fail(message):
+            return self.send(400, {"code": 400, "message": message})
+
+        encoding = (self.headers.get("Content-Encoding") or "").split(";")[0].strip().lower()
+        if encoding == "gzip":
+            try:
+                body = gzip.decompress(body)
+            except (OSError, EOFError) as err:
+                return fail(f"error decompressing request body: {err}")
+        elif encoding not in ("", "identity"):
+            return fail(f"unsupported Content-Encoding: {self.headers.get('Content-Encoding')}, supported: [gzip]")
         content_type = self.headers.get("Content-Type") or ""
-        if content_type.startswith("multipart/form-data"):
-            uploads = parse_multipart(content_type, body)
-            if not uploads:
-                return self.send(400, {"code": 400, "message": "no file field in the form"})
-            content = uploads[0][1]
+        media = content_type.split(";")[0].strip().lower()
+        if media == "application/octet-stream":
+            if not path:
+                return fail("path query parameter is required for raw body upload")
+            uploads = [(path, body)]
+        elif media.startswith("multipart/"):
+            parts = parse_multipart(content_type, body)
+            if parts is None:
+                return self.send(500, {"code": 500, "message": "error parsing multipart form: no boundary"})
+            uploads = [(path or filename, content) for filename, content in parts]
         else:
-            content = body
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(target, "wb") as dst:
-            dst.write(content)
-        shown = path if path.startswith("/") else HOME + "/" + path
-        self.send(200, [{"path": shown, "name": os.path.basename(shown), "type": "file"}])
+            return fail(f"unsupported content type: {content_type}, expected multipart/form-data or "
+                        "application/octet-stream")
+        written = []
+        for name, content in uploads:
+            if not name:
+                return fail("filename not found in Content-Disposition header")
+            shown = os.path.normpath(name if name.startswith("/") else HOME + "/" + name)
+            if any(entry["path"] == shown for entry in written):
+                return fail(f"you cannot upload multiple files to the same path '{shown}' in one upload request, "
+                            "only the first specified file was uploaded")
+            target = host_path(sbx, shown)
+            if target is None:
+                return fail(f"path '{name}' leaves the filesystem")
+            if os.path.isdir(target):
+                return fail(f"path is a directory: {shown}")
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as dst:
+                dst.write(content)
+            written.append({"path": shown, "name": os.path.basename(shown), "type": "file"})
+        self.send(200, written)
 
 
 def serve(handler):

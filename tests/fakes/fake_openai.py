@@ -6,7 +6,7 @@ Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until 
 
 `POST /v1/chat/completions` answers a stream of SSE chunks (`delta.content`, `delta.reasoning_content`,
 `delta.tool_calls` with the arguments streamed in pieces, a last chunk with `usage`, then `data: [DONE]`).
-Scenarios: text, followup, tools, todo, reasoning, longbash:<n>, attack, error, tokens:<n> (n pieces 200 ms
+Scenarios: text, followup, tools, review (edit, write, rm), readback (read notes.txt), todo, reasoning, longbash:<n>, attack, error, tokens:<n> (n pieces 200 ms
 apart), livebash:<n> (a bash tool printing a line a second). The script is picked by a marker `SCENARIO:<name>[:<arg>]` in the last user message; the step is the number of
 assistant messages after that user message, so a tool loop advances one step per model call. A request without
 `tools` is OpenCode's title generator and gets a fixed short title. Every request is appended to FILE as one JSON
@@ -77,6 +77,19 @@ def script(scenario, arg, step):
                            "newString": "hello EDITED by fake model"})],
         ]
         return steps[step] if step < len(steps) else [say("TOOLS-DONE")]
+    if scenario == "review":
+        # For review mode: an edit of an existing file, a new file, a deletion.
+        steps = [
+            [tool("edit", {"filePath": "notes.txt", "oldString": "line one", "newString": "line two"})],
+            [tool("write", {"filePath": "new.txt", "content": "brand new\n"})],
+            [tool("bash", {"command": "rm gone.txt", "description": "Remove gone.txt"})],
+        ]
+        return steps[step] if step < len(steps) else [say("REVIEW-DONE")]
+    if scenario == "readback":
+        # Reads notes.txt: the next request carries what the agent saw.
+        if step == 0:
+            return [tool("read", {"filePath": "notes.txt"})]
+        return [say("READBACK-DONE")]
     if scenario == "todo":
         if step == 0:
             return [tool("todowrite", {"todos": [

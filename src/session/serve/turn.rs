@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::session::options;
 use crate::session::prompt::RenderedPrompt;
-use crate::session::turn::{Emitter, Turn, cli_environment};
+use crate::session::turn::{Emitter, Turn, cli_environment, ends_a_tool};
 
 /// How a turn through the server ended.
 pub enum ServeOutcome {
@@ -123,6 +123,12 @@ impl Turn<'_> {
         }
 
         tracing::debug!(session = %self.record.id, "server turn: conversation and rules ready");
+        // Review mode: the server works on the copy (bound where the workspace is, so a warm server sees each
+        // sync), reviewed before the prompt, after each tool and at the end, as under `run`.
+        let review = self.review(sandbox.as_ref());
+        if let Some(review) = &review {
+            review.begin(emit).await?;
+        }
         let Some(mut events) = server.listen() else {
             return Err(failed(ClientError::Connect("the event stream ended".into())));
         };
@@ -230,7 +236,9 @@ impl Turn<'_> {
                         continue;
                     }
                     let mut idle_now = false;
+                    let mut tool_ended = false;
                     for output in translator.line(&event) {
+                        tool_ended |= ends_a_tool(&output);
                         match output {
                             Output::Update(update) => {
                                 last_event = tokio::time::Instant::now();
@@ -262,6 +270,17 @@ impl Turn<'_> {
                             }
                         }
                     }
+                    if tool_ended
+                        && let Some(review) = &review
+                        && let Err(e) = review.step(emit).await
+                    {
+                        let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
+                        for task in pending.drain(..) {
+                            task.abort();
+                        }
+                        server.end_strays();
+                        return Err(e);
+                    }
                     if let Some(cap) = settle_cap {
                         settle = Some((tokio::time::Instant::now() + SETTLE).min(cap));
                     }
@@ -287,6 +306,10 @@ impl Turn<'_> {
             if let Output::Update(update) = output {
                 emit.send(update).await?;
             }
+        }
+        // What the agent changed last (or before it was stopped) is reviewed with the turn.
+        if let Some(review) = &review {
+            review.step(emit).await?;
         }
         let died = || Error::CliFailed {
             message: match server.exit() {
