@@ -785,7 +785,6 @@ impl Bridge {
             tracing::warn!(session = %record.id, sandbox = %id, "the session's sandbox is gone; creating a new one");
         }
         let id = provider.create(&spec).await?;
-        self.remote.forget(&record.id);
         self.store.set_sandbox(&record.id, provider.name(), Some(&id)).await?;
         provider.connect(&id, &spec).await?.ok_or_else(|| {
             Error::Sandbox(crate::sandbox::SandboxError::Unavailable(format!("the new sandbox {id} vanished")))

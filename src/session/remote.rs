@@ -15,9 +15,9 @@ use crate::config::RemoteIdle;
 use crate::error::{Error, Result};
 use crate::sandbox::{ExecSpec, RemoteFiles, Sandbox, SandboxError, install};
 
-/// Of the variables every CLI gets ([`BASE_ENV`]), those that do not describe this machine (its PATH, user, proxies
-/// and CA files): a remote sandbox has its own of the others, which apply instead.
-const NOT_HOST_ONLY: &[&str] = &["LANG", "LANGUAGE", "TZ"];
+/// Of the variables every CLI gets ([`BASE_ENV`]), the only ones a remote sandbox's CLI gets too: the others
+/// describe this machine (its PATH, user, proxies and CA files), and the sandbox's own apply instead.
+const KEPT_REMOTELY: &[&str] = &["LANG", "LANGUAGE", "TZ"];
 
 /// A file of the user's CLI configuration larger than this is not staged (the log says so).
 const STAGE_FILE_LIMIT: u64 = 1024 * 1024;
@@ -30,20 +30,24 @@ const NOT_STAGED: &[&str] = &["node_modules", ".git"];
 /// What the bridge keeps about its sessions' remote sandboxes.
 #[derive(Default)]
 pub(super) struct RemoteSessions {
-    /// Per session: each staged file's path in the sandbox and a hash of what was uploaded there.
-    staged: Mutex<HashMap<String, HashMap<PathBuf, u64>>>,
+    /// Per session: what was staged into its sandbox.
+    staged: Mutex<HashMap<String, Staged>>,
     /// Sessions whose turn ran in a remote sandbox that was not suspended since.
     used: Mutex<HashSet<String>>,
     /// Suspensions in flight: the bridge waits for them (within its grace) when it shuts down.
     suspending: Arc<AtomicUsize>,
 }
 
-impl RemoteSessions {
-    /// The session's sandbox was replaced by a new one: nothing is staged there.
-    pub(super) fn forget(&self, session: &str) {
-        self.staged.lock().unwrap_or_else(|p| p.into_inner()).remove(session);
-    }
+/// The configuration files staged into one sandbox.
+#[derive(Default)]
+struct Staged {
+    /// The sandbox's id.
+    sandbox: String,
+    /// Each file's path there, with a hash of the bytes uploaded.
+    files: HashMap<PathBuf, u64>,
+}
 
+impl RemoteSessions {
     /// Whether a suspension is still on its way.
     pub(super) fn suspending(&self) -> bool {
         self.suspending.load(Ordering::SeqCst) > 0
@@ -64,6 +68,7 @@ impl RemoteSessions {
         sandbox: &dyn Sandbox,
         files: &dyn RemoteFiles,
         session: &str,
+        sandbox_id: &str,
     ) -> std::result::Result<usize, SandboxError> {
         let (user_config, user_data) = Bridge::user_dirs();
         let pairs = agent.user_config(&user_config, &user_data, sandbox.state_dir());
@@ -74,23 +79,23 @@ impl RemoteSessions {
         let mut uploaded = 0;
         for (target, bytes) in wanted {
             let hash = hash(&bytes);
-            let known = self
-                .staged
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(session)
-                .and_then(|s| s.get(&target).copied());
+            let known = {
+                let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+                let entry = staged.entry(session.to_string()).or_default();
+                // A new sandbox (this bridge's or another's) has nothing staged.
+                if entry.sandbox != sandbox_id {
+                    *entry = Staged { sandbox: sandbox_id.to_string(), files: HashMap::new() };
+                }
+                entry.files.get(&target).copied()
+            };
             if known == Some(hash) {
                 continue;
             }
             files.write(&target, &bytes).await?;
             uploaded += 1;
-            self.staged
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(session.to_string())
-                .or_default()
-                .insert(target, hash);
+            if let Some(entry) = self.staged.lock().unwrap_or_else(|p| p.into_inner()).get_mut(session) {
+                entry.files.insert(target, hash);
+            }
         }
         if uploaded > 0 {
             tracing::info!(session, files = uploaded, "staged the CLI's configuration in the sandbox");
@@ -155,7 +160,7 @@ pub(super) fn cli_spec(
 ) -> ExecSpec {
     let mut env: Vec<(String, String)> = env
         .into_iter()
-        .filter(|(name, _)| !BASE_ENV.contains(&name.as_str()) || NOT_HOST_ONLY.contains(&name.as_str()))
+        .filter(|(name, _)| !BASE_ENV.contains(&name.as_str()) || KEPT_REMOTELY.contains(&name.as_str()))
         .collect();
     for (name, value) in agent.credential_env(&Bridge::user_dirs().1) {
         // One the user set in the bridge's environment wins, as locally.
@@ -198,8 +203,12 @@ impl Turn<'_> {
             )))
             .await?;
         }
-        let staged = bridge.remote.stage_config(self.agent, sandbox, files, session);
-        self.unless_cancelled(async { Ok(staged.await?) }).await?.ok_or_else(cancelled)?;
+        let staged = async {
+            // The sandbox's id as `session_sandbox` just stored it.
+            let current = bridge.store.session(session).await?.and_then(|record| record.sandbox_id).unwrap_or_default();
+            Ok(bridge.remote.stage_config(self.agent, sandbox, files, session, &current).await?)
+        };
+        self.unless_cancelled(staged).await?.ok_or_else(cancelled)?;
         if let Some(path) = bridge.config().bin_override(self.agent) {
             return Ok(path.clone());
         }

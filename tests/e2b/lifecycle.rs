@@ -6,6 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use acp_sandbox::sandbox::SandboxProvider;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
@@ -205,6 +206,18 @@ fn the_cli_is_installed_in_the_sandbox_on_first_use_with_the_users_config_and_fo
     assert_eq!(bridge.prompt(&sid, "and again").stop_reason(), "end_turn");
     assert_eq!(uploads(&fake)[2..], [format!("{config_dir}/command/hello.md")]);
     assert_eq!(support::invocations(&fake.host_path(&id, WORKSPACE)).len(), 3);
+
+    // A sandbox gone on E2B's side is replaced: the new one gets the CLI and the whole config again.
+    tokio::runtime::Runtime::new().unwrap().block_on(fake.provider().destroy(&id)).unwrap();
+    let fourth = bridge.prompt(&sid, "Say hello");
+    assert_eq!(fourth.stop_reason(), "end_turn");
+    assert_eq!(tool_updates(&fourth)[0]["title"], INSTALL_TITLE);
+    let (replaced, _) = only_sandbox(&fake);
+    assert_ne!(replaced, id);
+    assert_eq!(uploads(&fake)[3..], [format!("{config_dir}/command/hello.md"), format!("{config_dir}/opencode.json")]);
+    // Its CLI does not know the conversation: a fresh one starts from the stored transcript.
+    let runs = support::invocations(&fake.host_path(&replaced, WORKSPACE));
+    assert_eq!(runs.iter().map(|run| run.has_flag("--session")).collect::<Vec<_>>(), [true, false]);
 }
 
 #[test]

@@ -52,7 +52,7 @@ pub const RUN_MARK: &str = "ACP_SANDBOX_RUN";
 const REAP_LIMIT: Duration = Duration::from_secs(5);
 /// Ends every process whose environment has an entry matching `$1` (a `grep` pattern), except those that also
 /// match `$2` (when given), until none is left (what they fork meanwhile is found in the next round), and prints
-/// how many it ended. Needs only `sh`, GNU `grep -z` and `/proc`, which every E2B template has.
+/// how many it ended. Needs only `sh`, GNU `grep` (`-z`) and `/proc`, as E2B's Debian-based templates have them.
 const REAPER: &str = r#"kill_pattern=$1 spare=$2 rounds=0 ended=0
 while [ "$rounds" -lt 50 ]; do
   found=
@@ -739,6 +739,13 @@ mod tests {
             err.to_string(),
             "sandbox unavailable: E2B_API_URL=no url is not a URL: relative URL without a base"
         );
+    }
+
+    #[test]
+    fn a_mark_pattern_matches_only_what_it_names() {
+        assert_eq!(mark_pattern("acp-sess_1a-b2"), "^ACP_SANDBOX_RUN=acp-sess_1a-b2");
+        // A session id read from the store cannot make the pattern match more than a character per character.
+        assert_eq!(mark_pattern("s.*$[x]\\"), "^ACP_SANDBOX_RUN=s....x..");
     }
 
     #[test]
