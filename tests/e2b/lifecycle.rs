@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use acp_sandbox::sandbox::SandboxProvider;
+use acp_sandbox::sandbox::{Sandbox, SandboxProvider};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
@@ -565,4 +565,24 @@ fn body_json(record: &Value) -> Value {
 /// Everything of a request as text: its path, headers and body.
 fn record_text(record: &Value) -> String {
     format!("{} {} {}", record["path"], record["headers"], String::from_utf8_lossy(&body_bytes(record)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_command_leaves_running_ends_with_it() {
+    let fake = FakeE2b::start();
+    let provider = fake.provider();
+    let (id, sandbox) = super::created(&fake, &provider, "s-leftover").await;
+    // A daemon of the command's: no longer its child once the command exits, and holding none of its pipes.
+    let mut process =
+        sandbox.exec(super::sh("sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > daemon.pid; exit 0")).await.unwrap();
+    assert_eq!(process.handle.wait().await.unwrap().code, Some(0));
+    let daemon: u32 = std::fs::read_to_string(fake.host_path(&id, &format!("{WORKSPACE}/daemon.pid")))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _guard = support::KillOnDrop(daemon as i32);
+    // Gone by the time `wait` answered: the next turn (or a pause) never finds it.
+    assert!(!super::host_pid_alive(daemon), "the command's daemon {daemon} outlived it");
+    provider.destroy(&id).await.unwrap();
 }
