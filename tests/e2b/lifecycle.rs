@@ -69,6 +69,16 @@ fn installing(fake: &FakeE2b, dirs: &TestDirs, template: &str) -> BridgeOptions 
     e2b_options(fake, dirs).without_env("ACP_SANDBOX_OPENCODE_BIN").env("ACP_SANDBOX_E2B_TEMPLATE", template)
 }
 
+/// A fake E2B, a bridge running sessions there with the fake OpenCode (named by the override), and a session.
+fn session_in_e2b(name: &str) -> (FakeE2b, TestDirs, PathBuf, support::Bridge, String) {
+    let fake = FakeE2b::start();
+    let dirs = TestDirs::new(name);
+    let ws = dirs.workspace("ws");
+    let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs));
+    let sid = bridge.new_session(&ws);
+    (fake, dirs, ws, bridge, sid)
+}
+
 /// The one sandbox the fake holds, once the bridge made it.
 fn wait_sandbox(fake: &FakeE2b) -> String {
     assert!(support::wait_until(support::RECV_TIMEOUT, || fake.state().as_object().is_some_and(|s| !s.is_empty())));
@@ -315,11 +325,7 @@ fn cancel_during_the_install_in_the_sandbox_ends_npm_and_what_it_started() {
 
 #[test]
 fn cancel_ends_the_clis_whole_process_tree_in_the_sandbox() {
-    let fake = FakeE2b::start();
-    let dirs = TestDirs::new("e2b-cancel-tree");
-    let ws = dirs.workspace("ws");
-    let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs));
-    let sid = bridge.new_session(&ws);
+    let (fake, _dirs, _ws, mut bridge, sid) = session_in_e2b("e2b-cancel-tree");
     // The CLI starts a grandchild in a session of its own, which a signal to the CLI (or its group) never reaches.
     let prompt = bridge.send_prompt(&sid, "SCENARIO:child start something");
     let (id, cli, child) = cli_and_grandchild(&fake);
@@ -341,11 +347,7 @@ fn cancel_ends_the_clis_whole_process_tree_in_the_sandbox() {
 
 #[test]
 fn the_sandbox_is_paused_after_each_turn_and_the_next_prompt_resumes_it() {
-    let fake = FakeE2b::start();
-    let dirs = TestDirs::new("e2b-pause");
-    let ws = dirs.workspace("ws");
-    let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs));
-    let sid = bridge.new_session(&ws);
+    let (fake, dirs, ws, mut bridge, sid) = session_in_e2b("e2b-pause");
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
     let (id, _) = only_sandbox(&fake);
     assert!(support::wait_until(support::RECV_TIMEOUT, || fake.state()[&id]["state"] == "paused"), "never paused");
@@ -377,11 +379,7 @@ fn the_sandbox_is_paused_after_each_turn_and_the_next_prompt_resumes_it() {
 
 #[test]
 fn a_cli_left_running_by_a_killed_bridge_is_ended_with_a_note_before_the_next_prompt_runs() {
-    let fake = FakeE2b::start();
-    let dirs = TestDirs::new("e2b-stray");
-    let ws = dirs.workspace("ws");
-    let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs));
-    let sid = bridge.new_session(&ws);
+    let (fake, dirs, ws, mut bridge, sid) = session_in_e2b("e2b-stray");
     bridge.send_prompt(&sid, "SCENARIO:child work for a long time");
     let (id, old, child) = cli_and_grandchild(&fake);
     let inside = fake.host_path(&id, WORKSPACE);
