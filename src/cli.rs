@@ -164,6 +164,10 @@ struct Settings {
     /// End a turn still running after this many seconds.
     #[arg(long, global = true, env = "ACP_SANDBOX_TURN_TIMEOUT", default_value_t = 1800)]
     turn_timeout: u64,
+    /// What a remote sandbox (`--sandbox e2b`) does between turns: suspended once each turn ended (pause; the next
+    /// prompt resumes it), or left running until the provider's own timeout (keep).
+    #[arg(long, global = true, env = "ACP_SANDBOX_REMOTE_IDLE", value_enum, default_value = "pause")]
+    remote_idle: acp_sandbox::config::RemoteIdle,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -252,6 +256,7 @@ impl Settings {
         config.opencode_backend = self.opencode_backend;
         config.server_idle_timeout = Duration::from_secs(self.server_idle_timeout.max(1));
         config.max_servers = self.max_servers.max(1);
+        config.remote_idle = self.remote_idle;
         if let Some(dirs) = directories::BaseDirs::new() {
             let models = OpenCodeModels::read(dirs.config_dir());
             config.opencode_models = models.models;

@@ -20,6 +20,16 @@ pub enum WorkspaceMode {
     Review,
 }
 
+/// What a remote sandbox (E2B, Daytona) does between turns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RemoteIdle {
+    /// Suspended once each turn ended (E2B pauses it, Daytona stops it); the next prompt resumes it.
+    #[default]
+    Pause,
+    /// Left running until the provider's own idle timeout.
+    Keep,
+}
+
 /// Which sandbox runs the CLIs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum SandboxChoice {
@@ -103,6 +113,8 @@ pub struct Config {
     pub server_idle_timeout: Duration,
     /// At most this many warm OpenCode servers run at once.
     pub max_servers: usize,
+    /// What a remote sandbox does between turns.
+    pub remote_idle: RemoteIdle,
 }
 
 /// How OpenCode is driven.
@@ -151,6 +163,7 @@ impl Config {
             workspace: WorkspaceMode::Direct,
             server_idle_timeout: Duration::from_secs(600),
             max_servers: 4,
+            remote_idle: RemoteIdle::Pause,
         }
     }
 

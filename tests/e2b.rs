@@ -20,6 +20,9 @@ mod workspace;
 #[path = "e2b/doctor.rs"]
 mod doctor;
 
+#[path = "e2b/lifecycle.rs"]
+mod lifecycle;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -52,7 +55,8 @@ impl FakeE2b {
         Self::start_with(&[])
     }
 
-    fn start_with(flags: &[&str]) -> FakeE2b {
+    /// With more arguments of the fake (`--templates`, `--template-path`).
+    fn start_with(args: &[&str]) -> FakeE2b {
         let dir = support::temp_dir("e2b-fake");
         let root = dir.path().join("sandboxes");
         let record = dir.path().join("requests.jsonl");
@@ -65,7 +69,7 @@ impl FakeE2b {
             .arg(&record)
             .arg("--api-key")
             .arg(KEY)
-            .args(flags)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -633,8 +637,9 @@ fn a_restarted_bridge_reconnects_and_a_gone_sandbox_is_replaced() {
     let mut bridge = e2b_bridge(&fake, &dirs);
     bridge.request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
     assert_eq!(bridge.prompt(&sid, "SCENARIO:followup again").stop_reason(), "end_turn");
+    // (Paused again after the turn, in the background: its state is not looked at here.)
     let (again, state) = only_sandbox(&fake);
-    assert_eq!((again.as_str(), &state["state"], &state["resumes"]), (first.as_str(), &json!("running"), &json!(1)));
+    assert_eq!((again.as_str(), &state["resumes"]), (first.as_str(), &json!(1)));
     assert_eq!(support::invocations(&fake.host_path(&first, WORKSPACE)).len(), 2);
 
     // Killed on E2B's side, it is replaced by a new sandbox on the next prompt.

@@ -130,6 +130,24 @@ impl AgentKind {
         }
     }
 
+    /// Names of files in the user's configuration of the CLI ([`AgentKind::user_config`]) that hold credentials:
+    /// never copied into a remote sandbox, whose CLI gets them through its environment ([`AgentKind::credential_env`]).
+    pub fn credential_files(self) -> &'static [&'static str] {
+        match self {
+            AgentKind::Amp => amp::CREDENTIAL_FILES,
+            AgentKind::OpenCode => opencode::CREDENTIAL_FILES,
+        }
+    }
+
+    /// The user's stored logins of the CLI as variables of its environment, for a sandbox that does not see the
+    /// user's files.
+    pub fn credential_env(self, user_data_dir: &Path) -> Vec<(String, String)> {
+        match self {
+            AgentKind::Amp => Vec::new(),
+            AgentKind::OpenCode => opencode::credential_env(user_data_dir),
+        }
+    }
+
     /// Whether the CLI's stderr says the conversation we asked it to continue no longer exists.
     pub fn session_missing(self, stderr: &str) -> bool {
         match self {

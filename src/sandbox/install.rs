@@ -2,7 +2,8 @@
 //!
 //! One folder per pinned package version under `<data>/tools`, installed into a temporary folder and
 //! renamed into place, so two bridges installing at once never see a half-written tree. The cache is on
-//! the host and visible read-only inside bubblewrap.
+//! the host and visible read-only inside bubblewrap. A remote sandbox gets its CLI from npm inside it instead
+//! ([`install_in`]), below its own state dir.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -10,7 +11,7 @@ use std::process::Stdio;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use super::SandboxError;
+use super::{ExecSpec, RemoteFiles, Sandbox, SandboxError};
 
 /// An npm package that provides a CLI.
 #[derive(Clone, Copy, Debug)]
@@ -143,4 +144,128 @@ fn tail(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// Where CLIs installed inside a remote sandbox live: below its state dir, so they persist across turns, pauses
+/// and bridge restarts, as long as the sandbox does.
+pub fn remote_tools_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("tools")
+}
+
+/// The file a finished install inside a sandbox leaves, holding `name@version`: one small read tells a later turn
+/// that the CLI is there (its executable is a link npm made; the binary behind it is some hundred MB).
+fn stamp(package: NpmPackage, tools_dir: &Path) -> PathBuf {
+    package.dir(tools_dir).join(".acp-sandbox-installed")
+}
+
+/// The CLI's executable in a remote sandbox when an earlier turn installed it there.
+pub async fn installed_in(
+    package: NpmPackage,
+    sandbox: &dyn Sandbox,
+    files: &dyn RemoteFiles,
+) -> Result<Option<PathBuf>, SandboxError> {
+    let tools = remote_tools_dir(sandbox.state_dir());
+    let spec = format!("{}@{}", package.name, package.version);
+    let found = files.read(&stamp(package, &tools)).await?;
+    Ok(found.filter(|bytes| String::from_utf8_lossy(bytes).trim() == spec).map(|_| package.executable(&tools)))
+}
+
+/// Installs a CLI inside the sandbox: npm of the sandbox's own template, into a staging folder moved into place
+/// when npm succeeded (a cancelled or failed install never looks installed), then the stamp. Arguments:
+/// staging, target, spec, bin, package name, postinstall script, stamp. Exit 127 with the first line: no npm.
+const REMOTE_INSTALL: &str = r#"staging=$1 target=$2 spec=$3 bin=$4 name=$5 postinstall=$6 stamp=$7
+if ! command -v npm >/dev/null 2>&1; then
+  echo "acp-sandbox: no npm on the sandbox's PATH ($PATH)" >&2
+  exit 127
+fi
+rm -rf "$staging" && mkdir -p "$staging" "$HOME" || exit 1
+npm install --no-audit --no-fund --loglevel error --prefix "$staging" "$spec" || exit 1
+package="$staging/node_modules/$name"
+if [ -n "$postinstall" ] && [ -f "$package/$postinstall" ] &&
+  [ "$(wc -c < "$staging/node_modules/.bin/$bin" 2>/dev/null || echo 0)" -le 1024 ]; then
+  # npm 11 may skip install scripts; the package's own script links the platform binary.
+  (cd "$package" && node "$postinstall") || true
+fi
+rm -rf "$target" && mv "$staging" "$target" || exit 1
+if [ ! -x "$target/node_modules/.bin/$bin" ]; then
+  echo "acp-sandbox: $target/node_modules/.bin/$bin is missing after npm install" >&2
+  exit 1
+fi
+printf '%s\n' "$spec" > "$stamp"
+"#;
+
+/// Installs `package` with npm inside a remote sandbox, below its state dir, and returns the executable there.
+/// `cancel` ends npm and everything it started (the sandbox's kill ends the whole tree).
+pub async fn install_in(
+    package: NpmPackage,
+    sandbox: &dyn Sandbox,
+    cancel: &CancellationToken,
+) -> Result<PathBuf, SandboxError> {
+    let state = sandbox.state_dir();
+    let tools = remote_tools_dir(state);
+    let target = package.dir(&tools);
+    let staging = tools.join(format!(".staging-{}@{}", package.name.replace('/', "+"), package.version));
+    let spec = format!("{}@{}", package.name, package.version);
+    let arg = |path: &Path| path.display().to_string();
+    let exec = ExecSpec {
+        program: PathBuf::from("/bin/sh"),
+        args: vec![
+            "-c".into(),
+            REMOTE_INSTALL.into(),
+            "acp-sandbox-install".into(),
+            arg(&staging),
+            arg(&target),
+            spec.clone(),
+            package.bin.into(),
+            package.name.into(),
+            package.postinstall.unwrap_or("").into(),
+            arg(&stamp(package, &tools)),
+        ],
+        // No PATH of this machine: npm and node are found on the sandbox's own. npm's cache goes to the CLI's HOME.
+        env: vec![("HOME".into(), arg(&state.join("home"))), ("npm_config_update_notifier".into(), "false".into())],
+        cwd: state.to_path_buf(),
+        ..ExecSpec::default()
+    };
+    tracing::info!(package = %spec, into = %target.display(), sandbox = %sandbox.isolation(), "installing CLI in the sandbox");
+    let mut process = sandbox.exec(exec).await?;
+    let stdout = tokio::spawn(drain(std::mem::replace(&mut process.stdout, Box::pin(tokio::io::empty()))));
+    let stderr = tokio::spawn(drain(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
+    let exit = tokio::select! {
+        exit = process.handle.wait() => exit?,
+        _ = cancel.cancelled() => {
+            process.handle.kill().await;
+            return Err(SandboxError::Cancelled);
+        }
+    };
+    stdout.abort();
+    let said = stderr.await.unwrap_or_default();
+    if exit.success() {
+        return Ok(package.executable(&tools));
+    }
+    let said = tail(&said);
+    let message = match exit.code {
+        Some(127) if said.starts_with("acp-sandbox: no npm") => {
+            format!("npm is not installed in the sandbox ({})", sandbox.isolation())
+        }
+        _ if said.is_empty() => format!("npm ended with {} and said nothing", exit.describe()),
+        _ => format!("npm ended with {}: {said}", exit.describe()),
+    };
+    Err(SandboxError::Install { package: spec, message })
+}
+
+/// Reads a stream to its end, keeping at most its last 64 KiB.
+async fn drain(mut stream: super::OutputStream) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut buffer = [0u8; 8192];
+    loop {
+        match tokio::io::AsyncReadExt::read(&mut stream, &mut buffer).await {
+            Ok(0) | Err(_) => return kept,
+            Ok(n) => {
+                kept.extend_from_slice(&buffer[..n]);
+                if kept.len() > 64 * 1024 {
+                    kept.drain(..kept.len() - 64 * 1024);
+                }
+            }
+        }
+    }
 }

@@ -328,6 +328,12 @@ pub trait Sandbox: Send + Sync {
     fn remote_files(&self) -> Option<&dyn RemoteFiles> {
         None
     }
+    /// Ends what commands of this session a bridge that is gone (killed mid-turn) left running in the sandbox, with
+    /// everything they started, and answers how many it found. Called before a turn runs anything in a sandbox that
+    /// outlives the bridge; a local sandbox's leftovers are ended when a bridge starts (`Bridge::reap_leftovers`).
+    async fn end_leftovers(&self) -> Result<usize, SandboxError> {
+        Ok(0)
+    }
 }
 
 /// The files of a remote sandbox, reached through its provider's API (never through a command line, which a

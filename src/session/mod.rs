@@ -6,6 +6,7 @@
 mod catalog;
 pub mod options;
 pub mod prompt;
+mod remote;
 mod review;
 pub mod serve;
 mod turn;
@@ -167,6 +168,8 @@ pub struct Bridge {
     models_from_server: AtomicBool,
     /// The last [`PromptTicket`] number given.
     tickets: std::sync::atomic::AtomicU64,
+    /// What the bridge keeps about sessions in remote sandboxes.
+    remote: remote::RemoteSessions,
 }
 
 const LIST_PAGE: usize = 50;
@@ -212,6 +215,7 @@ impl Bridge {
             notifier: Arc::default(),
             models_from_server: AtomicBool::new(false),
             tickets: std::sync::atomic::AtomicU64::new(0),
+            remote: remote::RemoteSessions::default(),
             catalog,
             config,
             store,
@@ -677,7 +681,15 @@ impl Bridge {
             }
             AgentKind::Amp => None,
         };
-        turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token, model }.run().await
+        let result =
+            turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token, model }.run().await;
+        // The session is let go of first: a suspension checks that no prompt came meanwhile. It counts as on its way
+        // from before, so that a shutdown waiting for the turns waits for it too.
+        let suspension = self.remote.on_its_way();
+        drop(_running);
+        drop(ticket);
+        self.suspend_after_turn(id, live, suspension);
+        result
     }
 
     /// Ends every running turn and stops every warm server, waiting at most [`SHUTDOWN_GRACE`] for the turns to
@@ -690,7 +702,7 @@ impl Bridge {
         }
         self.shutdown.cancel();
         let turns = async {
-            while self.any_turn_running() {
+            while self.any_turn_running() || self.remote.suspending() {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
         };
@@ -720,6 +732,8 @@ impl Bridge {
         if self.config.agent != AgentKind::OpenCode
             || self.config.opencode_backend != crate::config::OpenCodeBackend::Serve
             || self.servers.get(id).is_some()
+            // A remote sandbox runs no warm server yet, and warming would resume a sandbox paused between turns.
+            || !self.sessions_run_here()
         {
             return;
         }
@@ -958,6 +972,11 @@ impl Bridge {
         names
     }
 
+    /// Whether sessions run in sandboxes on this machine (the local provider), not in a remote provider's.
+    fn sessions_run_here(&self) -> bool {
+        Arc::ptr_eq(&self.provider, &self.own_provider)
+    }
+
     /// The sandbox provider.
     fn provider(&self) -> &Arc<dyn SandboxProvider> {
         &self.provider
@@ -1083,6 +1102,9 @@ fn cli_spec(
     env: Vec<(String, String)>,
     args: Vec<String>,
 ) -> crate::sandbox::ExecSpec {
+    if sandbox.remote_files().is_some() {
+        return remote::cli_spec(agent, executable, sandbox, env, args);
+    }
     let real = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
     let tools_dir = std::fs::canonicalize(config.tools_dir()).unwrap_or_else(|_| config.tools_dir());
     // An npm install needs its whole prefix (the platform binary is a sibling package); anything else its folder.

@@ -21,7 +21,7 @@ use crate::store::{Outbox, SessionRecord, Store, TurnStatus};
 
 /// Variables of the bridge's environment every CLI gets: what programs need to run and to reach the
 /// network (proxies, CA bundles). Everything else is dropped; each agent adds its own settings and keys.
-const BASE_ENV: &[&str] = &[
+pub(super) const BASE_ENV: &[&str] = &[
     "PATH",
     "LANG",
     "LANGUAGE",
@@ -345,19 +345,23 @@ impl Turn<'_> {
             .await?;
         }
         // A cancel (or the bridge's exit) while the CLI is installed, probed or its sandbox made ends the turn
-        // there; what those steps started is stopped with them.
-        // The install hears the cancel itself, so that its card says how it ended.
-        let mut executable = match self.executable(emit).await {
-            Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)) => return Ok(StopReason::Cancelled),
-            other => other?,
-        };
-        if self.agent == AgentKind::OpenCode {
-            let found = self.bridge.opencode_for_server(&executable, &self.cancel);
-            let Some((pinned, _)) = self.unless_cancelled(found).await? else { return Ok(StopReason::Cancelled) };
-            executable = pinned;
+        // there; what those steps started is stopped with them. A CLI of this machine is found first; a remote
+        // sandbox, which does not see this machine, gets its CLI (and the user's config of it) inside.
+        let mut found = None;
+        if self.bridge.sessions_run_here() {
+            found = Some(self.local_executable(emit).await);
         }
         let Some(sandbox) = self.unless_cancelled(self.bridge.session_sandbox(&self.record)).await? else {
             return Ok(StopReason::Cancelled);
+        };
+        let found = match (sandbox.remote_files(), found) {
+            (Some(files), _) => self.remote_executable(emit, sandbox.as_ref(), files).await,
+            (None, Some(found)) => found,
+            (None, None) => self.local_executable(emit).await,
+        };
+        let executable = match found {
+            Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)) => return Ok(StopReason::Cancelled),
+            other => other?,
         };
         let mut native_id = self.record.native_id.clone();
         // A session whose server could not start runs `run` for the rest of this bridge's life: every prompt
@@ -445,28 +449,62 @@ impl Turn<'_> {
         }
     }
 
+    /// The CLI's executable on this machine: the override, PATH, the tools cache, or an install on first use; for
+    /// OpenCode a 1.x (see [`Bridge::opencode_for_server`]).
+    async fn local_executable(&self, emit: &Emitter) -> Result<PathBuf> {
+        // The install hears the cancel itself, so that its card says how it ended.
+        let executable = self.executable(emit).await?;
+        if self.agent != AgentKind::OpenCode {
+            return Ok(executable);
+        }
+        let found = self.bridge.opencode_for_server(&executable, &self.cancel);
+        match self.unless_cancelled(found).await? {
+            Some((pinned, _)) => Ok(pinned),
+            None => Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)),
+        }
+    }
+
     /// The CLI's executable: the override, PATH, the tools cache, or an install on first use.
     async fn executable(&self, emit: &Emitter) -> Result<PathBuf> {
         if let Some(path) = super::installed_executable(self.bridge.config(), self.agent) {
             return Ok(path);
         }
-        let package = self.agent.package();
         let tools = self.bridge.config().tools_dir();
+        let install = install::install(self.agent.package(), &tools, &self.cancel);
+        let fix = format!(
+            "Put `{}` on PATH or set ACP_SANDBOX_{}_BIN.",
+            self.agent.package().bin,
+            self.agent.as_str().to_uppercase()
+        );
+        self.install_card(emit, "", install, &fix).await
+    }
+
+    /// Runs an install of the CLI behind a tool card that says how it went: done, cancelled, or npm's words. `place`
+    /// says where, for the card and the error (empty: this machine); `fix` what the user can do when it fails.
+    pub(super) async fn install_card(
+        &self,
+        emit: &Emitter,
+        place: &str,
+        install: impl Future<Output = std::result::Result<PathBuf, crate::sandbox::SandboxError>>,
+        fix: &str,
+    ) -> Result<PathBuf> {
+        let package = self.agent.package();
         let call_id = format!("install-{}", package.bin);
         emit.send(SessionUpdate::ToolCall(
             ToolCall::new(
                 call_id.clone(),
-                format!("Installing {} {} (first use)", self.agent.display_name(), package.version),
+                format!("Installing {} {}{place} (first use)", self.agent.display_name(), package.version),
             )
             .kind(ToolKind::Other)
             .status(ToolCallStatus::InProgress)
             .raw_input(serde_json::json!({ "npm": format!("{}@{}", package.name, package.version) })),
         ))
         .await?;
-        match install::install(package, &tools, &self.cancel).await {
+        match install.await {
             Ok(path) => {
                 emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Completed))).await?;
-                if self.agent == AgentKind::OpenCode {
+                // The model listing runs on this machine: only a local install changes it.
+                if self.agent == AgentKind::OpenCode && place.is_empty() {
                     self.bridge.refresh_opencode_models();
                 }
                 Ok(path)
@@ -490,10 +528,8 @@ impl Turn<'_> {
                 ))
                 .await?;
                 Err(Error::CliUnavailable(format!(
-                    "{} is not installed and could not be installed: {e}. Put `{}` on PATH or set ACP_SANDBOX_{}_BIN.",
+                    "{} is not installed{place} and could not be installed: {e}. {fix}",
                     self.agent.display_name(),
-                    package.bin,
-                    self.agent.as_str().to_uppercase()
                 )))
             }
         }

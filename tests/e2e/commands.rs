@@ -532,6 +532,7 @@ fn help_shows_each_command_its_own_settings_and_the_defaults() {
             "--max-memory",
             "--opencode-backend",
             "--turn-timeout",
+            "--remote-idle",
             "--help",
         ],
         "{prompt}"

@@ -2,6 +2,7 @@
 """A fake E2B cloud for tests/e2b.rs: the REST control plane and envd, on two ports of 127.0.0.1.
 
 Usage: fake_e2b.py --root DIR --record FILE [--api-key KEY] [--templates base,other] [--own-templates other]
+    [--template-path NAME=PATH]
 Prints `PORTS <api> <envd>` on stdout once both listen, then serves until killed or until stdin closes.
 Point a client at it with E2B_API_URL=http://127.0.0.1:<api> and E2B_SANDBOX_URL=http://127.0.0.1:<envd>
 (with one sandbox URL for all sandboxes, envd requests are routed by their `E2b-Sandbox-Id` header, as
@@ -25,7 +26,8 @@ envd traffic to a paused sandbox created with `autoResume` resumes it, otherwise
 The sandbox's home is the directory DIR/<sandbox id>/home/user: processes really run on the host, under
 bubblewrap only so that this directory is their /home/user (no isolation: this is a fake; the rest of the
 filesystem, the host's other homes included, is the host's), with only the environment the sandbox and the request
-give. The files API maps every sandbox path below DIR/<id> (relative paths are below /home/user), so only
+give. A template's PATH is the fake's own unless `--template-path NAME=PATH` (repeatable) gives it one, as a
+template's image sets it (e.g. one with Node.js and npm, or one without). The files API maps every sandbox path below DIR/<id> (relative paths are below /home/user), so only
 /home/user is shared with the processes.
 
 Test hooks on the API port (no key needed): POST /_fake/fail {"status", "message", "count"} makes the next
@@ -60,6 +62,7 @@ RECORD_LOCK = threading.Lock()
 SANDBOXES = {}
 FAILURES = []
 ARGS = None
+TEMPLATE_PATHS = {}
 
 BWRAP = shutil.which("bwrap")
 SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM}
@@ -553,7 +556,8 @@ class EnvdHandler(Handler):
         host_cwd = host_path(sbx, cwd) if inside_home else cwd
         if host_cwd is None or not os.path.isdir(host_cwd):
             return self.stream_error(f"cwd '{config.get('cwd')}' does not exist", code="invalid_argument")
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": HOME,
+        default_path = TEMPLATE_PATHS.get(sbx["template"], os.environ.get("PATH", "/usr/bin:/bin"))
+        env = {"PATH": default_path, "HOME": HOME,
                "USER": "user", "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sbx["id"]}
         env.update(sbx["env"])
         env.update(config.get("envs") or {})
@@ -756,7 +760,11 @@ def main():
     parser.add_argument("--templates", default="base")
     # Of those, the ones the key's team owns (the rest answer `GET /templates/aliases/{alias}` as E2B's public ones).
     parser.add_argument("--own-templates", default="")
+    parser.add_argument("--template-path", action="append", default=[])
     ARGS = parser.parse_args()
+    for entry in ARGS.template_path:
+        name, _, path = entry.partition("=")
+        TEMPLATE_PATHS[name] = path
     if BWRAP is None:
         sys.exit("fake_e2b.py needs bubblewrap (bwrap) to show each sandbox its own /home/user")
     os.makedirs(ARGS.root, exist_ok=True)

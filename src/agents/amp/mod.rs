@@ -53,6 +53,9 @@ pub fn user_config(user_config_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, Pa
     vec![(user_config_dir.join("amp"), state_dir.join("config").join("amp"))]
 }
 
+/// Where Amp keeps its access token when it stores one itself.
+pub const CREDENTIAL_FILES: &[&str] = &["secrets.json"];
+
 /// Whether stderr says the thread we continue is gone or cannot be continued.
 pub fn session_missing(stderr: &str) -> bool {
     stderr.contains("does not exist") || stderr.contains("is archived") || stderr.contains("Invalid thread")

@@ -64,6 +64,17 @@ pub fn user_config(user_config_dir: &Path, user_data_dir: &Path, state_dir: &Pat
     ]
 }
 
+/// OpenCode's logins (`opencode auth login`) and its MCP servers' OAuth tokens.
+pub const CREDENTIAL_FILES: &[&str] = &["auth.json", "mcp-auth.json"];
+
+/// The user's `auth.json` as `OPENCODE_AUTH_CONTENT`, which OpenCode reads instead of the file (1.18 does).
+pub fn credential_env(user_data_dir: &Path) -> Vec<(String, String)> {
+    match std::fs::read_to_string(user_data_dir.join("opencode").join("auth.json")) {
+        Ok(text) if !text.trim().is_empty() => vec![("OPENCODE_AUTH_CONTENT".into(), text)],
+        _ => Vec::new(),
+    }
+}
+
 /// Whether stderr says the `--session` we passed is gone (the state dir was lost).
 pub fn session_missing(stderr: &str) -> bool {
     stderr.contains("Session not found")

@@ -107,7 +107,7 @@ fn exit_info(end: &Value) -> ExitInfo {
 
 /// The `StartRequest` of a command: its argv as it is (no shell), its whole environment, its cwd, and stdin
 /// only when there is something to write.
-pub fn start_request(spec: &ExecSpec, tag: &str) -> Value {
+pub fn start_request(spec: &ExecSpec, tag: Option<&str>) -> Value {
     let envs: serde_json::Map<String, Value> =
         spec.env.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
     let mut process = json!({
@@ -118,7 +118,11 @@ pub fn start_request(spec: &ExecSpec, tag: &str) -> Value {
     if !spec.cwd.as_os_str().is_empty() {
         process["cwd"] = Value::String(spec.cwd.to_string_lossy().into_owned());
     }
-    json!({ "process": process, "tag": tag, "stdin": !spec.stdin.is_empty() })
+    let mut request = json!({ "process": process, "stdin": !spec.stdin.is_empty() });
+    if let Some(tag) = tag {
+        request["tag"] = Value::String(tag.to_string());
+    }
+    request
 }
 
 /// The envd of one connected sandbox.
@@ -315,7 +319,7 @@ mod tests {
             ..ExecSpec::default()
         };
         assert_eq!(
-            start_request(&spec, "acp-s1-1"),
+            start_request(&spec, Some("acp-s1-1")),
             json!({
                 "process": {
                     "cmd": "/usr/bin/opencode",
@@ -329,8 +333,8 @@ mod tests {
         );
         let quiet = ExecSpec { program: PathBuf::from("true"), ..ExecSpec::default() };
         assert_eq!(
-            start_request(&quiet, "t"),
-            json!({"process": {"cmd": "true", "args": [], "envs": {}}, "tag": "t", "stdin": false})
+            start_request(&quiet, None),
+            json!({"process": {"cmd": "true", "args": [], "envs": {}}, "stdin": false})
         );
     }
 

@@ -13,11 +13,12 @@ pub mod envd;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use reqwest::Url;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::io::{AsyncWriteExt, DuplexStream};
 use tokio::sync::watch;
 
@@ -45,6 +46,30 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
 const PIPE_BUFFER: usize = 256 * 1024;
 /// How often a broken process stream is re-attached before the command counts as lost.
 const REATTACH_TRIES: u32 = 3;
+/// The variable every command of ours carries, with its tag as the value. envd signals only the process it
+/// started and puts it in no group of its own, so what the command started (also in a session of its own, or
+/// double-forked) is found by this mark in `/proc/*/environ` and ended with it.
+pub const RUN_MARK: &str = "ACP_SANDBOX_RUN";
+/// How long ending a command's leftovers may take before the caller goes on (it is logged).
+const REAP_LIMIT: Duration = Duration::from_secs(5);
+/// Ends every process whose environment has an entry matching `$1` (a `grep` pattern), except those that also
+/// match `$2` (when given), until none is left (what they fork meanwhile is found in the next round), and prints
+/// how many it ended. Needs only `sh`, GNU `grep` (`-z`) and `/proc`, as E2B's Debian-based templates have them.
+const REAPER: &str = r#"kill_pattern=$1 spare=$2 rounds=0 ended=0
+while [ "$rounds" -lt 50 ]; do
+  found=
+  for file in $(grep -lsz -e "$kill_pattern" /proc/[0-9]*/environ); do
+    if [ -n "$spare" ] && grep -qsz -e "$spare" "$file"; then continue; fi
+    pid=${file#/proc/}
+    found="$found ${pid%/environ}"
+    ended=$((ended + 1))
+  done
+  [ -z "$found" ] && break
+  kill -9 $found 2>/dev/null
+  rounds=$((rounds + 1))
+done
+echo "$ended"
+"#;
 
 /// The E2B API key: shown to nothing but the `X-API-Key` header.
 #[derive(Clone)]
@@ -187,13 +212,16 @@ pub struct E2bProvider {
     settings: E2bSettings,
     http: reqwest::Client,
     api: Arc<ControlPlane>,
+    /// Part of every tag of this bridge's commands: a tagged command without it is an earlier bridge's.
+    instance: String,
 }
 
 impl E2bProvider {
     pub fn new(settings: E2bSettings) -> Result<Self, SandboxError> {
         let http = http_client()?;
         let api = Arc::new(ControlPlane::new(http.clone(), settings.api_url.clone(), settings.api_key.clone()));
-        Ok(E2bProvider { settings, http, api })
+        let instance = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+        Ok(E2bProvider { settings, http, api, instance })
     }
 
     fn open(&self, info: SandboxInfo, session_id: &str) -> Result<Arc<E2bSandbox>, SandboxError> {
@@ -203,6 +231,7 @@ impl E2bProvider {
         Ok(Arc::new(E2bSandbox {
             id: info.sandbox_id,
             session_id: session_id.to_string(),
+            instance: self.instance.clone(),
             template: self.settings.template.clone(),
             envd_version: info.envd_version,
             timeout: self.settings.timeout,
@@ -275,6 +304,7 @@ impl SandboxProvider for E2bProvider {
 pub struct E2bSandbox {
     id: String,
     session_id: String,
+    instance: String,
     template: String,
     envd_version: String,
     timeout: Duration,
@@ -307,7 +337,7 @@ impl E2bSandbox {
             cwd: PathBuf::from("/"),
             ..ExecSpec::default()
         };
-        let mut process = self.exec(spec).await?;
+        let mut process = self.start(spec, None).await?;
         let exit = process.handle.wait().await?;
         if exit.success() {
             return Ok(());
@@ -333,60 +363,48 @@ impl Sandbox for E2bSandbox {
         format!("E2B sandbox {} (template {}, envd {})", self.id, self.template, self.envd_version)
     }
 
-    async fn exec(&self, spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
+    async fn exec(&self, mut spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
         if spec.serve_port.is_some() {
             return Err(SandboxError::Unavailable(
                 "E2B sandboxes do not run a warm server yet: use `--opencode-backend run`".to_string(),
             ));
         }
-        let program = spec.program.to_string_lossy().into_owned();
-        // The tag finds the command again after a bridge restart (`Process/List`, `Process/Connect`).
-        let tag = format!("acp-{}-{}", self.session_id, &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let response = self.envd.stream("Start", &envd::start_request(&spec, &tag)).await?;
-        let mut stream = EventStream::new(response);
-        let pid = loop {
-            match stream.next().await {
-                Next::Event(Event::Start(pid)) => break pid,
-                Next::Event(Event::Nothing) => continue,
-                Next::Finished(Some(error)) => {
-                    return Err(SandboxError::Spawn { program, source: std::io::Error::other(error.to_string()) });
-                }
-                other => {
-                    return Err(remote(RemoteFailure::Protocol, format!("envd did not start {program}: {other:?}")));
-                }
-            }
-        };
-        tracing::debug!(provider = PROVIDER, sandbox = %self.id, pid, %tag, %program, "started");
-        let (stdout, stdout_reader) = tokio::io::duplex(PIPE_BUFFER);
-        let (stderr, stderr_reader) = tokio::io::duplex(PIPE_BUFFER);
-        let (exit_tx, exit_rx) = watch::channel(None);
-        let pump = Pump {
-            envd: self.envd.clone(),
-            api: self.api.clone(),
-            sandbox_id: self.id.clone(),
-            timeout: self.timeout,
-            pid,
-            stdout: Some(stdout),
-            stderr: Some(stderr),
-            exit: exit_tx,
-        };
-        tokio::spawn(pump.run(stream));
-        if !spec.stdin.is_empty() {
-            let envd = self.envd.clone();
-            let stdin = spec.stdin;
-            // Output is read meanwhile, so a command that prints before it reads all its stdin cannot block us.
-            tokio::spawn(async move {
-                if let Err(e) = envd.feed_stdin(pid, &stdin).await {
-                    tracing::warn!(provider = PROVIDER, pid, "could not write the command's stdin: {e}");
-                }
-            });
+        // The tag finds the command again after a bridge restart (`Process/List`); its mark, everything it started.
+        let tag = format!("{}{}", self.own_prefix(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        spec.env.retain(|(name, _)| name != RUN_MARK);
+        spec.env.push((RUN_MARK.to_string(), tag.clone()));
+        self.start(spec, Some(tag)).await
+    }
+
+    async fn end_leftovers(&self) -> Result<usize, SandboxError> {
+        let listed = self.envd.unary("List", &json!({})).await?;
+        let session = self.session_prefix();
+        let own = self.own_prefix();
+        let strays: Vec<(u32, String)> = listed
+            .get("processes")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|process| {
+                let tag = process.get("tag").and_then(Value::as_str)?;
+                let pid = process.get("pid").and_then(Value::as_u64).and_then(|p| u32::try_from(p).ok())?;
+                (tag.starts_with(&session) && !tag.starts_with(&own)).then(|| (pid, tag.to_string()))
+            })
+            .collect();
+        if strays.is_empty() {
+            return Ok(0);
         }
-        Ok(RunningProcess {
-            stdout: Box::pin(stdout_reader),
-            stderr: Box::pin(stderr_reader),
-            handle: Box::new(E2bProcess { envd: self.envd.clone(), pid, exit: exit_rx, killed: false }),
-            door: None,
-        })
+        for (pid, tag) in &strays {
+            tracing::warn!(provider = PROVIDER, sandbox = %self.id, pid, %tag, "ending a command an earlier bridge left running");
+            match self.envd.signal(*pid, "SIGNAL_SIGKILL").await {
+                Ok(()) | Err(SandboxError::Remote { failure: RemoteFailure::NotFound, .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // What they started, and what earlier bridges' commands of this session left without a parent.
+        let ended = reap(&self.envd, &mark_pattern(&session), Some(&mark_pattern(&own))).await?;
+        tracing::info!(provider = PROVIDER, sandbox = %self.id, ended, "ended the earlier bridges' processes");
+        Ok(strays.len())
     }
 
     async fn write_state_file(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError> {
@@ -407,6 +425,72 @@ impl Sandbox for E2bSandbox {
 
     fn remote_files(&self) -> Option<&dyn super::RemoteFiles> {
         Some(self)
+    }
+}
+
+impl E2bSandbox {
+    /// `acp-<session>-`: every command of this session, whichever bridge started it.
+    fn session_prefix(&self) -> String {
+        format!("acp-{}-", self.session_id)
+    }
+
+    /// `acp-<session>-<instance>-`: the commands of this bridge.
+    fn own_prefix(&self) -> String {
+        format!("{}{}-", self.session_prefix(), self.instance)
+    }
+
+    /// Starts a command; with a tag, its leftovers are ended when it ends or is killed.
+    async fn start(&self, spec: ExecSpec, tag: Option<String>) -> Result<RunningProcess, SandboxError> {
+        let program = spec.program.to_string_lossy().into_owned();
+        let response = self.envd.stream("Start", &envd::start_request(&spec, tag.as_deref())).await?;
+        let mut stream = EventStream::new(response);
+        let pid = loop {
+            match stream.next().await {
+                Next::Event(Event::Start(pid)) => break pid,
+                Next::Event(Event::Nothing) => continue,
+                Next::Finished(Some(error)) => {
+                    return Err(SandboxError::Spawn { program, source: std::io::Error::other(error.to_string()) });
+                }
+                other => {
+                    return Err(remote(RemoteFailure::Protocol, format!("envd did not start {program}: {other:?}")));
+                }
+            }
+        };
+        tracing::debug!(provider = PROVIDER, sandbox = %self.id, pid, ?tag, %program, "started");
+        let mark = tag.as_deref().map(|tag| format!("{}$", mark_pattern(tag)));
+        let killed = Arc::new(AtomicBool::new(false));
+        let (stdout, stdout_reader) = tokio::io::duplex(PIPE_BUFFER);
+        let (stderr, stderr_reader) = tokio::io::duplex(PIPE_BUFFER);
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let pump = Pump {
+            envd: self.envd.clone(),
+            api: self.api.clone(),
+            sandbox_id: self.id.clone(),
+            timeout: self.timeout,
+            pid,
+            mark: mark.clone(),
+            killed: killed.clone(),
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            exit: exit_tx,
+        };
+        tokio::spawn(pump.run(stream));
+        if !spec.stdin.is_empty() {
+            let envd = self.envd.clone();
+            let stdin = spec.stdin;
+            // Output is read meanwhile, so a command that prints before it reads all its stdin cannot block us.
+            tokio::spawn(async move {
+                if let Err(e) = envd.feed_stdin(pid, &stdin).await {
+                    tracing::warn!(provider = PROVIDER, pid, "could not write the command's stdin: {e}");
+                }
+            });
+        }
+        Ok(RunningProcess {
+            stdout: Box::pin(stdout_reader),
+            stderr: Box::pin(stderr_reader),
+            handle: Box::new(E2bProcess { envd: self.envd.clone(), pid, mark, exit: exit_rx, killed }),
+            door: None,
+        })
     }
 }
 
@@ -480,6 +564,10 @@ struct Pump {
     sandbox_id: String,
     timeout: Duration,
     pid: u32,
+    /// The pattern of the command's mark: what it left running is ended when it ends.
+    mark: Option<String>,
+    /// Set by a kill, which ends what the command left itself.
+    killed: Arc<AtomicBool>,
     stdout: Option<DuplexStream>,
     stderr: Option<DuplexStream>,
     exit: watch::Sender<ExitSlot>,
@@ -517,6 +605,12 @@ impl Pump {
         };
         if let Err(why) = &outcome {
             tracing::warn!(provider = PROVIDER, sandbox = %self.sandbox_id, pid = self.pid, "{why}");
+        }
+        // A turn's processes end with it, as in a local sandbox: daemons and `setsid` children of the command too.
+        if let Some(mark) = &self.mark
+            && !self.killed.load(Ordering::SeqCst)
+        {
+            end_marked(&self.envd, self.pid, mark).await;
         }
         // The pipes close before the exit is told, so a reader sees all output before `wait` returns.
         drop(self.stdout.take());
@@ -557,8 +651,9 @@ async fn write_or_close(pipe: &mut Option<DuplexStream>, bytes: &[u8]) {
 struct E2bProcess {
     envd: Arc<Envd>,
     pid: u32,
+    mark: Option<String>,
     exit: watch::Receiver<ExitSlot>,
-    killed: bool,
+    killed: Arc<AtomicBool>,
 }
 
 impl E2bProcess {
@@ -570,16 +665,10 @@ impl E2bProcess {
 #[async_trait]
 impl ProcessHandle for E2bProcess {
     async fn kill(&mut self) {
-        if self.killed || self.ended() {
+        if self.ended() || self.killed.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.killed = true;
-        match self.envd.signal(self.pid, "SIGNAL_SIGKILL").await {
-            Ok(()) => {}
-            // It ended on its own meanwhile.
-            Err(SandboxError::Remote { failure: RemoteFailure::NotFound, .. }) => {}
-            Err(e) => tracing::warn!(provider = PROVIDER, pid = self.pid, "could not kill the command: {e}"),
-        }
+        kill(&self.envd, self.pid, self.mark.as_deref()).await;
     }
 
     async fn wait(&mut self) -> Result<ExitInfo, SandboxError> {
@@ -597,17 +686,75 @@ impl ProcessHandle for E2bProcess {
 impl Drop for E2bProcess {
     fn drop(&mut self) {
         // A handle dropped mid-run (a turn task aborted) must not leave its command running in the sandbox.
-        if self.killed || self.ended() {
+        if self.ended() || self.killed.swap(true, Ordering::SeqCst) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let (envd, pid) = (self.envd.clone(), self.pid);
-        runtime.spawn(async move {
-            if let Err(e) = envd.signal(pid, "SIGNAL_SIGKILL").await {
-                tracing::debug!(provider = PROVIDER, pid, "could not kill a dropped command: {e}");
-            }
-        });
+        let (envd, pid, mark) = (self.envd.clone(), self.pid, self.mark.clone());
+        runtime.spawn(async move { kill(&envd, pid, mark.as_deref()).await });
     }
+}
+
+/// Kills a command at once (`SendSignal SIGKILL`), then everything it started.
+async fn kill(envd: &Envd, pid: u32, mark: Option<&str>) {
+    match envd.signal(pid, "SIGNAL_SIGKILL").await {
+        Ok(()) => {}
+        // It ended on its own meanwhile (what it left is still ended below).
+        Err(SandboxError::Remote { failure: RemoteFailure::NotFound, .. }) => {}
+        Err(e) => tracing::warn!(provider = PROVIDER, pid, "could not kill the command: {e}"),
+    }
+    if let Some(mark) = mark {
+        end_marked(envd, pid, mark).await;
+    }
+}
+
+/// Ends the processes carrying a command's mark (its descendants), logging what could not be done.
+async fn end_marked(envd: &Envd, pid: u32, mark: &str) {
+    match tokio::time::timeout(REAP_LIMIT, reap(envd, mark, None)).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(ended)) => tracing::debug!(provider = PROVIDER, pid, ended, "ended what the command left running"),
+        Ok(Err(e)) => tracing::warn!(provider = PROVIDER, pid, "could not end what the command left running: {e}"),
+        Err(_) => tracing::warn!(provider = PROVIDER, pid, "ending what the command left running took too long"),
+    }
+}
+
+/// The `grep` pattern of an environment entry `ACP_SANDBOX_RUN=<value>…`. Tags are ours, but a session id comes
+/// from the store: anything but the characters tags use stands for itself only as `.`.
+fn mark_pattern(value: &str) -> String {
+    let safe: String =
+        value.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '.' }).collect();
+    format!("^{RUN_MARK}={safe}")
+}
+
+/// Runs the reaper in the sandbox: ends every process whose environment matches `kill` and not `spare`; answers
+/// how many it ended. Its own environment carries no mark.
+async fn reap(envd: &Envd, kill: &str, spare: Option<&str>) -> Result<usize, SandboxError> {
+    let spec = ExecSpec {
+        program: PathBuf::from("/bin/sh"),
+        args: vec!["-c".into(), REAPER.into(), "acp-sandbox-reaper".into(), kill.into(), spare.unwrap_or("").into()],
+        cwd: PathBuf::from("/"),
+        ..ExecSpec::default()
+    };
+    let response = envd.stream("Start", &envd::start_request(&spec, None)).await?;
+    let mut stream = EventStream::new(response);
+    let mut out = Vec::new();
+    loop {
+        match stream.next().await {
+            Next::Event(Event::Stdout(bytes)) => out.extend_from_slice(&bytes),
+            Next::Event(Event::End(exit)) if exit.success() => break,
+            Next::Event(Event::End(exit)) => {
+                return Err(remote(RemoteFailure::Failed, format!("the reaper ended with {}", exit.describe())));
+            }
+            Next::Event(_) => {}
+            Next::Finished(error) => {
+                return Err(remote(RemoteFailure::Failed, format!("the reaper did not run: {error:?}")));
+            }
+            Next::Broken(why) => {
+                return Err(remote(RemoteFailure::Failed, format!("the reaper's stream broke: {why}")));
+            }
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).trim().parse().unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -648,6 +795,13 @@ mod tests {
             err.to_string(),
             "sandbox unavailable: E2B_API_URL=no url is not a URL: relative URL without a base"
         );
+    }
+
+    #[test]
+    fn a_mark_pattern_matches_only_what_it_names() {
+        assert_eq!(mark_pattern("acp-sess_1a-b2"), "^ACP_SANDBOX_RUN=acp-sess_1a-b2");
+        // A session id read from the store cannot make the pattern match more than a character per character.
+        assert_eq!(mark_pattern("s.*$[x]\\"), "^ACP_SANDBOX_RUN=s....x..");
     }
 
     #[test]
