@@ -35,6 +35,18 @@ fn workspace_of(fake: &FakeDaytona, id: &str) -> PathBuf {
     fake.root.join(id).join("home/workspace")
 }
 
+/// The sandbox's state once it is `stopped`, or whatever it is after `patience`.
+fn stopped_within(fake: &FakeDaytona, id: &str, patience: std::time::Duration) -> String {
+    let until = std::time::Instant::now() + patience;
+    loop {
+        let state = info(fake, id)["state"].as_str().unwrap_or_default().to_string();
+        if state == "stopped" || std::time::Instant::now() > until {
+            return state;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// What the control plane says about a sandbox.
 fn info(fake: &FakeDaytona, id: &str) -> Value {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -189,7 +201,8 @@ fn a_restarted_bridge_reconnects_and_a_gone_sandbox_is_replaced_with_a_note() {
     assert!(bridge.load_session(&sid, &ws).result.is_ok());
     assert_eq!(bridge.prompt(&sid, "SCENARIO:followup again").stop_reason(), "end_turn");
     assert_eq!(only_sandbox(&fake), first);
-    assert_eq!(info(&fake, &first)["state"], "started");
+    // Started for the turn, stopped again once it ended (`--remote-idle pause`, the default), in the background.
+    assert_eq!(stopped_within(&fake, &first, std::time::Duration::from_secs(30)), "stopped");
     let runs = support::invocations(&workspace_of(&fake, &first));
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[1].flag_value("--session"), Some(runs[0].cli_session()));

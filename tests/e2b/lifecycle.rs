@@ -73,7 +73,7 @@ fn installing(fake: &FakeE2b, dirs: &TestDirs, template: &str) -> BridgeOptions 
 fn session_in_e2b(name: &str) -> (FakeE2b, TestDirs, PathBuf, support::Bridge, String) {
     let fake = FakeE2b::start();
     let dirs = TestDirs::new(name);
-    let ws = dirs.workspace("ws");
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs));
     let sid = bridge.new_session(&ws);
     (fake, dirs, ws, bridge, sid)
@@ -124,6 +124,7 @@ fn starts(fake: &FakeE2b) -> Vec<Value> {
 }
 
 /// The paths of every file upload.
+/// The files uploaded into the sandbox but the workspace's mirror (its archives and token, tested apart).
 fn uploads(fake: &FakeE2b) -> Vec<String> {
     fake.records()
         .iter()
@@ -132,13 +133,16 @@ fn uploads(fake: &FakeE2b) -> Vec<String> {
             let query = r["path"].as_str().unwrap().split_once('?').unwrap().1;
             percent_decoded(query.strip_prefix("path=").unwrap())
         })
+        .filter(|path| !path.starts_with(&format!("{STATE_DIR}/mirror-")))
         .collect()
 }
 
+/// The turn's tool cards but the workspace upload's (tested apart).
 fn tool_updates(turn: &support::Turn) -> Vec<Value> {
     turn.updates
         .iter()
         .filter(|u| matches!(u["sessionUpdate"].as_str(), Some("tool_call" | "tool_call_update")))
+        .filter(|u| !u["toolCallId"].as_str().unwrap_or_default().ends_with("-upload"))
         .cloned()
         .collect()
 }
@@ -147,7 +151,7 @@ fn tool_updates(turn: &support::Turn) -> Vec<Value> {
 fn the_cli_is_installed_in_the_sandbox_on_first_use_with_the_users_config_and_found_there_later() {
     let dirs = TestDirs::new("e2b-install");
     let fake = fake_with_npm(&dirs, installing_npm());
-    let ws = dirs.workspace("ws");
+    let ws = dirs.remote_workspace("ws");
     // The user's OpenCode config and login, as `user_config` finds them.
     let (config, data) = (dirs.root().join("xdg-config"), dirs.root().join("xdg-data"));
     std::fs::create_dir_all(config.join("opencode/command")).unwrap();
@@ -260,7 +264,7 @@ fn an_install_in_the_sandbox_that_cannot_work_says_what_to_do() {
             Some("npm ended with exit code 1: npm error 404 Not Found - GET https://registry.npmjs.org/opencode-ai"),
         ),
     ] {
-        let ws = dirs.workspace(template);
+        let ws = dirs.remote_workspace(template);
         let mut bridge = support::Bridge::start(installing(&fake, &dirs, template));
         let sid = bridge.new_session(&ws);
         let turn = bridge.prompt(&sid, "Say hello");
@@ -297,7 +301,7 @@ fn cancel_during_the_install_in_the_sandbox_ends_npm_and_what_it_started() {
         dir = pids.display()
     );
     let fake = fake_with_npm(&dirs, npm);
-    let ws = dirs.workspace("ws");
+    let ws = dirs.remote_workspace("ws");
     let mut bridge = support::Bridge::start(installing(&fake, &dirs, "node"));
     let sid = bridge.new_session(&ws);
     let prompt = bridge.send_prompt(&sid, "Say hello");
@@ -428,7 +432,7 @@ fn a_cli_left_running_by_a_killed_bridge_is_ended_with_a_note_before_the_next_pr
 fn the_keys_appear_only_where_they_must() {
     let fake = FakeE2b::start();
     let dirs = TestDirs::new("e2b-keys");
-    let ws = dirs.workspace("ws");
+    let ws = dirs.remote_workspace("ws");
     let agent_key = "sgamp_user_only_for_the_cli_4f2a9c";
     // Amp's settings are staged; a secrets file beside them never is.
     let config = dirs.root().join("xdg-config");
