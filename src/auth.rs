@@ -1,11 +1,13 @@
 //! Credentials: the ACP auth methods each agent offers, what `authenticate` checks, the token that
-//! `acp-sandbox login` keeps for Amp, and the login command itself.
+//! `acp-sandbox login` keeps for Amp (and the remote providers' API keys), and the login command itself.
 //!
 //! Amp's access token comes from `AMP_API_KEY` in the bridge's environment (which wins) or from the file
 //! `acp-sandbox login --agent amp` wrote: `<data dir>/credentials/amp`, mode 0600 in a 0700 folder, which no
 //! sandbox sees (the data dir is hidden in it). The token is read when a prompt starts and goes only into that
 //! CLI's environment: never into the store, a log line or a sandbox's files. OpenCode keeps its own logins
 //! (`opencode auth login` writes `auth.json`, shown read-only in the sandbox), so its login runs that command.
+//! A remote provider's key (`login --provider e2b|daytona`) is kept the same way, and read only for the bridge's
+//! own requests to that provider.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -127,12 +129,46 @@ pub fn source(config: &Config, agent: AgentKind) -> Option<Source> {
 
 /// The file a stored token lives in.
 pub fn token_path(config: &Config, agent: AgentKind) -> PathBuf {
-    config.data_dir.join("credentials").join(agent.as_str())
+    secret_path(&config.data_dir, agent.as_str())
 }
 
 /// The stored token, if there is a non-empty one.
 pub fn stored_token(config: &Config, agent: AgentKind) -> Option<String> {
-    let text = std::fs::read_to_string(token_path(config, agent)).ok()?;
+    read_secret(&token_path(config, agent))
+}
+
+/// The remote providers whose API key `acp-sandbox login --provider` keeps: (provider, the key's variable).
+pub const PROVIDER_KEYS: [(&str, &str); 2] = [
+    (crate::sandbox::e2b::PROVIDER, crate::sandbox::e2b::KEY_VARIABLE),
+    (crate::sandbox::daytona::PROVIDER, crate::sandbox::daytona::KEY_VARIABLE),
+];
+
+/// The file a provider's stored key lives in.
+pub fn provider_key_path(config: &Config, provider: &str) -> PathBuf {
+    secret_path(&config.data_dir, provider)
+}
+
+/// The variables the remote providers are configured by: the bridge's environment, and for a provider's key
+/// (`E2B_API_KEY`, `DAYTONA_API_KEY`) not set there, the one `acp-sandbox login --provider` stored. Read at each
+/// call; only the bridge's own requests ever see the key.
+pub fn provider_variables(config: &Config) -> impl Fn(&str) -> Option<String> + Send + Sync + 'static {
+    let data = config.data_dir.clone();
+    move |name| {
+        match std::env::var(name) {
+            Ok(value) if !value.trim().is_empty() => return Some(value),
+            _ => {}
+        }
+        let (provider, _) = PROVIDER_KEYS.iter().find(|(_, variable)| *variable == name)?;
+        read_secret(&secret_path(&data, provider))
+    }
+}
+
+fn secret_path(data_dir: &Path, name: &str) -> PathBuf {
+    data_dir.join("credentials").join(name)
+}
+
+fn read_secret(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
     let token = text.trim();
     (!token.is_empty()).then(|| token.to_string())
 }
@@ -168,19 +204,29 @@ pub fn store_token(config: &Config, agent: AgentKind, token: &str) -> Result<Pat
     if agent.required_credential().is_none() {
         return Err(LoginError::NotStored(agent.display_name()));
     }
+    store_secret(config, agent.as_str(), token, token_page(agent))
+}
+
+/// Stores a remote provider's API key (`acp-sandbox login --provider`), as a token is stored.
+pub fn store_provider_key(config: &Config, provider: &str, key: &str) -> Result<PathBuf, LoginError> {
+    let page = provider_page(provider);
+    store_secret(config, provider, key, page)
+}
+
+fn store_secret(config: &Config, name: &str, token: &str, page: &'static str) -> Result<PathBuf, LoginError> {
     let token = token.trim();
     if token.is_empty() {
-        return Err(LoginError::Empty(token_page(agent)));
+        return Err(LoginError::Empty(page));
     }
     if token.chars().any(char::is_control) {
         return Err(LoginError::Malformed);
     }
-    let path = token_path(config, agent);
+    let path = secret_path(&config.data_dir, name);
     let io = |source| LoginError::Io { path: path.clone(), source };
     let dir = path.parent().unwrap_or(&config.data_dir);
     crate::config::create_private_dir(&config.data_dir).map_err(io)?;
     crate::config::create_private_dir(dir).map_err(io)?;
-    let staging = dir.join(format!(".{}.{}.tmp", agent.as_str(), std::process::id()));
+    let staging = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&staging);
     let written = (|| {
         let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&staging)?;
@@ -196,6 +242,14 @@ pub fn store_token(config: &Config, agent: AgentKind, token: &str) -> Result<Pat
         return Err(io(e));
     }
     Ok(path)
+}
+
+/// Where a person gets a provider's key.
+fn provider_page(provider: &str) -> &'static str {
+    match provider {
+        crate::sandbox::e2b::PROVIDER => "https://e2b.dev/dashboard?tab=keys",
+        _ => "https://app.daytona.io/dashboard/keys",
+    }
 }
 
 /// Where a person gets the token.
@@ -261,7 +315,21 @@ impl Drop for EchoOff {
 
 /// `acp-sandbox login`: for Amp, asks for the access token and stores it; for OpenCode, runs OpenCode's own
 /// `opencode auth login` on this terminal. Talks to the person on `terminal` (stderr); answers the exit code.
-pub async fn login(config: &Config, terminal: &mut dyn Write) -> Result<u8, LoginError> {
+pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn Write) -> Result<u8, LoginError> {
+    if let Some(provider) = provider {
+        let Some((provider, variable)) = PROVIDER_KEYS.into_iter().find(|(name, _)| *name == provider) else {
+            return Err(LoginError::NotStored("that provider"));
+        };
+        let key =
+            read_token(&format!("{variable} (from {}; the input is not shown): ", provider_page(provider)), terminal)?;
+        let path = store_provider_key(config, provider, &key)?;
+        let _ = writeln!(
+            terminal,
+            "Stored in {} (readable by you only). acp-sandbox uses it for `--sandbox {provider}` when {variable} is not in its environment; it never enters a sandbox. Delete the file to log out.",
+            path.display()
+        );
+        return Ok(0);
+    }
     let agent = config.agent;
     match agent {
         AgentKind::Amp => {

@@ -198,8 +198,12 @@ enum Command {
     /// Say which CLIs are found, which sandbox is used and why, and which credentials are missing.
     Doctor,
     /// Log in for the agent: Amp asks for its access token and stores it (mode 0600); OpenCode runs its own
-    /// `opencode auth login`.
-    Login,
+    /// `opencode auth login`. With `--provider`, stores a remote sandbox provider's API key instead.
+    Login {
+        /// Store this provider's API key (E2B_API_KEY, DAYTONA_API_KEY), used when it is not in the environment.
+        #[arg(long, value_parser = ["e2b", "daytona"])]
+        provider: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -326,9 +330,9 @@ pub fn main() -> anyhow::Result<ExitCode> {
             Some(Command::Prompt { text, json, session }) => prompt(config, text, json, session).await,
             Some(Command::Sessions { command }) => sessions(config, command).await,
             Some(Command::Doctor) => doctor(config, bins).await,
-            Some(Command::Login) => {
-                Ok(ExitCode::from(acp_sandbox::auth::login(&config, &mut std::io::stderr()).await?))
-            }
+            Some(Command::Login { provider }) => Ok(ExitCode::from(
+                acp_sandbox::auth::login(&config, provider.as_deref(), &mut std::io::stderr()).await?,
+            )),
         }
     });
     // Dropping the tasks still running kills their processes; a blocking read of the store (waiting out a lock)
@@ -919,7 +923,7 @@ async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let var = |name: &str| std::env::var(name).ok();
+    let var = acp_sandbox::auth::provider_variables(&config);
     for (provider, lines) in acp_sandbox::sandbox::check_remote_providers(config.sandbox, &var).await {
         for (i, line) in lines.into_iter().enumerate() {
             let text = match line.level {

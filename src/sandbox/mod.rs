@@ -36,18 +36,20 @@ use crate::config::SandboxChoice;
 
 /// The provider of the sessions' sandboxes as `--sandbox` chose it: the one place that knows every provider.
 /// `local` serves `auto`, `bwrap` and `none`, and the bridge's own short commands whatever the choice.
+/// `var` reads the providers' settings (the environment, and a key `acp-sandbox login --provider` stored).
 pub fn session_provider(
     choice: SandboxChoice,
     local: Arc<dyn SandboxProvider>,
+    var: impl Fn(&str) -> Option<String>,
 ) -> Result<Arc<dyn SandboxProvider>, SandboxError> {
     match choice {
         SandboxChoice::E2b => {
-            let settings = e2b::E2bSettings::from_env(|name| std::env::var(name).ok())?;
+            let settings = e2b::E2bSettings::from_env(var)?;
             tracing::info!(api = %settings.api_url, template = %settings.template, "sessions run in E2B sandboxes");
             Ok(Arc::new(e2b::E2bProvider::new(settings)?))
         }
         SandboxChoice::Daytona => {
-            let settings = daytona::DaytonaSettings::from_env()?;
+            let settings = daytona::DaytonaSettings::from_lookup(var)?;
             tracing::info!(api = %settings.endpoint.api_url, snapshot = ?settings.snapshot, "sessions run in Daytona sandboxes");
             Ok(Arc::new(daytona::DaytonaProvider::new(settings)?))
         }

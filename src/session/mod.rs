@@ -203,7 +203,11 @@ impl Bridge {
         }
         let settings = Arc::new(LocalSettings::from_config(&config, isolation.clone()));
         let own_provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), settings));
-        let provider = crate::sandbox::session_provider(config.sandbox, own_provider.clone())?;
+        let provider = crate::sandbox::session_provider(
+            config.sandbox,
+            own_provider.clone(),
+            crate::auth::provider_variables(&config),
+        )?;
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), own_provider.clone()));
         let servers = serve::Servers::new(config.server_idle_timeout, config.max_servers);
         Ok(Self {

@@ -121,7 +121,7 @@ fn doctor_fails_on_a_refused_key_a_missing_snapshot_or_no_key() {
     assert_eq!(
         support::doctor_section(&out, "daytona"),
         ["daytona     ERROR DAYTONA_API_KEY: missing: --sandbox daytona needs your Daytona key in the bridge's \
-             environment"],
+             environment, or run `acp-sandbox login --provider daytona`"],
         "{out}"
     );
 }

@@ -100,7 +100,8 @@ fn doctor_fails_on_a_refused_key_or_a_missing_template_and_informs_of_an_unselec
     assert_eq!(code, Some(1), "{out}");
     assert_eq!(
         support::doctor_section(&out, "e2b"),
-        ["e2b         ERROR E2B_API_KEY: missing: --sandbox e2b needs your E2B key in the bridge's environment"],
+        ["e2b         ERROR E2B_API_KEY: missing: --sandbox e2b needs your E2B key in the bridge's environment, \
+          or run `acp-sandbox login --provider e2b`"],
         "{out}"
     );
 
@@ -114,4 +115,58 @@ fn doctor_fails_on_a_refused_key_or_a_missing_template_and_informs_of_an_unselec
         "{out}"
     );
     assert_eq!(asked(&fake).len(), before, "an unselected provider is not asked anything");
+}
+
+/// `acp-sandbox login --provider e2b` stores the key (mode 0600, in the data dir no sandbox sees); without
+/// E2B_API_KEY in the environment, doctor and the sessions use it, and it is never printed.
+#[test]
+fn a_key_stored_by_login_is_used_when_the_environment_has_none() {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let fake = FakeE2b::start();
+    let dirs = support::TestDirs::new("e2b-login");
+    let mut login = std::process::Command::new(support::bridge_bin())
+        .args(["login", "--provider", "e2b", "--data-dir"])
+        .arg(&dirs.data)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", &dirs.data)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    login.stdin.take().unwrap().write_all(format!("{KEY}\n").as_bytes()).unwrap();
+    let out = login.wait_with_output().unwrap();
+    let stored = dirs.data.join("credentials/e2b");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, b"", "login printed on stdout");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!said.contains(KEY), "login printed the key: {said}");
+    assert_eq!(std::fs::read_to_string(&stored).unwrap(), format!("{KEY}\n"));
+    assert_eq!(std::fs::metadata(&stored).unwrap().permissions().mode() & 0o777, 0o600);
+
+    let api = fake.api_url();
+    let (code, out, err) = support::doctor_with(&dirs.data, &["--sandbox", "e2b"], &[("E2B_API_URL", api.as_str())]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains(KEY) && !err.contains(KEY), "doctor printed the key");
+    assert_eq!(
+        support::doctor_section(&out, "e2b")[..2],
+        ["e2b         E2B_API_KEY: set".to_string(), format!("            API {api}/: reachable, the key is accepted")],
+        "{out}"
+    );
+    for record in asked(&fake) {
+        assert_eq!(record["headers"]["x-api-key"], KEY, "{record}");
+    }
+
+    // A session, too: the bridge's requests carry the stored key.
+    let options = support::BridgeOptions::new("opencode", &dirs.data)
+        .sandbox("e2b")
+        .env("E2B_API_URL", &api)
+        .env("E2B_SANDBOX_URL", &fake.sandbox_url());
+    let mut bridge = support::Bridge::start(options);
+    let ws = dirs.remote_workspace("ws");
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    assert_eq!(fake.state().as_object().map(|sandboxes| sandboxes.len()), Some(1), "{}", fake.state());
 }

@@ -18,7 +18,7 @@ pub(crate) const SOURCE: &str = "acp-sandbox";
 #[derive(Debug, thiserror::Error)]
 pub enum DaytonaError {
     /// No key in the environment.
-    #[error("Daytona needs an API key: set DAYTONA_API_KEY")]
+    #[error("Daytona needs an API key: set DAYTONA_API_KEY, or run `acp-sandbox login --provider daytona`")]
     MissingKey,
     /// The key was refused.
     #[error("Daytona refused the API key (HTTP 401) while {what}: check DAYTONA_API_KEY (and DAYTONA_API_URL)")]

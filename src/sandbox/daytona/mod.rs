@@ -87,7 +87,8 @@ impl DaytonaSettings {
 pub async fn check(var: &(dyn Fn(&str) -> Option<String> + Sync)) -> Vec<CheckLine> {
     if var(KEY_VARIABLE).is_none_or(|key| key.trim().is_empty()) {
         return vec![CheckLine::error(format!(
-            "{KEY_VARIABLE}: missing: --sandbox daytona needs your Daytona key in the bridge's environment"
+            "{KEY_VARIABLE}: missing: --sandbox daytona needs your Daytona key in the bridge's environment, or \
+             run `acp-sandbox login --provider daytona`"
         ))];
     }
     let settings = match DaytonaSettings::from_lookup(|name| var(name)) {
@@ -495,7 +496,7 @@ mod tests {
     fn bad_settings_say_what_is_wrong() {
         assert_eq!(
             DaytonaSettings::from_lookup(lookup(&[("DAYTONA_API_KEY", "  ")])).unwrap_err().to_string(),
-            "Daytona needs an API key: set DAYTONA_API_KEY"
+            "Daytona needs an API key: set DAYTONA_API_KEY, or run `acp-sandbox login --provider daytona`"
         );
         assert_eq!(
             DaytonaSettings::from_lookup(lookup(&[

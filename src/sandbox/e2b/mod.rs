@@ -114,8 +114,9 @@ impl E2bSettings {
         let set = |name: &str| var(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
         let api_key = set("E2B_API_KEY").ok_or_else(|| {
             SandboxError::Unavailable(
-                "E2B_API_KEY is not set: `--sandbox e2b` needs an E2B API key in the bridge's environment (it is \
-                 used by the bridge only, never passed into the sandbox)"
+                "E2B_API_KEY is not set: `--sandbox e2b` needs an E2B API key in the bridge's environment or \
+                 stored by `acp-sandbox login --provider e2b` (it is used by the bridge only, never passed into the \
+                 sandbox)"
                     .to_string(),
             )
         })?;
@@ -159,7 +160,8 @@ pub async fn check(var: &(dyn Fn(&str) -> Option<String> + Sync)) -> Vec<super::
     use super::CheckLine;
     if var(KEY_VARIABLE).is_none_or(|key| key.trim().is_empty()) {
         return vec![CheckLine::error(format!(
-            "{KEY_VARIABLE}: missing: --sandbox e2b needs your E2B key in the bridge's environment"
+            "{KEY_VARIABLE}: missing: --sandbox e2b needs your E2B key in the bridge's environment, or run \
+             `acp-sandbox login --provider e2b`"
         ))];
     }
     let settings = match E2bSettings::from_env(var) {
