@@ -914,6 +914,18 @@ impl Invocation {
     }
 }
 
+/// Waits until the store has the session's CLI conversation id (written while the turn runs).
+pub fn wait_native_id(dirs: &TestDirs, sid: &str) {
+    let db = rusqlite::Connection::open(dirs.data.join("acp-sandbox.sqlite3")).unwrap();
+    let stored = || {
+        db.query_row("SELECT native_id FROM sessions WHERE id = ?1", [sid], |row| row.get::<_, Option<String>>(0))
+            .ok()
+            .flatten()
+            .is_some()
+    };
+    assert!(wait_until(RECV_TIMEOUT, stored), "the CLI's conversation id was never stored");
+}
+
 /// Every fake CLI run in `workspace`, oldest first.
 pub fn invocations(workspace: &Path) -> Vec<Invocation> {
     let path = workspace.join(".fake-cli/invocations.jsonl");
