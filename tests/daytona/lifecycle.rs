@@ -28,14 +28,19 @@ fn cli_sessions(fake: &FakeDaytona) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn cancel_ends_the_clis_whole_process_tree_in_the_daytona_sandbox() {
-    let dir = test_dir("lifecycle-cancel");
-    let fake = FakeDaytona::start(&dir);
-    let dirs = support::TestDirs::new("daytona-cancel-tree");
+/// A fake Daytona, a bridge running sessions there, and a session.
+fn session_in_daytona(name: &str) -> (FakeDaytona, support::TestDirs, PathBuf, support::Bridge, String) {
+    let fake = FakeDaytona::start(&test_dir(name));
+    let dirs = support::TestDirs::new(&format!("daytona-{name}"));
     let ws = dirs.remote_workspace("ws");
     let mut bridge = daytona_bridge(&fake, &dirs);
     let sid = bridge.new_session(&ws);
+    (fake, dirs, ws, bridge, sid)
+}
+
+#[test]
+fn cancel_ends_the_clis_whole_process_tree_in_the_daytona_sandbox() {
+    let (fake, _dirs, _ws, mut bridge, sid) = session_in_daytona("cancel-tree");
     // The CLI starts a grandchild in a session of its own, which a signal to the CLI's group never reaches (nor
     // does stopping the fake's sandbox after the turn).
     let prompt = bridge.send_prompt(&sid, "SCENARIO:child start something");
@@ -129,12 +134,7 @@ async fn a_new_bridge_ends_only_what_earlier_bridges_left_running() {
 
 #[test]
 fn a_cli_left_running_by_a_killed_bridge_is_ended_with_a_note_before_the_next_prompt_runs() {
-    let dir = test_dir("lifecycle-stray");
-    let fake = FakeDaytona::start(&dir);
-    let dirs = support::TestDirs::new("daytona-stray");
-    let ws = dirs.remote_workspace("ws");
-    let mut bridge = daytona_bridge(&fake, &dirs);
-    let sid = bridge.new_session(&ws);
+    let (fake, dirs, ws, mut bridge, sid) = session_in_daytona("stray");
     bridge.send_prompt(&sid, "SCENARIO:child work for a long time");
     let (id, old, child) = cli_and_grandchild(&fake);
     let _guards = (support::KillOnDrop(old), support::KillOnDrop(child));
@@ -143,15 +143,7 @@ fn a_cli_left_running_by_a_killed_bridge_is_ended_with_a_note_before_the_next_pr
     // The sandbox outlives the bridge, and so does its CLI: the premise.
     assert!(alive(old), "the CLI died with the bridge");
 
-    let mut bridge = support::Bridge::start(daytona_options(&fake, &dirs));
-    bridge.request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
-    let turn = bridge.prompt(&sid, "Say hello");
-    assert_eq!(turn.stop_reason(), "end_turn");
-    assert_eq!(
-        turn.agent_text(),
-        "\n\n_OpenCode was still running in the sandbox from a turn acp-sandbox did not see to its end (it stopped \
-         mid-turn); that run was stopped before this prompt._\n\nYes, I remember: this is turn two of the same session."
-    );
+    let _bridge = support::prompt_after_a_killed_bridge(daytona_options(&fake, &dirs), &ws, &sid);
     assert!(!alive(old) && !alive(child), "the earlier CLI {old} or its child {child} runs on");
     assert_eq!(support::invocations(&workspace_of(&fake, &id)).len(), 2);
     // Never two CLIs on one conversation: the stray's session was listed and deleted before the new CLI started,

@@ -381,15 +381,7 @@ fn a_cli_left_running_by_a_killed_bridge_is_ended_with_a_note_before_the_next_pr
     // The sandbox outlives the bridge, and so does its CLI: the premise.
     assert!(support::pid_alive(old), "the CLI died with the bridge");
 
-    let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs));
-    bridge.request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
-    let turn = bridge.prompt(&sid, "Say hello");
-    assert_eq!(turn.stop_reason(), "end_turn");
-    assert_eq!(
-        turn.agent_text(),
-        "\n\n_OpenCode was still running in the sandbox from a turn acp-sandbox did not see to its end (it stopped \
-         mid-turn); that run was stopped before this prompt._\n\nYes, I remember: this is turn two of the same session."
-    );
+    let _bridge = support::prompt_after_a_killed_bridge(e2b_options(&fake, &dirs), &ws, &sid);
     assert!(
         !support::pid_alive(old) && !support::pid_alive(child),
         "the earlier CLI {old} or its child {child} runs on"
