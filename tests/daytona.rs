@@ -37,6 +37,8 @@ mod support;
 mod bridge;
 #[path = "daytona/doctor.rs"]
 mod doctor;
+#[path = "daytona/lifecycle.rs"]
+mod lifecycle;
 #[path = "daytona/secrets.rs"]
 mod secrets;
 
@@ -214,8 +216,9 @@ fn the_official_sdk_agrees_with_the_fake() {
         String::from_utf8_lossy(&out.stdout)
     );
     let mut seen: Value = serde_json::from_slice(&out.stdout).unwrap();
-    // What only the Python check covers: a command's input (the provider's way in for its environment) and snapshots.
-    let only_python = ["input", "missing_snapshot"].map(|key| seen.as_object_mut().unwrap().remove(key));
+    // What only the Python check covers: a command's input (the provider's way in for its environment), snapshots,
+    // and the list of sessions (how a new bridge finds what an earlier one left running).
+    let only_python = ["input", "missing_snapshot", "sessions"].map(|key| seen.as_object_mut().unwrap().remove(key));
     assert_eq!(
         only_python,
         [
@@ -225,6 +228,16 @@ fn the_official_sdk_agrees_with_the_fake() {
                 "after_exit": "Failed to send session command input: command has already completed with exit code 0",
             })),
             Some(json!("DaytonaNotFoundError")),
+            Some(json!([
+                [
+                    "sdk-check",
+                    [
+                        ["echo \"$GREETING\"; echo to-stderr >&2; printf \"no newline\"; exit 7", 7],
+                        ["echo sync; pwd", 0],
+                    ]
+                ],
+                ["sdk-running", [["sleep 1000", null]]],
+            ])),
         ]
     );
     assert_the_sdk_agreed(&seen, &fake.sdk_calls(), "0.226.1");

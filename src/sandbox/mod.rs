@@ -20,6 +20,7 @@ pub mod local;
 pub mod mirror;
 pub mod policy;
 pub mod proxy;
+pub mod reaper;
 pub mod review;
 pub mod seccomp;
 pub mod statedir;

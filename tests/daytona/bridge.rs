@@ -4,19 +4,19 @@
 use super::*;
 use pretty_assertions::assert_eq;
 
-fn daytona_options(fake: &FakeDaytona, dirs: &support::TestDirs) -> support::BridgeOptions {
+pub(super) fn daytona_options(fake: &FakeDaytona, dirs: &support::TestDirs) -> support::BridgeOptions {
     support::BridgeOptions::new("opencode", &dirs.data)
         .sandbox("daytona")
         .env("DAYTONA_API_KEY", KEY)
         .env("DAYTONA_API_URL", &fake.api_url())
 }
 
-fn daytona_bridge(fake: &FakeDaytona, dirs: &support::TestDirs) -> support::Bridge {
+pub(super) fn daytona_bridge(fake: &FakeDaytona, dirs: &support::TestDirs) -> support::Bridge {
     support::Bridge::start(daytona_options(fake, dirs))
 }
 
 /// The sandboxes the fake holds (a directory each).
-fn sandboxes(fake: &FakeDaytona) -> Vec<String> {
+pub(super) fn sandboxes(fake: &FakeDaytona) -> Vec<String> {
     let mut ids: Vec<String> = std::fs::read_dir(&fake.root)
         .map(|entries| entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default();
@@ -24,14 +24,14 @@ fn sandboxes(fake: &FakeDaytona) -> Vec<String> {
     ids
 }
 
-fn only_sandbox(fake: &FakeDaytona) -> String {
+pub(super) fn only_sandbox(fake: &FakeDaytona) -> String {
     let ids = sandboxes(fake);
     assert_eq!(ids.len(), 1, "{ids:?}");
     ids[0].clone()
 }
 
 /// The sandbox's workspace on the host, where the fake CLI records its runs.
-fn workspace_of(fake: &FakeDaytona, id: &str) -> PathBuf {
+pub(super) fn workspace_of(fake: &FakeDaytona, id: &str) -> PathBuf {
     fake.root.join(id).join("home/workspace")
 }
 

@@ -70,10 +70,14 @@ async fn a_commands_environment_and_stdin_reach_it_through_its_input_and_never_t
     assert_eq!(input["method"], "POST");
     assert!(input["path"].as_str().unwrap().ends_with("/input"), "{input}");
     let data = input["body"]["data"].as_str().unwrap();
+    // The command's mark is its toolbox session's name (`acp-<session>-<bridge instance>-<run>`).
+    let session = input["path"].as_str().unwrap().split('/').nth_back(3).unwrap();
+    assert!(session.starts_with("acp-s-secrets-") && session.len() == "acp-s-secrets-".len() + 17, "{session}");
     assert_eq!(
         data,
         format!(
-            "export PATH='/usr/local/bin:/usr/bin:/bin'\nexport AGENT_KEY='{SECRET}'\nexport PWD='{workspace}'\n{stdin}"
+            "export PATH='/usr/local/bin:/usr/bin:/bin'\nexport AGENT_KEY='{SECRET}'\nexport \
+             ACP_SANDBOX_RUN='{session}'\nexport PWD='{workspace}'\n{stdin}"
         )
     );
     // The command line (which the daemon keeps in cmd.sh) names no value, and asks for the echo to be suppressed.
@@ -83,7 +87,7 @@ async fn a_commands_environment_and_stdin_reach_it_through_its_input_and_never_t
     let line = exec["body"]["command"].as_str().unwrap();
     assert!(
         line.ends_with(&format!(
-            " acp-sandbox 3 {} '{workspace}' '/bin/sh' '-c' '{}'",
+            " acp-sandbox 4 {} '{workspace}' '/bin/sh' '-c' '{}'",
             stdin.len(),
             script.replace('\'', r"'\''")
         )),

@@ -96,18 +96,6 @@ fn cli_and_grandchild(fake: &FakeE2b) -> (String, i32, i32) {
     (id, cli, std::fs::read_to_string(&child_file).unwrap().trim().parse().unwrap())
 }
 
-/// Waits until the store has the session's CLI conversation id (written while the turn runs).
-fn wait_native_id(dirs: &TestDirs, sid: &str) {
-    let db = rusqlite::Connection::open(dirs.data.join("acp-sandbox.sqlite3")).unwrap();
-    let stored = || {
-        db.query_row("SELECT native_id FROM sessions WHERE id = ?1", [sid], |row| row.get::<_, Option<String>>(0))
-            .ok()
-            .flatten()
-            .is_some()
-    };
-    assert!(support::wait_until(support::RECV_TIMEOUT, stored), "the CLI's conversation id was never stored");
-}
-
 /// Whether the fake soon lists no process of sandbox `id` (it forgets a killed one once its pipes are read).
 fn no_processes(fake: &FakeE2b, id: &str) -> bool {
     support::wait_until(support::RECV_TIMEOUT, || fake.state()[id]["processes"] == json!([]))
@@ -388,20 +376,12 @@ fn a_cli_left_running_by_a_killed_bridge_is_ended_with_a_note_before_the_next_pr
     let (id, old, child) = cli_and_grandchild(&fake);
     let inside = fake.host_path(&id, WORKSPACE);
     let _guards = (support::KillOnDrop(old), support::KillOnDrop(child));
-    wait_native_id(&dirs, &sid);
+    support::wait_native_id(&dirs, &sid);
     bridge.kill9();
     // The sandbox outlives the bridge, and so does its CLI: the premise.
     assert!(support::pid_alive(old), "the CLI died with the bridge");
 
-    let mut bridge = support::Bridge::start(e2b_options(&fake, &dirs));
-    bridge.request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
-    let turn = bridge.prompt(&sid, "Say hello");
-    assert_eq!(turn.stop_reason(), "end_turn");
-    assert_eq!(
-        turn.agent_text(),
-        "\n\n_OpenCode was still running in the sandbox from a turn acp-sandbox did not see to its end (it stopped \
-         mid-turn); that run was stopped before this prompt._\n\nYes, I remember: this is turn two of the same session."
-    );
+    let _bridge = support::prompt_after_a_killed_bridge(e2b_options(&fake, &dirs), &ws, &sid);
     assert!(
         !support::pid_alive(old) && !support::pid_alive(child),
         "the earlier CLI {old} or its child {child} runs on"

@@ -16,7 +16,9 @@ codes, the log framing):
   `stopping` (seen by the next GET), so clients must poll as they do against the real one. There is no
   Socket.IO gateway (`/api/socket.io/` is 404): the SDK then falls back to polling.
 - Toolbox under `/toolbox/{sandboxId}` (the `toolboxProxyUrl` of every sandbox is `http://127.0.0.1:<n>/toolbox`):
-  sessions (`POST /process/session`, `GET|DELETE /process/session/{s}`, `POST /process/session/{s}/exec` with
+  sessions (`POST /process/session`, `GET /process/session` (the list, its JSON as Go writes it),
+  `GET|DELETE /process/session/{s}` (a delete ends the processes of its commands' groups; what left them, such
+  as a `setsid` child, runs on, as with the daemon), `POST /process/session/{s}/exec` with
   `runAsync`, `GET …/command/{c}`, `GET …/command/{c}/logs` as a WebSocket with `follow=true` or as plain HTTP,
   `POST …/command/{c}/terminate`, `POST …/command/{c}/input`), files (`POST /files/bulk-upload`,
   `POST /files/bulk-download`, `GET /files/download?path=`, `POST /files/folder?path=&mode=`, `DELETE /files?path=`), `GET /work-dir`, `GET /user-home-dir`.
@@ -105,6 +107,16 @@ def demux(data):
             target.append(data[i])
         i += 1
     return bytes(out), bytes(err)
+
+
+def go_json(value):
+    """JSON as the daemon's gin `c.JSON` writes it (Go's `json.Marshal`): compact, non-ASCII as is, and `<`, `>`,
+    `&`, U+2028 and U+2029 escaped."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                          ("\u2029", "\\u2029")):
+        text = text.replace(char, escaped)
+    return text.encode()
 
 
 def wrote(path, data, mode="w"):
@@ -566,7 +578,10 @@ class Handler(BaseHTTPRequestHandler):
                 sandbox.sessions[session_id] = Session(sandbox, session_id)
             return self.send(201)
         if path == "/process/session" and method == "GET":
-            return self.send(200, [s.json() for s in sandbox.sessions.values()])
+            # The daemon's ListSessions: `[{"sessionId", "commands": [{"id", "command", "exitCode"?}]}]`.
+            with LOCK:
+                listed = [s.json() for s in sandbox.sessions.values()]
+            return self.send(200, go_json(listed))
         match = re.fullmatch(r"/process/session/([^/]+)(?:/(exec)|/command/([^/]+)(/logs|/terminate|/input)?)?", path)
         if not match:
             return self.toolbox_error(404, f"no route {method} {path}", "NOT_FOUND")
@@ -575,7 +590,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.toolbox_error(404, "session not found", "NOT_FOUND")
         if match.group(2) is None and match.group(3) is None:
             if method == "GET":
-                return self.send(200, session.json())
+                return self.send(200, go_json(session.json()))
             if method == "DELETE":
                 with LOCK:
                     sandbox.sessions.pop(session.id, None)

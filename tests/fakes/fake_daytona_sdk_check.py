@@ -60,6 +60,14 @@ def main():
     check("sync stdout", sync.stdout, f"sync\n{work_dir}\n")
     session = sandbox.process.get_session("sdk-check")
     check("session commands", [c.id for c in session.commands], [started.cmd_id, sync.cmd_id])
+    # The list of sessions: each with its commands, a running one without an exit code; deleting a session ends it.
+    sandbox.process.create_session("sdk-running")
+    sandbox.process.execute_session_command("sdk-running", SessionExecuteRequest(command="sleep 1000", run_async=True))
+    listed = sorted(
+        [s.session_id, [[c.command, c.exit_code] for c in s.commands]] for s in sandbox.process.list_sessions()
+    )
+    sandbox.process.delete_session("sdk-running")
+    check("after the delete", [s.session_id for s in sandbox.process.list_sessions()], ["sdk-check"])
     sandbox.process.delete_session("sdk-check")
 
     # Input to a running command goes to its stdin (a newline added), and into its log as stdout unless the
@@ -138,6 +146,7 @@ def main():
                 "gone": gone,
                 "input": inputs,
                 "missing_snapshot": missing_snapshot,
+                "sessions": listed,
             }
         ),
         flush=True,

@@ -914,6 +914,33 @@ impl Invocation {
     }
 }
 
+/// Waits until the store has the session's CLI conversation id (written while the turn runs).
+pub fn wait_native_id(dirs: &TestDirs, sid: &str) {
+    let db = rusqlite::Connection::open(dirs.data.join("acp-sandbox.sqlite3")).unwrap();
+    let stored = || {
+        db.query_row("SELECT native_id FROM sessions WHERE id = ?1", [sid], |row| row.get::<_, Option<String>>(0))
+            .ok()
+            .flatten()
+            .is_some()
+    };
+    assert!(wait_until(RECV_TIMEOUT, stored), "the CLI's conversation id was never stored");
+}
+
+/// A new bridge (`options`) after one was SIGKILLed mid-turn in a remote sandbox: it loads the session and
+/// prompts, and what the killed bridge left running is ended first, said in a note before the answer.
+pub fn prompt_after_a_killed_bridge(options: BridgeOptions, ws: &Path, sid: &str) -> Bridge {
+    let mut bridge = Bridge::start(options);
+    bridge.request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
+    let turn = bridge.prompt(sid, "Say hello");
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(
+        turn.agent_text(),
+        "\n\n_OpenCode was still running in the sandbox from a turn acp-sandbox did not see to its end (it stopped \
+         mid-turn); that run was stopped before this prompt._\n\nYes, I remember: this is turn two of the same session."
+    );
+    bridge
+}
+
 /// Every fake CLI run in `workspace`, oldest first.
 pub fn invocations(workspace: &Path) -> Vec<Invocation> {
     let path = workspace.join(".fake-cli/invocations.jsonl");

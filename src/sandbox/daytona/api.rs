@@ -225,6 +225,36 @@ pub struct CommandInfo {
     pub exit_code: Option<i32>,
 }
 
+/// A toolbox session, as `GET /process/session` lists it.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionInfo {
+    /// Its name.
+    pub session_id: String,
+    /// Its commands (older daemons send `null` for none).
+    #[serde(default)]
+    pub commands: Option<Vec<CommandInfo>>,
+}
+
+impl SessionInfo {
+    /// Whether a command of it still runs.
+    pub fn running(&self) -> bool {
+        self.commands.iter().flatten().any(|command| command.exit_code.is_none())
+    }
+}
+
+/// What a synchronous `exec` answers once its command ended.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Finished {
+    /// The exit code.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// Its stdout (with the split output every request of ours asks for).
+    #[serde(default)]
+    pub stdout: Option<String>,
+}
+
 #[derive(Deserialize)]
 struct CmdId {
     #[serde(rename = "cmdId")]
@@ -472,6 +502,21 @@ impl Toolbox {
         let url = self.url(&format!("/process/session/{}/exec", seg(session)));
         let response = send(self.client.request(Method::POST, &url).json(&exec_body(command)), &what).await?;
         Ok(json_of::<CmdId>(response, &what).await?.cmd_id)
+    }
+
+    /// `POST /process/session/{id}/exec` without `runAsync`: answers once the command ended.
+    pub async fn execute_sync(&self, session: &str, command: &str) -> Result<Finished, DaytonaError> {
+        let what = format!("run a command in session {session}");
+        let url = self.url(&format!("/process/session/{}/exec", seg(session)));
+        let response =
+            send(self.client.request(Method::POST, &url).json(&json!({ "command": command })), &what).await?;
+        json_of(response, &what).await
+    }
+
+    /// `GET /process/session`: every session of the sandbox, with its commands.
+    pub async fn sessions(&self) -> Result<Vec<SessionInfo>, DaytonaError> {
+        let what = "list the sandbox's sessions";
+        json_of(send(self.client.request(Method::GET, &self.url("/process/session")), what).await?, what).await
     }
 
     /// `POST …/command/{cmd}/input`: `data` goes to the command's stdin through the daemon's input pipe (a FIFO:

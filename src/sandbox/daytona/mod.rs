@@ -4,7 +4,8 @@
 //! The control plane creates, starts, stops and deletes sandboxes (`api.rs`); commands run in toolbox sessions, one
 //! session per command, with their output streamed over the followed-logs WebSocket and split into stdout and
 //! stderr by the daemon's markers (`logs.rs`); `process.rs` builds each command's shell line and ends or awaits it.
-//! Between turns the sandbox is stopped (its processes end, its files stay) and started again on `connect`.
+//! Each command's session is named by its tag (`sandbox::reaper`), also in its environment: what it started ends
+//! with it, and a later bridge finds (in the session list) and ends what this one left running. Between turns the sandbox is stopped (its processes end, its files stay) and started again on `connect`.
 //!
 //! The API key (`DAYTONA_API_KEY`) is used only in the bridge's own requests: a new sandbox gets no environment,
 //! every command's environment is scrubbed of `DAYTONA_*` and of any value holding the key, and nothing here logs
@@ -26,6 +27,7 @@ use tokio::sync::watch;
 use self::api::{Client, CreateRequest, DaytonaError, Endpoint, SandboxInfo, Toolbox};
 use self::logs::{Demuxer, Sinks};
 use self::process::DaytonaProcess;
+use crate::sandbox::reaper::{self, Tags};
 use crate::sandbox::{
     CheckLine, ExecSpec, RemoteFiles, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec,
 };
@@ -151,12 +153,14 @@ pub async fn check(var: &(dyn Fn(&str) -> Option<String> + Sync)) -> Vec<CheckLi
 pub struct DaytonaProvider {
     client: Client,
     settings: DaytonaSettings,
+    /// Part of every command's tag (and toolbox session name) of this bridge: one without it is an earlier bridge's.
+    instance: String,
 }
 
 impl DaytonaProvider {
     /// A provider for the account of `settings`.
     pub fn new(settings: DaytonaSettings) -> Result<Self, DaytonaError> {
-        Ok(Self { client: Client::new(settings.endpoint.clone())?, settings })
+        Ok(Self { client: Client::new(settings.endpoint.clone())?, settings, instance: reaper::instance_id() })
     }
 
     /// Polls until the sandbox is in one of `wanted` (passing through Daytona's transitional states).
@@ -193,6 +197,7 @@ impl DaytonaProvider {
             toolbox,
             api_key: self.settings.endpoint.api_key.clone(),
             session_id: session_id.to_string(),
+            tags: Tags::new(session_id, &self.instance),
             echo_suppressed: process::suppresses_input_echo(info.daemon_version.as_deref()),
             daemon_version: info.daemon_version.clone(),
         })
@@ -289,6 +294,8 @@ pub struct DaytonaSandbox {
     state_dir: PathBuf,
     api_key: String,
     session_id: String,
+    /// The tags of this session's commands in this bridge; a command's tag is also its toolbox session's name.
+    tags: Tags,
     /// Whether its daemon keeps a command's input out of the on-disk log (commands are refused otherwise).
     echo_suppressed: bool,
     daemon_version: Option<String>,
@@ -353,6 +360,30 @@ impl Sandbox for DaytonaSandbox {
         Some(self)
     }
 
+    async fn end_leftovers(&self) -> Result<usize, SandboxError> {
+        let earlier: Vec<_> =
+            self.toolbox.sessions().await?.into_iter().filter(|s| self.tags.is_earlier(&s.session_id)).collect();
+        if earlier.is_empty() {
+            return Ok(0);
+        }
+        let mut running = 0;
+        for session in &earlier {
+            if session.running() {
+                running += 1;
+                tracing::warn!(session = %self.session_id, sandbox = %self.id, daytona_session = %session.session_id, "ending a command an earlier bridge left running");
+            }
+            // Deleting a session ends its command's process group (what is in none, the reaper ends below).
+            match self.toolbox.delete_session(&session.session_id).await {
+                Err(e) if !e.is_not_found() => return Err(e.into()),
+                _ => {}
+            }
+        }
+        let (kill, spare) = self.tags.earlier_patterns();
+        let ended = process::reap(&self.toolbox, &kill, Some(&spare)).await?;
+        tracing::info!(session = %self.session_id, sandbox = %self.id, sessions = earlier.len(), ended, "ended the earlier bridges' commands");
+        Ok(running)
+    }
+
     async fn exec(&self, spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
         if spec.serve_port.is_some() {
             return Err(SandboxError::Unavailable("a server inside a Daytona sandbox is not supported yet".into()));
@@ -362,6 +393,9 @@ impl Sandbox for DaytonaSandbox {
             tracing::debug!(session = %self.session_id, "host paths of the command are not shown in a Daytona sandbox");
         }
         let mut spec = spec;
+        // The tag names the command's session (found again by a later bridge) and marks everything it starts.
+        let session = self.tags.next();
+        reaper::mark(&mut spec, &session);
         let (env, dropped) = process::scrub_env(std::mem::take(&mut spec.env), &self.api_key);
         if !dropped.is_empty() {
             tracing::warn!(session = %self.session_id, ?dropped, "left Daytona's own variables out of a command");
@@ -383,7 +417,6 @@ impl Sandbox for DaytonaSandbox {
                 self.daemon_version.as_deref().unwrap_or("?")
             )));
         }
-        let session = format!("acp-{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
         let line = process::command_line(&spec, lines, stdin_len);
         // Until the command has its input, failing (or being dropped by a cancel) deletes its session: a command
         // that never got its input would wait for it for as long as the sandbox runs.
@@ -427,6 +460,7 @@ impl Sandbox for DaytonaSandbox {
             stderr: Box::pin(stderr_read),
             handle: Box::new(DaytonaProcess {
                 toolbox: self.toolbox.clone(),
+                mark: reaper::exact_pattern(&session),
                 session,
                 command,
                 outcome: outcome_rx,

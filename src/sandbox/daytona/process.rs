@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::api::{DaytonaError, Toolbox, is_missing_route};
+use crate::sandbox::reaper::{self, REAP_LIMIT};
 use crate::sandbox::{ExecSpec, ExitInfo, ProcessHandle, SandboxError};
 
 /// A word for `sh`, single-quoted.
@@ -169,6 +170,41 @@ impl Drop for SessionGuard {
     }
 }
 
+/// Runs the reaper (`sandbox::reaper`) in a session of its own, which the daemon's shell starts without any mark:
+/// ends every process whose environment matches `kill` and not `spare`, and answers how many it ended.
+pub async fn reap(toolbox: &Toolbox, kill: &str, spare: Option<&str>) -> Result<usize, DaytonaError> {
+    let spec = reaper::reaper_spec(kill, spare);
+    let line = std::iter::once(spec.program.display().to_string())
+        .chain(spec.args)
+        .map(|word| quote(&word))
+        .collect::<Vec<_>>()
+        .join(" ");
+    // Not `acp-…`: a reaper is never taken for a command another bridge left.
+    let session = format!("reaper-{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+    toolbox.create_session(&session).await?;
+    let finished = toolbox.execute_sync(&session, &line).await;
+    if let Err(e) = toolbox.delete_session(&session).await
+        && !e.is_not_found()
+    {
+        tracing::debug!(daytona_session = %session, "could not delete the reaper's session: {e}");
+    }
+    let finished = finished?;
+    match finished.exit_code {
+        Some(0) => Ok(reaper::reaped(finished.stdout.as_deref().unwrap_or_default())),
+        code => Err(DaytonaError::Stream(format!("the reaper ended with exit code {code:?}"))),
+    }
+}
+
+/// Ends the processes carrying a command's mark (what it started), logging what could not be done.
+pub async fn end_marked(toolbox: &Toolbox, session: &str, mark: &str) {
+    match tokio::time::timeout(REAP_LIMIT, reap(toolbox, mark, None)).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(ended)) => tracing::debug!(daytona_session = %session, ended, "ended what the command left running"),
+        Ok(Err(e)) => tracing::warn!(daytona_session = %session, "could not end what the command left running: {e}"),
+        Err(_) => tracing::warn!(daytona_session = %session, "ending what the command left running took too long"),
+    }
+}
+
 /// How a command ended, as the log task found out.
 pub type Outcome = Result<Option<i32>, String>;
 
@@ -198,6 +234,8 @@ pub struct DaytonaProcess {
     pub(crate) toolbox: Toolbox,
     pub(crate) session: String,
     pub(crate) command: String,
+    /// The pattern of the command's mark: what it started ends with it.
+    pub(crate) mark: String,
     pub(crate) outcome: watch::Receiver<Option<Outcome>>,
     pub(crate) killed: bool,
     pub(crate) exited: Option<ExitInfo>,
@@ -252,6 +290,8 @@ impl ProcessHandle for DaytonaProcess {
                 }
             }
         }
+        // Neither reaches what the command started in a session of its own (or double-forked): its mark does.
+        end_marked(&self.toolbox, &self.session, &self.mark).await;
     }
 
     async fn wait(&mut self) -> Result<ExitInfo, SandboxError> {
@@ -268,6 +308,11 @@ impl ProcessHandle for DaytonaProcess {
             _ => None,
         };
         let exit = exit_info(code, self.killed);
+        // A turn's processes end with it, as in a local sandbox: daemons and `setsid` children of the command too,
+        // before `wait` answers (a kill ended them already).
+        if !self.killed {
+            end_marked(&self.toolbox, &self.session, &self.mark).await;
+        }
         self.exited = Some(exit);
         self.clean_up();
         Ok(exit)
@@ -279,10 +324,12 @@ impl Drop for DaytonaProcess {
         if self.exited.is_none() {
             // Dropped while running: nothing may outlive the turn.
             let (toolbox, session, command) = (self.toolbox.clone(), self.session.clone(), self.command.clone());
+            let mark = self.mark.clone();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
                     let _ = toolbox.terminate(&session, &command).await;
                     let _ = toolbox.delete_session(&session).await;
+                    end_marked(&toolbox, &session, &mark).await;
                 });
             }
         }

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use self::api::{AutoResume, ControlPlane, NewSandbox, SandboxInfo, remote};
 use self::connect::{Decoder, Frame};
 use self::envd::{Envd, Event};
+use super::reaper::{self, REAP_LIMIT, Tags};
 use super::{
     ExecSpec, ExitInfo, ProcessHandle, RemoteFailure, RunningProcess, Sandbox, SandboxError, SandboxProvider,
     SandboxSpec,
@@ -46,31 +47,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
 const PIPE_BUFFER: usize = 256 * 1024;
 /// How often a broken process stream is re-attached before the command counts as lost.
 const REATTACH_TRIES: u32 = 3;
-/// The variable every command of ours carries, with its tag as the value. envd signals only the process it
-/// started and puts it in no group of its own, so what the command started (also in a session of its own, or
-/// double-forked) is found by this mark in `/proc/*/environ` and ended with it.
-pub const RUN_MARK: &str = "ACP_SANDBOX_RUN";
-/// How long ending a command's leftovers may take before the caller goes on (it is logged).
-const REAP_LIMIT: Duration = Duration::from_secs(5);
-/// Ends every process whose environment has an entry matching `$1` (a `grep` pattern), except those that also
-/// match `$2` (when given), until none is left (what they fork meanwhile is found in the next round), and prints
-/// how many it ended. Needs only `sh`, GNU `grep` (`-z`) and `/proc`, as E2B's Debian-based templates have them.
-const REAPER: &str = r#"kill_pattern=$1 spare=$2 rounds=0 ended=0
-while [ "$rounds" -lt 50 ]; do
-  found=
-  for file in $(grep -lsz -e "$kill_pattern" /proc/[0-9]*/environ); do
-    if [ -n "$spare" ] && grep -qsz -e "$spare" "$file"; then continue; fi
-    pid=${file#/proc/}
-    found="$found ${pid%/environ}"
-    ended=$((ended + 1))
-  done
-  [ -z "$found" ] && break
-  kill -9 $found 2>/dev/null
-  rounds=$((rounds + 1))
-done
-echo "$ended"
-"#;
-
 /// The E2B API key: shown to nothing but the `X-API-Key` header.
 #[derive(Clone)]
 pub struct ApiKey(String);
@@ -222,7 +198,7 @@ impl E2bProvider {
     pub fn new(settings: E2bSettings) -> Result<Self, SandboxError> {
         let http = http_client()?;
         let api = Arc::new(ControlPlane::new(http.clone(), settings.api_url.clone(), settings.api_key.clone()));
-        let instance = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+        let instance = reaper::instance_id();
         Ok(E2bProvider { settings, http, api, instance })
     }
 
@@ -232,8 +208,7 @@ impl E2bProvider {
         let envd = Envd::new(self.http.clone(), base, &info.sandbox_id, info.envd_access_token.as_deref())?;
         Ok(Arc::new(E2bSandbox {
             id: info.sandbox_id,
-            session_id: session_id.to_string(),
-            instance: self.instance.clone(),
+            tags: Tags::new(session_id, &self.instance),
             template: self.settings.template.clone(),
             envd_version: info.envd_version,
             timeout: self.settings.timeout,
@@ -305,8 +280,8 @@ impl SandboxProvider for E2bProvider {
 /// A connected E2B sandbox.
 pub struct E2bSandbox {
     id: String,
-    session_id: String,
-    instance: String,
+    /// The tags of this session's commands in this bridge.
+    tags: Tags,
     template: String,
     envd_version: String,
     timeout: Duration,
@@ -372,16 +347,13 @@ impl Sandbox for E2bSandbox {
             ));
         }
         // The tag finds the command again after a bridge restart (`Process/List`); its mark, everything it started.
-        let tag = format!("{}{}", self.own_prefix(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        spec.env.retain(|(name, _)| name != RUN_MARK);
-        spec.env.push((RUN_MARK.to_string(), tag.clone()));
+        let tag = self.tags.next();
+        reaper::mark(&mut spec, &tag);
         self.start(spec, Some(tag)).await
     }
 
     async fn end_leftovers(&self) -> Result<usize, SandboxError> {
         let listed = self.envd.unary("List", &json!({})).await?;
-        let session = self.session_prefix();
-        let own = self.own_prefix();
         let strays: Vec<(u32, String)> = listed
             .get("processes")
             .and_then(Value::as_array)
@@ -390,7 +362,7 @@ impl Sandbox for E2bSandbox {
             .filter_map(|process| {
                 let tag = process.get("tag").and_then(Value::as_str)?;
                 let pid = process.get("pid").and_then(Value::as_u64).and_then(|p| u32::try_from(p).ok())?;
-                (tag.starts_with(&session) && !tag.starts_with(&own)).then(|| (pid, tag.to_string()))
+                self.tags.is_earlier(tag).then(|| (pid, tag.to_string()))
             })
             .collect();
         if strays.is_empty() {
@@ -404,7 +376,8 @@ impl Sandbox for E2bSandbox {
             }
         }
         // What they started, and what earlier bridges' commands of this session left without a parent.
-        let ended = reap(&self.envd, &mark_pattern(&session), Some(&mark_pattern(&own))).await?;
+        let (session, own) = self.tags.earlier_patterns();
+        let ended = reap(&self.envd, &session, Some(&own)).await?;
         tracing::info!(provider = PROVIDER, sandbox = %self.id, ended, "ended the earlier bridges' processes");
         Ok(strays.len())
     }
@@ -431,16 +404,6 @@ impl Sandbox for E2bSandbox {
 }
 
 impl E2bSandbox {
-    /// `acp-<session>-`: every command of this session, whichever bridge started it.
-    fn session_prefix(&self) -> String {
-        format!("acp-{}-", self.session_id)
-    }
-
-    /// `acp-<session>-<instance>-`: the commands of this bridge.
-    fn own_prefix(&self) -> String {
-        format!("{}{}-", self.session_prefix(), self.instance)
-    }
-
     /// Starts a command; with a tag, its leftovers are ended when it ends or is killed.
     async fn start(&self, spec: ExecSpec, tag: Option<String>) -> Result<RunningProcess, SandboxError> {
         let program = spec.program.to_string_lossy().into_owned();
@@ -459,7 +422,7 @@ impl E2bSandbox {
             }
         };
         tracing::debug!(provider = PROVIDER, sandbox = %self.id, pid, ?tag, %program, "started");
-        let mark = tag.as_deref().map(|tag| format!("{}$", mark_pattern(tag)));
+        let mark = tag.as_deref().map(reaper::exact_pattern);
         let killed = Arc::new(AtomicBool::new(false));
         let (stdout, stdout_reader) = tokio::io::duplex(PIPE_BUFFER);
         let (stderr, stderr_reader) = tokio::io::duplex(PIPE_BUFFER);
@@ -720,23 +683,10 @@ async fn end_marked(envd: &Envd, pid: u32, mark: &str) {
     }
 }
 
-/// The `grep` pattern of an environment entry `ACP_SANDBOX_RUN=<value>…`. Tags are ours, but a session id comes
-/// from the store: anything but the characters tags use stands for itself only as `.`.
-fn mark_pattern(value: &str) -> String {
-    let safe: String =
-        value.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '.' }).collect();
-    format!("^{RUN_MARK}={safe}")
-}
-
 /// Runs the reaper in the sandbox: ends every process whose environment matches `kill` and not `spare`; answers
 /// how many it ended. Its own environment carries no mark.
 async fn reap(envd: &Envd, kill: &str, spare: Option<&str>) -> Result<usize, SandboxError> {
-    let spec = ExecSpec {
-        program: PathBuf::from("/bin/sh"),
-        args: vec!["-c".into(), REAPER.into(), "acp-sandbox-reaper".into(), kill.into(), spare.unwrap_or("").into()],
-        cwd: PathBuf::from("/"),
-        ..ExecSpec::default()
-    };
+    let spec = reaper::reaper_spec(kill, spare);
     let response = envd.stream("Start", &envd::start_request(&spec, None)).await?;
     let mut stream = EventStream::new(response);
     let mut out = Vec::new();
@@ -756,7 +706,7 @@ async fn reap(envd: &Envd, kill: &str, spare: Option<&str>) -> Result<usize, San
             }
         }
     }
-    Ok(String::from_utf8_lossy(&out).trim().parse().unwrap_or(0))
+    Ok(reaper::reaped(&String::from_utf8_lossy(&out)))
 }
 
 #[cfg(test)]
@@ -797,13 +747,6 @@ mod tests {
             err.to_string(),
             "sandbox unavailable: E2B_API_URL=no url is not a URL: relative URL without a base"
         );
-    }
-
-    #[test]
-    fn a_mark_pattern_matches_only_what_it_names() {
-        assert_eq!(mark_pattern("acp-sess_1a-b2"), "^ACP_SANDBOX_RUN=acp-sess_1a-b2");
-        // A session id read from the store cannot make the pattern match more than a character per character.
-        assert_eq!(mark_pattern("s.*$[x]\\"), "^ACP_SANDBOX_RUN=s....x..");
     }
 
     #[test]
