@@ -66,6 +66,11 @@ impl FakeDaytona {
     }
 
     fn start_with(dir: &Path, flags: &[&str]) -> FakeDaytona {
+        Self::start_in(dir, flags, &std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()))
+    }
+
+    /// With `path` as the PATH of its sandboxes' commands (a snapshot's own PATH).
+    fn start_in(dir: &Path, flags: &[&str], path: &str) -> FakeDaytona {
         let root = dir.join("sandboxes");
         let record = dir.join("requests.jsonl");
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/fake_daytona.py");
@@ -79,6 +84,7 @@ impl FakeDaytona {
             .arg(&record)
             .args(flags)
             .env_remove("DAYTONA_API_KEY")
+            .env("PATH", path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(dir.join("fake-daytona.log")).unwrap()))

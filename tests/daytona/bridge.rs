@@ -318,3 +318,40 @@ fn the_workspace_goes_up_and_the_agents_changes_come_back_through_the_editor() {
     assert_eq!(support::reads(&turn), "READ mine.txt=edited by me\n; hello.txt=old\n");
     assert_eq!(bridge.file_writes.len(), 2, "nothing more was sent");
 }
+
+/// Without an override, the CLI is installed in the Daytona sandbox on the first prompt, with the snapshot's own
+/// npm (found on the sandbox's PATH, not this machine's), shown as a card, and found there by later prompts.
+#[test]
+fn the_cli_is_installed_in_the_daytona_sandbox_on_first_use_and_found_there_later() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = test_dir("install");
+    let dirs = support::TestDirs::new("daytona-install");
+    let bin = dirs.root().join("snapshot-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("npm"), format!("#!/bin/sh\n{}", support::installing_npm())).unwrap();
+    std::fs::set_permissions(bin.join("npm"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fake = FakeDaytona::start_in(&dir, &[], &format!("{}:/usr/bin:/bin", bin.display()));
+    let ws = dirs.remote_workspace("ws");
+    let mut bridge = support::Bridge::start(daytona_options(&fake, &dirs).without_env("ACP_SANDBOX_OPENCODE_BIN"));
+    let sid = bridge.new_session(&ws);
+    let first = bridge.prompt(&sid, "Say hello");
+    assert_eq!(first.stop_reason(), "end_turn");
+    assert_eq!(first.agent_text(), "Hello from the fake model. This is a plain text answer.");
+    let install: Vec<(&Value, &Value)> = first
+        .updates
+        .iter()
+        .filter(|u| u["toolCallId"] == "install-opencode")
+        .map(|u| (&u["title"], &u["status"]))
+        .collect();
+    let title = json!("Installing OpenCode 1.18.33 in the sandbox (first use)");
+    assert_eq!(install, [(&title, &json!("in_progress")), (&Value::Null, &json!("completed"))], "{:#?}", first.updates);
+    let id = only_sandbox(&fake);
+    let npm_log = fake.root.join(&id).join("home/.acp-sandbox/home/npm.log");
+    assert_eq!(std::fs::read_to_string(&npm_log).unwrap().lines().count(), 1);
+
+    let second = bridge.prompt(&sid, "Say hello");
+    assert_eq!(second.stop_reason(), "end_turn");
+    assert!(!second.updates.iter().any(|u| u["toolCallId"] == "install-opencode"), "{:#?}", second.updates);
+    assert_eq!(std::fs::read_to_string(&npm_log).unwrap().lines().count(), 1, "npm ran again");
+    assert_eq!(support::invocations(&workspace_of(&fake, &id)).len(), 2);
+}

@@ -40,19 +40,6 @@ fn which(name: &str) -> PathBuf {
     ["/usr/bin", "/bin"].iter().map(|dir| Path::new(dir).join(name)).find(|p| p.exists()).unwrap()
 }
 
-/// An npm that "installs" the fake OpenCode (`.bin/opencode` runs it) and logs its argv to
-/// `$HOME/npm.log` (the session's HOME inside the sandbox).
-fn installing_npm() -> String {
-    format!(
-        "echo \"$@\" >> \"$HOME/npm.log\"\n\
-         while [ $# -gt 0 ]; do [ \"$1\" = --prefix ] && prefix=\"$2\"; shift; done\n\
-         mkdir -p \"$prefix/node_modules/.bin\"\n\
-         printf '#!/bin/sh\\nexec /usr/bin/python3 %s opencode \"$@\"\\n' '{}' > \"$prefix/node_modules/.bin/opencode\"\n\
-         chmod +x \"$prefix/node_modules/.bin/opencode\"\n",
-        support::fakes_dir().join("fake_cli.py").display()
-    )
-}
-
 /// The fake E2B with a template `node` whose PATH has `npm` (the given script) before the host's.
 fn fake_with_npm(dirs: &TestDirs, npm: String) -> FakeE2b {
     let bin = bin_dir(dirs, "node-bin", &[("npm", Some(npm))]);
@@ -138,7 +125,7 @@ fn tool_updates(turn: &support::Turn) -> Vec<Value> {
 #[test]
 fn the_cli_is_installed_in_the_sandbox_on_first_use_with_the_users_config_and_found_there_later() {
     let dirs = TestDirs::new("e2b-install");
-    let fake = fake_with_npm(&dirs, installing_npm());
+    let fake = fake_with_npm(&dirs, support::installing_npm());
     let ws = dirs.remote_workspace("ws");
     // The user's OpenCode config and login, as `user_config` finds them.
     let (config, data) = (dirs.root().join("xdg-config"), dirs.root().join("xdg-data"));

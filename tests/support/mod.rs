@@ -1090,3 +1090,16 @@ pub fn doctor_section<'a>(out: &'a str, label: &str) -> Vec<&'a str> {
         .map(|(_, line)| line)
         .collect()
 }
+
+/// An npm that "installs" the fake OpenCode (`.bin/opencode` runs it) and logs its argv to `$HOME/npm.log` (the
+/// session's HOME inside a remote sandbox): the body of a `#!/bin/sh` script.
+pub fn installing_npm() -> String {
+    format!(
+        "echo \"$@\" >> \"$HOME/npm.log\"\n\
+         while [ $# -gt 0 ]; do [ \"$1\" = --prefix ] && prefix=\"$2\"; shift; done\n\
+         mkdir -p \"$prefix/node_modules/.bin\"\n\
+         printf '#!/bin/sh\\nexec /usr/bin/python3 %s opencode \"$@\"\\n' '{}' > \"$prefix/node_modules/.bin/opencode\"\n\
+         chmod +x \"$prefix/node_modules/.bin/opencode\"\n",
+        fakes_dir().join("fake_cli.py").display()
+    )
+}

@@ -6,7 +6,7 @@
 //! request to the command's input endpoint, which the daemon writes into the command's input pipe (a FIFO, with
 //! the echo into the on-disk log suppressed). The command's shell reads the environment's lines from that pipe,
 //! then hands the CLI exactly the stdin's bytes and an end of file (the daemon keeps the pipe open for as long as
-//! the command runs), from `env -i` with nothing else inherited.
+//! the command runs), from `env -i` with nothing else inherited but the sandbox's own `PATH`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -86,6 +86,9 @@ pub fn command_line(spec: &ExecSpec, lines: usize, stdin_len: usize) -> String {
     let mut words = vec![
         "env".to_string(),
         "-i".to_string(),
+        // The sandbox's own PATH (its image's, as E2B's envd gives every process): where its Node.js and npm are.
+        // The daemon's shell expands it; an exported PATH of the command's own replaces it.
+        r#""PATH=$PATH""#.to_string(),
         "/bin/sh".to_string(),
         "-c".to_string(),
         quote(script),
@@ -403,7 +406,7 @@ mod tests {
         };
         assert_eq!(
             command_line(&spec, 3, 42),
-            r#"env -i /bin/sh -c 'n=$1; e=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; e="$e$l
+            r#"env -i "PATH=$PATH" /bin/sh -c 'n=$1; e=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; e="$e$l
 "; n=$((n-1)); done; c=$2; d=$3; shift 3; eval "$e" && cd -- "$d" || exit 125; if [ "$c" -eq 0 ]; then exec "$@" < /dev/null; fi; command -p head -c "$c" | "$@"' acp-sandbox 3 42 '/home/daytona/workspace' 'opencode' 'run' 'it'\''s'"#
         );
     }
