@@ -808,6 +808,9 @@ impl Sandbox for LocalSandbox {
         guards.inherited.clear();
         guards.cgroup = cgroup;
         let pid = child.id();
+        if let Some(pid) = pid {
+            live_children().insert(pid);
+        }
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
         let stderr = child.stderr.take();
@@ -942,6 +945,13 @@ struct LocalProcess {
 }
 
 impl LocalProcess {
+    /// The command was reaped (or is being dropped): its pid is no longer one of the bridge's own children.
+    fn forget(&self) {
+        if let Some(pid) = self.pid {
+            live_children().remove(&pid);
+        }
+    }
+
     /// Ends what may outlive the command itself: the rest of its cgroup and orphans carrying its HOME.
     fn end_leftovers(&self) {
         if let Some(cgroup) = &self.guards.cgroup {
@@ -990,6 +1000,7 @@ impl ProcessHandle for LocalProcess {
         use std::os::unix::process::ExitStatusExt;
         let exit = ExitInfo { code: status.code(), signal: status.signal() };
         self.exited = Some(exit);
+        self.forget();
         // Whatever the CLI left behind goes with it, after every turn.
         if let Some(pid) = self.pid {
             let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
@@ -1015,6 +1026,7 @@ impl Drop for LocalProcess {
             }
             self.end_leftovers();
         }
+        self.forget();
         // Its processes are gone; removing the group waits for the kernel to let go of it, which need not hold
         // up the turn's answer.
         if let Some(cgroup) = self.guards.cgroup.take()
@@ -1080,13 +1092,22 @@ pub fn become_subreaper() {
     }
 }
 
+/// The commands this bridge started and has not reaped: children of the bridge that are not orphans.
+fn live_children() -> std::sync::MutexGuard<'static, HashSet<u32>> {
+    static LIVE: OnceLock<Mutex<HashSet<u32>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Ends the orphans re-parented to the bridge whose HOME is `home` (the session's), and what they started, then
 /// waits for them so that none stays a zombie. Only ever waits for what it killed: tokio waits for the rest.
+/// A command the bridge started itself and still runs (the session's server, another of its commands) is a child
+/// with that HOME too, but no orphan: it is left alone.
 fn end_orphans(home: &Path) {
     let own = std::process::id() as i32;
+    let live = live_children().clone();
     let orphans: Vec<i32> = process_table()
         .into_iter()
-        .filter(|p| p.ppid == own && home_of(p.pid).as_deref() == Some(home))
+        .filter(|p| p.ppid == own && !live.contains(&(p.pid as u32)) && home_of(p.pid).as_deref() == Some(home))
         .map(|p| p.pid)
         .collect();
     let mut killed: Vec<i32> = orphans.into_iter().flat_map(|pid| kill_tree(pid as u32)).collect();
@@ -1541,5 +1562,41 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         assert!(!alive, "grandchild {grandchild} survived");
+    }
+    #[tokio::test]
+    async fn a_commands_end_leaves_the_other_running_commands_of_its_sandbox_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("server.pid");
+        let mut sandbox = sandbox(dir.path(), Isolation::None("test".into()));
+        Arc::get_mut(&mut sandbox.settings).unwrap().init_program = None;
+        // Both carry the session's HOME, as a warm server and a turn's command do: the one that ends looks for
+        // orphans with that HOME, and the other, the bridge's own running child, is none.
+        let spec = |script: String| ExecSpec {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script],
+            env: vec![
+                ("PATH".into(), "/usr/bin:/bin".into()),
+                ("HOME".into(), sandbox.state_dir().join("home").display().to_string()),
+            ],
+            cwd: dir.path().into(),
+            ..ExecSpec::default()
+        };
+        let mut server =
+            sandbox.exec(spec(format!("echo $$ > {}; exec sleep 1000", pid_file.display()))).await.unwrap();
+        let pid = loop {
+            if let Ok(text) = std::fs::read_to_string(&pid_file)
+                && let Ok(pid) = text.trim().parse::<i32>()
+            {
+                break pid;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        let mut short = sandbox.exec(spec("true".into())).await.unwrap();
+        assert!(short.handle.wait().await.unwrap().success());
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let running = state.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'));
+        assert!(running, "the other command ({pid}) was ended with the short one: {state:?}");
+        server.handle.kill().await;
+        assert_eq!(server.handle.wait().await.unwrap().signal, Some(9));
     }
 }
