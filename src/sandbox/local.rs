@@ -697,10 +697,14 @@ impl Sandbox for LocalSandbox {
                     tools: spec.tools.clone(),
                     private: self.copy.iter().map(|copy| copy.review_dir().to_path_buf()).collect(),
                 };
+                // In review mode the mount points are made in the agent's copy, which the next sync cleans. The
+                // workspace is held before it is looked at: a mount point another sandbox of it made is then
+                // never removed between this plan, which takes it for the user's, and this sandbox's start.
+                let held = self.copy.is_none().then(|| Placeholders::hold(&self.host_workspace));
                 let plan = self.settings.policy.plan(&subject, &RealDisk);
-                // In review mode the mount points are made in the agent's copy, which the next sync cleans.
-                if self.copy.is_none() {
-                    guards.placeholders = Some(Placeholders::hold(&self.host_workspace, plan.placeholders.clone()));
+                if let Some(held) = held {
+                    held.add(&plan.placeholders);
+                    guards.placeholders = Some(held);
                 }
                 let net = if !self.settings.network.uses_proxy() {
                     None
@@ -853,34 +857,40 @@ struct ProcessGuards {
 }
 
 /// Mount points of missing protected paths, created on the host by bubblewrap: removed (when still empty) once no
-/// sandbox of this bridge uses the workspace any more.
+/// sandbox of this bridge uses the workspace any more, whichever of its sandboxes made them.
 struct Placeholders {
     workspace: PathBuf,
-    paths: Vec<PathBuf>,
 }
 
-fn workspace_users() -> &'static Mutex<HashMap<PathBuf, usize>> {
-    static USERS: OnceLock<Mutex<HashMap<PathBuf, usize>>> = OnceLock::new();
-    USERS.get_or_init(Mutex::default)
+/// Per workspace: how many sandboxes use it, and the mount points they asked bubblewrap to make in it.
+type WorkspaceUsers = HashMap<PathBuf, (usize, std::collections::BTreeSet<PathBuf>)>;
+
+fn workspace_users() -> std::sync::MutexGuard<'static, WorkspaceUsers> {
+    static USERS: OnceLock<Mutex<WorkspaceUsers>> = OnceLock::new();
+    USERS.get_or_init(Mutex::default).lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Placeholders {
-    fn hold(workspace: &Path, paths: Vec<PathBuf>) -> Self {
-        *workspace_users().lock().unwrap_or_else(|p| p.into_inner()).entry(workspace.to_path_buf()).or_default() += 1;
-        Self { workspace: workspace.to_path_buf(), paths }
+    fn hold(workspace: &Path) -> Self {
+        workspace_users().entry(workspace.to_path_buf()).or_default().0 += 1;
+        Self { workspace: workspace.to_path_buf() }
+    }
+
+    fn add(&self, paths: &[PathBuf]) {
+        workspace_users().entry(self.workspace.clone()).or_default().1.extend(paths.iter().cloned());
     }
 }
 
 impl Drop for Placeholders {
     fn drop(&mut self) {
-        let mut users = workspace_users().lock().unwrap_or_else(|p| p.into_inner());
-        let count = users.entry(self.workspace.clone()).or_default();
-        *count = count.saturating_sub(1);
-        if *count > 0 {
+        let mut users = workspace_users();
+        let entry = users.entry(self.workspace.clone()).or_default();
+        entry.0 = entry.0.saturating_sub(1);
+        if entry.0 > 0 {
             return;
         }
-        users.remove(&self.workspace);
-        for path in &self.paths {
+        let Some((_, paths)) = users.remove(&self.workspace) else { return };
+        for path in paths.iter().rev() {
             match std::fs::symlink_metadata(path) {
                 Ok(meta) if meta.is_file() && meta.len() == 0 => {
                     let _ = std::fs::remove_file(path);
@@ -1522,6 +1532,18 @@ mod tests {
         assert!(!Path::new(&id).join("cache/plugin.js").exists());
     }
 
+    /// The pid a command wrote to `file`, once it has.
+    async fn pid_written(file: &Path) -> i32 {
+        loop {
+            if let Ok(text) = std::fs::read_to_string(file)
+                && let Ok(pid) = text.trim().parse::<i32>()
+            {
+                return pid;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     #[tokio::test]
     async fn kill_tree_reaches_children_that_left_the_process_group() {
         let dir = tempfile::tempdir().unwrap();
@@ -1540,14 +1562,7 @@ mod tests {
             })
             .await
             .unwrap();
-        let grandchild = loop {
-            if let Ok(text) = std::fs::read_to_string(&pid_file)
-                && let Ok(pid) = text.trim().parse::<i32>()
-            {
-                break pid;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        };
+        let grandchild = pid_written(&pid_file).await;
         process.handle.kill().await;
         let exit = process.handle.wait().await.unwrap();
         assert_eq!(exit.signal, Some(9));
@@ -1583,14 +1598,7 @@ mod tests {
         };
         let mut server =
             sandbox.exec(spec(format!("echo $$ > {}; exec sleep 1000", pid_file.display()))).await.unwrap();
-        let pid = loop {
-            if let Ok(text) = std::fs::read_to_string(&pid_file)
-                && let Ok(pid) = text.trim().parse::<i32>()
-            {
-                break pid;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        };
+        let pid = pid_written(&pid_file).await;
         let mut short = sandbox.exec(spec("true".into())).await.unwrap();
         assert!(short.handle.wait().await.unwrap().success());
         let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -1598,5 +1606,21 @@ mod tests {
         assert!(running, "the other command ({pid}) was ended with the short one: {state:?}");
         server.handle.kill().await;
         assert_eq!(server.handle.wait().await.unwrap().signal, Some(9));
+    }
+    #[test]
+    fn a_mount_point_stays_while_another_sandbox_of_its_workspace_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let hooks = ws.join(".git/hooks");
+        std::fs::create_dir_all(&hooks).unwrap();
+        // The first sandbox's bubblewrap made `.git/hooks`; the second looked at the workspace while it was there.
+        let first = Placeholders::hold(&ws);
+        first.add(std::slice::from_ref(&hooks));
+        let second = Placeholders::hold(&ws);
+        drop(first);
+        assert!(hooks.is_dir(), "removed while the second sandbox, which binds it, still starts");
+        drop(second);
+        assert!(!hooks.exists(), "the mount point outlived every sandbox of its workspace");
+        assert!(ws.join(".git").is_dir(), "only what a sandbox made goes");
     }
 }
