@@ -27,7 +27,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use super::review::{WorkspaceCopy, check_relative, remove};
+use super::review::{WorkspaceCopy, check_relative, remove, walk};
 use super::statedir::StateDir;
 use super::{ExecSpec, RemoteFiles, Sandbox, SandboxError};
 
@@ -661,21 +661,16 @@ impl<'a> Mirror<'a> {
 fn copy_entries(copy: &WorkspaceCopy) -> io::Result<BTreeMap<PathBuf, CopyEntry>> {
     let dir = Dir::open_ambient_dir(copy.path(), ambient_authority())?;
     let mut entries = BTreeMap::new();
-    let mut dirs = vec![PathBuf::new()];
-    while let Some(current) = dirs.pop() {
-        let listed = if current.as_os_str().is_empty() { dir.entries()? } else { dir.read_dir(&current)? };
-        for entry in listed {
-            let rel = current.join(entry?.file_name());
-            let meta = dir.symlink_metadata(&rel)?;
-            if meta.is_dir() {
-                dirs.push(rel);
-            } else if meta.is_file() {
-                entries.insert(rel, CopyEntry { stamp: CopyStamp::of(&meta), link: None });
-            } else if meta.is_symlink() {
-                let link = Some(dir.read_link_contents(&rel)?);
-                entries.insert(rel, CopyEntry { stamp: CopyStamp::of(&meta), link });
-            }
-        }
+    for rel in walk(&dir, |_, _| false)?.paths {
+        let meta = dir.symlink_metadata(&rel)?;
+        let link = if meta.is_symlink() {
+            Some(dir.read_link_contents(&rel)?)
+        } else if meta.is_file() {
+            None
+        } else {
+            continue;
+        };
+        entries.insert(rel, CopyEntry { stamp: CopyStamp::of(&meta), link });
     }
     Ok(entries)
 }

@@ -369,7 +369,7 @@ fn copy_file(workspace: &Dir, copy_root: &StateDir, copy: &Dir, rel: &Path, meta
 
 /// Every path below `dir` but the `pruned` ones and what they hold (directories before what they hold), never
 /// following a link.
-fn walk(dir: &Dir, pruned: impl Fn(&Path, bool) -> bool) -> io::Result<Walked> {
+pub(super) fn walk(dir: &Dir, pruned: impl Fn(&Path, bool) -> bool) -> io::Result<Walked> {
     let mut out = Walked::default();
     let mut dirs = vec![PathBuf::new()];
     while let Some(current) = dirs.pop() {
@@ -399,8 +399,8 @@ fn walk(dir: &Dir, pruned: impl Fn(&Path, bool) -> bool) -> io::Result<Walked> {
 
 /// What [`walk`] found.
 #[derive(Default)]
-struct Walked {
-    paths: Vec<PathBuf>,
+pub(super) struct Walked {
+    pub(super) paths: Vec<PathBuf>,
     /// Directories it could not read: what they hold is neither seen nor gone.
     unreadable: Vec<PathBuf>,
 }

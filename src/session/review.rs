@@ -95,17 +95,14 @@ impl<'a> Review<'a> {
                 .status(ToolCallStatus::InProgress),
         ))
         .await?;
-        let (status, said) = match mirror.push().await {
-            Ok(pushed) => (ToolCallStatus::Completed, Ok(uploaded(pushed))),
-            Err(e) => (ToolCallStatus::Failed, Err(e)),
-        };
-        let text = match &said {
-            Ok(text) => text.clone(),
-            Err(e) => e.to_string(),
+        let pushed = mirror.push().await;
+        let (status, text) = match &pushed {
+            Ok(pushed) => (ToolCallStatus::Completed, uploaded(pushed)),
+            Err(e) => (ToolCallStatus::Failed, e.to_string()),
         };
         let fields = ToolCallUpdateFields::new().status(status).content(vec![ToolCallContent::from(text)]);
         emit.send(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id, fields))).await?;
-        said.map(drop).map_err(Error::Sandbox)
+        pushed.map(drop).map_err(Error::Sandbox)
     }
 
     /// After a tool and at the end of the turn: every change goes to the editor or is applied, and is noted
@@ -222,7 +219,7 @@ impl<'a> Review<'a> {
 }
 
 /// What the upload card says once the workspace is in the sandbox.
-fn uploaded(pushed: Pushed) -> String {
+fn uploaded(pushed: &Pushed) -> String {
     let size = if pushed.bytes >= 1024 * 1024 {
         format!("{:.1} MiB", pushed.bytes as f64 / (1024.0 * 1024.0))
     } else {
@@ -319,11 +316,11 @@ mod tests {
     #[test]
     fn the_upload_card_says_how_much_went_up() {
         assert_eq!(
-            uploaded(Pushed { files: 1, bytes: 10 }),
+            uploaded(&Pushed { files: 1, bytes: 10 }),
             "1 file (1 KiB) uploaded; what `.gitignore` ignores and the secrets the sandbox hides stay on this machine."
         );
         assert_eq!(
-            uploaded(Pushed { files: 2000, bytes: 3 * 1024 * 1024 + 512 * 1024 }),
+            uploaded(&Pushed { files: 2000, bytes: 3 * 1024 * 1024 + 512 * 1024 }),
             "2000 files (3.5 MiB) uploaded; what `.gitignore` ignores and the secrets the sandbox hides stay on this \
              machine."
         );
