@@ -192,7 +192,7 @@ fn cut_and_corrupted_lines_never_panic() {
                     let _ = translator.line(&String::from_utf8_lossy(&bytes));
                     bytes[i] = original;
                 }
-                let _ = translator.finish();
+                let _ = translator.finish(acp_sandbox::agents::StreamEnd::Stopped);
             }
         }
     }

@@ -689,10 +689,10 @@ fn pids_under(dir: &Path) -> Vec<i32> {
     processes_under(dir).into_iter().map(|(pid, _)| pid).collect()
 }
 
-fn cancel_long_bash(sandbox: &str, test: &str) {
+fn cancel_long_bash(sandbox: &str, backend: &str, test: &str) {
     let Some(world) = World::new(test) else { return };
     let ws = world.workspace("ws");
-    let mut bridge = world.start(sandbox);
+    let mut bridge = world.start_with(world.backend_options(sandbox, backend));
     let sid = bridge.new_session(&ws);
     // Sleep lengths unique to this run, to find exactly our processes in /proc.
     let n = 100_000 + u32::from(world.server.port) * 2;
@@ -722,9 +722,28 @@ fn cancel_long_bash(sandbox: &str, test: &str) {
     }
     let gone = wait_until(Duration::from_secs(10), || leftovers().is_empty());
     assert!(gone, "the bash tool's child and grandchild survived the cancel: {:?}", leftovers());
-    let all_gone = wait_until(Duration::from_secs(10), || processes_under(&ws).is_empty());
-    assert!(all_gone, "processes still running in the workspace after the cancel: {:?}", processes_under(&ws));
     assert!(!ws.join("longbash.finished").exists());
+    if backend == "run" {
+        let all_gone = wait_until(Duration::from_secs(10), || processes_under(&ws).is_empty());
+        assert!(all_gone, "processes still running in the workspace after the cancel: {:?}", processes_under(&ws));
+        // `opencode run` prints a tool only once it finished: the cancelled one never got a card.
+        assert_eq!(of_kind(&turn.updates, "tool_call").len(), 0, "{:#?}", turn.updates);
+    } else {
+        // The server reports the command it stopped as completed; its card ends failed, with the cancel said.
+        let bash = turn.updates.iter().find(|u| u["sessionUpdate"] == "tool_call" && u["kind"] == "execute");
+        let Some(bash) = bash.map(|u| u["toolCallId"].clone()) else {
+            bridge.fail(&format!("no shell card: {:#?}", turn.updates))
+        };
+        let card: Vec<&Value> = turn.updates.iter().filter(|u| u["toolCallId"] == bash).collect();
+        let statuses: Vec<&str> = card.iter().filter_map(|u| u["status"].as_str()).collect();
+        assert_eq!(statuses.last(), Some(&"failed"), "{card:#?}");
+        let said = card.iter().rev().find_map(|u| u["content"][0]["content"]["text"].as_str());
+        assert_eq!(
+            said.and_then(|text| text.rsplit("\n\n").next()),
+            Some("Cancelled: stopped before it finished."),
+            "{card:#?}"
+        );
+    }
 
     // The interrupted OpenCode session goes on.
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:followup after the cancel", "after cancel");
@@ -740,13 +759,25 @@ fn cancel_long_bash(sandbox: &str, test: &str) {
 
 #[test]
 fn cancel_during_long_bash_kills_its_tree_none() {
-    cancel_long_bash("none", "cancel_during_long_bash_kills_its_tree_none");
+    cancel_long_bash("none", "run", "cancel_during_long_bash_kills_its_tree_none");
+}
+
+#[test]
+fn cancel_during_a_served_long_bash_fails_its_card_none() {
+    cancel_long_bash("none", "serve", "cancel_during_a_served_long_bash_fails_its_card_none");
+}
+
+#[test]
+fn cancel_during_a_served_long_bash_fails_its_card_bwrap() {
+    if bwrap_ok("cancel_during_a_served_long_bash_fails_its_card_bwrap") {
+        cancel_long_bash("bwrap", "serve", "cancel_during_a_served_long_bash_fails_its_card_bwrap");
+    }
 }
 
 #[test]
 fn cancel_during_long_bash_kills_its_tree_bwrap() {
     if bwrap_ok("cancel_during_long_bash_kills_its_tree_bwrap") {
-        cancel_long_bash("bwrap", "cancel_during_long_bash_kills_its_tree_bwrap");
+        cancel_long_bash("bwrap", "run", "cancel_during_long_bash_kills_its_tree_bwrap");
     }
 }
 

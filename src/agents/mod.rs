@@ -312,8 +312,27 @@ pub trait Translator: Send {
     fn line(&mut self, line: &str) -> Vec<Output>;
 
     /// The CLI's stdout is closed: closes whatever is still open (e.g. a tool call that never got its
-    /// result is reported failed), so the editor never shows a spinner forever.
-    fn finish(&mut self) -> Vec<Output>;
+    /// result is reported failed, saying why: `end`), so the editor never shows a spinner forever.
+    fn finish(&mut self, end: StreamEnd) -> Vec<Output>;
+}
+
+/// Why a translator's stream ended, for the cards it still has open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The CLI stopped (it exited, crashed or was killed for a limit).
+    Stopped,
+    /// The turn was cancelled.
+    Cancelled,
+}
+
+impl StreamEnd {
+    /// The note on a tool still open when the stream ended.
+    pub fn note(self) -> &'static str {
+        match self {
+            StreamEnd::Stopped => tools::TOOL_NEVER_FINISHED,
+            StreamEnd::Cancelled => tools::TOOL_CANCELLED,
+        }
+    }
 }
 
 /// Runs every line of a recorded stream through a fresh translator, then finishes it. Used by the golden
@@ -333,6 +352,6 @@ pub fn translate_stream(translator: &mut dyn Translator, stream: &str) -> Vec<Ou
         }
         outputs.extend(translator.line(line));
     }
-    outputs.extend(translator.finish());
+    outputs.extend(translator.finish(StreamEnd::Stopped));
     outputs
 }

@@ -21,6 +21,9 @@ pub const MAX_UNPARSED: usize = 2000;
 /// Shown in place of a tool that never reported back (the CLI exited or was killed mid-tool).
 pub const TOOL_NEVER_FINISHED: &str = "The agent stopped before this tool finished.";
 
+/// Shown on a tool that the turn's cancel stopped before it reported back.
+pub const TOOL_CANCELLED: &str = "Cancelled: stopped before it finished.";
+
 /// Cuts `text` to at most `max` bytes on a char boundary, saying how much was cut so a reader never
 /// mistakes a truncated output for the whole of it.
 pub fn truncate(text: &str, max: usize) -> String {
@@ -285,13 +288,18 @@ pub fn finish_shell(
     exit_code: Option<i64>,
     status: ToolCallStatus,
     raw_output: Option<Value>,
+    note: Option<&str>,
 ) -> Vec<SessionUpdate> {
-    let output = cap(output);
+    let mut output = cap(output);
     let mut fields = ToolCallUpdateFields::new().status(status);
     if let Some(raw_output) = raw_output {
         fields = fields.raw_output(cap_json(raw_output));
     }
     if context.terminal_output {
+        // The terminal is what the card shows: a note goes there as its last line.
+        if let Some(note) = note {
+            output.push_str(&format!("\n{note}\n"));
+        }
         let mut updates = Vec::new();
         if !output.is_empty() {
             updates.push(terminal_output(id, &output));
@@ -307,6 +315,9 @@ pub fn finish_shell(
         Some(0) => {}
         Some(code) => text.push_str(&format!("\n\nExited with code {code}.")),
         None => {}
+    }
+    if let Some(note) = note {
+        text.push_str(&format!("\n\n{note}"));
     }
     let text = text.trim_start().to_string();
     let content = if text.is_empty() { Vec::new() } else { vec![text_content(text)] };
@@ -364,14 +375,13 @@ pub fn diffs_from_patch(path: PathBuf, patch: &str) -> Vec<ToolCallContent> {
     diffs
 }
 
-/// Closes a tool whose result never came (the stream ended first), as failed. A terminal card keeps its
-/// terminal (replacing the content would drop it) and gets the note as its last output instead.
-pub fn abandon_tool(context: &TranslateContext, id: &str, shell: bool) -> Vec<SessionUpdate> {
+/// Closes a tool whose result never came (the stream ended first), as failed, with `note` (why). A terminal
+/// card keeps its terminal (replacing the content would drop it) and gets the note as its last output instead.
+pub fn abandon_tool(context: &TranslateContext, id: &str, shell: bool, note: &str) -> Vec<SessionUpdate> {
     if shell && context.terminal_output {
-        let note = format!("\n{TOOL_NEVER_FINISHED}\n");
-        return finish_shell(context, id, &note, None, ToolCallStatus::Failed, None);
+        return finish_shell(context, id, "", None, ToolCallStatus::Failed, None, Some(note));
     }
-    vec![finish_tool(id, ToolCallStatus::Failed, Some(vec![text_content(TOOL_NEVER_FINISHED)]), None)]
+    vec![finish_tool(id, ToolCallStatus::Failed, Some(vec![text_content(note)]), None)]
 }
 
 /// The content shown for a failed tool: its error text, fenced so paths and symbols stay literal.

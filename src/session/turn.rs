@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::serve::ServeOutcome;
 use super::{Bridge, UpdateSink, note, options, prompt};
 use crate::agents::opencode::catalog::ModelInfo;
-use crate::agents::{AgentKind, Output, TranslateContext, TurnEnd, TurnRequest};
+use crate::agents::{AgentKind, Output, StreamEnd, TranslateContext, TurnEnd, TurnRequest};
 use crate::error::{Error, Result};
 use crate::sandbox::{ExecSpec, OutputStream, Sandbox, install};
 use crate::store::{Outbox, SessionRecord, Store, TurnStatus};
@@ -729,7 +729,8 @@ impl Turn<'_> {
             }
         };
         let limit_hit = process.handle.limit_hit();
-        for output in translator.finish() {
+        let stream_end = if stop == Stop::Cancelled { StreamEnd::Cancelled } else { StreamEnd::Stopped };
+        for output in translator.finish(stream_end) {
             self.handle(output, emit, &mut state).await?;
         }
         // What the agent changed last (or before it was stopped) is reviewed with the turn.

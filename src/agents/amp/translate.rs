@@ -13,7 +13,7 @@ use crate::agents::tools::{
     ToolStart, abandon_tool, cap, diff_content, error_content, fence, finish_shell, finish_tool, location, one_line,
     plan_from_todos, shown_dir, str_field, strip_line_numbers, text_content, unparsed,
 };
-use crate::agents::{Output, TranslateContext, Translator, TurnEnd};
+use crate::agents::{Output, StreamEnd, TranslateContext, Translator, TurnEnd};
 
 /// A `tool_call` sent whose result has not arrived yet.
 struct OpenTool {
@@ -177,7 +177,15 @@ impl AmpTranslator {
             let exit = raw_output.get("exitCode").and_then(Value::as_i64);
             let ok = !is_error && exit.is_none_or(|code| code == 0);
             let status = if ok { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
-            finish_shell(&self.context, &tool.id, &output, exit, status, without(raw_output, Shown::Field("output")))
+            finish_shell(
+                &self.context,
+                &tool.id,
+                &output,
+                exit,
+                status,
+                without(raw_output, Shown::Field("output")),
+                None,
+            )
         } else if is_error {
             vec![finish_tool(&tool.id, ToolCallStatus::Failed, Some(error_content(&text)), None)]
         } else {
@@ -471,8 +479,9 @@ impl Translator for AmpTranslator {
             Event::Assistant { message, .. } => outputs.extend(self.assistant(message)),
             Event::Result(result) => {
                 // Nothing follows the result, so tools without an answer are over: close them before the end.
-                outputs.extend(self.finish());
                 let end = self.result(result);
+                let stream_end = if end == TurnEnd::Cancelled { StreamEnd::Cancelled } else { StreamEnd::Stopped };
+                outputs.extend(self.finish(stream_end));
                 // One-shot runs repeat the end the last assistant message already gave.
                 if self.last_end.as_ref() != Some(&end) {
                     outputs.push(Output::End(end));
@@ -482,9 +491,10 @@ impl Translator for AmpTranslator {
         outputs
     }
 
-    fn finish(&mut self) -> Vec<Output> {
+    fn finish(&mut self, end: StreamEnd) -> Vec<Output> {
         let open = std::mem::take(&mut self.open);
-        open.iter().flat_map(|tool| abandon_tool(&self.context, &tool.id, tool.shell)).map(Output::Update).collect()
+        let abandon = |tool: &OpenTool| abandon_tool(&self.context, &tool.id, tool.shell, end.note());
+        open.iter().flat_map(abandon).map(Output::Update).collect()
     }
 }
 

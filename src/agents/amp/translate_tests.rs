@@ -16,7 +16,7 @@ fn context(terminal_output: bool) -> TranslateContext {
 fn run_with(terminal_output: bool, lines: &[String]) -> Vec<Value> {
     let mut translator = AmpTranslator::new(context(terminal_output));
     let mut outputs: Vec<Output> = lines.iter().flat_map(|line| translator.line(line)).collect();
-    outputs.extend(translator.finish());
+    outputs.extend(translator.finish(crate::agents::StreamEnd::Stopped));
     outputs.into_iter().map(|output| serde_json::to_value(output).unwrap_or_default()).collect()
 }
 

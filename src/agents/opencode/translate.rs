@@ -10,10 +10,10 @@ use serde_json::{Value, json};
 
 use super::events::{ErrorInfo, Event, Line, StepFinishPart, TextPart, ToolPart, ToolState};
 use crate::agents::tools::{
-    ToolStart, cap, diff_content, error_content, fence, finish_shell, finish_tool, first_hunk_line, location, one_line,
-    plan_from_todos, shown_dir, str_field, strip_line_numbers, text_content, unparsed,
+    TOOL_CANCELLED, ToolStart, cap, diff_content, error_content, fence, finish_shell, finish_tool, first_hunk_line,
+    location, one_line, plan_from_todos, shown_dir, str_field, strip_line_numbers, text_content, unparsed,
 };
-use crate::agents::{Output, TranslateContext, Translator, TurnEnd};
+use crate::agents::{Output, StreamEnd, TranslateContext, Translator, TurnEnd};
 
 /// Translator state for one turn.
 pub struct OpenCodeTranslator {
@@ -157,19 +157,25 @@ pub(crate) fn closing_updates(
         let printed = shell_printed(state);
         let output = shell_output.unwrap_or_else(|| shell_final_output(state));
         let exit = state.metadata.get("exit").and_then(Value::as_i64);
-        let ok = !failed && exit.is_none_or(|code| code == 0);
+        let stopped = shell_stopped(state).or_else(|| interrupted(state).then(|| TOOL_CANCELLED.to_string()));
+        // The note says it in words: the block or error it came from is not shown again.
+        let output = match &stopped {
+            Some(_) if interrupted(state) => shell_output.unwrap_or(printed),
+            Some(_) => without_shell_metadata(output),
+            None => output,
+        };
+        let ok = !failed && stopped.is_none() && exit.is_none_or(|code| code == 0);
         let status = if ok { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
         let shown = if failed && printed.is_empty() { Shown::Error } else { Shown::Output };
-        return finish_shell(context, id, output, exit, status, raw_output(state, shown));
+        return finish_shell(context, id, output, exit, status, raw_output(state, shown), stopped.as_deref());
     }
     if failed {
-        let error = state.error.as_deref().unwrap_or("");
-        return vec![finish_tool(
-            id,
-            ToolCallStatus::Failed,
-            Some(error_content(error)),
-            raw_output(state, Shown::Error),
-        )];
+        let content = if interrupted(state) {
+            vec![text_content(TOOL_CANCELLED)]
+        } else {
+            error_content(state.error.as_deref().unwrap_or(""))
+        };
+        return vec![finish_tool(id, ToolCallStatus::Failed, Some(content), raw_output(state, Shown::Error))];
     }
     let output = state.output.as_deref().unwrap_or("");
     let (content, shown) = result_content(start, name, output, &state.metadata);
@@ -222,6 +228,41 @@ fn raw_output(state: &ToolState, shown: Shown) -> Option<Value> {
     }
     (!raw.is_empty()).then_some(Value::Object(raw))
 }
+
+/// Why OpenCode stopped a shell before it exited, when it did: it reports a cancelled command, or one past its
+/// timeout, as `completed` with `exit: null` and says why in a `<shell_metadata>` block of its output.
+fn shell_stopped(state: &ToolState) -> Option<String> {
+    if state.status != "completed" || !matches!(state.metadata.get("exit"), Some(Value::Null)) {
+        return None;
+    }
+    let output = state.output.as_deref().unwrap_or("");
+    let said = output
+        .rsplit_once("<shell_metadata>")
+        .and_then(|(_, rest)| rest.split_once("</shell_metadata>"))
+        .map(|(said, _)| said.trim())
+        .unwrap_or("");
+    Some(match said {
+        "" => SHELL_STOPPED.to_string(),
+        "User aborted the command" => TOOL_CANCELLED.to_string(),
+        said => said.to_string(),
+    })
+}
+
+/// A shell's output without OpenCode's trailing `<shell_metadata>` block.
+fn without_shell_metadata(output: &str) -> &str {
+    match output.rsplit_once("<shell_metadata>") {
+        Some((before, after)) if after.trim_end().ends_with("</shell_metadata>") => before.trim_end(),
+        _ => output,
+    }
+}
+
+/// Whether OpenCode failed a tool because its turn was aborted (it marks those `interrupted`).
+fn interrupted(state: &ToolState) -> bool {
+    state.status == "error" && state.metadata.get("interrupted") == Some(&Value::Bool(true))
+}
+
+/// The note on a shell card whose command OpenCode stopped without saying why.
+const SHELL_STOPPED: &str = "The command was stopped before it finished.";
 
 /// What a shell printed (OpenCode keeps it in `metadata.output` too).
 fn shell_printed(state: &ToolState) -> &str {
@@ -515,7 +556,7 @@ impl Translator for OpenCodeTranslator {
         outputs
     }
 
-    fn finish(&mut self) -> Vec<Output> {
+    fn finish(&mut self, _: StreamEnd) -> Vec<Output> {
         // Every tool is printed complete, so nothing can be left open.
         Vec::new()
     }

@@ -16,7 +16,7 @@ fn context() -> TranslateContext {
 fn run(lines: &[&str]) -> Vec<Value> {
     let mut translator = OpenCodeTranslator::new(context());
     let mut outputs: Vec<Output> = lines.iter().flat_map(|line| translator.line(line)).collect();
-    outputs.extend(translator.finish());
+    outputs.extend(translator.finish(crate::agents::StreamEnd::Stopped));
     outputs.into_iter().map(|output| serde_json::to_value(output).unwrap_or_default()).collect()
 }
 
@@ -179,4 +179,68 @@ fn a_loop_of_cut_streams_aborts_once() {
     assert_eq!(aborts(&[&cut, &cut, &cut, &cut]), 0);
     assert_eq!(aborts(&[&cut, &cut, &cut, &cut, &fine, &cut]), 0, "a good step resets the count");
     assert_eq!(aborts(&[&cut, &cut, &cut, &cut, &cut, &cut, &cut]), 1);
+}
+
+/// OpenCode 1.18's shell result for a command the turn's abort stopped: `completed`, `exit: null`.
+fn aborted_shell() -> Value {
+    json!({"status": "completed", "input": {"command": "sleep 30"},
+        "output": "(no output)\n\n<shell_metadata>\nUser aborted the command\n</shell_metadata>",
+        "metadata": {"output": "started\n", "exit": null, "truncated": false}})
+}
+
+#[test]
+fn a_cancelled_command_fails_with_a_note() {
+    let out = run(&[&tool_line("bash", aborted_shell())]);
+    assert_eq!(out[2]["status"], "failed");
+    assert_eq!(out[2]["content"][0]["content"]["text"], format!("```console\nstarted\n```\n\n{TOOL_CANCELLED}"));
+    let mut translator = OpenCodeTranslator::new(TranslateContext { terminal_output: true, ..context() });
+    let out: Vec<Value> = translator
+        .line(&tool_line("bash", aborted_shell()))
+        .into_iter()
+        .map(|output| serde_json::to_value(output).unwrap_or_default())
+        .collect();
+    assert_eq!(out[2]["_meta"]["terminal_output"]["data"], format!("started\n\n{TOOL_CANCELLED}\n"));
+    assert_eq!(out[3]["status"], "failed");
+}
+
+#[test]
+fn a_command_past_its_timeout_fails_with_opencodes_words() {
+    let said = "shell tool terminated command after exceeding timeout 100 ms.";
+    let out = run(&[&tool_line(
+        "bash",
+        json!({"status": "completed", "input": {"command": "sleep 30"},
+            "output": format!("(no output)\n\n<shell_metadata>\n{said}\n</shell_metadata>"),
+            "metadata": {"output": "", "exit": null}}),
+    )]);
+    assert_eq!(out[2]["status"], "failed");
+    assert_eq!(out[2]["content"][0]["content"]["text"], format!("```console\n(no output)\n```\n\n{said}"));
+    // An exit code of 0 is still a success; a result without `exit` at all (older OpenCode) too.
+    let fine = |metadata: Value| {
+        run(&[&tool_line(
+            "bash",
+            json!({"status": "completed", "input": {"command": "true"}, "output": "",
+            "metadata": metadata}),
+        )])[2]["status"]
+            .clone()
+    };
+    assert_eq!(fine(json!({"output": "", "exit": 0})), "completed");
+    assert_eq!(fine(json!({"output": ""})), "completed");
+}
+
+#[test]
+fn a_tool_the_abort_interrupted_fails_with_the_cancel_said() {
+    let interrupted = |tool: &str, input: Value| {
+        run(&[&tool_line(
+            tool,
+            json!({"status": "error", "input": input, "error": "Tool execution aborted",
+                "metadata": {"output": "", "interrupted": true}}),
+        )])[2]
+            .clone()
+    };
+    let shell = interrupted("bash", json!({"command": "sleep 30"}));
+    assert_eq!(shell["status"], "failed");
+    assert_eq!(shell["content"][0]["content"]["text"], TOOL_CANCELLED);
+    let fetch = interrupted("webfetch", json!({"url": "https://example.test"}));
+    assert_eq!(fetch["status"], "failed");
+    assert_eq!(fetch["content"][0]["content"]["text"], TOOL_CANCELLED);
 }

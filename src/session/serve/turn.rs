@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::client::{Client, ClientError};
 use super::{Servers, Started};
 use crate::agents::opencode::serve::ServeTranslator;
-use crate::agents::{Output, PermissionAsk, Translator, TurnEnd};
+use crate::agents::{Output, PermissionAsk, StreamEnd, Translator, TurnEnd};
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::session::options;
@@ -304,7 +304,8 @@ impl Turn<'_> {
         if let Some(call) = command_call {
             call.abort();
         }
-        for output in translator.finish() {
+        let stream_end = if matches!(stop, Some(Stop::Cancelled)) { StreamEnd::Cancelled } else { StreamEnd::Stopped };
+        for output in translator.finish(stream_end) {
             if let Output::Update(update) = output {
                 emit.send(update).await?;
             }

@@ -18,10 +18,10 @@ use crate::agents::opencode::translate::{
     StepUsage, classify, closing_updates, error_end, finish_end, is_todo_tool, shell_final_output, tool_call_id,
 };
 use crate::agents::tools::{
-    MAX_TOOL_TEXT, TOOL_NEVER_FINISHED, ToolStart, abandon_tool, cap, cap_json, diffs_from_patch, fence, finish_tool,
-    one_line, plan_from_todos, str_field, terminal_output, text_content, unparsed,
+    MAX_TOOL_TEXT, ToolStart, abandon_tool, cap, cap_json, diffs_from_patch, fence, finish_tool, one_line,
+    plan_from_todos, str_field, terminal_output, text_content, unparsed,
 };
-use crate::agents::{Output, PermissionAsk, TranslateContext, Translator, TurnEnd};
+use crate::agents::{Output, PermissionAsk, StreamEnd, TranslateContext, Translator, TurnEnd};
 
 /// Translator state for one turn of one OpenCode session on a shared server.
 pub struct ServeTranslator {
@@ -546,7 +546,7 @@ impl Translator for ServeTranslator {
         }
     }
 
-    fn finish(&mut self) -> Vec<Output> {
+    fn finish(&mut self, end: StreamEnd) -> Vec<Output> {
         let mut outputs = Vec::new();
         for id in &self.order {
             let Some(card) = self.tools.get_mut(id) else { continue };
@@ -556,10 +556,10 @@ impl Translator for ServeTranslator {
             card.closed = true;
             let updates = if card.shell && !self.context.terminal_output && !card.streamed.is_empty() {
                 // The fence keeps what the shell printed, with the note under it.
-                let text = format!("{}\n\n{TOOL_NEVER_FINISHED}", fence(&cap(&card.streamed), "console"));
+                let text = format!("{}\n\n{}", fence(&cap(&card.streamed), "console"), end.note());
                 vec![finish_tool(id, ToolCallStatus::Failed, Some(vec![text_content(text)]), None)]
             } else {
-                abandon_tool(&self.context, id, card.shell)
+                abandon_tool(&self.context, id, card.shell, end.note())
             };
             outputs.extend(updates.into_iter().map(Output::Update));
         }

@@ -19,7 +19,7 @@ fn context(terminal_output: bool) -> TranslateContext {
 fn run_with(terminal_output: bool, events: &[Value]) -> Vec<Value> {
     let mut translator = ServeTranslator::new(context(terminal_output), SES.to_string());
     let mut outputs: Vec<Output> = events.iter().flat_map(|event| translator.line(&event.to_string())).collect();
-    outputs.extend(translator.finish());
+    outputs.extend(translator.finish(crate::agents::StreamEnd::Stopped));
     outputs.into_iter().map(|output| serde_json::to_value(output).unwrap_or_default()).collect()
 }
 
