@@ -958,6 +958,33 @@ fn model_flag_reaches_opencode() {
     assert_eq!(chats.last().unwrap()["body"]["model"], "other-model", "--model fake/other-model is the model called");
 }
 
+/// `session/set_model` (the unstable method some clients still call) picks the model of the next request, on the
+/// warm server as on `run`.
+fn set_model_reaches_opencode(backend: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let mut bridge = world.start_with(world.backend_options("none", backend));
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text which model first", "default model");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(world.server.chats("text").last().unwrap()["body"]["model"], "fake-model");
+    let set = bridge.request("session/set_model", json!({"sessionId": sid, "modelId": "fake/other-model"}));
+    assert_eq!(set.unwrap_or_else(|e| bridge.fail(&format!("session/set_model: {e}"))), json!({}));
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text which model now", "set_model");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(world.server.chats("text").last().unwrap()["body"]["model"], "other-model");
+}
+
+#[test]
+fn set_model_reaches_opencode_run() {
+    set_model_reaches_opencode("run", "set_model_reaches_opencode_run");
+}
+
+#[test]
+fn set_model_reaches_opencode_serve() {
+    set_model_reaches_opencode("serve", "set_model_reaches_opencode_serve");
+}
+
 /// A model OpenCode does not know: OpenCode itself says only "Unexpected server error" (`run`) or nothing useful
 /// (`serve`); the error must name the model and say where to pick one.
 fn unknown_model(backend: &str, test: &str) {

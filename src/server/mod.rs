@@ -31,6 +31,20 @@ use agent_client_protocol::{Agent, Client};
 use crate::error::to_acp_error;
 use crate::session::{Bridge, UpdateSink};
 
+/// `session/set_model`, the unstable method ACP dropped for the model config option (schema 0.13.5); clients
+/// such as acpc still call it to pick a model, so it sets the `model` option as `session/set_config_option` does.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, agent_client_protocol::JsonRpcRequest)]
+#[request(method = "session/set_model", response = SetSessionModelResponse)]
+#[serde(rename_all = "camelCase")]
+struct SetSessionModelRequest {
+    session_id: String,
+    model_id: String,
+}
+
+/// The answer to `session/set_model`: empty, as the unstable schema had it.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, agent_client_protocol::JsonRpcResponse)]
+struct SetSessionModelResponse {}
+
 /// Sends updates to the editor over the connection's single outgoing queue.
 struct ConnectionSink {
     connection: ConnectionTo<Client>,
@@ -399,6 +413,28 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         ConnectionSink { connection: cx }
                             .send(&session_id, SessionUpdate::ConfigOptionUpdate(ConfigOptionUpdate::new(options)));
                         Ok(SetSessionModeResponse::new())
+                    });
+                    Ok(())
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                let order = order.clone();
+                async move |request: SetSessionModelRequest, responder: Responder<SetSessionModelResponse>, cx| {
+                    let bridge = bridge.clone();
+                    let mut place = order.enter(&request.session_id);
+                    spawn_answer(responder, async move {
+                        place.wait().await;
+                        let options = bridge.set_config_option(&request.session_id, "model", &request.model_id).await?;
+                        // Clients that read the options (Zed's model picker) see the choice too.
+                        ConnectionSink { connection: cx }.send(
+                            &request.session_id,
+                            SessionUpdate::ConfigOptionUpdate(ConfigOptionUpdate::new(options)),
+                        );
+                        Ok(SetSessionModelResponse::default())
                     });
                     Ok(())
                 }

@@ -22,7 +22,7 @@ fn wire_size(error: &RpcError) -> usize {
 }
 
 /// Every ACP method a client may call on an agent.
-const METHODS: [&str; 12] = [
+const METHODS: [&str; 13] = [
     "initialize",
     "authenticate",
     "session/new",
@@ -33,6 +33,7 @@ const METHODS: [&str; 12] = [
     "session/cancel",
     "session/set_config_option",
     "session/set_mode",
+    "session/set_model",
     "session/close",
     "session/delete",
 ];

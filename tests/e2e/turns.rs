@@ -422,6 +422,39 @@ fn models_and_variants_of_the_users_opencode_config_are_offered_and_reach_the_cl
 }
 
 #[test]
+fn session_set_model_sets_the_model_option_for_the_next_run() {
+    let dirs = TestDirs::new("set-model");
+    let ws = dirs.workspace("ws");
+    let config = dirs.root().join("xdg-config");
+    std::fs::create_dir_all(config.join("opencode")).unwrap();
+    std::fs::write(
+        config.join("opencode/opencode.json"),
+        r#"{"provider": {"fake": {"models": {"fast": {}, "slow": {}}}}}"#,
+    )
+    .unwrap();
+    let options = BridgeOptions::new("opencode", &dirs.data).env("XDG_CONFIG_HOME", config.to_str().unwrap());
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let set = bridge.request("session/set_model", json!({"sessionId": sid, "modelId": "fake/slow"}));
+    assert_eq!(set.unwrap_or_else(|e| bridge.fail(&format!("session/set_model: {e}"))), json!({}));
+    // The option says so, to clients that read options, and the next run uses the model.
+    let update = bridge.take_updates(&sid).into_iter().rev().find(|u| u["sessionUpdate"] == "config_option_update");
+    let update = update.unwrap_or_else(|| bridge.fail("no config_option_update after session/set_model"));
+    assert_eq!(update["configOptions"][0]["id"], "model", "{update}");
+    assert_eq!(update["configOptions"][0]["currentValue"], "fake/slow", "{update}");
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    assert_eq!(invocations(&ws)[0].flag_value("--model").as_deref(), Some("fake/slow"));
+    // The session's stored option is what a reload shows.
+    let loaded = bridge.request("session/resume", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
+    assert_eq!(loaded["configOptions"][0]["currentValue"], "fake/slow", "{loaded}");
+    // A model OpenCode does not have, and an unknown session, are refused as the config option refuses them.
+    let bad = bridge.request("session/set_model", json!({"sessionId": sid, "modelId": "x/y"}));
+    assert_eq!(bad.map_err(|e| e.code), Err(-32602));
+    let unknown = bridge.request("session/set_model", json!({"sessionId": "sess_nope", "modelId": "fake/fast"}));
+    assert_eq!(unknown.map_err(|e| e.code), Err(-32002));
+}
+
+#[test]
 fn an_image_reaches_opencode_as_an_attached_file() {
     let dirs = TestDirs::new("image");
     let ws = dirs.workspace("ws");
