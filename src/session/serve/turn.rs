@@ -273,8 +273,11 @@ impl Turn<'_> {
                         }
                     }
                     if tool_ended
-                        && let Some(review) = &review
-                        && let Err(e) = review.step(emit).await
+                        && let Err(e) = match &review {
+                            Some(review) => review.step(emit).await,
+                            None => Ok(()),
+                        }
+                        .and(super::super::protected::sweep(sandbox.as_ref(), emit).await)
                     {
                         let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
                         for task in pending.drain(..) {
@@ -313,6 +316,7 @@ impl Turn<'_> {
         if let Some(review) = &review {
             review.step(emit).await?;
         }
+        super::super::protected::sweep(sandbox.as_ref(), emit).await?;
         let died = || Error::CliFailed {
             message: match server.exit() {
                 Some(exit) => format!("{name}'s server exited with {} during the turn", exit.describe()),
