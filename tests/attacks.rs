@@ -858,9 +858,13 @@ fn review_mode_keeps_protected_paths_protected_and_its_copy_private() {
             {"label": "review_manifest", "path": review.join("manifest.json")},
             {"label": "review_copy", "path": review.join("copy/planted.txt")},
         ]);
-        let report = lab.attack(&mut bridge, &sid, "protected,outside_writes", &targets);
+        // A missing protected path the agent creates stays in its copy, like its other changes to protected paths.
+        targets["create_protected"] = json!([".husky/pre-commit"]);
+        let report = lab.attack(&mut bridge, &sid, "protected,outside_writes,create_protected", &targets);
         let mut checks = Checks::new();
         checks.note_stderr(bridge.stderr());
+        checks.worked(&report, "create:.husky/pre-commit");
+        checks.check(!lab.ws.join(".husky").exists(), || "the agent's .husky reached the user's workspace".into());
         checks.blocked(&report, "write:review_manifest");
         checks.blocked(&report, "write:review_copy");
         checks.check(!review.join("copy/planted.txt").exists(), || "the agent wrote into its copy's host path".into());
