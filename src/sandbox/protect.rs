@@ -161,6 +161,8 @@ async fn watch(inotify: Inotify, guard: Guard) {
     loop {
         // Watches first, then the sweep: what was made before a directory was watched is found by the sweep.
         for dir in dirs_to_watch(&guard) {
+            // The workspace may be reached through a link of the user's; below it nothing is followed.
+            let mask = if dir == guard.workspace { mask - AddWatchFlags::IN_DONT_FOLLOW } else { mask };
             match fd.get_ref().0.add_watch(&dir, mask) {
                 Ok(wd) => {
                     // A directory replaced by another: the old one's watch goes, so that replacing it in a loop
@@ -224,6 +226,9 @@ fn names_below<'a>(path: &'a Path, root: &Path) -> Option<Vec<&'a OsStr>> {
 /// Moves what now exists of the guard's missing paths out of the workspace: the protected path itself, or the
 /// first thing on the way to it that is not a real directory (a `.git` file naming another git dir, a link).
 fn sweep_once(guard: &Guard) -> Vec<Moved> {
+    // One sweep at a time: a watch's and a turn's would otherwise both find the same path, and one of them fail.
+    static SWEEPING: Mutex<()> = Mutex::new(());
+    let _one = SWEEPING.lock().unwrap_or_else(|p| p.into_inner());
     let mut moved = Vec::new();
     let Ok(root) = Dir::open_ambient_dir(&guard.workspace, ambient_authority()) else { return moved };
     let stamp = format!(
@@ -247,7 +252,12 @@ fn sweep_once(guard: &Guard) -> Vec<Moved> {
                 }
             }
             let rel: PathBuf = names[..=i].iter().collect();
-            let outcome = quarantine(&dir, name, &rel, &guard.state_dir, &stamp).map_err(|e| e.to_string());
+            let outcome = match quarantine(&dir, name, &rel, &guard.state_dir, &stamp) {
+                Ok(to) => Ok(to),
+                // Gone meanwhile (another sweep of the workspace moved it, or its maker removed it).
+                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                Err(e) => Err(e.to_string()),
+            };
             moved.push(Moved { path: guard.workspace.join(&rel), outcome });
             break;
         }
@@ -415,6 +425,32 @@ mod tests {
         assert_eq!(std::fs::read_to_string(ws.join("outside/keep")).unwrap(), "kept");
         assert_eq!(std::fs::read_to_string(moved[1].outcome.as_ref().unwrap().join("tasks.json")).unwrap(), "{}");
         assert_eq!(sweep_once(&guard), Vec::new(), "a second sweep finds nothing");
+    }
+
+    #[test]
+    fn across_filesystems_what_was_created_is_copied_into_the_quarantine_and_removed() {
+        // The state dir on another filesystem than the workspace: /dev/shm is a tmpfs where it exists.
+        let shm = Path::new("/dev/shm");
+        let dir = tempfile::tempdir().unwrap();
+        let Ok(state) = tempfile::tempdir_in(shm) else { return };
+        use std::os::unix::fs::MetadataExt as _;
+        if std::fs::metadata(shm).unwrap().dev() == std::fs::metadata(dir.path()).unwrap().dev() {
+            return;
+        }
+        let mut guard = guard(dir.path(), &[".vscode", ".envrc"]);
+        guard.state_dir = state.path().to_path_buf();
+        let ws = guard.workspace.clone();
+        std::fs::create_dir_all(ws.join(".vscode/sub")).unwrap();
+        std::fs::write(ws.join(".vscode/sub/tasks.json"), "{}").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", ws.join(".vscode/link")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", ws.join(".envrc")).unwrap();
+        let moved = sweep_once(&guard);
+        assert_eq!(moved.len(), 2, "{moved:?}");
+        let vscode = moved[0].outcome.as_ref().unwrap();
+        assert_eq!(std::fs::read_to_string(vscode.join("sub/tasks.json")).unwrap(), "{}");
+        assert_eq!(std::fs::read_link(vscode.join("link")).unwrap(), Path::new("/etc/passwd"));
+        assert_eq!(std::fs::read_link(moved[1].outcome.as_ref().unwrap()).unwrap(), Path::new("/etc/passwd"));
+        assert!(!ws.join(".vscode").exists() && std::fs::symlink_metadata(ws.join(".envrc")).is_err());
     }
 
     #[test]
