@@ -266,7 +266,7 @@ fn sweep_once(guard: &Guard) -> Vec<Moved> {
 }
 
 /// Moves `name` of `dir` (at `rel` in the workspace) to `<state>/quarantine/<stamp>/<rel>`; across filesystems it
-/// is copied (regular files, links and directories; nothing else) and removed.
+/// is copied (regular files, links and directories, as far as they can be read; nothing else) and removed.
 fn quarantine(dir: &Dir, name: &OsStr, rel: &Path, state_dir: &Path, stamp: &str) -> io::Result<PathBuf> {
     let state = StateDir::open(state_dir)?;
     let dest = Path::new(QUARANTINE).join(stamp).join(rel);
@@ -275,7 +275,10 @@ fn quarantine(dir: &Dir, name: &OsStr, rel: &Path, state_dir: &Path, stamp: &str
     match dir.rename(name, &to, name) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            copy_out(dir, name, &to)?;
+            // What cannot be copied is lost rather than left where a program of the user's would trust it.
+            if let Err(e) = copy_out(dir, name, &to) {
+                tracing::warn!(path = %rel.display(), "not all of it reached the quarantine: {e}");
+            }
             if dir.symlink_metadata(name)?.is_dir() {
                 dir.remove_dir_all(name)?;
             } else {
@@ -294,10 +297,13 @@ fn copy_out(from: &Dir, name: &OsStr, to: &Dir) -> io::Result<()> {
     } else if meta.is_dir() {
         to.create_dir(name)?;
         let (inner_from, inner_to) = (open_dir_nofollow(from, name)?, open_dir_nofollow(to, name)?);
+        let mut failed = Ok(());
         for entry in inner_from.entries()? {
-            copy_out(&inner_from, &entry?.file_name(), &inner_to)?;
+            if let Err(e) = copy_out(&inner_from, &entry?.file_name(), &inner_to) {
+                failed = Err(e);
+            }
         }
-        Ok(())
+        failed
     } else if meta.is_file() {
         let mut source = from.open(name)?;
         let mut target = to.create(name)?;
