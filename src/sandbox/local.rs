@@ -219,7 +219,11 @@ impl LocalSettings {
         );
         add(
             "protected",
-            if bwrap { (true, format!("read-only in the workspace: {}", PROTECTED.join(", "))) } else { off(no_bwrap) },
+            if bwrap {
+                (true, format!("read-only in the workspace, moved out when created: {}", PROTECTED.join(", ")))
+            } else {
+                off("needs bubblewrap to be read-only; only what is created where one is missing is moved out")
+            },
         );
         add(
             "workspace",
