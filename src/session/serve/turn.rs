@@ -273,11 +273,13 @@ impl Turn<'_> {
                         }
                     }
                     if tool_ended
-                        && let Err(e) = match &review {
-                            Some(review) => review.step(emit).await,
-                            None => Ok(()),
+                        && let Err(e) = async {
+                            if let Some(review) = &review {
+                                review.step(emit).await?;
+                            }
+                            super::super::protected::sweep(sandbox.as_ref(), emit).await
                         }
-                        .and(super::super::protected::sweep(sandbox.as_ref(), emit).await)
+                        .await
                     {
                         let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
                         for task in pending.drain(..) {
