@@ -55,7 +55,8 @@ const SECRET_FILES: &[&str] = &[
     ".mozilla/firefox/p/cookies.sqlite",
 ];
 
-/// Workspace paths that run code or configure tools when the user opens or commits: read-only for the agent.
+/// Workspace paths that run code or configure tools when the user opens or commits, all present in the lab's
+/// workspace (but `.git/hooks/pre-commit` and `.zed/settings.json`, whose directories are): read-only for the agent.
 const PROTECTED_PATHS: &[&str] = &[
     ".git/hooks/pre-commit",
     ".git/config",
@@ -274,6 +275,8 @@ impl Lab {
         write(&ws.join("README.md"), "a project\n");
         write(&ws.join(".envrc"), "export PROJECT=1\n");
         write(&ws.join(".vscode/tasks.json"), "{\"version\": \"2.0.0\", \"tasks\": []}\n");
+        write(&ws.join(".gitmodules"), "[submodule \"lib\"]\n\tpath = lib\n");
+        write(&ws.join(".idea/x.xml"), "<project/>\n");
         std::fs::create_dir_all(ws.join(".zed")).unwrap();
         write(&ws.join("extra.sh"), "#!/bin/sh\necho the project's own script\n");
         let bridge_cwd = root.join("cwd/a");
@@ -855,9 +858,13 @@ fn review_mode_keeps_protected_paths_protected_and_its_copy_private() {
             {"label": "review_manifest", "path": review.join("manifest.json")},
             {"label": "review_copy", "path": review.join("copy/planted.txt")},
         ]);
-        let report = lab.attack(&mut bridge, &sid, "protected,outside_writes", &targets);
+        // A missing protected path the agent creates stays in its copy, like its other changes to protected paths.
+        targets["create_protected"] = json!([".husky/pre-commit"]);
+        let report = lab.attack(&mut bridge, &sid, "protected,outside_writes,create_protected", &targets);
         let mut checks = Checks::new();
         checks.note_stderr(bridge.stderr());
+        checks.worked(&report, "create:.husky/pre-commit");
+        checks.check(!lab.ws.join(".husky").exists(), || "the agent's .husky reached the user's workspace".into());
         checks.blocked(&report, "write:review_manifest");
         checks.blocked(&report, "write:review_copy");
         checks.check(!review.join("copy/planted.txt").exists(), || "the agent wrote into its copy's host path".into());
@@ -889,6 +896,141 @@ fn protect_flag_makes_a_workspace_path_read_only() {
         checks.blocked(&report, "protect:extra.sh");
         let now = std::fs::read_to_string(lab.ws.join("extra.sh")).unwrap_or_default();
         checks.check(now == original, || format!("extra.sh changed on the host: {now:?}"));
+        checks.finish();
+    });
+}
+
+/// Makes in `ws` what an older bridge's bubblewrap left when it was SIGKILLed: the mount points of missing
+/// protected paths (an empty read-only file bound from `/dev/null`, empty directories for `--tmpfs`), made by
+/// bubblewrap itself as the bridge's user.
+fn make_old_mount_points(lab: &Lab, ws: &Path) {
+    let mut command = match lab.variant.who {
+        Who::Me => Command::new("bwrap"),
+        Who::Nobody => {
+            let mut command = Command::new("setpriv");
+            command.args(["--reuid=65534", "--regid=65534", "--clear-groups", "bwrap"]);
+            command
+        }
+    };
+    command.args(["--unshare-user", "--bind", "/", "/"]);
+    for rel in [".envrc", ".gitmodules"] {
+        command.args(["--ro-bind", "/dev/null"]).arg(ws.join(rel));
+    }
+    for rel in [".vscode", ".idea", ".zed", ".husky", ".git/hooks"] {
+        command.arg("--tmpfs").arg(ws.join(rel));
+    }
+    let out = command.arg("true").stdin(Stdio::null()).output().expect("run bwrap");
+    assert!(out.status.success(), "bwrap made no mount points: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn protected_paths_leave_no_trace_and_what_the_agent_creates_there_is_moved_out() {
+    let test = "protected_paths_leave_no_trace_and_what_the_agent_creates_there_is_moved_out";
+    for_each_variant(test, all_variants(test), |variant| {
+        let lab = Lab::new("no-trace", variant);
+        // A committed repository without hooks and without any of the protected paths.
+        let ws = lab.root.join("clean");
+        write(&ws.join("README.md"), "a clean project\n");
+        git(&ws, &["init", "-q"]);
+        std::fs::remove_dir_all(ws.join(".git/hooks")).unwrap();
+        write(&ws.join(".git/info/exclude"), ".attack/\n");
+        git(&ws, &["add", "README.md"]);
+        git(&ws, &["-c", "user.name=T", "-c", "user.email=t@example.invalid", "commit", "-qm", "init"]);
+        lab.give(&ws);
+        let status = || git(&ws, &["status", "--porcelain"]);
+        let mut checks = Checks::new();
+        checks.check(status().is_empty(), || format!("the test's repository is not clean: {:?}", status()));
+
+        let mut bridge = Bridge::start(lab.options());
+        let sid = bridge.new_session(&ws);
+        let report = lab.attack_in(&mut bridge, &sid, &ws, "git_status", &lab.targets());
+        checks.worked(&report, "git_status");
+        let inside = report.entry("git_status").map(|e| e["output"].clone());
+        checks.check(inside == Some(json!("")), || format!("git status inside the sandbox: {inside:?}"));
+        checks.check(status().is_empty(), || format!("git status after a turn: {:?}", status()));
+
+        // While a turn runs (the CLI waits), from inside and from the host; then the bridge is SIGKILLed.
+        lab.write_targets(&ws, &lab.targets());
+        bridge.send_prompt(&sid, "ATTACKS:git_status,hang");
+        let report = Report::wait(&ws, &bridge);
+        let inside = report.entry("git_status").map(|e| e["output"].clone());
+        checks.check(inside == Some(json!("")), || format!("git status inside, during a turn: {inside:?}"));
+        checks.check(status().is_empty(), || format!("git status during a turn: {:?}", status()));
+        checks.note_stderr(bridge.stderr());
+        bridge.kill9();
+        checks.check(status().is_empty(), || format!("git status after SIGKILL of the bridge: {:?}", status()));
+
+        // An older version's leftovers go with the next bridge's first command in the workspace.
+        if bwrap_usable().is_ok() {
+            make_old_mount_points(&lab, &ws);
+            checks.check(status() == "?? .envrc\n?? .gitmodules", || format!("old mount points: {:?}", status()));
+        }
+        let mut bridge = Bridge::start(lab.options());
+        let sid = bridge.new_session(&ws);
+        let report = lab.attack_in(&mut bridge, &sid, &ws, "git_status", &lab.targets());
+        checks.worked(&report, "git_status");
+        checks.check(status().is_empty(), || format!("git status after the next bridge: {:?}", status()));
+        for rel in [".envrc", ".gitmodules", ".vscode", ".idea", ".zed", ".husky", ".git/hooks"] {
+            let left = std::fs::symlink_metadata(ws.join(rel)).is_ok();
+            checks.check(!left, || format!("an old mount point outlived the next bridge: {rel}"));
+        }
+
+        // What the agent creates at a protected path is moved out of the workspace, and the thread says where.
+        let created = [".envrc", ".vscode/tasks.json", ".git/hooks/pre-commit", ".gitmodules", ".husky/pre-commit"];
+        let mut targets = lab.targets();
+        targets["create_protected"] = json!(created);
+        lab.write_targets(&ws, &targets);
+        let turn = bridge.prompt(&sid, "ATTACKS:create_protected");
+        let report = Report::read(&ws, &bridge).unwrap_or_else(|| bridge.fail("no report of create_protected"));
+        checks.note_stderr(bridge.stderr());
+        let state = PathBuf::from(lab.stored_sandbox_id(&sid).unwrap());
+        let moved: Vec<String> =
+            notes(&turn).into_iter().filter(|n| n.contains("moved out of your workspace")).collect();
+        checks.check(moved.len() == 1, || format!("not one note of what was moved: {:?}", notes(&turn)));
+        let note = moved.first().cloned().unwrap_or_default();
+        checks.check(note.matches(" → ").count() == created.len(), || format!("not {} moves: {note}", created.len()));
+        for rel in created {
+            let entry = report.entry(&format!("create:{rel}"));
+            checks.check(entry.is_some_and(|e| e.get("error").is_none()), || report.detail(&format!("create:{rel}")));
+            // The first component the agent made is what is moved (`.git/hooks` for `.git/hooks/pre-commit`).
+            let top = if rel.starts_with(".git/") { ".git/hooks" } else { rel.split('/').next().unwrap() };
+            let left = std::fs::symlink_metadata(ws.join(top)).is_ok();
+            checks.check(!left, || format!("{top} is still in the user's workspace"));
+            let copies: Vec<PathBuf> = std::fs::read_dir(state.join("quarantine"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|stamp| stamp.path().join(top))
+                .filter(|path| std::fs::symlink_metadata(path).is_ok())
+                .collect();
+            checks.check(copies.len() == 1, || format!("{top} is not in the quarantine once: {copies:?}"));
+            let Some(copy) = copies.first() else { continue };
+            let said = format!("`{}` → `{}`", ws.join(top).display(), copy.display());
+            checks.check(note.contains(&said), || format!("the note does not say {said}: {note}"));
+            if report.succeeded(&format!("create:{rel}")) == Some(true) {
+                let below = Path::new(rel).strip_prefix(top).unwrap();
+                let at = if below.as_os_str().is_empty() { copy.clone() } else { copy.join(below) };
+                let content = std::fs::read_to_string(&at).unwrap_or_default();
+                let marker = format!("acp-attack-{}", lab.nonce);
+                checks.check(content.contains(&marker), || format!("{} lost what the agent wrote", at.display()));
+            }
+        }
+        checks.check(status().is_empty(), || format!("git status after the agent's creations: {:?}", status()));
+
+        // The watch moves them at once, while the CLI still runs (no tool has ended, the turn goes on).
+        lab.write_targets(&ws, &targets);
+        let id = bridge.send_prompt(&sid, "ATTACKS:create_protected,hang");
+        Report::wait(&ws, &bridge);
+        let tops = [".envrc", ".vscode", ".git/hooks", ".gitmodules", ".husky"];
+        let gone = wait_until(SOON, || tops.iter().all(|top| std::fs::symlink_metadata(ws.join(top)).is_err()));
+        checks.check(gone, || {
+            let left: Vec<&&str> = tops.iter().filter(|top| ws.join(top).exists()).collect();
+            format!("still in the workspace while the CLI runs: {left:?}")
+        });
+        checks.check(status().is_empty(), || format!("git status while the CLI runs: {:?}", status()));
+        bridge.cancel(&sid);
+        let answer = bridge.wait_response(id);
+        checks.check(answer.as_ref().is_ok_and(|r| r["stopReason"] == "cancelled"), || format!("{answer:?}"));
         checks.finish();
     });
 }

@@ -461,6 +461,86 @@ fn tool_loop_write_bash_read_edit_bwrap() {
     }
 }
 
+/// Every line of OpenCode's own log files in a session's state dir (wherever its XDG data dir is).
+fn opencode_log_lines(state: &Path) -> (usize, Vec<String>) {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "log") && path.parent().is_some_and(|p| p.ends_with("log"))
+            {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(state, &mut files);
+    let lines = files
+        .iter()
+        .flat_map(|f| std::fs::read_to_string(f).unwrap_or_default().lines().map(String::from).collect::<Vec<_>>())
+        .collect();
+    (files.len(), lines)
+}
+
+/// A git workspace under bubblewrap: nothing of the sandbox shows in `git status`, OpenCode's snapshots (its undo
+/// and diffs, which `git add` every file of the project) work, and an edit's card carries its diff.
+fn snapshots_in_a_git_workspace(backend: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("repo");
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.name=T", "-c", "user.email=t@example.invalid", "-C"])
+            .arg(&ws)
+            .args(args)
+            .output()
+            .expect("run git");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    std::fs::write(ws.join("README.md"), "a project\n").unwrap();
+    git(&["init", "-q"]);
+    git(&["add", "README.md"]);
+    git(&["commit", "-qm", "init"]);
+    let mut bridge = world.start_with(world.backend_options("bwrap", backend));
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:tools write, cat, read and edit hello.txt", "snapshots");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(git(&["status", "--porcelain"]), "?? hello.txt", "only the agent's file is new");
+    let edit_diff = turn
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "tool_call" || u["sessionUpdate"] == "tool_call_update")
+        .filter(|u| u["toolCallId"] == "call_fake_3_0")
+        .flat_map(|u| u["content"].as_array().into_iter().flatten())
+        .find(|c| c["type"] == "diff")
+        .unwrap_or_else(|| panic!("the edit's card has no diff: {:#?}", turn.updates));
+    assert_eq!(edit_diff["path"], json!(ws.join("hello.txt")));
+    assert_eq!(edit_diff["oldText"], "hello from fake model", "{edit_diff}");
+    assert_eq!(edit_diff["newText"], "hello EDITED by fake model", "{edit_diff}");
+    let state = world.data.join("sessions").join(&sid);
+    let (files, lines) = opencode_log_lines(&state);
+    assert!(files > 0 && !lines.is_empty(), "no OpenCode log in {}", state.display());
+    let failures: Vec<&String> = lines.iter().filter(|l| l.contains("failed to add snapshot files")).collect();
+    assert_eq!(failures, Vec::<&String>::new(), "OpenCode's snapshots failed");
+    drop(bridge);
+}
+
+#[test]
+fn snapshots_work_in_a_git_workspace_under_bwrap_run() {
+    let test = "snapshots_work_in_a_git_workspace_under_bwrap_run";
+    if bwrap_ok(test) {
+        snapshots_in_a_git_workspace("run", test);
+    }
+}
+
+#[test]
+fn snapshots_work_in_a_git_workspace_under_bwrap_serve() {
+    let test = "snapshots_work_in_a_git_workspace_under_bwrap_serve";
+    if bwrap_ok(test) {
+        snapshots_in_a_git_workspace("serve", test);
+    }
+}
+
 // ---- review before write -------------------------------------------------------------------------------------
 
 /// `--workspace review` with OpenCode's own write and edit tools and a client that keeps every write: the file

@@ -21,6 +21,7 @@ use tokio::process::{Child, Command};
 use super::init::PROXY_SOCKET;
 use super::limits::{self, Limits};
 use super::policy::{Mount, PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
+use super::protect;
 use super::proxy::{NetworkMode, Proxy, ProxyPolicy};
 use super::seccomp;
 use super::statedir::StateDir;
@@ -218,7 +219,11 @@ impl LocalSettings {
         );
         add(
             "protected",
-            if bwrap { (true, format!("read-only in the workspace: {}", PROTECTED.join(", "))) } else { off(no_bwrap) },
+            if bwrap {
+                (true, format!("read-only in the workspace, moved out when created: {}", PROTECTED.join(", ")))
+            } else {
+                off("needs bubblewrap to be read-only; only what is created where one is missing is moved out")
+            },
         );
         add(
             "workspace",
@@ -645,6 +650,13 @@ impl Sandbox for LocalSandbox {
         self.copy.clone()
     }
 
+    fn sweep_protected(&self) -> Vec<protect::Moved> {
+        if self.copy.is_some() {
+            return Vec::new();
+        }
+        protect::sweep(&self.host_workspace)
+    }
+
     fn isolation(&self) -> String {
         self.settings.isolation.describe()
     }
@@ -671,6 +683,20 @@ impl Sandbox for LocalSandbox {
             copy.ensure().map_err(|e| SandboxError::io(format!("create {}", copy.path().display()), e))?;
         }
         let mut guards = ProcessGuards::default();
+        // The agent writes the user's files (no review copy): a protected path that does not exist is not mounted
+        // (its mount point would stay in the workspace) but watched, and moved out as soon as it appears.
+        if self.copy.is_none() {
+            let policy = &self.settings.policy;
+            protect::clear_old_placeholders(
+                &self.host_workspace,
+                &policy.protected_paths(&self.host_workspace, &RealDisk),
+            );
+            state
+                .ensure_dir(&self.state_dir.join(protect::QUARANTINE))
+                .map_err(|e| SandboxError::io(format!("create {}", protect::QUARANTINE), e))?;
+            let missing = policy.missing_protected(&self.host_workspace, &RealDisk);
+            guards.watch = Some(protect::Watch::start(&self.host_workspace, missing, &self.state_dir));
+        }
         let enforcement = limits::probe();
         let cgroup = match limits::SandboxCgroup::create(
             &enforcement,
@@ -695,17 +721,14 @@ impl Sandbox for LocalSandbox {
                     workspace: self.host_workspace.clone(),
                     state_dir: self.state_dir.clone(),
                     tools: spec.tools.clone(),
-                    private: self.copy.iter().map(|copy| copy.review_dir().to_path_buf()).collect(),
+                    private: self
+                        .copy
+                        .iter()
+                        .map(|copy| copy.review_dir().to_path_buf())
+                        .chain([self.state_dir.join(protect::QUARANTINE)])
+                        .collect(),
                 };
-                // In review mode the mount points are made in the agent's copy, which the next sync cleans. The
-                // workspace is held before it is looked at: a mount point another sandbox of it made is then
-                // never removed between this plan, which takes it for the user's, and this sandbox's start.
-                let held = self.copy.is_none().then(|| Placeholders::hold(&self.host_workspace));
                 let plan = self.settings.policy.plan(&subject, &RealDisk);
-                if let Some(held) = held {
-                    held.add(&plan.placeholders);
-                    guards.placeholders = Some(held);
-                }
                 let net = if !self.settings.network.uses_proxy() {
                     None
                 } else if let Err(why) = bwrap_netns() {
@@ -845,63 +868,16 @@ impl Sandbox for LocalSandbox {
     }
 }
 
-/// What lives as long as one command: its proxy, its cgroup, its placeholders, fds passed to bubblewrap.
+/// What lives as long as one command: its proxy, its cgroup, the watch of its missing protected paths, fds passed
+/// to bubblewrap.
 #[derive(Default)]
 struct ProcessGuards {
     proxy: Option<Proxy>,
     /// The host end of a server's door (a socket file in the run dir), removed with the process.
     door: Option<PathBuf>,
     cgroup: Option<limits::SandboxCgroup>,
-    placeholders: Option<Placeholders>,
+    watch: Option<protect::Watch>,
     inherited: Vec<OwnedFd>,
-}
-
-/// Mount points of missing protected paths, created on the host by bubblewrap: removed (when still empty) once no
-/// sandbox of this bridge uses the workspace any more, whichever of its sandboxes made them.
-struct Placeholders {
-    workspace: PathBuf,
-}
-
-/// Per workspace: how many sandboxes use it, and the mount points they asked bubblewrap to make in it.
-type WorkspaceUsers = HashMap<PathBuf, (usize, std::collections::BTreeSet<PathBuf>)>;
-
-fn workspace_users() -> std::sync::MutexGuard<'static, WorkspaceUsers> {
-    static USERS: OnceLock<Mutex<WorkspaceUsers>> = OnceLock::new();
-    USERS.get_or_init(Mutex::default).lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Placeholders {
-    fn hold(workspace: &Path) -> Self {
-        workspace_users().entry(workspace.to_path_buf()).or_default().0 += 1;
-        Self { workspace: workspace.to_path_buf() }
-    }
-
-    fn add(&self, paths: &[PathBuf]) {
-        workspace_users().entry(self.workspace.clone()).or_default().1.extend(paths.iter().cloned());
-    }
-}
-
-impl Drop for Placeholders {
-    fn drop(&mut self) {
-        let mut users = workspace_users();
-        let entry = users.entry(self.workspace.clone()).or_default();
-        entry.0 = entry.0.saturating_sub(1);
-        if entry.0 > 0 {
-            return;
-        }
-        let Some((_, paths)) = users.remove(&self.workspace) else { return };
-        for path in paths.iter().rev() {
-            match std::fs::symlink_metadata(path) {
-                Ok(meta) if meta.is_file() && meta.len() == 0 => {
-                    let _ = std::fs::remove_file(path);
-                }
-                Ok(meta) if meta.is_dir() => {
-                    let _ = std::fs::remove_dir(path); // only when empty
-                }
-                _ => {}
-            }
-        }
-    }
 }
 
 /// Replaces each (host dir, target) pair by one pair per entry of the host dir, and makes the target a real
@@ -1338,7 +1314,6 @@ mod tests {
                 Mount::ReadOnly("/tmp/ws/.git/hooks".into()),
                 Mount::EmptyFile("/tmp/ws/.envrc".into()),
             ],
-            placeholders: Vec::new(),
         };
         let args = sandbox.bwrap_args(&spec, &plan, None, None, None, None).join(" ");
         assert!(
@@ -1373,7 +1348,6 @@ mod tests {
                 Mount::ReadOnly("/tmp/ws/.git/config".into()),
                 Mount::EmptyFile("/tmp/ws/.envrc".into()),
             ],
-            placeholders: Vec::new(),
         };
         let net = NetSetup { socket: "/data/run/x.sock".into(), port: 3128, expose: vec![4010] };
         let args = sandbox.bwrap_args(&spec, &plan, Some(&net), Some(7), None, None).join(" ");
@@ -1606,21 +1580,5 @@ mod tests {
         assert!(running, "the other command ({pid}) was ended with the short one: {state:?}");
         server.handle.kill().await;
         assert_eq!(server.handle.wait().await.unwrap().signal, Some(9));
-    }
-    #[test]
-    fn a_mount_point_stays_while_another_sandbox_of_its_workspace_holds_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = dir.path().join("ws");
-        let hooks = ws.join(".git/hooks");
-        std::fs::create_dir_all(&hooks).unwrap();
-        // The first sandbox's bubblewrap made `.git/hooks`; the second looked at the workspace while it was there.
-        let first = Placeholders::hold(&ws);
-        first.add(std::slice::from_ref(&hooks));
-        let second = Placeholders::hold(&ws);
-        drop(first);
-        assert!(hooks.is_dir(), "removed while the second sandbox, which binds it, still starts");
-        drop(second);
-        assert!(!hooks.exists(), "the mount point outlived every sandbox of its workspace");
-        assert!(ws.join(".git").is_dir(), "only what a sandbox made goes");
     }
 }

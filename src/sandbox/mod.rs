@@ -19,6 +19,7 @@ pub mod limits;
 pub mod local;
 pub mod mirror;
 pub mod policy;
+pub mod protect;
 pub mod proxy;
 pub mod reaper;
 pub mod review;
@@ -330,6 +331,13 @@ pub trait Sandbox: Send + Sync {
     /// a sandbox that sees the user's files where they are.
     fn remote_files(&self) -> Option<&dyn RemoteFiles> {
         None
+    }
+    /// Moves what a command of this sandbox created at a protected path that did not exist out of the user's
+    /// workspace (into the session's quarantine), and answers what was moved since the last call, by this call
+    /// or by the watch each running command keeps (`protect.rs`). Empty where the agent does not write the user's
+    /// files (review mode, remote sandboxes): there a creation is a change the review handles.
+    fn sweep_protected(&self) -> Vec<protect::Moved> {
+        Vec::new()
     }
     /// Ends what commands of this session a bridge that is gone (killed mid-turn) left running in the sandbox, with
     /// everything they started, and answers how many it found. Called before a turn runs anything in a sandbox that

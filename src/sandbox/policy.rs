@@ -5,7 +5,9 @@
 //! an earlier one, so nothing that is shown or writable may be mounted over a hidden path after it is hidden. The
 //! plan is always: private `/tmp` and `/run`, the hidden home (strict), what is shown again (toolchains,
 //! `--allow-read`, the CLI's install), secrets hidden, the data dir hidden, a CLI installed in the data dir shown,
-//! the writable dirs, secrets inside the workspace hidden again, then the protected paths inside the workspace.
+//! the writable dirs, secrets inside the workspace hidden again, then the protected paths inside the workspace
+//! that exist. A protected path that does not exist is not mounted at all: bubblewrap would create its mount point
+//! in the user's workspace, where it stays after a SIGKILL; `protect.rs` guards it instead.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -150,9 +152,6 @@ pub enum Mount {
 pub struct Plan {
     /// The mounts in order.
     pub mounts: Vec<Mount>,
-    /// Protected paths that did not exist: their mount points are created on the host by bubblewrap inside the
-    /// writable workspace, so they are removed again (when still empty) after the command.
-    pub placeholders: Vec<PathBuf>,
 }
 
 /// What exists on disk, asked through a trait so that the plan can be unit-tested without a filesystem.
@@ -235,6 +234,12 @@ impl Policy {
         paths.sort();
         paths.dedup();
         paths
+    }
+
+    /// The protected paths of a workspace that do not exist (a link counts as existing only when it leads
+    /// somewhere, as bubblewrap would see it): what `protect.rs` watches while a sandbox runs.
+    pub fn missing_protected(&self, workspace: &Path, disk: &dyn Disk) -> Vec<PathBuf> {
+        self.protected_paths(workspace, disk).into_iter().filter(|path| disk.kind(path).is_none()).collect()
     }
 
     /// The mounts of one command's sandbox.
@@ -329,50 +334,11 @@ impl Policy {
         pins.sort_by_key(|dir| dir.components().count());
         pins.dedup();
         mounts.extend(pins.into_iter().map(Mount::Writable));
-        for path in protected {
-            match disk.kind(&path) {
-                Some(_) => mounts.push(Mount::ReadOnly(path)),
-                None => {
-                    // A missing protected path is made impossible to create, from its first missing component on:
-                    // a missing `.git` blocks a fresh repository with a hostile config, a missing `.vscode` its tasks.
-                    let Some(first_missing) = first_missing(&path, &subject.workspace, disk) else { continue };
-                    if plan.placeholders.contains(&first_missing) {
-                        continue;
-                    }
-                    let is_dir = first_missing != path || !looks_like_file(&path);
-                    mounts.push(if is_dir {
-                        Mount::EmptyDir(first_missing.clone())
-                    } else {
-                        Mount::EmptyFile(first_missing.clone())
-                    });
-                    plan.placeholders.push(first_missing);
-                }
-            }
-        }
+        // A protected path that does not exist gets no mount (its mount point would be made in the user's
+        // workspace): `protect.rs` moves it out of the workspace when something creates it.
+        mounts.extend(protected.into_iter().filter(|path| disk.kind(path).is_some()).map(Mount::ReadOnly));
         plan
     }
-}
-
-/// Protected names that are files when they exist.
-fn looks_like_file(path: &Path) -> bool {
-    matches!(path.file_name().and_then(|n| n.to_str()), Some("config" | ".gitmodules" | ".envrc"))
-        || path.extension().is_some()
-}
-
-/// The first component of `path` below `root` that does not exist.
-fn first_missing(path: &Path, root: &Path, disk: &dyn Disk) -> Option<PathBuf> {
-    let rel = path.strip_prefix(root).ok()?;
-    let mut current = root.to_path_buf();
-    for component in rel.components() {
-        current.push(component);
-        match disk.kind(&current) {
-            None => return Some(current),
-            Some(true) => continue,
-            // A file where a directory is expected: nothing can be created below it.
-            Some(false) => return None,
-        }
-    }
-    None
 }
 
 /// `core.hooksPath` of a git config, if set.
@@ -563,17 +529,26 @@ mod tests {
                 Writable("/home/u/.local/share/acp-sandbox/sessions/s1".into()),
                 Writable("/home/u/ws".into()),
                 Writable("/home/u/ws/.git".into()),
-                EmptyFile("/home/u/ws/.envrc".into()),
                 ReadOnly("/home/u/ws/.git/config".into()),
                 ReadOnly("/home/u/ws/.git/hooks".into()),
-                EmptyFile("/home/u/ws/.gitmodules".into()),
-                EmptyDir("/home/u/ws/.husky".into()),
-                EmptyDir("/home/u/ws/.idea".into()),
-                EmptyDir("/home/u/ws/.vscode".into()),
-                EmptyDir("/home/u/ws/.zed".into()),
             ]
         );
-        assert_eq!(plan.placeholders.len(), 6, "{:?}", plan.placeholders);
+    }
+
+    #[test]
+    fn a_missing_protected_path_gets_no_mount_and_is_listed_as_missing() {
+        let policy = policy();
+        let plan = policy.plan(&subject(), &base_disk());
+        let in_workspace: Vec<&Mount> = plan
+            .mounts
+            .iter()
+            .filter(|m| matches!(m, Mount::EmptyDir(p) | Mount::EmptyFile(p) if p.starts_with("/home/u/ws")))
+            .collect();
+        assert_eq!(in_workspace, Vec::<&Mount>::new(), "nothing may be created in the workspace");
+        let missing = policy.missing_protected(Path::new("/home/u/ws"), &base_disk());
+        let names: Vec<&str> =
+            missing.iter().map(|p| p.strip_prefix("/home/u/ws").unwrap().to_str().unwrap()).collect();
+        assert_eq!(names, [".envrc", ".gitmodules", ".husky", ".idea", ".vscode", ".zed"]);
     }
 
     #[test]
@@ -646,12 +621,14 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_git_dir_is_blocked_whole_and_a_worktree_git_file_is_followed() {
+    fn a_missing_git_dir_is_watched_not_mounted_and_a_worktree_git_file_is_followed() {
         let mut disk = base_disk();
         disk.entries.retain(|path, _| !path.starts_with("/home/u/ws/.git"));
         let plan = policy().plan(&subject(), &disk);
-        assert!(plan.mounts.contains(&Mount::EmptyDir("/home/u/ws/.git".into())), "{:?}", plan.mounts);
-        assert_eq!(plan.placeholders.iter().filter(|p| p.ends_with(".git")).count(), 1);
+        assert!(!plan.mounts.iter().any(|m| format!("{m:?}").contains("/home/u/ws/.git")), "{:?}", plan.mounts);
+        let missing = policy().missing_protected(Path::new("/home/u/ws"), &disk);
+        assert!(missing.contains(&PathBuf::from("/home/u/ws/.git/hooks")), "{missing:?}");
+        assert!(missing.contains(&PathBuf::from("/home/u/ws/.git/config")), "{missing:?}");
 
         let mut disk = base_disk();
         disk.entries.retain(|path, _| !path.starts_with("/home/u/ws/.git"));

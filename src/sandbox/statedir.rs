@@ -55,6 +55,12 @@ impl StateDir {
         Ok(())
     }
 
+    /// Makes `path` a real directory (as [`StateDir::ensure_dir`]) and opens it.
+    pub fn open_dir(&self, path: &Path) -> io::Result<Dir> {
+        self.ensure_dir(path)?;
+        self.dir.open_dir(self.relative(path)?)
+    }
+
     /// Writes a new file at `path` (its parents made real directories); whatever was there is replaced, never
     /// written through.
     pub fn write_file(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {

@@ -6,6 +6,7 @@
 mod catalog;
 pub mod options;
 pub mod prompt;
+mod protected;
 mod remote;
 mod review;
 pub mod serve;

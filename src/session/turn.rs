@@ -668,6 +668,12 @@ impl Turn<'_> {
                         {
                             failed = Some(error);
                         }
+                        if failed.is_none()
+                            && tool_ended
+                            && let Err(error) = super::protected::sweep(sandbox, emit).await
+                        {
+                            failed = Some(error);
+                        }
                         if failed.is_some() {
                             break;
                         }
@@ -737,6 +743,7 @@ impl Turn<'_> {
         if let Some(review) = &review {
             review.step(emit).await?;
         }
+        super::protected::sweep(sandbox, emit).await?;
         let name = self.agent.display_name();
         tracing::debug!(session = %self.record.id, exit = %exit.describe(), "the CLI exited");
         let failure = |message: String| Error::CliFailed { message, stderr_tail: stderr.clone(), exit_code: exit.code };

@@ -27,6 +27,10 @@ Attacks (entries):
   git_commit     git_commit_works (non-attack): `git add` + `git commit` of a normal file in the workspace
   protected      protect:<path>: writes protected workspace paths by any means (write, rename over, unlink and
                  recreate, move the parent dir away and copy it back)
+  git_status     git_status (non-attack): `git status --porcelain` of the workspace from inside; its output in
+                 the entry's `output` (the test expects none: nothing of the sandbox shows in the user's repository)
+  create_protected create:<path>: creates protected paths that do not exist (targets.create_protected) with a
+                 marker; succeeded = it was created (the test checks that the bridge moved it out afterwards)
   remount        remount_root, mount_tmpfs, write_etc_after_remount: makes / writable and writes targets.etc_file
   capabilities   capabilities: the effective capability set is not empty
   unix_sockets   unix_socket:<label>, abstract_socket:<label>: connects to the host's unix sockets
@@ -380,6 +384,24 @@ def attack_protected_path(rel, marker, counter):
 def attack_protected(t):
     marker = f"acp-attack-{t['nonce']}"
     return [attack_protected_path(rel, marker, i) for i, rel in enumerate(t.get("protected", []))]
+
+
+def attack_git_status(_t):
+    code, output = git("status", "--porcelain")
+    return [entry("git_status", code == 0, f"(non-attack) git status --porcelain: exit {code}", output=output)]
+
+
+def attack_create_protected(t):
+    entries = []
+    for rel in t.get("create_protected", []):
+        path = CWD / rel
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_file(path, f"#!/bin/sh\n# acp-attack-{t['nonce']}\n")
+            entries.append(entry(f"create:{rel}", landed(path, f"acp-attack-{t['nonce']}"), f"created {path}"))
+        except OSError as error:
+            entries.append(entry(f"create:{rel}", False, f"{path}: {describe_error(error)}"))
+    return entries
 
 
 def attack_remount(t):
@@ -746,6 +768,8 @@ ATTACKS = {
     "outside_writes": attack_outside_writes,
     "git_commit": attack_git_commit,
     "protected": attack_protected,
+    "git_status": attack_git_status,
+    "create_protected": attack_create_protected,
     "unix_sockets": attack_unix_sockets,
     "loopback": attack_loopback,
     "proxy_domains": attack_proxy_domains,

@@ -273,8 +273,13 @@ impl Turn<'_> {
                         }
                     }
                     if tool_ended
-                        && let Some(review) = &review
-                        && let Err(e) = review.step(emit).await
+                        && let Err(e) = async {
+                            if let Some(review) = &review {
+                                review.step(emit).await?;
+                            }
+                            super::super::protected::sweep(sandbox.as_ref(), emit).await
+                        }
+                        .await
                     {
                         let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
                         for task in pending.drain(..) {
@@ -314,6 +319,7 @@ impl Turn<'_> {
         if let Some(review) = &review {
             review.step(emit).await?;
         }
+        super::super::protected::sweep(sandbox.as_ref(), emit).await?;
         let died = || Error::CliFailed {
             message: match server.exit() {
                 Some(exit) => format!("{name}'s server exited with {} during the turn", exit.describe()),
