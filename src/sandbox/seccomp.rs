@@ -6,7 +6,10 @@
 //! `seccompiler` for the host architecture; [`filter_fd`] puts it in a memfd ready to be inherited.
 //!
 //! What is denied, and why:
-//! - other processes' memory and keys: `ptrace`, `process_vm_readv`/`process_vm_writev`, the keyring calls;
+//! - other processes' memory, fds and keys: `ptrace`, `process_vm_readv`/`process_vm_writev`,
+//!   `process_madvise`, `pidfd_getfd` (with a pidfd of `sandbox-init` a tool could take the listening socket of
+//!   a server's door) and `pidfd_open` (which answers `ENOSYS`, as on a kernel without it, so that Bun, node and
+//!   glibc fall back to `waitpid` as they do there), `kcmp`, the keyring calls;
 //! - the kernel's attack surface and its logs: `bpf`, `perf_event_open`, `userfaultfd`, modules, `kexec`,
 //!   `syslog`, `acct`, swap, `reboot`, x86 port I/O;
 //! - anything that rebuilds the sandbox from inside: the mount API (old and new), `pivot_root`, `unshare`,
@@ -52,6 +55,9 @@ pub const DENIED: &[&str] = &[
     "ptrace",
     "process_vm_readv",
     "process_vm_writev",
+    "process_madvise",
+    "pidfd_getfd",
+    "kcmp",
     "keyctl",
     "add_key",
     "request_key",
@@ -88,10 +94,14 @@ pub const DENIED: &[&str] = &[
     "io_uring_register",
 ];
 
+/// System calls that answer `ENOSYS`, as on a kernel that lacks them, so that callers take their fallback.
+const ENOSYS_CALLS: &[i64] = &[libc::SYS_clone3, libc::SYS_pidfd_open];
+
 /// System calls the filter allows only in part, in words for `doctor` and the docs.
 pub const RESTRICTED: &[&str] = &[
     "clone with a namespace flag (CLONE_NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS, NEWCGROUP, NEWTIME): EPERM",
     "clone3: ENOSYS, so that libc falls back to clone, whose flags the filter can read",
+    "pidfd_open: ENOSYS, so that runtimes fall back to waitpid (no pidfd of another process for pidfd_getfd)",
     "personality other than a query, PER_LINUX or PER_LINUX32: EPERM",
     "x32 system calls on x86_64: ENOSYS",
 ];
@@ -161,7 +171,7 @@ fn program() -> Result<BpfProgram, SeccompError> {
     let eperm =
         SeccompFilter::new(eperm_rules()?, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)?;
     let enosys = SeccompFilter::new(
-        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+        ENOSYS_CALLS.iter().map(|&nr| (nr, Vec::new())).collect(),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
@@ -258,6 +268,9 @@ fn syscall_number(name: &str) -> Option<i64> {
         "ptrace" => libc::SYS_ptrace,
         "process_vm_readv" => libc::SYS_process_vm_readv,
         "process_vm_writev" => libc::SYS_process_vm_writev,
+        "process_madvise" => libc::SYS_process_madvise,
+        "pidfd_getfd" => libc::SYS_pidfd_getfd,
+        "kcmp" => libc::SYS_kcmp,
         "keyctl" => libc::SYS_keyctl,
         "add_key" => libc::SYS_add_key,
         "request_key" => libc::SYS_request_key,
@@ -428,6 +441,24 @@ mod tests {
     }
 
     #[test]
+    fn no_tool_gets_at_another_process() {
+        for nr in [
+            libc::SYS_ptrace,
+            libc::SYS_process_vm_readv,
+            libc::SYS_process_vm_writev,
+            libc::SYS_process_madvise,
+            libc::SYS_pidfd_getfd,
+            libc::SYS_kcmp,
+        ] {
+            assert_eq!(decide(nr, 0), EPERM, "syscall {nr}");
+        }
+        assert_eq!(decide(libc::SYS_pidfd_open, 1), ENOSYS);
+        // Signalling stays: `kill` is how a shell ends its jobs.
+        assert_eq!(decide(libc::SYS_kill, 1), ALLOW);
+        assert_eq!(decide(libc::SYS_pidfd_send_signal, 3), ALLOW);
+    }
+
+    #[test]
     fn personality_may_only_be_queried_or_reset() {
         for persona in [0xffff_ffff, 0, 8] {
             assert_eq!(decide(libc::SYS_personality, persona), ALLOW, "{persona:#x}");
@@ -498,6 +529,9 @@ call("ptrace_attach", {ptrace}, 16, child, 0, 0)
 os.kill(child, 9)
 os.waitpid(child, 0)
 call("keyctl", {keyctl}, 0, -3, 0)
+call("pidfd_open", {pidfd_open}, os.getpid(), 0)
+call("pidfd_getfd", {pidfd_getfd}, 0, 0, 0)
+call("process_madvise", {process_madvise}, 0, 0, 0, 0, 0)
 call("clone3", {clone3}, 0, 0)
 r = call("clone_newuser", {clone}, {newuser} | 17, 0, 0, 0, 0)
 if r == 0:
@@ -515,6 +549,9 @@ print("thread 0", flush=True)
 "#,
             ptrace = libc::SYS_ptrace,
             keyctl = libc::SYS_keyctl,
+            pidfd_open = libc::SYS_pidfd_open,
+            pidfd_getfd = libc::SYS_pidfd_getfd,
+            process_madvise = libc::SYS_process_madvise,
             clone3 = libc::SYS_clone3,
             clone = libc::SYS_clone,
             newuser = libc::CLONE_NEWUSER,
@@ -552,6 +589,9 @@ print("thread 0", flush=True)
         let expect = |name: &str, errno: i32| assert_eq!(got.get(name), Some(&errno), "{name} in {got:?}");
         expect("ptrace_attach", libc::EPERM);
         expect("keyctl", libc::EPERM);
+        expect("pidfd_open", libc::ENOSYS);
+        expect("pidfd_getfd", libc::EPERM);
+        expect("process_madvise", libc::EPERM);
         expect("clone3", libc::ENOSYS);
         expect("clone_newuser", libc::EPERM);
         expect("personality_query", 0);
@@ -562,6 +602,7 @@ print("thread 0", flush=True)
         // The same script without the filter shows that the filter, not the sandbox, refused those.
         let plain = errnos(&run(false, &python));
         assert_eq!(plain.get("ptrace_attach"), Some(&0), "{plain:?}");
+        assert_eq!(plain.get("pidfd_open"), Some(&0), "{plain:?}");
         assert_ne!(plain.get("clone3"), Some(&libc::ENOSYS), "{plain:?}");
         assert_eq!(plain.get("personality_no_randomize"), Some(&0), "{plain:?}");
 
