@@ -19,7 +19,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-use landlock::{ABI, Access, AccessNet, CompatLevel, Compatible, NetPort, Ruleset, RulesetAttr, RulesetCreatedAttr};
+use landlock::{AccessNet, CompatLevel, Compatible, NetPort, Ruleset, RulesetAttr, RulesetCreatedAttr};
 
 /// The first Landlock ABI with TCP rules.
 pub const NET_ABI: i32 = 4;
@@ -119,7 +119,8 @@ pub fn set_undumpable() -> std::io::Result<()> {
 /// Whether the Landlock crate's view and ours agree that `abi` has TCP rules (for the unit tests).
 #[cfg(test)]
 fn crate_knows_net(abi: i32) -> bool {
-    !AccessNet::from_all(ABI::from(abi)).is_empty()
+    use landlock::Access;
+    !AccessNet::from_all(landlock::ABI::from(abi)).is_empty()
 }
 
 #[cfg(test)]
