@@ -261,6 +261,26 @@ impl LocalSettings {
                 (false, _) => off(no_bwrap),
             },
         );
+        add(
+            "server",
+            match (bwrap, super::guard::port_guard_available()) {
+                (true, Ok(abi)) => (
+                    true,
+                    format!(
+                        "OpenCode's warm server is out of its tools' reach: its port closed to them (Landlock ABI \
+                         {abi}), its password out of their environment, sandbox-init not inspectable"
+                    ),
+                ),
+                (true, Err(why)) => off(&format!(
+                    "no warm server: {why}, so its tools could reach it and answer their own approvals; OpenCode \
+                     turns use `opencode run`"
+                )),
+                (false, _) => off(
+                    "NOT isolated: under --sandbox none any tool can reach OpenCode's warm server (its port, its door, \
+                     its password) and answer its own approvals",
+                ),
+            },
+        );
         let enforcement = limits::probe();
         // Only a group actually made proves a cgroup works for us; otherwise the sandbox's first process watches.
         let trial =
