@@ -82,14 +82,32 @@ out["pidfd_getfd_init_errnos"] = sorted(errnos)
 json.dump(out, open(".server-attack.json", "w"), indent=1)
 "##;
 
-fn server_attack(test: &str) {
+/// The user the second variant runs the bridge as (through `setpriv`, when the tests run as root).
+const NOBODY: u32 = 65534;
+
+fn server_attack(test: &str, as_nobody: bool) {
     if !bwrap_ok(test) {
         return;
     }
     let Some(world) = World::new(test) else { return };
     let ws = world.workspace("ws");
     std::fs::write(ws.join(".attack.py"), SERVER_ATTACK).unwrap();
-    let mut bridge = world.start_with(world.backend_options("bwrap", "serve"));
+    let mut options = world.backend_options("bwrap", "serve");
+    if as_nobody {
+        // nobody cannot reach root's tools cache: the same OpenCode binary, linked into the test's own directory.
+        let bin = world.root.path().join("opencode-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::hard_link(std::fs::canonicalize(&world.opencode).unwrap(), bin.join("opencode")).unwrap();
+        options = options.env("ACP_SANDBOX_OPENCODE_BIN", &bin.join("opencode").display().to_string());
+        let chown = Command::new("chown")
+            .args(["-R", &format!("{NOBODY}:{NOBODY}")])
+            .arg(world.root.path())
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        options.launcher.extend(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"].map(String::from));
+    }
+    let mut bridge = world.start_with(options);
     let sid = bridge.new_session(&ws);
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:attack set the project up", "server attack");
     assert_end_turn(&bridge, &turn);
@@ -126,5 +144,15 @@ fn server_attack(test: &str) {
 
 #[test]
 fn a_servers_tools_cannot_reach_it_or_its_credential() {
-    server_attack("a_servers_tools_cannot_reach_it_or_its_credential");
+    server_attack("a_servers_tools_cannot_reach_it_or_its_credential", false);
+}
+
+#[test]
+fn a_servers_tools_cannot_reach_it_or_its_credential_as_nobody() {
+    let test = "a_servers_tools_cannot_reach_it_or_its_credential_as_nobody";
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("SKIPPED {test}: the tests do not run as root, so there is no other user to become");
+        return;
+    }
+    server_attack(test, true);
 }

@@ -340,6 +340,7 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
             Duration::from_secs(3)
         };
         if let Some(version) = client.health(patience).await {
+            tracing::debug!(after = ?started_at.elapsed(), "the server answered its health check");
             break version;
         }
         tokio::select! {
@@ -356,12 +357,14 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
             return Err(ServeError::Start("its event stream did not open".into()));
         }
     }
+    tracing::debug!(after = ?started_at.elapsed(), "the server's event stream is open");
     // The event stream opens once OpenCode has loaded its project, plugins included: the guard's line is in the
     // pipe by now, or it never comes. Without it the server's tools could read its password: no prompt goes there.
     let on = tokio::select! {
         on = tokio::time::timeout(GUARD_LIMIT, guard_on.wait_for(|on| *on)) => on.is_ok_and(|on| on.is_ok()),
         _ = watch_exit.wait_for(Option::is_some) => false,
     };
+    tracing::debug!(guarded = on, after = ?started_at.elapsed(), "the server's guard plugin");
     if !on {
         let _ = kill.try_send(Control::Kill);
         let tail = Vec::from(stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()).join("\n");
