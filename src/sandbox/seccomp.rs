@@ -616,6 +616,19 @@ print("thread 0", flush=True)
             }
         }
 
+        // Runtimes that would use pidfd_open take their fallback: node (libuv) and Bun spawn and wait as before.
+        if std::path::Path::new("/usr/bin/node").exists() {
+            let script = "const r = require('child_process').spawnSync('/bin/echo', ['spawned']); \
+                          process.stdout.write(r.stdout.toString() + r.status)";
+            let node = run(true, &["/usr/bin/node", "-e", script]);
+            assert_eq!(
+                String::from_utf8_lossy(&node.stdout),
+                "spawned\n0",
+                "{}",
+                String::from_utf8_lossy(&node.stderr)
+            );
+        }
+
         let pipe = run(true, &["/bin/sh", "-c", "echo ok | cat"]);
         assert!(pipe.status.success());
         assert_eq!(String::from_utf8_lossy(&pipe.stdout), "ok\n");

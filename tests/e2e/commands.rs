@@ -414,10 +414,8 @@ fn doctor_reports_opencodes_model_and_providers_and_where_its_executable_came_fr
     // None of the warm server's isolation holds without a sandbox, and doctor says so.
     assert_eq!(
         lines_starting(&out, "  server "),
-        [
-            "  server        OFF NOT isolated: under --sandbox none any tool can reach OpenCode's warm server (its \
-             port, its door, its password) and answer its own approvals"
-        ],
+        ["  server        OFF NOT isolated: under --sandbox none any tool can reach OpenCode's warm server (its \
+             port, its door, its password) and answer its own approvals"],
         "{out}"
     );
 

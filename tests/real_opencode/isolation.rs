@@ -99,11 +99,8 @@ fn server_attack(test: &str, as_nobody: bool) {
         std::fs::create_dir_all(&bin).unwrap();
         std::fs::hard_link(std::fs::canonicalize(&world.opencode).unwrap(), bin.join("opencode")).unwrap();
         options = options.env("ACP_SANDBOX_OPENCODE_BIN", &bin.join("opencode").display().to_string());
-        let chown = Command::new("chown")
-            .args(["-R", &format!("{NOBODY}:{NOBODY}")])
-            .arg(world.root.path())
-            .status()
-            .unwrap();
+        let chown =
+            Command::new("chown").args(["-R", &format!("{NOBODY}:{NOBODY}")]).arg(world.root.path()).status().unwrap();
         assert!(chown.success());
         options.launcher.extend(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"].map(String::from));
     }
