@@ -8,8 +8,9 @@
 //! What is denied, and why:
 //! - other processes' memory, fds and keys: `ptrace`, `process_vm_readv`/`process_vm_writev`,
 //!   `process_madvise`, `pidfd_getfd` (with a pidfd of `sandbox-init` a tool could take the listening socket of
-//!   a server's door) and `pidfd_open` (which answers `ENOSYS`, as on a kernel without it, so that Bun, node and
-//!   glibc fall back to `waitpid` as they do there), `kcmp`, the keyring calls;
+//!   a server's door), `pidfd_open` of pid 1 or 2 (bubblewrap and `sandbox-init` in the sandbox's PID namespace;
+//!   other pids stay allowed: Bun waits for its children through pidfds, and without them OpenCode's bash tool
+//!   lost its output), `kcmp`, the keyring calls;
 //! - the kernel's attack surface and its logs: `bpf`, `perf_event_open`, `userfaultfd`, modules, `kexec`,
 //!   `syslog`, `acct`, swap, `reboot`, x86 port I/O;
 //! - anything that rebuilds the sandbox from inside: the mount API (old and new), `pivot_root`, `unshare`,
@@ -95,13 +96,17 @@ pub const DENIED: &[&str] = &[
 ];
 
 /// System calls that answer `ENOSYS`, as on a kernel that lacks them, so that callers take their fallback.
-const ENOSYS_CALLS: &[i64] = &[libc::SYS_clone3, libc::SYS_pidfd_open];
+const ENOSYS_CALLS: &[i64] = &[libc::SYS_clone3];
+
+/// The pids `pidfd_open` refuses, as the sandbox's PID namespace numbers them: bubblewrap's own pid 1 and the
+/// sandbox's first process, `sandbox-init` (pid 2), which holds a warm server's door.
+const SANDBOX_PIDS: &[u64] = &[1, 2];
 
 /// System calls the filter allows only in part, in words for `doctor` and the docs.
 pub const RESTRICTED: &[&str] = &[
     "clone with a namespace flag (CLONE_NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS, NEWCGROUP, NEWTIME): EPERM",
     "clone3: ENOSYS, so that libc falls back to clone, whose flags the filter can read",
-    "pidfd_open: ENOSYS, so that runtimes fall back to waitpid (no pidfd of another process for pidfd_getfd)",
+    "pidfd_open of pid 1 or 2 (bubblewrap, sandbox-init): EPERM",
     "personality other than a query, PER_LINUX or PER_LINUX32: EPERM",
     "x32 system calls on x86_64: ENOSYS",
 ];
@@ -204,6 +209,11 @@ fn eperm_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
         .map(|&persona| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, persona))
         .collect::<Result<Vec<_>, _>>()?;
     rules.insert(libc::SYS_personality, vec![SeccompRule::new(other_persona)?]);
+    let sandbox_pid = SANDBOX_PIDS
+        .iter()
+        .map(|&pid| SeccompRule::new(vec![SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, pid)?]))
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(libc::SYS_pidfd_open, sandbox_pid);
     Ok(rules)
 }
 
@@ -452,7 +462,11 @@ mod tests {
         ] {
             assert_eq!(decide(nr, 0), EPERM, "syscall {nr}");
         }
-        assert_eq!(decide(libc::SYS_pidfd_open, 1), ENOSYS);
+        assert_eq!(decide(libc::SYS_pidfd_open, 1), EPERM);
+        assert_eq!(decide(libc::SYS_pidfd_open, 2), EPERM);
+        // A tool's own children: Bun waits for them through pidfds.
+        assert_eq!(decide(libc::SYS_pidfd_open, 3), ALLOW);
+        assert_eq!(decide(libc::SYS_pidfd_open, 4242), ALLOW);
         // Signalling stays: `kill` is how a shell ends its jobs.
         assert_eq!(decide(libc::SYS_kill, 1), ALLOW);
         assert_eq!(decide(libc::SYS_pidfd_send_signal, 3), ALLOW);
@@ -526,10 +540,11 @@ if child == 0:
     time.sleep(30)
     os._exit(0)
 call("ptrace_attach", {ptrace}, 16, child, 0, 0)
+call("pidfd_open_child", {pidfd_open}, child, 0)
 os.kill(child, 9)
 os.waitpid(child, 0)
 call("keyctl", {keyctl}, 0, -3, 0)
-call("pidfd_open", {pidfd_open}, os.getpid(), 0)
+call("pidfd_open_pid_1", {pidfd_open}, 1, 0)
 call("pidfd_getfd", {pidfd_getfd}, 0, 0, 0)
 call("process_madvise", {process_madvise}, 0, 0, 0, 0, 0)
 call("clone3", {clone3}, 0, 0)
@@ -589,7 +604,8 @@ print("thread 0", flush=True)
         let expect = |name: &str, errno: i32| assert_eq!(got.get(name), Some(&errno), "{name} in {got:?}");
         expect("ptrace_attach", libc::EPERM);
         expect("keyctl", libc::EPERM);
-        expect("pidfd_open", libc::ENOSYS);
+        expect("pidfd_open_child", 0);
+        expect("pidfd_open_pid_1", libc::EPERM);
         expect("pidfd_getfd", libc::EPERM);
         expect("process_madvise", libc::EPERM);
         expect("clone3", libc::ENOSYS);
@@ -602,7 +618,7 @@ print("thread 0", flush=True)
         // The same script without the filter shows that the filter, not the sandbox, refused those.
         let plain = errnos(&run(false, &python));
         assert_eq!(plain.get("ptrace_attach"), Some(&0), "{plain:?}");
-        assert_eq!(plain.get("pidfd_open"), Some(&0), "{plain:?}");
+        assert_eq!(plain.get("pidfd_open_pid_1"), Some(&0), "{plain:?}");
         assert_ne!(plain.get("clone3"), Some(&libc::ENOSYS), "{plain:?}");
         assert_eq!(plain.get("personality_no_randomize"), Some(&0), "{plain:?}");
 
@@ -616,7 +632,7 @@ print("thread 0", flush=True)
             }
         }
 
-        // Runtimes that would use pidfd_open take their fallback: node (libuv) and Bun spawn and wait as before.
+        // node (libuv) spawns and waits under the filter as before.
         if std::path::Path::new("/usr/bin/node").exists() {
             let script = "const r = require('child_process').spawnSync('/bin/echo', ['spawned']); \
                           process.stdout.write(r.stdout.toString() + r.status)";
