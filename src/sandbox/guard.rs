@@ -14,6 +14,9 @@
 //! reach. [`set_undumpable`] makes `sandbox-init` non-dumpable as well, for kernels and cases where Landlock would
 //! not say so (and for the `--sandbox none` subreaper, which has no Landlock).
 //!
+//! Landlock has no port ranges, so the ruleset holds 65,535 rules: measured on Linux 6.18, about 0.1 s to build
+//! (a debug build, in `sandbox-init`, before the fork), 30 ms to apply, and 4 MiB of kernel memory per server.
+//!
 //! Landlock's network rules exist since ABI 4 (Linux 6.7). Where the kernel has none, [`PortGuard::new`] fails and
 //! the bridge does not start a server (its turns use `opencode run`, which has no port to reach).
 
