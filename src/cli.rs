@@ -63,6 +63,10 @@ struct SandboxInit {
     /// The port of the server PROGRAM runs, inside the sandbox.
     #[arg(long, requires = "door_fd")]
     door_port: Option<u16>,
+    /// Keep PROGRAM and everything it starts from connecting to --door-port (a Landlock rule); refuse to run
+    /// where the kernel cannot.
+    #[arg(long, requires = "door_port")]
+    guard_door: bool,
     /// Be the reaper of PROGRAM's descendants and end them all when it exits or this process is told to stop
     /// (`--sandbox none`, where no PID namespace does it).
     #[arg(long)]
@@ -368,6 +372,7 @@ fn sandbox_init(init: SandboxInit) -> ExitCode {
         proxy_port: init.proxy_port,
         expose: init.expose,
         door: init.door_fd.zip(init.door_port),
+        guard_door: init.guard_door,
         reap: init.reap,
         max_processes: init.max_processes,
         max_memory: init.max_memory,

@@ -290,7 +290,7 @@ pub fn read_opencode_config(path: &std::path::Path) -> Option<serde_json::Value>
 
 /// Parses OpenCode's JSONC: `//` and `/* */` comments and trailing commas, nothing else of JSON5, like the
 /// `jsonc-parser` options OpenCode reads its config with.
-fn parse_opencode_config(text: &str) -> Result<serde_json::Value, jsonc_parser::errors::ParseError> {
+pub(crate) fn parse_opencode_config(text: &str) -> Result<serde_json::Value, jsonc_parser::errors::ParseError> {
     let options = jsonc_parser::ParseOptions {
         allow_comments: true,
         allow_trailing_commas: true,

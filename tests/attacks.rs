@@ -1180,13 +1180,25 @@ fn network_none_has_no_route_and_no_proxy_that_connects() {
 // ---- kernel surface and resources ------------------------------------------------------------------------------
 
 #[test]
+/// Also against the sandbox's first process (`sandbox-init`, which holds a warm server's door): no fd of it, no
+/// read of its environment or memory.
 fn seccomp_blocks_namespaces_ptrace_and_keyrings() {
     let test = "seccomp_blocks_namespaces_ptrace_and_keyrings";
     for_each_variant(test, bwrap_variants(test), |variant| {
         let lab = Lab::new("seccomp", variant);
         let (_bridge, _, report) = run_attacks(&lab, lab.options(), "seccomp");
         let mut checks = Checks::new();
-        for name in ["seccomp_status", "unshare_userns", "unshare_cmd", "ptrace_traceme", "keyctl"] {
+        for name in [
+            "seccomp_status",
+            "unshare_userns",
+            "unshare_cmd",
+            "ptrace_traceme",
+            "keyctl",
+            "init_pidfd_getfd",
+            "init_environ",
+            "init_mem",
+            "process_madvise",
+        ] {
             checks.blocked(&report, name);
         }
         let status = report.entry("seccomp_status").cloned().unwrap_or_default();

@@ -1252,3 +1252,6 @@ fn bash_tool_attack(backend: &str, test: &str) {
 
 #[path = "real_opencode/serve.rs"]
 mod serve;
+
+#[path = "real_opencode/isolation.rs"]
+mod isolation;

@@ -44,6 +44,9 @@ pub struct InitArgs {
     /// the bridge makes to the socket is spliced to 127.0.0.1 at that port (a server the CLI runs, such as `opencode
     /// serve`). The socket lives in the bridge's own directory, so nothing in the sandbox can replace it.
     pub door: Option<(i32, u16)>,
+    /// The program and everything it starts may not connect to the door's port (`guard::PortGuard`): only this
+    /// process, outside the Landlock domain, reaches the server. Without Landlock's TCP rules nothing runs.
+    pub guard_door: bool,
     /// Become the subreaper of the CLI's tree and end all of it when the CLI exits or a stop signal arrives:
     /// without a PID namespace, daemons it started (`setsid`, double fork) would otherwise outlive the turn.
     pub reap: bool,
@@ -80,6 +83,12 @@ enum Door {
 }
 
 async fn supervise(args: InitArgs) -> i32 {
+    // This process holds the door's listening socket and outlives every tool: none may read its memory or take
+    // its fds (`pidfd_getfd`), whatever the kernel's Landlock can do.
+    if let Err(e) = super::guard::set_undumpable() {
+        complain(&format!("cannot make this process non-dumpable: {e}"));
+        return INIT_FAILED;
+    }
     let socket = Arc::new(args.proxy_socket);
     let doors = args.proxy_port.map(|port| (port, Door::Proxy)).into_iter();
     let doors = doors.chain(args.expose.iter().map(|&port| (port, Door::Expose(port))));
@@ -117,7 +126,29 @@ async fn supervise(args: InitArgs) -> i32 {
     {
         complain(&format!("cannot become a subreaper: {e}"));
     }
-    let mut child = match Command::new(&args.program).args(&args.args).spawn() {
+    let guard = match args.door {
+        Some((_, port)) if args.guard_door => match super::guard::PortGuard::new(port) {
+            Ok(guard) => Some(guard),
+            Err(e) => {
+                complain(&format!("cannot keep the server's tools off its port 127.0.0.1:{port}: {e}"));
+                return INIT_FAILED;
+            }
+        },
+        _ => None,
+    };
+    let mut command = Command::new(&args.program);
+    command.args(&args.args);
+    if let Some(guard) = &guard {
+        let ruleset = guard.fd();
+        // SAFETY: the closure makes two system calls on an fd that `guard` keeps open until after the spawn.
+        unsafe {
+            command.pre_exec(move || super::guard::restrict_self(ruleset));
+        }
+    }
+    let spawned = command.spawn();
+    // The ruleset is in the child's domain now; the fd (close-on-exec, never the child's) is not needed.
+    drop(guard);
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
             complain(&format!("cannot run {}: {e}", args.program.display()));

@@ -266,6 +266,26 @@ impl LocalSettings {
                 (false, _) => off(no_bwrap),
             },
         );
+        add(
+            "server",
+            match (bwrap, super::guard::port_guard_available()) {
+                (true, Ok(abi)) => (
+                    true,
+                    format!(
+                        "OpenCode's warm server is out of its tools' reach: its port closed to them (Landlock ABI \
+                         {abi}), its password out of their environment, sandbox-init not inspectable"
+                    ),
+                ),
+                (true, Err(why)) => off(&format!(
+                    "no warm server: {why}, so its tools could reach it and answer their own approvals; OpenCode \
+                     turns use `opencode run`"
+                )),
+                (false, _) => off(
+                    "NOT isolated: under --sandbox none any tool can reach OpenCode's warm server (its port, its door, \
+                     its password) and answer its own approvals",
+                ),
+            },
+        );
         let enforcement = limits::probe();
         // Only a group actually made proves a cgroup works for us; otherwise the sandbox's first process watches.
         let trial =
@@ -531,6 +551,10 @@ impl LocalSandbox {
             }
             args.extend(watch_args(watch));
             args.extend(door_args(door));
+            if door.is_some() {
+                // Under bubblewrap a server's tools must never reach it (`guard.rs`); `exec` checked the kernel.
+                args.push("--guard-door".into());
+            }
             args.push("--".into());
         }
         args.push(spec.program.display().to_string());
@@ -711,6 +735,15 @@ impl Sandbox for LocalSandbox {
         };
         // Without a cgroup the sandbox's first process watches the limits itself.
         let watch = cgroup.is_none().then_some(self.settings.limits);
+        if spec.serve_port.is_some()
+            && matches!(self.settings.isolation, Isolation::Bwrap(_))
+            && let Err(why) = super::guard::port_guard_available()
+        {
+            // A server its tools could reach would let them answer their own approvals: no server then.
+            return Err(SandboxError::Unavailable(format!(
+                "no server in this sandbox: its tools could reach it ({why})"
+            )));
+        }
         let door = match spec.serve_port {
             Some(port) => Some((self.open_door(&mut guards)?, port)),
             None => None,
@@ -1384,8 +1417,8 @@ mod tests {
             .join(" ");
         assert!(
             host.ends_with(
-                "sandbox-init --max-processes 9 --max-memory 99 --door-fd 5 --door-port 4096 -- /opt/opencode run \
-                 --format json"
+                "sandbox-init --max-processes 9 --max-memory 99 --door-fd 5 --door-port 4096 --guard-door -- /opt/opencode \
+                 run --format json"
             ),
             "{host}"
         );

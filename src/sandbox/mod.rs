@@ -7,6 +7,7 @@
 
 pub mod daytona;
 pub mod e2b;
+pub mod guard;
 // The one place allowed to start processes (clippy.toml bans it elsewhere).
 #[allow(clippy::disallowed_methods)]
 pub mod host;

@@ -6,7 +6,11 @@
 //! `seccompiler` for the host architecture; [`filter_fd`] puts it in a memfd ready to be inherited.
 //!
 //! What is denied, and why:
-//! - other processes' memory and keys: `ptrace`, `process_vm_readv`/`process_vm_writev`, the keyring calls;
+//! - other processes' memory, fds and keys: `ptrace`, `process_vm_readv`/`process_vm_writev`,
+//!   `process_madvise`, `pidfd_getfd` (with a pidfd of `sandbox-init` a tool could take the listening socket of
+//!   a server's door), `pidfd_open` of pid 1 or 2 (bubblewrap and `sandbox-init` in the sandbox's PID namespace;
+//!   other pids stay allowed: Bun waits for its children through pidfds, and without them OpenCode's bash tool
+//!   lost its output), `kcmp`, the keyring calls;
 //! - the kernel's attack surface and its logs: `bpf`, `perf_event_open`, `userfaultfd`, modules, `kexec`,
 //!   `syslog`, `acct`, swap, `reboot`, x86 port I/O;
 //! - anything that rebuilds the sandbox from inside: the mount API (old and new), `pivot_root`, `unshare`,
@@ -52,6 +56,9 @@ pub const DENIED: &[&str] = &[
     "ptrace",
     "process_vm_readv",
     "process_vm_writev",
+    "process_madvise",
+    "pidfd_getfd",
+    "kcmp",
     "keyctl",
     "add_key",
     "request_key",
@@ -88,10 +95,18 @@ pub const DENIED: &[&str] = &[
     "io_uring_register",
 ];
 
+/// System calls that answer `ENOSYS`, as on a kernel that lacks them, so that callers take their fallback.
+const ENOSYS_CALLS: &[i64] = &[libc::SYS_clone3];
+
+/// The pids `pidfd_open` refuses, as the sandbox's PID namespace numbers them: bubblewrap's own pid 1 and the
+/// sandbox's first process, `sandbox-init` (pid 2), which holds a warm server's door.
+const SANDBOX_PIDS: &[u64] = &[1, 2];
+
 /// System calls the filter allows only in part, in words for `doctor` and the docs.
 pub const RESTRICTED: &[&str] = &[
     "clone with a namespace flag (CLONE_NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS, NEWCGROUP, NEWTIME): EPERM",
     "clone3: ENOSYS, so that libc falls back to clone, whose flags the filter can read",
+    "pidfd_open of pid 1 or 2 (bubblewrap, sandbox-init): EPERM",
     "personality other than a query, PER_LINUX or PER_LINUX32: EPERM",
     "x32 system calls on x86_64: ENOSYS",
 ];
@@ -161,7 +176,7 @@ fn program() -> Result<BpfProgram, SeccompError> {
     let eperm =
         SeccompFilter::new(eperm_rules()?, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)?;
     let enosys = SeccompFilter::new(
-        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+        ENOSYS_CALLS.iter().map(|&nr| (nr, Vec::new())).collect(),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
@@ -194,6 +209,11 @@ fn eperm_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
         .map(|&persona| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, persona))
         .collect::<Result<Vec<_>, _>>()?;
     rules.insert(libc::SYS_personality, vec![SeccompRule::new(other_persona)?]);
+    let sandbox_pid = SANDBOX_PIDS
+        .iter()
+        .map(|&pid| SeccompRule::new(vec![SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, pid)?]))
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(libc::SYS_pidfd_open, sandbox_pid);
     Ok(rules)
 }
 
@@ -258,6 +278,9 @@ fn syscall_number(name: &str) -> Option<i64> {
         "ptrace" => libc::SYS_ptrace,
         "process_vm_readv" => libc::SYS_process_vm_readv,
         "process_vm_writev" => libc::SYS_process_vm_writev,
+        "process_madvise" => libc::SYS_process_madvise,
+        "pidfd_getfd" => libc::SYS_pidfd_getfd,
+        "kcmp" => libc::SYS_kcmp,
         "keyctl" => libc::SYS_keyctl,
         "add_key" => libc::SYS_add_key,
         "request_key" => libc::SYS_request_key,
@@ -428,6 +451,28 @@ mod tests {
     }
 
     #[test]
+    fn no_tool_gets_at_another_process() {
+        for nr in [
+            libc::SYS_ptrace,
+            libc::SYS_process_vm_readv,
+            libc::SYS_process_vm_writev,
+            libc::SYS_process_madvise,
+            libc::SYS_pidfd_getfd,
+            libc::SYS_kcmp,
+        ] {
+            assert_eq!(decide(nr, 0), EPERM, "syscall {nr}");
+        }
+        assert_eq!(decide(libc::SYS_pidfd_open, 1), EPERM);
+        assert_eq!(decide(libc::SYS_pidfd_open, 2), EPERM);
+        // A tool's own children: Bun waits for them through pidfds.
+        assert_eq!(decide(libc::SYS_pidfd_open, 3), ALLOW);
+        assert_eq!(decide(libc::SYS_pidfd_open, 4242), ALLOW);
+        // Signalling stays: `kill` is how a shell ends its jobs.
+        assert_eq!(decide(libc::SYS_kill, 1), ALLOW);
+        assert_eq!(decide(libc::SYS_pidfd_send_signal, 3), ALLOW);
+    }
+
+    #[test]
     fn personality_may_only_be_queried_or_reset() {
         for persona in [0xffff_ffff, 0, 8] {
             assert_eq!(decide(libc::SYS_personality, persona), ALLOW, "{persona:#x}");
@@ -495,9 +540,13 @@ if child == 0:
     time.sleep(30)
     os._exit(0)
 call("ptrace_attach", {ptrace}, 16, child, 0, 0)
+call("pidfd_open_child", {pidfd_open}, child, 0)
 os.kill(child, 9)
 os.waitpid(child, 0)
 call("keyctl", {keyctl}, 0, -3, 0)
+call("pidfd_open_pid_1", {pidfd_open}, 1, 0)
+call("pidfd_getfd", {pidfd_getfd}, 0, 0, 0)
+call("process_madvise", {process_madvise}, 0, 0, 0, 0, 0)
 call("clone3", {clone3}, 0, 0)
 r = call("clone_newuser", {clone}, {newuser} | 17, 0, 0, 0, 0)
 if r == 0:
@@ -515,6 +564,9 @@ print("thread 0", flush=True)
 "#,
             ptrace = libc::SYS_ptrace,
             keyctl = libc::SYS_keyctl,
+            pidfd_open = libc::SYS_pidfd_open,
+            pidfd_getfd = libc::SYS_pidfd_getfd,
+            process_madvise = libc::SYS_process_madvise,
             clone3 = libc::SYS_clone3,
             clone = libc::SYS_clone,
             newuser = libc::CLONE_NEWUSER,
@@ -552,6 +604,10 @@ print("thread 0", flush=True)
         let expect = |name: &str, errno: i32| assert_eq!(got.get(name), Some(&errno), "{name} in {got:?}");
         expect("ptrace_attach", libc::EPERM);
         expect("keyctl", libc::EPERM);
+        expect("pidfd_open_child", 0);
+        expect("pidfd_open_pid_1", libc::EPERM);
+        expect("pidfd_getfd", libc::EPERM);
+        expect("process_madvise", libc::EPERM);
         expect("clone3", libc::ENOSYS);
         expect("clone_newuser", libc::EPERM);
         expect("personality_query", 0);
@@ -562,6 +618,7 @@ print("thread 0", flush=True)
         // The same script without the filter shows that the filter, not the sandbox, refused those.
         let plain = errnos(&run(false, &python));
         assert_eq!(plain.get("ptrace_attach"), Some(&0), "{plain:?}");
+        assert_eq!(plain.get("pidfd_open_pid_1"), Some(&0), "{plain:?}");
         assert_ne!(plain.get("clone3"), Some(&libc::ENOSYS), "{plain:?}");
         assert_eq!(plain.get("personality_no_randomize"), Some(&0), "{plain:?}");
 
@@ -573,6 +630,19 @@ print("thread 0", flush=True)
             if !run(false, argv).status.success() {
                 eprintln!("{argv:?} fails here without the filter too: this check proves little");
             }
+        }
+
+        // node (libuv) spawns and waits under the filter as before.
+        if std::path::Path::new("/usr/bin/node").exists() {
+            let script = "const r = require('child_process').spawnSync('/bin/echo', ['spawned']); \
+                          process.stdout.write(r.stdout.toString() + r.status)";
+            let node = run(true, &["/usr/bin/node", "-e", script]);
+            assert_eq!(
+                String::from_utf8_lossy(&node.stdout),
+                "spawned\n0",
+                "{}",
+                String::from_utf8_lossy(&node.stderr)
+            );
         }
 
         let pipe = run(true, &["/bin/sh", "-c", "echo ok | cat"]);

@@ -411,6 +411,13 @@ fn doctor_reports_opencodes_model_and_providers_and_where_its_executable_came_fr
         ["sandbox     plain process group, NO isolation (--sandbox none was given)"],
         "{out}"
     );
+    // None of the warm server's isolation holds without a sandbox, and doctor says so.
+    assert_eq!(
+        lines_starting(&out, "  server "),
+        ["  server        OFF NOT isolated: under --sandbox none any tool can reach OpenCode's warm server (its \
+             port, its door, its password) and answer its own approvals"],
+        "{out}"
+    );
 
     let config = dirs.root().join("config/opencode");
     std::fs::create_dir_all(&config).unwrap();

@@ -37,7 +37,9 @@ Attacks (entries):
   loopback       loopback_direct, loopback_via_proxy: reaches a TCP port on the host's 127.0.0.1
   proxy_domains  proxy_denied_domain, proxy_denied_http, proxy_allowed_domain (non-attack: the proxy's answer for
                  an allowed host), direct_external: a direct TCP connect to an outside IP
-  seccomp        seccomp_status, unshare_userns, unshare_cmd, ptrace_traceme, keyctl
+  seccomp        seccomp_status, unshare_userns, unshare_cmd, ptrace_traceme, keyctl; and against the sandbox's
+                 first process (our parent, sandbox-init, which holds a server's door): init_pidfd_getfd (takes an
+                 fd of it), init_environ, init_mem (reads its /proc files), process_madvise (not EPERM)
   fork_bomb      fork_bomb: starts targets.fork_bomb_count (500) `sleep 30` children; succeeded if more than
                  targets.max_processes (64) run at once
   memory         memory_hog: a child allocates and touches targets.memory_bytes (1 GiB)
@@ -592,6 +594,52 @@ def attack_seccomp(_t):
     else:
         ok, detail = in_child(keyctl)
         entries.append(entry("keyctl", ok, detail))
+    entries.extend(attack_init(os.getppid()))
+    return entries
+
+
+PIDFD_SYSCALLS = {"x86_64": (434, 438, 440), "aarch64": (434, 438, 440), "riscv64": (434, 438, 440)}
+
+
+def attack_init(init):
+    """Our parent, sandbox-init: a pidfd of it and any fd it holds, its environment and its memory."""
+    entries = []
+
+    def syscall(*args):
+        LIBC.syscall.restype = ctypes.c_long
+        ctypes.set_errno(0)
+        result = LIBC.syscall(*[ctypes.c_long(a) for a in args])
+        return result, ctypes.get_errno()
+
+    numbers = PIDFD_SYSCALLS.get(platform.machine())
+    if numbers is None:
+        for name in ("init_pidfd_getfd", "process_madvise"):
+            entries.append(entry(name, False, f"no pidfd syscall numbers for {platform.machine()}", error="arch"))
+    else:
+        pidfd_open, pidfd_getfd, process_madvise = numbers
+        pidfd, open_errno = syscall(pidfd_open, init, 0)
+        # Without pidfd_open, a /proc/<pid> directory fd is the other way to name the process.
+        handle = pidfd if pidfd >= 0 else os.open(f"/proc/{init}", os.O_RDONLY | os.O_DIRECTORY)
+        taken, errnos = [], set()
+        for fd in range(64):
+            result, error = syscall(pidfd_getfd, handle, fd, 0)
+            if result >= 0:
+                taken.append(fd)
+            else:
+                errnos.add(errno.errorcode.get(error, error))
+        entries.append(entry("init_pidfd_getfd", bool(taken),
+                             f"pidfd_open({init}): {errno.errorcode.get(open_errno, open_errno) if pidfd < 0 else 'ok'}; "
+                             f"pidfd_getfd took fds {taken}, failed with {sorted(errnos)}", taken=taken))
+        result, error = syscall(process_madvise, -1, 0, 0, 0, 0)
+        entries.append(entry("process_madvise", error != errno.EPERM,
+                             f"process_madvise(-1): {result} {errno.errorcode.get(error, error)}"))
+    # Opening is the permission check (reading /proc/<pid>/mem at offset 0 fails anyway: nothing is mapped there).
+    for name, path in (("init_environ", f"/proc/{init}/environ"), ("init_mem", f"/proc/{init}/mem")):
+        try:
+            open(path, "rb").close()
+            entries.append(entry(name, True, f"opened {path}"))
+        except OSError as error:
+            entries.append(entry(name, False, f"{path}: {describe_error(error)}"))
     return entries
 
 

@@ -4,10 +4,12 @@
 //! rarely waits for OpenCode to boot; it stays up between prompts, is stopped after `--server-idle-timeout` and
 //! when the session is closed or deleted, and at most `--max-servers` run at once (the least recently used goes
 //! first). Its only way in is a door: a unix socket in the bridge's private run dir, spliced to the server's port
-//! inside the sandbox by `sandbox-init`; every request carries the server's own random password. The server dies
+//! inside the sandbox by `sandbox-init`; every request carries the server's own random password, which the guard
+//! plugin (`guard.rs`) keeps from the server's tools, as Landlock keeps them off its port. The server dies
 //! with the bridge like any command of the sandbox (`--die-with-parent`, or the subreaper's parent-death signal).
 
 pub mod client;
+pub(super) mod guard;
 mod turn;
 
 use std::collections::{HashMap, VecDeque};
@@ -309,8 +311,12 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
         return Err(ServeError::Start("the sandbox made no door to the server".into()));
     };
     let stderr = Arc::new(Mutex::new(VecDeque::new()));
-    tokio::spawn(keep_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty())), stderr.clone()));
-    tokio::spawn(keep_tail(std::mem::replace(&mut process.stdout, Box::pin(tokio::io::empty())), stderr.clone()));
+    let (guarded, mut guard_on) = watch::channel(false);
+    let guarded = Arc::new(guarded);
+    for stream in [&mut process.stderr, &mut process.stdout] {
+        let stream = std::mem::replace(stream, Box::pin(tokio::io::empty()));
+        tokio::spawn(keep_tail(stream, stderr.clone(), guarded.clone()));
+    }
     let (kill, exited, limit) = supervise(process.handle);
     let client = Client::new(door, &password);
     let started_at = Instant::now();
@@ -334,6 +340,7 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
             Duration::from_secs(3)
         };
         if let Some(version) = client.health(patience).await {
+            tracing::debug!(after = ?started_at.elapsed(), "the server answered its health check");
             break version;
         }
         tokio::select! {
@@ -349,6 +356,22 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
             let _ = kill.try_send(Control::Kill);
             return Err(ServeError::Start("its event stream did not open".into()));
         }
+    }
+    tracing::debug!(after = ?started_at.elapsed(), "the server's event stream is open");
+    // The event stream opens once OpenCode has loaded its project, plugins included: the guard's line is in the
+    // pipe by now, or it never comes. Without it the server's tools could read its password: no prompt goes there.
+    let on = tokio::select! {
+        on = tokio::time::timeout(GUARD_LIMIT, guard_on.wait_for(|on| *on)) => on.is_ok_and(|on| on.is_ok()),
+        _ = watch_exit.wait_for(Option::is_some) => false,
+    };
+    tracing::debug!(guarded = on, after = ?started_at.elapsed(), "the server's guard plugin");
+    if !on {
+        let _ = kill.try_send(Control::Kill);
+        let tail = Vec::from(stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()).join("\n");
+        return Err(ServeError::Start(format!(
+            "the bridge's guard plugin did not run in it, so its tools could read its password: {}",
+            tail.trim()
+        )));
     }
     let listener: Arc<Mutex<Option<mpsc::UnboundedSender<String>>>> = Arc::default();
     let stream_open = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -429,11 +452,23 @@ fn supervise(mut handle: Box<dyn ProcessHandle>) -> Supervision {
     (kill_tx, exit_rx, limit)
 }
 
-/// Keeps the last lines of a server's output. Bounded like a CLI's: anything in the sandbox may write there.
-async fn keep_tail(stream: crate::sandbox::OutputStream, tail: Arc<Mutex<VecDeque<String>>>) {
+/// How long the guard's line may lag behind the event stream's first event (it is already written by then).
+const GUARD_LIMIT: Duration = Duration::from_secs(30);
+
+/// Keeps the last lines of a server's output, and says when the guard plugin's line is among them. Bounded like a
+/// CLI's: anything in the sandbox may write there (before the guard ran, nothing but OpenCode itself runs there).
+async fn keep_tail(
+    stream: crate::sandbox::OutputStream,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    guarded: Arc<watch::Sender<bool>>,
+) {
     let mut lines = crate::session::turn::BoundedLines::new(stream, LINE_EXCERPT);
     while let Ok(Some(line)) = lines.next_line().await {
         let line = String::from_utf8_lossy(&line.bytes).trim_end().to_string();
+        if line == guard::MARKER {
+            guarded.send_replace(true);
+            continue;
+        }
         tracing::debug!(target: "acp_sandbox::opencode_server", "{line}");
         let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
         tail.push_back(line);

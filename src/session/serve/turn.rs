@@ -440,6 +440,13 @@ pub(in crate::session) async fn start_server(
     let mut env = cli_environment(agent, sandbox.state_dir(), credential, &bridge.env_names(agent, model));
     env.retain(|(name, _)| name != "OPENCODE_SERVER_PASSWORD" && name != "OPENCODE_SERVER_USERNAME");
     env.push(("OPENCODE_SERVER_PASSWORD".into(), password.clone()));
+    // The plugin that takes the password away from the server's tools (`guard.rs`), written afresh each time.
+    let guard = sandbox.state_dir().join(super::guard::PLUGIN_PATH);
+    sandbox
+        .write_state_file(&guard, super::guard::PLUGIN.as_bytes())
+        .await
+        .map_err(|e| super::ServeError::Start(format!("its guard plugin: {e}")))?;
+    super::guard::add_plugin(&mut env, &guard).map_err(super::ServeError::Start)?;
     let port = Servers::port(bridge.private_network());
     let spec = crate::sandbox::ExecSpec {
         serve_port: Some(port),
