@@ -253,8 +253,18 @@ impl WorkspaceCopy {
     /// and are not offered again until they change. Every other held change not among `current` is forgotten.
     pub fn hold(&self, changes: &[Change], current: &[Change]) -> io::Result<()> {
         let mut held = self.load_held();
+        if held.is_empty() && changes.is_empty() {
+            return Ok(());
+        }
+        self.ensure()?;
         held.retain(|path, keys| {
-            keys.retain(|key| current.iter().any(|c| c.path() == path && c.key() == *key));
+            keys.retain(|key| {
+                current.iter().any(|c| {
+                    (c.path() == path && c.key() == *key)
+                        || matches!(c, Change::Renamed { from, path: to }
+                            if from == path && *key == format!("renamed-to:{}", to.display()))
+                })
+            });
             !keys.is_empty()
         });
         for change in changes {

@@ -232,6 +232,7 @@ impl<'a> Review<'a> {
                 }
             }
         }
+        held.sort_by(|a, b| a.0.path().cmp(b.0.path()));
         let holds: Vec<Change> = held.iter().map(|(change, _)| change.clone()).collect();
         let copy = self.copy.clone();
         if let Err(e) = blocking(move || copy.hold(&holds, &all)).await {
