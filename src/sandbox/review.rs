@@ -244,9 +244,14 @@ impl WorkspaceCopy {
         StateDir::open(&self.root)?.write_file(Path::new(HELD), &bytes)
     }
 
-    /// Whether `change` was held back before, as it is now.
-    pub fn is_held(&self, change: &Change) -> bool {
-        self.load_held().get(change.path()).is_some_and(|keys| keys.contains(&change.key()))
+    /// The changes among `changes` not held back before as they are now.
+    pub fn unheld(&self, changes: &[Change]) -> Vec<Change> {
+        let held = self.load_held();
+        changes
+            .iter()
+            .filter(|change| !held.get(change.path()).is_some_and(|keys| keys.contains(&change.key())))
+            .cloned()
+            .collect()
     }
 
     /// Holds `changes` back: they stay in the copy (the next syncs keep them while the user's file is as it was)
@@ -294,6 +299,12 @@ impl WorkspaceCopy {
         for rel in walk(&workspace, hidden)?.paths {
             let Ok(meta) = workspace.symlink_metadata(&rel) else { continue };
             if meta.is_dir() {
+                if held.contains_key(&rel) && !copy.symlink_metadata(&rel).is_ok_and(|m| m.is_dir()) {
+                    // The agent's link or file where the user's directory is, held back: it stays.
+                    kept.insert(rel.clone());
+                    seen.insert(rel);
+                    continue;
+                }
                 if !copy.symlink_metadata(&rel).is_ok_and(|m| m.is_dir()) {
                     copy_root.ensure_dir(&rel)?;
                 }

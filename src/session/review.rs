@@ -61,6 +61,8 @@ enum Why {
     TooLarge,
     /// Applying it failed.
     Failed(String),
+    /// A remote sandbox's file over [`APPLY_LIMIT`]: never brought back, it stays in the sandbox.
+    Remote,
 }
 
 impl<'a> Review<'a> {
@@ -149,7 +151,7 @@ impl<'a> Review<'a> {
         let copy = self.copy.clone();
         let found = blocking(move || {
             let all = copy.changes()?;
-            let fresh: Vec<Change> = all.iter().filter(|c| !copy.is_held(c)).cloned().collect();
+            let fresh = copy.unheld(&all);
             Ok((all, fresh))
         })
         .await;
@@ -237,6 +239,12 @@ impl<'a> Review<'a> {
         let copy = self.copy.clone();
         if let Err(e) = blocking(move || copy.hold(&holds, &all)).await {
             tracing::warn!(session = %self.session_id, "could not record the held-back changes: {e}");
+        }
+        if let Some(mirror) = &self.mirror {
+            for (path, len) in mirror.take_oversized() {
+                let new = std::fs::symlink_metadata(self.copy.path().join(&path)).is_err();
+                held.push((Change::Large { path, len, new, stamp: String::new() }, Why::Remote));
+            }
         }
         if !refused.is_empty() {
             emit.send(note(&refused_note(&refused))).await?;
@@ -406,6 +414,9 @@ fn held_note(held: &[(Change, Why)], copy: &Path) -> String {
                 Why::Link => "its path in your workspace goes through a link, which is never followed".into(),
                 Why::Special => "never applied".into(),
                 Why::TooLarge => format!("over the {} limit", size(APPLY_LIMIT)),
+                Why::Remote => {
+                    format!("over the {} limit: it stays in the sandbox, not brought back", size(APPLY_LIMIT))
+                }
                 Why::Failed(e) => e.clone(),
             };
             format!("{} ({why})", describe(change))
