@@ -794,7 +794,10 @@ fn review_mode_with_opencode_a_refused_write_is_never_applied_and_rereads_the_us
         " (invalid path): your files stay as they were, and the agent's copy has your version again._",
     );
     let mut named: Vec<String> = Vec::new();
-    for note in held_notes(&turn) {
+    let notes = held_notes(&turn);
+    let (refusals, held): (Vec<String>, Vec<String>) = notes.into_iter().partition(|note| note.starts_with(head));
+    assert_eq!(held, [held_note(&world, &sid, &["delete `gone.txt` (not allowed)"])]);
+    for note in refusals {
         let list = note.strip_prefix(head).and_then(|rest| rest.strip_suffix(tail));
         let list = list.unwrap_or_else(|| panic!("not a refusal note: {note:?}"));
         named.extend(list.split(", ").map(str::to_string));
