@@ -539,7 +539,11 @@ impl WorkspaceCopy {
         let mut manifest = self.load();
         let rel = change.path().to_path_buf();
         let untouched = |manifest: &BTreeMap<PathBuf, Base>, rel: &Path| -> io::Result<bool> {
-            let Ok((dir, name)) = parent_of(&workspace, rel, false) else { return Ok(true) };
+            let (dir, name) = match parent_of(&workspace, rel, false) {
+                Ok(found) => found,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+                Err(e) => return Err(e),
+            };
             Ok(match (manifest.get(rel), dir.symlink_metadata(name)) {
                 (Some(Base::File { workspace: stamp, .. }), Ok(meta)) => meta.is_file() && Stamp::of(&meta) == *stamp,
                 (Some(Base::Link { target }), Ok(meta)) => {
@@ -1031,5 +1035,93 @@ mod tests {
         assert!(!outside.join("x.bin").exists());
         assert!(copy.apply(&Change::Written { path: "../x".into(), bytes: vec![], new: true }).is_err());
         assert!(std::fs::symlink_metadata(ws.join("out")).unwrap().is_symlink());
+    }
+
+    fn mkfifo(path: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path that lives for the call.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0);
+    }
+
+    #[test]
+    fn only_regular_files_are_read_never_through_a_link_nor_past_their_bound() {
+        let (dir, copy, ws) = setup();
+        let root = Dir::open_ambient_dir(&ws, ambient_authority()).unwrap();
+        mkfifo(&ws.join("fifo"));
+        let _socket = std::os::unix::net::UnixListener::bind(ws.join("socket")).unwrap();
+        std::os::unix::fs::symlink(ws.join("b.txt"), ws.join("link")).unwrap();
+        std::os::unix::fs::symlink(ws.join("src"), ws.join("src-link")).unwrap();
+        let sparse = std::fs::File::create(ws.join("sparse")).unwrap();
+        sparse.set_len(2 << 30).unwrap();
+        std::fs::write(ws.join("just-over"), vec![b'a'; 11]).unwrap();
+        let read = |rel: &str, limit: u64| read_regular(&root, Path::new(rel), limit).unwrap().0;
+        assert_eq!(read("fifo", TEXT_LIMIT), Regular::NotRegular, "a FIFO is never opened for reading");
+        assert_eq!(read("socket", TEXT_LIMIT), Regular::NotRegular);
+        assert_eq!(read("link", TEXT_LIMIT), Regular::NotRegular);
+        assert_eq!(read("src-link/a.txt", TEXT_LIMIT), Regular::Missing, "a link on the way is not followed");
+        assert_eq!(read("sparse", TEXT_LIMIT), Regular::Large(2 << 30), "counted by its apparent size, unread");
+        assert_eq!(read("just-over", 10), Regular::Large(11));
+        assert_eq!(read("src/a.txt", TEXT_LIMIT), Regular::Bytes(b"a\n".to_vec()));
+        // The user's special files are not copied either.
+        copy.sync().unwrap();
+        assert!(std::fs::symlink_metadata(copy.path().join("fifo")).is_err());
+        assert!(std::fs::symlink_metadata(copy.path().join("socket")).is_err());
+        drop(dir);
+    }
+
+    #[test]
+    fn renames_exec_bits_and_specials_are_changes_and_held_ones_survive_a_sync() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let (_dir, copy, ws) = setup();
+        let root = copy.path();
+        std::fs::rename(root.join("b.txt"), root.join("c.txt")).unwrap();
+        std::fs::set_permissions(root.join("src/a.txt"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+        mkfifo(&root.join("pipe"));
+        let changes = copy.changes().unwrap();
+        assert_eq!(
+            changes,
+            vec![
+                Change::Renamed { from: "b.txt".into(), path: "c.txt".into() },
+                Change::Special { path: "pipe".into() },
+                // The same bytes as the user's (the review settles it), and the bit.
+                Change::Written { path: "src/a.txt".into(), bytes: b"a\n".to_vec(), new: false },
+                Change::Exec { path: "src/a.txt".into(), set: true },
+            ]
+        );
+        copy.hold(&changes, &changes).unwrap();
+        assert_eq!(copy.unheld(&changes), vec![]);
+        copy.sync().unwrap();
+        assert_eq!(copy.changes().unwrap(), changes, "the sync keeps what is held back");
+        assert!(!root.join("b.txt").exists());
+        // The user changes the renamed file: the user's version is back in the copy.
+        std::fs::write(ws.join("b.txt"), "the user's\n").unwrap();
+        copy.hold(&[], &copy.changes().unwrap()).unwrap();
+        copy.sync().unwrap();
+        assert_eq!(std::fs::read_to_string(root.join("b.txt")).unwrap(), "the user's\n");
+        // The only mode bit applied is the executable one.
+        assert!(copy.apply(&Change::Exec { path: "src/a.txt".into(), set: true }).unwrap());
+        assert_eq!(std::fs::metadata(ws.join("src/a.txt")).unwrap().permissions().mode() & 0o7777, 0o755);
+    }
+
+    #[test]
+    fn nothing_is_applied_or_offered_through_a_link_in_the_workspace() {
+        let (dir, copy, ws) = setup();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("bashrc"), "precious\n").unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("d")).unwrap();
+        std::os::unix::fs::symlink(outside.join("bashrc"), ws.join("f")).unwrap();
+        std::os::unix::fs::symlink("src", ws.join("inner")).unwrap();
+        for rel in ["d/bashrc", "f", "inner/a.txt"] {
+            assert!(!copy.plain_in_workspace(Path::new(rel)), "{rel}");
+            let write = Change::Written { path: rel.into(), bytes: b"evil\n".to_vec(), new: false };
+            assert!(copy.apply(&write).is_err(), "{rel}");
+        }
+        assert!(copy.plain_in_workspace(Path::new("src/a.txt")) && copy.plain_in_workspace(Path::new("new/x")));
+        assert_eq!(std::fs::read_to_string(outside.join("bashrc")).unwrap(), "precious\n");
+        assert_eq!(std::fs::read_to_string(ws.join("src/a.txt")).unwrap(), "a\n", "not even inside the workspace");
+        assert!(copy.apply(&Change::Deleted { path: "d/bashrc".into() }).is_err());
+        assert!(outside.join("bashrc").exists());
     }
 }
