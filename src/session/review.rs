@@ -213,6 +213,9 @@ impl<'a> Review<'a> {
         }
         if !offer.is_empty() {
             let allowed = self.ask(emit, &offer).await?;
+            // Cancelled: left as they are (neither applied nor held), the next turn asks again.
+            let offer = if allowed.is_some() { offer } else { Vec::new() };
+            let allowed = allowed == Some(true);
             for change in offer {
                 if !allowed {
                     held.push((change, Why::Declined));
@@ -265,8 +268,8 @@ impl<'a> Review<'a> {
     }
 
     /// Names `changes` on a tool card and asks the user to allow them (`session/request_permission`): `true`
-    /// only on an explicit allow.
-    async fn ask(&self, emit: &Emitter, changes: &[Change]) -> Result<bool> {
+    /// only on an explicit allow; `None` when the turn was cancelled meanwhile.
+    async fn ask(&self, emit: &Emitter, changes: &[Change]) -> Result<Option<bool>> {
         let id = format!("{}-review-{}", emit.turn_id, self.cards.fetch_add(1, Ordering::Relaxed));
         let title = match changes {
             [one] => format!("Apply to your files: {}", describe(one).replace('`', "")),
@@ -309,12 +312,20 @@ impl<'a> Review<'a> {
         let fields = ToolCallUpdateFields::new().title(title).content(content).locations(locations);
         let request =
             RequestPermissionRequest::new(self.session_id.clone(), ToolCallUpdate::new(id.clone(), fields), options);
-        let allowed = match self.sink.request_permission(request).await {
-            Some(RequestPermissionOutcome::Selected(selected)) => selected.option_id.0.as_ref() == "apply",
-            _ => false,
+        // A cancelled turn does not wait for an answer: the changes stay as they are, asked for again by the next
+        // turn's first review.
+        let answer = tokio::select! {
+            biased;
+            _ = emit.cancel().cancelled() => Err(()),
+            answer = self.sink.request_permission(request) => Ok(answer),
         };
-        tracing::info!(session = %self.session_id, changes = changes.len(), allowed, "asked to apply the agent's changes");
-        let status = if allowed { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
+        let allowed = match answer {
+            Ok(Some(RequestPermissionOutcome::Selected(selected))) => Some(selected.option_id.0.as_ref() == "apply"),
+            Ok(_) => Some(false),
+            Err(()) => None,
+        };
+        tracing::info!(session = %self.session_id, changes = changes.len(), ?allowed, "asked to apply the agent's changes");
+        let status = if allowed == Some(true) { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
         emit.send(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id, ToolCallUpdateFields::new().status(status))))
             .await?;
         Ok(allowed)
