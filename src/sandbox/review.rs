@@ -24,6 +24,9 @@ use super::statedir::StateDir;
 
 /// The largest file read whole for review (a text file the editor can show); a larger one is streamed.
 pub const TEXT_LIMIT: u64 = 2 * 1024 * 1024;
+/// At most this many bytes of the agent's files are read into memory by one look at its changes; the files after
+/// that are treated like large ones (streamed when applied), so a flood of files cannot fill the bridge's memory.
+const READ_BUDGET: u64 = 256 * 1024 * 1024;
 /// The largest file that can be applied at all (on the user's explicit allow); a larger one is held back by its
 /// apparent size, never read (a sparse file of GiBs costs nothing).
 pub const APPLY_LIMIT: u64 = 64 * 1024 * 1024;
@@ -390,6 +393,7 @@ impl WorkspaceCopy {
         // New files by the copy's inode: a deleted file's inode again is a rename.
         let mut new_by_ino: BTreeMap<u64, (PathBuf, u64)> = BTreeMap::new();
         let walked = walk(&copy, |rel, _| self.skipped(rel))?;
+        let mut budget = READ_BUDGET;
         for rel in walked.paths {
             let Ok(meta) = copy.symlink_metadata(&rel) else { continue };
             if meta.is_file() {
@@ -404,8 +408,9 @@ impl WorkspaceCopy {
                     Some(Base::File { copy: Some(stamp), .. }) if *stamp == Stamp::of(&meta) => {}
                     base => {
                         let new = !matches!(base, Some(Base::File { .. }));
-                        match read_regular(&copy, &rel, TEXT_LIMIT)? {
+                        match read_regular(&copy, &rel, TEXT_LIMIT.min(budget))? {
                             (Regular::Bytes(bytes), Some(opened)) => {
+                                budget -= bytes.len() as u64;
                                 if base.is_none() {
                                     new_by_ino.insert(opened.ino(), (rel.clone(), opened.len()));
                                 }
