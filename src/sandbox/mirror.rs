@@ -10,7 +10,9 @@
 //! user's `.gitignore` files and `.git/info/exclude`) is neither uploaded nor brought back, so the agent's build
 //! outputs stay in the sandbox; the git dir and the protected paths are uploaded and never brought back. The
 //! manifest is tied to the sandbox by a token the first push leaves there: a new sandbox (the old one was gone)
-//! is uploaded afresh, and never reads as the agent deleting everything.
+//! is uploaded afresh, and never reads as the agent deleting everything. A file of the agent's over the review's
+//! apply limit (by the size the listing shows, or by what a bounded download got) is never brought back: it stays
+//! in the sandbox and the review says so once; FIFOs, sockets and devices are never mirrored.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;
@@ -499,7 +501,7 @@ impl<'a> Mirror<'a> {
         let downloaded: Vec<(PathBuf, RemoteStamp, Option<Vec<u8>>)> = futures::stream::iter(plan.download.clone())
             .map(|(rel, stamp)| {
                 let remote = root.join(&rel);
-                async move { self.files.read(&remote).await.map(|bytes| (rel, stamp, bytes)) }
+                async move { self.files.read_at_most(&remote, APPLY_LIMIT).await.map(|bytes| (rel, stamp, bytes)) }
             })
             .buffer_unordered(DOWNLOADS)
             .try_collect()
