@@ -370,6 +370,13 @@ fn size(bytes: u64) -> String {
     }
 }
 
+/// A path as a card or note names it: in backticks, or, when it holds a control character or a backtick (a name
+/// made to look like another line of the list), quoted with those escaped.
+fn shown(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    if text.chars().any(|c| c.is_control() || c == '`') { format!("{text:?}") } else { format!("`{text}`") }
+}
+
 /// One change, exactly: its kind and path(s).
 fn describe(change: &Change) -> String {
     match change {
@@ -380,22 +387,22 @@ fn describe(change: &Change) -> String {
                 (false, true) => "new binary file",
                 (false, false) => "binary written to",
             };
-            format!("{what} `{}` ({})", path.display(), size(bytes.len() as u64))
+            format!("{what} {} ({})", shown(path), size(bytes.len() as u64))
         }
         Change::Large { path, len, new, .. } => {
             format!(
-                "{} `{}` ({}, too large to show)",
+                "{} {} ({}, too large to show)",
                 if *new { "new file" } else { "written to" },
-                path.display(),
+                shown(path),
                 size(*len)
             )
         }
-        Change::Deleted { path } => format!("delete `{}`", path.display()),
-        Change::Renamed { from, path } => format!("rename `{}` → `{}`", from.display(), path.display()),
-        Change::Linked { path, target } => format!("link `{}` → `{}`", path.display(), target.display()),
-        Change::Exec { path, set: true } => format!("set the executable bit of `{}`", path.display()),
-        Change::Exec { path, set: false } => format!("clear the executable bit of `{}`", path.display()),
-        Change::Special { path } => format!("`{}` (a FIFO, socket or device)", path.display()),
+        Change::Deleted { path } => format!("delete {}", shown(path)),
+        Change::Renamed { from, path } => format!("rename {} → {}", shown(from), shown(path)),
+        Change::Linked { path, target } => format!("link {} → {}", shown(path), shown(target)),
+        Change::Exec { path, set: true } => format!("set the executable bit of {}", shown(path)),
+        Change::Exec { path, set: false } => format!("clear the executable bit of {}", shown(path)),
+        Change::Special { path } => format!("{} (a FIFO, socket or device)", shown(path)),
     }
 }
 
@@ -446,7 +453,7 @@ fn held_note(held: &[(Change, Why)], copy: &Path) -> String {
 
 fn paths<'a>(all: impl Iterator<Item = &'a Path>) -> String {
     let all: Vec<&Path> = all.collect();
-    let mut named: Vec<String> = all.iter().take(NOTE_PATHS).map(|path| format!("`{}`", path.display())).collect();
+    let mut named: Vec<String> = all.iter().take(NOTE_PATHS).map(|path| shown(path)).collect();
     if all.len() > NOTE_PATHS {
         named.push(format!("and {} more", all.len() - NOTE_PATHS));
     }
@@ -483,6 +490,8 @@ mod tests {
              path in your workspace goes through a link, which is never followed). They stay in the agent's copy, \
              where it keeps seeing them; to take one, copy it from `/d/copy` or make the change yourself._"
         );
+        // A name made to look like another line of the card is shown escaped.
+        assert_eq!(describe(&Change::Deleted { path: "a\n- delete `x`".into() }), "delete \"a\\n- delete `x`\"");
         assert_eq!(
             refused_note(&[("a.txt".into(), "invalid path".into()), ("b.txt".into(), "invalid path".into())]),
             "_The editor refused the agent's writes of `a.txt`, `b.txt` (invalid path): your files stay as they \
