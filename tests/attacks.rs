@@ -849,6 +849,9 @@ fn review_mode_keeps_protected_paths_protected_and_its_copy_private() {
         let before: Vec<Option<String>> =
             PROTECTED_PATHS.iter().map(|rel| std::fs::read_to_string(lab.ws.join(rel)).ok()).collect();
         let mut bridge = Bridge::start(lab.options().arg("--workspace").arg("review"));
+        // The hostile CLI's report reaches the workspace (where the lab reads it) only once allowed; the protected
+        // paths are never offered.
+        bridge.permission_answer = Some("allow_once".into());
         let sid = bridge.new_session(&lab.ws);
         lab.attack(&mut bridge, &sid, "noop", &lab.targets());
         // The copy and its manifest are the bridge's: the agent sees the copy only where the workspace is.
@@ -856,6 +859,7 @@ fn review_mode_keeps_protected_paths_protected_and_its_copy_private() {
         let mut targets = lab.targets();
         targets["outside_writes"] = json!([
             {"label": "review_manifest", "path": review.join("manifest.json")},
+            {"label": "review_held", "path": review.join("held.json")},
             {"label": "review_copy", "path": review.join("copy/planted.txt")},
         ]);
         // A missing protected path the agent creates stays in its copy, like its other changes to protected paths.
@@ -866,6 +870,7 @@ fn review_mode_keeps_protected_paths_protected_and_its_copy_private() {
         checks.worked(&report, "create:.husky/pre-commit");
         checks.check(!lab.ws.join(".husky").exists(), || "the agent's .husky reached the user's workspace".into());
         checks.blocked(&report, "write:review_manifest");
+        checks.blocked(&report, "write:review_held");
         checks.blocked(&report, "write:review_copy");
         checks.check(!review.join("copy/planted.txt").exists(), || "the agent wrote into its copy's host path".into());
         for (rel, old) in PROTECTED_PATHS.iter().zip(before) {

@@ -586,7 +586,7 @@ fn review_mode_sends_opencodes_writes_to_the_editor_bwrap() {
 }
 
 /// `--workspace review` with the warm server and a client that rejects every write: OpenCode's edit and new file
-/// reach the editor and not the user's files, its deletion is applied and noted, and its next turn reads the
+/// reach the editor and not the user's files, its deletion is asked for and held back, and its next turn reads the
 /// user's file as it really is (the rejected edit is gone from its copy).
 fn review_mode_served(sandbox: &str, test: &str) {
     let Some(world) = World::new(test) else { return };
@@ -613,13 +613,11 @@ fn review_mode_served(sandbox: &str, test: &str) {
     );
     assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "line one\n");
     assert!(!ws.join("new.txt").exists(), "the rejected new file was written");
-    assert!(!ws.join("gone.txt").exists(), "the deletion was not applied");
-    let notes: Vec<&str> = of_kind(&turn.updates, "agent_message_chunk")
-        .iter()
-        .filter_map(|u| u["content"]["text"].as_str().map(str::trim))
-        .filter(|text| text.starts_with("_Applied"))
-        .collect();
-    assert_eq!(notes, ["_Applied to your files directly, without review: deleted `gone.txt`._"]);
+    // The deletion was asked for (nobody answered: not allowed) and held back in the agent's copy.
+    assert_eq!(std::fs::read_to_string(ws.join("gone.txt")).unwrap(), "bye\n", "the deletion was applied");
+    let cards: Vec<String> = bridge.permission_requests.iter().map(card_list).collect();
+    assert_eq!(cards, [card(&["delete `gone.txt`"])]);
+    assert_eq!(held_notes(&turn), [held_note(&world, &sid, &["delete `gone.txt` (not allowed)"])]);
     assert!(
         !turn.updates.iter().any(|u| u.to_string().contains("runs `opencode run` per prompt")),
         "the warm server was not used: {:#?}",
@@ -652,17 +650,18 @@ fn review_mode_with_the_warm_server_rejects_notes_deletions_and_rereads_bwrap() 
     }
 }
 
-/// A client without `fs/write_text_file` in review mode: OpenCode's writes reach the files directly, and the
-/// thread says so.
+/// A client without `fs/write_text_file` in review mode: OpenCode's changes are asked for on permission cards and
+/// reach the files only once allowed.
 #[test]
-fn review_mode_without_the_editors_writes_applies_them_with_a_note() {
-    let test = "review_mode_without_the_editors_writes_applies_them_with_a_note";
+fn review_mode_without_the_editors_writes_asks_before_applying() {
+    let test = "review_mode_without_the_editors_writes_asks_before_applying";
     let Some(world) = World::new(test) else { return };
     let ws = world.workspace("ws");
     std::fs::write(ws.join("notes.txt"), "line one\n").unwrap();
     std::fs::write(ws.join("gone.txt"), "bye\n").unwrap();
     let options = world.backend_options("none", "serve").arg("--workspace").arg("review");
     let mut bridge = Bridge::start(options);
+    bridge.permission_answer = Some("allow_once".into());
     let sid = bridge.new_session(&ws);
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:review", "review");
     assert_end_turn(&bridge, &turn);
@@ -670,26 +669,232 @@ fn review_mode_without_the_editors_writes_applies_them_with_a_note() {
     assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "line two\n");
     assert_eq!(std::fs::read_to_string(ws.join("new.txt")).unwrap(), "brand new\n");
     assert!(!ws.join("gone.txt").exists());
-    // Each review's note lists what it applied, grouped (`written `a`, `b`; deleted `c``): one review per ended
-    // tool, or one for several when OpenCode ran ahead of it. Every change is noted exactly once.
-    let head = "_This editor cannot review file writes (it does not offer `fs/writeTextFile`), so the agent's \
-                changes were applied to your files directly: ";
-    let mut noted: Vec<(String, String)> = Vec::new();
-    for text in of_kind(&turn.updates, "agent_message_chunk").iter().filter_map(|u| u["content"]["text"].as_str()) {
-        let text = text.trim();
-        let Some(list) = text.strip_prefix(head) else { continue };
-        let list = list.strip_suffix("._").unwrap_or_else(|| panic!("a note ends with `._`: {text:?}"));
-        for group in list.split("; ") {
-            let (how, paths) = group.split_once(' ').unwrap_or_else(|| panic!("a group names how: {group:?}"));
-            for path in paths.split(", ") {
-                noted.push((how.to_string(), path.trim_matches('`').to_string()));
-            }
-        }
+    // One card per review (one per ended tool, or one for several when OpenCode ran ahead); every change is
+    // named exactly once.
+    let mut named: Vec<String> = bridge
+        .permission_requests
+        .iter()
+        .flat_map(|r| card_list(r).lines().skip(1).map(str::to_string).collect::<Vec<_>>())
+        .collect();
+    named.sort();
+    assert_eq!(
+        named,
+        ["- delete `gone.txt`", "- new text file `new.txt` (10 bytes)", "- text written to `notes.txt` (9 bytes)"],
+        "{:#?}",
+        turn.updates
+    );
+    assert_eq!(held_notes(&turn), Vec::<String>::new());
+}
+
+/// The list a permission card of the review names.
+fn card_list(request: &Value) -> String {
+    request["toolCall"]["content"][0]["content"]["text"].as_str().unwrap_or_default().to_string()
+}
+
+fn card(items: &[&str]) -> String {
+    let mut text =
+        "The agent made these changes in its copy of the workspace; they reach your files only if you allow \
+                    them:\n"
+            .to_string();
+    for item in items {
+        text.push_str(&format!("- {item}\n"));
     }
-    noted.sort();
-    let expected = [("deleted", "gone.txt"), ("written", "new.txt"), ("written", "notes.txt")]
-        .map(|(how, path)| (how.to_string(), path.to_string()));
-    assert_eq!(noted, expected, "{:#?}", turn.updates);
+    text
+}
+
+/// The review's notes on what it held back.
+fn held_notes(turn: &Turn) -> Vec<String> {
+    of_kind(&turn.updates, "agent_message_chunk")
+        .iter()
+        .filter_map(|u| u["content"]["text"].as_str().map(str::trim))
+        .filter(|text| text.starts_with("_Held back") || text.starts_with("_The editor refused"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn held_note(world: &World, sid: &str, items: &[&str]) -> String {
+    let copy = world.data.join("sessions").join(sid).join("review/copy");
+    format!(
+        "_Held back, not applied to your files: {}. They stay in the agent's copy, where it keeps seeing them; to take \
+         one, copy it from `{}` or make the change yourself._",
+        items.join("; "),
+        copy.display()
+    )
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// OpenCode's own bash (the scripted model plays the hostile agent) makes what the editor cannot show: a script
+/// with a NUL byte, invalid UTF-8, a deletion, a rename, a link to `/etc/passwd`, a setuid bit. Each is named on a
+/// permission card; rejected, none reaches the user's files, and the agent's next turn still sees its versions.
+fn review_mode_holds_back(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    std::fs::write(ws.join("gone.txt"), "bye\n").unwrap();
+    std::fs::write(ws.join("old.txt"), "moved\n").unwrap();
+    std::fs::write(ws.join("tool.sh"), "#!/bin/sh\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(ws.join("tool.sh"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let options = world.backend_options(sandbox, "serve").arg("--workspace").arg("review");
+    let mut bridge = Bridge::start_reviewing(options, true);
+    bridge.permission_answer = Some("reject_once".into());
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:hostilereview", "hostilereview");
+    assert_end_turn(&bridge, &turn);
+    assert!(bridge.file_writes.is_empty(), "{:#?}", bridge.file_writes);
+    let cards: Vec<String> = bridge.permission_requests.iter().map(card_list).collect();
+    assert_eq!(
+        cards,
+        [card(&[
+            "delete `gone.txt`",
+            "new binary file `bad.txt` (2 bytes)",
+            "rename `old.txt` → `moved.txt`",
+            "link `p` → `/etc/passwd`",
+            "new binary file `script.sh` (11 bytes)",
+            "set the executable bit of `script.sh`",
+            "set the executable bit of `tool.sh`",
+        ])],
+        "{:#?}",
+        turn.updates
+    );
+    assert_eq!(
+        held_notes(&turn),
+        [held_note(
+            &world,
+            &sid,
+            &[
+                "new binary file `bad.txt` (2 bytes) (not allowed)",
+                "delete `gone.txt` (not allowed)",
+                "rename `old.txt` → `moved.txt` (not allowed)",
+                "link `p` → `/etc/passwd` (not allowed)",
+                "new binary file `script.sh` (11 bytes) (not allowed)",
+                "set the executable bit of `script.sh` (not allowed)",
+                "set the executable bit of `tool.sh` (not allowed)",
+            ]
+        )]
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("gone.txt")).unwrap(), "bye\n");
+    assert_eq!(std::fs::read_to_string(ws.join("old.txt")).unwrap(), "moved\n");
+    for absent in ["moved.txt", "p", "script.sh", "bad.txt"] {
+        assert!(std::fs::symlink_metadata(ws.join(absent)).is_err(), "{absent} reached the workspace");
+    }
+    assert_eq!(mode(&ws.join("tool.sh")), 0o644);
+}
+
+#[test]
+fn review_mode_holds_back_what_opencodes_bash_made_that_the_editor_cannot_show_none() {
+    review_mode_holds_back("none", "review_mode_holds_back_what_opencodes_bash_made_that_the_editor_cannot_show_none");
+}
+
+#[test]
+fn review_mode_holds_back_what_opencodes_bash_made_that_the_editor_cannot_show_bwrap() {
+    if bwrap_ok("review_mode_holds_back_what_opencodes_bash_made_that_the_editor_cannot_show_bwrap") {
+        review_mode_holds_back(
+            "bwrap",
+            "review_mode_holds_back_what_opencodes_bash_made_that_the_editor_cannot_show_bwrap",
+        );
+    }
+}
+
+/// OpenCode links `p` to a file outside the workspace (standing for `~/.bashrc`; the user allows the link), then
+/// replaces the link by a file: the editor, which writes with a plain `open()`, is never asked to write `p`.
+fn review_mode_never_writes_through_a_link(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let victim = world.workspace("victim").join(".bashrc");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::fs::write(ws.join(".victim"), victim.display().to_string()).unwrap();
+    let options = world.backend_options(sandbox, "serve").arg("--workspace").arg("review");
+    let mut bridge = Bridge::start_reviewing(options, true);
+    bridge.permission_answer = Some("allow_once".into());
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:linkfile:1", "link");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(std::fs::read_link(ws.join("p")).unwrap(), victim);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:linkfile:2", "file");
+    assert_end_turn(&bridge, &turn);
+    assert!(bridge.file_writes.is_empty(), "{:#?}", bridge.file_writes);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert_eq!(std::fs::read_link(ws.join("p")).unwrap(), victim);
+    assert_eq!(
+        held_notes(&turn),
+        [held_note(
+            &world,
+            &sid,
+            &["new text file `p` (5 bytes) (its path in your workspace goes through a link, which is never followed)"]
+        )]
+    );
+}
+
+#[test]
+fn review_mode_never_writes_through_a_link_the_agent_made_none() {
+    review_mode_never_writes_through_a_link("none", "review_mode_never_writes_through_a_link_the_agent_made_none");
+}
+
+#[test]
+fn review_mode_never_writes_through_a_link_the_agent_made_bwrap() {
+    if bwrap_ok("review_mode_never_writes_through_a_link_the_agent_made_bwrap") {
+        review_mode_never_writes_through_a_link(
+            "bwrap",
+            "review_mode_never_writes_through_a_link_the_agent_made_bwrap",
+        );
+    }
+}
+
+/// An editor that refuses OpenCode's write: the user's file stays, and OpenCode's next turn reads the user's
+/// version.
+#[test]
+fn review_mode_with_opencode_a_refused_write_is_never_applied_and_rereads_the_users_file() {
+    let test = "review_mode_with_opencode_a_refused_write_is_never_applied_and_rereads_the_users_file";
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    std::fs::write(ws.join("notes.txt"), "line one\n").unwrap();
+    std::fs::write(ws.join("gone.txt"), "bye\n").unwrap();
+    let options = world.backend_options("bwrap", "serve").arg("--workspace").arg("review");
+    if !bwrap_ok(test) {
+        return;
+    }
+    let mut bridge = Bridge::spawn(options);
+    bridge.offer_writes = true;
+    bridge.refuse_writes = Some("invalid path".into());
+    bridge.initialize();
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:review", "review");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "line one\n");
+    assert!(!ws.join("new.txt").exists());
+    // One note per review (one per ended tool, or one for several when OpenCode ran ahead): each names its paths.
+    let (head, tail) = (
+        "_The editor refused the agent's writes of ",
+        " (invalid path): your files stay as they were, and the agent's copy has your version again._",
+    );
+    let mut named: Vec<String> = Vec::new();
+    let notes = held_notes(&turn);
+    let (refusals, held): (Vec<String>, Vec<String>) = notes.into_iter().partition(|note| note.starts_with(head));
+    assert_eq!(held, [held_note(&world, &sid, &["delete `gone.txt` (not allowed)"])]);
+    for note in refusals {
+        let list = note.strip_prefix(head).and_then(|rest| rest.strip_suffix(tail));
+        let list = list.unwrap_or_else(|| panic!("not a refusal note: {note:?}"));
+        named.extend(list.split(", ").map(str::to_string));
+    }
+    named.sort();
+    assert_eq!(named, ["`new.txt`", "`notes.txt`"], "{:#?}", turn.updates);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:readback", "readback");
+    assert_end_turn(&bridge, &turn);
+    let read = world
+        .server
+        .chats("readback")
+        .into_iter()
+        .filter(|r| r["step"] == 1)
+        .flat_map(|r| messages_text(&r, "tool"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(read.contains("line one") && !read.contains("line two"), "the agent read: {read:?}");
 }
 
 // ---- todowrite, reasoning ------------------------------------------------------------------------------------

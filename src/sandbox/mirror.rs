@@ -10,7 +10,9 @@
 //! user's `.gitignore` files and `.git/info/exclude`) is neither uploaded nor brought back, so the agent's build
 //! outputs stay in the sandbox; the git dir and the protected paths are uploaded and never brought back. The
 //! manifest is tied to the sandbox by a token the first push leaves there: a new sandbox (the old one was gone)
-//! is uploaded afresh, and never reads as the agent deleting everything.
+//! is uploaded afresh, and never reads as the agent deleting everything. A file of the agent's over the review's
+//! apply limit (by the size the listing shows, or by what a bounded download got) is never brought back: it stays
+//! in the sandbox and the review says so once; FIFOs, sockets and devices are never mirrored.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;
@@ -27,7 +29,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use super::review::{WorkspaceCopy, check_relative, remove, walk};
+use super::review::{APPLY_LIMIT, WorkspaceCopy, check_relative, remove, walk};
 use super::statedir::StateDir;
 use super::{ExecSpec, RemoteFiles, Sandbox, SandboxError};
 
@@ -258,6 +260,10 @@ pub struct Manifest {
     /// may hold what the agent wrote meanwhile, not brought back yet).
     #[serde(default)]
     listed: Option<String>,
+    /// Files of the agent too large to bring back ([`APPLY_LIMIT`], by the listed size), as last listed: each is
+    /// said once, and stays in the sandbox.
+    #[serde(default)]
+    oversized: BTreeMap<PathBuf, RemoteStamp>,
 }
 
 /// What a pull brings into the copy.
@@ -269,6 +275,8 @@ pub struct PullPlan {
     pub link: Vec<(PathBuf, PathBuf, RemoteStamp)>,
     /// Paths the agent removed.
     pub remove: Vec<PathBuf>,
+    /// Files too large to bring back (by their listed size): never downloaded, they stay in the sandbox.
+    pub oversized: Vec<(PathBuf, RemoteStamp)>,
     /// The ignored directories the next listings skip.
     pub pruned: BTreeSet<PathBuf>,
 }
@@ -300,6 +308,10 @@ pub fn plan_pull(
         }
         let known = manifest.entries.get(rel);
         match kind {
+            RemoteKind::File if stamp.size > APPLY_LIMIT => {
+                present.insert(rel.clone());
+                plan.oversized.push((rel.clone(), stamp.clone()));
+            }
             RemoteKind::File => {
                 present.insert(rel.clone());
                 if !known.is_some_and(|m| m.link.is_none() && m.remote.as_ref() == Some(stamp)) {
@@ -427,12 +439,19 @@ pub struct Mirror<'a> {
     sandbox: &'a dyn Sandbox,
     files: &'a dyn RemoteFiles,
     copy: Arc<WorkspaceCopy>,
+    /// The agent's files too large to bring back that pulls found and did not say yet: path and size.
+    oversized: Mutex<Vec<(PathBuf, u64)>>,
 }
 
 impl<'a> Mirror<'a> {
     /// The mirror of `sandbox` in `copy`; `None` for a sandbox that sees the user's files where they are.
     pub fn new(sandbox: &'a dyn Sandbox, copy: Arc<WorkspaceCopy>) -> Option<Self> {
-        Some(Mirror { files: sandbox.remote_files()?, sandbox, copy })
+        Some(Mirror { files: sandbox.remote_files()?, sandbox, copy, oversized: Mutex::default() })
+    }
+
+    /// The agent's files too large to bring back found since the last call, each once: path and size.
+    pub fn take_oversized(&self) -> Vec<(PathBuf, u64)> {
+        std::mem::take(&mut *self.oversized.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn manifest_path(&self) -> PathBuf {
@@ -478,18 +497,40 @@ impl<'a> Mirror<'a> {
         })
         .await?;
         let root = self.sandbox.workspace().to_path_buf();
+        let mut oversized: BTreeMap<PathBuf, RemoteStamp> = plan.oversized.iter().cloned().collect();
         let downloaded: Vec<(PathBuf, RemoteStamp, Option<Vec<u8>>)> = futures::stream::iter(plan.download.clone())
             .map(|(rel, stamp)| {
                 let remote = root.join(&rel);
-                async move { self.files.read(&remote).await.map(|bytes| (rel, stamp, bytes)) }
+                async move { self.files.read_at_most(&remote, APPLY_LIMIT).await.map(|bytes| (rel, stamp, bytes)) }
             })
             .buffer_unordered(DOWNLOADS)
             .try_collect()
             .await?;
+        // Grown past the bound between the listing and the download: not brought back either.
+        let downloaded: Vec<(PathBuf, RemoteStamp, Option<Vec<u8>>)> = downloaded
+            .into_iter()
+            .filter(|(rel, stamp, bytes)| {
+                let within = bytes.as_ref().is_none_or(|bytes| bytes.len() as u64 <= APPLY_LIMIT);
+                if !within {
+                    let size = bytes.as_ref().map_or(0, |bytes| bytes.len() as u64);
+                    oversized.insert(rel.clone(), RemoteStamp { size, ..stamp.clone() });
+                }
+                within
+            })
+            .collect();
+        {
+            let mut said = self.oversized.lock().unwrap_or_else(|p| p.into_inner());
+            for (rel, stamp) in &oversized {
+                if manifest.oversized.get(rel) != Some(stamp) {
+                    said.push((rel.clone(), stamp.size));
+                }
+            }
+        }
         let copy = self.copy.clone();
         let path = self.manifest_path();
         blocking(move || {
             let mut manifest = manifest;
+            manifest.oversized = oversized;
             let dir = Dir::open_ambient_dir(copy.path(), ambient_authority())?;
             let state = StateDir::open(&copy.path())?;
             // Removals first: a directory the agent replaced by a link is emptied while it is still a directory.
@@ -776,6 +817,7 @@ mod tests {
                 .collect(),
             pruned: BTreeSet::new(),
             listed: None,
+            oversized: BTreeMap::new(),
         }
     }
 
@@ -873,6 +915,7 @@ mod tests {
             ("target/debug/app", RemoteKind::File, old.clone()),
             (".git/config", RemoteKind::File, stamp(9, "3.0")),
             ("fifo", RemoteKind::Other, old.clone()),
+            ("huge.bin", RemoteKind::File, stamp(2 << 30, "2.0")),
         ]);
         // The user's rules now ignore `vendor/`: what the mirror knew there is out of view, not deleted.
         let ignored =
@@ -884,6 +927,7 @@ mod tests {
                 download: vec![("moved.txt".into(), stamp(2, "2.0")), ("new.txt".into(), stamp(3, "2.0"))],
                 link: vec![("link".into(), "same.txt".into(), old.clone())],
                 remove: paths(&["gone.txt"]),
+                oversized: vec![("huge.bin".into(), stamp(2 << 30, "2.0"))],
                 pruned: BTreeSet::from(["node_modules".into(), "target".into()]),
             }
         );

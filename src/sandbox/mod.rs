@@ -356,6 +356,15 @@ pub trait RemoteFiles: Send + Sync {
     async fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError>;
     /// Reads the file at the absolute `path` in the sandbox; `None` when there is none.
     async fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError>;
+    /// Reads at most `limit + 1` bytes of the file at `path` (more than `limit`: the file is larger), never holding
+    /// more in memory where the provider streams; `None` when there is none.
+    async fn read_at_most(&self, path: &Path, limit: u64) -> Result<Option<Vec<u8>>, SandboxError> {
+        let bytes = self.read(path).await?;
+        Ok(bytes.map(|mut bytes| {
+            bytes.truncate(usize::try_from(limit.saturating_add(1)).unwrap_or(usize::MAX));
+            bytes
+        }))
+    }
 }
 
 /// Creates and finds sandboxes of one kind.

@@ -1,13 +1,20 @@
-//! Review before write: the agent's changes to its copy of the workspace reach the user's files through the
-//! editor (`fs/write_text_file`, which Zed lists for Keep/Reject), or, where the editor cannot take them, directly
-//! with a note in the thread that lists them. A remote sandbox is always reviewed: its workspace is mirrored in a
-//! copy on this machine, pulled before each review and pushed after it (`sandbox::mirror`).
+//! Review before write: the agent's changes to its copy of the workspace reach the user's files only through the
+//! editor, or not at all. A text file goes to the editor with `fs/write_text_file` (which Zed lists for
+//! Keep/Reject); everything else (deletions, renames, links, binary and large files, the executable bit, the files
+//! beyond the first 100 of a review, and every change when the editor cannot take writes) is named on a tool card
+//! with `session/request_permission`, and applied only on an explicit allow. What is not allowed, or cannot be
+//! applied at all, is held back: it stays in the agent's copy, said once in a note. A remote sandbox is always
+//! reviewed: its workspace is mirrored in a copy on this machine, pulled before each review and pushed after it
+//! (`sandbox::mirror`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use agent_client_protocol::v1::schema::{
-    SessionUpdate, ToolCall, ToolCallContent, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    Diff, PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest, SessionUpdate,
+    ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
     WriteTextFileRequest,
 };
 
@@ -15,16 +22,16 @@ use super::turn::Emitter;
 use super::{UpdateSink, note};
 use crate::error::{Error, Result};
 use crate::sandbox::mirror::{Mirror, Pushed};
-use crate::sandbox::review::{Change, WorkspaceCopy};
+use crate::sandbox::review::{APPLY_LIMIT, Change, TEXT_LIMIT, WorkspaceCopy};
 use crate::sandbox::{Sandbox, SandboxError};
 
-/// The largest text file handed to the editor; a larger one is applied directly.
-const TEXT_LIMIT: usize = 2 * 1024 * 1024;
 /// At most this many files go to the editor per review (a generated tree would flood its review list); the
-/// rest is applied directly.
+/// rest is offered on the permission card, applied only if the user allows it.
 const WRITES_PER_REVIEW: usize = 100;
 /// At most this many paths are named in a note.
 const NOTE_PATHS: usize = 20;
+/// At most this many bytes of new text are shown as diffs on one permission card; the rest is named.
+const CARD_DIFFS: usize = 4 * 1024 * 1024;
 
 /// The review of one turn.
 pub(super) struct Review<'a> {
@@ -37,18 +44,25 @@ pub(super) struct Review<'a> {
     pub editor_writes: bool,
     /// A remote sandbox, whose workspace the copy mirrors.
     pub mirror: Option<Mirror<'a>>,
+    /// The permission cards of this turn so far (their ids).
+    cards: AtomicUsize,
 }
 
-/// Why a change was applied directly.
-#[derive(Debug)]
-enum Direct {
-    Deleted,
-    Linked,
-    Binary,
+/// Why a change is held back in the agent's copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Why {
+    /// The user did not allow it (or could not be asked).
+    Declined,
+    /// Its path in the user's workspace goes through a link.
+    Link,
+    /// Not a regular file.
+    Special,
+    /// Over [`APPLY_LIMIT`].
     TooLarge,
-    Many,
-    NoEditor,
-    Refused(String),
+    /// Applying it failed.
+    Failed(String),
+    /// A remote sandbox's file over [`APPLY_LIMIT`]: never brought back, it stays in the sandbox.
+    Remote,
 }
 
 impl<'a> Review<'a> {
@@ -69,7 +83,15 @@ impl<'a> Review<'a> {
             }
             None => (sandbox.review_copy()?, None),
         };
-        Some(Review { copy, sink, session_id: session_id.to_string(), workspace, editor_writes, mirror })
+        Some(Review {
+            copy,
+            sink,
+            session_id: session_id.to_string(),
+            workspace,
+            editor_writes,
+            mirror,
+            cards: AtomicUsize::new(0),
+        })
     }
 
     /// Before the agent runs: what an earlier turn left unreviewed (a crash, a cancel) is reviewed, then the copy
@@ -123,12 +145,18 @@ impl<'a> Review<'a> {
         Ok(())
     }
 
-    /// Every change of the copy goes to the editor or is applied, and is noted. A change that cannot be read or
-    /// applied now stays in the copy for the next review.
+    /// Every change of the copy goes to the editor, or on a permission card, or is held back (and noted once). A
+    /// change that cannot be read now stays in the copy for the next review.
     async fn review(&self, emit: &Emitter) -> Result<()> {
         let copy = self.copy.clone();
-        let mut changes = match blocking(move || copy.changes()).await {
-            Ok(changes) => changes,
+        let found = blocking(move || {
+            let all = copy.changes()?;
+            let fresh = copy.unheld(&all);
+            Ok((all, fresh))
+        })
+        .await;
+        let (all, mut changes) = match found {
+            Ok(found) => found,
             Err(e) => {
                 tracing::warn!(session = %self.session_id, "could not read the agent's changes: {e}");
                 return Ok(());
@@ -137,57 +165,95 @@ impl<'a> Review<'a> {
         // Deletions first: a directory the agent replaced by a link is emptied before the link takes its place
         // (its files are never reached through the link).
         changes.sort_by_key(|change| !matches!(change, Change::Deleted { .. }));
-        let mut direct: Vec<(PathBuf, Direct)> = Vec::new();
+        let mut offer: Vec<Change> = Vec::new();
+        let mut held: Vec<(Change, Why)> = Vec::new();
+        let mut refused: Vec<(PathBuf, String)> = Vec::new();
         let mut kept: Vec<PathBuf> = Vec::new();
-        let mut failed: Vec<(PathBuf, String)> = Vec::new();
         let mut sent = 0;
         for change in changes {
             let path = change.path().to_path_buf();
-            let why = match &change {
-                Change::Deleted { .. } => Direct::Deleted,
-                Change::Linked { .. } => Direct::Linked,
+            let (copy, rel) = (self.copy.clone(), path.clone());
+            let plain = blocking(move || Ok(copy.plain_in_workspace(&rel))).await.unwrap_or(false);
+            match &change {
                 Change::Written { bytes, .. } => {
-                    let (copy, rel, held) = (self.copy.clone(), path.clone(), bytes.clone());
-                    if blocking(move || Ok(copy.workspace_holds(&rel, &held))).await.unwrap_or(false) {
+                    let (copy, rel, held_bytes) = (self.copy.clone(), path.clone(), bytes.clone());
+                    if blocking(move || Ok(copy.workspace_holds(&rel, &held_bytes))).await.unwrap_or(false) {
                         // The user's file already says this (the agent wrote it back): nothing to review.
                         self.settle(&path, bytes).await;
                         continue;
                     }
+                    if !plain {
+                        held.push((change, Why::Link));
+                        continue;
+                    }
                     match text_of(bytes) {
-                        Err(why) => why,
-                        Ok(_) if !self.editor_writes => Direct::NoEditor,
-                        Ok(_) if sent >= WRITES_PER_REVIEW => Direct::Many,
-                        Ok(text) => {
+                        Some(text) if self.editor_writes && sent < WRITES_PER_REVIEW => {
                             sent += 1;
                             let request = WriteTextFileRequest::new(
                                 self.session_id.clone(),
                                 self.workspace.join(&path),
                                 text.to_string(),
                             );
-                            match self.sink.write_text_file(request).await {
-                                Ok(()) => {
-                                    self.settle(&path, bytes).await;
-                                    continue;
-                                }
-                                Err(why) => {
-                                    tracing::warn!(session = %self.session_id, path = %path.display(), "the editor refused a write: {why}");
-                                    Direct::Refused(why)
-                                }
+                            let answer = self.sink.write_text_file(request).await;
+                            // Kept, rejected or refused: the agent's copy takes the user's file as it is now.
+                            self.settle(&path, bytes).await;
+                            if let Err(why) = answer {
+                                tracing::warn!(session = %self.session_id, path = %path.display(), "the editor refused a write: {why}");
+                                refused.push((path, why));
                             }
                         }
+                        _ => offer.push(change),
                     }
                 }
-            };
-            let copy = self.copy.clone();
-            let applied = blocking(move || copy.apply(&change)).await;
-            match applied {
-                Ok(true) => direct.push((path, why)),
-                Ok(false) => kept.push(path),
-                Err(e) => failed.push((path, e.to_string())),
+                Change::Large { len, .. } if *len > APPLY_LIMIT => held.push((change, Why::TooLarge)),
+                Change::Large { .. } if !plain => held.push((change, Why::Link)),
+                Change::Special { .. } => held.push((change, Why::Special)),
+                _ => offer.push(change),
             }
         }
-        if !direct.is_empty() {
-            emit.send(note(&direct_note(&direct, self.editor_writes))).await?;
+        if !offer.is_empty() {
+            let allowed = self.ask(emit, &offer).await?;
+            // Cancelled: left as they are (neither applied nor held), the next turn asks again.
+            let offer = if allowed.is_some() { offer } else { Vec::new() };
+            let allowed = allowed == Some(true);
+            for change in offer {
+                if !allowed {
+                    held.push((change, Why::Declined));
+                    continue;
+                }
+                let copy = self.copy.clone();
+                let applying = change.clone();
+                match blocking(move || copy.apply(&applying)).await {
+                    Ok(true) => {}
+                    Ok(false) => match change {
+                        Change::Deleted { path } => kept.push(path),
+                        Change::Renamed { .. } => {
+                            held.push((change, Why::Failed("you changed the file since the agent saw it".into())))
+                        }
+                        // An executable bit on a file the editor did not keep: nothing to set.
+                        _ => {}
+                    },
+                    Err(e) => held.push((change, Why::Failed(e.to_string()))),
+                }
+            }
+        }
+        held.sort_by(|a, b| a.0.path().cmp(b.0.path()));
+        let holds: Vec<Change> = held.iter().map(|(change, _)| change.clone()).collect();
+        let copy = self.copy.clone();
+        if let Err(e) = blocking(move || copy.hold(&holds, &all)).await {
+            tracing::warn!(session = %self.session_id, "could not record the held-back changes: {e}");
+        }
+        if let Some(mirror) = &self.mirror {
+            for (path, len) in mirror.take_oversized() {
+                let new = std::fs::symlink_metadata(self.copy.path().join(&path)).is_err();
+                held.push((Change::Large { path, len, new, stamp: String::new() }, Why::Remote));
+            }
+        }
+        if !refused.is_empty() {
+            emit.send(note(&refused_note(&refused))).await?;
+        }
+        if !held.is_empty() {
+            emit.send(note(&held_note(&held, &self.copy.path()))).await?;
         }
         if !kept.is_empty() {
             emit.send(note(&format!(
@@ -198,16 +264,71 @@ impl<'a> Review<'a> {
             )))
             .await?;
         }
-        if !failed.is_empty() {
-            let list: Vec<String> =
-                failed.iter().take(NOTE_PATHS).map(|(path, why)| format!("`{}` ({why})", path.display())).collect();
-            emit.send(note(&format!(
-                "_These changes of the agent could not reach your files and stay in its copy: {}._",
-                list.join(", ")
-            )))
-            .await?;
-        }
         Ok(())
+    }
+
+    /// Names `changes` on a tool card and asks the user to allow them (`session/request_permission`): `true`
+    /// only on an explicit allow; `None` when the turn was cancelled meanwhile.
+    async fn ask(&self, emit: &Emitter, changes: &[Change]) -> Result<Option<bool>> {
+        let id = format!("{}-review-{}", emit.turn_id, self.cards.fetch_add(1, Ordering::Relaxed));
+        let title = match changes {
+            [one] => format!("Apply to your files: {}", describe(one).replace('`', "")),
+            _ => format!("Apply {} changes of the agent to your files", changes.len()),
+        };
+        let mut list = String::from(
+            "The agent made these changes in its copy of the workspace; they reach your files only if you allow \
+             them:\n",
+        );
+        for change in changes {
+            list.push_str(&format!("- {}\n", describe(change)));
+        }
+        let mut content = vec![ToolCallContent::from(list)];
+        let mut shown = 0;
+        for change in changes {
+            if let Change::Written { path, bytes, .. } = change
+                && let Some(text) = text_of(bytes)
+                && shown + bytes.len() <= CARD_DIFFS
+            {
+                shown += bytes.len();
+                let (copy, rel) = (self.copy.clone(), path.clone());
+                let old = blocking(move || Ok(copy.workspace_text(&rel, TEXT_LIMIT))).await.ok().flatten();
+                content.push(ToolCallContent::Diff(Diff::new(self.workspace.join(path), text).old_text(old)));
+            }
+        }
+        let locations: Vec<ToolCallLocation> =
+            changes.iter().map(|c| ToolCallLocation::new(self.workspace.join(c.path()))).collect();
+        emit.send(SessionUpdate::ToolCall(
+            ToolCall::new(id.clone(), title.clone())
+                .kind(ToolKind::Edit)
+                .status(ToolCallStatus::Pending)
+                .content(content.clone())
+                .locations(locations.clone()),
+        ))
+        .await?;
+        let options = vec![
+            PermissionOption::new("apply", "Apply to my files", PermissionOptionKind::AllowOnce),
+            PermissionOption::new("hold", "Keep them in the agent's copy", PermissionOptionKind::RejectOnce),
+        ];
+        let fields = ToolCallUpdateFields::new().title(title).content(content).locations(locations);
+        let request =
+            RequestPermissionRequest::new(self.session_id.clone(), ToolCallUpdate::new(id.clone(), fields), options);
+        // A cancelled turn does not wait for an answer: the changes stay as they are, asked for again by the next
+        // turn's first review.
+        let answer = tokio::select! {
+            biased;
+            _ = emit.cancel().cancelled() => Err(()),
+            answer = self.sink.request_permission(request) => Ok(answer),
+        };
+        let allowed = match answer {
+            Ok(Some(RequestPermissionOutcome::Selected(selected))) => Some(selected.option_id.0.as_ref() == "apply"),
+            Ok(_) => Some(false),
+            Err(()) => None,
+        };
+        tracing::info!(session = %self.session_id, changes = changes.len(), ?allowed, "asked to apply the agent's changes");
+        let status = if allowed == Some(true) { ToolCallStatus::Completed } else { ToolCallStatus::Failed };
+        emit.send(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id, ToolCallUpdateFields::new().status(status))))
+            .await?;
+        Ok(allowed)
     }
 
     async fn settle(&self, path: &Path, bytes: &[u8]) {
@@ -232,54 +353,107 @@ fn uploaded(pushed: &Pushed) -> String {
     )
 }
 
-/// The text of a file the editor can show, or why it is applied directly.
-fn text_of(bytes: &[u8]) -> std::result::Result<&str, Direct> {
-    if bytes.len() > TEXT_LIMIT {
-        return Err(Direct::TooLarge);
+/// The text of a file the editor can show: UTF-8 without a NUL byte, at most [`TEXT_LIMIT`] bytes.
+fn text_of(bytes: &[u8]) -> Option<&str> {
+    if bytes.len() as u64 > TEXT_LIMIT {
+        return None;
     }
-    match std::str::from_utf8(bytes) {
-        Ok(text) if !text.contains('\0') => Ok(text),
-        _ => Err(Direct::Binary),
+    std::str::from_utf8(bytes).ok().filter(|text| !text.contains('\0'))
+}
+
+/// A size as people read it.
+fn size(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1024 * 1024 * 1024 => format!("{:.1} GiB", b as f64 / (1024.0 * 1024.0 * 1024.0)),
+        b if b >= 1024 * 1024 => format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)),
+        b => format!("{b} bytes"),
     }
 }
 
-/// The note that lists what was applied without review.
-fn direct_note(direct: &[(PathBuf, Direct)], editor_writes: bool) -> String {
-    let group = |label: &str, pick: fn(&Direct) -> bool| {
-        let picked: Vec<&Path> = direct.iter().filter(|(_, why)| pick(why)).map(|(path, _)| path.as_path()).collect();
-        (!picked.is_empty()).then(|| format!("{label} {}", paths(picked.into_iter())))
-    };
-    let mut parts: Vec<String> = [
-        group("deleted", |why| matches!(why, Direct::Deleted)),
-        group("links", |why| matches!(why, Direct::Linked)),
-        group("binary", |why| matches!(why, Direct::Binary)),
-        group("larger than 2 MiB", |why| matches!(why, Direct::TooLarge)),
-        group("beyond the first 100 files", |why| matches!(why, Direct::Many)),
-        group("written", |why| matches!(why, Direct::NoEditor)),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let mut refused: std::collections::BTreeMap<&str, Vec<&Path>> = Default::default();
-    for (path, why) in direct {
-        if let Direct::Refused(reason) = why {
-            refused.entry(reason.as_str()).or_default().push(path);
+/// A path as a card or note names it: in backticks, or, when it holds a control character or a backtick (a name
+/// made to look like another line of the list), quoted with those escaped.
+fn shown(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    if text.chars().any(|c| c.is_control() || c == '`') { format!("{text:?}") } else { format!("`{text}`") }
+}
+
+/// One change, exactly: its kind and path(s).
+fn describe(change: &Change) -> String {
+    match change {
+        Change::Written { path, bytes, new } => {
+            let what = match (text_of(bytes).is_some(), new) {
+                (true, true) => "new text file",
+                (true, false) => "text written to",
+                (false, true) => "new binary file",
+                (false, false) => "binary written to",
+            };
+            format!("{what} {} ({})", shown(path), size(bytes.len() as u64))
         }
+        Change::Large { path, len, new, .. } => {
+            format!(
+                "{} {} ({}, too large to show)",
+                if *new { "new file" } else { "written to" },
+                shown(path),
+                size(*len)
+            )
+        }
+        Change::Deleted { path } => format!("delete {}", shown(path)),
+        Change::Renamed { from, path } => format!("rename {} → {}", shown(from), shown(path)),
+        Change::Linked { path, target } => format!("link {} → {}", shown(path), shown(target)),
+        Change::Exec { path, set: true } => format!("set the executable bit of {}", shown(path)),
+        Change::Exec { path, set: false } => format!("clear the executable bit of {}", shown(path)),
+        Change::Special { path } => format!("{} (a FIFO, socket or device)", shown(path)),
     }
-    for (reason, picked) in refused {
-        parts.push(format!("refused by the editor ({reason}) {}", paths(picked.into_iter())));
+}
+
+/// The note on writes the editor refused.
+fn refused_note(refused: &[(PathBuf, String)]) -> String {
+    let mut by_reason: std::collections::BTreeMap<&str, Vec<&Path>> = Default::default();
+    for (path, why) in refused {
+        by_reason.entry(why.as_str()).or_default().push(path);
     }
-    let head = if editor_writes {
-        "Applied to your files directly, without review"
-    } else {
-        "This editor cannot review file writes (it does not offer `fs/writeTextFile`), so the agent's changes were applied to your files directly"
-    };
-    format!("_{head}: {}._", parts.join("; "))
+    let parts: Vec<String> =
+        by_reason.into_iter().map(|(why, picked)| format!("{} ({why})", paths(picked.into_iter()))).collect();
+    format!(
+        "_The editor refused the agent's writes of {}: your files stay as they were, and the agent's copy has your \
+         version again._",
+        parts.join("; ")
+    )
+}
+
+/// The note on what is held back in the agent's copy, and how to get it.
+fn held_note(held: &[(Change, Why)], copy: &Path) -> String {
+    let mut items: Vec<String> = held
+        .iter()
+        .take(NOTE_PATHS)
+        .map(|(change, why)| {
+            let why = match why {
+                Why::Declined => "not allowed".to_string(),
+                Why::Link => "its path in your workspace goes through a link, which is never followed".into(),
+                Why::Special => "never applied".into(),
+                Why::TooLarge => format!("over the {} limit", size(APPLY_LIMIT)),
+                Why::Remote => {
+                    format!("over the {} limit: it stays in the sandbox, not brought back", size(APPLY_LIMIT))
+                }
+                Why::Failed(e) => e.clone(),
+            };
+            format!("{} ({why})", describe(change))
+        })
+        .collect();
+    if held.len() > NOTE_PATHS {
+        items.push(format!("and {} more", held.len() - NOTE_PATHS));
+    }
+    format!(
+        "_Held back, not applied to your files: {}. They stay in the agent's copy, where it keeps seeing them; to \
+         take one, copy it from `{}` or make the change yourself._",
+        items.join("; "),
+        copy.display()
+    )
 }
 
 fn paths<'a>(all: impl Iterator<Item = &'a Path>) -> String {
     let all: Vec<&Path> = all.collect();
-    let mut named: Vec<String> = all.iter().take(NOTE_PATHS).map(|path| format!("`{}`", path.display())).collect();
+    let mut named: Vec<String> = all.iter().take(NOTE_PATHS).map(|path| shown(path)).collect();
     if all.len() > NOTE_PATHS {
         named.push(format!("and {} more", all.len() - NOTE_PATHS));
     }
@@ -296,20 +470,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_note_groups_what_was_applied_directly() {
-        let direct = vec![
-            (PathBuf::from("old.txt"), Direct::Deleted),
-            (PathBuf::from("logo.png"), Direct::Binary),
-            (PathBuf::from("b.txt"), Direct::Deleted),
+    fn notes_name_each_held_change_and_where_it_is() {
+        let held = vec![
+            (Change::Deleted { path: "old.txt".into() }, Why::Declined),
+            (Change::Written { path: "logo.png".into(), bytes: vec![0, 1, 2], new: true }, Why::Declined),
+            (Change::Linked { path: "p".into(), target: "/etc/passwd".into() }, Why::Declined),
+            (Change::Renamed { from: "a".into(), path: "b".into() }, Why::Failed("boom".into())),
+            (Change::Exec { path: "run.sh".into(), set: true }, Why::Declined),
+            (Change::Special { path: "fifo".into() }, Why::Special),
+            (Change::Large { path: "big".into(), len: 2 << 30, new: true, stamp: String::new() }, Why::TooLarge),
+            (Change::Written { path: "x/y".into(), bytes: b"t".to_vec(), new: false }, Why::Link),
         ];
         assert_eq!(
-            direct_note(&direct, true),
-            "_Applied to your files directly, without review: deleted `old.txt`, `b.txt`; binary `logo.png`._"
+            held_note(&held, Path::new("/d/copy")),
+            "_Held back, not applied to your files: delete `old.txt` (not allowed); new binary file `logo.png` (3 \
+             bytes) (not allowed); link `p` → `/etc/passwd` (not allowed); rename `a` → `b` (boom); set the \
+             executable bit of `run.sh` (not allowed); `fifo` (a FIFO, socket or device) (never applied); new file \
+             `big` (2.0 GiB, too large to show) (over the 64.0 MiB limit); text written to `x/y` (1 bytes) (its \
+             path in your workspace goes through a link, which is never followed). They stay in the agent's copy, \
+             where it keeps seeing them; to take one, copy it from `/d/copy` or make the change yourself._"
         );
+        // A name made to look like another line of the card is shown escaped.
+        assert_eq!(describe(&Change::Deleted { path: "a\n- delete `x`".into() }), "delete \"a\\n- delete `x`\"");
         assert_eq!(
-            direct_note(&[(PathBuf::from("a.txt"), Direct::NoEditor)], false),
-            "_This editor cannot review file writes (it does not offer `fs/writeTextFile`), so the agent's changes \
-             were applied to your files directly: written `a.txt`._"
+            refused_note(&[("a.txt".into(), "invalid path".into()), ("b.txt".into(), "invalid path".into())]),
+            "_The editor refused the agent's writes of `a.txt`, `b.txt` (invalid path): your files stay as they \
+             were, and the agent's copy has your version again._"
         );
     }
 
@@ -328,9 +514,9 @@ mod tests {
 
     #[test]
     fn text_is_utf8_without_nul_and_not_too_large() {
-        assert!(text_of(b"fn main() {}\n").is_ok());
-        assert!(matches!(text_of(&[0xff, 0xfe]), Err(Direct::Binary)));
-        assert!(matches!(text_of(b"a\0b"), Err(Direct::Binary)));
-        assert!(matches!(text_of(&vec![b'a'; TEXT_LIMIT + 1]), Err(Direct::TooLarge)));
+        assert!(text_of(b"fn main() {}\n").is_some());
+        assert!(text_of(&[0xff, 0xfe]).is_none());
+        assert!(text_of(b"a\0b").is_none());
+        assert!(text_of(&vec![b'a'; TEXT_LIMIT as usize + 1]).is_none());
     }
 }

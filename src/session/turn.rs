@@ -121,6 +121,11 @@ pub(super) struct Emitter {
 const CANCEL_STORE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Emitter {
+    /// The turn's cancel.
+    pub(super) fn cancel(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
     /// Queues one update; fails when the store cannot write it (or could not write an earlier one).
     pub(super) async fn send(&self, update: SessionUpdate) -> Result<()> {
         let update = match update {

@@ -1,6 +1,6 @@
 //! The workspace of an E2B session through the built bridge: uploaded on the first prompt (without what git
 //! ignores and what the local sandbox hides), the agent's changes brought back through the editor's review
-//! (`fs/write_text_file`) or applied with a note, the user's edits between turns sent up before the next one.
+//! (`fs/write_text_file`) or a permission card, or held back with a note, the user's edits between turns sent up before the next one.
 //! The fake OpenCode's `files` scenario writes, creates and deletes in the sandbox's workspace; its record of its
 //! runs (`.fake-cli/`) is ignored by the workspace's `.gitignore`, so it stays in the sandbox.
 
@@ -245,30 +245,91 @@ fn each_finished_tool_is_reviewed_while_the_agent_still_runs_in_its_sandbox() {
     assert_eq!(writes(&bridge), vec![write(ws.join("hello.txt"), "agent\n", Some("old\n"))]);
 }
 
-#[test]
-fn deletions_and_binary_files_are_applied_directly_with_a_note() {
+/// The note on what is held back in the copy of session `sid`.
+fn held(dirs: &support::TestDirs, sid: &str, items: &[&str]) -> String {
+    let copy = dirs.data.join("sessions").join(sid).join("review/copy");
+    format!(
+        "_Held back, not applied to your files: {}. They stay in the agent's copy, where it keeps seeing them; to take \
+         one, copy it from `{}` or make the change yourself._",
+        items.join("; "),
+        copy.display()
+    )
+}
+
+/// The list of changes a permission card names.
+fn card_list(request: &Value) -> String {
+    request["toolCall"]["content"][0]["content"]["text"].as_str().unwrap_or_default().to_string()
+}
+
+const CARD_HEAD: &str =
+    "The agent made these changes in its copy of the workspace; they reach your files only if you allow them:\n";
+
+fn deletion_binary_and_sparse(allow: bool) {
     let fake = FakeE2b::start();
-    let dirs = support::TestDirs::new("e2b-direct");
+    let dirs = support::TestDirs::new(if allow { "e2b-allowed" } else { "e2b-held" });
     let ws = dirs.remote_workspace("ws");
     std::fs::write(ws.join("gone.txt"), "bye\n").unwrap();
     std::fs::write(ws.join("kept.txt"), "stays\n").unwrap();
     let mut bridge = support::Bridge::start_reviewing(e2b_options(&fake, &dirs), true);
+    bridge.permission_answer = Some(if allow { "allow_once" } else { "reject_once" }.into());
     let sid = bridge.new_session(&ws);
     assert_eq!(bridge.prompt(&sid, &ops(json!([]))).stop_reason(), "end_turn");
-    let turn = bridge.prompt(&sid, &ops(json!([["delete", "gone.txt"], ["bytes", "logo.bin", "00ff10"]])));
+    let turn = bridge.prompt(
+        &sid,
+        &ops(json!([["delete", "gone.txt"], ["bytes", "logo.bin", "00ff10"], ["sparse", "huge.bin", 2u64 << 30]])),
+    );
     assert_eq!(turn.stop_reason(), "end_turn");
     assert_eq!(writes(&bridge), vec![]);
-    assert!(!ws.join("gone.txt").exists());
-    assert_eq!(std::fs::read(ws.join("logo.bin")).unwrap(), [0x00, 0xff, 0x10]);
-    assert_eq!(read(&ws.join("kept.txt")).as_deref(), Some("stays\n"));
+    assert_eq!(bridge.permission_requests.len(), 1);
     assert_eq!(
-        notes(&turn),
-        ["_Applied to your files directly, without review: deleted `gone.txt`; binary `logo.bin`._"]
+        card_list(&bridge.permission_requests[0]),
+        format!("{CARD_HEAD}- delete `gone.txt`\n- new binary file `logo.bin` (3 bytes)\n")
     );
+    assert_eq!(read(&ws.join("kept.txt")).as_deref(), Some("stays\n"));
+    assert!(!ws.join("huge.bin").exists());
+    let huge = "new file `huge.bin` (2.0 GiB, too large to show) (over the 64.0 MiB limit: it stays in the sandbox, not \
+                brought back)";
+    let inside = remote(&fake);
+    if allow {
+        assert!(!ws.join("gone.txt").exists());
+        assert_eq!(std::fs::read(ws.join("logo.bin")).unwrap(), [0x00, 0xff, 0x10]);
+        assert_eq!(notes(&turn), [held(&dirs, &sid, &[huge])]);
+    } else {
+        assert_eq!(read(&ws.join("gone.txt")).as_deref(), Some("bye\n"));
+        assert!(!ws.join("logo.bin").exists());
+        assert_eq!(
+            notes(&turn),
+            [held(
+                &dirs,
+                &sid,
+                &["delete `gone.txt` (not allowed)", "new binary file `logo.bin` (3 bytes) (not allowed)", huge]
+            )]
+        );
+    }
+    // The sandbox keeps the agent's version either way.
+    assert!(!inside.join("gone.txt").exists());
+    assert_eq!(std::fs::read(inside.join("logo.bin")).unwrap(), [0x00, 0xff, 0x10]);
+    assert_eq!(std::fs::metadata(inside.join("huge.bin")).unwrap().len(), 2 << 30);
+
+    // The next turn asks nothing again and says nothing again.
+    let turn = bridge.prompt(&sid, &ops(json!([["read", "kept.txt"]])));
+    assert_eq!(reads(&turn), "READ kept.txt=stays\n");
+    assert_eq!((bridge.permission_requests.len(), notes(&turn)), (1, vec![]));
+    assert_eq!(read(&ws.join("gone.txt")).is_some(), !allow);
 }
 
 #[test]
-fn a_client_without_the_capability_gets_every_change_applied_with_a_note() {
+fn deletions_and_binary_files_wait_for_an_allow_and_a_huge_file_stays_in_the_sandbox() {
+    deletion_binary_and_sparse(false);
+}
+
+#[test]
+fn allowed_deletions_and_binary_files_reach_the_users_files() {
+    deletion_binary_and_sparse(true);
+}
+
+#[test]
+fn a_client_without_the_capability_is_asked_and_nothing_is_written_unless_allowed() {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new("e2b-nocap");
     let ws = dirs.remote_workspace("ws");
@@ -277,12 +338,19 @@ fn a_client_without_the_capability_gets_every_change_applied_with_a_note() {
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, &ops(json!([["write", "hello.txt", "new\n"], ["write", "b.txt", "b\n"]])));
     assert_eq!(turn.stop_reason(), "end_turn");
-    assert_eq!(read(&ws.join("hello.txt")).as_deref(), Some("new\n"));
-    assert_eq!(read(&ws.join("b.txt")).as_deref(), Some("b\n"));
+    assert_eq!(read(&ws.join("hello.txt")).as_deref(), Some("old\n"));
+    assert!(!ws.join("b.txt").exists());
+    assert_eq!(
+        card_list(&bridge.permission_requests[0]),
+        format!("{CARD_HEAD}- new text file `b.txt` (2 bytes)\n- text written to `hello.txt` (4 bytes)\n")
+    );
     assert_eq!(
         notes(&turn),
-        ["_This editor cannot review file writes (it does not offer `fs/writeTextFile`), so the agent's changes were \
-          applied to your files directly: written `b.txt`, `hello.txt`._"]
+        [held(
+            &dirs,
+            &sid,
+            &["new text file `b.txt` (2 bytes) (not allowed)", "text written to `hello.txt` (4 bytes) (not allowed)"]
+        )]
     );
 }
 
@@ -360,8 +428,16 @@ fn what_an_earlier_turn_left_in_the_sandbox_is_reviewed_before_the_next_one() {
     let turn = bridge.prompt(&sid, &ops(json!([["read", "made.txt"]])));
     assert_eq!(turn.stop_reason(), "end_turn");
     assert_eq!(writes(&bridge), vec![write(ws.join("made.txt"), "made\n", None)]);
-    assert_eq!(std::fs::read_link(ws.join("src")).unwrap(), Path::new("/etc"));
-    assert_eq!(notes(&turn), ["_Applied to your files directly, without review: deleted `src/a.rs`; links `src`._"]);
+    // Nobody allowed the deletion and the link: the user's directory stays.
+    assert_eq!(read(&ws.join("src/a.rs")).as_deref(), Some("a\n"));
+    assert_eq!(
+        card_list(&bridge.permission_requests[0]),
+        format!("{CARD_HEAD}- delete `src/a.rs`\n- link `src` → `/etc`\n")
+    );
+    assert_eq!(
+        notes(&turn),
+        [held(&dirs, &sid, &["link `src` → `/etc` (not allowed)", "delete `src/a.rs` (not allowed)"])]
+    );
     // The bridge wrote nothing through the link.
     let mirror = dirs.data.join("sessions").join(&sid).join("review/copy");
     assert_eq!(std::fs::read_link(mirror.join("src")).unwrap(), Path::new("/etc"));

@@ -25,8 +25,11 @@ Scenarios (both agents unless noted):
   hugeline* (a 20 MiB text event on one line, then a normal answer),
   child (starts a grandchild `sleep 1000` in its own session, writes its pid to <cwd>/.fake-cli/child.pid, sleeps).
   files* (`OPS:[...]` in the prompt, a JSON list done in order in the cwd: ["read", path], ["write", path, text],
-  ["bytes", path, hex], ["delete", path], ["flush"] (prints the events so far), ["await", path, text] (waits at
-  most 20 s for the file to hold text, else reports `path=<not awaited>`); then one completed tool event per op
+  ["bytes", path, hex], ["delete", path], ["rename", path, to], ["link", path, target] (a symlink), ["chmod", path,
+  octal], ["fifo", path] (whatever is there replaced by a FIFO), ["sparse", path, bytes] (a sparse file of that
+  apparent size), ["many", dir, n] (n small text files), ["repeat", path, text, n], ["sleep", seconds], ["flush"] (prints the events so far),
+  ["await", path, text] (waits at most 20 s for the file to hold text, else reports `path=<not awaited>`); then
+  one completed tool event per op
   and a text `READ path=...; ...` of what each read found, `path=<missing>` when there was no file).
   (* OpenCode only, + Amp only.) Amp prints the `User cancelled (SIGINT/SIGTERM)` error result and exits 0 on
   SIGTERM/SIGINT once it has started streaming, like the real one; OpenCode just dies from the signal.
@@ -293,7 +296,7 @@ def run_file_ops(prompt, sid, msg, cwd):
     ops = json.loads(match.group(1)) if match else []
     reads, events, started = [], [], False
     for op in ops:
-        kind, path = op[0], (op[1] if len(op) > 1 else "")
+        kind, path = op[0], (str(op[1]) if len(op) > 1 else "")
         full = os.path.join(cwd, path)
         if kind == "read":
             try:
@@ -335,6 +338,37 @@ def run_file_ops(prompt, sid, msg, cwd):
         elif kind == "delete":
             os.remove(full)
             events.append(oc_tool(sid, msg, "bash", f"rm {path}", {"command": f"rm {path}", "description": "delete"}, ""))
+        elif kind in ("rename", "link", "chmod", "fifo", "sparse", "many", "repeat", "sleep"):
+            if kind == "rename":
+                to = os.path.join(cwd, op[2])
+                os.makedirs(os.path.dirname(to), exist_ok=True)
+                os.rename(full, to)
+            elif kind == "link":
+                if os.path.lexists(full):
+                    os.remove(full)
+                os.symlink(op[2], full)
+            elif kind == "chmod":
+                os.chmod(full, int(op[2], 8))
+            elif kind == "fifo":
+                if os.path.lexists(full):
+                    os.remove(full)
+                os.mkfifo(full)
+            elif kind == "sparse":
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                with open(full, "wb") as f:
+                    f.truncate(int(op[2]))
+            elif kind == "many":
+                os.makedirs(full, exist_ok=True)
+                for i in range(int(op[2])):
+                    with open(os.path.join(full, f"f{i:03}.txt"), "w") as f:
+                        f.write(f"file {i}\n")
+            elif kind == "repeat":
+                with open(full, "w") as f:
+                    f.write(op[2] * int(op[3]))
+            elif kind == "sleep":
+                time.sleep(float(op[1]))
+            command = " ".join(str(part) for part in op)
+            events.append(oc_tool(sid, msg, "bash", command, {"command": command, "description": kind}, ""))
         else:
             fail(f"fake opencode: unknown file op {kind!r}")
     if not started:

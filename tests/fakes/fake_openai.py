@@ -6,7 +6,8 @@ Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until 
 
 `POST /v1/chat/completions` answers a stream of SSE chunks (`delta.content`, `delta.reasoning_content`,
 `delta.tool_calls` with the arguments streamed in pieces, a last chunk with `usage`, then `data: [DONE]`).
-Scenarios: text, followup, tools, review (edit, write, rm), readback (read notes.txt), todo, reasoning, longbash:<n>, attack, error, tokens:<n> (n pieces 200 ms
+Scenarios: text, followup, tools, review (edit, write, rm), hostilereview (NUL, invalid UTF-8, rm, mv, ln, setuid),
+linkfile:<1|2> (a link to the path in .victim, then a file in its place), readback (read notes.txt), todo, reasoning, longbash:<n>, attack, error, tokens:<n> (n pieces 200 ms
 apart), livebash:<n> (a bash tool printing a line a second). The script is picked by a marker `SCENARIO:<name>[:<arg>]` in the last user message; the step is the number of
 assistant messages after that user message, so a tool loop advances one step per model call. A request without
 `tools` is OpenCode's title generator and gets a fixed short title. Every request is appended to FILE as one JSON
@@ -85,6 +86,20 @@ def script(scenario, arg, step):
             [tool("bash", {"command": "rm gone.txt", "description": "Remove gone.txt"})],
         ]
         return steps[step] if step < len(steps) else [say("REVIEW-DONE")]
+    if scenario == "hostilereview":
+        # For review mode: what the editor cannot show, in one bash tool: a script with a NUL byte, invalid UTF-8,
+        # a deletion, a rename, a link to /etc/passwd, a setuid bit.
+        if step == 0:
+            command = ("printf '#!/bin/sh\\n\\0' > script.sh && chmod 755 script.sh && printf '\\377\\n' > bad.txt"
+                       " && rm gone.txt && mv old.txt moved.txt && ln -s /etc/passwd p && chmod 4755 tool.sh")
+            return [tool("bash", {"command": command, "description": "Rearrange the project"})]
+        return [say("HOSTILE-REVIEW-DONE")]
+    if scenario == "linkfile":
+        # <arg> 1: a link `p` to the path in `.victim`; 2: the link replaced by a file.
+        if step == 0:
+            command = 'ln -s "$(cat .victim)" p' if arg == "1" else "rm p && echo evil > p"
+            return [tool("bash", {"command": command, "description": "Link, then write"})]
+        return [say("LINKFILE-DONE")]
     if scenario == "readback":
         # Reads notes.txt: the next request carries what the agent saw.
         if step == 0:

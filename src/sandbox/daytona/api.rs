@@ -474,11 +474,26 @@ impl Toolbox {
 
     /// `GET /files/download`.
     pub async fn download(&self, path: &str) -> Result<Vec<u8>, DaytonaError> {
+        self.download_at_most(path, u64::MAX).await
+    }
+
+    /// `GET /files/download`, reading at most `limit + 1` bytes (the rest is never read): more means larger.
+    pub async fn download_at_most(&self, path: &str, limit: u64) -> Result<Vec<u8>, DaytonaError> {
         let what = format!("download {path}");
         let request = self.client.request(Method::GET, &self.url("/files/download")).query(&[("path", path)]);
-        let response = send(request, &what).await?;
-        let bytes = response.bytes().await.map_err(|source| DaytonaError::Transport { what, source })?;
-        Ok(bytes.to_vec())
+        let mut response = send(request, &what).await?;
+        let mut bytes = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+                Ok(None) => break,
+                Err(source) => return Err(DaytonaError::Transport { what, source }),
+            }
+            if bytes.len() as u64 > limit {
+                break;
+            }
+        }
+        Ok(bytes)
     }
 
     /// `POST /process/session`.

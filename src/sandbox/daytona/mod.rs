@@ -324,7 +324,12 @@ impl DaytonaSandbox {
 
     /// Reads a file of the sandbox; `None` when there is none.
     pub async fn download(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
-        match self.toolbox.download(&path.display().to_string()).await {
+        self.download_at_most(path, u64::MAX).await
+    }
+
+    /// Like [`DaytonaSandbox::download`], reading at most `limit + 1` bytes.
+    pub async fn download_at_most(&self, path: &Path, limit: u64) -> Result<Option<Vec<u8>>, SandboxError> {
+        match self.toolbox.download_at_most(&path.display().to_string(), limit).await {
             Ok(bytes) => Ok(Some(bytes)),
             // The daemon answers a missing file with a bare 404, and so may the proxy for a sandbox that is gone:
             // only a toolbox that still answers makes it a missing file (never "deleted" for a lost sandbox).
@@ -480,6 +485,10 @@ impl RemoteFiles for DaytonaSandbox {
 
     async fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
         self.download(path).await
+    }
+
+    async fn read_at_most(&self, path: &Path, limit: u64) -> Result<Option<Vec<u8>>, SandboxError> {
+        self.download_at_most(path, limit).await
     }
 }
 

@@ -248,6 +248,11 @@ impl Envd {
 
     /// Reads a file; `None` when it does not exist.
     pub async fn download(&self, path: &str) -> Result<Option<Vec<u8>>, SandboxError> {
+        self.download_at_most(path, u64::MAX).await
+    }
+
+    /// Downloads at most `limit + 1` bytes of a file (the rest is never read): more than `limit` means larger.
+    pub async fn download_at_most(&self, path: &str, limit: u64) -> Result<Option<Vec<u8>>, SandboxError> {
         let mut url = self.url("/files");
         url.query_pairs_mut().append_pair("path", path);
         let response = self
@@ -266,7 +271,15 @@ impl Envd {
             let text = response.text().await.unwrap_or_default();
             return Err(envd_error(status, &text, &format!("download {path}")));
         }
-        response.bytes().await.map(|b| Some(b.to_vec())).map_err(|e| unreachable(&self.base, &e))
+        let mut response = response;
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| unreachable(&self.base, &e))? {
+            bytes.extend_from_slice(&chunk);
+            if bytes.len() as u64 > limit {
+                break;
+            }
+        }
+        Ok(Some(bytes))
     }
 }
 

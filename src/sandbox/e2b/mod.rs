@@ -468,6 +468,10 @@ impl super::RemoteFiles for E2bSandbox {
     async fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
         self.download(path).await
     }
+
+    async fn read_at_most(&self, path: &Path, limit: u64) -> Result<Option<Vec<u8>>, SandboxError> {
+        self.envd.download_at_most(&path.to_string_lossy(), limit).await
+    }
 }
 
 /// What the next read of a process stream gave.
