@@ -582,12 +582,19 @@ impl Turn<'_> {
             files: &files,
             command,
         };
-        let env = cli_environment(
+        let mut env = cli_environment(
             self.agent,
             sandbox.state_dir(),
             self.credential.as_ref(),
             &self.bridge.env_names(self.agent, self.model.as_ref().map(|m| m.id.as_str())),
         );
+        if self.agent == AgentKind::OpenCode {
+            // `run` takes no session rules: plan mode's are the configuration's, for every agent of the turn.
+            let plan = options::opencode_agent(config) == Some("plan");
+            super::permissions::set_env(&mut env, "OPENCODE_PERMISSION", |user| {
+                super::permissions::run_permission(plan, user)
+            });
+        }
         let spec = ExecSpec {
             stdin: rendered.text.clone().into_bytes(),
             ..super::cli_spec(self.bridge.config(), self.agent, executable, sandbox, env, self.agent.args(&request))
