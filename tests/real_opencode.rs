@@ -1114,3 +1114,6 @@ fn bash_tool_attack(backend: &str, test: &str) {
 
 #[path = "real_opencode/serve.rs"]
 mod serve;
+
+#[path = "real_opencode/modes.rs"]
+mod modes;

@@ -92,11 +92,7 @@ pub fn session_rules(ours: &[Rule], agent: &[Rule]) -> Vec<Rule> {
         for own in ours {
             let Some(permission) = narrowed(&own.permission, &rule.permission) else { continue };
             let action = if rule.action == "ask" && own.action == "allow" { "ask" } else { own.action.as_str() };
-            let narrowed = Rule::new(&permission, &rule.pattern, action);
-            // Repeats of what the agent's rule already says change nothing.
-            if narrowed != *rule {
-                rules.push(narrowed);
-            }
+            rules.push(Rule::new(&permission, &rule.pattern, action));
         }
     }
     rules
