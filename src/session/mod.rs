@@ -758,11 +758,17 @@ impl Bridge {
                     bridge.opencode_for_server(&executable, &bridge.shutdown).await.map_err(|e| e.to_string())?;
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
                 let model = options::opencode_model(&record.config).map(str::to_string);
-                // Nobody is asked here: without the user's yes the workspace's configuration does not load.
-                let profile = bridge.server_profile(&record).unwrap_or_else(|items| serve::Profile {
-                    approvals: options::approvals(&record.config).to_string(),
-                    project_config: items.is_empty(),
-                });
+                // Nobody is asked here, and the user may still choose `ask` before the first prompt: the workspace's
+                // own configuration (plugins, MCP servers) loads only with a turn that allows it, which restarts
+                // this server then.
+                let has_config = !crate::agents::opencode::project::loaders(Path::new(&record.cwd)).is_empty();
+                let profile = match bridge.server_profile(&record) {
+                    Ok(profile) if !has_config || profile.approvals == options::APPROVALS_ASK => profile,
+                    _ => serve::Profile {
+                        approvals: options::approvals(&record.config).to_string(),
+                        project_config: false,
+                    },
+                };
                 let warmed = bridge
                     .servers
                     .warm(&id, || {

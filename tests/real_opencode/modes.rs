@@ -179,7 +179,9 @@ fn workspace_config_asks(sandbox: &str, test: &str) {
     set_option(&mut bridge, &sid, "approvals", "ask");
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text hello", "ask, workspace config allowed");
     assert_end_turn(&bridge, &turn);
-    assert!(ws.join("plugin-ran.txt").exists(), "the allowed plugin did not load");
+    for mark in ["plugin-ran.txt", "tool-ran.txt", "mcp-ran.txt"] {
+        assert!(ws.join(mark).exists(), "{mark}: the allowed configuration did not load");
+    }
 }
 
 #[test]
