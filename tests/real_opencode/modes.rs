@@ -92,6 +92,43 @@ fn plan_mode_refuses_edits_and_commands_run_bwrap() {
     }
 }
 
+/// Plan mode with approvals `ask` and a user who allows everything: edits are still refused (nobody is asked about
+/// them), the command is asked about and runs once allowed.
+fn plan_with_ask(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    std::fs::write(ws.join("notes.txt"), "line one\n").unwrap();
+    let mut bridge = world.start_with(world.backend_options(sandbox, "serve"));
+    let sid = bridge.new_session(&ws);
+    set_option(&mut bridge, &sid, "mode", "plan");
+    set_option(&mut bridge, &sid, "approvals", "ask");
+    bridge.permission_answer = Some("allow_once".into());
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:planedit plan it", "plan + ask");
+    assert_end_turn(&bridge, &turn);
+    assert!(!ws.join("new.txt").exists(), "plan mode wrote a file: {:#?}", turn.updates);
+    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "line one\n", "plan mode edited a file");
+    for (id, step) in [("call_fake_0_0", 1), ("call_fake_1_0", 2)] {
+        assert_eq!(final_status(&turn.updates, id), "failed", "{id}: {:#?}", turn.updates);
+        assert!(tool_results(&world.server, "planedit", step).contains(REFUSED), "step {step}");
+    }
+    let asked: Vec<&str> =
+        bridge.permission_requests.iter().filter_map(|r| r["toolCall"]["toolCallId"].as_str()).collect();
+    assert_eq!(asked, ["call_fake_2_0"], "only the command is asked about: {:#?}", bridge.permission_requests);
+    assert_eq!(std::fs::read_to_string(ws.join("ran.txt")).unwrap(), "ran\n", "the allowed command ran");
+}
+
+#[test]
+fn plan_mode_with_ask_refuses_edits_and_asks_before_commands_none() {
+    plan_with_ask("none", "plan_with_ask_none");
+}
+
+#[test]
+fn plan_mode_with_ask_refuses_edits_and_asks_before_commands_bwrap() {
+    if bwrap_ok("plan_with_ask_bwrap") {
+        plan_with_ask("bwrap", "plan_with_ask_bwrap");
+    }
+}
+
 /// `ask`: a subagent's command (OpenCode's task tool, a child session) asks the editor; rejected, it does not run.
 fn subagent_asks(sandbox: &str, test: &str) {
     let Some(world) = World::new(test) else { return };
@@ -102,14 +139,8 @@ fn subagent_asks(sandbox: &str, test: &str) {
     bridge.permission_answer = Some("reject_once".into());
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:subagent delegate it", "ask, subagent");
     assert!(!ws.join("child-ran.txt").exists(), "the subagent's rejected command ran: {:#?}", turn.updates);
-    let titles: Vec<&str> =
-        bridge.permission_requests.iter().filter_map(|r| r["toolCall"]["title"].as_str()).collect();
-    assert_eq!(
-        titles,
-        ["A subagent asks for bash: echo child > child-ran.txt"],
-        "{:#?}",
-        bridge.permission_requests
-    );
+    let titles: Vec<&str> = bridge.permission_requests.iter().filter_map(|r| r["toolCall"]["title"].as_str()).collect();
+    assert_eq!(titles, ["A subagent asks for bash: echo child > child-ran.txt"], "{:#?}", bridge.permission_requests);
     assert!(!world.server.chats("childbash").is_empty(), "the subagent ran: {:#?}", turn.updates);
 }
 
@@ -159,8 +190,7 @@ fn workspace_config_asks(sandbox: &str, test: &str) {
     for mark in ["plugin-ran.txt", "tool-ran.txt", "mcp-ran.txt"] {
         assert!(!ws.join(mark).exists(), "{mark}: the workspace's configuration loaded unasked");
     }
-    let titles: Vec<&str> =
-        bridge.permission_requests.iter().filter_map(|r| r["toolCall"]["title"].as_str()).collect();
+    let titles: Vec<&str> = bridge.permission_requests.iter().filter_map(|r| r["toolCall"]["title"].as_str()).collect();
     assert_eq!(
         titles,
         [format!(
@@ -211,8 +241,7 @@ fn command_shell_asks(sandbox: &str, test: &str) {
     let turn = timed_prompt(&mut bridge, &sid, &ws, "/mark now", "ask, command shell");
     assert_end_turn(&bridge, &turn);
     assert!(!ws.join("shell-ran.txt").exists(), "the rejected template shell ran");
-    let titles: Vec<&str> =
-        bridge.permission_requests.iter().filter_map(|r| r["toolCall"]["title"].as_str()).collect();
+    let titles: Vec<&str> = bridge.permission_requests.iter().filter_map(|r| r["toolCall"]["title"].as_str()).collect();
     assert_eq!(titles, ["/mark runs shell commands first: `echo x > shell-ran.txt`"]);
     assert!(world.server.chats("text").is_empty(), "the rejected command reached the model");
     assert!(turn.agent_text().contains("/mark was not run: its shell commands were rejected."), "{:#?}", turn.updates);
