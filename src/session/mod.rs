@@ -772,16 +772,7 @@ impl Bridge {
                 let warmed = bridge
                     .servers
                     .warm(&id, || {
-                        serve::start_server(
-                            &bridge,
-                            &id,
-                            AgentKind::OpenCode,
-                            sandbox,
-                            &executable,
-                            None,
-                            model.as_deref(),
-                            &profile,
-                        )
+                        serve::start_server(&bridge, &id, sandbox, &executable, None, model.as_deref(), &profile)
                     })
                     .await
                     .map_err(|e| e.to_string())?;

@@ -17,8 +17,7 @@ fn set_option(bridge: &mut Bridge, sid: &str, option: &str, value: &str) {
 fn final_status(updates: &[Value], id: &str) -> String {
     updates
         .iter()
-        .filter(|u| u["toolCallId"] == id && u.get("status").is_some())
-        .next_back()
+        .rfind(|u| u["toolCallId"] == id && u.get("status").is_some())
         .map(|u| u["status"].as_str().unwrap_or("").to_string())
         .unwrap_or_default()
 }

@@ -49,7 +49,6 @@ impl Turn<'_> {
         start_server(
             self.bridge,
             &self.record.id,
-            self.agent,
             sandbox,
             &executable,
             self.credential.as_ref(),
@@ -534,7 +533,6 @@ pub(in crate::session) async fn conversation(
 pub(in crate::session) async fn start_server(
     bridge: &crate::session::Bridge,
     session: &str,
-    agent: crate::agents::AgentKind,
     sandbox: Arc<dyn Sandbox>,
     executable: &Path,
     credential: Option<&(&'static str, String)>,
@@ -542,6 +540,7 @@ pub(in crate::session) async fn start_server(
     profile: &Profile,
 ) -> std::result::Result<Started, super::ServeError> {
     let password = Servers::password();
+    let agent = crate::agents::AgentKind::OpenCode;
     let mut env = cli_environment(agent, sandbox.state_dir(), credential, &bridge.env_names(agent, model));
     env.retain(|(name, _)| name != "OPENCODE_SERVER_PASSWORD" && name != "OPENCODE_SERVER_USERNAME");
     env.push(("OPENCODE_SERVER_PASSWORD".into(), password.clone()));
