@@ -251,10 +251,12 @@ impl Turn<'_> {
         }
         // The agent whose rules the session's were composed with, also when the mode is OpenCode's default.
         body["agent"] = json!(agent);
-        if let Some(name) = command
-            && !self.command_allowed(emit, client, name, &rendered.text).await?
-        {
-            return Ok(ServeOutcome::Finished(Ok(StopReason::EndTurn)));
+        if let Some(name) = command {
+            match self.unless_cancelled(self.command_allowed(emit, client, name, &rendered.text)).await? {
+                None => return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled))),
+                Some(false) => return Ok(ServeOutcome::Finished(Ok(StopReason::EndTurn))),
+                Some(true) => {}
+            }
         }
         // A command waits for its whole answer, so it runs beside the event loop; a prompt returns at once.
         let mut command_call = match command {
