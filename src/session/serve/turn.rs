@@ -697,6 +697,34 @@ mod tests {
     }
 
     #[test]
+    fn the_turns_agent_is_the_modes_or_the_first_primary_one_and_loose_subagents_are_found() {
+        let allow_all = json!([{"permission": "*", "pattern": "*", "action": "allow"}]);
+        let asked = json!([
+            {"permission": "*", "pattern": "*", "action": "allow"},
+            {"permission": "*", "pattern": "**", "action": "ask"},
+            {"permission": "bash", "pattern": "**", "action": "ask"},
+        ]);
+        let agents = json!([
+            {"name": "build", "mode": "primary", "permission": allow_all},
+            {"name": "compaction", "mode": "primary", "hidden": true, "permission": []},
+            {"name": "general", "mode": "subagent", "permission": asked},
+            {"name": "plan", "mode": "primary", "permission": [{"permission": "edit", "pattern": "*", "action": "deny"}]},
+        ]);
+        let (name, rules) = agent_rules(&agents, None).unwrap();
+        assert_eq!((name.as_str(), rules.len()), ("build", 1));
+        let (name, rules) = agent_rules(&agents, Some("plan")).unwrap();
+        assert_eq!((name.as_str(), rules[0].action.as_str()), ("plan", "deny"));
+        assert!(agent_rules(&agents, Some("nope")).is_err());
+        assert_eq!(unasked_subagent(&agents), None, "primary agents get the session's rules");
+        let mut loose = agents.clone();
+        loose[2]["permission"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"permission": "bash", "pattern": "*", "action": "allow"}));
+        assert_eq!(unasked_subagent(&loose).as_deref(), Some("general"));
+    }
+
+    #[test]
     fn a_templates_shell_commands_are_found_as_opencode_finds_them() {
         assert_eq!(template_shell("Status: !`git status` and !`ls -la`, not `this` or !``"), ["git status", "ls -la"]);
         assert!(template_shell("plain $ARGUMENTS, !not").is_empty());
