@@ -257,3 +257,47 @@ fn ask_asks_before_a_command_templates_shell_bwrap() {
         command_shell_asks("bwrap", "ask_command_shell_bwrap");
     }
 }
+
+/// `ask`: the workspace's own command with a shell template (the workspace's configuration, refused here) does not
+/// run its shell: the user is asked about the configuration first, and OpenCode never loads the command.
+fn project_command_shell(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    std::fs::create_dir_all(ws.join(".opencode/command")).unwrap();
+    std::fs::write(ws.join(".opencode/command/mark.md"), "SCENARIO:text !`echo x > shell-ran.txt` $ARGUMENTS\n")
+        .unwrap();
+    let mut bridge = world.start_with(world.backend_options(sandbox, "serve"));
+    let sid = bridge.new_session(&ws);
+    set_option(&mut bridge, &sid, "approvals", "ask");
+    bridge.permission_answer = Some("reject_once".into());
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "/mark now", "ask, project command shell");
+    assert!(!ws.join("shell-ran.txt").exists(), "the project command's shell ran: {:#?}", turn.updates);
+    let titles: Vec<&str> = bridge.permission_requests.iter().filter_map(|r| r["toolCall"]["title"].as_str()).collect();
+    assert_eq!(
+        titles,
+        [format!(
+            "Load this workspace's OpenCode configuration? It runs inside the agent's server: `{}` (commands, agents, \
+             skills)",
+            ws.join(".opencode").display()
+        )]
+    );
+    assert!(world.server.chats("text").is_empty(), "the command reached the model");
+    assert_end_turn(&bridge, &turn);
+    assert!(
+        turn.agent_text().contains("_/mark is not one of OpenCode's commands here (the workspace's own configuration"),
+        "{:#?}",
+        turn.updates
+    );
+}
+
+#[test]
+fn ask_never_runs_a_refused_workspace_commands_shell_none() {
+    project_command_shell("none", "ask_project_command_shell_none");
+}
+
+#[test]
+fn ask_never_runs_a_refused_workspace_commands_shell_bwrap() {
+    if bwrap_ok("ask_project_command_shell_bwrap") {
+        project_command_shell("bwrap", "ask_project_command_shell_bwrap");
+    }
+}

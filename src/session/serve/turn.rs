@@ -98,24 +98,27 @@ impl Turn<'_> {
     }
 
     /// Under `ask`, a command whose template runs shell commands (`` !`…` ``, run by OpenCode as it expands the
-    /// template, before any tool and without asking) runs only once the user allowed those commands. `false`: it
-    /// must not be sent.
+    /// template, before any tool and without asking) runs only once the user allowed those commands; a command the
+    /// server does not have is not sent at all. `false`: it must not be sent.
     async fn command_allowed(&self, emit: &Emitter, client: &Client, name: &str, arguments: &str) -> Result<bool> {
-        if options::approvals(&self.record.config) != options::APPROVALS_ASK {
-            return Ok(true);
-        }
         let listed = client.call(Method::GET, "/command", None).await.map_err(|e| Error::CliFailed {
             message: format!("OpenCode's server did not list its commands: {e}"),
             stderr_tail: String::new(),
             exit_code: None,
         })?;
-        let template = listed
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|command| command["name"] == name)
-            .and_then(|command| command["template"].as_str())
-            .unwrap_or("");
+        let Some(command) = listed.as_array().into_iter().flatten().find(|command| command["name"] == name) else {
+            // OpenCode would never answer a command it does not have (one of the workspace's, not loaded).
+            emit.send(crate::session::note(&format!(
+                "_/{name} is not one of OpenCode's commands here (the workspace's own configuration, where it \
+                 comes from, was not loaded), so it was not run._"
+            )))
+            .await?;
+            return Ok(false);
+        };
+        if options::approvals(&self.record.config) != options::APPROVALS_ASK {
+            return Ok(true);
+        }
+        let template = command["template"].as_str().unwrap_or("");
         let shell: Vec<String> = [template, arguments].iter().flat_map(|text| template_shell(text)).collect();
         if shell.is_empty() {
             return Ok(true);
