@@ -1460,3 +1460,6 @@ mod serve;
 
 #[path = "real_opencode/isolation.rs"]
 mod isolation;
+
+#[path = "real_opencode/modes.rs"]
+mod modes;

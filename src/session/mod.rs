@@ -5,6 +5,7 @@
 
 mod catalog;
 pub mod options;
+mod permissions;
 pub mod prompt;
 mod protected;
 mod remote;
@@ -158,6 +159,8 @@ pub struct Bridge {
     servers: Arc<serve::Servers>,
     /// Sessions told in this process that their OpenCode server could not start.
     fallback_told: Mutex<std::collections::HashSet<String>>,
+    /// Per session under `ask`: the workspace's OpenCode configuration the user was asked about, and the answer.
+    project_consent: Mutex<HashMap<String, (Vec<String>, bool)>>,
     /// What `--version` said, per executable.
     versions: Mutex<HashMap<PathBuf, Option<String>>>,
     version_probe: tokio::sync::Mutex<()>,
@@ -214,6 +217,7 @@ impl Bridge {
         Ok(Self {
             servers,
             fallback_told: Mutex::default(),
+            project_consent: Mutex::default(),
             versions: Mutex::default(),
             version_probe: tokio::sync::Mutex::const_new(()),
             gates: Mutex::default(),
@@ -755,18 +759,21 @@ impl Bridge {
                     bridge.opencode_for_server(&executable, &bridge.shutdown).await.map_err(|e| e.to_string())?;
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
                 let model = options::opencode_model(&record.config).map(str::to_string);
+                // Nobody is asked here, and the user may still choose `ask` before the first prompt: the workspace's
+                // own configuration (plugins, MCP servers) loads only with a turn that allows it, which restarts
+                // this server then.
+                let has_config = !crate::agents::opencode::project::loaders(Path::new(&record.cwd)).is_empty();
+                let profile = match bridge.server_profile(&record) {
+                    Ok(profile) if !has_config || profile.approvals == options::APPROVALS_ASK => profile,
+                    _ => serve::Profile {
+                        approvals: options::approvals(&record.config).to_string(),
+                        project_config: false,
+                    },
+                };
                 let warmed = bridge
                     .servers
                     .warm(&id, || {
-                        serve::start_server(
-                            &bridge,
-                            &id,
-                            AgentKind::OpenCode,
-                            sandbox,
-                            &executable,
-                            None,
-                            model.as_deref(),
-                        )
+                        serve::start_server(&bridge, &id, sandbox, &executable, None, model.as_deref(), &profile)
                     })
                     .await
                     .map_err(|e| e.to_string())?;
@@ -783,6 +790,29 @@ impl Bridge {
                 tracing::info!(session = %id, "the OpenCode server was not started ahead of the first prompt: {e}");
             }
         });
+    }
+
+    /// What the session's server is started for, when that needs nobody's answer: under `auto` (the sandbox is the
+    /// boundary) and for a workspace without OpenCode configuration of its own the workspace's configuration loads;
+    /// under `ask` it loads once the user allowed what it is now. Else `Err` with what it is, to ask about.
+    fn server_profile(&self, record: &SessionRecord) -> std::result::Result<serve::Profile, Vec<String>> {
+        let approvals = options::approvals(&record.config).to_string();
+        if approvals != options::APPROVALS_ASK {
+            return Ok(serve::Profile { approvals, project_config: true });
+        }
+        let items = crate::agents::opencode::project::loaders(Path::new(&record.cwd));
+        if items.is_empty() {
+            return Ok(serve::Profile { approvals, project_config: true });
+        }
+        match self.project_consent.lock().unwrap_or_else(|p| p.into_inner()).get(&record.id) {
+            Some((asked, allowed)) if *asked == items => Ok(serve::Profile { approvals, project_config: *allowed }),
+            _ => Err(items),
+        }
+    }
+
+    /// Records the user's answer about the workspace's configuration `items`.
+    fn consent_to_project(&self, session: &str, items: Vec<String>, allowed: bool) {
+        self.project_consent.lock().unwrap_or_else(|p| p.into_inner()).insert(session.to_string(), (items, allowed));
     }
 
     /// The session's sandbox: reconnected when it exists, created (and persisted) otherwise.

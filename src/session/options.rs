@@ -92,7 +92,7 @@ fn specs(agent: AgentKind, session_config: &Value, config: &Config, models: &[Mo
                     category: None,
                     choices: vec![
                         (APPROVALS_AUTO.into(), "Auto (the sandbox is the boundary)".into()),
-                        (APPROVALS_ASK.into(), "Ask before edits and commands".into()),
+                        (APPROVALS_ASK.into(), "Ask before anything that edits or runs".into()),
                     ],
                     current: approvals(session_config).to_string(),
                 });
@@ -105,12 +105,12 @@ fn specs(agent: AgentKind, session_config: &Value, config: &Config, models: &[Mo
 /// OpenCode's primary agents offered as the session's mode: (id, name, description).
 pub const OPENCODE_MODES: &[(&str, &str, &str)] = &[
     ("build", "Build", "Edits files and runs commands"),
-    ("plan", "Plan", "Reads and plans; asks before it edits or runs anything"),
+    ("plan", "Plan", "Reads and plans; never edits, and runs commands only when you allow them (Approvals: Ask)"),
 ];
 
 /// Every tool runs without asking: the sandbox is the boundary.
 pub const APPROVALS_AUTO: &str = "auto";
-/// OpenCode asks (through the editor) before edits, commands and fetches.
+/// OpenCode asks (through the editor) before every tool but reading, searching and planning.
 pub const APPROVALS_ASK: &str = "ask";
 
 /// The session's approvals setting.

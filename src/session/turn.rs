@@ -371,8 +371,10 @@ impl Turn<'_> {
         let mut native_id = self.record.native_id.clone();
         // A session whose server could not start runs `run` for the rest of this bridge's life: every prompt
         // would otherwise wait for another failing start.
+        // Under `ask` there is no falling back: `run` cannot ask.
         let mut serve = self.bridge.serves(&self.record)
-            && !self.bridge.fallback_told.lock().unwrap_or_else(|p| p.into_inner()).contains(&self.record.id);
+            && (options::approvals(&self.record.config) == options::APPROVALS_ASK
+                || !self.bridge.fallback_told.lock().unwrap_or_else(|p| p.into_inner()).contains(&self.record.id));
         loop {
             if self.cancel.is_cancelled() {
                 return Ok(StopReason::Cancelled);
@@ -385,6 +387,18 @@ impl Turn<'_> {
                     ServeOutcome::Finished(result) => Attempt::Finished(result),
                     ServeOutcome::ConversationMissing => Attempt::ConversationMissing,
                     ServeOutcome::Unavailable(why) => {
+                        if options::approvals(&self.record.config) == options::APPROVALS_ASK {
+                            // `opencode run` cannot ask: it would run every tool the user wanted to be asked about.
+                            return Err(Error::CliFailed {
+                                message: format!(
+                                    "OpenCode's server could not start, and `opencode run` cannot ask before a tool \
+                                     runs, so this prompt was not run (Approvals: Ask): {}",
+                                    super::first_line(&why)
+                                ),
+                                stderr_tail: String::new(),
+                                exit_code: None,
+                            });
+                        }
                         serve = false;
                         tracing::warn!(session = %self.record.id, "running `opencode run` instead of the server: {why}");
                         let first = self
@@ -587,12 +601,19 @@ impl Turn<'_> {
             files: &files,
             command,
         };
-        let env = cli_environment(
+        let mut env = cli_environment(
             self.agent,
             sandbox.state_dir(),
             self.credential.as_ref(),
             &self.bridge.env_names(self.agent, self.model.as_ref().map(|m| m.id.as_str())),
         );
+        if self.agent == AgentKind::OpenCode {
+            // `run` takes no session rules: plan mode's are the configuration's, for every agent of the turn.
+            let plan = options::opencode_agent(config) == Some("plan");
+            super::permissions::set_env(&mut env, "OPENCODE_PERMISSION", |user| {
+                super::permissions::run_permission(plan, user)
+            });
+        }
         let spec = ExecSpec {
             stdin: rendered.text.clone().into_bytes(),
             ..super::cli_spec(self.bridge.config(), self.agent, executable, sandbox, env, self.agent.args(&request))

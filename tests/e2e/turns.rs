@@ -653,6 +653,34 @@ fn an_opencode_server_that_cannot_start_makes_the_session_run_opencode_run_and_s
 }
 
 #[test]
+fn with_ask_approvals_an_opencode_server_that_cannot_start_fails_the_prompt_instead_of_running_opencode_run() {
+    let dirs = TestDirs::new("serve-no-fallback-under-ask");
+    let ws = dirs.workspace("ws");
+    let mut bridge =
+        Bridge::start(BridgeOptions::new("opencode", &dirs.data).env("ACP_SANDBOX_OPENCODE_BACKEND", "serve"));
+    let sid = bridge.new_session(&ws);
+    let set =
+        bridge.request("session/set_config_option", json!({"sessionId": sid, "configId": "approvals", "value": "ask"}));
+    assert!(set.is_ok(), "{set:?}");
+    for _ in 0..2 {
+        let turn = bridge.prompt(&sid, "Say hello");
+        let error = turn.result.expect_err("`run` cannot ask: the prompt must fail");
+        assert!(
+            error.message.starts_with(
+                "OpenCode's server could not start, and `opencode run` cannot ask before a tool runs, so this prompt \
+                 was not run (Approvals: Ask): "
+            ),
+            "{error}"
+        );
+        assert!(
+            invocations(&ws).iter().all(|call| call.argv()[0] != "run"),
+            "`opencode run` ran: {:?}",
+            invocations(&ws)
+        );
+    }
+}
+
+#[test]
 fn an_opencode_2_named_by_opencode_bin_is_refused_naming_its_version_and_the_setting() {
     let dirs = TestDirs::new("opencode-2");
     let ws = dirs.workspace("ws");

@@ -7,7 +7,8 @@ Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until 
 `POST /v1/chat/completions` answers a stream of SSE chunks (`delta.content`, `delta.reasoning_content`,
 `delta.tool_calls` with the arguments streamed in pieces, a last chunk with `usage`, then `data: [DONE]`).
 Scenarios: text, followup, tools, review (edit, write, rm), hostilereview (NUL, invalid UTF-8, rm, mv, ln, setuid),
-linkfile:<1|2> (a link to the path in .victim, then a file in its place), readback (read notes.txt), todo, reasoning, longbash:<n>, attack, error, tokens:<n> (n pieces 200 ms
+linkfile:<1|2> (a link to the path in .victim, then a file in its place), planedit (write, edit, bash),
+subagent (a task whose subagent runs childbash), readback (read notes.txt), todo, reasoning, longbash:<n>, attack, error, tokens:<n> (n pieces 200 ms
 apart), livebash:<n> (a bash tool printing a line a second). The script is picked by a marker `SCENARIO:<name>[:<arg>]` in the last user message; the step is the number of
 assistant messages after that user message, so a tool loop advances one step per model call. A request without
 `tools` is OpenCode's title generator and gets a fixed short title. Every request is appended to FILE as one JSON
@@ -100,6 +101,24 @@ def script(scenario, arg, step):
             command = 'ln -s "$(cat .victim)" p' if arg == "1" else "rm p && echo evil > p"
             return [tool("bash", {"command": command, "description": "Link, then write"})]
         return [say("LINKFILE-DONE")]
+    if scenario == "planedit":
+        # Plan mode: a new file, an edit of an existing one, a command; each must be refused.
+        steps = [
+            [tool("write", {"filePath": "new.txt", "content": "written in plan mode\n"})],
+            [tool("edit", {"filePath": "notes.txt", "oldString": "line one", "newString": "edited in plan mode"})],
+            [tool("bash", {"command": "echo ran > ran.txt", "description": "Write ran.txt"})],
+        ]
+        return steps[step] if step < len(steps) else [say("PLANEDIT-DONE")]
+    if scenario == "subagent":
+        # A subagent (the task tool) whose own session runs a command: scenario childbash.
+        if step == 0:
+            return [tool("task", {"description": "Run a command", "subagent_type": "general",
+                                  "prompt": "SCENARIO:childbash run the command"})]
+        return [say("SUBAGENT-DONE")]
+    if scenario == "childbash":
+        if step == 0:
+            return [tool("bash", {"command": "echo child > child-ran.txt", "description": "Write child-ran.txt"})]
+        return [say("CHILDBASH-DONE")]
     if scenario == "readback":
         # Reads notes.txt: the next request carries what the agent saw.
         if step == 0:

@@ -6,6 +6,7 @@
 
 pub mod catalog;
 pub mod events;
+pub mod project;
 pub mod providers;
 pub mod serve;
 pub mod translate;

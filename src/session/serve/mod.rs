@@ -57,8 +57,11 @@ pub struct Server {
     last_used: Mutex<Instant>,
     /// A turn is using it: never stopped for idleness or for room.
     busy: std::sync::atomic::AtomicBool,
-    /// The approvals rules last given to each OpenCode session of this server.
-    pub(super) permissions: Mutex<HashMap<String, String>>,
+    /// What each OpenCode session of this server last got rules for ("approvals mode"), and the agent they were
+    /// composed with.
+    pub(super) permissions: Mutex<HashMap<String, (String, String)>>,
+    /// What it was started for ([`Profile::key`]): a turn that wants another starts a fresh server.
+    profile: String,
     /// Where the server's event stream goes: the running turn's receiver, if any. One stream, opened when the
     /// server became ready, saves every turn a subscription.
     listener: Arc<Mutex<Option<mpsc::UnboundedSender<String>>>>,
@@ -145,8 +148,27 @@ impl Drop for Lease {
 pub struct Started {
     /// The process.
     pub process: RunningProcess,
+    /// What it was started for ([`Profile::key`]).
+    pub profile: String,
     /// Its password.
     pub password: String,
+}
+
+/// What a server is started for: the session's approvals, and whether the workspace's own OpenCode configuration
+/// (`.opencode/`, `opencode.json`: plugins, custom tools, MCP servers, commands) is loaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Profile {
+    /// `auto` or `ask`.
+    pub approvals: String,
+    /// Whether the workspace's configuration loads (`OPENCODE_DISABLE_PROJECT_CONFIG` when not).
+    pub project_config: bool,
+}
+
+impl Profile {
+    /// How a running server's profile is compared.
+    pub fn key(&self) -> String {
+        format!("{} {}", self.approvals, if self.project_config { "project" } else { "no-project" })
+    }
 }
 
 /// The warm servers of one bridge.
@@ -202,12 +224,12 @@ impl Servers {
 
     /// The session's server for one turn: the running one, or one started by `start` (once, however many ask at
     /// the same time). Makes room first when `max` servers run.
-    pub async fn lease<F, Fut>(&self, session: &str, start: F) -> Result<Lease, ServeError>
+    pub async fn lease<F, Fut>(&self, session: &str, profile: &str, start: F) -> Result<Lease, ServeError>
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Started, ServeError>>,
     {
-        let server = self.get_or_start(session, start).await?;
+        let server = self.get_or_start(session, Some(profile), start).await?;
         server.busy.store(true, std::sync::atomic::Ordering::SeqCst);
         server.touch();
         Ok(Lease(server))
@@ -219,10 +241,16 @@ impl Servers {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Started, ServeError>>,
     {
-        self.get_or_start(session, start).await
+        self.get_or_start(session, None, start).await
     }
 
-    async fn get_or_start<F, Fut>(&self, session: &str, start: F) -> Result<Arc<Server>, ServeError>
+    /// The running server when it was started for `profile` (any, for `None`); else a fresh one.
+    async fn get_or_start<F, Fut>(
+        &self,
+        session: &str,
+        profile: Option<&str>,
+        start: F,
+    ) -> Result<Arc<Server>, ServeError>
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Started, ServeError>>,
@@ -233,7 +261,13 @@ impl Servers {
         };
         let _one = gate.lock().await;
         if let Some(server) = self.get(session) {
-            return Ok(server);
+            if profile.is_none_or(|profile| profile == server.profile) {
+                return Ok(server);
+            }
+            // Approvals or the workspace's configuration changed what the server may load or do without asking:
+            // what it loaded at its start (plugins, MCP servers) and its configured rules go with it.
+            tracing::info!(session, from = %server.profile, to = profile.unwrap_or(""), "restarting the OpenCode server");
+            self.stop(session).await;
         }
         self.make_room().await;
         let started = start().await?;
@@ -306,7 +340,7 @@ const START_LIMIT: Duration = Duration::from_secs(120);
 
 /// Supervises a started server and waits until it answers.
 async fn ready(started: Started) -> Result<Server, ServeError> {
-    let Started { mut process, password } = started;
+    let Started { mut process, password, profile } = started;
     let Some(door) = process.door.take() else {
         return Err(ServeError::Start("the sandbox made no door to the server".into()));
     };
@@ -403,6 +437,7 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
         last_used: Mutex::new(Instant::now()),
         busy: false.into(),
         permissions: Mutex::default(),
+        profile,
     })
 }
 

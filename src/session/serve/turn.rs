@@ -12,12 +12,13 @@ use hyper::Method;
 use serde_json::{Value, json};
 
 use super::client::{Client, ClientError};
-use super::{Servers, Started};
+use super::{Profile, Servers, Started};
 use crate::agents::opencode::serve::ServeTranslator;
 use crate::agents::{Output, PermissionAsk, StreamEnd, Translator, TurnEnd};
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::session::options;
+use crate::session::permissions::{self, Rule};
 use crate::session::prompt::RenderedPrompt;
 use crate::session::turn::{Emitter, Turn, cli_environment, ends_a_tool};
 
@@ -37,38 +38,113 @@ const SETTLE: Duration = Duration::from_millis(500);
 /// How long OpenCode gets to go idle after an abort before its server is killed.
 const ABORT_GRACE: Duration = Duration::from_secs(1);
 
-/// The approvals rules given to OpenCode: `auto` lets every tool run (the sandbox is the boundary, as with `run
-/// --auto`); `ask` asks before edits, commands and fetches.
-fn permission_rules(approvals: &str) -> Value {
-    match approvals {
-        options::APPROVALS_ASK => json!([
-            {"permission": "*", "pattern": "*", "action": "allow"},
-            {"permission": "edit", "pattern": "*", "action": "ask"},
-            {"permission": "bash", "pattern": "*", "action": "ask"},
-            {"permission": "webfetch", "pattern": "*", "action": "ask"},
-            {"permission": "external_directory", "pattern": "*", "action": "ask"},
-        ]),
-        _ => json!([{"permission": "*", "pattern": "*", "action": "allow"}]),
-    }
-}
-
 impl Turn<'_> {
     /// Starts the session's server in its sandbox (the pool calls this when none runs).
     async fn start_server(
         &self,
         sandbox: Arc<dyn Sandbox>,
         executable: PathBuf,
+        profile: &Profile,
     ) -> std::result::Result<Started, super::ServeError> {
         start_server(
             self.bridge,
             &self.record.id,
-            self.agent,
             sandbox,
             &executable,
             self.credential.as_ref(),
             self.model.as_ref().map(|m| m.id.as_str()),
+            profile,
         )
         .await
+    }
+
+    /// What the session's server must be started for. Under `ask`, a workspace with OpenCode configuration of its
+    /// own (plugins, custom tools, MCP servers: code the server would load) is asked about once, before anything
+    /// of it loads; refused, the server starts without it and the user is told.
+    async fn profile(&self, emit: &Emitter) -> Result<Profile> {
+        let items = match self.bridge.server_profile(&self.record) {
+            Ok(profile) => return Ok(profile),
+            Err(items) => items,
+        };
+        let title = format!(
+            "Load this workspace's OpenCode configuration? It runs inside the agent's server: {}",
+            items.join("; ")
+        );
+        let options = vec![
+            PermissionOption::new("once", "Load it for this session", PermissionOptionKind::AllowOnce),
+            PermissionOption::new("reject", "Start without it", PermissionOptionKind::RejectOnce),
+        ];
+        let card = agent_client_protocol::v1::schema::ToolCallUpdate::new(
+            format!("workspace-config-{}", emit.turn_id),
+            agent_client_protocol::v1::schema::ToolCallUpdateFields::new().title(title),
+        );
+        let request = RequestPermissionRequest::new(self.record.id.clone(), card, options);
+        let allowed = matches!(
+            self.sink.request_permission(request).await,
+            Some(RequestPermissionOutcome::Selected(selected)) if selected.option_id.0.as_ref() == "once"
+        );
+        tracing::info!(session = %self.record.id, allowed, items = ?items, "the workspace's OpenCode configuration");
+        if !allowed {
+            emit.send(crate::session::note(&format!(
+                "_OpenCode runs without this workspace's own configuration (`.opencode/`, `opencode.json`): {} \
+                 {} not loaded, nor its commands and instructions. Approvals: Auto loads it._",
+                items.join("; "),
+                if items.len() == 1 { "is" } else { "are" }
+            )))
+            .await?;
+        }
+        self.bridge.consent_to_project(&self.record.id, items, allowed);
+        Ok(Profile { approvals: options::approvals(&self.record.config).to_string(), project_config: allowed })
+    }
+
+    /// Under `ask`, a command whose template runs shell commands (`` !`…` ``, run by OpenCode as it expands the
+    /// template, before any tool and without asking) runs only once the user allowed those commands; a command the
+    /// server does not have is not sent at all. `false`: it must not be sent.
+    async fn command_allowed(&self, emit: &Emitter, client: &Client, name: &str, arguments: &str) -> Result<bool> {
+        let listed = client.call(Method::GET, "/command", None).await.map_err(|e| Error::CliFailed {
+            message: format!("OpenCode's server did not list its commands: {e}"),
+            stderr_tail: String::new(),
+            exit_code: None,
+        })?;
+        let Some(command) = listed.as_array().into_iter().flatten().find(|command| command["name"] == name) else {
+            // OpenCode would never answer a command it does not have (one of the workspace's, not loaded).
+            emit.send(crate::session::note(&format!(
+                "_/{name} is not one of OpenCode's commands here (the workspace's own configuration, where it \
+                 comes from, was not loaded), so it was not run._"
+            )))
+            .await?;
+            return Ok(false);
+        };
+        if options::approvals(&self.record.config) != options::APPROVALS_ASK {
+            return Ok(true);
+        }
+        let template = command["template"].as_str().unwrap_or("");
+        let shell: Vec<String> = [template, arguments].iter().flat_map(|text| template_shell(text)).collect();
+        if shell.is_empty() {
+            return Ok(true);
+        }
+        let title = format!(
+            "/{name} runs shell commands first: {}",
+            shell.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(", ")
+        );
+        let options = vec![
+            PermissionOption::new("once", "Allow once", PermissionOptionKind::AllowOnce),
+            PermissionOption::new("reject", "Reject", PermissionOptionKind::RejectOnce),
+        ];
+        let card = agent_client_protocol::v1::schema::ToolCallUpdate::new(
+            format!("command-shell-{}", emit.turn_id),
+            agent_client_protocol::v1::schema::ToolCallUpdateFields::new().title(title),
+        );
+        let request = RequestPermissionRequest::new(self.record.id.clone(), card, options);
+        let allowed = matches!(
+            self.sink.request_permission(request).await,
+            Some(RequestPermissionOutcome::Selected(selected)) if selected.option_id.0.as_ref() == "once"
+        );
+        if !allowed {
+            emit.send(crate::session::note(&format!("_/{name} was not run: its shell commands were rejected._")))
+                .await?;
+        }
+        Ok(allowed)
     }
 
     pub(in crate::session) async fn serve_attempt(
@@ -81,10 +157,15 @@ impl Turn<'_> {
         rendered: &RenderedPrompt,
     ) -> Result<ServeOutcome> {
         let servers: &Servers = &self.bridge.servers;
+        let Some(profile) = self.unless_cancelled(self.profile(emit)).await? else {
+            return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled)));
+        };
+        let start = || self.start_server(sandbox.clone(), executable.to_path_buf(), &profile);
+        let key = profile.key();
         let lease = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled))),
-            lease = servers.lease(&self.record.id, || self.start_server(sandbox.clone(), executable.to_path_buf())) => lease,
+            lease = servers.lease(&self.record.id, &key, start) => lease,
         };
         let lease = match lease {
             Ok(lease) => lease,
@@ -112,15 +193,43 @@ impl Turn<'_> {
             None => conversation(self.bridge, &self.record.id, client).await?.map_err(failed)?,
         };
         let approvals = options::approvals(&self.record.config);
-        let rules = permission_rules(approvals);
+        let mode = options::opencode_agent(&self.record.config);
+        let wanted = format!("{approvals} {}", mode.unwrap_or(""));
         let applied = server.permissions.lock().unwrap_or_else(|p| p.into_inner()).get(&ses).cloned();
-        if applied.as_deref() != Some(approvals) {
-            client
-                .call(Method::PATCH, &format!("/session/{ses}"), Some(&json!({ "permission": rules })))
-                .await
-                .map_err(failed)?;
-            server.permissions.lock().unwrap_or_else(|p| p.into_inner()).insert(ses.clone(), approvals.to_string());
-        }
+        let agent = match applied {
+            Some((key, agent)) if key == wanted => agent,
+            _ => {
+                let agents = client.call(Method::GET, "/agent", None).await.map_err(failed)?;
+                let (agent, own) = agent_rules(&agents, mode)
+                    .map_err(|why| failed(ClientError::Invalid { what: "GET /agent".into(), why }))?;
+                if approvals == options::APPROVALS_ASK
+                    && let Some(loose) = unasked_subagent(&agents)
+                {
+                    return Err(Error::CliFailed {
+                        message: format!(
+                            "{} would let its subagent {loose} edit or run commands without asking, so this turn was \
+                             not started: its `permission` configuration allows them after the approvals' rules",
+                            self.agent.display_name()
+                        ),
+                        stderr_tail: String::new(),
+                        exit_code: None,
+                    });
+                }
+                let rules =
+                    permissions::session_rules(&permissions::bridge_rules(approvals, mode == Some("plan")), &own);
+                tracing::debug!(session = %self.record.id, agent = %agent, rules = rules.len(), "the session's rules");
+                client
+                    .call(Method::PATCH, &format!("/session/{ses}"), Some(&json!({ "permission": rules })))
+                    .await
+                    .map_err(failed)?;
+                server
+                    .permissions
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(ses.clone(), (wanted, agent.clone()));
+                agent
+            }
+        };
 
         tracing::debug!(session = %self.record.id, "server turn: conversation and rules ready");
         // Review mode: the server works on the copy (bound where the workspace is, so a warm server sees each
@@ -143,8 +252,14 @@ impl Turn<'_> {
         if let Some(variant) = options::opencode_variant(&self.record.config) {
             body["variant"] = json!(variant);
         }
-        if let Some(agent) = options::opencode_agent(&self.record.config) {
-            body["agent"] = json!(agent);
+        // The agent whose rules the session's were composed with, also when the mode is OpenCode's default.
+        body["agent"] = json!(agent);
+        if let Some(name) = command {
+            match self.unless_cancelled(self.command_allowed(emit, client, name, &rendered.text)).await? {
+                None => return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled))),
+                Some(false) => return Ok(ServeOutcome::Finished(Ok(StopReason::EndTurn))),
+                Some(true) => {}
+            }
         }
         // A command waits for its whole answer, so it runs beside the event loop; a prompt returns at once.
         let mut command_call = match command {
@@ -430,13 +545,14 @@ pub(in crate::session) async fn conversation(
 pub(in crate::session) async fn start_server(
     bridge: &crate::session::Bridge,
     session: &str,
-    agent: crate::agents::AgentKind,
     sandbox: Arc<dyn Sandbox>,
     executable: &Path,
     credential: Option<&(&'static str, String)>,
     model: Option<&str>,
+    profile: &Profile,
 ) -> std::result::Result<Started, super::ServeError> {
     let password = Servers::password();
+    let agent = crate::agents::AgentKind::OpenCode;
     let mut env = cli_environment(agent, sandbox.state_dir(), credential, &bridge.env_names(agent, model));
     env.retain(|(name, _)| name != "OPENCODE_SERVER_PASSWORD" && name != "OPENCODE_SERVER_USERNAME");
     env.push(("OPENCODE_SERVER_PASSWORD".into(), password.clone()));
@@ -447,6 +563,12 @@ pub(in crate::session) async fn start_server(
         .await
         .map_err(|e| super::ServeError::Start(format!("its guard plugin: {e}")))?;
     super::guard::add_plugin(&mut env, &guard).map_err(super::ServeError::Start)?;
+    permissions::set_env(&mut env, "OPENCODE_PERMISSION", |user| {
+        permissions::server_permission(&profile.approvals, user)
+    });
+    if !profile.project_config {
+        permissions::set_env(&mut env, "OPENCODE_DISABLE_PROJECT_CONFIG", |_| Some("1".into()));
+    }
     let port = Servers::port(bridge.private_network());
     let spec = crate::sandbox::ExecSpec {
         serve_port: Some(port),
@@ -454,7 +576,7 @@ pub(in crate::session) async fn start_server(
     };
     tracing::info!(session, program = %spec.program.display(), args = ?spec.args, "starting the OpenCode server");
     let process = sandbox.exec(spec).await.map_err(|e| super::ServeError::Start(e.to_string()))?;
-    Ok(Started { process, password })
+    Ok(Started { process, password, profile: profile.key() })
 }
 
 /// The prompt as OpenCode's message parts: its text and its images (as data URLs, so no file is written).
@@ -477,6 +599,52 @@ fn parts(rendered: &RenderedPrompt, command: bool) -> Value {
         );
     }
     Value::Array(parts)
+}
+
+/// The agent a turn runs (the mode's, else OpenCode's default: the first primary agent `GET /agent` lists) and its
+/// own rules.
+fn agent_rules(agents: &Value, mode: Option<&str>) -> std::result::Result<(String, Vec<Rule>), String> {
+    let list = agents.as_array().ok_or("not a list")?;
+    let agent = list
+        .iter()
+        .find(|agent| match mode {
+            Some(mode) => agent["name"] == mode,
+            None => agent["mode"] != "subagent" && agent["hidden"] != true,
+        })
+        .ok_or_else(|| format!("no agent {}", mode.unwrap_or("to run")))?;
+    let name = agent["name"].as_str().ok_or("an agent without a name")?.to_string();
+    let rules = serde_json::from_value(agent["permission"].clone()).map_err(|e| format!("{name}'s rules: {e}"))?;
+    Ok((name, rules))
+}
+
+/// A subagent that could still edit or run a command without asking (its rules after the server's own, which
+/// under `ask` make every agent ask): the name of the first one.
+fn unasked_subagent(agents: &Value) -> Option<String> {
+    agents.as_array()?.iter().filter(|agent| agent["mode"] != "primary").find_map(|agent| {
+        let rules: Vec<Rule> = serde_json::from_value(agent["permission"].clone()).ok()?;
+        let decides = |permission: &str| {
+            rules.iter().rev().find(|rule| permissions::matches(permission, "x", rule)).map(|rule| rule.action.as_str())
+        };
+        ["edit", "bash"]
+            .iter()
+            .any(|tool| decides(tool) == Some("allow"))
+            .then(|| agent["name"].as_str().unwrap_or("?").to_string())
+    })
+}
+
+/// The shell commands of a command template (`` !`…` ``), which OpenCode runs as it expands the template.
+fn template_shell(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("!`") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('`') else { break };
+        if end > 0 {
+            found.push(after[..end].to_string());
+        }
+        rest = &after[end + 1..];
+    }
+    found
 }
 
 /// A permission request of another OpenCode session of this server (a subagent's child session), which the
@@ -546,17 +714,38 @@ mod tests {
     }
 
     #[test]
-    fn approvals_rules_allow_everything_or_ask_before_edits_and_commands() {
-        assert_eq!(permission_rules("auto"), json!([{"permission": "*", "pattern": "*", "action": "allow"}]));
-        let ask = permission_rules("ask");
-        let asked: Vec<&str> = ask
-            .as_array()
+    fn the_turns_agent_is_the_modes_or_the_first_primary_one_and_loose_subagents_are_found() {
+        let allow_all = json!([{"permission": "*", "pattern": "*", "action": "allow"}]);
+        let asked = json!([
+            {"permission": "*", "pattern": "*", "action": "allow"},
+            {"permission": "*", "pattern": "**", "action": "ask"},
+            {"permission": "bash", "pattern": "**", "action": "ask"},
+        ]);
+        let agents = json!([
+            {"name": "build", "mode": "primary", "permission": allow_all},
+            {"name": "compaction", "mode": "primary", "hidden": true, "permission": []},
+            {"name": "general", "mode": "subagent", "permission": asked},
+            {"name": "plan", "mode": "primary", "permission": [{"permission": "edit", "pattern": "*", "action": "deny"}]},
+        ]);
+        let (name, rules) = agent_rules(&agents, None).unwrap();
+        assert_eq!((name.as_str(), rules.len()), ("build", 1));
+        let (name, rules) = agent_rules(&agents, Some("plan")).unwrap();
+        assert_eq!((name.as_str(), rules[0].action.as_str()), ("plan", "deny"));
+        assert!(agent_rules(&agents, Some("nope")).is_err());
+        assert_eq!(unasked_subagent(&agents), None, "primary agents get the session's rules");
+        let mut loose = agents.clone();
+        loose[2]["permission"]
+            .as_array_mut()
             .unwrap()
-            .iter()
-            .filter(|rule| rule["action"] == "ask")
-            .map(|rule| rule["permission"].as_str().unwrap())
-            .collect();
-        assert_eq!(asked, ["edit", "bash", "webfetch", "external_directory"]);
+            .push(json!({"permission": "bash", "pattern": "*", "action": "allow"}));
+        assert_eq!(unasked_subagent(&loose).as_deref(), Some("general"));
+    }
+
+    #[test]
+    fn a_templates_shell_commands_are_found_as_opencode_finds_them() {
+        assert_eq!(template_shell("Status: !`git status` and !`ls -la`, not `this` or !``"), ["git status", "ls -la"]);
+        assert!(template_shell("plain $ARGUMENTS, !not").is_empty());
+        assert!(template_shell("!`unclosed").is_empty());
     }
 
     #[test]
