@@ -758,6 +758,11 @@ impl Bridge {
                 let (executable, _) =
                     bridge.opencode_for_server(&executable, &bridge.shutdown).await.map_err(|e| e.to_string())?;
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
+                if options::approvals(&record.config) == options::APPROVALS_ASK
+                    && !crate::agents::opencode::project::agent_written(sandbox.state_dir()).is_empty()
+                {
+                    return Err("the agent wrote plugins or tools into its own OpenCode configuration".into());
+                }
                 let model = options::opencode_model(&record.config).map(str::to_string);
                 // Nobody is asked here, and the user may still choose `ask` before the first prompt: the workspace's
                 // own configuration (plugins, MCP servers) loads only with a turn that allows it, which restarts

@@ -301,3 +301,56 @@ fn ask_never_runs_a_refused_workspace_commands_shell_bwrap() {
         project_command_shell("bwrap", "ask_project_command_shell_bwrap");
     }
 }
+
+/// `ask`: a plugin that a tool wrote (under `auto`) into the agent's own OpenCode configuration is never loaded by
+/// a server started for `ask`: the prompt is refused, naming it, and the plugin never runs.
+fn planted_plugin_refused(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let ran = ws.join("plugin-ran.txt");
+    let plugin = format!(
+        "import fs from 'fs';\nexport const Planted = async () => {{ fs.writeFileSync({:?}, 'ran'); return {{}}; }};\n",
+        ran.display().to_string()
+    );
+    let attack = format!(
+        "import os\nd = os.path.join(os.environ['XDG_CONFIG_HOME'], 'opencode', 'plugin')\nos.makedirs(d, exist_ok=True)\n\
+         open(os.path.join(d, 'planted.js'), 'w').write({plugin:?})\n"
+    );
+    std::fs::write(ws.join(".attack.py"), attack).unwrap();
+    let mut bridge = world.start_with(world.backend_options(sandbox, "serve"));
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:attack plant a plugin", "auto, plant");
+    assert_end_turn(&bridge, &turn);
+    let planted = world.data.join("sessions").join(&sid).join("config/opencode/plugin/planted.js");
+    assert!(planted.is_file(), "the tool did not plant {}", planted.display());
+    set_option(&mut bridge, &sid, "approvals", "ask");
+    let id = bridge.send_prompt(&sid, "SCENARIO:text hello");
+    let refused = bridge.wait_response_within(id, Duration::from_secs(120));
+    let message = match refused {
+        Some(Err(error)) => error.message,
+        other => bridge.fail(&format!("expected the ask prompt to be refused, got {other:?}")),
+    };
+    assert_eq!(
+        message,
+        format!(
+            "With Approvals: Ask, OpenCode is not started: the agent wrote plugins or tools into its own OpenCode \
+             configuration, which OpenCode would load without asking: `{}`. Look at them and delete them (they are \
+             the agent's, not yours), or choose Approvals: Auto.",
+            planted.display()
+        )
+    );
+    assert!(!ran.exists(), "the planted plugin ran");
+    assert!(world.server.chats("text").is_empty(), "the refused prompt reached the model");
+}
+
+#[test]
+fn ask_never_loads_a_plugin_a_tool_planted_in_the_agents_own_config_none() {
+    planted_plugin_refused("none", "ask_planted_plugin_none");
+}
+
+#[test]
+fn ask_never_loads_a_plugin_a_tool_planted_in_the_agents_own_config_bwrap() {
+    if bwrap_ok("ask_planted_plugin_bwrap") {
+        planted_plugin_refused("bwrap", "ask_planted_plugin_bwrap");
+    }
+}

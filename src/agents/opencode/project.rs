@@ -58,6 +58,24 @@ fn searched(workspace: &Path) -> Vec<PathBuf> {
     dirs
 }
 
+/// Code the agent itself left where OpenCode loads the user's own global plugins and tools: the session's
+/// `XDG_CONFIG_HOME/opencode` and `HOME/.opencode` in its state dir `state`, which the sandbox can write. The
+/// user's own entries are bound (bubblewrap) or linked (no sandbox) there whole, so a file of the state dir itself
+/// under `plugin/` or `tool/` was written by a tool; the next server would load it without asking.
+pub fn agent_written(state: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for root in [state.join("config/opencode"), state.join("home/.opencode")] {
+        for sub in ["plugin", "plugins", "tool", "tools"] {
+            let dir = root.join(sub);
+            // A link is the user's own entry (`--sandbox none` links them); only a directory of the state dir counts.
+            if std::fs::symlink_metadata(&dir).is_ok_and(|meta| meta.is_dir()) {
+                found.extend(files(&dir));
+            }
+        }
+    }
+    found
+}
+
 /// The regular files of a directory, sorted.
 fn files(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
@@ -97,6 +115,25 @@ fn config_items(path: &Path, items: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plugins_and_tools_the_agent_wrote_into_its_own_config_are_found_and_the_users_linked_ones_are_not() {
+        let root = tempfile::tempdir().unwrap();
+        let state = root.path().join("state");
+        let users = root.path().join("users-plugins");
+        std::fs::create_dir_all(&users).unwrap();
+        std::fs::write(users.join("mine.js"), "").unwrap();
+        std::fs::create_dir_all(state.join("config/opencode/tool")).unwrap();
+        std::fs::create_dir_all(state.join("home/.opencode/plugins")).unwrap();
+        std::fs::write(state.join("config/opencode/tool/evil.ts"), "").unwrap();
+        std::fs::write(state.join("home/.opencode/plugins/evil.js"), "").unwrap();
+        std::os::unix::fs::symlink(&users, state.join("config/opencode/plugin")).unwrap();
+        assert_eq!(
+            agent_written(&state),
+            [state.join("config/opencode/tool/evil.ts"), state.join("home/.opencode/plugins/evil.js")]
+        );
+        assert_eq!(agent_written(&root.path().join("nowhere")), Vec::<PathBuf>::new());
+    }
 
     #[test]
     fn plugins_tools_mcp_servers_and_settings_are_named() {

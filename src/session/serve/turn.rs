@@ -22,6 +22,22 @@ use crate::session::permissions::{self, Rule};
 use crate::session::prompt::RenderedPrompt;
 use crate::session::turn::{Emitter, Turn, cli_environment, ends_a_tool};
 
+/// Under `ask`, no server starts while plugins or tools that a tool wrote into the agent's own OpenCode
+/// configuration are there: they would run inside the server unasked (and could answer its permission requests).
+fn refuse_agent_written_config(state: &Path) -> Result<()> {
+    let found = crate::agents::opencode::project::agent_written(state);
+    if found.is_empty() {
+        return Ok(());
+    }
+    let paths: Vec<String> = found.iter().map(|path| format!("`{}`", path.display())).collect();
+    Err(Error::CliUnavailable(format!(
+        "With Approvals: Ask, OpenCode is not started: the agent wrote plugins or tools into its own OpenCode \
+         configuration, which OpenCode would load without asking: {}. Look at them and delete them (they are the \
+         agent's, not yours), or choose Approvals: Auto.",
+        paths.join(", ")
+    )))
+}
+
 /// How a turn through the server ended.
 pub enum ServeOutcome {
     /// The turn is over.
@@ -157,6 +173,9 @@ impl Turn<'_> {
         rendered: &RenderedPrompt,
     ) -> Result<ServeOutcome> {
         let servers: &Servers = &self.bridge.servers;
+        if options::approvals(&self.record.config) == options::APPROVALS_ASK {
+            refuse_agent_written_config(sandbox.state_dir())?;
+        }
         let Some(profile) = self.unless_cancelled(self.profile(emit)).await? else {
             return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled)));
         };
