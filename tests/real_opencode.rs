@@ -286,6 +286,17 @@ fn timed_prompt(bridge: &mut Bridge, sid: &str, ws: &Path, text: &str, label: &s
     turn
 }
 
+/// The text of the tool results the model got in the request of `scenario` at `step`.
+fn tool_results(server: &FakeOpenAi, scenario: &str, step: i64) -> String {
+    server
+        .chats(scenario)
+        .into_iter()
+        .filter(|r| r["step"] == step)
+        .flat_map(|r| messages_text(&r, "tool"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn assert_end_turn(bridge: &Bridge, turn: &Turn) {
     match &turn.result {
         Ok(result) if result["stopReason"] == "end_turn" => {}
@@ -626,14 +637,7 @@ fn review_mode_served(sandbox: &str, test: &str) {
 
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:readback", "readback");
     assert_end_turn(&bridge, &turn);
-    let read = world
-        .server
-        .chats("readback")
-        .into_iter()
-        .filter(|r| r["step"] == 1)
-        .flat_map(|r| messages_text(&r, "tool"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let read = tool_results(&world.server, "readback", 1);
     assert!(read.contains("line one") && !read.contains("line two"), "the agent read: {read:?}");
     assert_eq!(bridge.file_writes.len(), 2, "the read wrote nothing: {:#?}", bridge.file_writes);
 }
@@ -886,14 +890,7 @@ fn review_mode_with_opencode_a_refused_write_is_never_applied_and_rereads_the_us
     assert_eq!(named, ["`new.txt`", "`notes.txt`"], "{:#?}", turn.updates);
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:readback", "readback");
     assert_end_turn(&bridge, &turn);
-    let read = world
-        .server
-        .chats("readback")
-        .into_iter()
-        .filter(|r| r["step"] == 1)
-        .flat_map(|r| messages_text(&r, "tool"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let read = tool_results(&world.server, "readback", 1);
     assert!(read.contains("line one") && !read.contains("line two"), "the agent read: {read:?}");
 }
 

@@ -22,17 +22,6 @@ fn final_status(updates: &[Value], id: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The text of the tool results the model got in the request of `scenario` at `step`.
-fn tool_results(server: &FakeOpenAi, scenario: &str, step: i64) -> String {
-    server
-        .chats(scenario)
-        .into_iter()
-        .filter(|r| r["step"] == step)
-        .flat_map(|r| messages_text(&r, "tool"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// Plan mode with approvals `auto` (the default): a write, an edit and a command are refused by OpenCode, the
 /// cards end failed, the model is told it was a rule, and nothing reached the disk.
 fn plan_refuses(sandbox: &str, backend: &str, test: &str) {
