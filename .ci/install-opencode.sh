@@ -24,7 +24,9 @@ works() {
   target="$(readlink -f "$BIN")"
   size="$(stat -c %s "$target" 2>/dev/null || echo 0)"
   [ "$size" -gt 1000000 ] || return 1
-  [ "$("$BIN" --version 2>/dev/null | tr -d '[:space:]')" = "$VERSION" ]
+  [ "$("$BIN" --version 2>/dev/null | tr -d '[:space:]')" = "$VERSION" ] || return 1
+  # The plugin package OpenCode wants in its config dir, shipped beside it (as the bridge's own install does).
+  [ -f "$PREFIX/node_modules/@opencode-ai/plugin/package.json" ] && [ -f "$PREFIX/package-lock.json" ]
 }
 
 if works; then
@@ -40,7 +42,8 @@ rm -rf "$STAGING"
 mkdir -p "$STAGING"
 trap 'rm -rf "$STAGING"' EXIT
 log "installing opencode-ai@$VERSION into $PREFIX (about 350 MB)"
-npm install --prefix "$STAGING" --no-audit --no-fund --no-save --loglevel error "opencode-ai@$VERSION" >&2
+npm install --prefix "$STAGING" --no-audit --no-fund --loglevel error "opencode-ai@$VERSION" \
+  "@opencode-ai/plugin@$VERSION" >&2
 
 # npm 11 may skip install scripts ("not yet covered by allowScripts"): then bin/opencode is still the
 # placeholder. The package's own postinstall.mjs hard-links the platform binary (AVX2 or baseline).

@@ -130,6 +130,19 @@ impl AgentKind {
         }
     }
 
+    /// What the CLI's own install brings for its config dir, shown there beside the user's configuration.
+    pub fn shipped_config(
+        self,
+        executable: &Path,
+        user_config_dir: &Path,
+        state_dir: &Path,
+    ) -> Vec<(PathBuf, PathBuf)> {
+        match self {
+            AgentKind::Amp => Vec::new(),
+            AgentKind::OpenCode => opencode::plugin_package(executable, user_config_dir, state_dir),
+        }
+    }
+
     /// Names of files in the user's configuration of the CLI ([`AgentKind::user_config`]) that hold credentials:
     /// never copied into a remote sandbox, whose CLI gets them through its environment ([`AgentKind::credential_env`]).
     pub fn credential_files(self) -> &'static [&'static str] {

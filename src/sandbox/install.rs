@@ -24,6 +24,8 @@ pub struct NpmPackage {
     pub bin: &'static str,
     /// A script that links the platform binary, run by hand when npm skipped install scripts.
     pub postinstall: Option<&'static str>,
+    /// Packages of the same version installed beside it, in the same prefix.
+    pub companions: &'static [&'static str],
 }
 
 impl NpmPackage {
@@ -66,7 +68,8 @@ pub async fn install(
     npm_install
         .args(["install", "--no-audit", "--no-fund", "--loglevel", "error", "--prefix"])
         .arg(&staging)
-        .arg(&spec);
+        .arg(&spec)
+        .args(package.companions.iter().map(|name| format!("{name}@{}", package.version)));
     let output = run(npm_install, cancel).await?;
     if !output.status.success() {
         return Err(SandboxError::Install { package: spec, message: tail(&output.stderr) });

@@ -1168,13 +1168,18 @@ fn cli_spec(
     endpoints.dedup();
     let service_hosts = agent.service_hosts().iter().map(|host| host.to_string()).collect();
     let (user_config, user_data) = Bridge::user_dirs();
+    let read_only = [
+        agent.user_config(&user_config, &user_data, sandbox.state_dir()),
+        agent.shipped_config(&real, &user_config, sandbox.state_dir()),
+    ]
+    .concat();
     crate::sandbox::ExecSpec {
         program: real,
         args,
         env,
         cwd: sandbox.workspace().to_path_buf(),
         stdin: Vec::new(),
-        read_only: agent.user_config(&user_config, &user_data, sandbox.state_dir()),
+        read_only,
         tools: vec![tool],
         net: crate::sandbox::NetAccess { endpoints, service_hosts },
         serve_port: None,

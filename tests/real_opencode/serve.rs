@@ -58,6 +58,25 @@ fn serve_followup(sandbox: &str, test: &str) {
         "one warm server for the session: {:?}",
         servers_of(&world)
     );
+    // OpenCode found the plugin package its config dir needs (the install's, shown there): it installed nothing
+    // from npm into the session's state (a fresh config dir otherwise gets 64 MiB, and the first prompt waits).
+    let config = world.data.join("sessions").join(&sid).join("config/opencode");
+    assert!(config.join("node_modules").is_dir(), "the install's packages are shown in {}", config.display());
+    assert_eq!(bytes_written_under(&config.join("node_modules")), 0, "npm wrote into {}", config.display());
+}
+
+/// The bytes of the regular files under `dir`, not following links (the shown entries are links without a sandbox
+/// and empty mount points under bubblewrap).
+fn bytes_written_under(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|entry| match entry.file_type() {
+            Ok(kind) if kind.is_dir() => bytes_written_under(&entry.path()),
+            Ok(kind) if kind.is_file() => entry.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 #[test]

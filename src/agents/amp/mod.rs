@@ -18,6 +18,7 @@ pub const PACKAGE: NpmPackage = NpmPackage {
     version: "0.0.1790142911-g7618fb",
     bin: "amp",
     postinstall: Some("install.cjs"),
+    companions: &[],
 };
 
 /// The credential Amp cannot run without.

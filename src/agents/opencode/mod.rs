@@ -17,8 +17,16 @@ use super::TurnRequest;
 use crate::sandbox::install::NpmPackage;
 
 /// The pinned npm package installed on first use.
-pub const PACKAGE: NpmPackage =
-    NpmPackage { name: "opencode-ai", version: "1.18.33", bin: "opencode", postinstall: Some("postinstall.mjs") };
+pub const PACKAGE: NpmPackage = NpmPackage {
+    name: "opencode-ai",
+    version: "1.18.33",
+    bin: "opencode",
+    postinstall: Some("postinstall.mjs"),
+    companions: &[PLUGIN_PACKAGE],
+};
+
+/// The package OpenCode wants in every config dir before it loads a plugin (the warm server's guard is one).
+const PLUGIN_PACKAGE: &str = "@opencode-ai/plugin";
 
 /// The argv after the executable.
 pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
@@ -63,6 +71,39 @@ pub fn user_config(user_config_dir: &Path, user_data_dir: &Path, state_dir: &Pat
         (user_config_dir.join("opencode"), state_dir.join("config").join("opencode")),
         (user_data_dir.join("opencode").join("auth.json"), state_dir.join("data").join("opencode").join("auth.json")),
     ]
+}
+
+/// The plugin package and the manifest that lists it, from the npm prefix the executable was installed into,
+/// shown in the session's config dir when the user's own config dir has no packages of its own.
+///
+/// Before it loads any plugin OpenCode waits until each of its config dirs has `@opencode-ai/plugin` (its
+/// `package-lock.json` must name it), and installs it from npm where it is missing: 64 MiB and 15 s for every new
+/// session, whose config dir is its own, or a failure where the network is closed. The bridge's install of the CLI
+/// brings that package beside it ([`PACKAGE`]), so every session shares one read-only copy.
+pub fn plugin_package(executable: &Path, user_config_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let users = user_config_dir.join("opencode");
+    if ["node_modules", "package.json", "package-lock.json", "bun.lock"].iter().any(|name| users.join(name).exists()) {
+        return Vec::new();
+    }
+    let real = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
+    let Some(prefix) = real.ancestors().skip(1).find(|dir| {
+        dir.join("node_modules").join(PLUGIN_PACKAGE).join("package.json").is_file()
+            && lock_names(&dir.join("package-lock.json"), PLUGIN_PACKAGE)
+    }) else {
+        return Vec::new();
+    };
+    let target = state_dir.join("config").join("opencode");
+    ["node_modules", "package.json", "package-lock.json"]
+        .into_iter()
+        .map(|name| (prefix.join(name), target.join(name)))
+        .collect()
+}
+
+/// Whether the lockfile at `path` lists `package` as a direct dependency (what OpenCode checks).
+fn lock_names(path: &Path, package: &str) -> bool {
+    let Ok(text) = std::fs::read_to_string(path) else { return false };
+    serde_json::from_str::<serde_json::Value>(&text)
+        .is_ok_and(|lock| lock["packages"][""]["dependencies"].get(package).is_some())
 }
 
 /// OpenCode's logins (`opencode auth login`) and its MCP servers' OAuth tokens.
@@ -147,6 +188,37 @@ fn front_matter(text: &str, key: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_plugin_package_of_the_install_is_shown_unless_the_user_has_packages() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path().join("tools/opencode-ai@1");
+        let bin = prefix.join("node_modules/opencode-linux-x64/bin/opencode");
+        std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+        std::fs::write(&bin, "").unwrap();
+        let user = dir.path().join("config");
+        std::fs::create_dir_all(user.join("opencode")).unwrap();
+        let state = dir.path().join("state");
+        // No plugin package in the prefix: nothing.
+        assert_eq!(plugin_package(&bin, &user, &state), vec![]);
+        std::fs::create_dir_all(prefix.join("node_modules/@opencode-ai/plugin")).unwrap();
+        std::fs::write(prefix.join("node_modules/@opencode-ai/plugin/package.json"), "{}").unwrap();
+        // A lockfile that does not name it would make OpenCode install it anyway.
+        std::fs::write(prefix.join("package-lock.json"), r#"{"packages":{"":{"dependencies":{"opencode-ai":"1"}}}}"#)
+            .unwrap();
+        assert_eq!(plugin_package(&bin, &user, &state), vec![]);
+        let lock = r#"{"packages":{"":{"dependencies":{"opencode-ai":"1","@opencode-ai/plugin":"1"}}}}"#;
+        std::fs::write(prefix.join("package-lock.json"), lock).unwrap();
+        let prefix = prefix.canonicalize().unwrap();
+        let target = state.join("config/opencode");
+        assert_eq!(
+            plugin_package(&bin, &user, &state),
+            ["node_modules", "package.json", "package-lock.json"].map(|name| (prefix.join(name), target.join(name)))
+        );
+        // The user's own packages are theirs: OpenCode installs those as it would without the bridge.
+        std::fs::write(user.join("opencode/package.json"), "{}").unwrap();
+        assert_eq!(plugin_package(&bin, &user, &state), vec![]);
+    }
 
     #[test]
     fn a_lost_session_is_recognized_in_the_real_stderr() {
