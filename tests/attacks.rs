@@ -2,13 +2,15 @@
 //! reports what worked in `<workspace>/.attack/report.json`) and every test fails when an attack works.
 //!
 //! Each test builds a "lab": a fake user home full of canary secrets (the bridge's `HOME`), a data dir and a git
-//! workspace, all under `support::test_root()` (never `/tmp`, which is private inside the sandbox and would fake a
+//! workspace, all under `support::test_root()`, or a copy of the bridge's kit under `/var/tmp` that nobody can
+//! reach when the checkout is not (never `/tmp`, which is private inside the sandbox and would fake a
 //! "blocked"). The hostile CLI learns the paths from `<workspace>/.attack/targets.json`; where the host can tell
 //! (files written, sockets connected, processes alive) the test checks the host side too.
 //!
 //! bubblewrap tests run as the current user and, when the tests run as root, again with the bridge started as
 //! `nobody` (`setpriv`) in a lab owned by nobody. Claims that hold without a sandbox run under `--sandbox none` too.
-//! A variant that cannot run here is skipped with a message. Every variant of a test runs even when one fails;
+//! A variant that cannot run here (no working bubblewrap, nobody cannot run it) fails the test with the reason: a
+//! protection that was not attacked has not held. Every variant of a test runs even when one fails;
 //! the failure lists each failed check with the report entry's detail and the bridge's stderr.
 //!
 //! Run: `cargo test --test attacks`.
@@ -132,18 +134,21 @@ fn is_root() -> bool {
     uid == Some("0")
 }
 
-/// The bubblewrap variants that can run here (none when bubblewrap does not work, with a message).
+/// The bubblewrap variants: as the current user and, when the tests run as root, as nobody. A variant that cannot
+/// run here fails the test with the reason: a protection that was not attacked has not held.
 fn bwrap_variants(test: &str) -> Vec<Variant> {
     if let Err(why) = bwrap_usable() {
-        eprintln!("SKIPPED {test} under bubblewrap: {why}");
-        return vec![];
+        panic!(
+            "{test}: bubblewrap does not work here, so its protections cannot be attacked: {why}\n\
+             (install it with .ci/deps.sh, or run `cargo test --test attacks` where user namespaces work)"
+        );
     }
     let mut variants = vec![Variant { sandbox: "bwrap", who: Who::Me }];
     if is_root() {
-        match nobody_usable() {
-            Ok(()) => variants.push(Variant { sandbox: "bwrap", who: Who::Nobody }),
-            Err(why) => eprintln!("SKIPPED {test} under bubblewrap as nobody: {why}"),
+        if let Err(why) = &kit().nobody {
+            panic!("{test}: the bridge cannot run as nobody here, so no unprivileged run attacks it: {why}");
         }
+        variants.push(Variant { sandbox: "bwrap", who: Who::Nobody });
     }
     variants
 }
@@ -155,32 +160,86 @@ fn all_variants(test: &str) -> Vec<Variant> {
     variants
 }
 
-/// Whether the bridge can run as nobody here: `setpriv` exists, nobody can reach the bridge, the fakes and the
-/// labs, and bubblewrap works for nobody. Checked once.
-fn nobody_usable() -> Result<(), String> {
-    static CHECK: OnceLock<Result<(), String>> = OnceLock::new();
-    CHECK
-        .get_or_init(|| {
-            nobody_can_reach(&test_root(), 0o001)?;
-            nobody_can_reach(&bridge_bin(), 0o001)?;
-            nobody_can_reach(&fakes_dir().join("hostile"), 0o005)?;
-            nobody_can_reach(&fakes_dir().join("hostile.py"), 0o004)?;
-            let out = Command::new("setpriv")
-                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "bwrap", "--unshare-user"])
-                .args(["--ro-bind", "/", "/", "true"])
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| format!("cannot run setpriv: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "bubblewrap does not work for nobody ({}): {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
+/// What a lab runs: the bridge, the hostile CLI and where labs go. When the tests run as root from a checkout
+/// nobody cannot traverse (under `/root`, say), copies of the bridge and the hostile CLI in a folder of their
+/// own under `/var/tmp`, so the unprivileged variant runs from every checkout.
+struct Kit {
+    bridge: PathBuf,
+    fakes: PathBuf,
+    labs: PathBuf,
+    /// Whether the bridge can run as nobody with this kit (always `Ok` when not root: no such variant).
+    nobody: Result<(), String>,
+}
+
+fn kit() -> &'static Kit {
+    static KIT: OnceLock<Kit> = OnceLock::new();
+    KIT.get_or_init(|| {
+        let mut kit = Kit { bridge: bridge_bin(), fakes: fakes_dir(), labs: test_root(), nobody: Ok(()) };
+        if !is_root() {
+            return kit;
+        }
+        if reachable_by_nobody(&kit).is_err() {
+            let copy = PathBuf::from("/var/tmp/acp-sandbox-attacks-kit");
+            match make_kit(&copy) {
+                Ok(made) => kit = made,
+                Err(why) => {
+                    kit.nobody = Err(format!("cannot make a copy nobody can run in {}: {why}", copy.display()));
+                    return kit;
+                }
             }
-            Ok(())
-        })
-        .clone()
+        }
+        kit.nobody = reachable_by_nobody(&kit).and_then(|()| nobody_runs_bwrap());
+        kit
+    })
+}
+
+/// Copies the bridge and the hostile CLI into `dir`, readable and runnable by everyone; labs go below it.
+fn make_kit(dir: &Path) -> Result<Kit, String> {
+    let fakes = dir.join("fakes");
+    let labs = dir.join("labs");
+    for made in [dir, &fakes, &labs] {
+        std::fs::create_dir_all(made).map_err(|e| format!("{}: {e}", made.display()))?;
+        std::fs::set_permissions(made, std::fs::Permissions::from_mode(0o755)).map_err(|e| e.to_string())?;
+    }
+    // Each file is copied beside its place and renamed into it: another test process may be running the last copy.
+    let copy = |from: PathBuf, to: PathBuf| {
+        let part = to.with_extension(format!("part-{}", std::process::id()));
+        std::fs::copy(&from, &part)
+            .and_then(|_| std::fs::rename(&part, &to))
+            .map_err(|e| format!("{}: {e}", to.display()))
+    };
+    let bridge = dir.join("acp-sandbox");
+    copy(bridge_bin(), bridge.clone())?;
+    for name in ["hostile", "hostile.py"] {
+        copy(fakes_dir().join(name), fakes.join(name))?;
+    }
+    Ok(Kit { bridge, fakes, labs, nobody: Ok(()) })
+}
+
+/// Whether nobody can reach the kit's bridge, hostile CLI and labs.
+fn reachable_by_nobody(kit: &Kit) -> Result<(), String> {
+    nobody_can_reach(&kit.labs, 0o001)?;
+    nobody_can_reach(&kit.bridge, 0o001)?;
+    nobody_can_reach(&kit.fakes.join("hostile"), 0o005)?;
+    nobody_can_reach(&kit.fakes.join("hostile.py"), 0o004)
+}
+
+/// Whether bubblewrap works for nobody (`setpriv` exists, user namespaces are open to it).
+fn nobody_runs_bwrap() -> Result<(), String> {
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "bwrap", "--unshare-user"])
+        .args(["--ro-bind", "/", "/", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run setpriv: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "bubblewrap does not work for nobody ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
 }
 
 /// Every parent of `path` must be searchable by nobody and `path` itself allow `others` (mode bits).
@@ -242,7 +301,7 @@ struct Lab {
 
 impl Lab {
     fn new(name: &str, variant: Variant) -> Lab {
-        let dir = temp_dir(&format!("atk-{name}-"));
+        let dir = tempfile::Builder::new().prefix(&format!("atk-{name}-")).tempdir_in(&kit().labs).unwrap();
         let root = dir.path().canonicalize().unwrap();
         let nonce = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
         let home = root.join("home");
@@ -322,7 +381,7 @@ impl Lab {
     fn options(&self) -> BridgeOptions {
         let mut options = BridgeOptions::new("opencode", &self.data)
             .sandbox(self.variant.sandbox)
-            .env("ACP_SANDBOX_OPENCODE_BIN", &fakes_dir().join("hostile").display().to_string())
+            .env("ACP_SANDBOX_OPENCODE_BIN", &kit().fakes.join("hostile").display().to_string())
             .env("HOME", &self.home.display().to_string())
             .env("RUST_LOG", &std::env::var("RUST_LOG").unwrap_or_else(|_| "acp_sandbox=debug,warn".into()));
         for name in CLEARED_VARIABLES {
@@ -331,6 +390,7 @@ impl Lab {
         if self.variant.who == Who::Nobody {
             options.launcher.extend(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"].map(String::from));
         }
+        options.bin = Some(kit().bridge.clone());
         options.launcher.extend(["env".to_string(), "-C".to_string(), self.bridge_cwd.display().to_string()]);
         options
     }

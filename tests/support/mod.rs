@@ -141,6 +141,8 @@ pub struct BridgeOptions {
     pub config_via_env: bool,
     /// A command the bridge is started through, e.g. `setpriv --reuid=65534 ...` or `env -C DIR` (empty: none).
     pub launcher: Vec<String>,
+    /// The bridge's binary, when not [`bridge_bin`] (a copy another user can run).
+    pub bin: Option<PathBuf>,
 }
 
 /// OpenCode without `--opencode-bin` and not on PATH, so the first prompt installs it, with `tests/fakes/npm` as
@@ -189,6 +191,7 @@ impl BridgeOptions {
             serve_subcommand: false,
             config_via_env: false,
             launcher: vec![],
+            bin: None,
         }
     }
 
@@ -348,13 +351,14 @@ pub struct FileWrite {
 impl Bridge {
     /// Starts the bridge; does not initialize it.
     pub fn spawn(options: BridgeOptions) -> Bridge {
+        let bin = options.bin.clone().unwrap_or_else(bridge_bin);
         let mut command = match options.launcher.split_first() {
             Some((program, args)) => {
                 let mut command = Command::new(program);
-                command.args(args).arg(bridge_bin());
+                command.args(args).arg(&bin);
                 command
             }
-            None => Command::new(bridge_bin()),
+            None => Command::new(&bin),
         };
         if options.serve_subcommand {
             command.arg("serve");
