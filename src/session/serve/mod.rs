@@ -39,6 +39,9 @@ const STDERR_LINES: usize = 40;
 /// server for the stream), so a flood of deltas costs the bridge a bounded amount however fast it comes.
 const EVENT_QUEUE: usize = 64;
 
+/// How long a warm server may take to answer the health check before a turn uses it.
+const HEALTH_LIMIT: Duration = Duration::from_secs(2);
+
 /// How often the pool looks for idle servers.
 const REAP_EVERY: Duration = Duration::from_secs(15);
 
@@ -282,13 +285,20 @@ impl Servers {
         };
         let _one = gate.lock().await;
         if let Some(server) = self.get(session) {
-            if profile.is_none_or(|profile| profile == server.profile) {
+            // A turn's server must answer: one stopped (`SIGSTOP`) or wedged between turns would make every request
+            // of the turn wait out its deadline. It is replaced instead.
+            let answers = profile.is_none() || server.client.health(HEALTH_LIMIT).await.is_some();
+            if !answers {
+                tracing::warn!(session, "the OpenCode server does not answer; starting a fresh one");
+                self.stop(session).await;
+            } else if profile.is_none_or(|profile| profile == server.profile) {
                 return Ok(server);
+            } else {
+                // Approvals or the workspace's configuration changed what the server may load or do without
+                // asking: what it loaded at its start (plugins, MCP servers) and its configured rules go with it.
+                tracing::info!(session, from = %server.profile, to = profile.unwrap_or(""), "restarting the OpenCode server");
+                self.stop(session).await;
             }
-            // Approvals or the workspace's configuration changed what the server may load or do without asking:
-            // what it loaded at its start (plugins, MCP servers) and its configured rules go with it.
-            tracing::info!(session, from = %server.profile, to = profile.unwrap_or(""), "restarting the OpenCode server");
-            self.stop(session).await;
         }
         let place = self.make_room().await;
         let ready = async { ready(start().await?, self.freed.clone()).await.map(Arc::new) }.await;
