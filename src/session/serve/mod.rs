@@ -200,15 +200,14 @@ pub struct Servers {
 impl Servers {
     /// A pool that stops servers idle for `idle_stop` and keeps at most `max` running.
     pub fn new(idle_stop: Duration, max: usize) -> Arc<Self> {
-        let servers =
-            Arc::new(Servers {
-                idle_stop,
-                max: max.max(1),
-                running: Mutex::default(),
-                starting: Mutex::default(),
-                starting_now: Mutex::default(),
-                freed: Arc::default(),
-            });
+        let servers = Arc::new(Servers {
+            idle_stop,
+            max: max.max(1),
+            running: Mutex::default(),
+            starting: Mutex::default(),
+            starting_now: Mutex::default(),
+            freed: Arc::default(),
+        });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let weak = Arc::downgrade(&servers);
             runtime.spawn(async move {
@@ -374,7 +373,10 @@ impl Servers {
                     self.stop(&session).await;
                 }
                 None => {
-                    tracing::info!(max = self.max, "every OpenCode server place is taken by a turn or a start; waiting");
+                    tracing::info!(
+                        max = self.max,
+                        "every OpenCode server place is taken by a turn or a start; waiting"
+                    );
                     // A server that dies on its own says nothing: looked at again now and then.
                     let _ = tokio::time::timeout(Duration::from_secs(1), freed).await;
                 }

@@ -139,11 +139,12 @@ impl Turn<'_> {
     /// template, before any tool and without asking) runs only once the user allowed those commands; a command the
     /// server does not have is not sent at all. `false`: it must not be sent.
     async fn command_allowed(&self, emit: &Emitter, client: &Client, name: &str, arguments: &str) -> Result<bool> {
-        let listed = client.call_within(REQUEST_LIMIT, Method::GET, "/command", None).await.map_err(|e| Error::CliFailed {
-            message: format!("OpenCode's server did not list its commands: {e}"),
-            stderr_tail: String::new(),
-            exit_code: None,
-        })?;
+        let listed =
+            client.call_within(REQUEST_LIMIT, Method::GET, "/command", None).await.map_err(|e| Error::CliFailed {
+                message: format!("OpenCode's server did not list its commands: {e}"),
+                stderr_tail: String::new(),
+                exit_code: None,
+            })?;
         let Some(command) = listed.as_array().into_iter().flatten().find(|command| command["name"] == name) else {
             // OpenCode would never answer a command it does not have (one of the workspace's, not loaded).
             emit.send(crate::session::note(&format!(
@@ -260,7 +261,12 @@ impl Turn<'_> {
                     permissions::session_rules(&permissions::bridge_rules(approvals, mode == Some("plan")), &own);
                 tracing::debug!(session = %self.record.id, agent = %agent, rules = rules.len(), "the session's rules");
                 client
-                    .call_within(REQUEST_LIMIT, Method::PATCH, &format!("/session/{ses}"), Some(&json!({ "permission": rules })))
+                    .call_within(
+                        REQUEST_LIMIT,
+                        Method::PATCH,
+                        &format!("/session/{ses}"),
+                        Some(&json!({ "permission": rules })),
+                    )
                     .await
                     .map_err(failed)?;
                 server
@@ -574,7 +580,9 @@ impl Turn<'_> {
             };
             tracing::info!(session = %session, request = %ask.request_id, reply, "answering OpenCode's permission request");
             let path = format!("/permission/{}/reply", ask.request_id);
-            if let Err(e) = client.call_within(REQUEST_LIMIT, Method::POST, &path, Some(&json!({ "reply": reply }))).await {
+            if let Err(e) =
+                client.call_within(REQUEST_LIMIT, Method::POST, &path, Some(&json!({ "reply": reply }))).await
+            {
                 tracing::warn!(session = %session, "could not answer the permission request: {e}");
             }
         })
@@ -755,20 +763,14 @@ enum Stop {
 /// Why a server ended during a turn, naming who ended it where that is known: the sandbox's limit (its cgroup
 /// counted an out-of-memory kill or a refused fork), a signal from elsewhere (the bridge only kills a server after
 /// the turn's own stop, which is not reported this way), its own exit, or its event stream closing.
-fn death(
-    name: &str,
-    exit: Option<crate::sandbox::ExitInfo>,
-    limit: Option<String>,
-    stream_closed: bool,
-) -> String {
+fn death(name: &str, exit: Option<crate::sandbox::ExitInfo>, limit: Option<String>, stream_closed: bool) -> String {
     let signal_name = |signal: i32| {
         nix::sys::signal::Signal::try_from(signal).map(|s| s.as_str().to_string()).unwrap_or_else(|_| "?".into())
     };
     match (exit, limit) {
-        (Some(crate::sandbox::ExitInfo { signal: Some(signal), .. }), Some(hit)) => format!(
-            "{name}'s server was killed ({}, signal {signal}) during the turn: {hit}",
-            signal_name(signal)
-        ),
+        (Some(crate::sandbox::ExitInfo { signal: Some(signal), .. }), Some(hit)) => {
+            format!("{name}'s server was killed ({}, signal {signal}) during the turn: {hit}", signal_name(signal))
+        }
         (Some(crate::sandbox::ExitInfo { signal: Some(signal), .. }), None) => format!(
             "{name}'s server was killed ({}, signal {signal}) during the turn, not by acp-sandbox: by another \
              process (one of the agent's own commands can signal it) or the kernel",
