@@ -7,7 +7,7 @@ $OPENCODE_FAKE_SERVE=1; without it the fake `opencode` has no server, like a CLI
 Every request needs HTTP basic auth `opencode:$OPENCODE_SERVER_PASSWORD`. Routes: GET /global/health, GET /event
 (server-sent events, one `server.connected` first), POST /session, GET|PATCH /session/ID, GET /agent, GET /command,
 GET /config/providers, POST /session/ID/prompt_async, POST /session/ID/abort, POST /permission/ID/reply. Event
-shapes are those of the real captures (tests/fixtures/opencode/serve/). Sessions are kept in
+shapes are those of the real captures (tests/fixtures/opencode-serve/events-tokens.jsonl). Sessions are kept in
 $XDG_DATA_HOME/opencode/fake-serve-sessions.json, so a restarted server continues them, like OpenCode's database.
 
 On start it prints the bridge's guard marker on stderr (what the guard plugin prints in the real server) and writes
