@@ -220,6 +220,24 @@ fn a_server_killed_by_a_signal_fails_the_turn_naming_the_signal_and_the_next_pro
 }
 
 #[test]
+fn a_server_that_runs_into_the_memory_limit_fails_the_turn_naming_the_limit() {
+    let dirs = TestDirs::new("serve-balloon");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(serve_options(&dirs).arg("--max-memory").arg("256M"));
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "FAULT:balloon");
+    let message = turn.result.as_ref().expect_err("the turn must fail").message.clone();
+    // The cgroup's OOM kill, seen by the supervisor as the limit or by the turn as the server's death by it.
+    let named = [
+        "OpenCode was stopped: the sandbox hit its memory limit (256 MiB)",
+        "OpenCode's server was killed (SIGKILL, signal 9) during the turn: the sandbox hit its memory limit (256 MiB)",
+    ];
+    assert!(named.contains(&message.as_str()), "{message}");
+    let next = bridge.prompt(&sid, "again");
+    assert_eq!(reply(&next), answer(2, &opencode_session(&next)));
+}
+
+#[test]
 fn one_huge_event_is_dropped_with_a_note_and_the_bridge_stays_within_its_memory_bound() {
     let dirs = TestDirs::new("serve-huge");
     let ws = dirs.workspace("ws");

@@ -20,7 +20,8 @@ its pid to <cwd>/.fake-serve/server.pid. A prompt picks its behaviour with `FAUL
   huge:<MiB>  one `message.part.updated` of that many MiB of text (streamed, never held whole), then the answer;
   badutf8     a delta event whose data has bytes that are not UTF-8, then the answer;
   deltas:<n>  n deltas of 1 KiB each in one part, then the finished part (n KiB of text in one event), idle;
-  die:<sig>   one delta, then kills itself with that signal number.
+  die:<sig>   one delta, then kills itself with that signal number;
+  balloon     one delta, then allocates (and touches) memory 32 MiB at a time until something stops it.
 """
 
 import base64
@@ -157,13 +158,17 @@ def run_turn(sid, prompt):
             delta(sid, msg, prt, f"tick{n} ")
             n += 1
         return
-    if fault in ("stop", "noabort", "noclose", "die"):
+    if fault in ("stop", "noabort", "noclose", "die", "balloon"):
         delta(sid, msg, prt, "working ")
         time.sleep(0.2)  # the delta is on its way before anything else happens
         if fault == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
         elif fault == "die":
             os.kill(os.getpid(), int(arg or "9"))
+        elif fault == "balloon":
+            hoard = []
+            while True:
+                hoard.append(bytearray(b"m" * (32 << 20)))
         while True:
             time.sleep(1000)
     if fault == "huge":

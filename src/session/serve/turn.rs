@@ -767,6 +767,13 @@ fn death(name: &str, exit: Option<crate::sandbox::ExitInfo>, limit: Option<Strin
     let signal_name = |signal: i32| {
         nix::sys::signal::Signal::try_from(signal).map(|s| s.as_str().to_string()).unwrap_or_else(|_| "?".into())
     };
+    // The sandbox's first process (and a shell) report a child killed by signal N as exit code 128 + N.
+    let exit = exit.map(|exit| match exit.code {
+        Some(code) if (129..=128 + 64).contains(&code) => {
+            crate::sandbox::ExitInfo { code: None, signal: Some(code - 128) }
+        }
+        _ => exit,
+    });
     match (exit, limit) {
         (Some(crate::sandbox::ExitInfo { signal: Some(signal), .. }), Some(hit)) => {
             format!("{name}'s server was killed ({}, signal {signal}) during the turn: {hit}", signal_name(signal))
@@ -841,6 +848,33 @@ mod tests {
             .unwrap()
             .push(json!({"permission": "bash", "pattern": "*", "action": "allow"}));
         assert_eq!(unasked_subagent(&loose).as_deref(), Some("general"));
+    }
+
+    #[test]
+    fn a_servers_death_names_its_cause() {
+        use crate::sandbox::ExitInfo;
+        let killed = Some(ExitInfo { code: None, signal: Some(9) });
+        let memory = Some("the sandbox hit its memory limit (256 MiB)".to_string());
+        assert_eq!(
+            death("OpenCode", killed, memory.clone(), false),
+            "OpenCode's server was killed (SIGKILL, signal 9) during the turn: the sandbox hit its memory limit (256 MiB)"
+        );
+        // Through the sandbox's first process, the same death is exit code 137.
+        assert_eq!(
+            death("OpenCode", Some(ExitInfo { code: Some(137), signal: None }), memory, false),
+            death("OpenCode", killed, Some("the sandbox hit its memory limit (256 MiB)".into()), false)
+        );
+        assert_eq!(
+            death("OpenCode", Some(ExitInfo { code: None, signal: Some(15) }), None, false),
+            "OpenCode's server was killed (SIGTERM, signal 15) during the turn, not by acp-sandbox: by another process \
+             (one of the agent's own commands can signal it) or the kernel"
+        );
+        assert_eq!(
+            death("OpenCode", Some(ExitInfo { code: Some(1), signal: None }), None, false),
+            "OpenCode's server exited with exit code 1 during the turn"
+        );
+        assert_eq!(death("OpenCode", None, None, true), "OpenCode's server closed its event stream during the turn");
+        assert_eq!(death("OpenCode", None, None, false), "OpenCode's server stopped answering during the turn");
     }
 
     #[test]
