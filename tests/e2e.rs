@@ -21,6 +21,7 @@ mod e2e {
     mod review;
     mod sandbox;
     mod schemas;
+    mod serve_faults;
     mod store;
     mod terminal;
     mod transport;

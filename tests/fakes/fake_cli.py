@@ -21,7 +21,8 @@ Scenarios (both agents unless noted):
   probe (tries writing in the workspace, its parent, HOME and /tmp; results in <cwd>/.fake-cli/probe.json),
   `--version` prints $OPENCODE_FAKE_VERSION (default 1.18.33), with $OPENCODE_FAKE_VERSION_HOLD=PATH only once PATH
   exists (its pid in PATH.pid meanwhile), and `models --verbose` likewise with $OPENCODE_FAKE_MODELS_HOLD;
-  `serve` is not implemented (exit 1, like a CLI without a server).
+  `serve` is not implemented (exit 1, like a CLI without a server), unless $OPENCODE_FAKE_SERVE=1: then
+  fake_serve.py (next to this file) is the server.
   hugeline* (a 20 MiB text event on one line, then a normal answer),
   child (starts a grandchild `sleep 1000` in its own session, writes its pid to <cwd>/.fake-cli/child.pid, sleeps).
   files* (`OPS:[...]` in the prompt, a JSON list done in order in the cwd: ["read", path], ["write", path, text],
@@ -681,6 +682,8 @@ def main():
     if len(sys.argv) < 2 or sys.argv[1] not in ("opencode", "amp"):
         fail("usage: fake_cli.py opencode|amp ARGS...")
     agent, args = sys.argv[1], sys.argv[2:]
+    if agent == "opencode" and args[:1] == ["serve"] and os.environ.get("OPENCODE_FAKE_SERVE") == "1":
+        os.execv(sys.executable, [sys.executable, str(Path(__file__).resolve().with_name("fake_serve.py"))] + args)
     if agent == "opencode":
         run_opencode(args)
     else:

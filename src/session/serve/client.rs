@@ -7,13 +7,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use base64::Engine;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::net::UnixStream;
+
+use super::sse::SseEvent;
 
 /// The user name of OpenCode's basic auth.
 const USER: &str = "opencode";
@@ -36,6 +38,14 @@ pub enum ClientError {
         status: StatusCode,
         /// The start of its answer.
         body: String,
+    },
+    /// No answer in time (a stopped or stuck server).
+    #[error("the OpenCode server did not answer {what} within {} ms", .limit.as_millis())]
+    Timeout {
+        /// What was asked.
+        what: String,
+        /// How long it had.
+        limit: Duration,
     },
     /// The answer was not what the API promises.
     #[error("the OpenCode server's answer to {what} is not valid: {why}")]
@@ -110,6 +120,21 @@ impl Client {
         serde_json::from_slice(&body).map_err(|e| ClientError::Invalid { what, why: e.to_string() })
     }
 
+    /// [`Client::call`] with a deadline: a server that is stopped (`SIGSTOP`) or stuck accepts the connection and
+    /// never answers, so nothing that must end waits on it unbounded.
+    pub async fn call_within(
+        &self,
+        limit: Duration,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, ClientError> {
+        let what = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        tokio::time::timeout(limit, self.call(method, path, body))
+            .await
+            .unwrap_or(Err(ClientError::Timeout { what, limit }))
+    }
+
     /// Whether the server is up and answers with its version within `limit`.
     pub async fn health(&self, limit: Duration) -> Option<String> {
         let answer = tokio::time::timeout(limit, self.call(Method::GET, "/global/health", None));
@@ -119,17 +144,21 @@ impl Client {
         }
     }
 
-    /// Subscribes to the server's events: each item is one event's JSON text, in order. The stream ends when the
-    /// connection does.
-    pub async fn events(&self) -> Result<impl Stream<Item = String> + Send + Unpin + use<>, ClientError> {
+    /// Subscribes to the server's events: each item is one event's JSON text (or the size of one too big to keep,
+    /// see [`super::sse`]), in order. The stream ends when the connection does.
+    pub async fn events(&self) -> Result<impl Stream<Item = SseEvent> + Send + Unpin + use<>, ClientError> {
         let response = self.send(Method::GET, "/event", None).await?;
         let status = response.status();
         if !status.is_success() {
             return Err(ClientError::Status { what: "GET /event".into(), status, body: String::new() });
         }
-        let events = sse_stream::SseStream::new(response.into_body())
-            .take_while(|item| std::future::ready(item.is_ok()))
-            .filter_map(|item| std::future::ready(item.ok().and_then(|sse| sse.data)));
-        Ok(Box::pin(events))
+        let body = http_body_util::BodyStream::new(response.into_body());
+        let chunks = futures::StreamExt::filter_map(body, |frame| {
+            std::future::ready(match frame {
+                Ok(frame) => frame.into_data().ok().map(Ok),
+                Err(e) => Some(Err(e)),
+            })
+        });
+        Ok(super::sse::events(Box::pin(chunks), super::sse::MAX_EVENT))
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod client;
 pub(super) mod guard;
+pub mod sse;
 mod turn;
 
 use std::collections::{HashMap, VecDeque};
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use self::client::Client;
+use self::sse::SseEvent;
 use crate::sandbox::{ExitInfo, ProcessHandle, RunningProcess};
 
 pub(super) use self::turn::{ServeOutcome, conversation, start_server};
@@ -32,6 +34,13 @@ const LINE_EXCERPT: usize = 2000;
 
 /// Lines of the server's stderr kept for error messages.
 const STDERR_LINES: usize = 40;
+
+/// Events of the server waiting for the turn to take them: beyond this, the stream waits for the turn (and the
+/// server for the stream), so a flood of deltas costs the bridge a bounded amount however fast it comes.
+const EVENT_QUEUE: usize = 64;
+
+/// How long a warm server may take to answer the health check before a turn uses it.
+const HEALTH_LIMIT: Duration = Duration::from_secs(2);
 
 /// How often the pool looks for idle servers.
 const REAP_EVERY: Duration = Duration::from_secs(15);
@@ -64,9 +73,11 @@ pub struct Server {
     profile: String,
     /// Where the server's event stream goes: the running turn's receiver, if any. One stream, opened when the
     /// server became ready, saves every turn a subscription.
-    listener: Arc<Mutex<Option<mpsc::UnboundedSender<String>>>>,
+    listener: Arc<Mutex<Option<mpsc::Sender<SseEvent>>>>,
     /// The event stream ended (the server died or dropped it).
     stream_open: Arc<std::sync::atomic::AtomicBool>,
+    /// The pool's: told when this server is let go of by its turn.
+    freed: Arc<tokio::sync::Notify>,
 }
 
 impl Server {
@@ -77,11 +88,11 @@ impl Server {
 
     /// Every event from now on, until the returned receiver is dropped or another turn listens. `None` once the
     /// stream has ended.
-    pub fn listen(&self) -> Option<mpsc::UnboundedReceiver<String>> {
+    pub fn listen(&self) -> Option<mpsc::Receiver<SseEvent>> {
         if !self.stream_open.load(std::sync::atomic::Ordering::SeqCst) {
             return None;
         }
-        let (sender, receiver) = mpsc::unbounded_channel();
+        let (sender, receiver) = mpsc::channel(EVENT_QUEUE);
         *self.listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
         Some(receiver)
     }
@@ -141,6 +152,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         self.0.touch();
         self.0.busy.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.0.freed.notify_waiters();
     }
 }
 
@@ -178,13 +190,24 @@ pub struct Servers {
     running: Mutex<HashMap<String, Arc<Server>>>,
     /// Sessions whose server is starting: one start at a time per session, others wait for it.
     starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// How many servers are starting now: they count against `max` like running ones (a cap that counted only
+    /// the ready ones let 8 concurrent starts run 9 servers under a cap of 4).
+    starting_now: Mutex<usize>,
+    /// Told whenever a server stops, finishes starting or is let go of by its turn: room may have been made.
+    freed: Arc<tokio::sync::Notify>,
 }
 
 impl Servers {
     /// A pool that stops servers idle for `idle_stop` and keeps at most `max` running.
     pub fn new(idle_stop: Duration, max: usize) -> Arc<Self> {
-        let servers =
-            Arc::new(Servers { idle_stop, max: max.max(1), running: Mutex::default(), starting: Mutex::default() });
+        let servers = Arc::new(Servers {
+            idle_stop,
+            max: max.max(1),
+            running: Mutex::default(),
+            starting: Mutex::default(),
+            starting_now: Mutex::default(),
+            freed: Arc::default(),
+        });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let weak = Arc::downgrade(&servers);
             runtime.spawn(async move {
@@ -261,20 +284,30 @@ impl Servers {
         };
         let _one = gate.lock().await;
         if let Some(server) = self.get(session) {
-            if profile.is_none_or(|profile| profile == server.profile) {
+            // A turn's server must answer: one stopped (`SIGSTOP`) or wedged between turns would make every request
+            // of the turn wait out its deadline. It is replaced instead.
+            let answers = profile.is_none() || server.client.health(HEALTH_LIMIT).await.is_some();
+            if !answers {
+                tracing::warn!(session, "the OpenCode server does not answer; starting a fresh one");
+                self.stop(session).await;
+            } else if profile.is_none_or(|profile| profile == server.profile) {
                 return Ok(server);
+            } else {
+                // Approvals or the workspace's configuration changed what the server may load or do without
+                // asking: what it loaded at its start (plugins, MCP servers) and its configured rules go with it.
+                tracing::info!(session, from = %server.profile, to = profile.unwrap_or(""), "restarting the OpenCode server");
+                self.stop(session).await;
             }
-            // Approvals or the workspace's configuration changed what the server may load or do without asking:
-            // what it loaded at its start (plugins, MCP servers) and its configured rules go with it.
-            tracing::info!(session, from = %server.profile, to = profile.unwrap_or(""), "restarting the OpenCode server");
-            self.stop(session).await;
         }
-        self.make_room().await;
-        let started = start().await?;
-        let server = Arc::new(ready(started).await?);
-        tracing::info!(session, version = %server.version, "the OpenCode server is ready");
-        self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(session.to_string(), server.clone());
-        Ok(server)
+        let place = self.make_room().await;
+        let ready = async { ready(start().await?, self.freed.clone()).await.map(Arc::new) }.await;
+        if let Ok(server) = &ready {
+            tracing::info!(session, version = %server.version, "the OpenCode server is ready");
+            self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(session.to_string(), server.clone());
+        }
+        // Counted as running from here (or gone); either way its start's place is free.
+        drop(place);
+        ready
     }
 
     /// Stops the session's server (session closed or deleted, or a turn that could not be aborted).
@@ -283,6 +316,7 @@ impl Servers {
         if let Some(server) = server {
             tracing::info!(session, "stopping the OpenCode server");
             server.stop().await;
+            self.freed.notify_waiters();
         }
     }
 
@@ -313,24 +347,55 @@ impl Servers {
         }
     }
 
-    /// With `max` servers running, stops the least recently used one that no turn uses.
-    async fn make_room(&self) {
-        let victim = {
-            let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-            let alive = running.values().filter(|server| server.alive()).count();
-            if alive < self.max {
-                return;
+    /// Takes a place for one more server among the `max`: free, or made by stopping the least recently used one
+    /// that no turn uses, or else waited for (every place held by a turn or a start). The caller gives the place
+    /// back once its server is running or failed (`starting_now`).
+    async fn make_room(&self) -> Place<'_> {
+        loop {
+            let freed = self.freed.notified();
+            let victim = {
+                let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+                let mut starting = self.starting_now.lock().unwrap_or_else(|p| p.into_inner());
+                let alive = running.values().filter(|server| server.alive()).count();
+                if alive + *starting < self.max {
+                    *starting += 1;
+                    return Place(self);
+                }
+                running
+                    .iter()
+                    .filter(|(_, server)| !server.busy.load(std::sync::atomic::Ordering::SeqCst))
+                    .max_by_key(|(_, server)| (!server.alive(), server.idle_for()))
+                    .map(|(session, _)| session.clone())
+            };
+            match victim {
+                Some(session) => {
+                    tracing::info!(session = %session, max = self.max, "stopping the least recently used OpenCode server");
+                    self.stop(&session).await;
+                }
+                None => {
+                    tracing::info!(
+                        max = self.max,
+                        "every OpenCode server place is taken by a turn or a start; waiting"
+                    );
+                    // A server that dies on its own says nothing: looked at again now and then.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), freed).await;
+                }
             }
-            running
-                .iter()
-                .filter(|(_, server)| !server.busy.load(std::sync::atomic::Ordering::SeqCst))
-                .max_by_key(|(_, server)| server.idle_for())
-                .map(|(session, _)| session.clone())
-        };
-        if let Some(session) = victim {
-            tracing::info!(session = %session, max = self.max, "stopping the least recently used OpenCode server");
-            self.stop(&session).await;
         }
+    }
+}
+
+/// A starting server's place among the pool's `max`, given back when dropped (also when the start is abandoned
+/// because the turn was cancelled).
+struct Place<'a>(&'a Servers);
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        {
+            let mut starting = self.0.starting_now.lock().unwrap_or_else(|p| p.into_inner());
+            *starting = starting.saturating_sub(1);
+        }
+        self.0.freed.notify_waiters();
     }
 }
 
@@ -339,7 +404,7 @@ impl Servers {
 const START_LIMIT: Duration = Duration::from_secs(120);
 
 /// Supervises a started server and waits until it answers.
-async fn ready(started: Started) -> Result<Server, ServeError> {
+async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Server, ServeError> {
     let Started { mut process, password, profile } = started;
     let Some(door) = process.door.take() else {
         return Err(ServeError::Start("the sandbox made no door to the server".into()));
@@ -407,17 +472,21 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
             tail.trim()
         )));
     }
-    let listener: Arc<Mutex<Option<mpsc::UnboundedSender<String>>>> = Arc::default();
+    let listener: Arc<Mutex<Option<mpsc::Sender<SseEvent>>>> = Arc::default();
     let stream_open = Arc::new(std::sync::atomic::AtomicBool::new(true));
     {
         let (listener, stream_open) = (listener.clone(), stream_open.clone());
         tokio::spawn(async move {
             while let Some(event) = futures::StreamExt::next(&mut events).await {
-                let mut listener = listener.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(sender) = listener.as_ref()
-                    && sender.send(event).is_err()
+                let sender = listener.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                // Waits while the turn is behind: the server's writes wait on the socket meanwhile.
+                if let Some(sender) = sender
+                    && sender.send(event).await.is_err()
                 {
-                    *listener = None;
+                    let mut listener = listener.lock().unwrap_or_else(|p| p.into_inner());
+                    if listener.as_ref().is_some_and(|current| current.same_channel(&sender)) {
+                        *listener = None;
+                    }
                 }
             }
             stream_open.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -438,6 +507,7 @@ async fn ready(started: Started) -> Result<Server, ServeError> {
         busy: false.into(),
         permissions: Mutex::default(),
         profile,
+        freed,
     })
 }
 

@@ -12,6 +12,7 @@ use hyper::Method;
 use serde_json::{Value, json};
 
 use super::client::{Client, ClientError};
+use super::sse::{MAX_EVENT, SseEvent};
 use super::{Profile, Servers, Started};
 use crate::agents::opencode::serve::ServeTranslator;
 use crate::agents::{Output, PermissionAsk, StreamEnd, Translator, TurnEnd};
@@ -51,8 +52,29 @@ pub enum ServeOutcome {
 /// How long the stream must be quiet after an aborted OpenCode went idle before the turn ends.
 const SETTLE: Duration = Duration::from_millis(500);
 
-/// How long OpenCode gets to go idle after an abort before its server is killed.
-const ABORT_GRACE: Duration = Duration::from_secs(1);
+/// How long OpenCode gets to go idle after an abort before its server is killed: with the kill, the cancel is
+/// answered within a second whatever the server does (stopped, not answering `/abort`, never going idle).
+const ABORT_GRACE: Duration = Duration::from_millis(600);
+
+/// After a cancel, the turn ends by then at the latest, also when a server that went idle keeps sending.
+const CANCEL_LIMIT: Duration = Duration::from_millis(900);
+
+/// How long the `/abort` request itself may take (it runs beside the turn, which never waits for it).
+const ABORT_CALL: Duration = Duration::from_millis(500);
+
+/// How long any other request to the server may take: a stopped server accepts connections and never answers.
+const REQUEST_LIMIT: Duration = Duration::from_secs(30);
+
+/// Asks OpenCode to abort the session's turn, in the background and bounded: the turn's own deadlines (the abort
+/// grace, then the kill) never wait on the answer.
+fn abort(client: &Client, ses: &str) {
+    let (client, path) = (client.clone(), format!("/session/{ses}/abort"));
+    tokio::spawn(async move {
+        if let Err(e) = client.call_within(ABORT_CALL, Method::POST, &path, None).await {
+            tracing::warn!("OpenCode's server did not take the abort: {e}");
+        }
+    });
+}
 
 impl Turn<'_> {
     /// Starts the session's server in its sandbox (the pool calls this when none runs).
@@ -117,11 +139,12 @@ impl Turn<'_> {
     /// template, before any tool and without asking) runs only once the user allowed those commands; a command the
     /// server does not have is not sent at all. `false`: it must not be sent.
     async fn command_allowed(&self, emit: &Emitter, client: &Client, name: &str, arguments: &str) -> Result<bool> {
-        let listed = client.call(Method::GET, "/command", None).await.map_err(|e| Error::CliFailed {
-            message: format!("OpenCode's server did not list its commands: {e}"),
-            stderr_tail: String::new(),
-            exit_code: None,
-        })?;
+        let listed =
+            client.call_within(REQUEST_LIMIT, Method::GET, "/command", None).await.map_err(|e| Error::CliFailed {
+                message: format!("OpenCode's server did not list its commands: {e}"),
+                stderr_tail: String::new(),
+                exit_code: None,
+            })?;
         let Some(command) = listed.as_array().into_iter().flatten().find(|command| command["name"] == name) else {
             // OpenCode would never answer a command it does not have (one of the workspace's, not loaded).
             emit.send(crate::session::note(&format!(
@@ -202,7 +225,7 @@ impl Turn<'_> {
         let ses = match native_id {
             // This server already served it: no need to ask again whether it exists.
             Some(id) if known(id) => id.to_string(),
-            Some(id) => match client.call(Method::GET, &format!("/session/{id}"), None).await {
+            Some(id) => match client.call_within(REQUEST_LIMIT, Method::GET, &format!("/session/{id}"), None).await {
                 Ok(_) => id.to_string(),
                 Err(ClientError::Status { status, .. }) if status.as_u16() == 404 || status.as_u16() == 400 => {
                     return Ok(ServeOutcome::ConversationMissing);
@@ -218,7 +241,7 @@ impl Turn<'_> {
         let agent = match applied {
             Some((key, agent)) if key == wanted => agent,
             _ => {
-                let agents = client.call(Method::GET, "/agent", None).await.map_err(failed)?;
+                let agents = client.call_within(REQUEST_LIMIT, Method::GET, "/agent", None).await.map_err(failed)?;
                 let (agent, own) = agent_rules(&agents, mode)
                     .map_err(|why| failed(ClientError::Invalid { what: "GET /agent".into(), why }))?;
                 if approvals == options::APPROVALS_ASK
@@ -238,7 +261,12 @@ impl Turn<'_> {
                     permissions::session_rules(&permissions::bridge_rules(approvals, mode == Some("plan")), &own);
                 tracing::debug!(session = %self.record.id, agent = %agent, rules = rules.len(), "the session's rules");
                 client
-                    .call(Method::PATCH, &format!("/session/{ses}"), Some(&json!({ "permission": rules })))
+                    .call_within(
+                        REQUEST_LIMIT,
+                        Method::PATCH,
+                        &format!("/session/{ses}"),
+                        Some(&json!({ "permission": rules })),
+                    )
                     .await
                     .map_err(failed)?;
                 server
@@ -303,7 +331,7 @@ impl Turn<'_> {
             None => {
                 tracing::debug!(session = %self.record.id, "server turn: subscribed; prompting");
                 client
-                    .call(Method::POST, &format!("/session/{ses}/prompt_async"), Some(&body))
+                    .call_within(REQUEST_LIMIT, Method::POST, &format!("/session/{ses}/prompt_async"), Some(&body))
                     .await
                     .map_err(failed)?;
                 tracing::debug!(session = %self.record.id, "server turn: prompted");
@@ -321,29 +349,40 @@ impl Turn<'_> {
         // After a stopped turn went idle: until the stream has been quiet for a moment.
         let mut settle: Option<tokio::time::Instant> = None;
         let mut settle_cap: Option<tokio::time::Instant> = None;
+        // Once cancelled: the turn ends by `hard_end` whatever the server does.
+        let mut cancelling = false;
+        let mut hard_end: Option<tokio::time::Instant> = None;
         let mut pending: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         let name = self.agent.display_name();
         let outcome = loop {
             tokio::select! {
                 biased;
-                _ = self.cancel.cancelled(), if abort_deadline.is_none() && settle.is_none() => {
+                _ = self.cancel.cancelled(), if !cancelling => {
+                    cancelling = true;
                     stop = Some(Stop::Cancelled);
                     for task in pending.drain(..) {
                         task.abort();
                     }
-                    let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
-                    abort_deadline = Some(tokio::time::Instant::now() + ABORT_GRACE);
+                    let now = tokio::time::Instant::now();
+                    hard_end = Some(now + CANCEL_LIMIT);
+                    // A stop already under way (a timeout, an abort) keeps its grace, within the cancel's.
+                    if abort_deadline.is_none() && settle.is_none() {
+                        abort(client, &ses);
+                    }
+                    abort_deadline = Some(abort_deadline.unwrap_or(now + ABORT_GRACE).min(now + ABORT_GRACE));
+                    settle_cap = settle_cap.map(|cap| cap.min(now + CANCEL_LIMIT));
+                    settle = settle.map(|at| at.min(now + CANCEL_LIMIT));
                 }
                 _ = sleep_until_or_never(if settle.is_some() { None } else { abort_deadline }) => break Outcome::KillServer,
                 _ = sleep_until_or_never(settle) => break Outcome::Idle,
                 _ = tokio::time::sleep_until(deadline), if stop.is_none() => {
                     stop = Some(Stop::TimedOut);
-                    let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
+                    abort(client, &ses);
                     abort_deadline = Some(tokio::time::Instant::now() + ABORT_GRACE);
                 }
                 _ = tokio::time::sleep_until(last_event + idle), if stop.is_none() => {
                     stop = Some(Stop::Stalled);
-                    let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
+                    abort(client, &ses);
                     abort_deadline = Some(tokio::time::Instant::now() + ABORT_GRACE);
                 }
                 _ = limits.tick() => if let Some(hit) = server.limit_hit() {
@@ -365,7 +404,22 @@ impl Turn<'_> {
                     }
                 }
                 event = events.recv() => {
-                    let Some(event) = event else { break Outcome::StreamEnded };
+                    let event = match event {
+                        None => break Outcome::StreamEnded,
+                        Some(SseEvent::Data(event)) => event,
+                        Some(SseEvent::Oversize(bytes)) => {
+                            last_event = tokio::time::Instant::now();
+                            tracing::warn!(session = %self.record.id, bytes, "dropped an oversize server event");
+                            emit.send(crate::session::note(&format!(
+                                "_{name}'s server sent an event of {}, more than the {} one event may hold: it was \
+                                 dropped, so part of this turn may be missing here._",
+                                crate::sandbox::limits::format_size(bytes as u64),
+                                crate::sandbox::limits::format_size(MAX_EVENT as u64),
+                            )))
+                            .await?;
+                            continue;
+                        }
+                    };
                     if let Some(ask) = foreign_permission(&event, &ses) {
                         // A subagent's own session asks: no card of ours shows it, so it is asked in words.
                         pending.push(self.answer_permission(client.clone(), approvals, ask));
@@ -380,7 +434,7 @@ impl Turn<'_> {
                                 last_event = tokio::time::Instant::now();
                                 if let Err(e) = emit.send(update).await {
                                     // Nothing may reach the editor that is not stored: the turn stops here.
-                                    let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
+                                    abort(client, &ses);
                                     for task in pending.drain(..) {
                                         task.abort();
                                     }
@@ -392,7 +446,7 @@ impl Turn<'_> {
                             Output::End(turn_end) => end = Some(turn_end),
                             Output::Abort { message } => {
                                 stop.get_or_insert(Stop::Aborted(message));
-                                let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
+                                abort(client, &ses);
                                 abort_deadline.get_or_insert(tokio::time::Instant::now() + ABORT_GRACE);
                             }
                             Output::Permission(ask) => {
@@ -415,7 +469,7 @@ impl Turn<'_> {
                         }
                         .await
                     {
-                        let _ = client.call(Method::POST, &format!("/session/{ses}/abort"), None).await;
+                        abort(client, &ses);
                         for task in pending.drain(..) {
                             task.abort();
                         }
@@ -431,8 +485,9 @@ impl Turn<'_> {
                         }
                         // An aborted OpenCode goes idle before its tool and message say so (measured: 260 ms
                         // later, then idle again); those belong to this turn, not to the next one.
-                        settle = Some(tokio::time::Instant::now() + SETTLE);
-                        settle_cap = Some(tokio::time::Instant::now() + SETTLE * 6);
+                        let cap = (tokio::time::Instant::now() + SETTLE * 6).min(hard_end.unwrap_or(far_future()));
+                        settle = Some((tokio::time::Instant::now() + SETTLE).min(cap));
+                        settle_cap = Some(cap);
                     }
                 }
             }
@@ -455,10 +510,7 @@ impl Turn<'_> {
         }
         super::super::protected::sweep(sandbox.as_ref(), emit).await?;
         let died = || Error::CliFailed {
-            message: match server.exit() {
-                Some(exit) => format!("{name}'s server exited with {} during the turn", exit.describe()),
-                None => format!("{name}'s server stopped answering during the turn"),
-            },
+            message: death(name, server.exit(), server.limit_hit(), matches!(outcome, Outcome::StreamEnded)),
             stderr_tail: server.stderr_tail(),
             exit_code: server.exit().and_then(|exit| exit.code),
         };
@@ -528,7 +580,9 @@ impl Turn<'_> {
             };
             tracing::info!(session = %session, request = %ask.request_id, reply, "answering OpenCode's permission request");
             let path = format!("/permission/{}/reply", ask.request_id);
-            if let Err(e) = client.call(Method::POST, &path, Some(&json!({ "reply": reply }))).await {
+            if let Err(e) =
+                client.call_within(REQUEST_LIMIT, Method::POST, &path, Some(&json!({ "reply": reply }))).await
+            {
                 tracing::warn!(session = %session, "could not answer the permission request: {e}");
             }
         })
@@ -547,7 +601,7 @@ pub(in crate::session) async fn conversation(
     if let Some(native) = bridge.store.session(session).await?.and_then(|record| record.native_id) {
         return Ok(Ok(native));
     }
-    let created = match client.call(Method::POST, "/session", Some(&json!({}))).await {
+    let created = match client.call_within(REQUEST_LIMIT, Method::POST, "/session", Some(&json!({}))).await {
         Ok(created) => created,
         Err(e) => return Ok(Err(e)),
     };
@@ -706,6 +760,42 @@ enum Stop {
     Aborted(String),
 }
 
+/// Why a server ended during a turn, naming who ended it where that is known: the sandbox's limit (its cgroup
+/// counted an out-of-memory kill or a refused fork), a signal from elsewhere (the bridge only kills a server after
+/// the turn's own stop, which is not reported this way), its own exit, or its event stream closing.
+fn death(name: &str, exit: Option<crate::sandbox::ExitInfo>, limit: Option<String>, stream_closed: bool) -> String {
+    let signal_name = |signal: i32| {
+        nix::sys::signal::Signal::try_from(signal).map(|s| s.as_str().to_string()).unwrap_or_else(|_| "?".into())
+    };
+    // The sandbox's first process (and a shell) report a child killed by signal N as exit code 128 + N.
+    let exit = exit.map(|exit| match exit.code {
+        Some(code) if (129..=128 + 64).contains(&code) => {
+            crate::sandbox::ExitInfo { code: None, signal: Some(code - 128) }
+        }
+        _ => exit,
+    });
+    match (exit, limit) {
+        (Some(crate::sandbox::ExitInfo { signal: Some(signal), .. }), Some(hit)) => {
+            format!("{name}'s server was killed ({}, signal {signal}) during the turn: {hit}", signal_name(signal))
+        }
+        (Some(crate::sandbox::ExitInfo { signal: Some(signal), .. }), None) => format!(
+            "{name}'s server was killed ({}, signal {signal}) during the turn, not by acp-sandbox: by another \
+             process (one of the agent's own commands can signal it) or the kernel",
+            signal_name(signal)
+        ),
+        (Some(exit), Some(hit)) => format!("{name}'s server exited with {} during the turn: {hit}", exit.describe()),
+        (Some(exit), None) => format!("{name}'s server exited with {} during the turn", exit.describe()),
+        (None, Some(hit)) => format!("{name}'s server stopped during the turn: {hit}"),
+        (None, None) if stream_closed => format!("{name}'s server closed its event stream during the turn"),
+        (None, None) => format!("{name}'s server stopped answering during the turn"),
+    }
+}
+
+/// A deadline that never comes (an hour on), for `min` with one that may not be set.
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(3600)
+}
+
 async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -758,6 +848,33 @@ mod tests {
             .unwrap()
             .push(json!({"permission": "bash", "pattern": "*", "action": "allow"}));
         assert_eq!(unasked_subagent(&loose).as_deref(), Some("general"));
+    }
+
+    #[test]
+    fn a_servers_death_names_its_cause() {
+        use crate::sandbox::ExitInfo;
+        let killed = Some(ExitInfo { code: None, signal: Some(9) });
+        let memory = Some("the sandbox hit its memory limit (256 MiB)".to_string());
+        assert_eq!(
+            death("OpenCode", killed, memory.clone(), false),
+            "OpenCode's server was killed (SIGKILL, signal 9) during the turn: the sandbox hit its memory limit (256 MiB)"
+        );
+        // Through the sandbox's first process, the same death is exit code 137.
+        assert_eq!(
+            death("OpenCode", Some(ExitInfo { code: Some(137), signal: None }), memory, false),
+            death("OpenCode", killed, Some("the sandbox hit its memory limit (256 MiB)".into()), false)
+        );
+        assert_eq!(
+            death("OpenCode", Some(ExitInfo { code: None, signal: Some(15) }), None, false),
+            "OpenCode's server was killed (SIGTERM, signal 15) during the turn, not by acp-sandbox: by another process \
+             (one of the agent's own commands can signal it) or the kernel"
+        );
+        assert_eq!(
+            death("OpenCode", Some(ExitInfo { code: Some(1), signal: None }), None, false),
+            "OpenCode's server exited with exit code 1 during the turn"
+        );
+        assert_eq!(death("OpenCode", None, None, true), "OpenCode's server closed its event stream during the turn");
+        assert_eq!(death("OpenCode", None, None, false), "OpenCode's server stopped answering during the turn");
     }
 
     #[test]

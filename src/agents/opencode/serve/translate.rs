@@ -54,8 +54,35 @@ struct TextState {
     message_id: String,
     /// OpenCode marks parts the model must not see; they are not agent output either.
     ignored: bool,
-    /// Everything sent so far: deltas, then whatever a `message.part.updated` had beyond them.
-    sent: String,
+    /// Everything sent so far (deltas, then whatever a `message.part.updated` had beyond them), as its length
+    /// and a running hash: a part's text can grow to hundreds of MiB of deltas, and only whether a full text
+    /// starts with what was sent matters, so the text itself is not kept.
+    sent: Sent,
+}
+
+/// The length and hash of a text sent piece by piece.
+#[derive(Clone, Default)]
+struct Sent {
+    len: usize,
+    hash: std::collections::hash_map::DefaultHasher,
+}
+
+impl Sent {
+    fn push(&mut self, text: &str) {
+        use std::hash::Hasher;
+        // `write` hashes a stream: the same bytes in any pieces give the same hash.
+        self.hash.write(text.as_bytes());
+        self.len += text.len();
+    }
+
+    /// What `text` has beyond what was sent, when it starts with it.
+    fn rest_of<'a>(&self, text: &'a str) -> Option<&'a str> {
+        use std::hash::Hasher;
+        let head = text.get(..self.len)?;
+        let mut hash = std::collections::hash_map::DefaultHasher::default();
+        hash.write(head.as_bytes());
+        (hash.finish() == self.hash.finish()).then(|| &text[self.len..])
+    }
 }
 
 /// One tool card: what the editor was last told about it.
@@ -233,7 +260,7 @@ impl ServeTranslator {
             thought,
             message_id: part.message_id,
             ignored: false,
-            sent: String::new(),
+            sent: Sent::default(),
         });
         state.thought = thought;
         state.ignored |= part.ignored;
@@ -242,9 +269,9 @@ impl ServeTranslator {
         }
         // The deltas normally sent it all already; send only what they missed (all of it when there were
         // none). OpenCode trims the end of a finished text, so a shorter text is no news either.
-        match part.text.strip_prefix(state.sent.as_str()) {
+        match state.sent.rest_of(&part.text) {
             Some(rest) if !rest.is_empty() => {
-                state.sent.push_str(rest);
+                state.sent.push(rest);
                 chunk(state.thought, &state.message_id, rest.to_string())
             }
             _ => Vec::new(),
@@ -261,7 +288,7 @@ impl ServeTranslator {
             return Vec::new();
         }
         self.active = true;
-        state.sent.push_str(&delta.delta);
+        state.sent.push(&delta.delta);
         chunk(state.thought, &state.message_id, delta.delta)
     }
 
