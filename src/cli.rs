@@ -327,6 +327,11 @@ pub fn main() -> anyhow::Result<ExitCode> {
         }
         Some(_) => acp_sandbox::logging::init(&config.log_path(), "warn", "warn", true),
     };
+    match acp_sandbox::sandbox::limits::raise_open_files_limit() {
+        Ok((before, after)) if before < after => tracing::debug!("open files limit raised from {before} to {after}"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = runtime.block_on(async move {
         match command {

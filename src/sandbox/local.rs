@@ -500,6 +500,11 @@ impl LocalSandbox {
             push(&["--unshare-user", "--disable-userns"]);
         }
         push(&["--cap-drop", "ALL"]);
+        if self.settings.init_program.is_some() && net.is_some_and(|net| net.expose.iter().any(|port| *port < 1024)) {
+            // A model endpoint on a low port (a gateway on :80) is bound inside by sandbox-init, which then drops
+            // both (and from the bounding set) before anything else runs: the CLI never holds a capability.
+            push(&["--cap-add", "CAP_NET_BIND_SERVICE", "--cap-add", "CAP_SETPCAP"]);
+        }
         push(&["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]);
         let mut read_only_later = Vec::new();
         for mount in &plan.mounts {

@@ -458,7 +458,6 @@ async fn accept_loop(listener: UnixListener, context: Arc<Context>) {
                     // Once per burst (the first, then every 1000th): a flood must not flood the log too.
                     if refused % 1000 == 1 {
                         tracing::warn!(
-                            label = %context.label,
                             "proxy refused a connection for session {}: {} connections are open (the limit)",
                             context.label,
                             context.max_connections
@@ -533,7 +532,6 @@ async fn handle(context: Arc<Context>, mut client: UnixStream) {
         Ok(Err(Failure::Denied(denial))) => {
             let method = &request.method;
             tracing::warn!(
-                label = %context.label,
                 "proxy denied {method} {} for session {}: {}",
                 authority(host, port),
                 context.label,
