@@ -94,6 +94,10 @@ async fn supervise(args: InitArgs) -> i32 {
     let doors = doors.chain(args.expose.iter().map(|&port| (port, Door::Expose(port))));
     for (port, door) in doors {
         // Bound before the CLI starts, so its first request never finds the door closed.
+        if let Err(why) = low_port_allowed(port).await {
+            complain(&format!("cannot listen on 127.0.0.1:{port}: {why}"));
+            return INIT_FAILED;
+        }
         let listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await {
             Ok(listener) => listener,
             Err(e) => {
@@ -102,12 +106,6 @@ async fn supervise(args: InitArgs) -> i32 {
             }
         };
         tokio::spawn(serve(listener, socket.clone(), door));
-    }
-    // A model endpoint below 1024 needs CAP_NET_BIND_SERVICE in the sandbox's own network namespace, which the
-    // bridge grants for this (with CAP_SETPCAP to drop it from the bounding set): bound, nothing needs it any more.
-    if let Err(e) = drop_capabilities() {
-        complain(&format!("cannot drop the capabilities the ports needed: {e}"));
-        return INIT_FAILED;
     }
     if let Some((fd, port)) = args.door {
         match inbound_listener(fd) {
@@ -211,47 +209,29 @@ async fn supervise(args: InitArgs) -> i32 {
     }
 }
 
-/// Drops every capability this process holds, from the bounding and ambient sets too, so neither it nor anything
-/// it runs has one. Nothing to do (the usual case) when none is effective.
-fn drop_capabilities() -> std::io::Result<()> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let effective = status.lines().find_map(|line| line.strip_prefix("CapEff:")).map(str::trim).unwrap_or("0");
-    if u64::from_str_radix(effective, 16).unwrap_or(u64::MAX) == 0 {
-        return Ok(());
-    }
-    let last: u64 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")?.trim().parse().unwrap_or(63);
-    // SAFETY: prctl and capset are plain system calls; capset reads the two stack structures it is given.
-    unsafe {
-        for cap in 0..=last {
-            if libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0) == 1
-                && libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
-            {
-                return Err(std::io::Error::last_os_error());
+/// Where this network namespace's unprivileged ports start.
+pub const UNPRIVILEGED_PORT_START: &str = "/proc/sys/net/ipv4/ip_unprivileged_port_start";
+
+/// Waits until `port` may be bound without privileges here. Nothing inside can lower the start (`/proc/sys` is
+/// read-only in the sandbox): for a model endpoint below it, the bridge sets it to 0 in this namespace from
+/// outside right after starting the sandbox (`local.rs`), and this waits (a bound) for that.
+async fn low_port_allowed(port: u16) -> Result<(), String> {
+    let start =
+        || std::fs::read_to_string(UNPRIVILEGED_PORT_START).ok().and_then(|text| text.trim().parse::<u32>().ok());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match start() {
+            // Without the file (IPv4 sysctls missing), binding says what is wrong.
+            None => return Ok(()),
+            Some(start) if u32::from(port) >= start => return Ok(()),
+            Some(start) if tokio::time::Instant::now() >= deadline => {
+                return Err(format!(
+                    "ports below {start} are privileged in the sandbox and the bridge did not open them within 10 s"
+                ));
             }
-        }
-        if libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        #[repr(C)]
-        struct Header {
-            version: u32,
-            pid: i32,
-        }
-        #[repr(C)]
-        #[derive(Clone, Copy)]
-        struct Data {
-            effective: u32,
-            permitted: u32,
-            inheritable: u32,
-        }
-        // _LINUX_CAPABILITY_VERSION_3: two 32-bit words per set.
-        let header = Header { version: 0x2008_0522, pid: 0 };
-        let data = [Data { effective: 0, permitted: 0, inheritable: 0 }; 2];
-        if libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) != 0 {
-            return Err(std::io::Error::last_os_error());
+            Some(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
-    Ok(())
 }
 
 /// How often a long-lived server's adopted orphans that exited are reaped.
