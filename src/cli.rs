@@ -67,6 +67,10 @@ struct SandboxInit {
     /// where the kernel cannot.
     #[arg(long, requires = "door_port")]
     guard_door: bool,
+    /// Keep PROGRAM and everything it starts from making AF_UNIX sockets (a seccomp filter), so no host socket
+    /// is reachable by its path.
+    #[arg(long)]
+    no_unix_sockets: bool,
     /// Be the reaper of PROGRAM's descendants and end them all when it exits or this process is told to stop
     /// (`--sandbox none`, where no PID namespace does it).
     #[arg(long)]
@@ -378,6 +382,7 @@ fn sandbox_init(init: SandboxInit) -> ExitCode {
         expose: init.expose,
         door: init.door_fd.zip(init.door_port),
         guard_door: init.guard_door,
+        no_unix_sockets: init.no_unix_sockets,
         reap: init.reap,
         max_processes: init.max_processes,
         max_memory: init.max_memory,

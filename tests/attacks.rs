@@ -1953,3 +1953,43 @@ fn a_model_endpoint_on_a_low_port_works_in_the_sandbox() {
         checks.finish();
     });
 }
+
+#[test]
+fn host_unix_sockets_at_unusual_paths_are_unreachable() {
+    let test = "host_unix_sockets_at_unusual_paths_are_unreachable";
+    for_each_variant(test, bwrap_variants(test), |variant| {
+        let lab = Lab::new("unix-odd", variant);
+        // Paths no deny-list names: a socket the user's own service made under ~, one deep in a project.
+        let odd = [
+            ("run_agent", lab.home.join(".run/ssh-agent.sock")),
+            ("deep", lab.home.join("projects/a/b/c/.cache/x.sock")),
+            ("workspace_parent", lab.root.join("service.sock")),
+        ];
+        let mut listeners = Vec::new();
+        let mut sockets = Vec::new();
+        for (label, path) in &odd {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            listeners.push((*label, Listener::unix(path)));
+            lab.give(path.parent().unwrap());
+            sockets.push(json!({"label": label, "path": path}));
+        }
+        let mut targets = lab.targets();
+        targets["unix_sockets"] = json!(sockets);
+        let (_bridge, _, report) =
+            run_attacks_with(&lab, lab.options(), "unix_sockets,socketpair,own_unix_socket", targets);
+        let mut checks = Checks::new();
+        for (label, listener) in &mut listeners {
+            let entry = format!("unix_socket:{label}");
+            checks.blocked(&report, &entry);
+            let detail = report.entry(&entry).map(|e| e["detail"].to_string()).unwrap_or_default();
+            checks.check(detail.contains(": EACCES"), || format!("not refused at socket(): {}", report.detail(&entry)));
+            let accepted = listener.accepted();
+            checks.check(accepted == 0, || format!("the host's {label} socket was connected to {accepted} time(s)"));
+        }
+        // What runtimes need stays: a socketpair. A socket of the workspace's own is refused too (the price).
+        checks.worked(&report, "socketpair");
+        let own = report.entry("own_unix_socket").map(|e| e["errno"].clone()).unwrap_or_default();
+        checks.check(own == "EACCES", || format!("expected EACCES: {}", report.detail("own_unix_socket")));
+        checks.finish();
+    });
+}

@@ -47,6 +47,9 @@ pub struct InitArgs {
     /// The program and everything it starts may not connect to the door's port (`guard::PortGuard`): only this
     /// process, outside the Landlock domain, reaches the server. Without Landlock's TCP rules nothing runs.
     pub guard_door: bool,
+    /// The program and everything it starts may not make `AF_UNIX` sockets (`seccomp::no_unix_sockets_program`):
+    /// no host socket is reachable by its path. This process keeps them, for the proxy.
+    pub no_unix_sockets: bool,
     /// Become the subreaper of the CLI's tree and end all of it when the CLI exits or a stop signal arrives:
     /// without a PID namespace, daemons it started (`setsid`, double fork) would otherwise outlive the turn.
     pub reap: bool,
@@ -140,8 +143,21 @@ async fn supervise(args: InitArgs) -> i32 {
         },
         _ => None,
     };
+    let unix_filter = match args.no_unix_sockets.then(super::seccomp::no_unix_sockets_program).transpose() {
+        Ok(filter) => filter,
+        Err(e) => {
+            complain(&format!("cannot keep the CLI off unix sockets: {e}"));
+            return INIT_FAILED;
+        }
+    };
     let mut command = Command::new(&args.program);
     command.args(&args.args);
+    if let Some(filter) = unix_filter {
+        // SAFETY: the closure makes one prctl on a program built before the fork and moved into it.
+        unsafe {
+            command.pre_exec(move || super::seccomp::install(&filter));
+        }
+    }
     if let Some(guard) = &guard {
         let ruleset = guard.fd();
         // SAFETY: the closure makes two system calls on an fd that `guard` keeps open until after the spawn.

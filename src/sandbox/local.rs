@@ -555,6 +555,8 @@ impl LocalSandbox {
                 // Under bubblewrap a server's tools must never reach it (`guard.rs`); `exec` checked the kernel.
                 args.push("--guard-door".into());
             }
+            // Reads are a deny-list and connect() on a socket needs only its path: no AF_UNIX socket at all.
+            args.push("--no-unix-sockets".into());
             args.push("--".into());
         }
         args.push(spec.program.display().to_string());
@@ -1481,7 +1483,7 @@ mod tests {
         );
         assert!(args.ends_with(
             "--chdir /tmp/ws -- /run/acp-sandbox/acp-sandbox sandbox-init --proxy-socket /run/acp-sandbox/proxy.sock \
-             --proxy-port 3128 --expose 4010 -- /opt/opencode run --format json"
+             --proxy-port 3128 --expose 4010 --no-unix-sockets -- /opt/opencode run --format json"
         ));
         let host = sandbox
             .bwrap_args(
@@ -1495,12 +1497,12 @@ mod tests {
             .join(" ");
         assert!(
             host.ends_with(
-                "sandbox-init --max-processes 9 --max-memory 99 --door-fd 5 --door-port 4096 --guard-door -- /opt/opencode \
+                "sandbox-init --max-processes 9 --max-memory 99 --door-fd 5 --door-port 4096 --guard-door --no-unix-sockets -- /opt/opencode \
                  run --format json"
             ),
             "{host}"
         );
-        assert!(!host.contains("--unshare-net") && !host.contains("proxy"), "{host}");
+        assert!(!host.contains("--unshare-net") && !host.contains("--proxy-"), "{host}");
     }
 
     #[test]
