@@ -598,7 +598,7 @@ HELD = []  # connections a flood keeps open for the rest of the run (a `hang` ru
 
 def attack_proxy_flood(t):
     """proxy_flood: opens targets.flood_count idle connections straight to the proxy's unix socket
-    (targets.proxy_socket) and keeps them; succeeded = more than targets.proxy_cap stayed open unanswered.
+    (targets.proxy_socket), or to the proxy port of the environment where AF_UNIX sockets are refused, and keeps them; succeeded = more than targets.proxy_cap stayed open unanswered.
     `answered` counts those the proxy answered at once (their first line in `answers`), `silent` the others."""
     import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -607,11 +607,20 @@ def attack_proxy_flood(t):
     wanted = t.get("flood_count", 2000)
     count = min(wanted, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 40)
     opened, failure = [], None
+    proxy = proxy_from_env()
+    # Straight to the proxy's socket where AF_UNIX sockets may be made, else through the sandbox's proxy port
+    # (sandbox-init opens one connection to the proxy for each).
+    family, address = (socket.AF_INET, (proxy[1], proxy[2])) if proxy else (socket.AF_UNIX, t["proxy_socket"])
+    try:
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+        family, address = socket.AF_UNIX, t["proxy_socket"]
+    except OSError:
+        pass
     for _ in range(count):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = socket.socket(family, socket.SOCK_STREAM)
         sock.settimeout(SOCKET_TIMEOUT)
         try:
-            sock.connect(t["proxy_socket"])
+            sock.connect(address)
         except OSError as error:
             sock.close()
             failure = describe_error(error)
@@ -634,7 +643,7 @@ def attack_proxy_flood(t):
             sock.close()
     HELD.extend(silent)
     answered = sum(answers.values())
-    detail = (f"opened {len(opened)} of {wanted} (fd limit {resource.getrlimit(resource.RLIMIT_NOFILE)}), "
+    detail = (f"opened {len(opened)} of {wanted} to {address} (fd limit {resource.getrlimit(resource.RLIMIT_NOFILE)}), "
               f"{answered} answered at once {answers}, {len(silent)} held open")
     if failure:
         detail += f"; the next connect failed: {failure}"
