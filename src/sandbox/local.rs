@@ -267,6 +267,19 @@ impl LocalSettings {
             },
         );
         add(
+            "unix sockets",
+            match (bwrap, seccomp::no_unix_sockets_program()) {
+                (true, Ok(_)) => (
+                    true,
+                    "the CLI's tree cannot make AF_UNIX sockets: no host socket is reachable by its path \
+                     (socketpair works)"
+                        .into(),
+                ),
+                (true, Err(e)) => off(&format!("cannot build the filter: {e}")),
+                (false, _) => off(no_bwrap),
+            },
+        );
+        add(
             "server",
             match (bwrap, super::guard::port_guard_available()) {
                 (true, Ok(abi)) => (
