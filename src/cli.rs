@@ -67,6 +67,10 @@ struct SandboxInit {
     /// where the kernel cannot.
     #[arg(long, requires = "door_port")]
     guard_door: bool,
+    /// Keep PROGRAM and everything it starts from making AF_UNIX sockets (a seccomp filter), so no host socket
+    /// is reachable by its path.
+    #[arg(long)]
+    no_unix_sockets: bool,
     /// Be the reaper of PROGRAM's descendants and end them all when it exits or this process is told to stop
     /// (`--sandbox none`, where no PID namespace does it).
     #[arg(long)]
@@ -327,6 +331,11 @@ pub fn main() -> anyhow::Result<ExitCode> {
         }
         Some(_) => acp_sandbox::logging::init(&config.log_path(), "warn", "warn", true),
     };
+    match acp_sandbox::sandbox::limits::raise_open_files_limit() {
+        Ok((before, after)) if before < after => tracing::debug!("open files limit raised from {before} to {after}"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let result = runtime.block_on(async move {
         match command {
@@ -373,6 +382,7 @@ fn sandbox_init(init: SandboxInit) -> ExitCode {
         expose: init.expose,
         door: init.door_fd.zip(init.door_port),
         guard_door: init.guard_door,
+        no_unix_sockets: init.no_unix_sockets,
         reap: init.reap,
         max_processes: init.max_processes,
         max_memory: init.max_memory,

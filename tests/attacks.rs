@@ -1745,3 +1745,313 @@ fn a_cli_installed_under_tmp_runs_in_the_sandbox() {
         checks.finish();
     });
 }
+
+// ---- issue 16: the host's own addresses, floods, low ports, unix sockets ---------------------------------------
+
+/// The host's interface addresses but loopback, with their interface, from the kernel.
+fn host_interface_addresses() -> Vec<(std::net::IpAddr, String)> {
+    let interfaces = nix::ifaddrs::getifaddrs().expect("getifaddrs");
+    let mut found: Vec<(std::net::IpAddr, String)> = interfaces
+        .filter_map(|interface| {
+            let address = interface.address?;
+            let ip = match (address.as_sockaddr_in(), address.as_sockaddr_in6()) {
+                (Some(v4), _) => std::net::IpAddr::V4(v4.ip()),
+                (_, Some(v6)) => std::net::IpAddr::V6(v6.ip()),
+                _ => return None,
+            };
+            (!ip.is_loopback()).then_some((ip, interface.interface_name))
+        })
+        .collect();
+    found.dedup();
+    found
+}
+
+/// The range the proxy names for an interface address it refuses by range anyway, `None` for any other (refused
+/// as the host's own). The usual ranges of interface addresses only.
+fn refused_range(ip: std::net::IpAddr) -> Option<&'static str> {
+    match ip {
+        std::net::IpAddr::V4(v4) => match v4.octets() {
+            [10, ..] | [172, 16..=31, ..] | [192, 168, ..] => Some("private"),
+            [100, 64..=127, ..] => Some("shared (CGNAT)"),
+            [169, 254, ..] => Some("link-local"),
+            _ => None,
+        },
+        std::net::IpAddr::V6(v6) => match v6.segments()[0] {
+            first if first & 0xffc0 == 0xfe80 => Some("link-local"),
+            first if first & 0xfe00 == 0xfc00 => Some("private (unique local)"),
+            _ => None,
+        },
+    }
+}
+
+fn authority_of(ip: std::net::IpAddr, port: u16) -> String {
+    match ip {
+        std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+        std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
+    }
+}
+
+/// The bridge's options with `/etc/hosts` replaced by `hosts` for the bridge alone (a private mount namespace):
+/// the tests have no DNS, and the proxy resolves names as the bridge does.
+fn with_hosts_file(lab: &Lab, mut options: BridgeOptions, hosts: &str) -> BridgeOptions {
+    let file = lab.root.join("hosts");
+    lab.write(&file, hosts);
+    let mut launcher: Vec<String> = if is_root() {
+        vec!["unshare".into(), "--mount".into(), "--propagation".into(), "private".into()]
+    } else {
+        vec!["unshare".into(), "--user".into(), "--map-current-user".into(), "--mount".into()]
+    };
+    launcher.extend(["sh", "-c", r#"mount --bind "$0" /etc/hosts && exec "$@""#].map(String::from));
+    launcher.push(file.display().to_string());
+    launcher.append(&mut options.launcher);
+    options.launcher = launcher;
+    options
+}
+
+#[test]
+fn the_proxy_refuses_the_hosts_own_addresses_and_names_that_resolve_to_them() {
+    let test = "the_proxy_refuses_the_hosts_own_addresses_and_names_that_resolve_to_them";
+    let own = host_interface_addresses();
+    assert!(!own.is_empty(), "this host has no interface address but loopback: nothing to attack");
+    for_each_variant(test, bwrap_variants(test), |variant| {
+        // A service bound on all interfaces, as the host's own ones often are.
+        let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let v4 = own.iter().find(|(ip, _)| ip.is_ipv4()).cloned();
+        let v6 = own.iter().find(|(ip, _)| ip.is_ipv6() && refused_range(*ip) != Some("link-local")).cloned();
+        let mut hosts = String::from("127.0.0.1 localhost\n");
+        let mut names = Vec::new();
+        for (label, found) in [("self4", &v4), ("self6", &v6)] {
+            if let Some((ip, interface)) = found {
+                hosts.push_str(&format!("{ip} {label}.example.test\n"));
+                names.push((label, *ip, interface.clone()));
+            }
+        }
+        for mode in ["open", "allow=example.test"] {
+            let lab = Lab::new("host-addr", variant);
+            let options = with_hosts_file(&lab, lab.options().arg("--network").arg(mode), &hosts);
+            // (label, what is asked, the address it is, its interface)
+            let mut cases: Vec<(String, String, std::net::IpAddr, String)> = Vec::new();
+            if mode == "open" {
+                for (i, (ip, interface)) in own.iter().enumerate() {
+                    cases.push((format!("ip{i}"), authority_of(*ip, port), *ip, interface.clone()));
+                }
+            }
+            for (label, ip, interface) in &names {
+                cases.push((label.to_string(), format!("{label}.example.test:{port}"), *ip, interface.clone()));
+            }
+            let mut targets = lab.targets();
+            targets["host_targets"] = json!(
+                cases
+                    .iter()
+                    .map(|(label, asked, _, _)| json!({"label": label, "authority": asked}))
+                    .collect::<Vec<_>>()
+            );
+            let (_bridge, _, report) = run_attacks_with(&lab, options, "host_address", targets);
+            let mut checks = Checks::new();
+            for (label, asked, ip, interface) in &cases {
+                let name = format!("host_address:{label}");
+                checks.blocked(&report, &name);
+                let why = match refused_range(*ip) {
+                    Some(range) => format!("{ip} is a {range} address"),
+                    None => format!("{ip} is an address of this host ({interface})"),
+                };
+                let expected = format!("acp-sandbox: access to {asked} is blocked: {why}\n");
+                let entry = report.entry(&name).cloned().unwrap_or_default();
+                checks.check(entry["status"] == 403 && entry["body"] == expected.as_str(), || {
+                    format!("--network {mode}: expected 403 with {expected:?}: {}", report.detail(&name))
+                });
+            }
+            let mut reached = 0;
+            while listener.accept().is_ok() {
+                reached += 1;
+            }
+            checks
+                .check(reached == 0, || format!("--network {mode}: the host's service was reached {reached} time(s)"));
+            checks.finish();
+        }
+    });
+}
+
+#[test]
+fn proxy_denials_are_logged_with_their_host() {
+    let test = "proxy_denials_are_logged_with_their_host";
+    for_each_variant(test, bwrap_variants(test), |variant| {
+        let lab = Lab::new("deny-log", variant);
+        let options = lab.options().arg("--network").arg("allow=allowed.example");
+        let (bridge, sid, report) = run_attacks(&lab, options, "proxy_domains");
+        let mut checks = Checks::new();
+        checks.blocked(&report, "proxy_denied_domain");
+        checks.blocked(&report, "proxy_denied_http");
+        stop(bridge);
+        // The log rolls daily: acp-sandbox.log.YYYY-MM-DD.
+        let mut log = String::new();
+        for name in names(&lab.data).into_iter().filter(|name| name.starts_with("acp-sandbox.log")) {
+            log.push_str(&std::fs::read_to_string(lab.data.join(name)).unwrap_or_default());
+        }
+        for expected in [
+            format!(
+                "proxy denied CONNECT denied.example:443 for session {sid}: not in --network allow=allowed.example"
+            ),
+            format!("proxy denied GET denied.example:80 for session {sid}: not in --network allow=allowed.example"),
+        ] {
+            let found = log.lines().filter(|line| line.contains(" WARN ") && line.ends_with(&format!(": {expected}")));
+            let count = found.count();
+            checks.check(count == 1, || format!("{count} log lines end with {expected:?}; the log:\n{log}"));
+        }
+        checks.finish();
+    });
+}
+
+#[test]
+fn a_flood_of_proxy_connections_is_capped_and_another_session_still_works() {
+    let test = "a_flood_of_proxy_connections_is_capped_and_another_session_still_works";
+    /// The proxy's limit (`proxy::MAX_CONNECTIONS`).
+    const CAP: u64 = 256;
+    for_each_variant(test, bwrap_variants(test), |variant| {
+        let lab = Lab::new("flood", variant);
+        // A bridge (and so a sandbox) with 2048 descriptors. The CLI cannot make AF_UNIX sockets, so its flood goes
+        // through sandbox-init's proxy port, which spends two of its own descriptors on each connection: 900 of them
+        // fit there, and without the cap all 900 would be held open by the bridge.
+        let mut options = lab.options();
+        options.launcher.splice(0..0, ["prlimit", "--nofile=2048:2048", "--"].map(String::from));
+        let mut bridge = Bridge::start(options);
+        let flooding = bridge.new_session(&lab.ws);
+        let mut targets = lab.targets();
+        targets["proxy_socket"] = json!("/run/acp-sandbox/proxy.sock");
+        targets["flood_count"] = json!(900);
+        targets["proxy_cap"] = json!(CAP);
+        lab.write_targets(&lab.ws, &targets);
+        // The flood's connections stay open while the run hangs.
+        let id = bridge.send_prompt(&flooding, "ATTACKS:proxy_flood,hang");
+        let report = Report::wait(&lab.ws, &bridge);
+        let mut checks = Checks::new();
+        checks.blocked(&report, "proxy_flood");
+        let entry = report.entry("proxy_flood").cloned().unwrap_or_default();
+        let opened = entry["opened"].as_u64().unwrap_or(0);
+        checks.check(opened == 900, || {
+            format!("the flood opened too few connections to matter: {}", report.detail("proxy_flood"))
+        });
+        checks.check(entry["silent"] == CAP && entry["answered"].as_u64() == Some(opened.saturating_sub(CAP)), || {
+            format!(
+                "exactly {CAP} connections must be served, the rest refused at once: {}",
+                report.detail("proxy_flood")
+            )
+        });
+        let refusal = "HTTP/1.1 503 Service Unavailable";
+        checks.check(entry["answers"][refusal].as_u64() == Some(opened.saturating_sub(CAP)), || {
+            format!("the excess must be answered {refusal:?}: {}", report.detail("proxy_flood"))
+        });
+        // Meanwhile another session's turn runs whole, its own proxy included.
+        let other_ws = lab.workspace("other");
+        let other = bridge.new_session(&other_ws);
+        let mut other_targets = lab.targets();
+        other_targets["loopback_port"] = json!(1);
+        let other_report = lab.attack_in(&mut bridge, &other, &other_ws, "proxy_domains", &other_targets);
+        checks.check(other_report.entry("proxy_allowed_domain").is_some_and(|e| e["status"].is_u64()), || {
+            format!("the other session's proxy did not answer: {}", other_report.detail("proxy_allowed_domain"))
+        });
+        bridge.cancel(&flooding);
+        let answer = bridge.wait_response(id);
+        checks.check(answer.as_ref().is_ok_and(|r| r["stopReason"] == "cancelled"), || {
+            format!("the flooding prompt answered {answer:?}")
+        });
+        checks.note_stderr(bridge.stderr());
+        checks.finish();
+    });
+}
+
+#[test]
+fn a_model_endpoint_on_a_low_port_works_in_the_sandbox() {
+    let test = "a_model_endpoint_on_a_low_port_works_in_the_sandbox";
+    assert!(is_root(), "{test} binds 127.0.0.1:80 on the host: run the attack tests as root");
+    for_each_variant(test, bwrap_variants(test), |variant| {
+        let lab = Lab::new("low-port", variant);
+        let listener = TcpListener::bind("127.0.0.1:80").expect("bind 127.0.0.1:80 on the host");
+        let marker = format!("gateway {}", lab.nonce);
+        let answer =
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{marker}", marker.len());
+        let server = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            // Polled, with a failure bound: a run that never comes must free the port for the next variant.
+            listener.set_nonblocking(true).unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            let mut stream = loop {
+                match listener.accept() {
+                    Ok((stream, _)) => break stream,
+                    Err(_) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                    Err(e) => return format!("no connection within 60 s: {e}"),
+                }
+            };
+            stream.set_nonblocking(false).unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            stream.write_all(answer.as_bytes()).unwrap();
+            String::from_utf8_lossy(&head).into_owned()
+        });
+        let url = "http://127.0.0.1:80/v1";
+        let options = lab.options().env("OPENAI_BASE_URL", url).arg("--pass-env").arg("OPENAI_BASE_URL");
+        let mut targets = lab.targets();
+        targets["endpoint_url"] = json!(format!("{url}/models"));
+        let (_bridge, _, report) = run_attacks_with(&lab, options, "model_endpoint,capabilities", targets);
+        let mut checks = Checks::new();
+        checks.worked(&report, "model_endpoint");
+        let body = report.entry("model_endpoint").map(|e| e["body"].clone()).unwrap_or_default();
+        checks.check(body.as_str().is_some_and(|b| b.ends_with(&format!("\r\n\r\n{marker}"))), || {
+            format!("not the host's gateway: {}", report.detail("model_endpoint"))
+        });
+        // The capability that bound the port is gone before the CLI starts, from the bounding set too.
+        checks.blocked(&report, "capabilities");
+        let caps = report.entry("capabilities").map(|e| e["detail"].to_string()).unwrap_or_default();
+        checks.check(caps.contains("CapBnd 0000000000000000") && caps.contains("CapPrm 0000000000000000"), || {
+            format!("capabilities left in the CLI: {caps}")
+        });
+        let head = server.join().unwrap();
+        checks.check(head.starts_with("GET /v1/models HTTP/1.1\r\n"), || format!("the gateway got {head:?}"));
+        checks.finish();
+    });
+}
+
+#[test]
+fn host_unix_sockets_at_unusual_paths_are_unreachable() {
+    let test = "host_unix_sockets_at_unusual_paths_are_unreachable";
+    for_each_variant(test, bwrap_variants(test), |variant| {
+        let lab = Lab::new("unix-odd", variant);
+        // Paths no deny-list names: a socket the user's own service made under ~, one deep in a project.
+        let odd = [
+            ("run_agent", lab.home.join(".run/ssh-agent.sock")),
+            ("deep", lab.home.join("projects/a/b/c/.cache/x.sock")),
+            ("workspace_parent", lab.root.join("service.sock")),
+        ];
+        let mut listeners = Vec::new();
+        let mut sockets = Vec::new();
+        for (label, path) in &odd {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            listeners.push((*label, Listener::unix(path)));
+            lab.give(path.parent().unwrap());
+            sockets.push(json!({"label": label, "path": path}));
+        }
+        let mut targets = lab.targets();
+        targets["unix_sockets"] = json!(sockets);
+        let (_bridge, _, report) =
+            run_attacks_with(&lab, lab.options(), "unix_sockets,socketpair,own_unix_socket", targets);
+        let mut checks = Checks::new();
+        for (label, listener) in &mut listeners {
+            let entry = format!("unix_socket:{label}");
+            checks.blocked(&report, &entry);
+            let detail = report.entry(&entry).map(|e| e["detail"].to_string()).unwrap_or_default();
+            checks.check(detail.contains(": EACCES"), || format!("not refused at socket(): {}", report.detail(&entry)));
+            let accepted = listener.accepted();
+            checks.check(accepted == 0, || format!("the host's {label} socket was connected to {accepted} time(s)"));
+        }
+        // What runtimes need stays: a socketpair. A socket of the workspace's own is refused too (the price).
+        checks.worked(&report, "socketpair");
+        let own = report.entry("own_unix_socket").map(|e| e["errno"].clone()).unwrap_or_default();
+        checks.check(own == "EACCES", || format!("expected EACCES: {}", report.detail("own_unix_socket")));
+        checks.finish();
+    });
+}

@@ -47,6 +47,9 @@ pub struct InitArgs {
     /// The program and everything it starts may not connect to the door's port (`guard::PortGuard`): only this
     /// process, outside the Landlock domain, reaches the server. Without Landlock's TCP rules nothing runs.
     pub guard_door: bool,
+    /// The program and everything it starts may not make `AF_UNIX` sockets (`seccomp::no_unix_sockets_program`):
+    /// no host socket is reachable by its path. This process keeps them, for the proxy.
+    pub no_unix_sockets: bool,
     /// Become the subreaper of the CLI's tree and end all of it when the CLI exits or a stop signal arrives:
     /// without a PID namespace, daemons it started (`setsid`, double fork) would otherwise outlive the turn.
     pub reap: bool,
@@ -94,6 +97,10 @@ async fn supervise(args: InitArgs) -> i32 {
     let doors = doors.chain(args.expose.iter().map(|&port| (port, Door::Expose(port))));
     for (port, door) in doors {
         // Bound before the CLI starts, so its first request never finds the door closed.
+        if let Err(why) = low_port_allowed(port).await {
+            complain(&format!("cannot listen on 127.0.0.1:{port}: {why}"));
+            return INIT_FAILED;
+        }
         let listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await {
             Ok(listener) => listener,
             Err(e) => {
@@ -136,8 +143,21 @@ async fn supervise(args: InitArgs) -> i32 {
         },
         _ => None,
     };
+    let unix_filter = match args.no_unix_sockets.then(super::seccomp::no_unix_sockets_program).transpose() {
+        Ok(filter) => filter,
+        Err(e) => {
+            complain(&format!("cannot keep the CLI off unix sockets: {e}"));
+            return INIT_FAILED;
+        }
+    };
     let mut command = Command::new(&args.program);
     command.args(&args.args);
+    if let Some(filter) = unix_filter {
+        // SAFETY: the closure makes one prctl on a program built before the fork and moved into it.
+        unsafe {
+            command.pre_exec(move || super::seccomp::install(&filter));
+        }
+    }
     if let Some(guard) = &guard {
         let ruleset = guard.fd();
         // SAFETY: the closure makes two system calls on an fd that `guard` keeps open until after the spawn.
@@ -201,6 +221,31 @@ async fn supervise(args: InitArgs) -> i32 {
         }
         if let Some(pid) = child.id() {
             let _ = kill(Pid::from_raw(pid as i32), forward);
+        }
+    }
+}
+
+/// Where this network namespace's unprivileged ports start.
+pub const UNPRIVILEGED_PORT_START: &str = "/proc/sys/net/ipv4/ip_unprivileged_port_start";
+
+/// Waits until `port` may be bound without privileges here. Nothing inside can lower the start (`/proc/sys` is
+/// read-only in the sandbox): for a model endpoint below it, the bridge sets it to 0 in this namespace from
+/// outside right after starting the sandbox (`local.rs`), and this waits (a bound) for that.
+async fn low_port_allowed(port: u16) -> Result<(), String> {
+    let start =
+        || std::fs::read_to_string(UNPRIVILEGED_PORT_START).ok().and_then(|text| text.trim().parse::<u32>().ok());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match start() {
+            // Without the file (IPv4 sysctls missing), binding says what is wrong.
+            None => return Ok(()),
+            Some(start) if u32::from(port) >= start => return Ok(()),
+            Some(start) if tokio::time::Instant::now() >= deadline => {
+                return Err(format!(
+                    "ports below {start} are privileged in the sandbox and the bridge did not open them within 10 s"
+                ));
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
 }

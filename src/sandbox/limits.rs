@@ -381,6 +381,27 @@ pub fn rlimit_pre_exec(limits: &Limits) -> impl FnMut() -> std::io::Result<()> +
     }
 }
 
+/// Raises this process's soft `RLIMIT_NOFILE` to its hard limit, once at startup: the bridge carries two
+/// descriptors per proxied connection of every sandbox, and the usual soft limit of 1024 is reached by a few busy
+/// sessions. Returns the soft limit before and after.
+pub fn raise_open_files_limit() -> std::io::Result<(u64, u64)> {
+    let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit take a pointer to a stack value.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut current) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let before = current.rlim_cur;
+        if current.rlim_cur < current.rlim_max {
+            let raised = libc::rlimit { rlim_cur: current.rlim_max, rlim_max: current.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok((before, current.rlim_max))
+    }
+}
+
 /// Tasks (threads included, as `RLIMIT_NPROC` counts them) whose real user id is `uid`.
 fn user_tasks(uid: u32) -> u64 {
     let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };

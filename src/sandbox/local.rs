@@ -267,6 +267,19 @@ impl LocalSettings {
             },
         );
         add(
+            "unix sockets",
+            match (bwrap, seccomp::no_unix_sockets_program()) {
+                (true, Ok(_)) => (
+                    true,
+                    "the CLI's tree cannot make AF_UNIX sockets: no host socket is reachable by its path \
+                     (socketpair works)"
+                        .into(),
+                ),
+                (true, Err(e)) => off(&format!("cannot build the filter: {e}")),
+                (false, _) => off(no_bwrap),
+            },
+        );
+        add(
             "server",
             match (bwrap, super::guard::port_guard_available()) {
                 (true, Ok(abi)) => (
@@ -555,6 +568,8 @@ impl LocalSandbox {
                 // Under bubblewrap a server's tools must never reach it (`guard.rs`); `exec` checked the kernel.
                 args.push("--guard-door".into());
             }
+            // Reads are a deny-list and connect() on a socket needs only its path: no AF_UNIX socket at all.
+            args.push("--no-unix-sockets".into());
             args.push("--".into());
         }
         args.push(spec.program.display().to_string());
@@ -618,6 +633,72 @@ impl LocalSandbox {
             .map_err(|e| SandboxError::Unavailable(format!("cannot start the network proxy: {e}")))?;
         Ok((proxy, NetSetup { socket, port, expose }))
     }
+}
+
+/// Lets anything in the network namespace of bubblewrap's sandbox `bwrap` bind any port
+/// (`net.ipv4.ip_unprivileged_port_start=0` there): a model endpoint on the host's :80 is served on the same port
+/// inside. The namespace is the sandbox's alone (only its loopback), so no port of the host is concerned. The sandbox
+/// cannot do it itself (`/proc/sys` is read-only there, and it holds no capability); the bridge can: as the owner of
+/// the user namespace bubblewrap made (or as root), it joins it and the network namespace in a short-lived child
+/// and writes the file there.
+fn open_low_ports(bwrap: u32) -> Result<(), String> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    // bubblewrap's child is the sandbox's first process; it exists (in the new namespaces) once it is listed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let netns = loop {
+        let children = std::fs::read_to_string(format!("/proc/{bwrap}/task/{bwrap}/children")).unwrap_or_default();
+        if let Some(child) = children.split_whitespace().next() {
+            let path = format!("/proc/{child}/ns/net");
+            let own = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).ok();
+            if std::fs::metadata(&path).map(|m| m.ino()).ok() != own {
+                break std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err("the sandbox's network namespace did not appear within 10 s".into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    // SAFETY: NS_GET_USERNS takes no argument and returns a new fd (or -1).
+    let userns = unsafe { libc::ioctl(netns.as_raw_fd(), libc::NS_GET_USERNS) };
+    if userns < 0 {
+        return Err(format!("the owner of the sandbox's network namespace: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh fd of ours.
+    let userns = unsafe { std::fs::File::from_raw_fd(userns) };
+    let own_userns = std::fs::metadata("/proc/self/ns/user").map(|m| m.ino()).ok();
+    let join_userns = userns.metadata().map(|m| m.ino()).ok() != own_userns;
+    let (net_fd, user_fd) = (netns.as_raw_fd(), userns.as_raw_fd());
+    let path = c"/proc/sys/net/ipv4/ip_unprivileged_port_start";
+    let mut helper = std::process::Command::new("/bin/true");
+    helper.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    // SAFETY: the closure runs in the forked (single-threaded) child and makes only system calls on fds and a
+    // string prepared before the fork. Joining a user namespace needs a single-threaded process: hence the child.
+    unsafe {
+        helper.pre_exec(move || {
+            if join_userns && libc::setns(user_fd, libc::CLONE_NEWUSER) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::setns(net_fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let written = libc::write(fd, b"0\n".as_ptr().cast(), 2);
+            libc::close(fd);
+            if written != 2 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let status = helper.status().map_err(|e| format!("setting ip_unprivileged_port_start in the sandbox: {e}"))?;
+    drop((netns, userns));
+    status.success().then_some(()).ok_or_else(|| format!("the helper that opened the low ports exited with {status}"))
 }
 
 /// The arguments that make `sandbox-init` watch the limits itself.
@@ -748,6 +829,8 @@ impl Sandbox for LocalSandbox {
             Some(port) => Some((self.open_door(&mut guards)?, port)),
             None => None,
         };
+        // A model endpoint below port 1024 is opened in the sandbox's network namespace once it exists.
+        let mut low_ports = false;
         let mut command = match &self.settings.isolation {
             Isolation::Bwrap(bwrap) => {
                 let subject = Subject {
@@ -792,6 +875,7 @@ impl Sandbox for LocalSandbox {
                         None
                     }
                 };
+                low_ports = net.as_ref().is_some_and(|net| net.expose.iter().any(|port| *port < 1024));
                 let mut command = Command::new(bwrap);
                 command.args(self.bwrap_args(&spec, &plan, net.as_ref(), seccomp_fd, watch, door));
                 command
@@ -868,6 +952,15 @@ impl Sandbox for LocalSandbox {
         guards.inherited.clear();
         guards.cgroup = cgroup;
         let pid = child.id();
+        if let (true, Some(bwrap)) = (low_ports, pid) {
+            // sandbox-init waits for this before it binds the endpoint's port, and fails saying so without it.
+            let session = self.session_id.clone();
+            tokio::task::spawn_blocking(move || {
+                if let Err(why) = open_low_ports(bwrap) {
+                    tracing::warn!(session = %session, "a model endpoint below port 1024 cannot be served: {why}");
+                }
+            });
+        }
         if let Some(pid) = pid {
             live_children().insert(pid);
         }
@@ -1403,7 +1496,7 @@ mod tests {
         );
         assert!(args.ends_with(
             "--chdir /tmp/ws -- /run/acp-sandbox/acp-sandbox sandbox-init --proxy-socket /run/acp-sandbox/proxy.sock \
-             --proxy-port 3128 --expose 4010 -- /opt/opencode run --format json"
+             --proxy-port 3128 --expose 4010 --no-unix-sockets -- /opt/opencode run --format json"
         ));
         let host = sandbox
             .bwrap_args(
@@ -1417,12 +1510,12 @@ mod tests {
             .join(" ");
         assert!(
             host.ends_with(
-                "sandbox-init --max-processes 9 --max-memory 99 --door-fd 5 --door-port 4096 --guard-door -- /opt/opencode \
+                "sandbox-init --max-processes 9 --max-memory 99 --door-fd 5 --door-port 4096 --guard-door --no-unix-sockets -- /opt/opencode \
                  run --format json"
             ),
             "{host}"
         );
-        assert!(!host.contains("--unshare-net") && !host.contains("proxy"), "{host}");
+        assert!(!host.contains("--unshare-net") && !host.contains("--proxy-"), "{host}");
     }
 
     #[test]

@@ -162,6 +162,34 @@ pub fn filter_fd() -> Result<OwnedFd, SeccompError> {
     Ok(file.into())
 }
 
+/// The filter `sandbox-init` stacks on the CLI's tree (`--no-unix-sockets`): `socket(AF_UNIX, ...)` fails with
+/// `EACCES`. The file system is readable by a deny-list and `connect()` on a socket file needs only its path, so
+/// a host service's socket anywhere visible (an ssh agent at `~/.run/agent.sock`, a database, a desktop bus)
+/// would answer; without a socket of that family nothing reaches any of them, whatever the path and whenever the
+/// socket was made. `socketpair(AF_UNIX)` stays allowed (runtimes talk to their children through it) and so do
+/// the sockets the CLI inherits. `sandbox-init` itself, outside this filter, still reaches the bridge's proxy.
+pub fn no_unix_sockets_program() -> Result<BpfProgram, SeccompError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|_| SeccompError::UnsupportedArch(std::env::consts::ARCH.to_string()))?;
+    let unix = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?;
+    let rules = BTreeMap::from([(libc::SYS_socket, vec![SeccompRule::new(vec![unix])?])]);
+    let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EACCES as u32), arch)?;
+    let mut program = x32_guard();
+    program.extend(BpfProgram::try_from(filter)?);
+    Ok(program)
+}
+
+/// Installs `program` on the calling thread (for `pre_exec`: one `prctl` on memory prepared before the fork).
+/// `no_new_privs` must already be set, as bubblewrap does.
+pub fn install(program: &[sock_filter]) -> std::io::Result<()> {
+    let prog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: `prog` points at `program`, alive for the call; the kernel copies it.
+    if unsafe { libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Lets `fd` survive exec. Async-signal-safe (one `fcntl`), so it may run in a `pre_exec` closure.
 pub fn clear_cloexec(fd: RawFd) -> std::io::Result<()> {
     // SAFETY: F_SETFD only changes the flags of an fd number; no memory is passed.

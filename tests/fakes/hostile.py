@@ -53,9 +53,16 @@ Attacks (entries):
   pipe_holder    pipe_holder: a detached process that keeps our stdout and stderr open for 60 s, argv marker
                  `acp-attack-holder-<nonce>-<tag>`
   state_probe    state_writes: writes a file into HOME and each XDG dir and reports where it landed
+  host_address   host_address:<label>: CONNECTs through the proxy to the host's own addresses and names that
+                 resolve to them (targets.host_targets); the proxy's answer body in `body`
+  proxy_flood    proxy_flood: targets.flood_count idle connections to the proxy's socket, kept for the run;
+                 succeeded = more than targets.proxy_cap held open unanswered
+  model_endpoint model_endpoint (non-attack): GET targets.endpoint_url straight, on the sandbox's loopback
+  own_unix_socket own_unix_socket (non-attack): a unix socket made and connected inside the workspace
+  socketpair     socketpair (non-attack): an AF_UNIX socketpair works
   noop           nothing (the run is still recorded in .attack/runs.jsonl)
 Stream modes (after the report): hang (step_start, then silence), drip (a text part every 0.5 s).
-`all` is every attack above except noop, in an order that keeps them independent (remount, then fork_bomb last).
+`all` is every attack above except noop, proxy_flood and model_endpoint, in an order that keeps them independent (remount, then fork_bomb last).
 """
 
 import ctypes
@@ -434,7 +441,10 @@ def attack_capabilities(_t):
 def connect(family, address):
     """(connected, errno name or 'connected', seconds)."""
     started = time.monotonic()
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as error:  # refused at socket(): a seccomp rule
+        return False, errno_name(error), time.monotonic() - started
     sock.settimeout(SOCKET_TIMEOUT)
     try:
         sock.connect(address)
@@ -540,6 +550,168 @@ def attack_proxy_domains(t):
     ok, how, seconds = connect(socket.AF_INET, (ip, 443))
     entries.append(entry("direct_external", ok, f"{ip}:443: {how} after {seconds:.1f} s", errno=how))
     return entries
+
+
+# ---- issue 16: the host's own addresses, a connection flood, a low-port endpoint, unix sockets ---------------
+
+def proxy_answer(request):
+    """Sends one raw request to the proxy and reads its answer to the end; (status or None, answer text)."""
+    proxy = proxy_from_env()
+    if proxy is None:
+        return None, "no HTTP proxy in the environment"
+    _, host, port = proxy
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(SOCKET_TIMEOUT)
+    data = b""
+    try:
+        sock.connect((host, port))
+        sock.sendall(request.encode("ascii"))
+        while len(data) < 65536:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+            if data.startswith(b"HTTP/1.1 200 "):
+                break  # a tunnel: the connection stays open
+    except (OSError, socket.timeout) as error:
+        return None, f"{errno_name(error)} after {data!r}"
+    finally:
+        sock.close()
+    match = re.match(rb"HTTP/\d(?:\.\d)?\s+(\d{3})", data)
+    return (int(match.group(1)) if match else None), data.decode("latin-1")
+
+
+def attack_host_address(t):
+    """host_address:<label>: CONNECT through the proxy to the host's own interface addresses, or to names that
+    resolve to them (targets.host_targets: [{label, authority}]); the answer's body in `body`."""
+    entries = []
+    for target in t.get("host_targets", []):
+        status, answer = proxy_answer(connect_request(target["authority"]))
+        body = answer.split("\r\n\r\n", 1)[1] if "\r\n\r\n" in answer else ""
+        entries.append(entry(f"host_address:{target['label']}", status == 200,
+                             f"CONNECT {target['authority']}: {answer[:300]!r}", status=status, body=body))
+    return entries
+
+
+HELD = []  # connections a flood keeps open for the rest of the run (a `hang` run keeps them until it is killed)
+
+
+def attack_proxy_flood(t):
+    """proxy_flood: opens targets.flood_count idle connections straight to the proxy's unix socket
+    (targets.proxy_socket), or to the proxy port of the environment where AF_UNIX sockets are refused, and keeps them; succeeded = more than targets.proxy_cap stayed open unanswered.
+    `answered` counts those the proxy answered at once (their first line in `answers`), `silent` the others."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    wanted = t.get("flood_count", 2000)
+    count = min(wanted, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 40)
+    opened, failure = [], None
+    proxy = proxy_from_env()
+    # Straight to the proxy's socket where AF_UNIX sockets may be made, else through the sandbox's proxy port
+    # (sandbox-init opens one connection to the proxy for each).
+    family, address = (socket.AF_INET, (proxy[1], proxy[2])) if proxy else (socket.AF_UNIX, t["proxy_socket"])
+    try:
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+        family, address = socket.AF_UNIX, t["proxy_socket"]
+    except OSError:
+        pass
+    for _ in range(count):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(SOCKET_TIMEOUT)
+        try:
+            sock.connect(address)
+        except OSError as error:
+            sock.close()
+            failure = describe_error(error)
+            break
+        opened.append(sock)
+    # Wait (a bound, not a measure) until the proxy has answered all it will answer at once.
+    answers, silent = {}, list(opened)
+    expected = max(0, len(opened) - t.get("proxy_cap", 256))
+    deadline = time.monotonic() + 20
+    while silent and time.monotonic() < deadline and sum(answers.values()) < expected:
+        ready, _, _ = select.select(silent[:1000], [], [], 0.5)
+        for sock in ready:
+            try:
+                data = sock.recv(4096)
+            except OSError as error:
+                data = describe_error(error).encode()
+            line = data.split(b"\r\n", 1)[0].decode("latin-1") or "(closed)"
+            answers[line] = answers.get(line, 0) + 1
+            silent.remove(sock)
+            sock.close()
+    HELD.extend(silent)
+    answered = sum(answers.values())
+    detail = (f"opened {len(opened)} of {wanted} to {address} (fd limit {resource.getrlimit(resource.RLIMIT_NOFILE)}), "
+              f"{answered} answered at once {answers}, {len(silent)} held open")
+    if failure:
+        detail += f"; the next connect failed: {failure}"
+    return [entry("proxy_flood", len(silent) > t.get("proxy_cap", 256), detail, opened=len(opened),
+                  answered=answered, answers=answers, silent=len(silent), connect_failure=failure)]
+
+
+def attack_model_endpoint(t):
+    """model_endpoint (non-attack): GET targets.endpoint_url straight (no proxy: the sandbox serves the endpoint's
+    port on its own loopback); the body in `body`."""
+    parts = urllib.parse.urlsplit(t["endpoint_url"])
+    ok, body = False, ""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(SOCKET_TIMEOUT)
+    try:
+        sock.connect((parts.hostname, parts.port or 80))
+        sock.sendall(f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: close\r\n\r\n"
+                     .encode())
+        data = b""
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        body = data.decode("latin-1")
+        ok = body.startswith("HTTP/1.1 200 ")
+    except (OSError, socket.timeout) as error:
+        body = describe_error(error)
+    finally:
+        sock.close()
+    return [entry("model_endpoint", ok, f"(non-attack) GET {t['endpoint_url']}: {body[-300:]!r}", body=body)]
+
+
+def attack_own_unix_socket(_t):
+    """own_unix_socket (non-attack): a unix socket made in the workspace, connected to from here."""
+    path = ATTACK_DIR / f"own-{os.getpid()}.sock"
+    try:
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as error:
+        return [entry("own_unix_socket", False, f"(non-attack) socket(AF_UNIX): {describe_error(error)}",
+                      errno=errno_name(error))]
+    try:
+        server.bind(str(path))
+        server.listen(1)
+        ok, how, _ = connect(socket.AF_UNIX, str(path))
+        return [entry("own_unix_socket", ok, f"(non-attack) {path}: {how}", errno=how)]
+    except OSError as error:
+        return [entry("own_unix_socket", False, f"(non-attack) {path}: {describe_error(error)}",
+                      errno=errno_name(error))]
+    finally:
+        server.close()
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def attack_socketpair(_t):
+    """socketpair (non-attack): an AF_UNIX socketpair carries a byte (runtimes use it for their children)."""
+    try:
+        left, right = socket.socketpair()
+        left.sendall(b"x")
+        ok = right.recv(1) == b"x"
+        left.close()
+        right.close()
+        return [entry("socketpair", ok, "(non-attack) socketpair(AF_UNIX) carried a byte")]
+    except OSError as error:
+        return [entry("socketpair", False, f"(non-attack) socketpair: {describe_error(error)}")]
 
 
 # ---- kernel surface -------------------------------------------------------------------------------------------
@@ -831,6 +1003,11 @@ ATTACKS = {
     "pipe_holder": attack_pipe_holder,
     "remount": attack_remount,  # late: a writable root changes what later attacks see
     "fork_bomb": attack_fork_bomb,  # last: under a process limit nothing could start a process after it
+    "host_address": attack_host_address,
+    "proxy_flood": attack_proxy_flood,
+    "model_endpoint": attack_model_endpoint,
+    "own_unix_socket": attack_own_unix_socket,
+    "socketpair": attack_socketpair,
     "noop": attack_noop,
 }
 TAG = "untagged"
@@ -920,7 +1097,7 @@ def main():
     modes = [n for n in names if n in STREAM_MODES]
     names = [n for n in names if n not in STREAM_MODES]
     if "all" in names:
-        names = [n for n in ATTACKS if n != "noop"]
+        names = [n for n in ATTACKS if n not in ("noop", "proxy_flood", "model_endpoint")]
     prepared = ATTACK_DIR.is_dir()
     targets = {}
     if prepared and (ATTACK_DIR / "targets.json").exists():
