@@ -37,7 +37,7 @@ pub enum StoreError {
     /// The disk (or quota) holding the data dir is full. Every write fails with it until there is room again;
     /// then the store goes on by itself.
     #[error(
-        "The disk holding the session store is full, so this could not be saved: free some disk space where the data dir is ({data_dir}); saving resumes as soon as there is room"
+        "The disk holding {data_dir} is full: the session's last update could not be saved; free space on it (saving resumes by itself as soon as there is room)"
     )]
     DiskFull {
         /// The data dir.
