@@ -184,6 +184,9 @@ struct Context {
     busy_timeout: Duration,
     /// Transactions committed by the writer (for tests and benchmarks: appends are batched).
     commits: std::sync::atomic::AtomicU64,
+    /// Since when the writer has been waiting for another program's lock, if it is: what tells a stuck store from
+    /// a slow one (see [`Store::waiting_for_a_lock`]).
+    lock_wait: Mutex<Option<std::time::Instant>>,
 }
 
 impl Context {
@@ -490,6 +493,7 @@ impl Store {
             identity: (metadata.dev(), metadata.ino()),
             busy_timeout,
             commits: Default::default(),
+            lock_wait: Mutex::new(None),
         });
         connection.busy_timeout(busy_timeout).map_err(unwritable)?;
         // Two bridges starting at once (two editor windows) race to switch the journal mode; SQLite answers
@@ -539,6 +543,22 @@ impl Store {
     /// How many transactions the writer committed so far (a batch of queued writes is one).
     pub fn commits(&self) -> u64 {
         self.context.commits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How long the writer has been waiting for another program's write lock, when it is: the only thing that
+    /// holds the store up for good (a busy store under load still commits, only later).
+    pub fn waiting_for_a_lock(&self) -> Option<Duration> {
+        self.context.lock_wait.lock().unwrap_or_else(|p| p.into_inner()).map(|since| since.elapsed())
+    }
+
+    /// Keeps the writer busy for `busy` (a slow disk or a loaded machine), without any lock: for tests.
+    #[cfg(test)]
+    pub(crate) async fn occupy_writer(&self, busy: Duration) -> Result<()> {
+        self.write(move |_| {
+            std::thread::sleep(busy);
+            Ok(())
+        })
+        .await
     }
 
     /// Runs `work` on the writer thread, in a transaction shared with whatever else is queued; answers once it is
