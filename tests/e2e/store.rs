@@ -293,14 +293,11 @@ fn a_cancel_while_another_program_holds_the_lock_is_answered_at_once_and_the_tur
     // The writer is stuck behind the lock and the CLI goes on printing: its queue fills up.
     std::thread::sleep(Duration::from_secs(2));
 
-    let cancelled_at = std::time::Instant::now();
+    // The busy timeout is far longer than the harness waits for an answer: only giving up on the locked store can
+    // answer the cancel, and the turn's row, still `running` below, shows the lock was still held then.
     bridge.cancel(&sid);
     let turn = bridge.finish_turn(&sid, id);
-    let took = cancelled_at.elapsed();
     assert_eq!(turn.stop_reason(), "cancelled");
-    // Bounded far above the cancel's own 1 s and far below the busy timeout, so a slow machine cannot fail it.
-    assert!(took < Duration::from_secs(30), "the cancel waited for the lock: {took:?}");
-    eprintln!("cancel answered in {took:?} with the store locked");
     assert!(wait_until(Duration::from_secs(10), || !pid_alive(cli)), "the CLI must be stopped");
     assert_no_processes_under(&ws, "after the cancel");
     assert_eq!(turn_statuses(&database(&dirs), &sid), ["running"], "cannot be recorded while locked");
