@@ -415,7 +415,8 @@ impl Bridge {
         let record = self.record(id).await?;
         self.check_workspace(Path::new(&record.cwd))?;
         self.store.mark_orphaned_turns(id).await?;
-        let history = self.store.history(id, self.config.replay_limit).await?;
+        // Planned first, then read page by page: a long turn is never in memory whole.
+        let history = self.store.replay_plan(id, self.config.replay_limit).await?;
         if history.omitted_turns > 0 {
             sink.send(
                 id,
@@ -428,7 +429,7 @@ impl Bridge {
                 )),
             );
         }
-        for (index, (turn, events)) in history.turns.into_iter().enumerate() {
+        for (index, (turn, first)) in history.turns.into_iter().enumerate() {
             let blocks: Vec<ContentBlock> = serde_json::from_value(turn.prompt).unwrap_or_default();
             for block in blocks {
                 sink.send(id, SessionUpdate::UserMessageChunk(ContentChunk::new(block)));
@@ -447,10 +448,20 @@ impl Bridge {
                     )),
                 );
             }
-            for event in events {
-                match serde_json::from_value::<SessionUpdate>(event) {
-                    Ok(update) => sink.send(id, update),
-                    Err(e) => tracing::warn!(session = id, "skipping a stored update that no longer parses: {e}"),
+            let mut from = first;
+            while let Some(start) = from {
+                let page = self.store.replay_page(turn.id, start).await?;
+                from = match page.len() {
+                    crate::store::REPLAY_PAGE => page.last().map(|(last, _)| last + 1),
+                    _ => None,
+                };
+                for (_, mut event) in page {
+                    // Stored before updates were bounded: cut like a new one.
+                    turn::bound_update(&mut event);
+                    match serde_json::from_value::<SessionUpdate>(event) {
+                        Ok(update) => sink.send(id, update),
+                        Err(e) => tracing::warn!(session = id, "skipping a stored update that no longer parses: {e}"),
+                    }
                 }
             }
             match turn.status {

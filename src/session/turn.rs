@@ -119,6 +119,73 @@ pub(super) struct Emitter {
     given_up: std::sync::atomic::AtomicBool,
 }
 
+/// The most text one update keeps, stored and sent (its long strings together: a message chunk's text, a tool's
+/// output, a diff): what is beyond is cut, with [`cut_note`] where it was cut. A CLI or server that sends one
+/// enormous event costs a bounded store, replay and editor, whatever the backend.
+pub(super) const UPDATE_TEXT_LIMIT: usize = 2 * 1024 * 1024;
+
+/// Strings up to this long are never cut (ids, kinds, paths, titles): only text counts against the limit.
+const SHORT_TEXT: usize = 4096;
+
+/// What an update whose text was cut says where it was cut.
+pub(super) fn cut_note(dropped: usize) -> String {
+    format!(
+        "\n\n[acp-sandbox cut this text here: {dropped} more bytes did not fit in one update, which keeps at most {} MiB]",
+        UPDATE_TEXT_LIMIT >> 20
+    )
+}
+
+/// Cuts the update's text to [`UPDATE_TEXT_LIMIT`] (the notes included), in order, each cut string ending with
+/// [`cut_note`]; a tool's
+/// raw input or output still too large after that (many short strings) is replaced by a note. Whether it cut.
+pub(super) fn bound_update(update: &mut serde_json::Value) -> bool {
+    fn cut(value: &mut serde_json::Value, budget: &mut usize) -> bool {
+        match value {
+            serde_json::Value::String(text) if text.len() > SHORT_TEXT => {
+                if text.len() <= *budget {
+                    *budget -= text.len();
+                    return false;
+                }
+                // The note fits in the budget too, so that an update cut once is never cut again (on replay).
+                let keep = text.floor_char_boundary(budget.saturating_sub(cut_note(text.len()).len()));
+                let dropped = text.len() - keep;
+                text.truncate(keep);
+                text.push_str(&cut_note(dropped));
+                text.shrink_to_fit();
+                *budget = 0;
+                true
+            }
+            serde_json::Value::Array(items) => items.iter_mut().fold(false, |was, item| cut(item, budget) | was),
+            serde_json::Value::Object(fields) => fields.values_mut().fold(false, |was, field| cut(field, budget) | was),
+            _ => false,
+        }
+    }
+    /// About how many bytes the value takes serialized.
+    fn size(value: &serde_json::Value) -> usize {
+        match value {
+            serde_json::Value::String(text) => text.len() + 2,
+            serde_json::Value::Array(items) => items.iter().map(|item| size(item) + 1).sum::<usize>() + 2,
+            serde_json::Value::Object(fields) => fields.iter().map(|(key, field)| key.len() + 4 + size(field)).sum(),
+            _ => 8,
+        }
+    }
+    let mut budget = UPDATE_TEXT_LIMIT;
+    let mut was_cut = cut(update, &mut budget);
+    if size(update) > 2 * UPDATE_TEXT_LIMIT
+        && let Some(fields) = update.as_object_mut()
+    {
+        for raw in ["rawInput", "rawOutput"] {
+            if let Some(field) = fields.get_mut(raw)
+                && size(field) > UPDATE_TEXT_LIMIT
+            {
+                *field = serde_json::Value::String(cut_note(size(field)));
+                was_cut = true;
+            }
+        }
+    }
+    was_cut
+}
+
 /// How long a cancelled turn waits for a store that waits for another program's lock. Such a store must not hold
 /// the cancel until its busy timeout: the turn is answered, and what could not be written yet is written (not sent)
 /// once the store can. Only a lock wait counts: a store that is slow (a loaded machine, a long backlog of updates)
@@ -149,12 +216,27 @@ impl Emitter {
             }
             other => other,
         };
-        let value = match serde_json::to_value(&update) {
+        let mut value = match serde_json::to_value(&update) {
             Ok(value) => value,
             // Not stored, so not sent either: a replay shows what the editor saw.
             Err(e) => {
                 tracing::error!(session = %self.session_id, "could not serialize an update: {e}");
                 return Ok(());
+            }
+        };
+        // What is sent is what is stored: the cut value, read back.
+        let update = match bound_update(&mut value) {
+            false => update,
+            true => {
+                drop(update);
+                tracing::warn!(session = %self.session_id, "an update had more than {} MiB of text: the rest was cut", UPDATE_TEXT_LIMIT >> 20);
+                match serde_json::from_value(value.clone()) {
+                    Ok(update) => update,
+                    Err(e) => {
+                        tracing::error!(session = %self.session_id, "could not read back a cut update: {e}");
+                        return Ok(());
+                    }
+                }
             }
         };
         // Given up on (the turn was cancelled and the store is stuck): neither stored nor sent.
@@ -1091,6 +1173,34 @@ pub fn stop_reason_name(stop: StopReason) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_update_is_cut_to_the_limit_at_a_character_boundary_with_the_note_and_never_cut_twice() {
+        // Three-byte characters, so that the limit falls inside one.
+        let text = "€".repeat(UPDATE_TEXT_LIMIT);
+        let mut update = serde_json::json!({
+            "sessionUpdate": "tool_call_update",
+            "toolCallId": "call_1",
+            "title": "x".repeat(100),
+            "content": [{"type": "content", "content": {"type": "text", "text": text}}],
+            "rawOutput": {"output": "z".repeat(SHORT_TEXT + 1)},
+        });
+        assert!(bound_update(&mut update));
+        let cut = update["content"][0]["content"]["text"].as_str().unwrap();
+        let kept = cut.find("\n\n[acp-sandbox").unwrap();
+        assert_eq!(cut.len(), kept + cut_note(text.len() - kept).len());
+        assert!(cut.len() <= UPDATE_TEXT_LIMIT && kept.is_multiple_of(3), "cut inside a character or past the limit");
+        assert_eq!(&cut[kept..], cut_note(text.len() - kept));
+        // The budget is spent: the long output after it keeps nothing but its note; short strings are kept.
+        assert_eq!(update["rawOutput"]["output"], cut_note(SHORT_TEXT + 1).as_str());
+        assert_eq!(update["title"], "x".repeat(100).as_str());
+        let once = update.clone();
+        assert!(!bound_update(&mut update) || update == once, "an update cut once was cut again");
+        assert_eq!(update, once);
+        let mut small =
+            serde_json::json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hi"}});
+        assert!(!bound_update(&mut small));
+    }
 
     /// A cancelled turn's emitter on a fresh store, and what it sent.
     async fn cancelled_emitter(

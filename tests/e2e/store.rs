@@ -453,3 +453,66 @@ fn a_prompt_sent_right_after_set_config_option_runs_with_the_new_option_even_whi
     assert_eq!(bridge.finish_turn(&sid, prompt).stop_reason(), "end_turn");
     assert_eq!(invocations(&ws)[0].flag_value("--model").as_deref(), Some("fake/thinker"));
 }
+
+/// The bridge's peak resident memory (VmHWM), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|line| line.starts_with("VmHWM:")).expect("VmHWM in /proc/<pid>/status");
+    let kib: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmHWM's value");
+    kib * 1024
+}
+
+/// The documented bound of the bridge's peak memory with one 12 MiB text event (README, "Limits").
+const PEAK_RSS_WITH_A_HUGE_EVENT: u64 = 256 * 1024 * 1024;
+
+#[test]
+fn one_enormous_text_event_is_cut_to_the_update_limit_with_a_note_stored_bounded_and_replayed_as_sent() {
+    let dirs = TestDirs::new("store-huge-update");
+    let ws = dirs.workspace("ws");
+    let options = || BridgeOptions::new("opencode", &dirs.data).env("RUST_LOG", "info");
+    let mut bridge = Bridge::start(options());
+    let sid = bridge.new_session(&ws);
+    let bytes = 12 * 1024 * 1024;
+    let turn = bridge.prompt(&sid, &format!("SCENARIO:hugetext FAKE_BYTES={bytes} one enormous answer"));
+    assert_eq!(turn.stop_reason(), "end_turn");
+    let limit = 2 * 1024 * 1024;
+    let note = |dropped: usize| {
+        format!(
+            "\n\n[acp-sandbox cut this text here: {dropped} more bytes did not fit in one update, which keeps at most 2 MiB]"
+        )
+    };
+    // The note counts against the limit: the text cut is exactly the limit long.
+    let kept = limit - note(bytes).len();
+    let expected = format!("{}{}", "y".repeat(kept), note(bytes - kept));
+    assert_eq!(expected.len(), limit);
+    let chunks: Vec<&str> = turn
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .filter(|text| text.starts_with('y'))
+        .collect();
+    assert_eq!(chunks.len(), 1, "one chunk of the huge text");
+    assert!(chunks[0] == expected, "the chunk sent is the limit's worth and the note ({} bytes)", chunks[0].len());
+    let peak = peak_rss(bridge.pid());
+    assert!(peak < PEAK_RSS_WITH_A_HUGE_EVENT, "the bridge's peak memory was {} MiB", peak >> 20);
+    eprintln!("peak RSS with a {} MiB event: {} MiB", bytes >> 20, peak >> 20);
+
+    let stored: i64 = other_program(&database(&dirs))
+        .query_row("SELECT COALESCE(MAX(LENGTH(payload)), 0) FROM events", [], |row| row.get(0))
+        .unwrap();
+    assert!(stored as usize <= limit + 4096, "the largest stored update has {stored} bytes");
+    drop(bridge);
+
+    let mut bridge = Bridge::start(options());
+    let load = bridge.load_session(&sid, &ws);
+    load.result.as_ref().expect("the session loads");
+    let prompt = format!("SCENARIO:hugetext FAKE_BYTES={bytes} one enormous answer");
+    let (replayed, sent) = (of_the_turn(&replayed_turn(&load.updates, &prompt)), of_the_turn(&turn.updates));
+    // After the turn, the load's own title update.
+    assert_eq!(kinds(&replayed[sent.len()..]), ["session_info_update"], "{:?}", kinds(&replayed));
+    for (index, (replayed, sent)) in replayed.iter().zip(&sent).enumerate() {
+        let short = |update: &Value| update.to_string().chars().take(300).collect::<String>();
+        assert!(replayed == sent, "update {index} replayed {} as sent {}", short(replayed), short(sent));
+    }
+}

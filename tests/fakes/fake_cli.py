@@ -443,6 +443,11 @@ def run_opencode(args):
         emit_json(oc_text(sid, msg, "x" * (20 * 1024 * 1024)))
         for line in opencode_fixture_lines(OPENCODE_FIXTURES["text"], sid, cwd):
             emit(line)
+    elif scenario == "hugetext":
+        # One text event of FAKE_BYTES bytes (within the bridge's line limit): the store keeps a bounded part of it.
+        emit_json(oc_step_start(sid, msg))
+        emit_json(oc_text(sid, msg, "y" * prompt_option(prompt, "BYTES", 12 * 1024 * 1024)))
+        emit_json(oc_step_finish(sid, msg))
     elif scenario == "files":
         run_file_ops(prompt, sid, msg, cwd)
     elif scenario == "child":
