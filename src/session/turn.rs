@@ -186,6 +186,13 @@ pub(super) fn bound_update(update: &mut serde_json::Value) -> bool {
     was_cut
 }
 
+/// Whether the disk holding `dir` has (next to) no room left for an unprivileged writer.
+fn disk_full(dir: &std::path::Path) -> bool {
+    const ROOM: u64 = 1024 * 1024;
+    nix::sys::statvfs::statvfs(dir)
+        .is_ok_and(|stat| stat.blocks_available().saturating_mul(stat.fragment_size()) < ROOM)
+}
+
 /// How long a cancelled turn waits for a store that waits for another program's lock. Such a store must not hold
 /// the cancel until its busy timeout: the turn is answered, and what could not be written yet is written (not sent)
 /// once the store can. Only a lock wait counts: a store that is slow (a loaded machine, a long backlog of updates)
@@ -392,6 +399,20 @@ impl Turn<'_> {
     /// with "Unexpected server error" (`run`) or "Model not found" (`serve`), which name neither the picker nor
     /// `opencode models`.
     fn explain(&self, mut error: Error) -> Error {
+        // The CLI keeps its own database on the data dir's disk (OpenCode then says only "Failed to execute
+        // statement"): a full disk is named with what to free.
+        let data_dir = &self.bridge.config().data_dir;
+        if let Error::CliFailed { message, .. } = &mut error
+            && disk_full(data_dir)
+        {
+            *message = format!(
+                "The disk holding {} is full, so {} could not save its conversation: free space on it, then send the prompt again\n\n{} said: {message}",
+                data_dir.display(),
+                self.agent.display_name(),
+                self.agent.display_name(),
+            );
+            return error;
+        }
         if let Error::CliFailed { message, .. } = &mut error
             && message.starts_with("Cannot connect to API")
         {

@@ -153,6 +153,33 @@ fn a_full_disk_fails_the_turn_clearly_the_editor_saw_only_what_was_stored_and_sa
 }
 
 #[test]
+fn a_cli_that_fails_on_a_full_disk_is_answered_with_the_disk_named_and_the_next_prompt_works_once_space_is_freed() {
+    let dirs = TestDirs::new("store-full-cli");
+    let ws = dirs.workspace("ws");
+    let Some(_tmpfs) = Tmpfs::mount(&dirs.data, "8m") else { return };
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data).env("RUST_LOG", "warn"));
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:fill-disk write your database");
+    let error = turn.result.expect_err("the CLI failed");
+    assert_eq!(
+        error.message,
+        format!(
+            "The disk holding {} is full, so OpenCode could not save its conversation: free space on it, then send the prompt again\n\nOpenCode said: OpenCode failed (exit code 1): Error: Failed to execute statement\n\nstderr:\nError: Failed to execute statement",
+            dirs.data.display()
+        )
+    );
+    let fillers: Vec<PathBuf> = std::fs::read_dir(dirs.data.join("sessions"))
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path().join("home/filler"))
+        .filter(|filler| filler.exists())
+        .collect();
+    assert_eq!(fillers.len(), 1, "the CLI's filler");
+    std::fs::remove_file(&fillers[0]).unwrap();
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session goes on once there is room");
+}
+
+#[test]
 fn a_data_dir_deleted_mid_turn_fails_the_turn_naming_it_stops_the_cli_and_later_requests_say_so() {
     let dirs = TestDirs::new("store-gone");
     let ws = dirs.workspace("ws");
