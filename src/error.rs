@@ -48,6 +48,18 @@ pub enum Error {
     #[error("A turn is already running in this session; wait for it to finish or cancel it first")]
     TurnInProgress,
 
+    /// A prompt of a session whose turn another bridge process (another editor window on the same data dir) runs.
+    #[error(
+        "This session's turn is running in another window (another acp-sandbox on the same data dir); wait for it to finish there or cancel it there, then send this prompt again"
+    )]
+    TurnInAnotherWindow,
+
+    /// A delete of a session whose turn another bridge process runs: the session is kept.
+    #[error(
+        "This session's turn is running in another window (another acp-sandbox on the same data dir), so the session was not deleted: cancel the turn there or wait for it to finish, then delete it"
+    )]
+    DeleteWhileRunningElsewhere,
+
     /// The request's parameters cannot be served (bad cursor, bad config value, relative cwd…).
     #[error("{0}")]
     InvalidParams(String),
@@ -143,6 +155,9 @@ pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
             agent_client_protocol::Error::new(ErrorCode::AUTH_REQUIRED, message).data(json!({ "provider": provider }))
         }
         Error::TurnInProgress => agent_client_protocol::Error::new(ErrorCode::INVALID_REQUEST, message),
+        Error::TurnInAnotherWindow | Error::DeleteWhileRunningElsewhere => {
+            agent_client_protocol::Error::new(ErrorCode::INVALID_REQUEST, message)
+        }
         Error::InvalidParams(_) | Error::WrongAgent { .. } => {
             agent_client_protocol::Error::new(ErrorCode::INVALID_PARAMS, message)
         }

@@ -12,6 +12,7 @@ mod remote;
 mod review;
 pub mod serve;
 mod turn;
+mod turn_lock;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -414,7 +415,8 @@ impl Bridge {
         let record = self.record(id).await?;
         self.check_workspace(Path::new(&record.cwd))?;
         self.store.mark_orphaned_turns(id).await?;
-        let history = self.store.history(id, self.config.replay_limit).await?;
+        // Planned first, then read page by page: a long turn is never in memory whole.
+        let history = self.store.replay_plan(id, self.config.replay_limit).await?;
         if history.omitted_turns > 0 {
             sink.send(
                 id,
@@ -427,7 +429,7 @@ impl Bridge {
                 )),
             );
         }
-        for (index, (turn, events)) in history.turns.into_iter().enumerate() {
+        for (index, (turn, first)) in history.turns.into_iter().enumerate() {
             let blocks: Vec<ContentBlock> = serde_json::from_value(turn.prompt).unwrap_or_default();
             for block in blocks {
                 sink.send(id, SessionUpdate::UserMessageChunk(ContentChunk::new(block)));
@@ -446,10 +448,20 @@ impl Bridge {
                     )),
                 );
             }
-            for event in events {
-                match serde_json::from_value::<SessionUpdate>(event) {
-                    Ok(update) => sink.send(id, update),
-                    Err(e) => tracing::warn!(session = id, "skipping a stored update that no longer parses: {e}"),
+            let mut from = first;
+            while let Some(start) = from {
+                let page = self.store.replay_page(turn.id, start).await?;
+                from = match page.len() {
+                    crate::store::REPLAY_PAGE => page.last().map(|(last, _)| last + 1),
+                    _ => None,
+                };
+                for (_, mut event) in page {
+                    // Stored before updates were bounded: cut like a new one.
+                    turn::bound_update(&mut event);
+                    match serde_json::from_value::<SessionUpdate>(event) {
+                        Ok(update) => sink.send(id, update),
+                        Err(e) => tracing::warn!(session = id, "skipping a stored update that no longer parses: {e}"),
+                    }
                 }
             }
             match turn.status {
@@ -562,6 +574,16 @@ impl Bridge {
     /// Cancels any running turn, frees the sandbox and removes the session from the store. Unknown ids
     /// succeed.
     pub async fn delete_session(&self, id: &str) -> Result<()> {
+        // A turn of this bridge is cancelled below; one another window runs keeps its session (its sandbox would be
+        // removed under it), and holding the lock keeps another window from starting one while this deletes.
+        let runs_here = self.live.lock().unwrap_or_else(|p| p.into_inner()).get(id).is_some_and(|s| !s.idle());
+        let _turn_lock = match runs_here {
+            true => None,
+            false => match turn_lock::try_lock(&self.config.data_dir, id)? {
+                Some(lock) if !self.store.running_elsewhere(id).await? => Some(lock),
+                _ => return Err(Error::DeleteWhileRunningElsewhere),
+            },
+        };
         self.close_session(id)?;
         // Its server holds the sandbox's files open: gone first.
         self.servers.stop(id).await;
@@ -581,6 +603,9 @@ impl Bridge {
             tracing::warn!(session = id, "could not remove the mirror of the sandbox's workspace: {e}");
         }
         self.store.delete_session(id).await?;
+        if _turn_lock.is_some() {
+            turn_lock::remove(&self.config.data_dir, id);
+        }
         tracing::info!(session = id, "deleted session");
         Ok(())
     }
@@ -671,15 +696,20 @@ impl Bridge {
         let credential = crate::auth::credential(&self.config, agent)?;
         let live = ticket.live.clone();
         let elsewhere = self.store.running_elsewhere(id).await?;
-        let token = {
+        let (token, turn_lock) = {
             let mut running = live.running.lock().unwrap_or_else(|p| p.into_inner());
-            if running.is_some() || elsewhere {
+            if running.is_some() {
                 return Err(Error::TurnInProgress);
             }
+            // Another window's bridge: its lock decides a race that the store's rows cannot (both read before
+            // either writes); a row of a bridge that predates the lock still counts.
+            let Some(turn_lock) = turn_lock::try_lock(&self.config.data_dir, id)?.filter(|_| !elsewhere) else {
+                return Err(Error::TurnInAnotherWindow);
+            };
             // The ticket's own token: a cancel that came while the prompt waited has cancelled it already.
             let token = ticket.token.clone();
             *running = Some(token.clone());
-            token
+            (token, turn_lock)
         };
         // Cleared however the turn ends, even by a panic or a dropped task: a session must never stay busy.
         let _running = RunningGuard(live.clone());
@@ -696,6 +726,7 @@ impl Bridge {
         // from before, so that a shutdown waiting for the turns waits for it too.
         let suspension = self.remote.on_its_way();
         drop(_running);
+        drop(turn_lock);
         drop(ticket);
         self.suspend_after_turn(id, live, suspension);
         result

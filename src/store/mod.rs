@@ -37,7 +37,7 @@ pub enum StoreError {
     /// The disk (or quota) holding the data dir is full. Every write fails with it until there is room again;
     /// then the store goes on by itself.
     #[error(
-        "The disk holding the session store is full, so this could not be saved: free some disk space where the data dir is ({data_dir}); saving resumes as soon as there is room"
+        "The disk holding {data_dir} is full: the session's last update could not be saved; free space on it (saving resumes by itself as soon as there is room)"
     )]
     DiskFull {
         /// The data dir.
@@ -184,6 +184,9 @@ struct Context {
     busy_timeout: Duration,
     /// Transactions committed by the writer (for tests and benchmarks: appends are batched).
     commits: std::sync::atomic::AtomicU64,
+    /// Since when the writer has been waiting for another program's lock, if it is: what tells a stuck store from
+    /// a slow one (see [`Store::waiting_for_a_lock`]).
+    lock_wait: Mutex<Option<std::time::Instant>>,
 }
 
 impl Context {
@@ -490,6 +493,7 @@ impl Store {
             identity: (metadata.dev(), metadata.ino()),
             busy_timeout,
             commits: Default::default(),
+            lock_wait: Mutex::new(None),
         });
         connection.busy_timeout(busy_timeout).map_err(unwritable)?;
         // Two bridges starting at once (two editor windows) race to switch the journal mode; SQLite answers
@@ -539,6 +543,22 @@ impl Store {
     /// How many transactions the writer committed so far (a batch of queued writes is one).
     pub fn commits(&self) -> u64 {
         self.context.commits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How long the writer has been waiting for another program's write lock, when it is: the only thing that
+    /// holds the store up for good (a busy store under load still commits, only later).
+    pub fn waiting_for_a_lock(&self) -> Option<Duration> {
+        self.context.lock_wait.lock().unwrap_or_else(|p| p.into_inner()).map(|since| since.elapsed())
+    }
+
+    /// Keeps the writer busy for `busy` (a slow disk or a loaded machine), without any lock: for tests.
+    #[cfg(test)]
+    pub(crate) async fn occupy_writer(&self, busy: Duration) -> Result<()> {
+        self.write(move |_| {
+            std::thread::sleep(busy);
+            Ok(())
+        })
+        .await
     }
 
     /// Runs `work` on the writer thread, in a transaction shared with whatever else is queued; answers once it is
@@ -805,7 +825,74 @@ impl Store {
     }
 }
 
-fn history(connection: &Connection, session_id: &str, limit: usize) -> std::result::Result<History, Failure> {
+/// What a replay shows of a session, without its updates (read page by page with [`Store::replay_page`]): the turns
+/// kept within the limit, oldest first, each with the id of its first update shown (`None`: none shown).
+#[derive(Clone, Debug)]
+pub struct ReplayPlan {
+    /// Turns that were left out because of the replay limit (the oldest ones).
+    pub omitted_turns: usize,
+    /// Updates left out of the first turn kept, its oldest ones.
+    pub omitted_updates: usize,
+    /// The turns shown, oldest first.
+    pub turns: Vec<(TurnRecord, Option<i64>)>,
+}
+
+/// How many updates one page of a replay reads: a stored update is at most a few MiB (the emitter's cap), so a
+/// page holds at most a few tens of MiB, whatever the turn's length.
+pub const REPLAY_PAGE: usize = 16;
+
+impl Store {
+    /// What a replay of the session shows within `limit` updates, like [`Store::history`], without reading them.
+    pub async fn replay_plan(&self, session_id: &str, limit: usize) -> Result<ReplayPlan> {
+        let session_id = session_id.to_string();
+        self.read(move |connection| {
+            let planned = plan(connection, &session_id, limit)?;
+            let mut first_statement =
+                connection.prepare_cached("SELECT id FROM events WHERE turn_id = ?1 ORDER BY id LIMIT 1 OFFSET ?2")?;
+            let mut turns = Vec::with_capacity(planned.turns.len());
+            for (turn, skip, keep) in planned.turns {
+                let first = match keep {
+                    0 => None,
+                    _ => first_statement
+                        .query_row(params![turn.id, i64::try_from(skip).unwrap_or(i64::MAX)], |row| row.get(0))
+                        .optional()?,
+                };
+                turns.push((turn, first));
+            }
+            Ok(ReplayPlan { omitted_turns: planned.omitted_turns, omitted_updates: planned.omitted_updates, turns })
+        })
+        .await
+    }
+
+    /// Up to [`REPLAY_PAGE`] updates of a turn from the update `from` on, in order, each with its id; the next page
+    /// starts after the last id.
+    pub async fn replay_page(&self, turn_id: i64, from: i64) -> Result<Vec<(i64, Value)>> {
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT id, payload FROM events WHERE turn_id = ?1 AND id >= ?2 ORDER BY id LIMIT ?3",
+            )?;
+            let rows: Vec<(i64, String)> = statement
+                .query_map(params![turn_id, from, REPLAY_PAGE as i64], |row| Ok((row.get(0)?, row.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut page = Vec::with_capacity(rows.len());
+            for (id, payload) in rows {
+                page.push((id, serde_json::from_str(&payload)?));
+            }
+            Ok(page)
+        })
+        .await
+    }
+}
+
+/// The turns a replay within `limit` updates keeps, newest first counted, oldest first returned: each with how many
+/// of its oldest updates are skipped and how many are kept.
+struct Planned {
+    omitted_turns: usize,
+    omitted_updates: usize,
+    turns: Vec<(TurnRecord, usize, usize)>,
+}
+
+fn plan(connection: &Connection, session_id: &str, limit: usize) -> std::result::Result<Planned, Failure> {
     let mut turns_statement = connection.prepare_cached(
         "SELECT id, session_id, prompt, status, stop_reason, error, started_at, ended_at
          FROM turns WHERE session_id = ?1 ORDER BY id DESC",
@@ -827,11 +914,6 @@ fn history(connection: &Connection, session_id: &str, limit: usize) -> std::resu
         })?
         .collect::<rusqlite::Result<_>>()?;
     let mut count_statement = connection.prepare_cached("SELECT COUNT(*) FROM events WHERE turn_id = ?1")?;
-    let mut all_statement = connection.prepare_cached("SELECT payload FROM events WHERE turn_id = ?1 ORDER BY id")?;
-    // The newest `?2` updates of a turn.
-    let mut newest_statement = connection.prepare_cached(
-        "SELECT payload FROM (SELECT id, payload FROM events WHERE turn_id = ?1 ORDER BY id DESC LIMIT ?2) ORDER BY id",
-    )?;
     let mut kept = Vec::new();
     let mut budget = limit;
     let mut omitted_turns = 0;
@@ -856,21 +938,31 @@ fn history(connection: &Connection, session_id: &str, limit: usize) -> std::resu
             continue;
         };
         budget = budget.saturating_sub(keep + 1);
-        let payloads: Vec<String> = if keep == count {
-            all_statement.query_map(params![turn.id], |row| row.get(0))?.collect::<rusqlite::Result<_>>()?
-        } else {
-            newest_statement
-                .query_map(params![turn.id, i64::try_from(keep).unwrap_or(i64::MAX)], |row| row.get(0))?
-                .collect::<rusqlite::Result<_>>()?
-        };
+        kept.push((turn, count - keep, keep));
+    }
+    kept.reverse();
+    Ok(Planned { omitted_turns, omitted_updates, turns: kept })
+}
+
+fn history(connection: &Connection, session_id: &str, limit: usize) -> std::result::Result<History, Failure> {
+    let planned = plan(connection, session_id, limit)?;
+    let mut statement =
+        connection.prepare_cached("SELECT payload FROM events WHERE turn_id = ?1 ORDER BY id LIMIT ?2 OFFSET ?3")?;
+    let mut turns = Vec::with_capacity(planned.turns.len());
+    for (turn, skip, keep) in planned.turns {
+        let payloads: Vec<String> = statement
+            .query_map(
+                params![turn.id, i64::try_from(keep).unwrap_or(i64::MAX), i64::try_from(skip).unwrap_or(i64::MAX)],
+                |row| row.get(0),
+            )?
+            .collect::<rusqlite::Result<_>>()?;
         let mut events = Vec::with_capacity(payloads.len());
         for payload in payloads {
             events.push(serde_json::from_str(&payload)?);
         }
-        kept.push((turn, events));
+        turns.push((turn, events));
     }
-    kept.reverse();
-    Ok(History { omitted_turns, omitted_updates, turns: kept })
+    Ok(History { omitted_turns: planned.omitted_turns, omitted_updates: planned.omitted_updates, turns })
 }
 
 /// Marks the running turns (of one session, or all) whose owning process is gone as interrupted.

@@ -68,7 +68,8 @@ pub(super) struct Writer {
 
 impl Writer {
     /// Starts the writer thread on `connection` (already migrated).
-    pub fn start(connection: Connection, context: Arc<Context>) -> std::io::Result<Self> {
+    pub fn start(mut connection: Connection, context: Arc<Context>) -> std::io::Result<Self> {
+        connection.busy_handler(Some(lock_waiter(context.clone()))).map_err(std::io::Error::other)?;
         let (jobs, queue) = mpsc::channel();
         let mut thread = WriterThread {
             connection,
@@ -86,6 +87,30 @@ impl Writer {
     pub async fn submit(&self, job: Job) -> Result<(), StoreError> {
         let permit = self.places.clone().acquire_owned().await.map_err(|_| StoreError::Stopped)?;
         self.jobs.send(Queued { job, _permit: permit }).map_err(|_| StoreError::Stopped)
+    }
+}
+
+/// The pauses between tries on another program's lock, in ms (SQLite's own busy timeout's, then the last one over).
+const LOCK_RETRY_MS: [u64; 12] = [1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100];
+
+/// The writer's busy handler: SQLite's busy timeout, which also records since when the writer waits, so that a
+/// cancelled turn can tell a store that waits for another program (stuck until it lets go) from one that is only
+/// slow.
+fn lock_waiter(context: Arc<Context>) -> impl FnMut(i32) -> bool + Send + 'static {
+    move |attempt| {
+        let since = {
+            let mut wait = context.lock_wait.lock().unwrap_or_else(|p| p.into_inner());
+            if attempt == 0 || wait.is_none() {
+                *wait = Some(std::time::Instant::now());
+            }
+            wait.unwrap_or_else(std::time::Instant::now)
+        };
+        let Some(left) = context.busy_timeout.checked_sub(since.elapsed()).filter(|left| !left.is_zero()) else {
+            return false;
+        };
+        let pause = LOCK_RETRY_MS.get(attempt as usize).copied().unwrap_or(100);
+        std::thread::sleep(Duration::from_millis(pause).min(left));
+        true
     }
 }
 
@@ -208,6 +233,7 @@ impl WriterThread {
             }
             _ => {}
         }
+        *self.context.lock_wait.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let failure = outcome.err();
         for item in done {
             match (&failure, &item) {
@@ -237,7 +263,10 @@ impl WriterThread {
             done.extend(jobs.drain(..).map(unstarted));
             return Err(error);
         }
-        if let Err(error) = self.connection.execute_batch("BEGIN IMMEDIATE") {
+        let begun = self.connection.execute_batch("BEGIN IMMEDIATE");
+        // The write lock is taken (or given up on) here: the writer no longer waits for it.
+        *self.context.lock_wait.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Err(error) = begun {
             done.extend(jobs.drain(..).map(unstarted));
             return Err(self.context.error(error.into()));
         }

@@ -1,6 +1,6 @@
 //! `session/cancel` and `session/close` end the CLI's whole process tree and the prompt answers `cancelled`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -54,13 +54,10 @@ fn cancel_kills_the_cli_process_tree_and_the_prompt_answers_cancelled() {
     let (id, cli, grandchild) = start_turn_with_grandchild(&mut bridge, &sid, &ws);
     let _guards = (KillOnDrop(cli), KillOnDrop(grandchild));
 
-    let cancelled_at = Instant::now();
+    // The CLI and its grandchild would run forever: only the cancel can answer the prompt (how fast is the bench's).
     bridge.cancel(&sid);
     let turn = bridge.finish_turn(&sid, id);
-    let took = cancelled_at.elapsed();
     assert_eq!(turn.stop_reason(), "cancelled");
-    assert!(took < Duration::from_secs(5), "cancel took {took:?} (expected about 1 s)");
-    eprintln!("cancel answered in {took:?}");
     assert!(wait_until(Duration::from_secs(5), || !pid_alive(cli)), "the CLI {cli} survived the cancel");
     assert!(
         wait_until(Duration::from_secs(5), || !pid_alive(grandchild)),

@@ -261,3 +261,68 @@ fn the_caches_of_sessions_unused_for_two_weeks_are_freed_and_nothing_else() {
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
+
+const IN_ANOTHER_WINDOW: &str = "This session's turn is running in another window (another acp-sandbox on the same data dir); wait for it to finish there or cancel it there, then send this prompt again";
+
+/// Two editor windows are two bridges on one data dir: while one runs a turn of a session, the other's prompt and
+/// delete of it are refused, and a SIGKILLed window leaves nothing locked behind it.
+#[test]
+fn a_second_window_cannot_prompt_or_delete_a_session_whose_turn_runs_and_a_killed_window_leaves_no_lock() {
+    let dirs = TestDirs::new("two-windows");
+    let ws = dirs.workspace("ws");
+    let mut first = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = first.new_session(&ws);
+    let mut second = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    second.load_session(&sid, &ws).result.expect("the second window loads the session");
+
+    first.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=600 FAKE_DELAY_MS=100 a long answer");
+    let runs = wait_invocations(&ws, 1);
+    let _guard = KillOnDrop(runs[0].pid());
+    first.wait_update(&sid, "a streamed chunk of the slow turn", |u| {
+        u["sessionUpdate"] == "agent_message_chunk"
+            && u["content"]["text"].as_str().unwrap_or("").contains("slow chunk")
+    });
+
+    let refused = second.prompt(&sid, "Say hello from the second window");
+    let error = refused.result.expect_err("a second window's prompt must be refused while the turn runs");
+    assert_eq!((error.code, error.message.as_str()), (-32600, IN_ANOTHER_WINDOW));
+    let deleted = second.request("session/delete", json!({"sessionId": sid}));
+    let error = deleted.expect_err("a second window's delete must be refused while the turn runs");
+    assert_eq!(
+        error.message,
+        "This session's turn is running in another window (another acp-sandbox on the same data dir), so the session was not deleted: cancel the turn there or wait for it to finish, then delete it"
+    );
+    assert_eq!(invocations(&ws).len(), 1, "the second window started a CLI");
+
+    first.kill9();
+    let mut third = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    third.load_session(&sid, &ws).result.expect("load after the kill");
+    assert_eq!(
+        third.prompt(&sid, "Say hello after the kill").stop_reason(),
+        "end_turn",
+        "the killed window left a lock"
+    );
+    assert_eq!(second.prompt(&sid, "Say hello again").stop_reason(), "end_turn", "the second window's turn");
+}
+
+/// Prompts of one session sent to two windows at the same moment: exactly one runs, the other is refused.
+#[test]
+fn two_windows_prompting_one_session_at_once_run_exactly_one_turn() {
+    let dirs = TestDirs::new("two-windows-race");
+    let ws = dirs.workspace("ws");
+    let mut first = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    let sid = first.new_session(&ws);
+    let mut second = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    second.load_session(&sid, &ws).result.expect("the second window loads the session");
+
+    let prompt = "SCENARIO:slow FAKE_COUNT=100 FAKE_DELAY_MS=100 one of two";
+    let (a, b) = (first.send_prompt(&sid, prompt), second.send_prompt(&sid, prompt));
+    let answers = [first.wait_response(a), second.wait_response(b)];
+    let ran: Vec<_> = answers.iter().filter(|answer| answer.is_ok()).collect();
+    let refused: Vec<_> = answers.iter().filter_map(|answer| answer.as_ref().err()).collect();
+    assert_eq!(ran.len(), 1, "exactly one window runs the turn: {answers:?}");
+    assert_eq!(ran[0].as_ref().unwrap()["stopReason"], "end_turn");
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].message, IN_ANOTHER_WINDOW);
+    assert_eq!(invocations(&ws).len(), 1, "both windows started a CLI");
+}

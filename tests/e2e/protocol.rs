@@ -244,7 +244,10 @@ fn two_bridges_on_one_data_dir_never_run_two_turns_of_one_session() {
     assert!(loaded.result.is_ok(), "{:?}", loaded.result);
     let refused = second.prompt(&sid, "SCENARIO:text me too").result.expect_err("one turn per session");
     assert_eq!(refused.code, -32600, "{refused}");
-    assert_eq!(refused.message, "A turn is already running in this session; wait for it to finish or cancel it first");
+    assert_eq!(
+        refused.message,
+        "This session's turn is running in another window (another acp-sandbox on the same data dir); wait for it to finish there or cancel it there, then send this prompt again"
+    );
 
     first.cancel(&sid);
     assert_eq!(first.finish_turn(&sid, running).stop_reason(), "cancelled");

@@ -59,6 +59,14 @@ fn of_the_turn(updates: &[Value]) -> Vec<Value> {
     updates.iter().filter(|u| !session_wide.iter().any(|kind| u["sessionUpdate"] == *kind)).cloned().collect()
 }
 
+/// What a full disk says, exactly.
+fn disk_full_message(data_dir: &Path) -> String {
+    format!(
+        "The disk holding {} is full: the session's last update could not be saved; free space on it (saving resumes by itself as soon as there is room)",
+        data_dir.display()
+    )
+}
+
 fn is_failed_note(update: &Value, words: &str) -> bool {
     let text = update["content"]["text"].as_str().unwrap_or_default();
     text.contains("This turn failed") && text.contains(words)
@@ -68,7 +76,7 @@ fn is_failed_note(update: &Value, words: &str) -> bool {
 struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    /// Mounts one, or says why it cannot (not root, no permission to mount) and answers `None`.
+    /// Mounts one; fails the test when it cannot (not root), or answers `None` under `ACP_SANDBOX_SKIP_MOUNT=1`.
     fn mount(path: &Path, size: &str) -> Option<Tmpfs> {
         use std::os::unix::ffi::OsStrExt;
         let target = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
@@ -77,8 +85,16 @@ impl Tmpfs {
         let result =
             unsafe { libc::mount(c"tmpfs".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), 0, options.as_ptr().cast()) };
         if result != 0 {
-            eprintln!("skipped: cannot mount a tmpfs at {}: {}", path.display(), std::io::Error::last_os_error());
-            return None;
+            let why = std::io::Error::last_os_error();
+            // A full disk needs a mount (root, as in CI): a test that cannot make one fails, unless told to skip.
+            if std::env::var("ACP_SANDBOX_SKIP_MOUNT").is_ok_and(|v| v == "1") {
+                eprintln!("SKIPPED (ACP_SANDBOX_SKIP_MOUNT=1): cannot mount a tmpfs at {}: {why}", path.display());
+                return None;
+            }
+            panic!(
+                "cannot mount a tmpfs at {} ({why}): run as root, or set ACP_SANDBOX_SKIP_MOUNT=1 to skip",
+                path.display()
+            );
         }
         Some(Tmpfs(path.to_path_buf()))
     }
@@ -110,8 +126,7 @@ fn a_full_disk_fails_the_turn_clearly_the_editor_saw_only_what_was_stored_and_sa
 
     let (reason, error) = store_error(&turn);
     assert_eq!(reason, "disk_full", "{error}");
-    assert!(error.message.contains("free some disk space"), "says what to do: {error}");
-    assert!(error.message.contains(&dirs.data.display().to_string()), "names the data dir: {error}");
+    assert_eq!(error.message, disk_full_message(&dirs.data), "names the disk's data dir and what to do");
     assert_eq!(error.data.as_ref().unwrap()["dataDir"], json!(dirs.data));
     let cli = invocations(&ws)[0].pid();
     assert!(wait_until(Duration::from_secs(10), || !pid_alive(cli)), "the CLI must be stopped");
@@ -129,11 +144,39 @@ fn a_full_disk_fails_the_turn_clearly_the_editor_saw_only_what_was_stored_and_sa
     load.result.as_ref().expect("the session loads after a full disk");
     let replay = replayed_turn(&load.updates, prompt);
     assert_eq!(replay, of_the_turn(&turn.updates), "the replay is exactly what the editor was sent");
+    let failed_note = format!("\n\n_This turn failed: {}_\n\n", disk_full_message(&dirs.data));
     assert!(
-        load.updates.iter().any(|u| is_failed_note(u, "disk")),
-        "the replay says the turn failed and why: {:?}",
-        kinds(&load.updates)
+        load.updates.iter().any(|u| u["content"]["text"] == failed_note.as_str()),
+        "the replay says the turn failed and why ({failed_note:?}): {:?}",
+        load.updates
     );
+}
+
+#[test]
+fn a_cli_that_fails_on_a_full_disk_is_answered_with_the_disk_named_and_the_next_prompt_works_once_space_is_freed() {
+    let dirs = TestDirs::new("store-full-cli");
+    let ws = dirs.workspace("ws");
+    let Some(_tmpfs) = Tmpfs::mount(&dirs.data, "8m") else { return };
+    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data).env("RUST_LOG", "warn"));
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:fill-disk write your database");
+    let error = turn.result.expect_err("the CLI failed");
+    assert_eq!(
+        error.message,
+        format!(
+            "The disk holding {} is full, so OpenCode could not save its conversation: free space on it, then send the prompt again\n\nOpenCode said: OpenCode failed (exit code 1): Error: Failed to execute statement\n\nstderr:\nError: Failed to execute statement",
+            dirs.data.display()
+        )
+    );
+    let fillers: Vec<PathBuf> = std::fs::read_dir(dirs.data.join("sessions"))
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path().join("home/filler"))
+        .filter(|filler| filler.exists())
+        .collect();
+    assert_eq!(fillers.len(), 1, "the CLI's filler");
+    std::fs::remove_file(&fillers[0]).unwrap();
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn", "the session goes on once there is room");
 }
 
 #[test]
@@ -277,14 +320,11 @@ fn a_cancel_while_another_program_holds_the_lock_is_answered_at_once_and_the_tur
     // The writer is stuck behind the lock and the CLI goes on printing: its queue fills up.
     std::thread::sleep(Duration::from_secs(2));
 
-    let cancelled_at = std::time::Instant::now();
+    // The busy timeout is far longer than the harness waits for an answer: only giving up on the locked store can
+    // answer the cancel, and the turn's row, still `running` below, shows the lock was still held then.
     bridge.cancel(&sid);
     let turn = bridge.finish_turn(&sid, id);
-    let took = cancelled_at.elapsed();
     assert_eq!(turn.stop_reason(), "cancelled");
-    // Bounded far above the cancel's own 1 s and far below the busy timeout, so a slow machine cannot fail it.
-    assert!(took < Duration::from_secs(30), "the cancel waited for the lock: {took:?}");
-    eprintln!("cancel answered in {took:?} with the store locked");
     assert!(wait_until(Duration::from_secs(10), || !pid_alive(cli)), "the CLI must be stopped");
     assert_no_processes_under(&ws, "after the cancel");
     assert_eq!(turn_statuses(&database(&dirs), &sid), ["running"], "cannot be recorded while locked");
@@ -439,4 +479,67 @@ fn a_prompt_sent_right_after_set_config_option_runs_with_the_new_option_even_whi
     bridge.wait_response(set).expect("the option is set once the lock is released");
     assert_eq!(bridge.finish_turn(&sid, prompt).stop_reason(), "end_turn");
     assert_eq!(invocations(&ws)[0].flag_value("--model").as_deref(), Some("fake/thinker"));
+}
+
+/// The bridge's peak resident memory (VmHWM), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|line| line.starts_with("VmHWM:")).expect("VmHWM in /proc/<pid>/status");
+    let kib: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmHWM's value");
+    kib * 1024
+}
+
+/// The documented bound of the bridge's peak memory with one 12 MiB text event (README, "Limits").
+const PEAK_RSS_WITH_A_HUGE_EVENT: u64 = 256 * 1024 * 1024;
+
+#[test]
+fn one_enormous_text_event_is_cut_to_the_update_limit_with_a_note_stored_bounded_and_replayed_as_sent() {
+    let dirs = TestDirs::new("store-huge-update");
+    let ws = dirs.workspace("ws");
+    let options = || BridgeOptions::new("opencode", &dirs.data).env("RUST_LOG", "info");
+    let mut bridge = Bridge::start(options());
+    let sid = bridge.new_session(&ws);
+    let bytes = 12 * 1024 * 1024;
+    let turn = bridge.prompt(&sid, &format!("SCENARIO:hugetext FAKE_BYTES={bytes} one enormous answer"));
+    assert_eq!(turn.stop_reason(), "end_turn");
+    let limit = 2 * 1024 * 1024;
+    let note = |dropped: usize| {
+        format!(
+            "\n\n[acp-sandbox cut this text here: {dropped} more bytes did not fit in one update, which keeps at most 2 MiB]"
+        )
+    };
+    // The note counts against the limit: the text cut is exactly the limit long.
+    let kept = limit - note(bytes).len();
+    let expected = format!("{}{}", "y".repeat(kept), note(bytes - kept));
+    assert_eq!(expected.len(), limit);
+    let chunks: Vec<&str> = turn
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .filter(|text| text.starts_with('y'))
+        .collect();
+    assert_eq!(chunks.len(), 1, "one chunk of the huge text");
+    assert!(chunks[0] == expected, "the chunk sent is the limit's worth and the note ({} bytes)", chunks[0].len());
+    let peak = peak_rss(bridge.pid());
+    assert!(peak < PEAK_RSS_WITH_A_HUGE_EVENT, "the bridge's peak memory was {} MiB", peak >> 20);
+    eprintln!("peak RSS with a {} MiB event: {} MiB", bytes >> 20, peak >> 20);
+
+    let stored: i64 = other_program(&database(&dirs))
+        .query_row("SELECT COALESCE(MAX(LENGTH(payload)), 0) FROM events", [], |row| row.get(0))
+        .unwrap();
+    assert!(stored as usize <= limit + 4096, "the largest stored update has {stored} bytes");
+    drop(bridge);
+
+    let mut bridge = Bridge::start(options());
+    let load = bridge.load_session(&sid, &ws);
+    load.result.as_ref().expect("the session loads");
+    let prompt = format!("SCENARIO:hugetext FAKE_BYTES={bytes} one enormous answer");
+    let (replayed, sent) = (of_the_turn(&replayed_turn(&load.updates, &prompt)), of_the_turn(&turn.updates));
+    // After the turn, the load's own title update.
+    assert_eq!(kinds(&replayed[sent.len()..]), ["session_info_update"], "{:?}", kinds(&replayed));
+    for (index, (replayed, sent)) in replayed.iter().zip(&sent).enumerate() {
+        let short = |update: &Value| update.to_string().chars().take(300).collect::<String>();
+        assert!(replayed == sent, "update {index} replayed {} as sent {}", short(replayed), short(sent));
+    }
 }

@@ -444,6 +444,21 @@ def run_opencode(args):
         emit_json(oc_text(sid, msg, "x" * (20 * 1024 * 1024)))
         for line in opencode_fixture_lines(OPENCODE_FIXTURES["text"], sid, cwd):
             emit(line)
+    elif scenario == "fill-disk":
+        # Like OpenCode whose own database (in the session's home) meets a full disk: it fills the disk and fails.
+        try:
+            with (Path(os.environ["HOME"]) / "filler").open("wb") as filler:
+                while True:
+                    filler.write(b"\0" * 65536)
+                    filler.flush()
+        except OSError:
+            pass
+        fail("Failed to execute statement")
+    elif scenario == "hugetext":
+        # One text event of FAKE_BYTES bytes (within the bridge's line limit): the store keeps a bounded part of it.
+        emit_json(oc_step_start(sid, msg))
+        emit_json(oc_text(sid, msg, "y" * prompt_option(prompt, "BYTES", 12 * 1024 * 1024)))
+        emit_json(oc_step_finish(sid, msg))
     elif scenario == "files":
         run_file_ops(prompt, sid, msg, cwd)
     elif scenario == "child":
