@@ -37,6 +37,8 @@ mod support;
 mod bridge;
 #[path = "daytona/doctor.rs"]
 mod doctor;
+#[path = "daytona/faults.rs"]
+mod faults;
 #[path = "daytona/lifecycle.rs"]
 mod lifecycle;
 #[path = "daytona/secrets.rs"]

@@ -44,7 +44,9 @@ const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 /// Lists the workspace: the mirror's token, then per entry its type, mode, size, mtime, ctime, inode, path and
 /// link target, every field ended by NUL (so any file name is one field); or only `unchanged` when the entries'
 /// SHA-256 is `$3` (what the bridge last applied: a tool that changed nothing costs a few bytes, not a listing).
-/// `$4…` prunes what is never mirrored.
+/// `$4…` prunes what is never mirrored. What it prints is encoded as text (a first line naming the encoding, then
+/// base64, or hex from `od` where there is no `base64`): a provider may pass output through a shell's `read`,
+/// which drops NUL bytes (Daytona's daemon labels each line of output so, and bash and dash lose every NUL).
 const LIST: &str = r#"cd "$1" || exit 90
 token=$(cat "$2" 2>/dev/null)
 known=$3
@@ -52,12 +54,14 @@ shift 3
 listing=$(mktemp) || exit 91
 trap 'rm -f "$listing"' EXIT
 find . -mindepth 1 "$@" -printf '%y\0%m\0%s\0%T@\0%C@\0%i\0%P\0%l\0' > "$listing" || exit $?
-printf '%s\0' "$token"
-if [ -n "$known" ] && [ "$(sha256sum < "$listing" | cut -d ' ' -f 1)" = "$known" ]; then
-  printf 'unchanged\0'
-else
-  cat "$listing"
-fi"#;
+{
+  printf '%s\0' "$token"
+  if [ -n "$known" ] && [ "$(sha256sum < "$listing" | cut -d ' ' -f 1)" = "$known" ]; then
+    printf 'unchanged\0'
+  else
+    cat "$listing"
+  fi
+} | if command -v base64 > /dev/null 2>&1; then echo base64; base64; else echo hex; od -A n -v -t x1; fi"#;
 /// Deletes the NUL-separated paths on stdin (with `$2` = `delete`: stdin is read only then), then extracts the
 /// archives `$3…` in order and removes them.
 const APPLY: &str = r#"set -e
@@ -163,7 +167,35 @@ pub struct Listing {
     pub unchanged: bool,
 }
 
-/// Parses what [`LIST`] printed. A path that is not plainly inside the workspace is refused: the sandbox's
+/// The bytes [`LIST`] encoded: its first line names the encoding (`base64`, or `hex` as `od` prints it); the rest
+/// is that encoding, whatever whitespace a provider added (line breaks, a last newline).
+pub fn decode_listing(out: &[u8]) -> Result<Vec<u8>, String> {
+    use base64::Engine as _;
+    let at = out.iter().position(|b| *b == b'\n').ok_or("the listing has no encoding line")?;
+    let (name, body) = (&out[..at], &out[at + 1..]);
+    let text: Vec<u8> = body.iter().copied().filter(|b| !b.is_ascii_whitespace()).collect();
+    match name.trim_ascii() {
+        b"base64" => base64::engine::general_purpose::STANDARD
+            .decode(&text)
+            .map_err(|e| format!("the listing is not base64: {e}")),
+        b"hex" => {
+            if text.len() % 2 != 0 {
+                return Err("the listing's hex is cut mid-byte".into());
+            }
+            text.chunks(2)
+                .map(|pair| {
+                    std::str::from_utf8(pair)
+                        .ok()
+                        .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                        .ok_or_else(|| "the listing's hex has a character that is not hex".to_string())
+                })
+                .collect()
+        }
+        other => Err(format!("the listing's encoding {:?} is not one of ours", String::from_utf8_lossy(other))),
+    }
+}
+
+/// Parses what [`LIST`] printed, once decoded ([`decode_listing`]). A path that is not plainly inside the workspace is refused: the sandbox's
 /// `find` is the agent's to replace.
 pub fn parse_listing(out: &[u8]) -> Result<Listing, String> {
     // A provider that streams output by lines ends the last one with a newline it added (Daytona's daemon).
@@ -665,7 +697,9 @@ impl<'a> Mirror<'a> {
             args.extend([")".into(), "-prune".into(), "-o".into()]);
         }
         let out = self.run(LIST, args, Vec::new()).await?;
-        parse_listing(&out).map_err(|why| failed(format!("its workspace listing is unreadable: {why}")))
+        decode_listing(&out)
+            .and_then(|out| parse_listing(&out))
+            .map_err(|why| failed(format!("its workspace listing is unreadable: {why}")))
     }
 
     /// Runs a script of ours with `sh` and answers its stdout; a failure carries its stderr.
@@ -875,6 +909,26 @@ mod tests {
     }
 
     #[test]
+    fn a_listing_decodes_from_base64_or_od_hex_whatever_line_breaks_a_provider_added() {
+        // Long enough for `base64` to wrap its lines; NULs and a newline inside, as file names may have.
+        let raw: Vec<u8> = (0..200u8).flat_map(|i| [i, 0, b'\n']).collect();
+        let printed = |encoder: &str| {
+            let mut out = script(&format!("cat | {encoder}"), &[], &raw);
+            // Daytona's labeller ends the last line with a newline of its own.
+            out.push(b'\n');
+            out
+        };
+        assert_eq!(decode_listing(&printed("{ echo base64; base64; }")).unwrap(), raw);
+        assert_eq!(decode_listing(&printed("{ echo hex; od -A n -v -t x1; }")).unwrap(), raw);
+        assert_eq!(decode_listing(b"base64\n").unwrap(), b"");
+        assert_eq!(decode_listing(b"tok\0f\0").unwrap_err(), "the listing has no encoding line");
+        assert_eq!(decode_listing(b"hex\n0a 0").unwrap_err(), "the listing's hex is cut mid-byte");
+        assert_eq!(decode_listing(b"hex\n0g").unwrap_err(), "the listing's hex has a character that is not hex");
+        assert_eq!(decode_listing(b"rot13\nx").unwrap_err(), "the listing's encoding \"rot13\" is not one of ours");
+        assert!(decode_listing(b"base64\n!!").unwrap_err().starts_with("the listing is not base64: "));
+    }
+
+    #[test]
     fn what_git_ignores_is_decided_by_the_nearest_rules_and_the_exclude_file() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path();
@@ -1039,7 +1093,7 @@ mod tests {
         let list = |known: &str| {
             let mut args = vec![ws_arg, token_arg, known];
             args.extend(prune);
-            parse_listing(&script(LIST, &args, b"")).unwrap()
+            parse_listing(&decode_listing(&script(LIST, &args, b"")).unwrap()).unwrap()
         };
         let first = list("");
         assert_eq!(first.token, "tok");

@@ -2,7 +2,7 @@
 """A fake Daytona cloud for tests/daytona.rs: the control plane and the toolbox of its sandboxes, on 127.0.0.1.
 
 Usage: fake_daytona.py --root DIR --api-key KEY [--port 0] [--record FILE] [--no-terminate] [--drop-logs-after N]
-                       [--record-files FILE] [--daemon-version V]
+                       [--record-files FILE] [--daemon-version V] [--session-shell zsh|bash|dash]
 Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until killed (or until stdin closes).
 
 Speaks what the official SDKs and our provider use, as the Daytona API and its daemon do (JSON shapes, status
@@ -29,7 +29,8 @@ codes, the log framing):
   the exec asked for `suppressInputEcho`. `--record-files` appends every file this daemon side writes (uploads,
   `cmd.sh`, log lines) as JSON lines {"path", "mode", "data"}; `--daemon-version` is what sandboxes report.
 - A command's log is one file where every line of stdout is prefixed with 01 01 01 and every line of stderr with
-  02 02 02, as the daemon writes it; clients that send `X-Daytona-SDK-Version` >= 0.27 or
+  02 02 02, as the daemon writes it (its labellers are `read` loops of the session's shell, `--session-shell`:
+  under bash a line loses its NUL bytes, under dash it ends at its first NUL, under zsh it keeps them); clients that send `X-Daytona-SDK-Version` >= 0.27 or
   `X-Daytona-Split-Output: true` get the markers, others get them stripped.
 
 Processes really run on the host, in the sandbox's directory under DIR (`<DIR>/<id>/home` is its home and work
@@ -199,8 +200,14 @@ class Command:
             self.finish(code if code >= 0 else 128 - code)
 
     def label(self, pipe, prefix):
-        # The daemon's labelers: `while read -r line; do printf '<prefix>%s\n' "$line"; done`.
+        # The daemon's labelers, run by the session's shell:
+        # `while IFS= read -r line || [ -n "$line" ]; do printf '<prefix>%s\n' "$line"; done`. zsh keeps NUL bytes
+        # in a variable; bash's `read` drops them; dash's variables are C strings, so its line ends at the first NUL.
         for line in iter(pipe.readline, b""):
+            if ARGS.session_shell == "bash":
+                line = line.replace(b"\0", b"")
+            elif ARGS.session_shell == "dash" and b"\0" in line:
+                line = line[: line.index(b"\0")] + b"\n"
             with self.log_lock:
                 wrote(self.log_path, prefix + line.rstrip(b"\n") + b"\n", "a")
 
@@ -906,6 +913,8 @@ def main():
     parser.add_argument("--record-files")
     # The snapshots `GET /snapshots/{name}` knows (general ones, as Daytona's own are).
     parser.add_argument("--snapshots", default=DEFAULT_SNAPSHOT)
+    # The shell of the daemon's sessions (the snapshot's zsh, else bash or dash): it runs the output labellers.
+    parser.add_argument("--session-shell", choices=("zsh", "bash", "dash"), default="zsh")
     # What the control plane reports as the sandboxes' daemon version.
     parser.add_argument("--daemon-version", default="fake")
     ARGS = parser.parse_args()
