@@ -179,7 +179,7 @@ pub fn decode_listing(out: &[u8]) -> Result<Vec<u8>, String> {
             .decode(&text)
             .map_err(|e| format!("the listing is not base64: {e}")),
         b"hex" => {
-            if text.len() % 2 != 0 {
+            if !text.len().is_multiple_of(2) {
                 return Err("the listing's hex is cut mid-byte".into());
             }
             text.chunks(2)
