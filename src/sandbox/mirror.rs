@@ -29,6 +29,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
+use super::policy::SECRETS;
 use super::review::{APPLY_LIMIT, WorkspaceCopy, check_relative, remove, walk};
 use super::statedir::StateDir;
 use super::{ExecSpec, RemoteFiles, Sandbox, SandboxError};
@@ -69,6 +70,36 @@ cd "$1"
 if [ "$2" = delete ]; then xargs -0 -r rm -rf --; fi
 shift 2
 for archive in "$@"; do tar -x -p --no-same-owner -f "$archive"; rm -f "$archive"; done"#;
+
+/// File names of private keys (SSH's own names; what ends in `.pub` is the public half).
+const KEY_NAMES: &[&str] = &["id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk", "identity"];
+/// Extensions of key and keystore files.
+const KEY_EXTENSIONS: &[&str] = &["pem", "key", "p12", "pfx", "ppk", "jks", "keystore", "asc", "gpg"];
+
+/// Whether the user's file at `rel` (relative to the workspace) is a secret a remote sandbox does not get unless
+/// the user allows it: a `.env*` file, a private key, or, at any depth, one of the paths the local sandbox hides
+/// in the home ([`SECRETS`]: a workspace's `.ssh/`, `.aws/`, `.npmrc`, ...).
+pub fn is_secret(rel: &Path) -> bool {
+    let parts: Vec<&OsStr> = rel
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(part) => Some(part),
+            _ => None,
+        })
+        .collect();
+    let Some(name) = parts.last().map(|n| n.as_bytes()) else { return false };
+    if name.starts_with(b".env") || KEY_NAMES.iter().any(|key| name == key.as_bytes()) {
+        return true;
+    }
+    let extension = Path::new(OsStr::from_bytes(name)).extension().map(OsStr::as_bytes);
+    if extension.is_some_and(|ext| KEY_EXTENSIONS.iter().any(|key| ext.eq_ignore_ascii_case(key.as_bytes()))) {
+        return true;
+    }
+    (0..parts.len()).any(|from| {
+        let tail: PathBuf = parts[from..].iter().collect();
+        SECRETS.iter().any(|secret| tail.starts_with(secret))
+    })
+}
 
 /// What git ignores in the user's workspace: its `.gitignore` files (each read once, when a path below it is
 /// first asked about) and `.git/info/exclude`. A path is ignored when it or one of its directories is.
@@ -296,6 +327,9 @@ pub struct Manifest {
     /// said once, and stays in the sandbox.
     #[serde(default)]
     oversized: BTreeMap<PathBuf, RemoteStamp>,
+    /// The user's secret files ([`is_secret`]) kept out of this sandbox and said already.
+    #[serde(default)]
+    withheld: BTreeSet<PathBuf>,
 }
 
 /// What a pull brings into the copy.
@@ -473,12 +507,34 @@ pub struct Mirror<'a> {
     copy: Arc<WorkspaceCopy>,
     /// The agent's files too large to bring back that pulls found and did not say yet: path and size.
     oversized: Mutex<Vec<(PathBuf, u64)>>,
+    /// Whether the user's secret files go up too (`--remote-upload-secrets`).
+    upload_secrets: bool,
+    /// The user's secret files a push kept out of the sandbox and did not say yet.
+    withheld: Mutex<Vec<PathBuf>>,
 }
 
 impl<'a> Mirror<'a> {
     /// The mirror of `sandbox` in `copy`; `None` for a sandbox that sees the user's files where they are.
     pub fn new(sandbox: &'a dyn Sandbox, copy: Arc<WorkspaceCopy>) -> Option<Self> {
-        Some(Mirror { files: sandbox.remote_files()?, sandbox, copy, oversized: Mutex::default() })
+        Some(Mirror {
+            files: sandbox.remote_files()?,
+            sandbox,
+            copy,
+            oversized: Mutex::default(),
+            upload_secrets: false,
+            withheld: Mutex::default(),
+        })
+    }
+
+    /// Uploads the user's secret files too (`--remote-upload-secrets`).
+    pub fn uploading_secrets(mut self, allowed: bool) -> Self {
+        self.upload_secrets = allowed;
+        self
+    }
+
+    /// The user's secret files kept out of the sandbox found since the last call, each once per sandbox.
+    pub fn take_withheld(&self) -> Vec<PathBuf> {
+        std::mem::take(&mut *self.withheld.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The agent's files too large to bring back found since the last call, each once: path and size.
@@ -603,16 +659,26 @@ impl<'a> Mirror<'a> {
     /// (left for the next one). A sandbox new to the mirror gets the whole copy, and loses what it held beyond it.
     pub async fn push(&self) -> Result<Pushed, SandboxError> {
         let (copy, path) = (self.copy.clone(), self.manifest_path());
-        let (manifest, entries, quick) = blocking(move || {
+        let keep_secrets = !self.upload_secrets;
+        // A secret is neither sent nor deleted there: one the agent made in the sandbox stays its own.
+        let kept = move |rel: &Path| keep_secrets && is_secret(rel);
+        let (manifest, entries, quick, withheld) = blocking(move || {
             copy.ensure()?;
             let manifest = load(&path);
-            let entries = copy_entries(&copy)?;
+            let mut entries = copy_entries(&copy)?;
+            let withheld: BTreeSet<PathBuf> =
+                entries.keys().filter(|rel| kept(rel) && !manifest.entries.contains_key(*rel)).cloned().collect();
+            entries.retain(|rel, _| !kept(rel));
             let ignores = Ignores::new(copy.workspace());
-            let quick = plan_push(&manifest, &entries, None, false, |rel, dir| ignores.ignored(rel, dir));
-            Ok((manifest, entries, quick))
+            let quick = plan_push(&manifest, &entries, None, false, |rel, dir| ignores.ignored(rel, dir) || kept(rel));
+            Ok((manifest, entries, quick, withheld))
         })
         .await?;
-        if !manifest.token.is_empty() && quick.upload.is_empty() && quick.delete.is_empty() {
+        if !manifest.token.is_empty()
+            && quick.upload.is_empty()
+            && quick.delete.is_empty()
+            && withheld == manifest.withheld
+        {
             return Ok(Pushed::default());
         }
         // Something to send: a listing made now holds back what the agent wrote since the last pull.
@@ -620,12 +686,18 @@ impl<'a> Mirror<'a> {
         let fresh = manifest.token.is_empty() || guard.token != manifest.token;
         let manifest = if fresh { Manifest::default() } else { manifest };
         let copy = self.copy.clone();
-        let (manifest, entries, plan) = blocking(move || {
+        let (mut manifest, entries, plan) = blocking(move || {
             let ignores = Ignores::new(copy.workspace());
-            let plan = plan_push(&manifest, &entries, Some(&guard), fresh, |rel, dir| ignores.ignored(rel, dir));
+            let plan =
+                plan_push(&manifest, &entries, Some(&guard), fresh, |rel, dir| ignores.ignored(rel, dir) || kept(rel));
             Ok((manifest, entries, plan))
         })
         .await?;
+        {
+            let mut said = self.withheld.lock().unwrap_or_else(|p| p.into_inner());
+            said.extend(withheld.difference(&manifest.withheld).cloned());
+        }
+        manifest.withheld = withheld;
         if !plan.held.is_empty() {
             tracing::debug!(held = plan.held.len(), "paths the agent changed since the last pull are not overwritten");
         }
@@ -852,6 +924,7 @@ mod tests {
             pruned: BTreeSet::new(),
             listed: None,
             oversized: BTreeMap::new(),
+            withheld: BTreeSet::new(),
         }
     }
 
@@ -926,6 +999,28 @@ mod tests {
         assert_eq!(decode_listing(b"hex\n0g").unwrap_err(), "the listing's hex has a character that is not hex");
         assert_eq!(decode_listing(b"rot13\nx").unwrap_err(), "the listing's encoding \"rot13\" is not one of ours");
         assert!(decode_listing(b"base64\n!!").unwrap_err().starts_with("the listing is not base64: "));
+    }
+
+    #[test]
+    fn secrets_are_env_files_private_keys_and_what_the_local_policy_hides_in_the_home_at_any_depth() {
+        for secret in [
+            ".env",
+            ".env.local",
+            "app/.env.production",
+            ".ssh/id_ed25519",
+            "deploy/id_rsa",
+            "certs/server.key",
+            "certs/tls.PEM",
+            ".aws/credentials",
+            "nested/.npmrc",
+            "home/.config/gh/hosts.yml",
+            ".docker/config.json",
+        ] {
+            assert!(is_secret(Path::new(secret)), "{secret}");
+        }
+        for plain in ["src/env.rs", "environment.md", "id_rsa.pub", ".ssh-notes.txt", "keys.rs", "config/gh.txt", ""] {
+            assert!(!is_secret(Path::new(plain)), "{plain}");
+        }
     }
 
     #[test]

@@ -565,6 +565,7 @@ impl Turn<'_> {
             PathBuf::from(&self.record.cwd),
             self.bridge.client_abilities().write_text_file,
         )
+        .map(|review| review.uploading_secrets(self.bridge.config().remote_upload_secrets))
     }
 
     async fn attempt(

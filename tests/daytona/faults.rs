@@ -41,3 +41,64 @@ fn under_a_bash_or_dash_session_shell_the_agents_edits_reach_the_users_files_exa
         assert_eq!(tokens, 1, "{shell}");
     }
 }
+
+/// The workspace's `.env` files and private keys (and what the local sandbox hides in a home) never reach the
+/// provider: not in an upload, not on the sandbox's disk; the turn names them. `--remote-upload-secrets` sends them.
+#[test]
+fn workspace_secrets_are_never_uploaded_unless_the_user_allows_it() {
+    for allowed in [false, true] {
+        let dir = test_dir(&format!("workspace-secrets-{allowed}"));
+        let record_files = dir.join("files.jsonl");
+        let fake = FakeDaytona::start_with(&dir, &["--record-files", &record_files.display().to_string()]);
+        let dirs = support::TestDirs::new(&format!("daytona-workspace-secrets-{allowed}"));
+        let ws = dirs.remote_workspace("ws");
+        let secrets = [
+            (".env", "TOKEN=env-secret-1\n"),
+            ("app/.env.local", "TOKEN=env-secret-2\n"),
+            (".ssh/id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY-----\nkey-secret-3\n"),
+            (".aws/credentials", "aws_secret_access_key=aws-secret-4\n"),
+        ];
+        for (rel, text) in secrets {
+            std::fs::create_dir_all(ws.join(rel).parent().unwrap()).unwrap();
+            std::fs::write(ws.join(rel), text).unwrap();
+        }
+        std::fs::write(ws.join("main.rs"), "fn main() {}\n").unwrap();
+        let mut options = daytona_options(&fake, &dirs);
+        if allowed {
+            options = options.arg("--remote-upload-secrets");
+        }
+        let mut bridge = support::Bridge::start_reviewing(options, true);
+        let sid = bridge.new_session(&ws);
+        let turn = bridge.prompt(&sid, &support::ops(json!([["read", "main.rs"], ["read", ".env"]])));
+        assert_eq!(turn.stop_reason(), "end_turn");
+        let remote = workspace_of(&fake, &only_sandbox(&fake));
+        let uploaded = std::fs::read_to_string(&record_files).unwrap();
+        assert_eq!(std::fs::read_to_string(remote.join("main.rs")).unwrap(), "fn main() {}\n");
+        if allowed {
+            assert_eq!(support::reads(&turn), "READ main.rs=fn main() {}\n; .env=TOKEN=env-secret-1\n");
+            assert_eq!(support::notes(&turn), Vec::<String>::new());
+            for (rel, text) in secrets {
+                assert_eq!(std::fs::read_to_string(remote.join(rel)).unwrap(), text, "{rel}");
+            }
+            continue;
+        }
+        assert_eq!(support::reads(&turn), "READ main.rs=fn main() {}\n; .env=<missing>");
+        assert_eq!(
+            support::notes(&turn),
+            ["_Not uploaded to the sandbox, because they look secret: `.aws/credentials`, `.env`, `.ssh/id_ed25519`, \
+              `app/.env.local` (the agent does not see them; `--remote-upload-secrets` sends such files)._"]
+        );
+        for (rel, text) in secrets {
+            assert!(!remote.join(rel).exists(), "{rel} reached the sandbox");
+            let secret = text.trim().rsplit(['=', '\n']).next().unwrap();
+            assert!(!uploaded.contains(secret), "{secret} of {rel} was uploaded");
+        }
+        // Said once: the next turn sends nothing of them and says nothing, and the user's files are untouched.
+        let turn = bridge.prompt(&sid, "Say hello");
+        assert_eq!(support::notes(&turn), Vec::<String>::new());
+        for (rel, text) in secrets {
+            assert_eq!(std::fs::read_to_string(ws.join(rel)).unwrap(), text, "{rel}");
+            assert!(!remote.join(rel).exists(), "{rel} reached the sandbox");
+        }
+    }
+}
