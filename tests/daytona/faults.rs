@@ -102,3 +102,31 @@ fn workspace_secrets_are_never_uploaded_unless_the_user_allows_it() {
         }
     }
 }
+
+/// `session/delete` right after a turn meets the bridge's own background stop under way (Daytona refuses a delete
+/// then, 409 "Sandbox state change in progress"): the delete waits for the stop and succeeds, and the sandbox goes.
+#[test]
+fn a_delete_right_after_a_turn_waits_for_the_background_stop_and_the_sandbox_goes() {
+    let dir = test_dir("delete-while-stopping");
+    let fake = FakeDaytona::start_with(&dir, &["--state-change-seconds", "2"]);
+    let dirs = support::TestDirs::new("daytona-delete-while-stopping");
+    let ws = dirs.remote_workspace("ws");
+    let mut bridge = support::Bridge::start(daytona_options(&fake, &dirs));
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    let id = only_sandbox(&fake);
+    let stop = format!("/api/sandbox/{id}/stop");
+    let stopping = support::wait_until(support::RECV_TIMEOUT, || {
+        fake.requests().iter().any(|r| r["method"] == "POST" && r["path"] == json!(stop))
+    });
+    assert!(stopping, "the bridge did not stop the sandbox after the turn within {:?}", support::RECV_TIMEOUT);
+    // The stop takes 2 s: this delete arrives while it is under way.
+    assert_eq!(bridge.request("session/delete", json!({"sessionId": sid})), Ok(json!({})));
+    assert_eq!(super::bridge::sandboxes(&fake), Vec::<String>::new());
+    let deletes = fake
+        .requests()
+        .iter()
+        .filter(|r| r["method"] == "DELETE" && r["path"] == json!(format!("/api/sandbox/{id}")))
+        .count();
+    assert!(deletes >= 2, "the first delete should have met the stop under way, and been refused: {deletes}");
+}

@@ -3,6 +3,7 @@
 
 Usage: fake_daytona.py --root DIR --api-key KEY [--port 0] [--record FILE] [--no-terminate] [--drop-logs-after N]
                        [--record-files FILE] [--daemon-version V] [--session-shell zsh|bash|dash]
+                       [--state-change-seconds S]
 Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until killed (or until stdin closes).
 
 Speaks what the official SDKs and our provider use, as the Daytona API and its daemon do (JSON shapes, status
@@ -13,7 +14,8 @@ codes, the log framing):
   and the public `GET /config` (its `defaultSnapshot` is daytona-small). `Authorization: Bearer KEY` is required
   (401 otherwise) but for /config; an
   `X-Daytona-Organization-ID` header is accepted and recorded. Start and stop pass through `starting` /
-  `stopping` (seen by the next GET), so clients must poll as they do against the real one. There is no
+  `stopping` (seen by the next GET, or for `--state-change-seconds`), so clients must poll as they do against the
+  real one; a `DELETE` while a start or stop is under way is refused with 409 "Sandbox state change in progress". There is no
   Socket.IO gateway (`/api/socket.io/` is 404): the SDK then falls back to polling.
 - Toolbox under `/toolbox/{sandboxId}` (the `toolboxProxyUrl` of every sandbox is `http://127.0.0.1:<n>/toolbox`):
   sessions (`POST /process/session`, `GET /process/session` (the list, its JSON as Go writes it),
@@ -275,6 +277,8 @@ class Sandbox:
         self.name = body.get("name") or self.id
         self.state = "started"
         self.next_state = None
+        # When a state change asked for is done (`--state-change-seconds` after it was asked).
+        self.settle_at = 0.0
         self.created = now()
         self.updated = self.created
         self.port = port
@@ -317,9 +321,14 @@ class Sandbox:
             }
         return out
 
+    def change(self, state, next_state):
+        self.state, self.next_state = state, next_state
+        self.settle_at = time.monotonic() + ARGS.state_change_seconds
+
     def settle(self):
-        """A transitional state is seen once, by the request after the one that caused it."""
-        if self.next_state is not None:
+        """A transitional state is seen once, by the request after the one that caused it (or for as long as
+        `--state-change-seconds` says)."""
+        if self.next_state is not None and time.monotonic() >= self.settle_at:
             self.state, self.next_state = self.next_state, None
             self.updated = now()
 
@@ -532,6 +541,9 @@ class Handler(BaseHTTPRequestHandler):
         if action is None and method == "GET":
             return self.send(200, sandbox.json())
         if action is None and method == "DELETE":
+            if sandbox.next_state is not None:
+                # The API refuses a change while another is under way.
+                return self.api_error(409, "Sandbox state change in progress", "Conflict")
             with LOCK:
                 sandbox.kill_everything()
                 SANDBOXES.pop(sandbox.id, None)
@@ -541,13 +553,13 @@ class Handler(BaseHTTPRequestHandler):
         if action == "/start" and method == "POST":
             if sandbox.state in ("started", "starting"):
                 return self.send(200, sandbox.json())
-            sandbox.state, sandbox.next_state = "starting", "started"
+            sandbox.change("starting", "started")
             return self.send(200, sandbox.json())
         if action == "/stop" and method == "POST":
             if sandbox.state not in ("started", "starting"):
                 return self.api_error(400, f"Sandbox is not started (state: {sandbox.state})", "Bad Request")
             sandbox.kill_everything()
-            sandbox.state, sandbox.next_state = "stopping", "stopped"
+            sandbox.change("stopping", "stopped")
             return self.send(200, sandbox.json())
         if action == "/toolbox-proxy-url" and method == "GET":
             return self.send(200, {"url": sandbox.json()["toolboxProxyUrl"]})
@@ -915,6 +927,8 @@ def main():
     parser.add_argument("--snapshots", default=DEFAULT_SNAPSHOT)
     # The shell of the daemon's sessions (the snapshot's zsh, else bash or dash): it runs the output labellers.
     parser.add_argument("--session-shell", choices=("zsh", "bash", "dash"), default="zsh")
+    # How long a start or stop takes (0: done by the next request); a delete meanwhile is refused with 409.
+    parser.add_argument("--state-change-seconds", type=float, default=0.0)
     # What the control plane reports as the sandboxes' daemon version.
     parser.add_argument("--daemon-version", default="fake")
     ARGS = parser.parse_args()

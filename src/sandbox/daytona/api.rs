@@ -94,6 +94,11 @@ impl DaytonaError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, DaytonaError::NotFound { .. })
     }
+
+    /// A 409: the sandbox is changing state (a stop or start under way) and refuses another change until it is done.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, DaytonaError::Api { status: 409, .. })
+    }
 }
 
 impl From<DaytonaError> for crate::sandbox::SandboxError {

@@ -278,10 +278,21 @@ impl SandboxProvider for DaytonaProvider {
         Ok(())
     }
 
+    /// Deletes the sandbox. A stop under way (the bridge's own, after the last turn) makes Daytona refuse with
+    /// 409 until it is done: the delete is asked again until then, within [`STATE_WAIT`].
     async fn destroy(&self, id: &str) -> Result<(), SandboxError> {
-        match self.client.delete(id).await {
-            Err(e) if e.is_not_found() => Ok(()),
-            other => Ok(other?),
+        let deadline = Instant::now() + STATE_WAIT;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match self.client.delete(id).await {
+                Err(e) if e.is_not_found() => return Ok(()),
+                Err(e) if e.is_conflict() && Instant::now() < deadline => {
+                    tracing::debug!(sandbox = %id, "Daytona is changing the sandbox's state; deleting it once done: {e}");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause + pause / 2).min(Duration::from_secs(1));
+                }
+                other => return Ok(other?),
+            }
         }
     }
 }
