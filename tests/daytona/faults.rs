@@ -130,3 +130,74 @@ fn a_delete_right_after_a_turn_waits_for_the_background_stop_and_the_sandbox_goe
         .count();
     assert!(deletes >= 2, "the first delete should have met the stop under way, and been refused: {deletes}");
 }
+
+/// A daemon without the `terminate` route (every public one so far) costs one 404 per sandbox: the next cancel
+/// goes straight to deleting the command's session.
+#[test]
+fn a_daemon_without_terminate_is_asked_for_it_once_per_sandbox() {
+    let dir = test_dir("no-terminate");
+    let fake = FakeDaytona::start_with(&dir, &["--no-terminate"]);
+    let dirs = support::TestDirs::new("daytona-no-terminate");
+    let ws = dirs.remote_workspace("ws");
+    let mut bridge = support::Bridge::start(daytona_options(&fake, &dirs));
+    let sid = bridge.new_session(&ws);
+    for turn in 1..=2 {
+        let prompt = bridge.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=100000 FAKE_DELAY_MS=20 keep talking");
+        bridge.wait_update(&sid, "a streamed chunk", |u| u["sessionUpdate"] == "agent_message_chunk");
+        let id = only_sandbox(&fake);
+        let cli = support::wait_invocations(&workspace_of(&fake, &id), turn)[turn - 1].0["pid"].as_i64().unwrap();
+        bridge.cancel(&sid);
+        assert_eq!(bridge.finish_turn(&sid, prompt).stop_reason(), "cancelled");
+        assert!(
+            support::wait_until(support::RECV_TIMEOUT, || !support::pid_alive(cli as i32)),
+            "the CLI {cli} still runs {:?} after the cancel of turn {turn}",
+            support::RECV_TIMEOUT
+        );
+    }
+    let terminates = fake.requests().iter().filter(|r| r["path"].as_str().unwrap().ends_with("/terminate")).count();
+    assert_eq!(terminates, 1);
+}
+
+/// A sandbox deleted on Daytona's side while the turn runs: the turn fails saying so (not "an unknown status"),
+/// and the next prompt runs in a new sandbox.
+#[test]
+fn a_sandbox_deleted_mid_turn_is_named_and_the_next_prompt_makes_a_new_one() {
+    let dir = test_dir("deleted-mid-turn");
+    let fake = FakeDaytona::start(&dir);
+    let dirs = support::TestDirs::new("daytona-deleted-mid-turn");
+    let ws = dirs.remote_workspace("ws");
+    let mut bridge = support::Bridge::start(daytona_options(&fake, &dirs));
+    let sid = bridge.new_session(&ws);
+    let prompt = bridge.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=100000 FAKE_DELAY_MS=20 keep talking");
+    bridge.wait_update(&sid, "a streamed chunk", |u| u["sessionUpdate"] == "agent_message_chunk");
+    let id = only_sandbox(&fake);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(fake.provider(KEY).destroy(&id)).unwrap();
+    let error = bridge.finish_turn(&sid, prompt).result.unwrap_err();
+    assert_eq!(
+        (error.code, error.message.as_str()),
+        (
+            -32603,
+            format!(
+                "daytona: the Daytona sandbox {id} was deleted or stopped outside the bridge while the turn ran; the \
+                 next prompt starts it again, or makes a new one if it is gone"
+            )
+            .as_str()
+        )
+    );
+    // The next prompt runs in a new sandbox (its CLI replays the stored transcript, slow scenario included: it is
+    // cancelled once it runs there).
+    let prompt = bridge.send_prompt(&sid, "Say hello");
+    let moved = support::wait_until(support::RECV_TIMEOUT, || {
+        let ids = super::bridge::sandboxes(&fake);
+        ids.len() == 1 && ids[0] != id && !support::invocations(&workspace_of(&fake, &ids[0])).is_empty()
+    });
+    assert!(
+        moved,
+        "no new sandbox ran the CLI within {:?}: {:?}",
+        support::RECV_TIMEOUT,
+        super::bridge::sandboxes(&fake)
+    );
+    bridge.cancel(&sid);
+    assert_eq!(bridge.finish_turn(&sid, prompt).stop_reason(), "cancelled");
+}

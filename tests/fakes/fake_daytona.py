@@ -336,6 +336,20 @@ class Sandbox:
         for session in self.sessions.values():
             session.end(0)
         self.sessions.clear()
+        # A stopped or deleted container has no process left: also what left its command's process group (a
+        # `setsid` child), found by its working directory inside the sandbox.
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            if cwd == self.root or cwd.startswith(self.root + os.sep):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 def record(handler, body):
