@@ -201,3 +201,32 @@ fn a_sandbox_deleted_mid_turn_is_named_and_the_next_prompt_makes_a_new_one() {
     bridge.cancel(&sid);
     assert_eq!(bridge.finish_turn(&sid, prompt).stop_reason(), "cancelled");
 }
+
+/// A cancel is answered before the end-of-turn tidying: the fake sees no workspace listing between the cancel and
+/// its answer; the next prompt lists (and reviews) what the cancelled turn left, before its CLI runs.
+#[test]
+fn a_cancel_is_answered_before_the_workspace_is_listed() {
+    let dir = test_dir("cancel-first");
+    let fake = FakeDaytona::start(&dir);
+    let dirs = support::TestDirs::new("daytona-cancel-first");
+    let ws = dirs.remote_workspace("ws");
+    let mut bridge = support::Bridge::start(daytona_options(&fake, &dirs));
+    let sid = bridge.new_session(&ws);
+    let listings = || {
+        fake.requests()
+            .iter()
+            .filter(|r| r["path"].as_str().unwrap().ends_with("/exec"))
+            .filter(|r| r["body"].to_string().contains("-mindepth 1"))
+            .count()
+    };
+    let prompt = bridge.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=100000 FAKE_DELAY_MS=20 keep talking");
+    bridge.wait_update(&sid, "a streamed chunk", |u| u["sessionUpdate"] == "agent_message_chunk");
+    let before = listings();
+    bridge.cancel(&sid);
+    assert_eq!(bridge.finish_turn(&sid, prompt).stop_reason(), "cancelled");
+    assert_eq!(listings(), before, "the workspace was listed before the cancel was answered");
+    let runs = support::invocations(&workspace_of(&fake, &only_sandbox(&fake))).len();
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    assert!(listings() > before, "the next prompt did not list the workspace");
+    assert_eq!(support::invocations(&workspace_of(&fake, &only_sandbox(&fake))).len(), runs + 1);
+}

@@ -317,6 +317,14 @@ impl ProcessHandle for DaytonaProcess {
         if let Some(exit) = self.exited {
             return Ok(exit);
         }
+        if self.killed {
+            // Killed: how it ended is known. The daemon closes a followed log only about a second after the exit
+            // code exists; the log task ends by itself meanwhile, the cancel does not wait for it.
+            let exit = exit_info(None, true);
+            self.exited = Some(exit);
+            self.clean_up();
+            return Ok(exit);
+        }
         let outcome = match self.outcome.wait_for(Option::is_some).await {
             Ok(outcome) => outcome.clone(),
             Err(_) => Some(Err(Unfinished::Failed("the log task ended without an outcome".to_string()))),
