@@ -176,6 +176,11 @@ struct Settings {
     /// prompt resumes it), or left running until the provider's own timeout (keep).
     #[arg(long, global = true, env = "ACP_SANDBOX_REMOTE_IDLE", value_enum, default_value = "pause")]
     remote_idle: acp_sandbox::config::RemoteIdle,
+    /// Upload the workspace's secret files to a remote sandbox too (`.env*`, private keys such as
+    /// `.ssh/id_ed25519`, and the paths the local sandbox hides in the home); without it they stay on this machine
+    /// and the turn names them.
+    #[arg(long, global = true, env = "ACP_SANDBOX_REMOTE_UPLOAD_SECRETS")]
+    remote_upload_secrets: bool,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -269,6 +274,7 @@ impl Settings {
         config.server_idle_timeout = Duration::from_secs(self.server_idle_timeout.max(1));
         config.max_servers = self.max_servers.max(1);
         config.remote_idle = self.remote_idle;
+        config.remote_upload_secrets = self.remote_upload_secrets;
         if let Some(dirs) = directories::BaseDirs::new() {
             let models = OpenCodeModels::read(dirs.config_dir());
             config.opencode_models = models.models;

@@ -115,6 +115,9 @@ pub struct Config {
     pub max_servers: usize,
     /// What a remote sandbox does between turns.
     pub remote_idle: RemoteIdle,
+    /// `--remote-upload-secrets`: a remote sandbox gets the workspace's secret files too (`.env*`, private keys,
+    /// the paths the local policy hides in the home); kept back otherwise.
+    pub remote_upload_secrets: bool,
 }
 
 /// How OpenCode is driven.
@@ -164,6 +167,7 @@ impl Config {
             server_idle_timeout: Duration::from_secs(600),
             max_servers: 4,
             remote_idle: RemoteIdle::Pause,
+            remote_upload_secrets: false,
         }
     }
 

@@ -37,6 +37,8 @@ mod support;
 mod bridge;
 #[path = "daytona/doctor.rs"]
 mod doctor;
+#[path = "daytona/faults.rs"]
+mod faults;
 #[path = "daytona/lifecycle.rs"]
 mod lifecycle;
 #[path = "daytona/secrets.rs"]
@@ -288,7 +290,7 @@ async fn output_streams_while_the_command_runs_and_the_exit_code_follows() {
     assert_eq!(read_all(&mut stderr).await, "warn\n");
     assert_eq!(within("the exit", handle.wait()).await.unwrap(), ExitInfo { code: Some(3), signal: None });
     // Waiting again answers the same.
-    assert_eq!(handle.wait().await.unwrap(), ExitInfo { code: Some(3), signal: None });
+    assert_eq!(within("the exit", handle.wait()).await.unwrap(), ExitInfo { code: Some(3), signal: None });
 }
 
 #[tokio::test]

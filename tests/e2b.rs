@@ -170,7 +170,10 @@ fn sh(script: &str) -> ExecSpec {
 
 async fn read_all(process: &mut RunningProcess) -> (String, String) {
     let (mut out, mut err) = (String::new(), String::new());
-    let (a, b) = tokio::join!(process.stdout.read_to_string(&mut out), process.stderr.read_to_string(&mut err));
+    let (a, b) = within("its output", async {
+        tokio::join!(process.stdout.read_to_string(&mut out), process.stderr.read_to_string(&mut err))
+    })
+    .await;
     a.unwrap();
     b.unwrap();
     (out, err)
@@ -194,10 +197,17 @@ async fn created(fake: &FakeE2b, provider: &E2bProvider, session: &str) -> (Stri
 async fn sleeper(fake: &FakeE2b, id: &str, sandbox: &E2bSandbox) -> (RunningProcess, u32) {
     let mut process = sandbox.exec(sh("echo ready; exec sleep 300")).await.unwrap();
     let mut ready = [0u8; 6];
-    process.stdout.read_exact(&mut ready).await.unwrap();
+    within("`ready`", process.stdout.read_exact(&mut ready)).await.unwrap();
     assert_eq!(&ready, b"ready\n");
     let pid = fake.state()[id]["processes"][0]["pid"].as_u64().unwrap() as u32;
     (process, pid)
+}
+
+/// Awaits `future`, failing the test with `what` when it takes longer than [`support::RECV_TIMEOUT`].
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(support::RECV_TIMEOUT, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within {:?}", support::RECV_TIMEOUT))
 }
 
 /// Whether `pid` is gone within a few seconds (a killed process takes a moment to die).
@@ -309,28 +319,28 @@ async fn a_command_streams_its_output_as_it_prints() {
         .await
         .unwrap();
     let mut lines = AsyncBufReader::new(&mut process.stdout).lines();
-    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("first hi there"));
+    assert_eq!(within("a line of output", lines.next_line()).await.unwrap().as_deref(), Some("first hi there"));
     sandbox.upload(&Path::new(WORKSPACE).join("go"), b"").await.unwrap();
-    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("second"));
-    assert_eq!(lines.next_line().await.unwrap(), None);
+    assert_eq!(within("a line of output", lines.next_line()).await.unwrap().as_deref(), Some("second"));
+    assert_eq!(within("a line of output", lines.next_line()).await.unwrap(), None);
     let mut err = String::new();
-    process.stderr.read_to_string(&mut err).await.unwrap();
+    within("its stderr", process.stderr.read_to_string(&mut err)).await.unwrap();
     assert_eq!(err, "warn\n");
-    assert_eq!(process.handle.wait().await.unwrap(), ExitInfo { code: Some(7), signal: None });
+    assert_eq!(within("the exit", process.handle.wait()).await.unwrap(), ExitInfo { code: Some(7), signal: None });
 
     // The environment is exactly the one given (plus what the sandbox itself sets): no key of the bridge.
     let mut process = sandbox.exec(sh("env | sort")).await.unwrap();
     let (out, _) = read_all(&mut process).await;
     assert!(out.lines().any(|l| l == "GREETING=hi there"), "{out}");
     assert!(!out.contains(KEY), "the API key reached the sandbox: {out}");
-    assert_eq!(process.handle.wait().await.unwrap().code, Some(0));
+    assert_eq!(within("the exit", process.handle.wait()).await.unwrap().code, Some(0));
 
     // Stdin is written, then closed (the CLIs read it to its end).
     let mut cat = ExecSpec { program: PathBuf::from("cat"), stdin: b"line one\nline two".to_vec(), ..sh("") };
     cat.args.clear();
     let mut process = sandbox.exec(cat).await.unwrap();
     assert_eq!(read_all(&mut process).await.0, "line one\nline two");
-    assert_eq!(process.handle.wait().await.unwrap().code, Some(0));
+    assert_eq!(within("the exit", process.handle.wait()).await.unwrap().code, Some(0));
 
     // A state file lands below the state dir, and only there.
     let attachment = Path::new(STATE_DIR).join("attachments/1/image.png");
@@ -371,7 +381,7 @@ async fn kill_ends_the_remote_process() {
 
     let cancelled = Instant::now();
     process.handle.kill().await;
-    let exit = process.handle.wait().await.unwrap();
+    let exit = within("the exit", process.handle.wait()).await.unwrap();
     // Measured, not asserted (no timed assertions): the report quotes it.
     eprintln!("kill to exit: {:?}", cancelled.elapsed());
     assert_eq!(exit, ExitInfo { code: None, signal: Some(9) });
@@ -416,7 +426,7 @@ async fn pause_and_connect_resume_the_sandbox_with_a_fresh_token() {
     );
     let mut process = resumed.exec(sh("cat kept.txt")).await.unwrap();
     assert_eq!(read_all(&mut process).await.0, "kept\n");
-    assert_eq!(process.handle.wait().await.unwrap().code, Some(0));
+    assert_eq!(within("the exit", process.handle.wait()).await.unwrap().code, Some(0));
 
     // The token of before the pause is dead: only what connect gave works.
     let err = sandbox.exec(sh("true")).await.err().expect("the old token is refused");
@@ -436,18 +446,20 @@ async fn a_stream_cut_by_a_pause_is_reattached() {
     let mut process =
         sandbox.exec(sh("echo before; while [ ! -e go ]; do sleep 0.02; done; echo after")).await.unwrap();
     let mut lines = AsyncBufReader::new(&mut process.stdout).lines();
-    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("before"));
+    assert_eq!(within("a line of output", lines.next_line()).await.unwrap().as_deref(), Some("before"));
     // The pause freezes the process and cuts the stream; the re-attach's traffic auto-resumes the sandbox. The
     // file is written once the stream is attached again: what is printed while detached is lost, as with envd.
     provider.suspend(&id).await.unwrap();
+    let deadline = Instant::now() + support::RECV_TIMEOUT;
     while fake.state()[&id]["processes"][0]["streams"] != 1 {
+        assert!(Instant::now() < deadline, "the stream was not attached again within {:?}", support::RECV_TIMEOUT);
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert_eq!((&fake.state()[&id]["state"], &fake.state()[&id]["resumes"]), (&json!("running"), &json!(1)));
     std::fs::write(fake.host_path(&id, "/home/user/workspace/go"), b"").unwrap();
-    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("after"));
-    assert_eq!(lines.next_line().await.unwrap(), None);
-    assert_eq!(process.handle.wait().await.unwrap().code, Some(0));
+    assert_eq!(within("a line of output", lines.next_line()).await.unwrap().as_deref(), Some("after"));
+    assert_eq!(within("a line of output", lines.next_line()).await.unwrap(), None);
+    assert_eq!(within("the exit", process.handle.wait()).await.unwrap().code, Some(0));
     let attaches = fake.records().iter().filter(|r| r["path"] == "/process.Process/Connect").count();
     assert_eq!(attaches, 1);
     provider.destroy(&id).await.unwrap();
@@ -470,7 +482,7 @@ async fn destroy_kills_and_a_gone_sandbox_is_none() {
     let err = sandbox.exec(sh("true")).await.err().expect("a gone sandbox runs nothing");
     assert_eq!(remote_failure(&err).0, RemoteFailure::NotFound);
     // A process whose sandbox died under it ends with an error, not a hang.
-    let (failure, message) = remote_failure(&process.handle.wait().await.unwrap_err());
+    let (failure, message) = remote_failure(&within("the exit", process.handle.wait()).await.unwrap_err());
     assert_eq!(failure, RemoteFailure::Failed);
     assert!(
         message.starts_with("the command's stream broke (")

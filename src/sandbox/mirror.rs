@@ -29,6 +29,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
+use super::policy::SECRETS;
 use super::review::{APPLY_LIMIT, WorkspaceCopy, check_relative, remove, walk};
 use super::statedir::StateDir;
 use super::{ExecSpec, RemoteFiles, Sandbox, SandboxError};
@@ -44,7 +45,9 @@ const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 /// Lists the workspace: the mirror's token, then per entry its type, mode, size, mtime, ctime, inode, path and
 /// link target, every field ended by NUL (so any file name is one field); or only `unchanged` when the entries'
 /// SHA-256 is `$3` (what the bridge last applied: a tool that changed nothing costs a few bytes, not a listing).
-/// `$4…` prunes what is never mirrored.
+/// `$4…` prunes what is never mirrored. What it prints is encoded as text (a first line naming the encoding, then
+/// base64, or hex from `od` where there is no `base64`): a provider may pass output through a shell's `read`,
+/// which drops NUL bytes (Daytona's daemon labels each line of output so, and bash and dash lose every NUL).
 const LIST: &str = r#"cd "$1" || exit 90
 token=$(cat "$2" 2>/dev/null)
 known=$3
@@ -52,12 +55,14 @@ shift 3
 listing=$(mktemp) || exit 91
 trap 'rm -f "$listing"' EXIT
 find . -mindepth 1 "$@" -printf '%y\0%m\0%s\0%T@\0%C@\0%i\0%P\0%l\0' > "$listing" || exit $?
-printf '%s\0' "$token"
-if [ -n "$known" ] && [ "$(sha256sum < "$listing" | cut -d ' ' -f 1)" = "$known" ]; then
-  printf 'unchanged\0'
-else
-  cat "$listing"
-fi"#;
+{
+  printf '%s\0' "$token"
+  if [ -n "$known" ] && [ "$(sha256sum < "$listing" | cut -d ' ' -f 1)" = "$known" ]; then
+    printf 'unchanged\0'
+  else
+    cat "$listing"
+  fi
+} | if command -v base64 > /dev/null 2>&1; then echo base64; base64; else echo hex; od -A n -v -t x1; fi"#;
 /// Deletes the NUL-separated paths on stdin (with `$2` = `delete`: stdin is read only then), then extracts the
 /// archives `$3…` in order and removes them.
 const APPLY: &str = r#"set -e
@@ -65,6 +70,36 @@ cd "$1"
 if [ "$2" = delete ]; then xargs -0 -r rm -rf --; fi
 shift 2
 for archive in "$@"; do tar -x -p --no-same-owner -f "$archive"; rm -f "$archive"; done"#;
+
+/// File names of private keys (SSH's own names; what ends in `.pub` is the public half).
+const KEY_NAMES: &[&str] = &["id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk", "identity"];
+/// Extensions of key and keystore files.
+const KEY_EXTENSIONS: &[&str] = &["pem", "key", "p12", "pfx", "ppk", "jks", "keystore", "asc", "gpg"];
+
+/// Whether the user's file at `rel` (relative to the workspace) is a secret a remote sandbox does not get unless
+/// the user allows it: a `.env*` file, a private key, or, at any depth, one of the paths the local sandbox hides
+/// in the home ([`SECRETS`]: a workspace's `.ssh/`, `.aws/`, `.npmrc`, ...).
+pub fn is_secret(rel: &Path) -> bool {
+    let parts: Vec<&OsStr> = rel
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(part) => Some(part),
+            _ => None,
+        })
+        .collect();
+    let Some(name) = parts.last().map(|n| n.as_bytes()) else { return false };
+    if name.starts_with(b".env") || KEY_NAMES.iter().any(|key| name == key.as_bytes()) {
+        return true;
+    }
+    let extension = Path::new(OsStr::from_bytes(name)).extension().map(OsStr::as_bytes);
+    if extension.is_some_and(|ext| KEY_EXTENSIONS.iter().any(|key| ext.eq_ignore_ascii_case(key.as_bytes()))) {
+        return true;
+    }
+    (0..parts.len()).any(|from| {
+        let tail: PathBuf = parts[from..].iter().collect();
+        SECRETS.iter().any(|secret| tail.starts_with(secret))
+    })
+}
 
 /// What git ignores in the user's workspace: its `.gitignore` files (each read once, when a path below it is
 /// first asked about) and `.git/info/exclude`. A path is ignored when it or one of its directories is.
@@ -163,7 +198,35 @@ pub struct Listing {
     pub unchanged: bool,
 }
 
-/// Parses what [`LIST`] printed. A path that is not plainly inside the workspace is refused: the sandbox's
+/// The bytes [`LIST`] encoded: its first line names the encoding (`base64`, or `hex` as `od` prints it); the rest
+/// is that encoding, whatever whitespace a provider added (line breaks, a last newline).
+pub fn decode_listing(out: &[u8]) -> Result<Vec<u8>, String> {
+    use base64::Engine as _;
+    let at = out.iter().position(|b| *b == b'\n').ok_or("the listing has no encoding line")?;
+    let (name, body) = (&out[..at], &out[at + 1..]);
+    let text: Vec<u8> = body.iter().copied().filter(|b| !b.is_ascii_whitespace()).collect();
+    match name.trim_ascii() {
+        b"base64" => base64::engine::general_purpose::STANDARD
+            .decode(&text)
+            .map_err(|e| format!("the listing is not base64: {e}")),
+        b"hex" => {
+            if !text.len().is_multiple_of(2) {
+                return Err("the listing's hex is cut mid-byte".into());
+            }
+            text.chunks(2)
+                .map(|pair| {
+                    std::str::from_utf8(pair)
+                        .ok()
+                        .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                        .ok_or_else(|| "the listing's hex has a character that is not hex".to_string())
+                })
+                .collect()
+        }
+        other => Err(format!("the listing's encoding {:?} is not one of ours", String::from_utf8_lossy(other))),
+    }
+}
+
+/// Parses what [`LIST`] printed, once decoded ([`decode_listing`]). A path that is not plainly inside the workspace is refused: the sandbox's
 /// `find` is the agent's to replace.
 pub fn parse_listing(out: &[u8]) -> Result<Listing, String> {
     // A provider that streams output by lines ends the last one with a newline it added (Daytona's daemon).
@@ -264,6 +327,9 @@ pub struct Manifest {
     /// said once, and stays in the sandbox.
     #[serde(default)]
     oversized: BTreeMap<PathBuf, RemoteStamp>,
+    /// The user's secret files ([`is_secret`]) kept out of this sandbox and said already.
+    #[serde(default)]
+    withheld: BTreeSet<PathBuf>,
 }
 
 /// What a pull brings into the copy.
@@ -441,12 +507,34 @@ pub struct Mirror<'a> {
     copy: Arc<WorkspaceCopy>,
     /// The agent's files too large to bring back that pulls found and did not say yet: path and size.
     oversized: Mutex<Vec<(PathBuf, u64)>>,
+    /// Whether the user's secret files go up too (`--remote-upload-secrets`).
+    upload_secrets: bool,
+    /// The user's secret files a push kept out of the sandbox and did not say yet.
+    withheld: Mutex<Vec<PathBuf>>,
 }
 
 impl<'a> Mirror<'a> {
     /// The mirror of `sandbox` in `copy`; `None` for a sandbox that sees the user's files where they are.
     pub fn new(sandbox: &'a dyn Sandbox, copy: Arc<WorkspaceCopy>) -> Option<Self> {
-        Some(Mirror { files: sandbox.remote_files()?, sandbox, copy, oversized: Mutex::default() })
+        Some(Mirror {
+            files: sandbox.remote_files()?,
+            sandbox,
+            copy,
+            oversized: Mutex::default(),
+            upload_secrets: false,
+            withheld: Mutex::default(),
+        })
+    }
+
+    /// Uploads the user's secret files too (`--remote-upload-secrets`).
+    pub fn uploading_secrets(mut self, allowed: bool) -> Self {
+        self.upload_secrets = allowed;
+        self
+    }
+
+    /// The user's secret files kept out of the sandbox found since the last call, each once per sandbox.
+    pub fn take_withheld(&self) -> Vec<PathBuf> {
+        std::mem::take(&mut *self.withheld.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The agent's files too large to bring back found since the last call, each once: path and size.
@@ -571,16 +659,26 @@ impl<'a> Mirror<'a> {
     /// (left for the next one). A sandbox new to the mirror gets the whole copy, and loses what it held beyond it.
     pub async fn push(&self) -> Result<Pushed, SandboxError> {
         let (copy, path) = (self.copy.clone(), self.manifest_path());
-        let (manifest, entries, quick) = blocking(move || {
+        let keep_secrets = !self.upload_secrets;
+        // A secret is neither sent nor deleted there: one the agent made in the sandbox stays its own.
+        let kept = move |rel: &Path| keep_secrets && is_secret(rel);
+        let (manifest, entries, quick, withheld) = blocking(move || {
             copy.ensure()?;
             let manifest = load(&path);
-            let entries = copy_entries(&copy)?;
+            let mut entries = copy_entries(&copy)?;
+            let withheld: BTreeSet<PathBuf> =
+                entries.keys().filter(|rel| kept(rel) && !manifest.entries.contains_key(*rel)).cloned().collect();
+            entries.retain(|rel, _| !kept(rel));
             let ignores = Ignores::new(copy.workspace());
-            let quick = plan_push(&manifest, &entries, None, false, |rel, dir| ignores.ignored(rel, dir));
-            Ok((manifest, entries, quick))
+            let quick = plan_push(&manifest, &entries, None, false, |rel, dir| ignores.ignored(rel, dir) || kept(rel));
+            Ok((manifest, entries, quick, withheld))
         })
         .await?;
-        if !manifest.token.is_empty() && quick.upload.is_empty() && quick.delete.is_empty() {
+        if !manifest.token.is_empty()
+            && quick.upload.is_empty()
+            && quick.delete.is_empty()
+            && withheld == manifest.withheld
+        {
             return Ok(Pushed::default());
         }
         // Something to send: a listing made now holds back what the agent wrote since the last pull.
@@ -588,12 +686,18 @@ impl<'a> Mirror<'a> {
         let fresh = manifest.token.is_empty() || guard.token != manifest.token;
         let manifest = if fresh { Manifest::default() } else { manifest };
         let copy = self.copy.clone();
-        let (manifest, entries, plan) = blocking(move || {
+        let (mut manifest, entries, plan) = blocking(move || {
             let ignores = Ignores::new(copy.workspace());
-            let plan = plan_push(&manifest, &entries, Some(&guard), fresh, |rel, dir| ignores.ignored(rel, dir));
+            let plan =
+                plan_push(&manifest, &entries, Some(&guard), fresh, |rel, dir| ignores.ignored(rel, dir) || kept(rel));
             Ok((manifest, entries, plan))
         })
         .await?;
+        {
+            let mut said = self.withheld.lock().unwrap_or_else(|p| p.into_inner());
+            said.extend(withheld.difference(&manifest.withheld).cloned());
+        }
+        manifest.withheld = withheld;
         if !plan.held.is_empty() {
             tracing::debug!(held = plan.held.len(), "paths the agent changed since the last pull are not overwritten");
         }
@@ -665,7 +769,9 @@ impl<'a> Mirror<'a> {
             args.extend([")".into(), "-prune".into(), "-o".into()]);
         }
         let out = self.run(LIST, args, Vec::new()).await?;
-        parse_listing(&out).map_err(|why| failed(format!("its workspace listing is unreadable: {why}")))
+        decode_listing(&out)
+            .and_then(|out| parse_listing(&out))
+            .map_err(|why| failed(format!("its workspace listing is unreadable: {why}")))
     }
 
     /// Runs a script of ours with `sh` and answers its stdout; a failure carries its stderr.
@@ -818,6 +924,7 @@ mod tests {
             pruned: BTreeSet::new(),
             listed: None,
             oversized: BTreeMap::new(),
+            withheld: BTreeSet::new(),
         }
     }
 
@@ -872,6 +979,48 @@ mod tests {
         assert!(bad(&["t", "f", "644", "1", "1", "1", "1", "../x", ""]), "a path out of the workspace");
         assert!(bad(&["t", "f", "644", "1", "1"]), "a record cut short");
         assert!(bad(&["t", "f", "644", "x", "1", "1", "1", "a", ""]), "a size that is not a number");
+    }
+
+    #[test]
+    fn a_listing_decodes_from_base64_or_od_hex_whatever_line_breaks_a_provider_added() {
+        // Long enough for `base64` to wrap its lines; NULs and a newline inside, as file names may have.
+        let raw: Vec<u8> = (0..200u8).flat_map(|i| [i, 0, b'\n']).collect();
+        let printed = |encoder: &str| {
+            let mut out = script(&format!("cat | {encoder}"), &[], &raw);
+            // Daytona's labeller ends the last line with a newline of its own.
+            out.push(b'\n');
+            out
+        };
+        assert_eq!(decode_listing(&printed("{ echo base64; base64; }")).unwrap(), raw);
+        assert_eq!(decode_listing(&printed("{ echo hex; od -A n -v -t x1; }")).unwrap(), raw);
+        assert_eq!(decode_listing(b"base64\n").unwrap(), b"");
+        assert_eq!(decode_listing(b"tok\0f\0").unwrap_err(), "the listing has no encoding line");
+        assert_eq!(decode_listing(b"hex\n0a 0").unwrap_err(), "the listing's hex is cut mid-byte");
+        assert_eq!(decode_listing(b"hex\n0g").unwrap_err(), "the listing's hex has a character that is not hex");
+        assert_eq!(decode_listing(b"rot13\nx").unwrap_err(), "the listing's encoding \"rot13\" is not one of ours");
+        assert!(decode_listing(b"base64\n!!").unwrap_err().starts_with("the listing is not base64: "));
+    }
+
+    #[test]
+    fn secrets_are_env_files_private_keys_and_what_the_local_policy_hides_in_the_home_at_any_depth() {
+        for secret in [
+            ".env",
+            ".env.local",
+            "app/.env.production",
+            ".ssh/id_ed25519",
+            "deploy/id_rsa",
+            "certs/server.key",
+            "certs/tls.PEM",
+            ".aws/credentials",
+            "nested/.npmrc",
+            "home/.config/gh/hosts.yml",
+            ".docker/config.json",
+        ] {
+            assert!(is_secret(Path::new(secret)), "{secret}");
+        }
+        for plain in ["src/env.rs", "environment.md", "id_rsa.pub", ".ssh-notes.txt", "keys.rs", "config/gh.txt", ""] {
+            assert!(!is_secret(Path::new(plain)), "{plain}");
+        }
     }
 
     #[test]
@@ -1039,7 +1188,7 @@ mod tests {
         let list = |known: &str| {
             let mut args = vec![ws_arg, token_arg, known];
             args.extend(prune);
-            parse_listing(&script(LIST, &args, b"")).unwrap()
+            parse_listing(&decode_listing(&script(LIST, &args, b"")).unwrap()).unwrap()
         };
         let first = list("");
         assert_eq!(first.token, "tok");

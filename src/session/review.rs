@@ -94,6 +94,29 @@ impl<'a> Review<'a> {
         })
     }
 
+    /// A remote sandbox gets the user's secret files too (`--remote-upload-secrets`).
+    pub fn uploading_secrets(mut self, allowed: bool) -> Self {
+        self.mirror = self.mirror.map(|mirror| mirror.uploading_secrets(allowed));
+        self
+    }
+
+    /// Names the user's secret files a push kept out of the sandbox (once per sandbox).
+    async fn say_withheld(&self, emit: &Emitter) -> Result<()> {
+        let Some(mirror) = &self.mirror else { return Ok(()) };
+        let withheld = mirror.take_withheld();
+        if withheld.is_empty() {
+            return Ok(());
+        }
+        emit.send(note(&format!(
+            "_Not uploaded to the sandbox, because {} secret: {} (the agent does not see {}; \
+             `--remote-upload-secrets` sends such files)._",
+            if withheld.len() == 1 { "it looks" } else { "they look" },
+            paths(withheld.iter().map(PathBuf::as_path)),
+            if withheld.len() == 1 { "it" } else { "them" },
+        )))
+        .await
+    }
+
     /// Before the agent runs: what an earlier turn left unreviewed (a crash, a cancel) is reviewed, then the copy
     /// is made equal to the user's files (and a remote sandbox's workspace to the copy).
     pub async fn begin(&self, emit: &Emitter) -> Result<()> {
@@ -107,7 +130,7 @@ impl<'a> Review<'a> {
         let Some(mirror) = &self.mirror else { return Ok(()) };
         if known {
             mirror.push().await?;
-            return Ok(());
+            return self.say_withheld(emit).await;
         }
         // A whole workspace goes up (the session's first prompt, or a new sandbox): a card shows it happening.
         let id = format!("{}-upload", emit.turn_id);
@@ -124,7 +147,8 @@ impl<'a> Review<'a> {
         };
         let fields = ToolCallUpdateFields::new().status(status).content(vec![ToolCallContent::from(text)]);
         emit.send(SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id, fields))).await?;
-        pushed.map(drop).map_err(Error::Sandbox)
+        pushed.map_err(Error::Sandbox)?;
+        self.say_withheld(emit).await
     }
 
     /// After a tool and at the end of the turn: every change goes to the editor or is applied, and is noted

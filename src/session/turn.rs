@@ -696,6 +696,7 @@ impl Turn<'_> {
             PathBuf::from(&self.record.cwd),
             self.bridge.client_abilities().write_text_file,
         )
+        .map(|review| review.uploading_secrets(self.bridge.config().remote_upload_secrets))
     }
 
     async fn attempt(
@@ -896,8 +897,13 @@ impl Turn<'_> {
         for output in translator.finish(stream_end) {
             self.handle(output, emit, &mut state).await?;
         }
-        // What the agent changed last (or before it was stopped) is reviewed with the turn.
-        if let Some(review) = &review {
+        // What the agent changed last (or before it was stopped) is reviewed with the turn. A cancelled turn in a
+        // remote sandbox is answered first: its listing and pull (seconds there) are the next turn's `begin`,
+        // which runs before that turn's CLI (the session's gate orders turns).
+        let remote_cancel = stop == Stop::Cancelled && sandbox.remote_files().is_some();
+        if let Some(review) = &review
+            && !remote_cancel
+        {
             review.step(emit).await?;
         }
         super::protected::sweep(sandbox, emit).await?;

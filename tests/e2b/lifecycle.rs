@@ -544,7 +544,7 @@ async fn what_a_command_leaves_running_ends_with_it() {
     // A daemon of the command's: no longer its child once the command exits, and holding none of its pipes.
     let mut process =
         sandbox.exec(super::sh("sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > daemon.pid; exit 0")).await.unwrap();
-    assert_eq!(process.handle.wait().await.unwrap().code, Some(0));
+    assert_eq!(super::within("the exit", process.handle.wait()).await.unwrap().code, Some(0));
     let daemon: u32 = std::fs::read_to_string(fake.host_path(&id, &format!("{WORKSPACE}/daemon.pid")))
         .unwrap()
         .trim()

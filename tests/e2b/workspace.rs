@@ -264,6 +264,9 @@ fn card_list(request: &Value) -> String {
 const CARD_HEAD: &str =
     "The agent made these changes in its copy of the workspace; they reach your files only if you allow them:\n";
 
+/// The bridge's peak RSS (VmHWM) while a turn leaves a 2 GiB file in the sandbox: 256 MiB.
+const REMOTE_PULL_PEAK_KIB: u64 = 256 * 1024;
+
 fn deletion_binary_and_sparse(allow: bool) {
     let fake = FakeE2b::start();
     let dirs = support::TestDirs::new(if allow { "e2b-allowed" } else { "e2b-held" });
@@ -279,6 +282,14 @@ fn deletion_binary_and_sparse(allow: bool) {
         &ops(json!([["delete", "gone.txt"], ["bytes", "logo.bin", "00ff10"], ["sparse", "huge.bin", 2u64 << 30]])),
     );
     assert_eq!(turn.stop_reason(), "end_turn");
+    // Never downloaded (its listed size is over the limit): the bridge's peak memory stays far below the file's.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", bridge.pid())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in {status}"));
+    assert!(peak_kib < REMOTE_PULL_PEAK_KIB, "the bridge's peak RSS was {peak_kib} KiB");
     assert_eq!(writes(&bridge), vec![]);
     assert_eq!(bridge.permission_requests.len(), 1);
     assert_eq!(

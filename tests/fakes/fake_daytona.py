@@ -2,7 +2,8 @@
 """A fake Daytona cloud for tests/daytona.rs: the control plane and the toolbox of its sandboxes, on 127.0.0.1.
 
 Usage: fake_daytona.py --root DIR --api-key KEY [--port 0] [--record FILE] [--no-terminate] [--drop-logs-after N]
-                       [--record-files FILE] [--daemon-version V]
+                       [--record-files FILE] [--daemon-version V] [--session-shell zsh|bash|dash]
+                       [--state-change-seconds S]
 Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until killed (or until stdin closes).
 
 Speaks what the official SDKs and our provider use, as the Daytona API and its daemon do (JSON shapes, status
@@ -13,7 +14,8 @@ codes, the log framing):
   and the public `GET /config` (its `defaultSnapshot` is daytona-small). `Authorization: Bearer KEY` is required
   (401 otherwise) but for /config; an
   `X-Daytona-Organization-ID` header is accepted and recorded. Start and stop pass through `starting` /
-  `stopping` (seen by the next GET), so clients must poll as they do against the real one. There is no
+  `stopping` (seen by the next GET, or for `--state-change-seconds`), so clients must poll as they do against the
+  real one; a `DELETE` while a start or stop is under way is refused with 409 "Sandbox state change in progress". There is no
   Socket.IO gateway (`/api/socket.io/` is 404): the SDK then falls back to polling.
 - Toolbox under `/toolbox/{sandboxId}` (the `toolboxProxyUrl` of every sandbox is `http://127.0.0.1:<n>/toolbox`):
   sessions (`POST /process/session`, `GET /process/session` (the list, its JSON as Go writes it),
@@ -29,7 +31,8 @@ codes, the log framing):
   the exec asked for `suppressInputEcho`. `--record-files` appends every file this daemon side writes (uploads,
   `cmd.sh`, log lines) as JSON lines {"path", "mode", "data"}; `--daemon-version` is what sandboxes report.
 - A command's log is one file where every line of stdout is prefixed with 01 01 01 and every line of stderr with
-  02 02 02, as the daemon writes it; clients that send `X-Daytona-SDK-Version` >= 0.27 or
+  02 02 02, as the daemon writes it (its labellers are `read` loops of the session's shell, `--session-shell`:
+  under bash a line loses its NUL bytes, under dash it ends at its first NUL, under zsh it keeps them); clients that send `X-Daytona-SDK-Version` >= 0.27 or
   `X-Daytona-Split-Output: true` get the markers, others get them stripped.
 
 Processes really run on the host, in the sandbox's directory under DIR (`<DIR>/<id>/home` is its home and work
@@ -199,8 +202,14 @@ class Command:
             self.finish(code if code >= 0 else 128 - code)
 
     def label(self, pipe, prefix):
-        # The daemon's labelers: `while read -r line; do printf '<prefix>%s\n' "$line"; done`.
+        # The daemon's labelers, run by the session's shell:
+        # `while IFS= read -r line || [ -n "$line" ]; do printf '<prefix>%s\n' "$line"; done`. zsh keeps NUL bytes
+        # in a variable; bash's `read` drops them; dash's variables are C strings, so its line ends at the first NUL.
         for line in iter(pipe.readline, b""):
+            if ARGS.session_shell == "bash":
+                line = line.replace(b"\0", b"")
+            elif ARGS.session_shell == "dash" and b"\0" in line:
+                line = line[: line.index(b"\0")] + b"\n"
             with self.log_lock:
                 wrote(self.log_path, prefix + line.rstrip(b"\n") + b"\n", "a")
 
@@ -268,6 +277,8 @@ class Sandbox:
         self.name = body.get("name") or self.id
         self.state = "started"
         self.next_state = None
+        # When a state change asked for is done (`--state-change-seconds` after it was asked).
+        self.settle_at = 0.0
         self.created = now()
         self.updated = self.created
         self.port = port
@@ -310,9 +321,14 @@ class Sandbox:
             }
         return out
 
+    def change(self, state, next_state):
+        self.state, self.next_state = state, next_state
+        self.settle_at = time.monotonic() + ARGS.state_change_seconds
+
     def settle(self):
-        """A transitional state is seen once, by the request after the one that caused it."""
-        if self.next_state is not None:
+        """A transitional state is seen once, by the request after the one that caused it (or for as long as
+        `--state-change-seconds` says)."""
+        if self.next_state is not None and time.monotonic() >= self.settle_at:
             self.state, self.next_state = self.next_state, None
             self.updated = now()
 
@@ -320,6 +336,20 @@ class Sandbox:
         for session in self.sessions.values():
             session.end(0)
         self.sessions.clear()
+        # A stopped or deleted container has no process left: also what left its command's process group (a
+        # `setsid` child), found by its working directory inside the sandbox.
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            if cwd == self.root or cwd.startswith(self.root + os.sep):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 def record(handler, body):
@@ -525,6 +555,9 @@ class Handler(BaseHTTPRequestHandler):
         if action is None and method == "GET":
             return self.send(200, sandbox.json())
         if action is None and method == "DELETE":
+            if sandbox.next_state is not None:
+                # The API refuses a change while another is under way.
+                return self.api_error(409, "Sandbox state change in progress", "Conflict")
             with LOCK:
                 sandbox.kill_everything()
                 SANDBOXES.pop(sandbox.id, None)
@@ -534,13 +567,13 @@ class Handler(BaseHTTPRequestHandler):
         if action == "/start" and method == "POST":
             if sandbox.state in ("started", "starting"):
                 return self.send(200, sandbox.json())
-            sandbox.state, sandbox.next_state = "starting", "started"
+            sandbox.change("starting", "started")
             return self.send(200, sandbox.json())
         if action == "/stop" and method == "POST":
             if sandbox.state not in ("started", "starting"):
                 return self.api_error(400, f"Sandbox is not started (state: {sandbox.state})", "Bad Request")
             sandbox.kill_everything()
-            sandbox.state, sandbox.next_state = "stopping", "stopped"
+            sandbox.change("stopping", "stopped")
             return self.send(200, sandbox.json())
         if action == "/toolbox-proxy-url" and method == "GET":
             return self.send(200, {"url": sandbox.json()["toolboxProxyUrl"]})
@@ -906,6 +939,10 @@ def main():
     parser.add_argument("--record-files")
     # The snapshots `GET /snapshots/{name}` knows (general ones, as Daytona's own are).
     parser.add_argument("--snapshots", default=DEFAULT_SNAPSHOT)
+    # The shell of the daemon's sessions (the snapshot's zsh, else bash or dash): it runs the output labellers.
+    parser.add_argument("--session-shell", choices=("zsh", "bash", "dash"), default="zsh")
+    # How long a start or stop takes (0: done by the next request); a delete meanwhile is refused with 409.
+    parser.add_argument("--state-change-seconds", type=float, default=0.0)
     # What the control plane reports as the sandboxes' daemon version.
     parser.add_argument("--daemon-version", default="fake")
     ARGS = parser.parse_args()

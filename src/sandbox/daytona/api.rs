@@ -2,7 +2,8 @@
 //! (sessions, commands, files), over `reqwest`; the request bodies and the error mapping are pure and unit-tested.
 
 use std::collections::BTreeMap;
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
@@ -76,6 +77,15 @@ pub enum DaytonaError {
     /// A setting is wrong.
     #[error("{0}")]
     Config(String),
+    /// The sandbox went while a command ran in it (deleted, or stopped, by someone else than the bridge).
+    #[error(
+        "the Daytona sandbox {id} was deleted or stopped outside the bridge while the turn ran; the next prompt \
+         starts it again, or makes a new one if it is gone"
+    )]
+    Gone {
+        /// The sandbox.
+        id: String,
+    },
 }
 
 /// An error with its causes: reqwest's own words alone ("error sending request") do not say what failed.
@@ -94,6 +104,11 @@ impl DaytonaError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, DaytonaError::NotFound { .. })
     }
+
+    /// A 409: the sandbox is changing state (a stop or start under way) and refuses another change until it is done.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, DaytonaError::Api { status: 409, .. })
+    }
 }
 
 impl From<DaytonaError> for crate::sandbox::SandboxError {
@@ -108,7 +123,10 @@ impl From<DaytonaError> for crate::sandbox::SandboxError {
             DaytonaError::Api { status: 429, .. } => RemoteFailure::RateLimited,
             DaytonaError::Transport { source, .. } if source.is_decode() => RemoteFailure::Protocol,
             DaytonaError::Transport { .. } => RemoteFailure::Unreachable,
-            DaytonaError::Api { .. }
+            // Not `NotFound`: that would run the prompt again at once in a new sandbox, after the agent already
+            // answered part of it; the turn ends saying why, and the next prompt replaces the sandbox.
+            DaytonaError::Gone { .. }
+            | DaytonaError::Api { .. }
             | DaytonaError::State { .. }
             | DaytonaError::Timeout { .. }
             | DaytonaError::Stream(_) => RemoteFailure::Failed,
@@ -300,6 +318,10 @@ pub struct Toolbox {
     client: Client,
     /// `{toolboxProxyUrl}/{sandboxId}`.
     base: String,
+    /// The sandbox's id.
+    sandbox: String,
+    /// Whether its daemon has no `terminate` route (found by a first 404, then never asked again).
+    no_terminate: Arc<AtomicBool>,
 }
 
 static CRYPTO: Once = Once::new();
@@ -410,7 +432,12 @@ impl Client {
                 json_of::<Url>(response, &what).await?.url
             }
         };
-        Ok(Toolbox { client: self.clone(), base: format!("{}/{}", proxy.trim_end_matches('/'), seg(&info.id)) })
+        Ok(Toolbox {
+            client: self.clone(),
+            base: format!("{}/{}", proxy.trim_end_matches('/'), seg(&info.id)),
+            sandbox: info.id.clone(),
+            no_terminate: Arc::default(),
+        })
     }
 }
 
@@ -421,6 +448,26 @@ impl Toolbox {
 
     pub(crate) fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The sandbox's id.
+    pub fn sandbox(&self) -> &str {
+        &self.sandbox
+    }
+
+    /// Shares what another toolbox of the same sandbox found out about its daemon's routes.
+    pub(crate) fn with_routes(mut self, no_terminate: Arc<AtomicBool>) -> Self {
+        self.no_terminate = no_terminate;
+        self
+    }
+
+    /// Whether the sandbox is still there and started, as the control plane says (`false` when it says it is gone,
+    /// stopped or stopping; `true` when it cannot be asked).
+    pub async fn still_started(&self) -> bool {
+        match self.client.get(&self.sandbox).await {
+            Ok(info) => info.state() == "started",
+            Err(e) => !e.is_not_found(),
+        }
     }
 
     /// The WebSocket URL of a command's followed logs.
@@ -559,10 +606,27 @@ impl Toolbox {
     }
 
     /// `POST …/command/{cmd}/terminate`: SIGKILL to the command's process group (daemons of 2026 on).
+    /// A daemon without the route (every public one so far) answers 404 once: later calls fail at once with
+    /// [`DaytonaError::NotFound`], asking nothing.
     pub async fn terminate(&self, session: &str, command: &str) -> Result<(), DaytonaError> {
         let what = format!("terminate command {command}");
+        if self.no_terminate.load(Ordering::Relaxed) {
+            return Err(DaytonaError::NotFound { what, message: "this daemon has no terminate route".into() });
+        }
         let url = self.url(&format!("/process/session/{}/command/{}/terminate", seg(session), seg(command)));
-        send(self.client.request(Method::POST, &url), &what).await.map(drop)
+        let answer = send(self.client.request(Method::POST, &url), &what).await.map(drop);
+        // Gin's own 404 (not the daemon's JSON "command not found"), or 405: the route does not exist.
+        let missing = |e: &DaytonaError| match e {
+            DaytonaError::NotFound { message, .. } => message.trim() == "404 page not found",
+            DaytonaError::Api { status, .. } => *status == StatusCode::METHOD_NOT_ALLOWED.as_u16(),
+            _ => false,
+        };
+        if let Err(e) = &answer
+            && missing(e)
+        {
+            self.no_terminate.store(true, Ordering::Relaxed);
+        }
+        answer
     }
 }
 

@@ -155,12 +155,19 @@ pub struct DaytonaProvider {
     settings: DaytonaSettings,
     /// Part of every command's tag (and toolbox session name) of this bridge: one without it is an earlier bridge's.
     instance: String,
+    /// Per sandbox: whether its daemon lacks the `terminate` route (found once, kept for the bridge's life).
+    no_terminate: std::sync::Mutex<std::collections::HashMap<String, Arc<std::sync::atomic::AtomicBool>>>,
 }
 
 impl DaytonaProvider {
     /// A provider for the account of `settings`.
     pub fn new(settings: DaytonaSettings) -> Result<Self, DaytonaError> {
-        Ok(Self { client: Client::new(settings.endpoint.clone())?, settings, instance: reaper::instance_id() })
+        Ok(Self {
+            client: Client::new(settings.endpoint.clone())?,
+            settings,
+            instance: reaper::instance_id(),
+            no_terminate: Default::default(),
+        })
     }
 
     /// Polls until the sandbox is in one of `wanted` (passing through Daytona's transitional states).
@@ -188,7 +195,9 @@ impl DaytonaProvider {
     }
 
     async fn open(&self, info: &SandboxInfo, session_id: &str) -> Result<DaytonaSandbox, DaytonaError> {
-        let toolbox = self.client.toolbox(info).await?;
+        let routes =
+            self.no_terminate.lock().unwrap_or_else(|p| p.into_inner()).entry(info.id.clone()).or_default().clone();
+        let toolbox = self.client.toolbox(info).await?.with_routes(routes);
         let home = PathBuf::from(toolbox.home_dir().await?);
         Ok(DaytonaSandbox {
             id: info.id.clone(),
@@ -278,10 +287,21 @@ impl SandboxProvider for DaytonaProvider {
         Ok(())
     }
 
+    /// Deletes the sandbox. A stop under way (the bridge's own, after the last turn) makes Daytona refuse with
+    /// 409 until it is done: the delete is asked again until then, within [`STATE_WAIT`].
     async fn destroy(&self, id: &str) -> Result<(), SandboxError> {
-        match self.client.delete(id).await {
-            Err(e) if e.is_not_found() => Ok(()),
-            other => Ok(other?),
+        let deadline = Instant::now() + STATE_WAIT;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match self.client.delete(id).await {
+                Err(e) if e.is_not_found() => return Ok(()),
+                Err(e) if e.is_conflict() && Instant::now() < deadline => {
+                    tracing::debug!(sandbox = %id, "Daytona is changing the sandbox's state; deleting it once done: {e}");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause + pause / 2).min(Duration::from_secs(1));
+                }
+                other => return Ok(other?),
+            }
         }
     }
 }

@@ -208,10 +208,20 @@ pub async fn end_marked(toolbox: &Toolbox, session: &str, mark: &str) {
     }
 }
 
-/// How a command ended, as the log task found out.
-pub type Outcome = Result<Option<i32>, String>;
+/// Why no exit code came.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unfinished {
+    /// The sandbox went meanwhile (deleted or stopped by someone else).
+    Gone,
+    /// Asking failed.
+    Failed(String),
+}
 
-/// Waits for a command's exit code: polled, first often, then once a second; `None` when its session is gone.
+/// How a command ended, as the log task found out.
+pub type Outcome = Result<Option<i32>, Unfinished>;
+
+/// Waits for a command's exit code: polled, first often, then once a second; `None` when its session is gone,
+/// [`Unfinished::Gone`] when the sandbox is (the control plane says so).
 pub async fn exit_code(toolbox: &Toolbox, session: &str, command: &str) -> Outcome {
     let mut pause = Duration::from_millis(25);
     let mut failures = 0;
@@ -219,11 +229,17 @@ pub async fn exit_code(toolbox: &Toolbox, session: &str, command: &str) -> Outco
         match toolbox.command(session, command).await {
             Ok(info) if info.exit_code.is_some() => return Ok(info.exit_code),
             Ok(_) => failures = 0,
-            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) if e.is_not_found() => {
+                return if toolbox.still_started().await { Ok(None) } else { Err(Unfinished::Gone) };
+            }
             Err(e) => {
                 failures += 1;
                 if failures >= 5 {
-                    return Err(e.to_string());
+                    return Err(if toolbox.still_started().await {
+                        Unfinished::Failed(e.to_string())
+                    } else {
+                        Unfinished::Gone
+                    });
                 }
             }
         }
@@ -301,13 +317,24 @@ impl ProcessHandle for DaytonaProcess {
         if let Some(exit) = self.exited {
             return Ok(exit);
         }
+        if self.killed {
+            // Killed: how it ended is known. The daemon closes a followed log only about a second after the exit
+            // code exists; the log task ends by itself meanwhile, the cancel does not wait for it.
+            let exit = exit_info(None, true);
+            self.exited = Some(exit);
+            self.clean_up();
+            return Ok(exit);
+        }
         let outcome = match self.outcome.wait_for(Option::is_some).await {
             Ok(outcome) => outcome.clone(),
-            Err(_) => Some(Err("the log task ended without an outcome".to_string())),
+            Err(_) => Some(Err(Unfinished::Failed("the log task ended without an outcome".to_string()))),
         };
         let code = match outcome {
             Some(Ok(code)) => code,
-            Some(Err(e)) if !self.killed => return Err(DaytonaError::Stream(e).into()),
+            Some(Err(Unfinished::Gone)) if !self.killed => {
+                return Err(DaytonaError::Gone { id: self.toolbox.sandbox().to_string() }.into());
+            }
+            Some(Err(Unfinished::Failed(e))) if !self.killed => return Err(DaytonaError::Stream(e).into()),
             _ => None,
         };
         let exit = exit_info(code, self.killed);
