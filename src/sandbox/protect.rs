@@ -115,11 +115,19 @@ pub fn sweep(workspace: &Path) -> Vec<Moved> {
         let Some(entry) = all.get(workspace) else { return Vec::new() };
         entry.running.values().chain(entry.last.iter()).cloned().collect()
     };
+    // A watch's sweep still under way (its command just ended) finishes first, so its moves are in this answer.
+    let _one = one_sweep_at_a_time();
     for guard in &guards {
         record(guard, sweep_once(guard));
     }
     let mut all = guarded();
     all.get_mut(workspace).map(|entry| std::mem::take(&mut entry.moved)).unwrap_or_default()
+}
+
+/// Held while a sweep moves and records: a sweep that answers what was moved never misses one still being moved.
+fn one_sweep_at_a_time() -> MutexGuard<'static, ()> {
+    static SWEEPING: Mutex<()> = Mutex::new(());
+    SWEEPING.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn record(guard: &Guard, moved: Vec<Moved>) {
@@ -176,10 +184,16 @@ async fn watch(inotify: Inotify, guard: Guard) {
                 Err(e) => tracing::debug!(dir = %dir.display(), "cannot watch: {e}"),
             }
         }
+        // Moved and recorded in one go: this task is aborted when its command ends, and what a sweep moved must
+        // reach the turn's note even then.
         let sweeping = guard.clone();
-        match tokio::task::spawn_blocking(move || sweep_once(&sweeping)).await {
-            Ok(moved) => record(&guard, moved),
-            Err(e) => tracing::warn!("the sweep of protected paths failed: {e}"),
+        if let Err(e) = tokio::task::spawn_blocking(move || {
+            let _one = one_sweep_at_a_time();
+            record(&sweeping, sweep_once(&sweeping));
+        })
+        .await
+        {
+            tracing::warn!("the sweep of protected paths failed: {e}");
         }
         loop {
             let Ok(mut ready) = fd.readable().await else { return };
