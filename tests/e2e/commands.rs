@@ -540,6 +540,7 @@ fn help_shows_each_command_its_own_settings_and_the_defaults() {
             "--opencode-backend",
             "--turn-timeout",
             "--remote-idle",
+            "--remote-upload-secrets",
             "--help",
         ],
         "{prompt}"
