@@ -17,7 +17,19 @@ pub(super) struct TurnLock(#[allow(dead_code)] File);
 /// Where the lock files live: in the data dir, never inside a sandbox (an agent holding its own session's lock
 /// would block it).
 fn lock_path(data_dir: &Path, session: &str) -> PathBuf {
-    data_dir.join("locks").join(format!("{session}.lock"))
+    data_dir.join("locks").join(lock_name(session))
+}
+
+/// The lock file's name: the session id itself when it is one of ours (`sess_…`), else a digest of it. The id comes
+/// from the editor: `/x`, `../x` or a name too long for the file system must never become a path.
+fn lock_name(session: &str) -> String {
+    let plain = session.len() <= 100 && session.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if plain && !session.is_empty() {
+        return format!("{session}.lock");
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, session.as_bytes());
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("id-{hex}.lock")
 }
 
 /// Takes the session's lock, or `None` when another process holds it. Never waits.
@@ -45,6 +57,18 @@ pub(super) fn remove(data_dir: &Path, session: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_id_never_becomes_a_path_outside_the_locks_dir() {
+        let data = Path::new("/data");
+        assert_eq!(lock_path(data, "sess_0a1b"), Path::new("/data/locks/sess_0a1b.lock"));
+        for hostile in ["/", "/etc/x", "../x", "..", "", "a/b", "a\0b", &"x".repeat(300)] {
+            let path = lock_path(data, hostile);
+            assert_eq!(path.parent(), Some(Path::new("/data/locks")), "{hostile:?} became {}", path.display());
+            let name = path.file_name().unwrap().to_str().unwrap();
+            assert!(name.starts_with("id-") && name.len() == 3 + 64 + 5, "{hostile:?} became {name}");
+        }
+    }
 
     #[test]
     fn a_held_lock_refuses_another_taker_and_is_free_again_once_dropped() {

@@ -279,6 +279,8 @@ impl Rng {
             r#"{"cwd":"relative","mcpServers":[]}"#,
             r#"{"cwd":"/no/such/dir","mcpServers":{}}"#,
             r#"{"sessionId":"no-such-session","prompt":"hi"}"#,
+            // An id that is a path: nothing may be made there (`/acp-sandbox-fuzz-escape.lock` is checked below).
+            r#"{"sessionId":"/acp-sandbox-fuzz-escape","prompt":[{"type":"text","text":"hi"}]}"#,
             r#"{"sessionId":"no-such-session","prompt":[{"type":"text","text":"hi"}]}"#,
             r#"{"sessionId":"no-such-session","prompt":[{"type":"nope"}]}"#,
             r#"{"protocolVersion":"one"}"#,
@@ -490,6 +492,8 @@ fn fuzzed_input_never_ends_the_bridge_and_every_readable_request_is_answered_onc
     }
     let list = bridge.request("session/list", json!({}));
     assert!(list.is_ok(), "the bridge no longer serves: {list:?}");
+    let escaped = std::path::Path::new("/acp-sandbox-fuzz-escape.lock");
+    assert!(!escaped.exists(), "a session id became a path: {} was made", escaped.display());
     assert!(bridge.is_running(), "the bridge exited (seed {seed:#x})");
     eprintln!("{} cases, {} answers owed, in {:?}", batches * per_batch, owed.len(), started.elapsed());
 
