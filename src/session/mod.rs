@@ -790,15 +790,8 @@ impl Bridge {
                 if !bridge.serves(&record) {
                     return Ok(());
                 }
-                // The server does not wait for a version probe that is still running (the one started with the
-                // bridge): an OpenCode 2 says its version in its health answer and is refused there
-                // (`serve::ready`), and the first prompt waits for the probe and takes the pinned install then.
-                let executable = match bridge.known_version(&bridge.version_key(&executable).await).await {
-                    Some(_) => {
-                        bridge.opencode_for_server(&executable, &bridge.shutdown).await.map_err(|e| e.to_string())?.0
-                    }
-                    None => executable,
-                };
+                let (executable, _) =
+                    bridge.opencode_for_server(&executable, &bridge.shutdown).await.map_err(|e| e.to_string())?;
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
                 if options::approvals(&record.config) == options::APPROVALS_ASK
                     && !crate::agents::opencode::project::agent_written(sandbox.state_dir()).is_empty()
