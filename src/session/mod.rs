@@ -13,6 +13,7 @@ mod review;
 pub mod serve;
 mod turn;
 mod turn_lock;
+mod versions;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -162,8 +163,8 @@ pub struct Bridge {
     fallback_told: Mutex<std::collections::HashSet<String>>,
     /// Per session under `ask`: the workspace's OpenCode configuration the user was asked about, and the answer.
     project_consent: Mutex<HashMap<String, (Vec<String>, bool)>>,
-    /// What `--version` said, per executable.
-    versions: Mutex<HashMap<PathBuf, Option<String>>>,
+    /// What `--version` said, per executable file (see [`versions`]; also kept in the data dir).
+    versions: Mutex<HashMap<VersionKey, Option<String>>>,
     version_probe: tokio::sync::Mutex<()>,
     /// Per session: see [`Bridge::gate`].
     gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -176,6 +177,9 @@ pub struct Bridge {
     /// What the bridge keeps about sessions in remote sandboxes.
     remote: remote::RemoteSessions,
 }
+
+/// An executable as named, and the file it is now (`None`: it cannot be resolved).
+type VersionKey = (PathBuf, Option<versions::Key>);
 
 const LIST_PAGE: usize = 50;
 
@@ -876,16 +880,17 @@ impl Bridge {
         })
     }
 
-    /// The version line `<cli> --version` prints, asked once per executable (in a sandbox of the bridge's own).
+    /// The version line `<cli> --version` prints, asked once per executable file (in a sandbox of the bridge's own),
+    /// and remembered in the data dir for later bridges: a cache hit runs no process.
     async fn cli_version(&self, agent: AgentKind, executable: &Path) -> Option<String> {
-        let key = executable.to_path_buf();
-        if let Some(known) = self.versions.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-            return known.clone();
+        let key = self.version_key(executable).await;
+        if let Some(known) = self.known_version(&key).await {
+            return known;
         }
         // One probe at a time: the one started with the bridge is usually the answer of the first session's.
         let _one = self.version_probe.lock().await;
-        if let Some(known) = self.versions.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-            return known.clone();
+        if let Some(known) = self.known_version(&key).await {
+            return known;
         }
         let version = run_once(
             &self.config,
@@ -901,8 +906,37 @@ impl Bridge {
         .and_then(|out| out.lines().next().map(|line| line.trim().to_string()))
         .filter(|line| !line.is_empty());
         tracing::info!(executable = %executable.display(), version = ?version, "the CLI's version");
+        // A failed probe is remembered in this process only: it may have been the machine, not the file.
+        if let (Some(file), Some(version)) = (key.1.clone(), version.clone()) {
+            let data_dir = self.config.data_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || versions::remember(&data_dir, &file, &version)).await;
+        }
         self.versions.lock().unwrap_or_else(|p| p.into_inner()).insert(key, version.clone());
         version
+    }
+
+    /// Which file `executable` is now (a stat, no process).
+    async fn version_key(&self, executable: &Path) -> VersionKey {
+        let path = executable.to_path_buf();
+        let file = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || versions::Key::of(&path)).await.ok().flatten()
+        };
+        (path, file)
+    }
+
+    /// The version of this file if this process or the data dir's cache knows it (`Some(None)`: probed here, with
+    /// no answer).
+    async fn known_version(&self, key: &VersionKey) -> Option<Option<String>> {
+        if let Some(known) = self.versions.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
+            return Some(known.clone());
+        }
+        let file = key.1.clone()?;
+        let data_dir = self.config.data_dir.clone();
+        let cached = tokio::task::spawn_blocking(move || versions::lookup(&data_dir, &file)).await.ok().flatten()?;
+        tracing::debug!(executable = %key.0.display(), version = %cached, "the CLI's version, from the cache");
+        self.versions.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), Some(cached.clone()));
+        Some(Some(cached))
     }
 
     /// OpenCode's executable as this bridge may drive it: a 1.x. OpenCode 2 replaced the server API and moved `run`
