@@ -94,39 +94,24 @@ pub fn remember(data_dir: &Path, key: &Key, version: &str) {
     }
 }
 
-/// Writes a temporary file beside `file` and renames it over `file`: readers see the old or the new file whole.
+/// Writes a temporary file beside `file` and renames it over `file`: readers see the old or the new file whole, and
+/// two bridges writing at once never share a temporary file.
 fn write_atomically(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    // Unique per process and call: two bridges (or two probes) never write the same temporary file.
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let temporary = file.with_extension(format!("json.{}.{n}.tmp", std::process::id()));
-    let result = (|| {
-        let mut out = std::fs::File::create(&temporary)?;
-        out.write_all(bytes)?;
-        out.sync_all()?;
-        std::fs::rename(&temporary, file)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    result
+    let mut temporary = tempfile::NamedTempFile::new_in(file.parent().unwrap_or(Path::new(".")))?;
+    temporary.write_all(bytes)?;
+    temporary.as_file().sync_all()?;
+    temporary.persist(file).map(drop).map_err(|e| e.error)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("acp-sandbox-versions-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
     #[test]
     fn the_key_follows_links_and_changes_with_a_rewritten_or_replaced_file() {
-        let dir = scratch("key");
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path();
         let real = dir.join("opencode-1");
         std::fs::write(&real, "#!/bin/sh\necho 1.0.0\n").unwrap();
         let link = dir.join("opencode");
@@ -156,27 +141,26 @@ mod tests {
         assert_ne!(replaced, rewritten);
 
         assert_eq!(Key::of(&dir.join("missing")), None);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_version_is_found_only_for_the_same_file_and_a_corrupt_cache_is_ignored() {
-        let dir = scratch("cache");
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path();
         let exe = dir.join("opencode");
         std::fs::write(&exe, "one").unwrap();
         let key = Key::of(&exe).unwrap();
-        assert_eq!(lookup(&dir, &key), None);
-        remember(&dir, &key, "1.18.33");
-        assert_eq!(lookup(&dir, &key), Some("1.18.33".to_string()));
+        assert_eq!(lookup(dir, &key), None);
+        remember(dir, &key, "1.18.33");
+        assert_eq!(lookup(dir, &key), Some("1.18.33".to_string()));
         std::fs::write(&exe, "longer").unwrap();
-        assert_eq!(lookup(&dir, &Key::of(&exe).unwrap()), None, "a changed file is not the one remembered");
+        assert_eq!(lookup(dir, &Key::of(&exe).unwrap()), None, "a changed file is not the one remembered");
 
         std::fs::write(dir.join(FILE), "{\"entries\": {\"/x\": [").unwrap();
-        assert_eq!(lookup(&dir, &key), None);
-        remember(&dir, &key, "1.18.34");
-        assert_eq!(lookup(&dir, &key), Some("1.18.34".to_string()), "a corrupt cache is replaced whole");
-        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(lookup(dir, &key), None);
+        remember(dir, &key, "1.18.34");
+        assert_eq!(lookup(dir, &key), Some("1.18.34".to_string()), "a corrupt cache is replaced whole");
+        let left: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name()).collect();
         assert_eq!(left.len(), 2, "no temporary file is left: {left:?}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
