@@ -462,7 +462,8 @@ sys.exit(0 if got == b"ping through the sandbox" else 4)
             endpoints: vec![("127.0.0.1".into(), echo)],
             service_hosts: Vec::new(),
         };
-        let proxy = Proxy::start(&dir.path().join("proxy.sock"), policy, "test".into()).await.unwrap();
+        let proxy =
+            Proxy::start(&dir.path().join("proxy.sock"), policy, "test".into(), Default::default()).await.unwrap();
         let port = free_port();
         let (program, args) = python(CLIENT, &[port.to_string(), format!("127.0.0.1:{echo}")]);
         let init = InitArgs {
@@ -506,7 +507,8 @@ sys.exit(0 if got == b"ping through the sandbox" else 4)
         let _one = ONE_AT_A_TIME.lock().await;
         let dir = tempfile::tempdir().unwrap();
         let policy = ProxyPolicy { mode: NetworkMode::Open, endpoints: Vec::new(), service_hosts: Vec::new() };
-        let proxy = Proxy::start(&dir.path().join("proxy.sock"), policy, "test".into()).await.unwrap();
+        let proxy =
+            Proxy::start(&dir.path().join("proxy.sock"), policy, "test".into(), Default::default()).await.unwrap();
         let port = free_port();
         let script = r#"
 import socket, sys

@@ -22,7 +22,7 @@ use super::init::PROXY_SOCKET;
 use super::limits::{self, Limits};
 use super::policy::{Mount, PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
 use super::protect;
-use super::proxy::{NetworkMode, Proxy, ProxyPolicy};
+use super::proxy::{ConnectionBudget, NetworkMode, Proxy, ProxyPolicy};
 use super::seccomp;
 use super::statedir::StateDir;
 use super::{ExecSpec, ExitInfo, ProcessHandle, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec};
@@ -335,12 +335,21 @@ impl LocalSettings {
 pub struct LocalProvider {
     sessions_dir: PathBuf,
     settings: Arc<LocalSettings>,
+    /// Each sandbox's proxy connections, by state dir name: one budget however often the sandbox is opened.
+    budgets: std::sync::Mutex<HashMap<String, ConnectionBudget>>,
 }
 
 impl LocalProvider {
     /// A provider keeping state dirs under `sessions_dir`.
     pub fn new(sessions_dir: PathBuf, settings: Arc<LocalSettings>) -> Self {
-        Self { sessions_dir, settings }
+        Self { sessions_dir, settings, budgets: Default::default() }
+    }
+
+    /// The connection budget of the sandbox `session_id` (made on first use; a sandbox keeps its budget for the
+    /// bridge's life, a few bytes each).
+    fn budget(&self, session_id: &str) -> ConnectionBudget {
+        let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        budgets.entry(session_id.to_string()).or_default().clone()
     }
 
     fn state_dir(&self, session_id: &str) -> PathBuf {
@@ -407,6 +416,7 @@ impl SandboxProvider for LocalProvider {
             host_workspace: spec.workspace.clone(),
             session_id: spec.session_id.clone(),
             settings: self.settings.clone(),
+            budget: self.budget(&spec.session_id),
         })))
     }
 
@@ -475,6 +485,8 @@ pub struct LocalSandbox {
     host_workspace: PathBuf,
     session_id: String,
     settings: Arc<LocalSettings>,
+    /// The connections its proxies may still open, shared by all of them.
+    budget: ConnectionBudget,
 }
 
 /// Where the bridge's own binary appears inside the sandbox (a private tmpfs, so nothing of the host is there).
@@ -628,7 +640,7 @@ impl LocalSandbox {
             endpoints,
             service_hosts: spec.net.service_hosts.clone(),
         };
-        let proxy = Proxy::start(&socket, policy, self.session_id.clone())
+        let proxy = Proxy::start(&socket, policy, self.session_id.clone(), self.budget.clone())
             .await
             .map_err(|e| SandboxError::Unavailable(format!("cannot start the network proxy: {e}")))?;
         Ok((proxy, NetSetup { socket, port, expose }))
@@ -1416,6 +1428,7 @@ mod tests {
             host_workspace: dir.into(),
             session_id: "s1".into(),
             settings: Arc::new(settings),
+            budget: ConnectionBudget::default(),
         }
     }
 

@@ -8,7 +8,7 @@
 //! back at the host) and the ranges that reach the host and its networks, and the connection goes only to an
 //! address that was judged. The configured model endpoints (exact host and port) are the exception: they are
 //! reachable even on loopback, a private network or the host's own address. At most [`MAX_CONNECTIONS`]
-//! connections of one proxy are served at once; the excess is answered `503` and closed at once, so a sandbox
+//! connections of one sandbox are served at once, across all its proxies ([`ConnectionBudget`]); the excess is answered `503` and closed at once, so a sandbox
 //! cannot spend the bridge's file descriptors. Each denial is logged with its host.
 
 use std::fmt;
@@ -384,12 +384,18 @@ impl Proxy {
     /// `label` names the sandbox in logs. When the bridge's own environment has `https_proxy` or `HTTPS_PROXY`
     /// (`http://[user:password@]host:port`), hosts other than the model endpoints are reached through that proxy
     /// with `CONNECT host:port`; the checks above still apply first.
-    pub async fn start(socket_path: &Path, policy: ProxyPolicy, label: String) -> Result<Proxy, ProxyError> {
+    /// `budget` bounds the connections open at once; every proxy of one sandbox shares the sandbox's.
+    pub async fn start(
+        socket_path: &Path,
+        policy: ProxyPolicy,
+        label: String,
+        budget: ConnectionBudget,
+    ) -> Result<Proxy, ProxyError> {
         let upstream = UpstreamProxy::from_env();
         if let Some(upstream) = &upstream {
             tracing::info!(label = %label, upstream = %upstream.address, "the sandbox proxy goes out through HTTPS_PROXY");
         }
-        let context = Context { policy, label, upstream, fixed_dns: Vec::new(), max_connections: MAX_CONNECTIONS };
+        let context = Context { policy, label, upstream, fixed_dns: Vec::new(), budget };
         Self::serve(socket_path, context).await
     }
 
@@ -431,8 +437,30 @@ struct Context {
     upstream: Option<UpstreamProxy>,
     /// Answers used instead of DNS: tests give public names fake public addresses (there is no internet there).
     fixed_dns: Vec<(String, IpAddr)>,
-    /// [`MAX_CONNECTIONS`], lower in tests.
-    max_connections: usize,
+    /// The connections the sandbox may still open.
+    budget: ConnectionBudget,
+}
+
+/// How many connections one sandbox may have open through its proxies at once, counted across all of them (a
+/// sandbox runs a proxy per command, and its commands may overlap: the server, a turn's CLI).
+#[derive(Clone)]
+pub struct ConnectionBudget {
+    permits: Arc<tokio::sync::Semaphore>,
+    limit: usize,
+}
+
+impl ConnectionBudget {
+    /// A budget of `limit` connections.
+    pub fn new(limit: usize) -> Self {
+        Self { permits: Arc::new(tokio::sync::Semaphore::new(limit)), limit }
+    }
+}
+
+impl Default for ConnectionBudget {
+    /// [`MAX_CONNECTIONS`].
+    fn default() -> Self {
+        Self::new(MAX_CONNECTIONS)
+    }
 }
 
 impl Context {
@@ -453,22 +481,28 @@ async fn accept_loop(listener: UnixListener, context: Arc<Context>) {
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((client, _)) if connections.len() >= context.max_connections => {
-                    refused += 1;
-                    // Once per burst (the first, then every 1000th): a flood must not flood the log too.
-                    if refused % 1000 == 1 {
-                        tracing::warn!(
-                            "proxy refused a connection for session {}: {} connections are open (the limit)",
-                            context.label,
-                            context.max_connections
-                        );
+                Ok((client, _)) => match context.budget.permits.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        let context = context.clone();
+                        connections.spawn(async move {
+                            handle(context, client).await;
+                            drop(permit);
+                        });
                     }
-                    // One attempt, never a wait: the descriptor is closed right here whatever the client does.
-                    let _ = client.try_write(too_many(context.max_connections).as_bytes());
-                }
-                Ok((client, _)) => {
-                    connections.spawn(handle(context.clone(), client));
-                }
+                    Err(_) => {
+                        refused += 1;
+                        let limit = context.budget.limit;
+                        // Once per burst (the first, then every 1000th): a flood must not flood the log too.
+                        if refused % 1000 == 1 {
+                            tracing::warn!(
+                                "proxy refused a connection for session {}: {limit} connections are open (the limit)",
+                                context.label,
+                            );
+                        }
+                        // One attempt, never a wait: the descriptor is closed right here whatever the client does.
+                        let _ = client.try_write(too_many(limit).as_bytes());
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(label = %context.label, "sandbox proxy: accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -858,7 +892,7 @@ pub(crate) mod tests {
     }
 
     async fn start(dir: &tempfile::TempDir, policy: ProxyPolicy) -> Proxy {
-        Proxy::start(&dir.path().join("proxy.sock"), policy, "test".into()).await.unwrap()
+        Proxy::start(&dir.path().join("proxy.sock"), policy, "test".into(), ConnectionBudget::default()).await.unwrap()
     }
 
     /// Sends `request` and returns the answer's head, what followed it, and the connection.
@@ -1198,7 +1232,7 @@ pub(crate) mod tests {
                 ("api.example.com".into(), "93.184.216.34".parse().unwrap()),
                 ("private.example.com".into(), "10.0.0.7".parse().unwrap()),
             ],
-            max_connections: MAX_CONNECTIONS,
+            budget: ConnectionBudget::default(),
         };
         let proxy = Proxy::serve(&dir.path().join("proxy.sock"), context).await.unwrap();
 
@@ -1239,7 +1273,10 @@ pub(crate) mod tests {
         assert!(UnixStream::connect(&path).await.is_err());
 
         std::fs::write(&path, "not a socket").unwrap();
-        let error = Proxy::start(&path, policy(NetworkMode::Open, &[]), "test".into()).await.err().unwrap();
+        let error = Proxy::start(&path, policy(NetworkMode::Open, &[]), "test".into(), ConnectionBudget::default())
+            .await
+            .err()
+            .unwrap();
         assert!(error.to_string().contains("not a socket"), "{error}");
     }
 
@@ -1310,7 +1347,7 @@ pub(crate) mod tests {
             label: "test".into(),
             upstream: None,
             fixed_dns: Vec::new(),
-            max_connections: 3,
+            budget: ConnectionBudget::new(3),
         };
         let proxy = Proxy::serve(&dir.path().join("proxy.sock"), context).await.unwrap();
         let mut idle = Vec::new();
@@ -1344,5 +1381,50 @@ pub(crate) mod tests {
             assert!(tokio::time::Instant::now() < deadline, "no room after a connection ended: {answer}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Two proxies of one sandbox (its server's and a turn's) share its budget: connections held open through
+    /// one count against the other.
+    #[tokio::test]
+    async fn the_proxies_of_one_sandbox_share_one_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = ConnectionBudget::new(3);
+        let start = |name: &str| {
+            let path = dir.path().join(name);
+            let budget = budget.clone();
+            async move { Proxy::start(&path, policy(NetworkMode::None, &[]), "test".into(), budget).await.unwrap() }
+        };
+        let (first, second) = (start("a.sock").await, start("b.sock").await);
+        let mut idle = vec![UnixStream::connect(first.socket_path()).await.unwrap()];
+        for _ in 0..2 {
+            idle.push(UnixStream::connect(second.socket_path()).await.unwrap());
+        }
+        // The accept loops take their permits as they accept; wait until all three are held.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while budget.permits.available_permits() > 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the three connections were not accepted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut excess = UnixStream::connect(first.socket_path()).await.unwrap();
+        let mut answer = String::new();
+        // A proxy with a budget of its own would accept and wait for a request: no answer within 10 s.
+        let read = tokio::time::timeout(Duration::from_secs(10), excess.read_to_string(&mut answer)).await;
+        assert!(read.is_ok(), "the fourth connection was accepted");
+        assert_eq!(answer, too_many(3));
+        drop(idle);
+        // A fresh budget is not affected by another sandbox's.
+        let other = Proxy::start(
+            &dir.path().join("c.sock"),
+            policy(NetworkMode::None, &[]),
+            "t".into(),
+            ConnectionBudget::new(3),
+        )
+        .await
+        .unwrap();
+        let mut stream = UnixStream::connect(other.socket_path()).await.unwrap();
+        stream.write_all(b"CONNECT example.com:443 HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 403 "), "{answer}");
     }
 }
