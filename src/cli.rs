@@ -169,6 +169,10 @@ struct Settings {
     /// At most this many warm OpenCode servers at once (the least recently used is stopped first).
     #[arg(long, global = true, env = "ACP_SANDBOX_MAX_SERVERS", default_value_t = 4)]
     max_servers: usize,
+    /// What a warm OpenCode server serves: the new threads of one workspace together, each its own OpenCode
+    /// session in one sandbox (workspace), or each thread its own sandbox and server (session).
+    #[arg(long, global = true, env = "ACP_SANDBOX_SERVER_SCOPE", value_enum, default_value = "workspace")]
+    server_scope: acp_sandbox::config::ServerScope,
     /// End a turn still running after this many seconds.
     #[arg(long, global = true, env = "ACP_SANDBOX_TURN_TIMEOUT", default_value_t = 1800)]
     turn_timeout: u64,
@@ -273,6 +277,7 @@ impl Settings {
         config.opencode_backend = self.opencode_backend;
         config.server_idle_timeout = Duration::from_secs(self.server_idle_timeout.max(1));
         config.max_servers = self.max_servers.max(1);
+        config.server_scope = self.server_scope;
         config.remote_idle = self.remote_idle;
         config.remote_upload_secrets = self.remote_upload_secrets;
         if let Some(dirs) = directories::BaseDirs::new() {
@@ -291,7 +296,8 @@ fn absolute(path: &std::path::Path) -> PathBuf {
 }
 
 /// Settings that only the server uses: `prompt --help` does not list them.
-const SERVER_ONLY: [&str; 5] = ["replay_limit", "context_window", "amp_modes", "server_idle_timeout", "max_servers"];
+const SERVER_ONLY: [&str; 6] =
+    ["replay_limit", "context_window", "amp_modes", "server_idle_timeout", "max_servers", "server_scope"];
 
 /// The command line, with each subcommand's help showing only the settings it uses (they are global, so that
 /// `acp-sandbox serve --agent amp` works as well as `acp-sandbox --agent amp`).
@@ -761,7 +767,13 @@ fn opencode_backend(config: &Config, version: &str) -> Result<String, String> {
             )
         }
         acp_sandbox::config::OpenCodeBackend::Serve => format!(
-            "serve: a warm `opencode serve` per session (stopped after {} s idle, at most {} at once)",
+            "serve: a warm `opencode serve` per {} (stopped after {} s idle, at most {} at once)",
+            match (config.server_scope, config.workspace) {
+                (acp_sandbox::config::ServerScope::Workspace, acp_sandbox::config::WorkspaceMode::Direct) =>
+                    "workspace, shared by its new threads (--server-scope workspace)",
+                (acp_sandbox::config::ServerScope::Workspace, _) => "session (review mode gives each its own copy)",
+                (acp_sandbox::config::ServerScope::Session, _) => "session (--server-scope session)",
+            },
             config.server_idle_timeout.as_secs(),
             config.max_servers
         ),

@@ -113,6 +113,8 @@ pub struct Config {
     pub server_idle_timeout: Duration,
     /// At most this many warm OpenCode servers run at once.
     pub max_servers: usize,
+    /// Whether the sessions of one workspace share a sandbox and a warm server.
+    pub server_scope: ServerScope,
     /// What a remote sandbox does between turns.
     pub remote_idle: RemoteIdle,
     /// `--remote-upload-secrets`: a remote sandbox gets the workspace's secret files too (`.env*`, private keys,
@@ -127,6 +129,16 @@ pub enum OpenCodeBackend {
     Serve,
     /// One `opencode run --format json` per prompt.
     Run,
+}
+
+/// What one warm OpenCode server serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServerScope {
+    /// The new sessions of one workspace (same agent, same sandbox policy) share one sandbox and one server, each
+    /// its own OpenCode session there: a new thread starts no server. The workspace is the trust boundary.
+    Workspace,
+    /// Every session its own sandbox and server.
+    Session,
 }
 
 impl Config {
@@ -166,6 +178,7 @@ impl Config {
             workspace: WorkspaceMode::Direct,
             server_idle_timeout: Duration::from_secs(600),
             max_servers: 4,
+            server_scope: ServerScope::Workspace,
             remote_idle: RemoteIdle::Pause,
             remote_upload_secrets: false,
         }

@@ -22,6 +22,7 @@ mod e2e {
     mod sandbox;
     mod schemas;
     mod serve_faults;
+    mod shared_server;
     mod store;
     mod terminal;
     mod transport;

@@ -271,9 +271,12 @@ impl Bridge {
             let before = now_ms().saturating_sub(TRIM_CACHES_AFTER.as_millis() as i64);
             let Ok(sessions) = bridge.store.list_sessions(None, None, None, usize::MAX).await else { return };
             let mut trimmed = 0;
+            // A shared sandbox is trimmed once, and only when none of its sessions was used lately.
+            let mut skip: std::collections::HashSet<&str> =
+                sessions.iter().filter(|r| r.updated_at >= before).filter_map(|r| r.sandbox_id.as_deref()).collect();
             for record in sessions.iter().filter(|r| r.updated_at < before) {
                 let Some(sandbox) = record.sandbox_id.as_deref() else { continue };
-                if record.sandbox_provider != bridge.provider.name() {
+                if record.sandbox_provider != bridge.provider.name() || !skip.insert(sandbox) {
                     continue;
                 }
                 match bridge.provider.trim(sandbox).await {
@@ -588,16 +591,27 @@ impl Bridge {
                 _ => return Err(Error::DeleteWhileRunningElsewhere),
             },
         };
+        let server = self.servers.of_session(id);
         self.close_session(id)?;
-        // Its server holds the sandbox's files open: gone first.
-        self.servers.stop(id).await;
+        // Its server holds the sandbox's files open: gone first (unless other sessions use it).
+        self.servers.release(id).await;
         let Some(record) = self.store.session(id).await? else {
             return Ok(());
         };
         if let Some(sandbox_id) = &record.sandbox_id
             && record.sandbox_provider == self.provider.name()
         {
-            self.provider.destroy(sandbox_id).await?;
+            let shared = Path::new(sandbox_id).file_name().and_then(|n| n.to_str()).is_some_and(is_shared_sandbox);
+            let others = match shared {
+                true => self.sandbox_users(sandbox_id).await?.into_iter().filter(|user| user != id).count(),
+                false => 0,
+            };
+            if others == 0 {
+                self.provider.destroy(sandbox_id).await?;
+            } else {
+                // The other sessions' conversations live in the same OpenCode database: only this one goes.
+                self.forget_conversation(&record, server).await;
+            }
         }
         // A remote sandbox's mirror lives on this machine (a local sandbox's went with its state dir).
         let mirror = self.config.sessions_dir().join(&record.id).join("review");
@@ -612,6 +626,29 @@ impl Bridge {
         }
         tracing::info!(session = id, "deleted session");
         Ok(())
+    }
+
+    /// The stored sessions whose sandbox is `sandbox_id`.
+    async fn sandbox_users(&self, sandbox_id: &str) -> Result<Vec<String>> {
+        let sessions = self.store.list_sessions(None, None, None, usize::MAX).await?;
+        Ok(sessions
+            .into_iter()
+            .filter(|r| r.sandbox_id.as_deref() == Some(sandbox_id) && r.sandbox_provider == self.provider.name())
+            .map(|r| r.id)
+            .collect())
+    }
+
+    /// Deletes a deleted session's OpenCode conversation from the shared server it used, when that still runs
+    /// (else the conversation stays in the shared database, unlisted: nothing of ours names it any more).
+    async fn forget_conversation(&self, record: &SessionRecord, server: Option<Arc<serve::Server>>) {
+        let (Some(native), Some(server)) = (&record.native_id, server.filter(|server| server.alive())) else {
+            return;
+        };
+        let path = format!("/session/{native}");
+        match server.client.call_within(std::time::Duration::from_secs(5), hyper::Method::DELETE, &path, None).await {
+            Ok(_) => tracing::info!(session = %record.id, native, "deleted the conversation on the shared server"),
+            Err(e) => tracing::warn!(session = %record.id, native, "could not delete the conversation: {e}"),
+        }
     }
 
     /// Cancels the running turn of a session and every prompt of it that arrived before and has not started
@@ -775,7 +812,7 @@ impl Bridge {
     pub fn warm_server(self: &Arc<Self>, id: &str) {
         if self.config.agent != AgentKind::OpenCode
             || self.config.opencode_backend != crate::config::OpenCodeBackend::Serve
-            || self.servers.get(id).is_some()
+            || self.servers.of_session(id).is_some()
             // A remote sandbox runs no warm server yet, and warming would resume a sandbox paused between turns.
             || !self.sessions_run_here()
         {
@@ -810,9 +847,10 @@ impl Bridge {
                         project_config: false,
                     },
                 };
+                let key = bridge.server_key(&id, sandbox.as_ref(), &profile.key());
                 let warmed = bridge
                     .servers
-                    .warm(&id, || {
+                    .warm(&key, &id, || {
                         serve::start_server(&bridge, &id, sandbox, &executable, None, model.as_deref(), &profile)
                     })
                     .await
@@ -855,29 +893,94 @@ impl Bridge {
         self.project_consent.lock().unwrap_or_else(|p| p.into_inner()).insert(session.to_string(), (items, allowed));
     }
 
-    /// The session's sandbox: reconnected when it exists, created (and persisted) otherwise.
+    /// The session's sandbox: reconnected when it exists, created (and persisted) otherwise. A session without a
+    /// sandbox gets its workspace's shared one where sessions share ([`Bridge::shared_sandbox_name`]); a session
+    /// keeps the sandbox it has (its conversation lives there), shared or its own.
     async fn session_sandbox(&self, record: &SessionRecord) -> Result<Arc<dyn crate::sandbox::Sandbox>> {
         // The background start of a server and the first prompt may both get here: one creates, the other connects.
         let gate = self.gate(&record.id);
         let _one = gate.lock().await;
         let provider = self.provider();
-        let spec = crate::sandbox::SandboxSpec { session_id: record.id.clone(), workspace: PathBuf::from(&record.cwd) };
+        let workspace = PathBuf::from(&record.cwd);
         let current = self.store.session(&record.id).await?;
         let sandbox_id = current.as_ref().and_then(|r| r.sandbox_id.clone());
         let provider_name = current.as_ref().map(|r| r.sandbox_provider.clone()).unwrap_or_default();
+        let spec = |name: String| crate::sandbox::SandboxSpec { session_id: name, workspace: workspace.clone() };
         if let Some(id) = &sandbox_id
             && provider_name == provider.name()
         {
-            if let Some(sandbox) = provider.connect(id, &spec).await? {
+            let name = Path::new(id).file_name().and_then(|n| n.to_str()).filter(|n| is_shared_sandbox(n));
+            if let Some(sandbox) = provider.connect(id, &spec(name.unwrap_or(&record.id).to_string())).await? {
                 return Ok(sandbox);
             }
             tracing::warn!(session = %record.id, sandbox = %id, "the session's sandbox is gone; creating a new one");
         }
+        let spec = match self.shared_sandbox_name(record) {
+            Some(shared) => {
+                // Two sessions of the workspace may make it at the same time: one creates, the other connects.
+                let gate = self.gate(&shared);
+                let _shared = gate.lock().await;
+                let spec = spec(shared);
+                let id = provider.create(&spec).await?;
+                tracing::info!(session = %record.id, sandbox = %id, "the session shares its workspace's sandbox");
+                self.store.set_sandbox(&record.id, provider.name(), Some(&id)).await?;
+                return provider.connect(&id, &spec).await?.ok_or_else(|| {
+                    Error::Sandbox(crate::sandbox::SandboxError::Unavailable(format!("the sandbox {id} vanished")))
+                });
+            }
+            None => spec(record.id.clone()),
+        };
         let id = provider.create(&spec).await?;
         self.store.set_sandbox(&record.id, provider.name(), Some(&id)).await?;
         provider.connect(&id, &spec).await?.ok_or_else(|| {
             Error::Sandbox(crate::sandbox::SandboxError::Unavailable(format!("the new sandbox {id} vanished")))
         })
+    }
+
+    /// The sandbox a new session of `record` shares with the other new sessions of its workspace, where sessions
+    /// share one (a local sandbox writing the workspace itself, OpenCode through its server, `--server-scope
+    /// workspace`): named after the agent, the workspace and everything of the bridge's settings that shapes a
+    /// sandbox, so that a bridge started with another policy gets a sandbox of its own.
+    fn shared_sandbox_name(&self, record: &SessionRecord) -> Option<String> {
+        use sha2::Digest;
+        let shares = self.serves(record)
+            && self.config.server_scope == crate::config::ServerScope::Workspace
+            && self.config.workspace == crate::config::WorkspaceMode::Direct
+            && self.provider.name() == "local";
+        if !shares {
+            return None;
+        }
+        let config = &self.config;
+        let policy = format!(
+            "{:?} {:?} {:?} {:?} {:?} {} {:?} {:?}",
+            config.sandbox,
+            std::mem::discriminant(&self.isolation),
+            config.profile,
+            config.deny_read,
+            config.allow_read,
+            config.network,
+            config.protect,
+            config.limits
+        );
+        let mut hash = sha2::Sha256::new();
+        for part in [self.agent_of(record).as_str(), record.cwd.as_str(), policy.as_str()] {
+            hash.update(part.as_bytes());
+            hash.update([0]);
+        }
+        let digest = hash.finalize();
+        Some(format!("{SHARED_SANDBOX}{}", digest[..8].iter().map(|b| format!("{b:02x}")).collect::<String>()))
+    }
+
+    /// The key of the server a turn of `session` uses in `sandbox` for `profile`: one per shared sandbox and
+    /// profile, else the session's own.
+    pub(super) fn server_key(&self, session: &str, sandbox: &dyn crate::sandbox::Sandbox, profile: &str) -> String {
+        let shared = sandbox.state_dir().file_name().and_then(|n| n.to_str()).filter(|n| is_shared_sandbox(n));
+        match shared {
+            Some(shared) if self.config.server_scope == crate::config::ServerScope::Workspace => {
+                format!("{shared} {profile}")
+            }
+            _ => session.to_string(),
+        }
     }
 
     /// The version line `<cli> --version` prints, asked once per executable file (in a sandbox of the bridge's own),
@@ -1028,14 +1131,11 @@ impl Bridge {
         });
     }
 
-    /// Stops the session's warm server, in the background.
+    /// Lets go of the session's warm server, in the background: it stops unless other sessions use it.
     fn stop_server(&self, id: &str) {
-        if self.servers.get(id).is_none() {
-            return;
-        }
         let servers = self.servers.clone();
         let id = id.to_string();
-        tokio::spawn(async move { servers.stop(&id).await });
+        tokio::spawn(async move { servers.release(&id).await });
     }
 
     fn any_turn_running(&self) -> bool {
@@ -1267,6 +1367,14 @@ pub(crate) fn installed_executable(config: &Config, agent: AgentKind) -> Option<
     }
     let cached = package.executable(&config.tools_dir());
     cached.exists().then_some(cached)
+}
+
+/// How the state dirs of shared sandboxes begin (a session's own is named after the session: `sess_…`).
+const SHARED_SANDBOX: &str = "workspace-";
+
+/// Whether a sandbox's name (its state dir's) is a shared one.
+fn is_shared_sandbox(name: &str) -> bool {
+    name.starts_with(SHARED_SANDBOX)
 }
 
 /// The major version in a version line such as `1.18.33` or `opencode 2.0.23`, if it is one.

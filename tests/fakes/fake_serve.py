@@ -6,7 +6,9 @@ $OPENCODE_FAKE_SERVE=1; without it the fake `opencode` has no server, like a CLI
 
 Every request needs HTTP basic auth `opencode:$OPENCODE_SERVER_PASSWORD`. Routes: GET /global/health, GET /event
 (server-sent events, one `server.connected` first), POST /session, GET|PATCH /session/ID, GET /agent, GET /command,
-GET /config/providers, POST /session/ID/prompt_async, POST /session/ID/abort, POST /permission/ID/reply. Event
+GET /config/providers, POST /session/ID/prompt_async, POST /session/ID/abort, POST /permission/ID/reply, DELETE
+/session/ID. What the bridge sent is appended to <cwd>/.fake-serve/{prompt,patch,delete}.log, a JSON line each
+naming the server (a random id of each start). Event
 shapes are those of the real captures (tests/fixtures/opencode-serve/events-tokens.jsonl). Sessions are kept in
 $XDG_DATA_HOME/opencode/fake-serve-sessions.json, so a restarted server continues them, like OpenCode's database.
 
@@ -44,6 +46,7 @@ SESSIONS = DATA / "fake-serve-sessions.json"
 LOCK = threading.Lock()
 SUBSCRIBERS = []  # one bounded queue per open event stream
 ABORTED = {}  # session id -> threading.Event of its running turn
+SERVER = uuid.uuid4().hex[:12]  # names this server in the logs (its pid may be the same in two PID namespaces)
 
 
 def ident(prefix):
@@ -128,15 +131,22 @@ def huge_part(sid, msg, prt, mib):
     yield after.encode() + b"}\n\n"
 
 
-def remember_fault(prompt):
-    """The running turn's fault, for the `/abort` handler (one turn at a time per server in these tests)."""
+def remember_fault(sid, prompt):
+    """The session's running turn's fault, for the `/abort` handler."""
     fault = prompt.partition("FAULT:")[2].split(" ")[0].split(":")[0]
     Path(".fake-serve").mkdir(exist_ok=True)
-    (Path(".fake-serve") / "fault").write_text(fault)
+    (Path(".fake-serve") / f"fault-{sid}").write_text(fault)
+
+
+def record(what, obj):
+    """Appends one line to .fake-serve/<what>.log, for the tests to read what the bridge asked of this server."""
+    Path(".fake-serve").mkdir(exist_ok=True)
+    with LOCK, (Path(".fake-serve") / f"{what}.log").open("a") as log:
+        log.write(json.dumps(obj, separators=(",", ":"), sort_keys=True) + "\n")
 
 
 def run_turn(sid, prompt):
-    remember_fault(prompt)
+    remember_fault(sid, prompt)
     done = threading.Event()
     ABORTED[sid] = done
     with LOCK:
@@ -233,7 +243,9 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/event":
             return self.stream()
         if path == "/agent":
-            return self.reply(200, [{"name": "build", "mode": "primary", "permission": []}])
+            return self.reply(200, [{"name": "build", "mode": "primary", "permission": []},
+                                    {"name": "plan", "mode": "primary",
+                                     "permission": [{"permission": "edit", "pattern": "*", "action": "deny"}]}])
         if path == "/command":
             return self.reply(200, [])
         if path == "/config/providers":
@@ -248,8 +260,26 @@ class Handler(BaseHTTPRequestHandler):
     def do_PATCH(self):
         if not self.authorized():
             return
-        self.body()
-        self.reply(200, session_info(self.path.split("/")[2]))
+        body = self.body()
+        sid = self.path.split("?")[0].split("/")[2]
+        record("patch", {"server": SERVER, "session": sid, "permission": body.get("permission")})
+        self.reply(200, session_info(sid))
+
+    def do_DELETE(self):
+        if not self.authorized():
+            return
+        parts = self.path.split("?")[0].strip("/").split("/")
+        if len(parts) == 2 and parts[0] == "session":
+            with LOCK:
+                sessions = load_sessions()
+                found = sessions.pop(parts[1], None) is not None
+                save_sessions(sessions)
+            record("delete", {"server": SERVER, "session": parts[1], "found": found})
+            if found:
+                event("session.deleted", {"sessionID": parts[1], "info": session_info(parts[1])})
+                return self.reply(200, True)
+            return self.reply(404, {"name": "NotFoundError", "data": {"message": f"Session not found: {parts[1]}"}})
+        self.reply(404, {"error": "no route"})
 
     def do_POST(self):
         if not self.authorized():
@@ -266,13 +296,15 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200, session_info(sid))
         if len(parts) == 3 and parts[0] == "session" and parts[2] == "prompt_async":
             prompt = " ".join(p.get("text", "") for p in body.get("parts", []) if p.get("type") == "text")
+            record("prompt", {"server": SERVER, "session": parts[1], "text": prompt, "agent": body.get("agent"),
+                              "model": body.get("model")})
             threading.Thread(target=run_turn, args=(parts[1], prompt), daemon=True).start()
             self.send_response(204)
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
         if len(parts) == 3 and parts[0] == "session" and parts[2] == "abort":
-            marker = Path(".fake-serve") / "fault"
+            marker = Path(".fake-serve") / f"fault-{parts[1]}"
             fault = marker.read_text() if marker.exists() else ""
             if fault == "noabort":
                 while True:

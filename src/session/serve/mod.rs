@@ -1,9 +1,11 @@
-//! Warm `opencode serve` processes, one per session, each inside that session's sandbox.
+//! Warm `opencode serve` processes, each inside a sandbox: one per workspace, shared by the sessions of that
+//! workspace's shared sandbox (`--server-scope workspace`, each its own OpenCode session there), or one per session.
 //!
-//! A server is started in the background when a session is created, loaded or resumed, so that the first prompt
-//! rarely waits for OpenCode to boot; it stays up between prompts, is stopped after `--server-idle-timeout` and
-//! when the session is closed or deleted, and at most `--max-servers` run at once (the least recently used goes
-//! first). Its only way in is a door: a unix socket in the bridge's private run dir, spliced to the server's port
+//! A server is known by its key (the shared sandbox and the profile it was started for, or the session's id), and
+//! the sessions using it are recorded. It is started in the background when a session is created, loaded or
+//! resumed, so that the first prompt rarely waits for OpenCode to boot; it stays up between prompts, is stopped
+//! after `--server-idle-timeout` and when its last session is closed or deleted, and at most `--max-servers` run
+//! at once (the least recently used goes first). Its only way in is a door: a unix socket in the bridge's private run dir, spliced to the server's port
 //! inside the sandbox by `sandbox-init`; every request carries the server's own random password, which the guard
 //! plugin (`guard.rs`) keeps from the server's tools, as Landlock keeps them off its port. The server dies
 //! with the bridge like any command of the sandbox (`--die-with-parent`, or the subreaper's parent-death signal).
@@ -64,16 +66,16 @@ pub struct Server {
     limit: Arc<Mutex<Option<String>>>,
     stderr: Arc<Mutex<VecDeque<String>>>,
     last_used: Mutex<Instant>,
-    /// A turn is using it: never stopped for idleness or for room.
-    busy: std::sync::atomic::AtomicBool,
+    /// How many turns use it: never stopped for idleness or for room while one does.
+    busy: std::sync::atomic::AtomicUsize,
     /// What each OpenCode session of this server last got rules for ("approvals mode"), and the agent they were
     /// composed with.
     pub(super) permissions: Mutex<HashMap<String, (String, String)>>,
     /// What it was started for ([`Profile::key`]): a turn that wants another starts a fresh server.
     profile: String,
-    /// Where the server's event stream goes: the running turn's receiver, if any. One stream, opened when the
-    /// server became ready, saves every turn a subscription.
-    listener: Arc<Mutex<Option<mpsc::Sender<SseEvent>>>>,
+    /// Where the server's event stream goes: every running turn's receiver (each picks its own session's events).
+    /// One stream, opened when the server became ready, saves every turn a subscription.
+    listeners: Arc<Mutex<Vec<mpsc::Sender<SseEvent>>>>,
     /// The event stream ended (the server died or dropped it).
     stream_open: Arc<std::sync::atomic::AtomicBool>,
     /// The pool's: told when this server is let go of by its turn.
@@ -86,15 +88,22 @@ impl Server {
         self.exited.borrow().is_none() && self.stream_open.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Every event from now on, until the returned receiver is dropped or another turn listens. `None` once the
-    /// stream has ended.
+    /// Every event from now on, until the returned receiver is dropped. `None` once the stream has ended.
     pub fn listen(&self) -> Option<mpsc::Receiver<SseEvent>> {
         if !self.stream_open.load(std::sync::atomic::Ordering::SeqCst) {
             return None;
         }
         let (sender, receiver) = mpsc::channel(EVENT_QUEUE);
-        *self.listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
+        let mut listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner());
+        listeners.retain(|listener| !listener.is_closed());
+        listeners.push(sender);
         Some(receiver)
+    }
+
+    /// Whether more than one turn uses it now: what one turn's end may do to the whole server (end its strays,
+    /// kill it) would reach another session's turn.
+    pub fn shared_now(&self) -> bool {
+        self.busy.load(std::sync::atomic::Ordering::SeqCst) > 1
     }
 
     /// How it exited, once it did.
@@ -151,7 +160,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.0.touch();
-        self.0.busy.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.0.busy.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         self.0.freed.notify_waiters();
     }
 }
@@ -187,8 +196,11 @@ impl Profile {
 pub struct Servers {
     idle_stop: Duration,
     max: usize,
+    /// By key.
     running: Mutex<HashMap<String, Arc<Server>>>,
-    /// Sessions whose server is starting: one start at a time per session, others wait for it.
+    /// The key of each session's server, from the session's first lease or warm start until it is released.
+    users: Mutex<HashMap<String, String>>,
+    /// Keys whose server is starting: one start at a time per key, others wait for it.
     starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// How many servers are starting now: they count against `max` like running ones (a cap that counted only
     /// the ready ones let 8 concurrent starts run 9 servers under a cap of 4).
@@ -204,6 +216,7 @@ impl Servers {
             idle_stop,
             max: max.max(1),
             running: Mutex::default(),
+            users: Mutex::default(),
             starting: Mutex::default(),
             starting_now: Mutex::default(),
             freed: Arc::default(),
@@ -239,82 +252,118 @@ impl Servers {
         format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
     }
 
-    /// The session's running server, if there is one.
-    pub fn get(&self, session: &str) -> Option<Arc<Server>> {
+    /// The running server of `key`, if there is one.
+    pub fn get(&self, key: &str) -> Option<Arc<Server>> {
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        running.get(session).filter(|server| server.alive()).cloned()
+        running.get(key).filter(|server| server.alive()).cloned()
     }
 
-    /// The session's server for one turn: the running one, or one started by `start` (once, however many ask at
-    /// the same time). Makes room first when `max` servers run.
-    pub async fn lease<F, Fut>(&self, session: &str, profile: &str, start: F) -> Result<Lease, ServeError>
+    /// The running server `session` last used, if there is one.
+    pub fn of_session(&self, session: &str) -> Option<Arc<Server>> {
+        let key = self.users.lock().unwrap_or_else(|p| p.into_inner()).get(session).cloned()?;
+        self.get(&key)
+    }
+
+    /// The server of `key` for one turn of `session`: the running one, or one started by `start` (once, however
+    /// many ask at the same time). Makes room first when `max` servers run.
+    pub async fn lease<F, Fut>(&self, key: &str, session: &str, profile: &str, start: F) -> Result<Lease, ServeError>
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Started, ServeError>>,
     {
-        let server = self.get_or_start(session, Some(profile), start).await?;
-        server.busy.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.attach(key, session);
+        let server = self.get_or_start(key, Some(profile), start).await?;
+        server.busy.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         server.touch();
         Ok(Lease(server))
     }
 
-    /// Starts the session's server unless it runs; for the background start on new, load and resume.
-    pub async fn warm<F, Fut>(&self, session: &str, start: F) -> Result<Arc<Server>, ServeError>
+    /// Starts the server of `key` for `session` unless it runs; for the background start on new, load and resume.
+    pub async fn warm<F, Fut>(&self, key: &str, session: &str, start: F) -> Result<Arc<Server>, ServeError>
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Started, ServeError>>,
     {
-        self.get_or_start(session, None, start).await
+        self.attach(key, session);
+        self.get_or_start(key, None, start).await
+    }
+
+    /// Records that `session` uses the server of `key` (and no longer the one it used before, which is stopped
+    /// when nobody else uses it).
+    fn attach(&self, key: &str, session: &str) {
+        let before = self.users.lock().unwrap_or_else(|p| p.into_inner()).insert(session.to_string(), key.to_string());
+        if let Some(before) = before.filter(|before| before != key)
+            && !self.used(&before)
+            && let Some(server) = self.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&before)
+        {
+            tracing::info!(key = %before, "stopping an OpenCode server its last session no longer uses");
+            let freed = self.freed.clone();
+            tokio::spawn(async move {
+                server.stop().await;
+                freed.notify_waiters();
+            });
+        }
+    }
+
+    /// Whether a session uses the server of `key`.
+    fn used(&self, key: &str) -> bool {
+        self.users.lock().unwrap_or_else(|p| p.into_inner()).values().any(|used| used == key)
+    }
+
+    /// `session` no longer uses its server (closed or deleted): the server stops when no other session uses it.
+    pub async fn release(&self, session: &str) {
+        let Some(key) = self.users.lock().unwrap_or_else(|p| p.into_inner()).remove(session) else { return };
+        if self.used(&key) {
+            tracing::debug!(session, key = %key, "the OpenCode server goes on for its other sessions");
+            return;
+        }
+        self.stop(&key).await;
     }
 
     /// The running server when it was started for `profile` (any, for `None`); else a fresh one.
-    async fn get_or_start<F, Fut>(
-        &self,
-        session: &str,
-        profile: Option<&str>,
-        start: F,
-    ) -> Result<Arc<Server>, ServeError>
+    async fn get_or_start<F, Fut>(&self, key: &str, profile: Option<&str>, start: F) -> Result<Arc<Server>, ServeError>
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Started, ServeError>>,
     {
         let gate = {
             let mut starting = self.starting.lock().unwrap_or_else(|p| p.into_inner());
-            starting.entry(session.to_string()).or_default().clone()
+            starting.entry(key.to_string()).or_default().clone()
         };
         let _one = gate.lock().await;
-        if let Some(server) = self.get(session) {
+        if let Some(server) = self.get(key) {
             // A turn's server must answer: one stopped (`SIGSTOP`) or wedged between turns would make every request
             // of the turn wait out its deadline. It is replaced instead.
             let answers = profile.is_none() || server.client.health(HEALTH_LIMIT).await.is_some();
             if !answers {
-                tracing::warn!(session, "the OpenCode server does not answer; starting a fresh one");
-                self.stop(session).await;
+                tracing::warn!(key, "the OpenCode server does not answer; starting a fresh one");
+                self.stop(key).await;
             } else if profile.is_none_or(|profile| profile == server.profile) {
                 return Ok(server);
             } else {
                 // Approvals or the workspace's configuration changed what the server may load or do without
                 // asking: what it loaded at its start (plugins, MCP servers) and its configured rules go with it.
-                tracing::info!(session, from = %server.profile, to = profile.unwrap_or(""), "restarting the OpenCode server");
-                self.stop(session).await;
+                tracing::info!(key, from = %server.profile, to = profile.unwrap_or(""), "restarting the OpenCode server");
+                self.stop(key).await;
             }
         }
         let place = self.make_room().await;
         let ready = async { ready(start().await?, self.freed.clone()).await.map(Arc::new) }.await;
         if let Ok(server) = &ready {
-            tracing::info!(session, version = %server.version, "the OpenCode server is ready");
-            self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(session.to_string(), server.clone());
+            tracing::info!(key, version = %server.version, "the OpenCode server is ready");
+            self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_string(), server.clone());
         }
         // Counted as running from here (or gone); either way its start's place is free.
         drop(place);
         ready
     }
 
-    /// Stops the session's server (session closed or deleted, or a turn that could not be aborted).
-    pub async fn stop(&self, session: &str) {
-        let server = self.running.lock().unwrap_or_else(|p| p.into_inner()).remove(session);
+    /// Stops the server of `key` (its last session closed or deleted, a turn that could not be aborted, a server
+    /// that died). Its other sessions' next prompts start it again.
+    pub async fn stop(&self, key: &str) {
+        let server = self.running.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         if let Some(server) = server {
-            tracing::info!(session, "stopping the OpenCode server");
+            tracing::info!(key, "stopping the OpenCode server");
             server.stop().await;
             self.freed.notify_waiters();
         }
@@ -335,15 +384,15 @@ impl Servers {
                 .iter()
                 .filter(|(_, server)| {
                     !server.alive()
-                        || (!server.busy.load(std::sync::atomic::Ordering::SeqCst)
+                        || (server.busy.load(std::sync::atomic::Ordering::SeqCst) == 0
                             && server.idle_for() >= self.idle_stop)
                 })
-                .map(|(session, _)| session.clone())
+                .map(|(key, _)| key.clone())
                 .collect()
         };
-        for session in idle {
-            tracing::info!(session = %session, "the OpenCode server was idle; stopping it");
-            self.stop(&session).await;
+        for key in idle {
+            tracing::info!(key = %key, "the OpenCode server was idle; stopping it");
+            self.stop(&key).await;
         }
     }
 
@@ -363,14 +412,14 @@ impl Servers {
                 }
                 running
                     .iter()
-                    .filter(|(_, server)| !server.busy.load(std::sync::atomic::Ordering::SeqCst))
+                    .filter(|(_, server)| server.busy.load(std::sync::atomic::Ordering::SeqCst) == 0)
                     .max_by_key(|(_, server)| (!server.alive(), server.idle_for()))
-                    .map(|(session, _)| session.clone())
+                    .map(|(key, _)| key.clone())
             };
             match victim {
-                Some(session) => {
-                    tracing::info!(session = %session, max = self.max, "stopping the least recently used OpenCode server");
-                    self.stop(&session).await;
+                Some(key) => {
+                    tracing::info!(key = %key, max = self.max, "stopping the least recently used OpenCode server");
+                    self.stop(&key).await;
                 }
                 None => {
                     tracing::info!(
@@ -472,30 +521,33 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
             tail.trim()
         )));
     }
-    let listener: Arc<Mutex<Option<mpsc::Sender<SseEvent>>>> = Arc::default();
+    let listeners: Arc<Mutex<Vec<mpsc::Sender<SseEvent>>>> = Arc::default();
     let stream_open = Arc::new(std::sync::atomic::AtomicBool::new(true));
     {
-        let (listener, stream_open) = (listener.clone(), stream_open.clone());
+        let (listeners, stream_open) = (listeners.clone(), stream_open.clone());
         tokio::spawn(async move {
             while let Some(event) = futures::StreamExt::next(&mut events).await {
-                let sender = listener.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                // Waits while the turn is behind: the server's writes wait on the socket meanwhile.
-                if let Some(sender) = sender
-                    && sender.send(event).await.is_err()
-                {
-                    let mut listener = listener.lock().unwrap_or_else(|p| p.into_inner());
-                    if listener.as_ref().is_some_and(|current| current.same_channel(&sender)) {
-                        *listener = None;
+                let senders = listeners.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                // Waits while a turn is behind: the server's writes wait on the socket meanwhile, so memory stays
+                // bounded however many turns listen.
+                let mut gone = false;
+                if let Some((last, others)) = senders.split_last() {
+                    for sender in others {
+                        gone |= sender.send(event.clone()).await.is_err();
                     }
+                    gone |= last.send(event).await.is_err();
+                }
+                if gone {
+                    listeners.lock().unwrap_or_else(|p| p.into_inner()).retain(|listener| !listener.is_closed());
                 }
             }
             stream_open.store(false, std::sync::atomic::Ordering::SeqCst);
-            // The turn listening sees its channel close.
-            listener.lock().unwrap_or_else(|p| p.into_inner()).take();
+            // The turns listening see their channels close.
+            listeners.lock().unwrap_or_else(|p| p.into_inner()).clear();
         });
     }
     Ok(Server {
-        listener,
+        listeners,
         stream_open,
         client,
         version,
@@ -504,7 +556,7 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
         limit,
         stderr,
         last_used: Mutex::new(Instant::now()),
-        busy: false.into(),
+        busy: 0.into(),
         permissions: Mutex::default(),
         profile,
         freed,

@@ -203,11 +203,12 @@ impl Turn<'_> {
             return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled)));
         };
         let start = || self.start_server(sandbox.clone(), executable.to_path_buf(), &profile);
-        let key = profile.key();
+        let profile_key = profile.key();
+        let key = self.bridge.server_key(&self.record.id, sandbox.as_ref(), &profile_key);
         let lease = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled))),
-            lease = servers.lease(&self.record.id, &key, start) => lease,
+            lease = servers.lease(&key, &self.record.id, &profile_key, start) => lease,
         };
         let lease = match lease {
             Ok(lease) => lease,
@@ -353,6 +354,9 @@ impl Turn<'_> {
         let mut cancelling = false;
         let mut hard_end: Option<tokio::time::Instant> = None;
         let mut pending: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+        // The OpenCode sessions of this turn's subagents (a shared server also runs other editor sessions' turns,
+        // whose permission requests are theirs to answer).
+        let mut children: Vec<String> = Vec::new();
         let name = self.agent.display_name();
         let outcome = loop {
             tokio::select! {
@@ -420,7 +424,10 @@ impl Turn<'_> {
                             continue;
                         }
                     };
-                    if let Some(ask) = foreign_permission(&event, &ses) {
+                    if let Some(child) = child_session(&event, &ses, &children) {
+                        children.push(child);
+                    }
+                    if let Some(ask) = foreign_permission(&event, &children) {
                         // A subagent's own session asks: no card of ours shows it, so it is asked in words.
                         pending.push(self.answer_permission(client.clone(), approvals, ask));
                         continue;
@@ -438,7 +445,7 @@ impl Turn<'_> {
                                     for task in pending.drain(..) {
                                         task.abort();
                                     }
-                                    server.end_strays();
+                                    end_strays(&server);
                                     return Err(e);
                                 }
                             }
@@ -473,7 +480,7 @@ impl Turn<'_> {
                         for task in pending.drain(..) {
                             task.abort();
                         }
-                        server.end_strays();
+                        end_strays(&server);
                         return Err(e);
                     }
                     if let Some(cap) = settle_cap {
@@ -515,11 +522,24 @@ impl Turn<'_> {
             exit_code: server.exit().and_then(|exit| exit.code),
         };
         // Like a turn of `opencode run`, a turn leaves nothing running: the server stays, its strays go.
-        server.end_strays();
-        if matches!(outcome, Outcome::KillServer | Outcome::ServerDied | Outcome::StreamEnded) {
+        end_strays(&server);
+        let kill = match outcome {
+            Outcome::ServerDied | Outcome::StreamEnded => true,
+            // A server that ran into the sandbox's limit goes whoever else uses it; one that would not abort this
+            // session's turn goes unless it still answers other sessions' turns (it aborts this one in its time).
+            Outcome::KillServer => {
+                matches!(stop, Some(Stop::Limit(_)))
+                    || !server.shared_now()
+                    || server.client.health(SHARED_HEALTH).await.is_none()
+            }
+            Outcome::Idle => false,
+        };
+        if kill {
             // A server that would not stop, or is gone: the next prompt starts a fresh one on the same database.
             drop(lease);
-            servers.stop(&self.record.id).await;
+            servers.stop(&key).await;
+        } else if matches!(outcome, Outcome::KillServer) {
+            tracing::warn!(session = %self.record.id, "the server did not abort this turn in time; it serves other turns, so it stays");
         }
         let result = match stop {
             Some(Stop::Cancelled) => Ok(StopReason::Cancelled),
@@ -720,15 +740,42 @@ fn template_shell(text: &str) -> Vec<String> {
     found
 }
 
-/// A permission request of another OpenCode session of this server (a subagent's child session), which the
-/// translator does not show: asked with a card of its own naming what it wants.
-fn foreign_permission(event: &str, ours: &str) -> Option<PermissionAsk> {
+/// How long a shared server that did not abort a turn in time may take to show it still serves the others.
+const SHARED_HEALTH: Duration = Duration::from_secs(1);
+
+/// Ends what the turn left running beside the server, unless another session's turn runs there now (its
+/// commands would be among them).
+fn end_strays(server: &super::Server) {
+    if !server.shared_now() {
+        server.end_strays();
+    }
+}
+
+/// A new OpenCode session whose parent is the turn's own or one of its subagents' (`children`): a subagent of the
+/// turn.
+fn child_session(event: &str, ours: &str, children: &[String]) -> Option<String> {
+    if !event.contains("\"session.created\"") {
+        return None;
+    }
+    let event: Value = serde_json::from_str(event).ok()?;
+    let info = &event["properties"]["info"];
+    let parent = info["parentID"].as_str()?;
+    (event["type"] == "session.created" && (parent == ours || children.iter().any(|child| child == parent)))
+        .then(|| info["id"].as_str().map(str::to_string))
+        .flatten()
+}
+
+/// A permission request of one of the turn's subagents (`children`: their own OpenCode sessions), which the
+/// translator does not show: asked with a card of its own naming what it wants. Requests of other sessions of a
+/// shared server are their own turns'.
+fn foreign_permission(event: &str, children: &[String]) -> Option<PermissionAsk> {
     if !event.contains("\"permission.asked\"") {
         return None;
     }
     let event: Value = serde_json::from_str(event).ok()?;
     let properties = &event["properties"];
-    if event["type"] != "permission.asked" || properties["sessionID"].as_str() == Some(ours) {
+    let session = properties["sessionID"].as_str()?;
+    if event["type"] != "permission.asked" || !children.iter().any(|child| child == session) {
         return None;
     }
     let id = properties["id"].as_str()?.to_string();
@@ -813,13 +860,29 @@ mod tests {
             "id": "per_1", "sessionID": "ses_child", "permission": "bash", "patterns": ["rm -rf build"],
             "metadata": {}, "always": []}})
         .to_string();
-        let ask = foreign_permission(&event, "ses_parent").unwrap();
+        let created = |id: &str, parent: &str| {
+            json!({"type": "session.created", "properties": {"sessionID": id, "info": {"id": id, "parentID": parent}}})
+                .to_string()
+        };
+        // The turn's own subagent, and that subagent's own: theirs to ask. Another editor session's (a shared
+        // server's), or a session without a parent: not this turn's.
+        let mut children = Vec::new();
+        children.extend(child_session(&created("ses_child", "ses_parent"), "ses_parent", &children));
+        children.extend(child_session(&created("ses_grandchild", "ses_child"), "ses_parent", &children));
+        assert_eq!(child_session(&created("ses_other_child", "ses_other"), "ses_parent", &children), None);
+        let top = json!({"type": "session.created", "properties": {"info": {"id": "ses_other"}}}).to_string();
+        assert_eq!(child_session(&top, "ses_parent", &children), None);
+        assert_eq!(children, ["ses_child", "ses_grandchild"]);
+        let ask = foreign_permission(&event, &children).unwrap();
         assert_eq!(ask.request_id, "per_1");
         let card = serde_json::to_value(&ask.tool_call).unwrap();
         assert_eq!(card, json!({"toolCallId": "per_1", "title": "A subagent asks for bash: rm -rf build"}));
-        assert!(foreign_permission(&event, "ses_child").is_none());
-        assert!(foreign_permission(r#"{"type":"session.idle","properties":{"sessionID":"x"}}"#, "y").is_none());
-        assert!(foreign_permission("not json \"permission.asked\"", "y").is_none());
+        let others = event.replace("ses_child", "ses_other");
+        assert!(foreign_permission(&others, &children).is_none(), "another session's request was taken");
+        assert!(foreign_permission(&event, &[]).is_none());
+        let idle = r#"{"type":"session.idle","properties":{"sessionID":"ses_child"}}"#;
+        assert!(foreign_permission(idle, &children).is_none());
+        assert!(foreign_permission("not json \"permission.asked\"", &children).is_none());
     }
 
     #[test]
