@@ -16,8 +16,8 @@ pub enum Downloaded {
     Missing,
     /// The whole file, of this many bytes, is at the destination.
     Whole(u64),
-    /// The file is larger than the bound: at least this many bytes (more than the bound). Nothing is left at the
-    /// destination.
+    /// The file is larger than the bound: at least this many bytes (its announced length, or the bound plus one
+    /// for a download cut off as it passed the bound). Nothing is left at the destination.
     TooLarge(u64),
 }
 
@@ -43,7 +43,8 @@ impl Partial {
         let Some(file) = self.file.as_mut() else { return Ok(false) };
         let total = self.written.saturating_add(chunk.len() as u64);
         if total > self.limit {
-            self.written = total;
+            // How much more there is is never read: one byte over is what is known.
+            self.written = self.limit.saturating_add(1);
             self.discard().await;
             return Ok(false);
         }
@@ -52,7 +53,7 @@ impl Partial {
         Ok(true)
     }
 
-    /// The bytes pushed so far (past the limit: what the download had got when it was cut off).
+    /// The bytes pushed so far (once cut off: the limit plus one).
     pub fn written(&self) -> u64 {
         self.written
     }
@@ -136,7 +137,7 @@ mod tests {
         assert!(partial.push(b"0123").await.unwrap());
         assert!(partial.push(b"456789").await.unwrap(), "exactly the limit is within it");
         assert!(at.exists());
-        assert!(!partial.push(b"x").await.unwrap(), "one byte over");
+        assert!(!partial.push(b"xyz").await.unwrap(), "over");
         assert_eq!(partial.written(), 11);
         assert!(!at.exists(), "the partial file is removed at once");
         assert!(!partial.push(b"y").await.unwrap(), "nothing more is taken");

@@ -326,8 +326,8 @@ pub struct Manifest {
     /// may hold what the agent wrote meanwhile, not brought back yet).
     #[serde(default)]
     listed: Option<String>,
-    /// Files of the agent too large to bring back ([`APPLY_LIMIT`], by the listed size), as last listed: each is
-    /// said once, and stays in the sandbox.
+    /// Files of the agent too large to bring back ([`APPLY_LIMIT`], by the listed size or by what a download got),
+    /// as last listed: each is said once, stays in the sandbox, and is not downloaded again until it moves.
     #[serde(default)]
     oversized: BTreeMap<PathBuf, RemoteStamp>,
     /// The user's secret files ([`is_secret`]) kept out of this sandbox and said already.
@@ -344,7 +344,8 @@ pub struct PullPlan {
     pub link: Vec<(PathBuf, PathBuf, RemoteStamp)>,
     /// Paths the agent removed.
     pub remove: Vec<PathBuf>,
-    /// Files too large to bring back (by their listed size): never downloaded, they stay in the sandbox.
+    /// Files too large to bring back (by their listed size, or known so from an earlier download while the listing
+    /// shows them unchanged): never downloaded, they stay in the sandbox.
     pub oversized: Vec<(PathBuf, RemoteStamp)>,
     /// The ignored directories the next listings skip.
     pub pruned: BTreeSet<PathBuf>,
@@ -377,7 +378,8 @@ pub fn plan_pull(
         }
         let known = manifest.entries.get(rel);
         match kind {
-            RemoteKind::File if stamp.size > APPLY_LIMIT => {
+            // Over the bound by its listed size, or by what a download of it got while it was as it is now.
+            RemoteKind::File if stamp.size > APPLY_LIMIT || manifest.oversized.get(rel) == Some(stamp) => {
                 present.insert(rel.clone());
                 plan.oversized.push((rel.clone(), stamp.clone()));
             }
@@ -621,12 +623,15 @@ impl<'a> Mirror<'a> {
             }
         };
         let mut downloaded: Vec<(PathBuf, RemoteStamp, PathBuf)> = Vec::new();
+        // The sizes cut-off downloads got (more than the listing said): what the review names.
+        let mut seen: BTreeMap<PathBuf, u64> = BTreeMap::new();
         for (rel, stamp, name, got) in downloads {
             match got {
                 Downloaded::Whole(_) => downloaded.push((rel, stamp, name)),
                 // Grown past the bound between the listing and the download: not brought back either.
                 Downloaded::TooLarge(size) => {
-                    oversized.insert(rel, RemoteStamp { size, ..stamp });
+                    seen.insert(rel.clone(), size);
+                    oversized.insert(rel, stamp);
                 }
                 // Gone between the listing and the download: the next pull sees it gone.
                 Downloaded::Missing => {}
@@ -636,7 +641,7 @@ impl<'a> Mirror<'a> {
             let mut said = self.oversized.lock().unwrap_or_else(|p| p.into_inner());
             for (rel, stamp) in &oversized {
                 if manifest.oversized.get(rel) != Some(stamp) {
-                    said.push((rel.clone(), stamp.size));
+                    said.push((rel.clone(), seen.get(rel).copied().unwrap_or(stamp.size)));
                 }
             }
         }
@@ -1113,14 +1118,25 @@ mod tests {
         // The user's rules now ignore `vendor/`: what the mirror knew there is out of view, not deleted.
         let ignored =
             |rel: &Path, _dir: bool| ["target", "node_modules", "vendor"].iter().any(|top| rel.starts_with(top));
+        // A download of `grew.bin` got more than the bound: not tried again while it is listed as it was then;
+        // `regrown.bin` moved since, so it is.
+        known.oversized.insert("grew.bin".into(), stamp(5, "2.0"));
+        known.oversized.insert("regrown.bin".into(), stamp(5, "2.0"));
+        let mut listed = listed;
+        listed.entries.insert("grew.bin".into(), (RemoteKind::File, stamp(5, "2.0")));
+        listed.entries.insert("regrown.bin".into(), (RemoteKind::File, stamp(6, "3.0")));
         let plan = plan_pull(&known, &listed, ignored, |rel| rel.starts_with(".git"));
         assert_eq!(
             plan,
             PullPlan {
-                download: vec![("moved.txt".into(), stamp(2, "2.0")), ("new.txt".into(), stamp(3, "2.0"))],
+                download: vec![
+                    ("moved.txt".into(), stamp(2, "2.0")),
+                    ("new.txt".into(), stamp(3, "2.0")),
+                    ("regrown.bin".into(), stamp(6, "3.0"))
+                ],
                 link: vec![("link".into(), "same.txt".into(), old.clone())],
                 remove: paths(&["gone.txt"]),
-                oversized: vec![("huge.bin".into(), stamp(2 << 30, "2.0"))],
+                oversized: vec![("grew.bin".into(), stamp(5, "2.0")), ("huge.bin".into(), stamp(2 << 30, "2.0"))],
                 pruned: BTreeSet::from(["node_modules".into(), "target".into()]),
             }
         );
