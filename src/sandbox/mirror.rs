@@ -12,7 +12,9 @@
 //! manifest is tied to the sandbox by a token the first push leaves there: a new sandbox (the old one was gone)
 //! is uploaded afresh, and never reads as the agent deleting everything. A file of the agent's over the review's
 //! apply limit (by the size the listing shows, or by what a bounded download got) is never brought back: it stays
-//! in the sandbox and the review says so once; FIFOs, sockets and devices are never mirrored.
+//! in the sandbox and the review says so once; FIFOs, sockets and devices are never mirrored. Downloads never hold a
+//! file in memory: each is written as it arrives into `review/partial/` (beside the copy, on its filesystem) and
+//! renamed into the copy once whole.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;
