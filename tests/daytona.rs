@@ -41,6 +41,8 @@ mod doctor;
 mod faults;
 #[path = "daytona/lifecycle.rs"]
 mod lifecycle;
+#[path = "daytona/pulls.rs"]
+mod pulls;
 #[path = "daytona/secrets.rs"]
 mod secrets;
 

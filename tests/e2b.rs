@@ -23,6 +23,9 @@ mod doctor;
 #[path = "e2b/lifecycle.rs"]
 mod lifecycle;
 
+#[path = "e2b/pulls.rs"]
+mod pulls;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};

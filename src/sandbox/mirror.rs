@@ -12,7 +12,9 @@
 //! manifest is tied to the sandbox by a token the first push leaves there: a new sandbox (the old one was gone)
 //! is uploaded afresh, and never reads as the agent deleting everything. A file of the agent's over the review's
 //! apply limit (by the size the listing shows, or by what a bounded download got) is never brought back: it stays
-//! in the sandbox and the review says so once; FIFOs, sockets and devices are never mirrored.
+//! in the sandbox and the review says so once; FIFOs, sockets and devices are never mirrored. Downloads never hold a
+//! file in memory: each is written as it arrives into `review/partial/` (beside the copy, on its filesystem) and
+//! renamed into the copy once whole.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;
@@ -29,13 +31,16 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
+use super::download::Downloaded;
 use super::policy::SECRETS;
-use super::review::{APPLY_LIMIT, WorkspaceCopy, check_relative, remove, walk};
+use super::review::{APPLY_LIMIT, WorkspaceCopy, check_relative, remove, same_content, walk};
 use super::statedir::StateDir;
 use super::{ExecSpec, RemoteFiles, Sandbox, SandboxError};
 
 /// The manifest's file name in the review dir.
 const MANIFEST: &str = "remote.json";
+/// The review dir's directory of files being downloaded.
+const PARTIAL: &str = "partial";
 /// At most this many bytes of file content go into one archive (a push of a large workspace is several).
 const ARCHIVE_LIMIT: usize = 32 * 1024 * 1024;
 /// Downloads in flight at once.
@@ -323,8 +328,8 @@ pub struct Manifest {
     /// may hold what the agent wrote meanwhile, not brought back yet).
     #[serde(default)]
     listed: Option<String>,
-    /// Files of the agent too large to bring back ([`APPLY_LIMIT`], by the listed size), as last listed: each is
-    /// said once, and stays in the sandbox.
+    /// Files of the agent too large to bring back ([`APPLY_LIMIT`], by the listed size or by what a download got),
+    /// as last listed: each is said once, stays in the sandbox, and is not downloaded again until it moves.
     #[serde(default)]
     oversized: BTreeMap<PathBuf, RemoteStamp>,
     /// The user's secret files ([`is_secret`]) kept out of this sandbox and said already.
@@ -341,7 +346,8 @@ pub struct PullPlan {
     pub link: Vec<(PathBuf, PathBuf, RemoteStamp)>,
     /// Paths the agent removed.
     pub remove: Vec<PathBuf>,
-    /// Files too large to bring back (by their listed size): never downloaded, they stay in the sandbox.
+    /// Files too large to bring back (by their listed size, or known so from an earlier download while the listing
+    /// shows them unchanged): never downloaded, they stay in the sandbox.
     pub oversized: Vec<(PathBuf, RemoteStamp)>,
     /// The ignored directories the next listings skip.
     pub pruned: BTreeSet<PathBuf>,
@@ -374,7 +380,8 @@ pub fn plan_pull(
         }
         let known = manifest.entries.get(rel);
         match kind {
-            RemoteKind::File if stamp.size > APPLY_LIMIT => {
+            // Over the bound by its listed size, or by what a download of it got while it was as it is now.
+            RemoteKind::File if stamp.size > APPLY_LIMIT || manifest.oversized.get(rel) == Some(stamp) => {
                 present.insert(rel.clone());
                 plan.oversized.push((rel.clone(), stamp.clone()));
             }
@@ -546,6 +553,12 @@ impl<'a> Mirror<'a> {
         self.copy.review_dir().join(MANIFEST)
     }
 
+    /// Where pulled files are written as they arrive, before they are renamed into the copy: the bridge's own
+    /// state beside the copy (so on its filesystem), neither in the copy nor in the sandbox.
+    fn partial_dir(&self) -> PathBuf {
+        self.copy.review_dir().join(PARTIAL)
+    }
+
     fn token_path(&self) -> PathBuf {
         self.sandbox.state_dir().join("mirror-token")
     }
@@ -557,8 +570,12 @@ impl<'a> Mirror<'a> {
     pub async fn pull(&self, quick: bool) -> Result<bool, SandboxError> {
         let copy = self.copy.clone();
         let path = self.manifest_path();
+        let partial = self.partial_dir();
         let manifest = blocking(move || {
             copy.ensure()?;
+            // What an earlier pull left there (a bridge killed mid-download) is never applied: pulls of one
+            // session run one at a time, so nothing there is still being written.
+            clear_partial(&partial)?;
             Ok(load(&path))
         })
         .await?;
@@ -586,31 +603,47 @@ impl<'a> Mirror<'a> {
         .await?;
         let root = self.sandbox.workspace().to_path_buf();
         let mut oversized: BTreeMap<PathBuf, RemoteStamp> = plan.oversized.iter().cloned().collect();
-        let downloaded: Vec<(PathBuf, RemoteStamp, Option<Vec<u8>>)> = futures::stream::iter(plan.download.clone())
-            .map(|(rel, stamp)| {
-                let remote = root.join(&rel);
-                async move { self.files.read_at_most(&remote, APPLY_LIMIT).await.map(|bytes| (rel, stamp, bytes)) }
+        // Each file goes to a file of its own in the partial dir as it arrives, never whole into memory.
+        let partial = self.partial_dir();
+        let downloads = futures::stream::iter(plan.download.clone().into_iter().enumerate())
+            .map(|(at, (rel, stamp))| {
+                let (remote, dest) = (root.join(&rel), partial.join(at.to_string()));
+                async move {
+                    let got = self.files.download_to(&remote, &dest, APPLY_LIMIT).await?;
+                    Ok::<_, SandboxError>((rel, stamp, PathBuf::from(at.to_string()), got))
+                }
             })
             .buffer_unordered(DOWNLOADS)
-            .try_collect()
-            .await?;
-        // Grown past the bound between the listing and the download: not brought back either.
-        let downloaded: Vec<(PathBuf, RemoteStamp, Option<Vec<u8>>)> = downloaded
-            .into_iter()
-            .filter(|(rel, stamp, bytes)| {
-                let within = bytes.as_ref().is_none_or(|bytes| bytes.len() as u64 <= APPLY_LIMIT);
-                if !within {
-                    let size = bytes.as_ref().map_or(0, |bytes| bytes.len() as u64);
-                    oversized.insert(rel.clone(), RemoteStamp { size, ..stamp.clone() });
+            .try_collect::<Vec<_>>()
+            .await;
+        let downloads = match downloads {
+            Ok(downloads) => downloads,
+            Err(e) => {
+                // The downloads finished before the failure are not applied: they go now, not at the next pull.
+                let _ = blocking(move || clear_partial(&partial)).await;
+                return Err(e);
+            }
+        };
+        let mut downloaded: Vec<(PathBuf, RemoteStamp, PathBuf)> = Vec::new();
+        // The sizes cut-off downloads got (more than the listing said): what the review names.
+        let mut seen: BTreeMap<PathBuf, u64> = BTreeMap::new();
+        for (rel, stamp, name, got) in downloads {
+            match got {
+                Downloaded::Whole(_) => downloaded.push((rel, stamp, name)),
+                // Grown past the bound between the listing and the download: not brought back either.
+                Downloaded::TooLarge(size) => {
+                    seen.insert(rel.clone(), size);
+                    oversized.insert(rel, stamp);
                 }
-                within
-            })
-            .collect();
+                // Gone between the listing and the download: the next pull sees it gone.
+                Downloaded::Missing => {}
+            }
+        }
         {
             let mut said = self.oversized.lock().unwrap_or_else(|p| p.into_inner());
             for (rel, stamp) in &oversized {
                 if manifest.oversized.get(rel) != Some(stamp) {
-                    said.push((rel.clone(), stamp.size));
+                    said.push((rel.clone(), seen.get(rel).copied().unwrap_or(stamp.size)));
                 }
             }
         }
@@ -621,27 +654,35 @@ impl<'a> Mirror<'a> {
             manifest.oversized = oversized;
             let dir = Dir::open_ambient_dir(copy.path(), ambient_authority())?;
             let state = StateDir::open(&copy.path())?;
-            // Removals first: a directory the agent replaced by a link is emptied while it is still a directory.
-            for rel in plan.remove {
-                remove(&dir, &rel)?;
-                manifest.entries.remove(&rel);
-            }
-            for (rel, stamp, bytes) in downloaded {
-                // Gone between the listing and the download: the next pull sees it gone.
-                let Some(bytes) = bytes else { continue };
-                let same = dir.symlink_metadata(&rel).is_ok_and(|m| m.is_file())
-                    && dir.read(&rel).is_ok_and(|held| held == bytes);
-                if !same {
-                    state.write_file(&rel, &bytes)?;
+            let arrived = Dir::open_ambient_dir(&partial, ambient_authority())?;
+            let placed = (|| {
+                // Removals first: a directory the agent replaced by a link is emptied while it is still a directory.
+                for rel in plan.remove {
+                    remove(&dir, &rel)?;
+                    manifest.entries.remove(&rel);
                 }
-                // Readable and writable by the bridge whatever the agent set.
-                let mode = (stamp.mode & 0o777) | 0o600;
-                if dir.symlink_metadata(&rel)?.mode() & 0o777 != mode {
-                    dir.set_permissions(&rel, cap_std::fs::Permissions::from_mode(mode))?;
+                for (rel, stamp, name) in downloaded {
+                    // The same bytes as the copy holds: left as they are (the review sees no change).
+                    if same_content(&dir, &rel, &arrived, &name)? {
+                        arrived.remove_file(&name)?;
+                    } else {
+                        // The partial dir is beside the copy, on its filesystem: one rename, nothing copied.
+                        state.move_file_in(&arrived, &name, &rel)?;
+                    }
+                    // Readable and writable by the bridge whatever the agent set.
+                    let mode = (stamp.mode & 0o777) | 0o600;
+                    if dir.symlink_metadata(&rel)?.mode() & 0o777 != mode {
+                        dir.set_permissions(&rel, cap_std::fs::Permissions::from_mode(mode))?;
+                    }
+                    let copy_stamp = CopyStamp::of(&dir.symlink_metadata(&rel)?);
+                    manifest.entries.insert(rel, Mirrored { copy: copy_stamp, remote: Some(stamp), link: None });
                 }
-                let copy_stamp = CopyStamp::of(&dir.symlink_metadata(&rel)?);
-                manifest.entries.insert(rel, Mirrored { copy: copy_stamp, remote: Some(stamp), link: None });
+                io::Result::Ok(())
+            })();
+            if placed.is_err() {
+                let _ = clear_partial(&partial);
             }
+            placed?;
             for (rel, target, stamp) in plan.link {
                 state.symlink(&target, &rel)?;
                 let copy_stamp = CopyStamp::of(&dir.symlink_metadata(&rel)?);
@@ -877,6 +918,16 @@ fn store(path: &Path, manifest: &Manifest) -> io::Result<()> {
     StateDir::open(dir)?.write_file(Path::new(name), &bytes)
 }
 
+/// Makes the partial dir an empty real directory (what was in it removed, a link in its place too).
+fn clear_partial(partial: &Path) -> io::Result<()> {
+    let (Some(review), Some(name)) = (partial.parent(), partial.file_name()) else {
+        return Err(io::Error::other("the partial dir has no parent"));
+    };
+    let review = StateDir::open(review)?;
+    review.ensure_dir(Path::new(name))?;
+    review.empty_dir(Path::new(name)).map(drop)
+}
+
 /// What to do is the same whatever failed: the workspace and the sandbox could not be made equal.
 fn failed(message: String) -> SandboxError {
     SandboxError::io("sync the workspace with the remote sandbox", io::Error::other(message))
@@ -1069,14 +1120,25 @@ mod tests {
         // The user's rules now ignore `vendor/`: what the mirror knew there is out of view, not deleted.
         let ignored =
             |rel: &Path, _dir: bool| ["target", "node_modules", "vendor"].iter().any(|top| rel.starts_with(top));
+        // A download of `grew.bin` got more than the bound: not tried again while it is listed as it was then;
+        // `regrown.bin` moved since, so it is.
+        known.oversized.insert("grew.bin".into(), stamp(5, "2.0"));
+        known.oversized.insert("regrown.bin".into(), stamp(5, "2.0"));
+        let mut listed = listed;
+        listed.entries.insert("grew.bin".into(), (RemoteKind::File, stamp(5, "2.0")));
+        listed.entries.insert("regrown.bin".into(), (RemoteKind::File, stamp(6, "3.0")));
         let plan = plan_pull(&known, &listed, ignored, |rel| rel.starts_with(".git"));
         assert_eq!(
             plan,
             PullPlan {
-                download: vec![("moved.txt".into(), stamp(2, "2.0")), ("new.txt".into(), stamp(3, "2.0"))],
+                download: vec![
+                    ("moved.txt".into(), stamp(2, "2.0")),
+                    ("new.txt".into(), stamp(3, "2.0")),
+                    ("regrown.bin".into(), stamp(6, "3.0"))
+                ],
                 link: vec![("link".into(), "same.txt".into(), old.clone())],
                 remove: paths(&["gone.txt"]),
-                oversized: vec![("huge.bin".into(), stamp(2 << 30, "2.0"))],
+                oversized: vec![("grew.bin".into(), stamp(5, "2.0")), ("huge.bin".into(), stamp(2 << 30, "2.0"))],
                 pruned: BTreeSet::from(["node_modules".into(), "target".into()]),
             }
         );

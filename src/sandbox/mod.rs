@@ -6,6 +6,7 @@
 //! ids are persisted with the session, and `connect` answers `None` when the sandbox is gone.
 
 pub mod daytona;
+pub mod download;
 pub mod e2b;
 pub mod guard;
 // The one place allowed to start processes (clippy.toml bans it elsewhere).
@@ -364,6 +365,13 @@ pub trait RemoteFiles: Send + Sync {
             bytes.truncate(usize::try_from(limit.saturating_add(1)).unwrap_or(usize::MAX));
             bytes
         }))
+    }
+    /// Downloads the file at `path` into a new file at `dest` on the host (nothing may be there), a chunk at a time
+    /// as it arrives, never holding it whole where the provider streams: past `limit` bytes the download stops, what
+    /// was written is removed and the answer is [`download::Downloaded::TooLarge`]. A failure leaves nothing at
+    /// `dest` either.
+    async fn download_to(&self, path: &Path, dest: &Path, limit: u64) -> Result<download::Downloaded, SandboxError> {
+        download::save_bytes(self.read_at_most(path, limit).await?, dest, limit).await
     }
 }
 

@@ -756,7 +756,7 @@ pub fn read_regular(root: &Dir, rel: &Path, limit: u64) -> io::Result<(Regular, 
 }
 
 /// Whether two regular files hold the same bytes, compared a block at a time.
-fn same_content(a_root: &Dir, a: &Path, b_root: &Dir, b: &Path) -> io::Result<bool> {
+pub(super) fn same_content(a_root: &Dir, a: &Path, b_root: &Dir, b: &Path) -> io::Result<bool> {
     let (Some((a, a_meta)), Some((b, b_meta))) =
         (open_regular(a_root, a).ok().flatten(), open_regular(b_root, b).ok().flatten())
     else {

@@ -75,6 +75,17 @@ impl StateDir {
         io::Write::write_all(&mut file, bytes)
     }
 
+    /// Moves the file `name` of `from` (a directory on the same filesystem) to `path` (its parents made real
+    /// directories) in one rename: whatever was at `path` is replaced, never written through.
+    pub fn move_file_in(&self, from: &Dir, name: &Path, path: &Path) -> io::Result<()> {
+        let rel = self.relative(path)?;
+        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+            self.ensure_dir(parent)?;
+        }
+        self.remove_entry(rel)?;
+        from.rename(name, &self.dir, rel)
+    }
+
     /// Creates a symlink at `link` to an absolute `target` (the user's config shown without a sandbox), replacing
     /// what was there.
     pub fn symlink(&self, target: &Path, link: &Path) -> io::Result<()> {
@@ -189,5 +200,30 @@ mod tests {
         for bad in [dir.path().join("elsewhere"), state.join("../victim"), PathBuf::from("../x")] {
             assert!(sd.write_file(&bad, b"x").is_err(), "{}", bad.display());
         }
+    }
+
+    #[test]
+    fn a_file_moved_in_replaces_a_file_a_link_or_a_tree_and_never_writes_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, from, victim) = (dir.path().join("state"), dir.path().join("from"), dir.path().join("victim"));
+        for d in [&state, &from, &victim] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(victim.join("keep"), "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, state.join("linked")).unwrap();
+        std::os::unix::fs::symlink(victim.join("keep"), state.join("file-link")).unwrap();
+        std::fs::create_dir_all(state.join("tree/inner")).unwrap();
+        let sd = StateDir::open(&state).unwrap();
+        let source = Dir::open_ambient_dir(&from, ambient_authority()).unwrap();
+        for (name, to) in [("a", "linked/keep"), ("b", "file-link"), ("c", "tree"), ("d", "new/deep/file")] {
+            std::fs::write(from.join(name), name).unwrap();
+            sd.move_file_in(&source, Path::new(name), Path::new(to)).unwrap();
+            assert_eq!(std::fs::read_to_string(state.join(to)).unwrap(), name, "{to}");
+            assert!(std::fs::symlink_metadata(state.join(to)).unwrap().is_file());
+            assert!(!from.join(name).exists(), "moved, not copied");
+        }
+        assert_eq!(std::fs::read_to_string(victim.join("keep")).unwrap(), "precious");
+        assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 1);
+        assert!(sd.move_file_in(&source, Path::new("a"), Path::new("../victim/x")).is_err());
     }
 }

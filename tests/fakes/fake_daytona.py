@@ -3,7 +3,7 @@
 
 Usage: fake_daytona.py --root DIR --api-key KEY [--port 0] [--record FILE] [--no-terminate] [--drop-logs-after N]
                        [--record-files FILE] [--daemon-version V] [--session-shell zsh|bash|dash]
-                       [--state-change-seconds S]
+                       [--state-change-seconds S] [--grow NAME=BYTES]
 Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until killed (or until stdin closes).
 
 Speaks what the official SDKs and our provider use, as the Daytona API and its daemon do (JSON shapes, status
@@ -23,7 +23,9 @@ codes, the log framing):
   as a `setsid` child, runs on, as with the daemon), `POST /process/session/{s}/exec` with
   `runAsync`, `GET …/command/{c}`, `GET …/command/{c}/logs` as a WebSocket with `follow=true` or as plain HTTP,
   `POST …/command/{c}/terminate`, `POST …/command/{c}/input`), files (`POST /files/bulk-upload`,
-  `POST /files/bulk-download`, `GET /files/download?path=`, `POST /files/folder?path=&mode=`, `DELETE /files?path=`), `GET /work-dir`, `GET /user-home-dir`.
+  `POST /files/bulk-download`, `GET /files/download?path=` (streamed; with `--grow NAME=BYTES` a file named NAME comes
+  with BYTES zero bytes more, chunked without a length, as a file still growing), `POST /files/folder?path=&mode=`,
+  `DELETE /files?path=`), `GET /work-dir`, `GET /user-home-dir`.
 - As the daemon does, a command's text is written to `cmd.sh` next to its log; `POST …/input {"data"}` writes the
   data (a newline appended when it has none) into the command's stdin, which stays open while an async command
   runs (a sync one gets an empty stdin); before the command started or after it ended that is a 500 (its input
@@ -400,6 +402,49 @@ def parse_multipart(body, content_type):
         if name:
             fields[name.group(1).decode()] = data
     return fields
+
+
+def stream_file(handler, target, grow, headers=()):
+    """Sends the file at `target` a MiB at a time (never whole in memory: tests serve files of GiBs). With `grow`
+    extra bytes (`--grow`), like a file still growing while it is read: its content, then that many zero bytes,
+    chunked, with no length announced."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/octet-stream")
+    for name, value in headers:
+        handler.send_header(name, value)
+    if grow is None:
+        handler.send_header("Content-Length", str(os.path.getsize(target)))
+    else:
+        handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+
+    def out(data):
+        if grow is None:
+            handler.wfile.write(data)
+        else:
+            handler.wfile.write(b"%x\r\n" % len(data) + data + b"\r\n")
+
+    with open(target, "rb") as src:
+        while True:
+            data = src.read(1 << 20)
+            if not data:
+                break
+            out(data)
+    left = grow or 0
+    while left > 0:
+        out(bytes(min(left, 1 << 20)))
+        left -= 1 << 20
+    if grow is not None:
+        handler.wfile.write(b"0\r\n\r\n")
+
+
+def grown(path):
+    """The extra bytes `--grow NAME=BYTES` serves after a file named NAME, or None."""
+    for entry in ARGS.grow:
+        name, _, extra = entry.partition("=")
+        if os.path.basename(path) == name:
+            return int(extra)
+    return None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -916,11 +961,14 @@ class Handler(BaseHTTPRequestHandler):
                 return self.toolbox_error(403, "path outside the sandbox", "FORBIDDEN")
             if not os.path.isfile(target):
                 return self.toolbox_error(404, f"file not found: {query.get('path', '')}", "FILE_NOT_FOUND")
-            with open(target, "rb") as f:
-                data = f.read()
             name = os.path.basename(target)
-            return self.send(200, data, "application/octet-stream",
-                             [("Content-Disposition", f'attachment; filename="{name}"')])
+            try:
+                return stream_file(self, target, grown(target),
+                                   [("Content-Disposition", f'attachment; filename="{name}"')])
+            except (BrokenPipeError, ConnectionResetError):
+                # The client stopped reading (a download cut off at its bound).
+                self.close_connection = True
+                return None
         return self.toolbox_error(404, f"no route {method} {path}", "NOT_FOUND")
 
 
@@ -945,6 +993,8 @@ def main():
     parser.add_argument("--state-change-seconds", type=float, default=0.0)
     # What the control plane reports as the sandboxes' daemon version.
     parser.add_argument("--daemon-version", default="fake")
+    # A download of a file named NAME serves BYTES more zero bytes than it holds, without a length (repeatable).
+    parser.add_argument("--grow", action="append", default=[])
     ARGS = parser.parse_args()
     os.makedirs(ARGS.root, exist_ok=True)
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)

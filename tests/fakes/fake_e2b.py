@@ -2,7 +2,7 @@
 """A fake E2B cloud for tests/e2b.rs: the REST control plane and envd, on two ports of 127.0.0.1.
 
 Usage: fake_e2b.py --root DIR --record FILE [--api-key KEY] [--templates base,other] [--own-templates other]
-    [--template-path NAME=PATH]
+    [--template-path NAME=PATH] [--grow NAME=BYTES]
 Prints `PORTS <api> <envd>` on stdout once both listen, then serves until killed or until stdin closes.
 Point a client at it with E2B_API_URL=http://127.0.0.1:<api> and E2B_SANDBOX_URL=http://127.0.0.1:<envd>
 (with one sandbox URL for all sandboxes, envd requests are routed by their `E2b-Sandbox-Id` header, as
@@ -19,7 +19,8 @@ envd (`X-Access-Token` must be the sandbox's current token): Connect-RPC with th
   process.Process/Start and /Connect as server streams (envelopes: start, data stdout/stderr base64,
   keepalive, end, then the end-stream frame), /List, /SendSignal, /SendInput, /CloseStdin (unary JSON);
   GET and POST /files (an octet-stream body, or multipart `file` parts each written to `path` or else to its
-  filename; gzip Content-Encoding undone); GET /health.
+  filename; gzip Content-Encoding undone; a download is streamed, and with `--grow NAME=BYTES` a file named NAME
+  comes with BYTES zero bytes more, chunked without a length, as a file still growing); GET /health.
 A paused sandbox's processes are stopped (SIGSTOP) and its open streams are cut, as a memory snapshot does;
 envd traffic to a paused sandbox created with `autoResume` resumes it, otherwise it gets 502 like E2B's proxy.
 
@@ -320,6 +321,49 @@ def parse_multipart(content_type, body):
         if fields.get("name") == "file":
             files.append((fields.get("filename"), content))
     return files
+
+
+def stream_file(handler, target, grow, headers=()):
+    """Sends the file at `target` a MiB at a time (never whole in memory: tests serve files of GiBs). With `grow`
+    extra bytes (`--grow`), like a file still growing while it is read: its content, then that many zero bytes,
+    chunked, with no length announced."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/octet-stream")
+    for name, value in headers:
+        handler.send_header(name, value)
+    if grow is None:
+        handler.send_header("Content-Length", str(os.path.getsize(target)))
+    else:
+        handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+
+    def out(data):
+        if grow is None:
+            handler.wfile.write(data)
+        else:
+            handler.wfile.write(b"%x\r\n" % len(data) + data + b"\r\n")
+
+    with open(target, "rb") as src:
+        while True:
+            data = src.read(1 << 20)
+            if not data:
+                break
+            out(data)
+    left = grow or 0
+    while left > 0:
+        out(bytes(min(left, 1 << 20)))
+        left -= 1 << 20
+    if grow is not None:
+        handler.wfile.write(b"0\r\n\r\n")
+
+
+def grown(path):
+    """The extra bytes `--grow NAME=BYTES` serves after a file named NAME, or None."""
+    for entry in ARGS.grow:
+        name, _, extra = entry.partition("=")
+        if os.path.basename(path) == name:
+            return int(extra)
+    return None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -692,8 +736,7 @@ class EnvdHandler(Handler):
         if self.command == "GET":
             if not os.path.isfile(target):
                 return self.send(404, {"code": 404, "message": f"path '{path}' does not exist"})
-            with open(target, "rb") as src:
-                return self.send(200, raw=src.read(), content_type="application/octet-stream")
+            return stream_file(self, target, grown(target))
         return self.send(405, {"code": 405, "message": "method not allowed"})
 
     def upload(self, sbx, path, body):
@@ -761,6 +804,8 @@ def main():
     # Of those, the ones the key's team owns (the rest answer `GET /templates/aliases/{alias}` as E2B's public ones).
     parser.add_argument("--own-templates", default="")
     parser.add_argument("--template-path", action="append", default=[])
+    # A download of a file named NAME serves BYTES more zero bytes than it holds, without a length (repeatable).
+    parser.add_argument("--grow", action="append", default=[])
     ARGS = parser.parse_args()
     for entry in ARGS.template_path:
         name, _, path = entry.partition("=")

@@ -526,9 +526,7 @@ impl Toolbox {
 
     /// `GET /files/download`, reading at most `limit + 1` bytes (the rest is never read): more means larger.
     pub async fn download_at_most(&self, path: &str, limit: u64) -> Result<Vec<u8>, DaytonaError> {
-        let what = format!("download {path}");
-        let request = self.client.request(Method::GET, &self.url("/files/download")).query(&[("path", path)]);
-        let mut response = send(request, &what).await?;
+        let (mut response, what) = self.download_response(path).await?;
         let mut bytes = Vec::new();
         loop {
             match response.chunk().await {
@@ -541,6 +539,14 @@ impl Toolbox {
             }
         }
         Ok(bytes)
+    }
+
+    /// `GET /files/download`: the successful answer, its body not read yet, and what it was in words (for a
+    /// failure while the body is read).
+    pub async fn download_response(&self, path: &str) -> Result<(Response, String), DaytonaError> {
+        let what = format!("download {path}");
+        let request = self.client.request(Method::GET, &self.url("/files/download")).query(&[("path", path)]);
+        Ok((send(request, &what).await?, what))
     }
 
     /// `POST /process/session`.

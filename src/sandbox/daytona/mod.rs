@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use self::api::{Client, CreateRequest, DaytonaError, Endpoint, SandboxInfo, Toolbox};
 use self::logs::{Demuxer, Sinks};
 use self::process::DaytonaProcess;
+use crate::sandbox::download::{self, Downloaded};
 use crate::sandbox::reaper::{self, Tags};
 use crate::sandbox::{
     CheckLine, ExecSpec, RemoteFiles, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec,
@@ -360,6 +361,25 @@ impl DaytonaSandbox {
             Err(e) => Err(e.into()),
         }
     }
+
+    /// Downloads a file of the sandbox into a new file at `dest` on the host, a chunk at a time, at most `limit`
+    /// bytes of it ([`download::save`]).
+    pub async fn download_to(&self, path: &Path, dest: &Path, limit: u64) -> Result<Downloaded, SandboxError> {
+        match self.toolbox.download_response(&path.display().to_string()).await {
+            Ok((response, what)) => {
+                download::save(response, dest, limit, |source| {
+                    DaytonaError::Transport { what: what.clone(), source }.into()
+                })
+                .await
+            }
+            // As in `download_at_most`: missing only while the toolbox still answers.
+            Err(e) if e.is_not_found() => {
+                self.toolbox.home_dir().await?;
+                Ok(Downloaded::Missing)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 #[async_trait]
@@ -509,6 +529,10 @@ impl RemoteFiles for DaytonaSandbox {
 
     async fn read_at_most(&self, path: &Path, limit: u64) -> Result<Option<Vec<u8>>, SandboxError> {
         self.download_at_most(path, limit).await
+    }
+
+    async fn download_to(&self, path: &Path, dest: &Path, limit: u64) -> Result<Downloaded, SandboxError> {
+        DaytonaSandbox::download_to(self, path, dest, limit).await
     }
 }
 

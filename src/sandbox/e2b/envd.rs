@@ -1,6 +1,7 @@
 //! envd, the daemon inside an E2B sandbox (port 49983): `process.Process` over Connect-RPC with the JSON codec
 //! (Start and Connect stream, the rest are unary JSON calls), and the files API.
 
+use std::path::Path;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -11,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::api::{excerpt, remote, unreachable};
 use super::connect;
+use crate::sandbox::download::{self, Downloaded};
 use crate::sandbox::{ExecSpec, ExitInfo, RemoteFailure, SandboxError};
 
 /// The port envd listens on inside every sandbox.
@@ -253,6 +255,26 @@ impl Envd {
 
     /// Downloads at most `limit + 1` bytes of a file (the rest is never read): more than `limit` means larger.
     pub async fn download_at_most(&self, path: &str, limit: u64) -> Result<Option<Vec<u8>>, SandboxError> {
+        let Some(mut response) = self.get_file(path).await? else { return Ok(None) };
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| unreachable(&self.base, &e))? {
+            bytes.extend_from_slice(&chunk);
+            if bytes.len() as u64 > limit {
+                break;
+            }
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Downloads a file into a new file at `dest` on the host, a chunk at a time, at most `limit` bytes of it
+    /// ([`download::save`]).
+    pub async fn download_to(&self, path: &str, dest: &Path, limit: u64) -> Result<Downloaded, SandboxError> {
+        let Some(response) = self.get_file(path).await? else { return Ok(Downloaded::Missing) };
+        download::save(response, dest, limit, |e| unreachable(&self.base, &e)).await
+    }
+
+    /// `GET /files`: the successful answer, its body not read yet; `None` when the file does not exist.
+    async fn get_file(&self, path: &str) -> Result<Option<reqwest::Response>, SandboxError> {
         let mut url = self.url("/files");
         url.query_pairs_mut().append_pair("path", path);
         let response = self
@@ -271,15 +293,7 @@ impl Envd {
             let text = response.text().await.unwrap_or_default();
             return Err(envd_error(status, &text, &format!("download {path}")));
         }
-        let mut response = response;
-        let mut bytes = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| unreachable(&self.base, &e))? {
-            bytes.extend_from_slice(&chunk);
-            if bytes.len() as u64 > limit {
-                break;
-            }
-        }
-        Ok(Some(bytes))
+        Ok(Some(response))
     }
 }
 

@@ -472,6 +472,15 @@ impl super::RemoteFiles for E2bSandbox {
     async fn read_at_most(&self, path: &Path, limit: u64) -> Result<Option<Vec<u8>>, SandboxError> {
         self.envd.download_at_most(&path.to_string_lossy(), limit).await
     }
+
+    async fn download_to(
+        &self,
+        path: &Path,
+        dest: &Path,
+        limit: u64,
+    ) -> Result<super::download::Downloaded, SandboxError> {
+        self.envd.download_to(&path.to_string_lossy(), dest, limit).await
+    }
 }
 
 /// What the next read of a process stream gave.

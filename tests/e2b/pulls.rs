@@ -1,0 +1,139 @@
+//! The agent's files brought back from an E2B sandbox are bounded and streamed to disk: a download goes to a file
+//! as it arrives and stops as soon as it passes the review's apply limit (64 MiB), leaving nothing behind; a file
+//! within the limit lands byte-exact while the bridge's peak memory stays far below the file's size. The fake's
+//! `--grow NAME=BYTES` serves a file named NAME with that many bytes more than it holds, without a length, as a
+//! file the agent still writes while it is downloaded.
+
+use std::path::Path;
+
+use acp_sandbox::sandbox::download::Downloaded;
+use acp_sandbox::sandbox::review::APPLY_LIMIT;
+use acp_sandbox::sandbox::{RemoteFiles, SandboxProvider};
+use serde_json::json;
+
+use super::support::{self, notes, ops};
+use super::{FakeE2b, WORKSPACE, created, e2b_options};
+
+/// How much the bridge's peak memory may rise while a turn brings back a 48 MB file and cuts off a 1 GiB one.
+const PULL_RISE_KIB: u64 = 40 * 1024;
+
+/// The peak resident memory (VmHWM) of process `pid`, in KiB.
+fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in {status}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_to_a_file_is_whole_or_cut_off_at_its_bound_leaving_nothing() {
+    let fake = FakeE2b::start_with(&["--grow", "grows.bin=1048576"]);
+    let provider = fake.provider();
+    let (id, sandbox) = created(&fake, &provider, "s-download").await;
+    let inside = fake.host_path(&id, WORKSPACE);
+    std::fs::create_dir_all(&inside).unwrap();
+    // Several MiB in several chunks, no two alike.
+    let bytes: Vec<u8> = (0..3u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(inside.join("exact.bin"), &bytes).unwrap();
+    std::fs::File::create(inside.join("over.bin")).unwrap().set_len(APPLY_LIMIT + 1).unwrap();
+    std::fs::write(inside.join("grows.bin"), "0123456789").unwrap();
+    let host = support::temp_dir("e2b-download");
+    let dest = |name: &str| host.path().join(name);
+    let remote = |name: &str| Path::new(WORKSPACE).join(name);
+    let files: &dyn RemoteFiles = &*sandbox;
+
+    let got = files.download_to(&remote("exact.bin"), &dest("exact"), APPLY_LIMIT).await.unwrap();
+    assert_eq!(got, Downloaded::Whole(3 << 20));
+    assert!(std::fs::read(dest("exact")).unwrap() == bytes, "not byte-exact");
+    // Exactly the bound is within it.
+    let got = files.download_to(&remote("exact.bin"), &dest("bound"), 3 << 20).await.unwrap();
+    assert_eq!(got, Downloaded::Whole(3 << 20));
+
+    // One byte over, by the length envd announces: nothing is read, nothing written.
+    let got = files.download_to(&remote("over.bin"), &dest("over"), APPLY_LIMIT).await.unwrap();
+    assert_eq!(got, Downloaded::TooLarge(APPLY_LIMIT + 1));
+    assert!(!dest("over").exists());
+
+    // No length announced: cut off as the chunks pass the bound, the partial file removed.
+    let got = files.download_to(&remote("grows.bin"), &dest("grows"), 1000).await.unwrap();
+    assert_eq!(got, Downloaded::TooLarge(1001));
+    assert!(!dest("grows").exists());
+    let got = files.download_to(&remote("grows.bin"), &dest("grown"), 2 << 20).await.unwrap();
+    assert_eq!(got, Downloaded::Whole(10 + (1 << 20)));
+    assert_eq!(&std::fs::read(dest("grown")).unwrap()[..10], b"0123456789");
+
+    let got = files.download_to(&remote("missing.bin"), &dest("missing"), APPLY_LIMIT).await.unwrap();
+    assert_eq!(got, Downloaded::Missing);
+    assert!(!dest("missing").exists());
+
+    // What is at the destination already is never written through, nor removed.
+    std::fs::write(dest("taken"), "mine").unwrap();
+    assert!(files.download_to(&remote("exact.bin"), &dest("taken"), APPLY_LIMIT).await.is_err());
+    assert_eq!(std::fs::read_to_string(dest("taken")).unwrap(), "mine");
+    let left: Vec<_> = std::fs::read_dir(host.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 4, "only exact, bound, grown and taken: {left:?}");
+    provider.destroy(&id).await.unwrap();
+}
+
+/// A line of the large file the agent writes.
+const LINE: &str = "the agent wrote this line into a large file\n";
+/// Its lines: 48.4 MB, within the apply limit, far above what the bridge may hold.
+const LINES: usize = 1_100_000;
+
+#[test]
+fn a_file_growing_past_the_bound_is_cut_off_and_a_large_one_lands_streamed() {
+    let fake = FakeE2b::start_with(&["--grow", "grows.bin=1073741824"]);
+    let dirs = support::TestDirs::new("e2b-streamed");
+    let ws = dirs.remote_workspace("ws");
+    let mut bridge = support::Bridge::start_reviewing(e2b_options(&fake, &dirs), true);
+    bridge.permission_answer = Some("allow_once".into());
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, &ops(json!([]))).stop_reason(), "end_turn");
+    // What a bridge killed mid-download left: removed, never applied.
+    let partial = dirs.data.join("sessions").join(&sid).join("review/partial");
+    std::fs::create_dir_all(&partial).unwrap();
+    std::fs::write(partial.join("0"), "leftover").unwrap();
+    let before = peak_kib(bridge.pid());
+
+    // `grows.bin` is listed at 4 bytes and served with 1 GiB more.
+    let turn = bridge.prompt(&sid, &ops(json!([["write", "grows.bin", "tiny"], ["repeat", "big.txt", LINE, LINES]])));
+    assert_eq!(turn.stop_reason(), "end_turn");
+    let rise = peak_kib(bridge.pid()).saturating_sub(before);
+    assert!(rise < PULL_RISE_KIB, "the bridge's peak RSS rose by {rise} KiB while bringing the files back");
+
+    assert_eq!(bridge.permission_requests.len(), 1);
+    let list = bridge.permission_requests[0]["toolCall"]["content"][0]["content"]["text"].as_str().unwrap();
+    assert_eq!(
+        list,
+        "The agent made these changes in its copy of the workspace; they reach your files only if you allow them:\n\
+         - new file `big.txt` (46.2 MiB, too large to show)\n"
+    );
+    let written = std::fs::read(ws.join("big.txt")).unwrap();
+    assert!(written == LINE.repeat(LINES).into_bytes(), "big.txt is not byte-exact ({} bytes)", written.len());
+    assert!(!ws.join("grows.bin").exists());
+    let copy = dirs.data.join("sessions").join(&sid).join("review/copy");
+    assert!(!copy.join("grows.bin").exists(), "never in the agent's copy either");
+    assert_eq!(
+        notes(&turn),
+        [format!(
+            "_Held back, not applied to your files: new file `grows.bin` (64.0 MiB, too large to show) (over the 64.0 \
+             MiB limit: it stays in the sandbox, not brought back). They stay in the agent's copy, where it keeps \
+             seeing them; to take one, copy it from `{}` or make the change yourself._",
+            copy.display()
+        )]
+    );
+    assert_eq!(std::fs::read_dir(&partial).unwrap().count(), 0, "the partial dir is left empty");
+
+    // Unchanged in the sandbox: neither downloaded nor said again.
+    let turn = bridge.prompt(&sid, &ops(json!([["read", "none.txt"]])));
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!((bridge.permission_requests.len(), notes(&turn)), (1, vec![]));
+    let downloads = fake
+        .records()
+        .iter()
+        .filter(|r| r["method"] == "GET" && r["path"].as_str().unwrap_or_default().contains("grows.bin"))
+        .count();
+    assert_eq!(downloads, 1);
+}
