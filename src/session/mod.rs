@@ -218,7 +218,7 @@ impl Bridge {
             crate::auth::provider_variables(&config),
         )?;
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), own_provider.clone()));
-        let servers = serve::Servers::new(config.server_idle_timeout, config.max_servers);
+        let servers = serve::Servers::new(config.server_idle_timeout, config.max_servers, config.data_dir.clone());
         Ok(Self {
             servers,
             fallback_told: Mutex::default(),
@@ -942,7 +942,6 @@ impl Bridge {
     /// workspace`): named after the agent, the workspace and everything of the bridge's settings that shapes a
     /// sandbox, so that a bridge started with another policy gets a sandbox of its own.
     fn shared_sandbox_name(&self, record: &SessionRecord) -> Option<String> {
-        use sha2::Digest;
         let shares = self.serves(record)
             && self.config.server_scope == crate::config::ServerScope::Workspace
             && self.config.workspace == crate::config::WorkspaceMode::Direct
@@ -962,13 +961,13 @@ impl Bridge {
             config.protect,
             config.limits
         );
-        let mut hash = sha2::Sha256::new();
+        let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
         for part in [self.agent_of(record).as_str(), record.cwd.as_str(), policy.as_str()] {
             hash.update(part.as_bytes());
-            hash.update([0]);
+            hash.update(&[0]);
         }
-        let digest = hash.finalize();
-        Some(format!("{SHARED_SANDBOX}{}", digest[..8].iter().map(|b| format!("{b:02x}")).collect::<String>()))
+        let digest = hash.finish();
+        Some(format!("{SHARED_SANDBOX}{}", digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect::<String>()))
     }
 
     /// The key of the server a turn of `session` uses in `sandbox` for `profile`: one per shared sandbox and

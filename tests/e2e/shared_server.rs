@@ -197,3 +197,31 @@ fn with_server_scope_session_every_session_has_its_own_server_and_sandbox() {
         own
     });
 }
+
+/// A second editor window (a second bridge on the same data dir) that opens a thread whose server the first runs
+/// does not warm a second server on the same OpenCode database; its prompt (the first window being idle) starts
+/// one then, and both windows' turns work.
+#[test]
+fn a_second_window_does_not_warm_a_server_the_first_runs() {
+    let dirs = TestDirs::new("shared-two-windows");
+    let ws = dirs.workspace("ws");
+    let mut first = Bridge::start(serve_options(&dirs));
+    let sid = first.new_session(&ws);
+    assert_eq!(first.prompt(&sid, "hello").stop_reason(), "end_turn");
+    assert_eq!(starts(&ws), 1);
+
+    let mut second = Bridge::start(serve_options(&dirs));
+    second.load_session(&sid, &ws).result.expect("load in the second window");
+    let skipped = "the OpenCode server was not started ahead of the first prompt: another acp-sandbox (another \
+                   editor window) runs this OpenCode server";
+    assert!(
+        wait_until(Duration::from_secs(20), || second.stderr().contains(skipped)),
+        "the second window's background start did not stop at the first's server: {}",
+        second.stderr()
+    );
+    assert_eq!(starts(&ws), 1, "the second window warmed a server of its own");
+    let turn = second.prompt(&sid, "from the second window");
+    assert_eq!(turn.stop_reason(), "end_turn", "{:?}", turn.result);
+    assert_eq!(starts(&ws), 2, "the second window's prompt started its own server");
+    assert_eq!(first.prompt(&sid, "back in the first").stop_reason(), "end_turn");
+}

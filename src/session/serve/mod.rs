@@ -16,6 +16,7 @@ pub mod sse;
 mod turn;
 
 use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,6 +54,9 @@ pub enum ServeError {
     /// The server did not come up: the caller falls back to `opencode run`.
     #[error("the OpenCode server did not start: {0}")]
     Start(String),
+    /// A background start found the server's lock held: another bridge (editor window) runs this server.
+    #[error("another acp-sandbox (another editor window) runs this OpenCode server")]
+    Elsewhere,
 }
 
 /// One running server.
@@ -80,6 +84,8 @@ pub struct Server {
     stream_open: Arc<std::sync::atomic::AtomicBool>,
     /// The pool's: told when this server is let go of by its turn.
     freed: Arc<tokio::sync::Notify>,
+    /// Its lock in the data dir, held while it runs: another bridge's background start leaves it alone.
+    hold: Option<super::turn_lock::TurnLock>,
 }
 
 impl Server {
@@ -207,12 +213,16 @@ pub struct Servers {
     starting_now: Mutex<usize>,
     /// Told whenever a server stops, finishes starting or is let go of by its turn: room may have been made.
     freed: Arc<tokio::sync::Notify>,
+    /// Where the servers' locks are taken (the data dir), across the bridges that share it.
+    data_dir: PathBuf,
 }
 
 impl Servers {
-    /// A pool that stops servers idle for `idle_stop` and keeps at most `max` running.
-    pub fn new(idle_stop: Duration, max: usize) -> Arc<Self> {
+    /// A pool that stops servers idle for `idle_stop` and keeps at most `max` running; its servers' locks are in
+    /// `data_dir`.
+    pub fn new(idle_stop: Duration, max: usize, data_dir: PathBuf) -> Arc<Self> {
         let servers = Arc::new(Servers {
+            data_dir,
             idle_stop,
             max: max.max(1),
             running: Mutex::default(),
@@ -347,8 +357,24 @@ impl Servers {
                 self.stop(key).await;
             }
         }
+        // A second bridge (another editor window on the same data dir) warming a server the first one runs would
+        // make two servers on one OpenCode database for nothing: only a turn starts one beside it.
+        let hold = match super::turn_lock::try_lock(&self.data_dir, &format!("server {key}")) {
+            Ok(Some(hold)) => Some(hold),
+            Ok(None) if profile.is_none() => return Err(ServeError::Elsewhere),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(key, "could not take the server's lock: {e}");
+                None
+            }
+        };
         let place = self.make_room().await;
-        let ready = async { ready(start().await?, self.freed.clone()).await.map(Arc::new) }.await;
+        let ready = async {
+            let mut server = ready(start().await?, self.freed.clone()).await?;
+            server.hold = hold;
+            Ok(Arc::new(server))
+        }
+        .await;
         if let Ok(server) = &ready {
             tracing::info!(key, version = %server.version, "the OpenCode server is ready");
             self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_string(), server.clone());
@@ -560,6 +586,7 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
         permissions: Mutex::default(),
         profile,
         freed,
+        hold: None,
     })
 }
 
