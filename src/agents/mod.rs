@@ -316,6 +316,8 @@ pub struct PermissionAsk {
     /// What an "always" answer would allow from now on (OpenCode's `always` patterns, e.g. `git status *`), for
     /// the option's label; empty when the agent does not say.
     pub always: Vec<String>,
+    /// The permission asked for (OpenCode's: `bash`, `edit`, …), which an "always" answer allows on those patterns.
+    pub permission: String,
 }
 
 /// Turns one CLI's stdout, line by line, into ACP updates. Implementations are pure: no I/O, no clock,

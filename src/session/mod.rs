@@ -163,6 +163,8 @@ pub struct Bridge {
     fallback_told: Mutex<std::collections::HashSet<String>>,
     /// Per session under `ask`: the workspace's OpenCode configuration the user was asked about, and the answer.
     project_consent: Mutex<HashMap<String, (Vec<String>, bool)>>,
+    /// What the user allowed "always" in each session (its own rules carry it, never the server's instance).
+    pub(super) always_rules: Arc<permissions::AlwaysAllowed>,
     /// What `--version` said, per executable file (see [`versions`]; also kept in the data dir).
     versions: Mutex<HashMap<VersionKey, Option<String>>>,
     version_probe: tokio::sync::Mutex<()>,
@@ -223,6 +225,7 @@ impl Bridge {
             servers,
             fallback_told: Mutex::default(),
             project_consent: Mutex::default(),
+            always_rules: Arc::default(),
             versions: Mutex::default(),
             version_probe: tokio::sync::Mutex::const_new(()),
             gates: Mutex::default(),
@@ -886,6 +889,11 @@ impl Bridge {
             Some((asked, allowed)) if *asked == items => Ok(serve::Profile { approvals, project_config: *allowed }),
             _ => Err(items),
         }
+    }
+
+    /// The rules the user's "always" answers of session `id` made.
+    pub(super) fn always_allowed(&self, id: &str) -> Vec<permissions::Rule> {
+        self.always_rules.of(id)
     }
 
     /// Records the user's answer about the workspace's configuration `items`.

@@ -46,17 +46,45 @@ const READ_ONLY: &[&str] =
 /// What plan mode lets run under `auto` beyond [`READ_ONLY`]: fetching and searching the web change nothing here.
 const PLAN_ALSO: &[&str] = &["webfetch", "websearch", "plan_exit"];
 
+/// What the user allowed "always", per session, for the bridge's life. OpenCode's own `always` would allow the
+/// pattern for the server's whole instance (every session of a shared server) and after every session rule (over
+/// plan mode's refusals), so the bridge answers OpenCode `once` and keeps the rule here for the session's rules.
+#[derive(Default)]
+pub struct AlwaysAllowed(std::sync::Mutex<std::collections::HashMap<String, Vec<Rule>>>);
+
+impl AlwaysAllowed {
+    /// Allows `permission` on each of `patterns` in `session` from now on.
+    pub fn allow(&self, session: &str, permission: &str, patterns: &[String]) {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let rules = all.entry(session.to_string()).or_default();
+        for pattern in patterns {
+            let rule = Rule::new(permission, pattern, "allow");
+            if !rules.contains(&rule) {
+                rules.push(rule);
+            }
+        }
+    }
+
+    /// What `session` was allowed, in the order it was.
+    pub fn of(&self, session: &str) -> Vec<Rule> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(session).cloned().unwrap_or_default()
+    }
+}
+
 /// The bridge's own rules for a session: its approvals, then what its mode promises.
 ///
 /// - `auto`: everything runs (the sandbox is the boundary).
 /// - `ask`: everything asks but reading, searching, planning and starting a subagent (whose tools ask in turn).
 /// - `plan`: never edits; under `auto`, which has nobody to ask, nothing but [`READ_ONLY`] and [`PLAN_ALSO`] runs
 ///   (no commands, no subagents, no other tools); under `ask` the rest asks.
-pub fn bridge_rules(approvals: &str, plan: bool) -> Vec<Rule> {
+/// - `allowed`: the session's "always" answers ([`AlwaysAllowed`]), under `ask`, before the mode's refusals.
+pub fn bridge_rules(approvals: &str, plan: bool, allowed: &[Rule]) -> Vec<Rule> {
     let ask = approvals == APPROVALS_ASK;
     let mut rules = vec![Rule::new("*", "*", if ask { "ask" } else { "allow" })];
     if ask {
         rules.extend(READ_ONLY.iter().chain(&["task"]).map(|tool| Rule::new(tool, "*", "allow")));
+        // What the user allowed "always" in this session: after the asking, before the mode's refusals.
+        rules.extend(allowed.iter().cloned());
     }
     if plan {
         rules.extend(plan_rules(ask));
@@ -223,7 +251,7 @@ mod tests {
 
     fn decide(approvals: &str, plan: bool, agent: &[Rule], permission: &str, pattern: &str) -> String {
         let mut all = agent.to_vec();
-        all.extend(session_rules(&bridge_rules(approvals, plan), agent));
+        all.extend(session_rules(&bridge_rules(approvals, plan, &[]), agent));
         evaluate(permission, pattern, &all)
     }
 
@@ -301,5 +329,24 @@ mod tests {
             serde_json::from_str::<Value>(&run_permission(true, Some("not json")).unwrap()).unwrap()["*"]["**"],
             "deny"
         );
+    }
+
+    #[test]
+    fn an_always_answer_allows_its_pattern_in_its_session_only_and_never_over_plan_modes_refusals() {
+        let always = AlwaysAllowed::default();
+        always.allow("s1", "bash", &["git status *".into()]);
+        always.allow("s1", "edit", &["*".into()]);
+        always.allow("s1", "bash", &["git status *".into()]);
+        assert_eq!(always.of("s1").len(), 2, "an answer given twice is kept once");
+        assert!(always.of("s2").is_empty());
+        let build = bridge_rules(APPROVALS_ASK, false, &always.of("s1"));
+        assert_eq!(evaluate("bash", "git status -s", &build), "allow");
+        assert_eq!(evaluate("bash", "rm -rf x", &build), "ask");
+        assert_eq!(evaluate("edit", "src/a.rs", &build), "allow");
+        let plan = bridge_rules(APPROVALS_ASK, true, &always.of("s1"));
+        assert_eq!(evaluate("edit", "src/a.rs", &plan), "deny", "an always-allowed edit in plan mode");
+        assert_eq!(evaluate("bash", "git status -s", &plan), "allow");
+        let other = bridge_rules(APPROVALS_ASK, false, &always.of("s2"));
+        assert_eq!(evaluate("bash", "git status -s", &other), "ask");
     }
 }

@@ -225,3 +225,38 @@ fn a_second_window_does_not_warm_a_server_the_first_runs() {
     assert_eq!(starts(&ws), 2, "the second window's prompt started its own server");
     assert_eq!(first.prompt(&sid, "back in the first").stop_reason(), "end_turn");
 }
+
+/// An "always" answer in one session allows the pattern in that session's own rules from its next turn on, and
+/// nowhere else: OpenCode is answered `once` (its own `always` would allow it for every session of the server, and
+/// over plan mode's refusals).
+#[test]
+fn an_always_answer_stays_in_its_session() {
+    let dirs = TestDirs::new("shared-always");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(serve_options(&dirs));
+    bridge.permission_answer = Some("allow_always".into());
+    let first = bridge.new_session(&ws);
+    let second = bridge.new_session(&ws);
+    set_option(&mut bridge, &first, "approvals", "ask");
+    set_option(&mut bridge, &second, "approvals", "ask");
+    let asked = bridge.prompt(&first, "FAULT:ask");
+    assert_eq!(asked.stop_reason(), "end_turn", "{:?}", asked.result);
+    let ses_a = opencode_session(&asked);
+    let replies: Vec<Value> = logged(&ws, "reply").iter().map(|r| r["reply"].clone()).collect();
+    assert_eq!(replies, [json!("once")]);
+    let ses_b = opencode_session(&bridge.prompt(&second, "hello"));
+    assert_eq!(bridge.prompt(&first, "again").stop_reason(), "end_turn");
+    let servers: Vec<Value> = logged(&ws, "prompt").iter().map(|p| p["server"].clone()).collect();
+    assert!(servers.len() == 3 && servers.iter().all(|s| *s == servers[0]), "one server for both: {servers:?}");
+    let allowed = json!({"permission": "bash", "pattern": "git status *", "action": "allow"});
+    let patches = logged(&ws, "patch");
+    let has = |ses: &str| -> Vec<bool> {
+        patches
+            .iter()
+            .filter(|p| p["session"] == ses)
+            .map(|p| p["permission"].as_array().unwrap().contains(&allowed))
+            .collect()
+    };
+    assert_eq!(has(&ses_a), [false, true], "the first session's rules before and after its answer");
+    assert_eq!(has(&ses_b), [false], "the other session got the first one's answer");
+}

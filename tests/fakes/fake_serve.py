@@ -23,7 +23,9 @@ its pid to <cwd>/.fake-serve/server.pid. A prompt picks its behaviour with `FAUL
   badutf8     a delta event whose data has bytes that are not UTF-8, then the answer;
   deltas:<n>  n deltas of 1 KiB each in one part, then the finished part (n KiB of text in one event), idle;
   die:<sig>   one delta, then kills itself with that signal number;
-  balloon     one delta, then allocates (and touches) memory 32 MiB at a time until something stops it.
+  balloon     one delta, then allocates (and touches) memory 32 MiB at a time until something stops it;
+  ask         asks `permission.asked` for bash `git status` (always: `git status *`), waits for the reply (logged
+              in reply.log), then the answer.
 """
 
 import base64
@@ -46,6 +48,7 @@ SESSIONS = DATA / "fake-serve-sessions.json"
 LOCK = threading.Lock()
 SUBSCRIBERS = []  # one bounded queue per open event stream
 ABORTED = {}  # session id -> threading.Event of its running turn
+REPLIES = {}  # permission request id -> threading.Event, set when the bridge replies
 SERVER = uuid.uuid4().hex[:12]  # names this server in the logs (its pid may be the same in two PID namespaces)
 
 
@@ -181,6 +184,12 @@ def run_turn(sid, prompt):
                 hoard.append(bytearray(b"m" * (32 << 20)))
         while True:
             time.sleep(1000)
+    if fault == "ask":
+        request, replied = ident("per"), threading.Event()
+        REPLIES[request] = replied
+        event("permission.asked", {"id": request, "sessionID": sid, "permission": "bash",
+                                   "patterns": ["git status"], "always": ["git status *"], "metadata": {}})
+        replied.wait(30)
     if fault == "huge":
         publish(huge_part(sid, msg, ident("prt"), int(arg or "512")))
     elif fault == "badutf8":
@@ -316,6 +325,9 @@ class Handler(BaseHTTPRequestHandler):
                     status(parts[1], "idle")
             return self.reply(200, True)
         if len(parts) == 3 and parts[0] == "permission":
+            record("reply", {"server": SERVER, "request": parts[1], "reply": body.get("reply")})
+            if parts[1] in REPLIES:
+                REPLIES.pop(parts[1]).set()
             return self.reply(200, True)
         self.reply(404, {"error": "no route"})
 

@@ -237,7 +237,8 @@ impl Turn<'_> {
         };
         let approvals = options::approvals(&self.record.config);
         let mode = options::opencode_agent(&self.record.config);
-        let wanted = format!("{approvals} {}", mode.unwrap_or(""));
+        let allowed = self.bridge.always_allowed(&self.record.id);
+        let wanted = format!("{approvals} {} {}", mode.unwrap_or(""), allowed.len());
         let applied = server.permissions.lock().unwrap_or_else(|p| p.into_inner()).get(&ses).cloned();
         let agent = match applied {
             Some((key, agent)) if key == wanted => agent,
@@ -258,8 +259,8 @@ impl Turn<'_> {
                         exit_code: None,
                     });
                 }
-                let rules =
-                    permissions::session_rules(&permissions::bridge_rules(approvals, mode == Some("plan")), &own);
+                let ours = permissions::bridge_rules(approvals, mode == Some("plan"), &allowed);
+                let rules = permissions::session_rules(&ours, &own);
                 tracing::debug!(session = %self.record.id, agent = %agent, rules = rules.len(), "the session's rules");
                 client
                     .call_within(
@@ -578,6 +579,7 @@ impl Turn<'_> {
     fn answer_permission(&self, client: Client, approvals: &str, ask: PermissionAsk) -> tokio::task::JoinHandle<()> {
         let session = self.record.id.clone();
         let sink = self.sink.clone();
+        let always = self.bridge.always_rules.clone();
         let asking = approvals == options::APPROVALS_ASK;
         tokio::spawn(async move {
             let reply = if asking {
@@ -590,7 +592,13 @@ impl Turn<'_> {
                 match sink.request_permission(request).await {
                     Some(RequestPermissionOutcome::Selected(selected)) => match selected.option_id.0.as_ref() {
                         "once" => "once",
-                        "always" => "always",
+                        "always" => {
+                            // OpenCode's own `always` allows the pattern for its whole instance, after every rule:
+                            // for every session of a shared server, and over plan mode's refusals. The session's
+                            // own rules carry it instead, from its next turn on, before the mode's.
+                            always.allow(&session, &ask.permission, &ask.always);
+                            "once"
+                        }
                         _ => "reject",
                     },
                     _ => "reject",
@@ -789,7 +797,9 @@ fn foreign_permission(event: &str, children: &[String]) -> Option<PermissionAsk>
         id.clone(),
         agent_client_protocol::v1::schema::ToolCallUpdateFields::new().title(title),
     );
-    Some(PermissionAsk { request_id: id, tool_call, always: Vec::new() })
+    let always = properties["always"].as_array().into_iter().flatten().filter_map(Value::as_str).map(String::from);
+    let permission = properties["permission"].as_str().unwrap_or("").to_string();
+    Some(PermissionAsk { request_id: id, tool_call, always: always.collect(), permission })
 }
 
 enum Outcome {

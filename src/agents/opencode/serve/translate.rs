@@ -441,6 +441,7 @@ impl ServeTranslator {
             request_id: ask.id,
             tool_call: ToolCallUpdate::new(id, fields),
             always: ask.always,
+            permission: ask.permission,
         })]
     }
 }
