@@ -528,7 +528,7 @@ fn snapshots_in_a_git_workspace(backend: &str, test: &str) {
     assert_eq!(edit_diff["path"], json!(ws.join("hello.txt")));
     assert_eq!(edit_diff["oldText"], "hello from fake model", "{edit_diff}");
     assert_eq!(edit_diff["newText"], "hello EDITED by fake model", "{edit_diff}");
-    let state = world.data.join("sessions").join(&sid);
+    let state = support::sandbox_state(&world.data, &sid);
     let (files, lines) = opencode_log_lines(&state);
     assert!(files > 0 && !lines.is_empty(), "no OpenCode log in {}", state.display());
     let failures: Vec<&String> = lines.iter().filter(|l| l.contains("failed to add snapshot files")).collect();
@@ -1182,7 +1182,7 @@ fn a_lost_opencode_session_continues_from_a_transcript() {
     let sid = bridge.new_session(&ws);
     let first = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:text Say hello", "before the loss");
     assert_end_turn(&bridge, &first);
-    std::fs::remove_dir_all(world.data.join("sessions").join(&sid)).expect("delete the session's sandbox state");
+    std::fs::remove_dir_all(support::sandbox_state(&world.data, &sid)).expect("delete the session's sandbox state");
 
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:followup Do you remember?", "after the loss");
     assert_end_turn(&bridge, &turn);

@@ -310,7 +310,7 @@ fn planted_plugin_refused(sandbox: &str, test: &str) {
     let sid = bridge.new_session(&ws);
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:attack plant a plugin", "auto, plant");
     assert_end_turn(&bridge, &turn);
-    let planted = world.data.join("sessions").join(&sid).join("config/opencode/plugin/planted.js");
+    let planted = support::sandbox_state(&world.data, &sid).join("config/opencode/plugin/planted.js");
     assert!(planted.is_file(), "the tool did not plant {}", planted.display());
     set_option(&mut bridge, &sid, "approvals", "ask");
     let id = bridge.send_prompt(&sid, "SCENARIO:text hello");

@@ -60,7 +60,7 @@ fn serve_followup(sandbox: &str, test: &str) {
     );
     // OpenCode found the plugin package its config dir needs (the install's, shown there): it installed nothing
     // from npm into the session's state (a fresh config dir otherwise gets 64 MiB, and the first prompt waits).
-    let config = world.data.join("sessions").join(&sid).join("config/opencode");
+    let config = support::sandbox_state(&world.data, &sid).join("config/opencode");
     assert!(config.join("node_modules").is_dir(), "the install's packages are shown in {}", config.display());
     assert_eq!(bytes_written_under(&config.join("node_modules")), 0, "npm wrote into {}", config.display());
 }
@@ -309,4 +309,40 @@ fn serve_at_most_max_servers_run_and_the_stopped_ones_continue() {
     assert_end_turn(&bridge, &turn);
     assert_continued(&world.server, "SCENARIO:text Say hello", "PLAIN-ANSWER-OK");
     assert!(wait_until(Duration::from_secs(10), || running() == 1), "still one: {:?}", servers_of(&world));
+}
+
+/// Two threads of one workspace share one real `opencode serve`: each has its own OpenCode conversation (the
+/// follow-up of the first carries the first's history and none of the second's), and the second thread's prompt
+/// starts no server.
+fn two_threads_share_a_server(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let mut bridge = serve(&world, sandbox);
+    let first = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &first, &ws, "SCENARIO:text Say hello FIRST-THREAD", "first thread");
+    assert_end_turn(&bridge, &turn);
+    let second = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &second, &ws, "SCENARIO:text Say hello SECOND-THREAD", "new thread");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(model_chunks(&turn.updates).concat(), "Hello from the fake model. PLAIN-ANSWER-OK");
+    let turn = timed_prompt(&mut bridge, &first, &ws, "SCENARIO:followup Do you remember?", "first, follow-up");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(model_chunks(&turn.updates).concat(), "FOLLOWUP-OK: I remember the earlier turn.");
+    let followup = world.server.chats("followup");
+    let users = messages_text(followup.last().unwrap(), "user");
+    assert!(users.iter().any(|u| u.contains("FIRST-THREAD")), "{users:?}");
+    assert!(!users.iter().any(|u| u.contains("SECOND-THREAD")), "the other thread's prompt leaked in: {users:?}");
+    let running: Vec<_> = servers_of(&world).into_iter().filter(|(_, cmd)| !cmd.contains("sandbox-init")).collect();
+    assert_eq!(running.len(), 1, "one server for the workspace's threads: {running:?}");
+    assert_eq!(support::sandbox_state(&world.data, &first), support::sandbox_state(&world.data, &second));
+}
+
+#[test]
+fn serve_threads_of_a_workspace_share_one_server_none() {
+    two_threads_share_a_server("none", "shared_none");
+}
+
+#[test]
+fn serve_threads_of_a_workspace_share_one_server_bwrap() {
+    two_threads_share_a_server("bwrap", "shared_bwrap");
 }

@@ -918,6 +918,15 @@ impl Invocation {
     }
 }
 
+/// The state dir of the session's local sandbox, as the store names it: its own (`sessions/<sid>`) or the one its
+/// workspace's sessions share (`sessions/workspace-…`).
+pub fn sandbox_state(data: &Path, sid: &str) -> PathBuf {
+    let db = rusqlite::Connection::open(data.join("acp-sandbox.sqlite3")).unwrap();
+    let id: Option<String> =
+        db.query_row("SELECT sandbox_id FROM sessions WHERE id = ?1", [sid], |row| row.get(0)).unwrap();
+    PathBuf::from(id.unwrap_or_else(|| panic!("the session {sid} has no sandbox yet")))
+}
+
 /// Waits until the store has the session's CLI conversation id (written while the turn runs).
 pub fn wait_native_id(dirs: &TestDirs, sid: &str) {
     let db = rusqlite::Connection::open(dirs.data.join("acp-sandbox.sqlite3")).unwrap();
