@@ -23,6 +23,7 @@ mod e2e {
     mod schemas;
     mod serve_faults;
     mod shared_server;
+    mod startup;
     mod store;
     mod terminal;
     mod transport;

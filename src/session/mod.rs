@@ -830,8 +830,16 @@ impl Bridge {
                 if !bridge.serves(&record) {
                     return Ok(());
                 }
-                let (executable, _) =
-                    bridge.opencode_for_server(&executable, &bridge.shutdown).await.map_err(|e| e.to_string())?;
+                // A version the cache knows decides at once; an unknown one is not waited for: the server starts
+                // now and its health answer says its version (`serve::ready` refuses a 2.x), while the probe started
+                // with the bridge fills the cache for the turn, which does wait for it (it may fall back to `run`).
+                let key = bridge.version_key(&executable).await;
+                let executable = match bridge.known_version(&key).await {
+                    Some(_) => {
+                        bridge.opencode_for_server(&executable, &bridge.shutdown).await.map_err(|e| e.to_string())?.0
+                    }
+                    None => executable,
+                };
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
                 if options::approvals(&record.config) == options::APPROVALS_ASK
                     && !crate::agents::opencode::project::agent_written(sandbox.state_dir()).is_empty()

@@ -20,7 +20,7 @@ Scenarios (both agents unless noted):
   slow (a text event every FAKE_DELAY_MS=200 ms, FAKE_COUNT=50 times), hang (starts, then sleeps forever),
   probe (tries writing in the workspace, its parent, HOME and /tmp; results in <cwd>/.fake-cli/probe.json),
   `--version` prints $OPENCODE_FAKE_VERSION (default 1.18.33), with $OPENCODE_FAKE_VERSION_HOLD=PATH only once PATH
-  exists (its pid in PATH.pid meanwhile), and `models --verbose` likewise with $OPENCODE_FAKE_MODELS_HOLD;
+  exists (its pid in PATH.pid meanwhile) and a line appended to $OPENCODE_FAKE_VERSION_LOG if set, and `models --verbose` likewise with $OPENCODE_FAKE_MODELS_HOLD;
   `serve` is not implemented (exit 1, like a CLI without a server), unless $OPENCODE_FAKE_SERVE=1: then
   fake_serve.py (next to this file) is the server.
   hugeline* (a 20 MiB text event on one line, then a normal answer),
@@ -212,6 +212,9 @@ def hold_until_released(variable):
 
 def parse_opencode(args):
     if args[:1] == ["--version"]:
+        if os.environ.get("OPENCODE_FAKE_VERSION_LOG"):
+            with open(os.environ["OPENCODE_FAKE_VERSION_LOG"], "a") as log:
+                log.write(f"{os.getpid()}\n")
         hold_until_released("OPENCODE_FAKE_VERSION_HOLD")
         print(os.environ.get("OPENCODE_FAKE_VERSION", "1.18.33"))
         sys.exit(0)
