@@ -99,13 +99,12 @@ fn the_sessions_of_one_workspace_share_one_server_and_keep_conversations_modes_a
     // Each OpenCode session got its own rules: plan mode's deny edits, build's do not.
     let patches = logged(&ws, "patch");
     let rules = |ses: &str| -> Value {
-        patches.iter().find(|p| p["session"] == ses).map(|p| p["permission"].clone()).unwrap_or(Value::Null)
+        patches.iter().rfind(|p| p["session"] == ses).map(|p| p["permission"].clone()).unwrap_or(Value::Null)
     };
     let denies_edits =
         |rules: &Value| rules.as_array().unwrap().iter().any(|r| r["permission"] == "edit" && r["action"] == "deny");
     assert!(!denies_edits(&rules(&ses_a)), "{}", rules(&ses_a));
     assert!(denies_edits(&rules(&ses_b)), "{}", rules(&ses_b));
-    assert_eq!(patches.len(), 2, "each session's rules were set once: {patches:?}");
 }
 
 #[test]
@@ -257,6 +256,11 @@ fn an_always_answer_stays_in_its_session() {
             .map(|p| p["permission"].as_array().unwrap().contains(&allowed))
             .collect()
     };
-    assert_eq!(has(&ses_a), [false, true], "the first session's rules before and after its answer");
-    assert_eq!(has(&ses_b), [false], "the other session got the first one's answer");
+    // The warm start may give a conversation its rules ahead (on the auto server it starts), then each turn on the
+    // ask server: only the first session's last rules carry its answer.
+    let first_rules = has(&ses_a);
+    assert_eq!(first_rules.last(), Some(&true), "{first_rules:?}");
+    assert_eq!(first_rules.iter().filter(|with| **with).count(), 1, "{first_rules:?}");
+    let second_rules = has(&ses_b);
+    assert!(!second_rules.is_empty() && second_rules.iter().all(|with| !with), "{second_rules:?}");
 }

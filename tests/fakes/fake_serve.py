@@ -370,6 +370,7 @@ def main():
         log.write(f"{os.getpid()}\n")
     sys.stderr.write(MARKER + "\n")
     sys.stderr.flush()
+    print(f"opencode server listening on http://{host}:{server.server_address[1]}", flush=True)
     server.serve_forever()
 
 

@@ -26,7 +26,7 @@ use self::client::Client;
 use self::sse::SseEvent;
 use crate::sandbox::{ExitInfo, ProcessHandle, RunningProcess};
 
-pub(super) use self::turn::{ServeOutcome, conversation, start_server};
+pub(super) use self::turn::{ServeOutcome, conversation, session_rules, start_server};
 
 /// Where the server listens inside the sandbox. With a network namespace of its own any port is free; under
 /// `--sandbox none` a free port of the host is picked instead.
@@ -487,9 +487,11 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
     let stderr = Arc::new(Mutex::new(VecDeque::new()));
     let (guarded, mut guard_on) = watch::channel(false);
     let guarded = Arc::new(guarded);
+    let (said_listening, mut listening) = watch::channel(false);
+    let said_listening = Arc::new(said_listening);
     for stream in [&mut process.stderr, &mut process.stdout] {
         let stream = std::mem::replace(stream, Box::pin(tokio::io::empty()));
-        tokio::spawn(keep_tail(stream, stderr.clone(), guarded.clone()));
+        tokio::spawn(keep_tail(stream, stderr.clone(), guarded.clone(), said_listening.clone()));
     }
     let (kill, exited, limit) = supervise(process.handle);
     let client = Client::new(door, &password);
@@ -505,11 +507,21 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
             return Err(ServeError::Start(format!("it did not answer within {} s", START_LIMIT.as_secs())));
         }
         // A request that reaches OpenCode while it is still setting up its listener is never answered (measured:
-        // a first health check hung for 10 s, while one sent a moment later answered in 2 ms), so each check
-        // gives up soon and the next one is a fresh connection; on a machine too loaded for that, later checks
-        // wait longer.
+        // a first health check hung for 10 s, while one sent a moment later answered in 2 ms), so the first check
+        // goes out when the server says it listens (a server that does not say so is checked every second), each
+        // check gives up soon and the next one is a fresh connection; on a machine too loaded for that, later
+        // checks wait longer.
+        if !*listening.borrow() {
+            tokio::select! {
+                _ = listening.wait_for(|said| *said) => {
+                    tracing::debug!(after = ?started_at.elapsed(), "the server says it listens");
+                }
+                _ = tokio::time::sleep(UNSAID_LISTENING) => {}
+                _ = watch_exit.changed() => continue,
+            }
+        }
         let patience = if started_at.elapsed() < Duration::from_secs(10) {
-            Duration::from_millis(500)
+            Duration::from_millis(300)
         } else {
             Duration::from_secs(3)
         };
@@ -525,7 +537,7 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
             break version;
         }
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
             _ = watch_exit.changed() => {}
         }
     };
@@ -643,6 +655,13 @@ fn supervise(mut handle: Box<dyn ProcessHandle>) -> Supervision {
     (kill_tx, exit_rx, limit)
 }
 
+/// What OpenCode prints once its port is open (`opencode server listening on http://127.0.0.1:4096`).
+const LISTENING: &str = "server listening on http";
+
+/// How long a start waits for [`LISTENING`] before it checks the server's health anyway (a server that does not
+/// print it, or a line lost in a flood of output).
+const UNSAID_LISTENING: Duration = Duration::from_secs(1);
+
 /// How long the guard's line may lag behind the event stream's first event (it is already written by then).
 const GUARD_LIMIT: Duration = Duration::from_secs(30);
 
@@ -652,12 +671,18 @@ async fn keep_tail(
     stream: crate::sandbox::OutputStream,
     tail: Arc<Mutex<VecDeque<String>>>,
     guarded: Arc<watch::Sender<bool>>,
+    listening: Arc<watch::Sender<bool>>,
 ) {
     let mut lines = crate::session::turn::BoundedLines::new(stream, LINE_EXCERPT);
     while let Ok(Some(line)) = lines.next_line().await {
         let line = String::from_utf8_lossy(&line.bytes).trim_end().to_string();
         if line == guard::MARKER {
             guarded.send_replace(true);
+            continue;
+        }
+        if line.contains(LISTENING) {
+            // Said once at every start: not a line that explains an error.
+            listening.send_replace(true);
             continue;
         }
         tracing::debug!(target: "acp_sandbox::opencode_server", "{line}");

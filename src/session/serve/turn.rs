@@ -236,49 +236,7 @@ impl Turn<'_> {
             None => conversation(self.bridge, &self.record.id, client).await?.map_err(failed)?,
         };
         let approvals = options::approvals(&self.record.config);
-        let mode = options::opencode_agent(&self.record.config);
-        let allowed = self.bridge.always_allowed(&self.record.id);
-        let wanted = format!("{approvals} {} {}", mode.unwrap_or(""), allowed.len());
-        let applied = server.permissions.lock().unwrap_or_else(|p| p.into_inner()).get(&ses).cloned();
-        let agent = match applied {
-            Some((key, agent)) if key == wanted => agent,
-            _ => {
-                let agents = client.call_within(REQUEST_LIMIT, Method::GET, "/agent", None).await.map_err(failed)?;
-                let (agent, own) = agent_rules(&agents, mode)
-                    .map_err(|why| failed(ClientError::Invalid { what: "GET /agent".into(), why }))?;
-                if approvals == options::APPROVALS_ASK
-                    && let Some(loose) = unasked_subagent(&agents)
-                {
-                    return Err(Error::CliFailed {
-                        message: format!(
-                            "{} would let its subagent {loose} edit or run commands without asking, so this turn was \
-                             not started: its `permission` configuration allows them after the approvals' rules",
-                            self.agent.display_name()
-                        ),
-                        stderr_tail: String::new(),
-                        exit_code: None,
-                    });
-                }
-                let ours = permissions::bridge_rules(approvals, mode == Some("plan"), &allowed);
-                let rules = permissions::session_rules(&ours, &own);
-                tracing::debug!(session = %self.record.id, agent = %agent, rules = rules.len(), "the session's rules");
-                client
-                    .call_within(
-                        REQUEST_LIMIT,
-                        Method::PATCH,
-                        &format!("/session/{ses}"),
-                        Some(&json!({ "permission": rules })),
-                    )
-                    .await
-                    .map_err(failed)?;
-                server
-                    .permissions
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(ses.clone(), (wanted, agent.clone()));
-                agent
-            }
-        };
+        let agent = session_rules(self.bridge, &self.record, &server, &ses).await?;
 
         tracing::debug!(session = %self.record.id, "server turn: conversation and rules ready");
         // Review mode: the server works on the copy (bound where the workspace is, so a warm server sees each
@@ -615,6 +573,57 @@ impl Turn<'_> {
             }
         })
     }
+}
+
+/// Gives OpenCode session `ses` on `server` the session's rules (its approvals, mode and "always" answers, composed
+/// with the agent's own), unless it has them already; answers the agent its turns run. The warm start does this
+/// ahead too, so that the first prompt only sends the prompt.
+pub(in crate::session) async fn session_rules(
+    bridge: &crate::session::Bridge,
+    record: &crate::store::SessionRecord,
+    server: &super::Server,
+    ses: &str,
+) -> Result<String> {
+    let client = &server.client;
+    let failed = |e: ClientError| Error::CliFailed {
+        message: format!("OpenCode's server failed: {e}"),
+        stderr_tail: server.stderr_tail(),
+        exit_code: server.exit().and_then(|exit| exit.code),
+    };
+    let approvals = options::approvals(&record.config);
+    let mode = options::opencode_agent(&record.config);
+    let allowed = bridge.always_allowed(&record.id);
+    let wanted = format!("{approvals} {} {}", mode.unwrap_or(""), allowed.len());
+    let applied = server.permissions.lock().unwrap_or_else(|p| p.into_inner()).get(ses).cloned();
+    if let Some((key, agent)) = applied
+        && key == wanted
+    {
+        return Ok(agent);
+    }
+    let agents = client.call_within(REQUEST_LIMIT, Method::GET, "/agent", None).await.map_err(failed)?;
+    let (agent, own) =
+        agent_rules(&agents, mode).map_err(|why| failed(ClientError::Invalid { what: "GET /agent".into(), why }))?;
+    if approvals == options::APPROVALS_ASK
+        && let Some(loose) = unasked_subagent(&agents)
+    {
+        return Err(Error::CliFailed {
+            message: format!(
+                "OpenCode would let its subagent {loose} edit or run commands without asking, so this turn was not \
+                 started: its `permission` configuration allows them after the approvals' rules"
+            ),
+            stderr_tail: String::new(),
+            exit_code: None,
+        });
+    }
+    let ours = permissions::bridge_rules(approvals, mode == Some("plan"), &allowed);
+    let rules = permissions::session_rules(&ours, &own);
+    tracing::debug!(session = %record.id, agent = %agent, rules = rules.len(), "the session's rules");
+    client
+        .call_within(REQUEST_LIMIT, Method::PATCH, &format!("/session/{ses}"), Some(&json!({ "permission": rules })))
+        .await
+        .map_err(failed)?;
+    server.permissions.lock().unwrap_or_else(|p| p.into_inner()).insert(ses.to_string(), (wanted, agent.clone()));
+    Ok(agent)
 }
 
 /// The session's OpenCode conversation: the stored one (the background start may have made it ahead), or a new
