@@ -14,6 +14,8 @@ use acp_sandbox::agents::{AgentKind, TranslateContext, translate_all};
 use acp_sandbox::store::{SessionRecord, Store};
 use serde_json::{Value, json};
 
+mod threads;
+
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
@@ -515,17 +517,9 @@ fn rss_of_tree_matching(root: u32, needle: &str) -> Option<u64> {
     total
 }
 
-/// Time to the first agent text through `acp-sandbox` (the server backend under bubblewrap) and through OpenCode's
-/// own ACP server (`opencode acp`), same OpenCode, same fake model server, same machine, in one run: the first
-/// prompt of a session created a few seconds earlier, and follow-ups. Medians and their ratio.
-fn bench_warm() {
-    let Some(opencode) = real_opencode() else {
-        println!("warm      skipped: no real OpenCode (run .ci/install-opencode.sh or set ACP_SANDBOX_TEST_OPENCODE)");
-        return;
-    };
-    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-warm");
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).unwrap();
+/// The fake OpenAI-compatible model server (`tests/fakes/fake_openai.py`) on a free port of 127.0.0.1, and the
+/// OpenCode configuration that points at it.
+fn fake_model(root: &Path) -> (std::process::Child, String) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/fake_openai.py");
     let mut model = Command::new("python3")
         .arg(&script)
@@ -543,39 +537,67 @@ fn bench_warm() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real-opencode/opencode.json"),
     )
     .unwrap();
-    let config = template.replace("http://127.0.0.1:18080/v1", &format!("http://127.0.0.1:{port}/v1"));
+    (model, template.replace("http://127.0.0.1:18080/v1", &format!("http://127.0.0.1:{port}/v1")))
+}
+
+/// The command of one agent server of a side-by-side row: acp-sandbox (its name starts so) with the `serve` backend
+/// under `sandbox`, or `opencode acp`, with its own home holding `config` (made unless there), its data dir and a
+/// workspace (made too).
+fn agent_command(
+    name: &str,
+    opencode: &Path,
+    sandbox: &str,
+    config: &str,
+    home: &Path,
+    data: &Path,
+    workspace: &Path,
+) -> Command {
+    std::fs::create_dir_all(home.join(".config/opencode")).unwrap();
+    std::fs::write(home.join(".config/opencode/opencode.json"), config).unwrap();
+    std::fs::create_dir_all(workspace).unwrap();
+    let mut command = if name.starts_with("acp-sandbox") {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_acp-sandbox"));
+        command.args(["--agent", "opencode", "--sandbox", sandbox, "--data-dir"]).arg(data);
+        command.env("ACP_SANDBOX_OPENCODE_BIN", opencode).env("RUST_LOG", "warn");
+        command
+    } else {
+        let mut command = Command::new(opencode);
+        command.arg("acp").current_dir(workspace).env("PWD", workspace);
+        command
+    };
+    command
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("XDG_DATA_HOME", home.join(".local/share"))
+        .env("XDG_CACHE_HOME", home.join(".cache"))
+        .env("XDG_STATE_HOME", home.join(".local/state"))
+        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+        .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+        .env("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1")
+        .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
+        .env("OPENCODE_DISABLE_SHARE", "1");
+    command
+}
+
+/// Time to the first agent text through `acp-sandbox` (the server backend under bubblewrap) and through OpenCode's
+/// own ACP server (`opencode acp`), same OpenCode, same fake model server, same machine, in one run: the first
+/// prompt of a session created a few seconds earlier, and follow-ups. Medians and their ratio.
+fn bench_warm() {
+    let Some(opencode) = real_opencode() else {
+        println!("warm      skipped: no real OpenCode (run .ci/install-opencode.sh or set ACP_SANDBOX_TEST_OPENCODE)");
+        return;
+    };
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-warm");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let (mut model, config) = fake_model(&root);
     let sandbox = if acp_sandbox::sandbox::local::probe_bwrap().is_ok() { "bwrap" } else { "none" };
     const FOLLOW_UPS: usize = 15;
     let mut rows = Vec::new();
     for name in [format!("acp-sandbox ({sandbox}, serve)"), "opencode acp".to_string()] {
-        let home = root.join(format!("home-{}", rows.len()));
-        std::fs::create_dir_all(home.join(".config/opencode")).unwrap();
-        std::fs::write(home.join(".config/opencode/opencode.json"), &config).unwrap();
-        let workspace = root.join(format!("ws-{}", rows.len()));
-        std::fs::create_dir_all(&workspace).unwrap();
-        let mut command = if name.starts_with("acp-sandbox") {
-            let mut command = Command::new(env!("CARGO_BIN_EXE_acp-sandbox"));
-            command
-                .args(["--agent", "opencode", "--sandbox", sandbox, "--data-dir"])
-                .arg(root.join(format!("data-{}", rows.len())));
-            command.env("ACP_SANDBOX_OPENCODE_BIN", &opencode).env("RUST_LOG", "warn");
-            command
-        } else {
-            let mut command = Command::new(&opencode);
-            command.arg("acp").current_dir(&workspace).env("PWD", &workspace);
-            command
-        };
-        command
-            .env("HOME", &home)
-            .env("XDG_CONFIG_HOME", home.join(".config"))
-            .env("XDG_DATA_HOME", home.join(".local/share"))
-            .env("XDG_CACHE_HOME", home.join(".cache"))
-            .env("XDG_STATE_HOME", home.join(".local/state"))
-            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
-            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
-            .env("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1")
-            .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
-            .env("OPENCODE_DISABLE_SHARE", "1");
+        let (home, workspace) = (root.join(format!("home-{}", rows.len())), root.join(format!("ws-{}", rows.len())));
+        let data = root.join(format!("data-{}", rows.len()));
+        let command = agent_command(&name, &opencode, sandbox, &config, &home, &data, &workspace);
         let mut client = Acp::start(command);
         client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
         let created = client.request("session/new", json!({"cwd": workspace, "mcpServers": []}));
@@ -624,13 +646,14 @@ fn main() {
     }
     // `cargo bench --bench throughput -- stream latency` runs only the named measurements.
     let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let benches: [(&str, fn()); 6] = [
+    let benches: [(&str, fn()); 7] = [
         ("translate", bench_translate),
         ("store", bench_store),
         ("stream", bench_stream),
         ("latency", bench_latency),
         ("turns", bench_turns),
         ("warm", bench_warm),
+        ("threads", threads::bench_threads),
     ];
     for (name, bench) in benches {
         if only.is_empty() || only.iter().any(|o| o == name) {

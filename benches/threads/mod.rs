@@ -1,0 +1,175 @@
+//! The `threads` rows: what a user pays for each further thread, through acp-sandbox (`serve`, one warm server per
+//! workspace) and through `opencode acp`, side by side and interleaved, same OpenCode and fake model.
+//!
+//! Each run starts both agents afresh (own home and data dir) and times the first model text of: the first prompt
+//! right after the editor starts (cold), a new thread in the running agent, 8 threads of one workspace prompted
+//! round robin, and a reopened thread (a fresh process, `session/load`, a prompt); then the whole process tree's
+//! proportional memory (PSS) with those 8 threads, and how many OpenCode servers ran.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::{Acp, agent_command, fake_model, median, real_opencode};
+
+const RUNS: usize = 5;
+const THREADS: usize = 8;
+
+/// Which number of a run a row shows.
+type Measure = fn(&Run) -> Duration;
+
+/// One agent's numbers of one run.
+#[derive(Default)]
+struct Run {
+    cold: Duration,
+    new_thread: Duration,
+    round_robin: Duration,
+    reopened: Duration,
+    pss_kib: u64,
+    servers: usize,
+}
+
+pub fn bench_threads() {
+    let Some(opencode) = real_opencode() else {
+        println!("threads   skipped: no real OpenCode (run .ci/install-opencode.sh or set ACP_SANDBOX_TEST_OPENCODE)");
+        return;
+    };
+    let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-threads");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let (mut model, config) = fake_model(&root);
+    let sandbox = if acp_sandbox::sandbox::local::probe_bwrap().is_ok() { "bwrap" } else { "none" };
+    let names = [format!("acp-sandbox ({sandbox}, serve)"), "opencode acp".to_string()];
+    let mut runs: [Vec<Run>; 2] = Default::default();
+    for run in 0..RUNS {
+        for (which, name) in names.iter().enumerate() {
+            let dir = root.join(format!("run{run}-{which}"));
+            runs[which].push(one_run(name, &opencode, sandbox, &config, &dir));
+        }
+    }
+    let _ = model.kill();
+    let _ = model.wait();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let med = |which: usize, f: Measure| median(runs[which].iter().map(f).collect());
+    let rows: [(&str, Measure); 4] = [
+        ("cold editor start, first prompt", |r| r.cold),
+        ("a new thread in the running agent", |r| r.new_thread),
+        ("8 threads of one workspace, round robin", |r| r.round_robin),
+        ("a reopened thread (fresh process, load)", |r| r.reopened),
+    ];
+    for (what, f) in rows {
+        let (ours, anchor) = (med(0, f), med(1, f));
+        println!(
+            "threads   {what:<42} first text {:>7.0} ms vs {:>7.0} ms opencode acp ({:.2}x)  [medians of {RUNS}]",
+            ms(ours),
+            ms(anchor),
+            ours.as_secs_f64() / anchor.as_secs_f64()
+        );
+    }
+    let pss = |which: usize| {
+        let mut all: Vec<u64> = runs[which].iter().map(|r| r.pss_kib).collect();
+        all.sort();
+        all[all.len() / 2]
+    };
+    println!(
+        "threads   process tree PSS with {THREADS} threads {:>7.0} MiB vs {:>7.0} MiB opencode acp ({:.2}x)",
+        pss(0) as f64 / 1024.0,
+        pss(1) as f64 / 1024.0,
+        pss(0) as f64 / pss(1) as f64
+    );
+    let servers: Vec<usize> = runs[0].iter().map(|r| r.servers).collect();
+    println!("threads   OpenCode servers running after {THREADS} threads of one workspace (acp-sandbox): {servers:?}");
+}
+
+fn one_run(name: &str, opencode: &Path, sandbox: &str, config: &str, dir: &Path) -> Run {
+    let (home, data, workspace) = (dir.join("home"), dir.join("data"), dir.join("ws"));
+    let start = || Acp::start(agent_command(name, opencode, sandbox, config, &home, &data, &workspace));
+    let new_session = |client: &mut Acp| {
+        let created = client.request("session/new", json!({"cwd": workspace, "mcpServers": []}));
+        let session = created["result"]["sessionId"].clone();
+        assert!(session.is_string(), "{name}: {created}");
+        session
+    };
+    let prompt =
+        |client: &mut Acp, session: &Value, text: &str| client.prompt(session, &format!("SCENARIO:tokens:3 {text}")).0;
+    let mut run = Run::default();
+    let mut client = start();
+    client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    let first = new_session(&mut client);
+    run.cold = prompt(&mut client, &first, "cold");
+    let second = new_session(&mut client);
+    run.new_thread = prompt(&mut client, &second, "new thread");
+    let mut threads = vec![first.clone(), second];
+    while threads.len() < THREADS {
+        threads.push(new_session(&mut client));
+    }
+    let times: Vec<Duration> = threads
+        .iter()
+        .enumerate()
+        .map(|(i, session)| prompt(&mut client, session, &format!("round robin {i}")))
+        .collect();
+    run.round_robin = median(times);
+    run.pss_kib = tree_pss_kib(client.child.id());
+    run.servers = tree_processes(client.child.id()).iter().filter(|(_, cmd)| is_server(cmd)).count();
+    drop(client.stdin);
+    let _ = client.child.kill();
+    let _ = client.child.wait();
+    // The editor is reopened: a fresh process, the old thread loaded, then prompted.
+    let mut client = start();
+    client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+    let loaded = client.request("session/load", json!({"sessionId": first, "cwd": workspace, "mcpServers": []}));
+    assert!(loaded.get("result").is_some(), "{name}: {loaded}");
+    run.reopened = prompt(&mut client, &first, "reopened");
+    drop(client.stdin);
+    let _ = client.child.kill();
+    let _ = client.child.wait();
+    run
+}
+
+/// An OpenCode server of acp-sandbox (not the sandbox's first process, which carries the same arguments).
+fn is_server(cmdline: &str) -> bool {
+    cmdline.contains(" serve --hostname") && !cmdline.contains("sandbox-init") && !cmdline.contains("bwrap")
+}
+
+/// `root` and every process below it (by parent links), with their command lines.
+fn tree_processes(root: u32) -> Vec<(u32, String)> {
+    let mut parents = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        if let Some(ppid) =
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+        {
+            parents.insert(pid, ppid);
+        }
+    }
+    let below = |mut pid: u32| loop {
+        if pid == root {
+            return true;
+        }
+        match parents.get(&pid) {
+            Some(&parent) if parent != pid => pid = parent,
+            _ => return false,
+        }
+    };
+    parents
+        .keys()
+        .filter(|pid| below(**pid))
+        .map(|&pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            (pid, String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        })
+        .collect()
+}
+
+/// The proportional set size of `root`'s whole tree: shared pages counted once across it.
+fn tree_pss_kib(root: u32) -> u64 {
+    tree_processes(root)
+        .iter()
+        .filter_map(|(pid, _)| {
+            let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+            rollup.lines().find(|l| l.starts_with("Pss:"))?.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .sum()
+}
