@@ -644,7 +644,14 @@ impl Bridge {
     /// Deletes a deleted session's OpenCode conversation from the shared server it used, when that still runs
     /// (else the conversation stays in the shared database, unlisted: nothing of ours names it any more).
     async fn forget_conversation(&self, record: &SessionRecord, server: Option<Arc<serve::Server>>) {
-        let (Some(native), Some(server)) = (&record.native_id, server.filter(|server| server.alive())) else {
+        let Some(native) = &record.native_id else { return };
+        let Some(server) = server.filter(|server| server.alive()) else {
+            // Its sandbox's next server deletes it.
+            if let Some(state_dir) = &record.sandbox_id
+                && let Err(e) = serve::defer_delete(Path::new(state_dir), native)
+            {
+                tracing::warn!(session = %record.id, native, "could not note the conversation for deletion: {e}");
+            }
             return;
         };
         let path = format!("/session/{native}");
@@ -862,11 +869,20 @@ impl Bridge {
                 let warmed = bridge
                     .servers
                     .warm(&key, &id, || {
-                        serve::start_server(&bridge, &id, sandbox, &executable, None, model.as_deref(), &profile)
+                        serve::start_server(
+                            &bridge,
+                            &id,
+                            sandbox.clone(),
+                            &executable,
+                            None,
+                            model.as_deref(),
+                            &profile,
+                        )
                     })
                     .await
                     .map_err(|e| e.to_string())?;
                 bridge.learn_models(warmed.client.clone());
+                serve::delete_pending(sandbox.state_dir(), &warmed.client).await;
                 // The conversation and its rules are made ahead too (OpenCode sets up its instance for the
                 // workspace on the first of them), so the first prompt only sends the prompt.
                 let native = match record.native_id.clone() {

@@ -264,3 +264,28 @@ fn an_always_answer_stays_in_its_session() {
     let second_rules = has(&ses_b);
     assert!(!second_rules.is_empty() && second_rules.iter().all(|with| !with), "{second_rules:?}");
 }
+
+/// A session deleted while no server of its shared sandbox runs (here: in a fresh bridge) has its conversation
+/// deleted by the sandbox's next server, before that server's first prompt.
+#[test]
+fn a_conversation_deleted_while_no_server_runs_is_deleted_by_the_next_server() {
+    let dirs = TestDirs::new("shared-delete-later");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(serve_options(&dirs));
+    let first = bridge.new_session(&ws);
+    let ses_a = opencode_session(&bridge.prompt(&first, "hello"));
+    let second = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&second, "hello").stop_reason(), "end_turn");
+    bridge.kill9();
+
+    let mut later = Bridge::start(serve_options(&dirs));
+    later.request("session/delete", json!({"sessionId": first})).unwrap();
+    assert_eq!(logged(&ws, "delete"), Vec::<Value>::new(), "no server ran to delete it on");
+    later.load_session(&second, &ws).result.expect("load the other session");
+    let turn = later.prompt(&second, "again");
+    assert_eq!(turn.stop_reason(), "end_turn", "{:?}", turn.result);
+    let deletes: Vec<(Value, Value)> =
+        logged(&ws, "delete").iter().map(|d| (d["session"].clone(), d["found"].clone())).collect();
+    assert_eq!(deletes, [(json!(ses_a), json!(true))]);
+    assert_eq!(sandboxes(&dirs).len(), 1, "the shared sandbox went with a session that was not its last");
+}

@@ -16,7 +16,7 @@ pub mod sse;
 mod turn;
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -690,6 +690,54 @@ async fn keep_tail(
         tail.push_back(line);
         if tail.len() > STDERR_LINES {
             tail.pop_front();
+        }
+    }
+}
+
+/// Where a shared sandbox's state dir lists the conversations of deleted sessions that no server could delete yet
+/// (none ran then): its next server deletes them.
+const PENDING_DELETES: &str = "pending-deletes";
+
+/// Notes that OpenCode session `native` of the sandbox at `state_dir` is to be deleted by its next server.
+pub fn defer_delete(state_dir: &Path, native: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(state_dir.join(PENDING_DELETES))?;
+    writeln!(file, "{native}")
+}
+
+/// Deletes on `client`'s server the conversations [`defer_delete`] noted for the sandbox at `state_dir`; what could
+/// not be deleted (the server failed) stays noted.
+pub async fn delete_pending(state_dir: &Path, client: &Client) {
+    let path = state_dir.join(PENDING_DELETES);
+    // Taken by a rename first: the warm start and a turn may both get here, and only one asks.
+    let taken = state_dir.join(format!("{PENDING_DELETES}.{}", uuid::Uuid::new_v4().simple()));
+    if std::fs::rename(&path, &taken).is_err() {
+        return;
+    }
+    let listed = std::fs::read_to_string(&taken).unwrap_or_default();
+    let _ = std::fs::remove_file(&taken);
+    let mut left = Vec::new();
+    for native in listed.lines().filter(|line| !line.is_empty()) {
+        // Written by the bridge, but in a dir the agent may write: only an id of OpenCode's shape becomes a path.
+        if !native.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            continue;
+        }
+        match client
+            .call_within(Duration::from_secs(5), hyper::Method::DELETE, &format!("/session/{native}"), None)
+            .await
+        {
+            Ok(_) | Err(client::ClientError::Status { .. }) => {
+                tracing::info!(native, "deleted the conversation of a deleted session")
+            }
+            Err(e) => {
+                tracing::warn!(native, "could not delete the conversation of a deleted session: {e}");
+                left.push(native.to_string());
+            }
+        }
+    }
+    for native in left {
+        if let Err(e) = defer_delete(state_dir, &native) {
+            tracing::warn!("could not note {native} in {} again: {e}", path.display());
         }
     }
 }

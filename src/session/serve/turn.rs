@@ -217,6 +217,7 @@ impl Turn<'_> {
         let server = lease.server().clone();
         let client = &server.client;
         self.bridge.learn_models(client.clone());
+        super::delete_pending(sandbox.state_dir(), client).await;
         let failed = |e: ClientError| Error::CliFailed {
             message: format!("OpenCode's server failed: {e}"),
             stderr_tail: server.stderr_tail(),
