@@ -621,7 +621,7 @@ struct FakeCloud {
 }
 
 impl FakeCloud {
-    fn start(script: &str, dir: &Path, key: &str, prefix: &str) -> Self {
+    fn start(script: &str, dir: &Path, key: &str, prefix: &str, flags: &[&str]) -> Self {
         let mut child = Command::new("python3")
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes").join(script))
             .arg("--root")
@@ -630,6 +630,7 @@ impl FakeCloud {
             .arg(dir.join("requests.jsonl"))
             .arg("--api-key")
             .arg(key)
+            .args(flags)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -718,6 +719,8 @@ fn cancel_bridge(data: &Path, sandbox: &str, backend: &str, env: &[(&str, String
         .arg(data)
         .env("ACP_SANDBOX_OPENCODE_BIN", Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/opencode"))
         .env("ACP_SANDBOX_OPENCODE_BACKEND", backend)
+        // As in the tests: the fake CLIs read recorded streams from tests/fixtures, which a sandbox hides.
+        .env("ACP_SANDBOX_ALLOW_READ", Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
         .env("RUST_LOG", "warn");
     for (key, value) in env {
         command.env(key, value);
@@ -730,7 +733,7 @@ fn print_cancel_row(label: &str, samples: Vec<Duration>) {
     let runs = samples.len();
     let median = median(samples);
     println!(
-        "cancel    {label:<28}  runs {runs}  median {:>6.0} ms  max {:>6.0} ms  within 1 s: {}",
+        "cancel    {label:<42}  runs {runs}  median {:>6.0} ms  max {:>6.0} ms  within 1 s: {}",
         median.as_secs_f64() * 1e3,
         max.as_secs_f64() * 1e3,
         if max <= CANCEL_BOUND { "yes" } else { "NO" }
@@ -749,60 +752,73 @@ fn bench_cancel() {
     let slow = "SCENARIO:slow FAKE_COUNT=100000 FAKE_DELAY_MS=20 keep talking";
     let is_slow_chunk = |text: &str| text.starts_with("slow chunk ");
     let serve_env = [("OPENCODE_FAKE_SERVE", "1".to_string())];
-    for fault in ["slow", "stop", "noabort", "noclose"] {
-        let workspace = root.join(format!("ws-serve-{fault}"));
+    let mut sandboxes = vec!["none"];
+    if acp_sandbox::sandbox::local::probe_bwrap().is_ok() {
+        sandboxes.push("bwrap");
+    } else {
+        println!("cancel    bwrap rows skipped: bubblewrap does not work here");
+    }
+    for &sandbox in &sandboxes {
+        for fault in ["slow", "stop", "noabort", "noclose"] {
+            let workspace = root.join(format!("ws-serve-{fault}-{sandbox}"));
+            std::fs::create_dir_all(&workspace).unwrap();
+            let data = root.join(format!("data-serve-{fault}-{sandbox}"));
+            let mut client = Acp::start(cancel_bridge(&data, sandbox, "serve", &serve_env));
+            client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+            let session =
+                client.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"]
+                    .clone();
+            client.prompt(&session, "hello");
+            let bridge = client.child.id();
+            let samples = client.cancel_times(
+                &session,
+                &format!("FAULT:{fault}"),
+                // `slow` streams `tick<n>` deltas; the others send one `working ` delta before their fault.
+                |text| text.starts_with("working") || text.starts_with("tick"),
+                || {
+                    if fault != "stop" {
+                        return;
+                    }
+                    // The fake stops itself right after its first delta: the cancel must meet a stopped server.
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while !stopped_below(bridge, "fake_serve.py") {
+                        assert!(Instant::now() < deadline, "the fake server never stopped itself");
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                },
+            );
+            drop(client.stdin);
+            let _ = client.child.wait();
+            print_cancel_row(&format!("serve FAULT:{fault} ({sandbox})"), samples);
+        }
+        let workspace = root.join(format!("ws-run-{sandbox}"));
         std::fs::create_dir_all(&workspace).unwrap();
-        let data = root.join(format!("data-serve-{fault}"));
-        let mut client = Acp::start(cancel_bridge(&data, "none", "serve", &serve_env));
+        let mut client = Acp::start(cancel_bridge(&root.join(format!("data-run-{sandbox}")), sandbox, "run", &[]));
         client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
         let session =
             client.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
-        client.prompt(&session, "hello");
-        let pid_file = workspace.join(".fake-serve/server.pid");
-        let samples = client.cancel_times(
-            &session,
-            &format!("FAULT:{fault}"),
-            // `slow` streams `tick<n>` deltas; the others send one `working ` delta before their fault.
-            |text| text.starts_with("working") || text.starts_with("tick"),
-            || {
-                if fault != "stop" {
-                    return;
-                }
-                // The fake stops itself right after its first delta: the cancel must meet a stopped server.
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while !stopped_server(&pid_file) {
-                    assert!(Instant::now() < deadline, "the fake server never stopped itself");
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            },
-        );
+        let samples = client.cancel_times(&session, slow, is_slow_chunk, || {});
         drop(client.stdin);
         let _ = client.child.wait();
-        print_cancel_row(&format!("serve FAULT:{fault}"), samples);
+        print_cancel_row(&format!("run mid-stream ({sandbox})"), samples);
     }
-
-    let workspace = root.join("ws-run");
-    std::fs::create_dir_all(&workspace).unwrap();
-    let mut client = Acp::start(cancel_bridge(&root.join("data-run"), "none", "run", &[]));
-    client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-    let session =
-        client.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
-    let samples = client.cancel_times(&session, slow, is_slow_chunk, || {});
-    drop(client.stdin);
-    let _ = client.child.wait();
-    print_cancel_row("run, mid-stream", samples);
 
     const DAYTONA_KEY: &str = "dtn_fake_key_0123456789";
     const E2B_KEY: &str = "e2b_0123456789abcdef0123456789abcdef";
-    for provider in ["daytona", "e2b"] {
-        let dir = root.join(format!("fake-{provider}"));
+    // A daemon without the `terminate` route (every public one so far): the first cancel finds it out.
+    for (provider, label, flags) in [
+        ("daytona", "daytona fake", &[][..]),
+        ("daytona", "daytona fake, no terminate", &["--no-terminate"][..]),
+        ("e2b", "e2b fake", &[][..]),
+    ] {
+        let dir = root.join(format!("fake-{label}").replace([' ', '(', ')', ','], ""));
         std::fs::create_dir_all(&dir).unwrap();
         let (fake, env) = if provider == "daytona" {
-            let fake = FakeCloud::start("fake_daytona.py", &dir, DAYTONA_KEY, "PORT ");
+            let fake = FakeCloud::start("fake_daytona.py", &dir, DAYTONA_KEY, "PORT ", flags);
             let url = format!("http://127.0.0.1:{}/api", fake.ports[0]);
             (fake, vec![("DAYTONA_API_KEY", DAYTONA_KEY.to_string()), ("DAYTONA_API_URL", url)])
         } else {
-            let fake = FakeCloud::start("fake_e2b.py", &dir, E2B_KEY, "PORTS ");
+            let fake = FakeCloud::start("fake_e2b.py", &dir, E2B_KEY, "PORTS ", flags);
             let (api, envd) = (fake.ports[0], fake.ports[1]);
             let env = vec![
                 ("E2B_API_KEY", E2B_KEY.to_string()),
@@ -811,11 +827,11 @@ fn bench_cancel() {
             ];
             (fake, env)
         };
-        let workspace = root.join(format!("ws-{provider}"));
+        let workspace = dir.join("ws");
         std::fs::create_dir_all(&workspace).unwrap();
         // The fake CLI records its runs in its workspace: not part of what the bridge reviews.
         std::fs::write(workspace.join(".gitignore"), ".fake-cli/\n").unwrap();
-        let mut client = Acp::start(cancel_bridge(&root.join(format!("data-{provider}")), provider, "run", &env));
+        let mut client = Acp::start(cancel_bridge(&dir.join("data"), provider, "run", &env));
         client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
         let session =
             client.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
@@ -823,17 +839,42 @@ fn bench_cancel() {
         drop(client.stdin);
         let _ = client.child.wait();
         drop(fake);
-        print_cancel_row(&format!("{provider} (fake), run mid-stream"), samples);
+        print_cancel_row(&format!("run mid-stream ({label})"), samples);
     }
 }
 
-/// Whether the process in `pid_file` is stopped (`T` in its stat).
-fn stopped_server(pid_file: &Path) -> bool {
-    let Some(pid) = std::fs::read_to_string(pid_file).ok().and_then(|p| p.trim().parse::<u32>().ok()) else {
-        return false;
-    };
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+/// Whether a process below `root` whose command line contains `needle` is stopped (`T` in its stat): found by
+/// parent links, so that a server in a PID namespace (bubblewrap) is found by its pid on this side.
+fn stopped_below(root: u32, needle: &str) -> bool {
+    let mut parents = std::collections::HashMap::new();
+    let mut states = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((state, ppid)) = stat.rsplit_once(')').and_then(|(_, rest)| {
+            let mut fields = rest.split_whitespace();
+            Some((fields.next()?.to_string(), fields.next()?.parse::<u32>().ok()?))
+        }) else {
+            continue;
+        };
+        parents.insert(pid, ppid);
+        states.insert(pid, state);
+    }
+    states.iter().any(|(&pid, state)| {
+        if state != "T" {
+            return false;
+        }
+        let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default())
+            .replace('\0', " ");
+        let mut at = pid;
+        while let Some(&parent) = parents.get(&at) {
+            if parent == root {
+                return cmdline.contains(needle);
+            }
+            at = parent;
+        }
+        false
+    })
 }
 
 fn peak_rss_kib() -> Option<u64> {
