@@ -721,7 +721,9 @@ fn cancel_bridge(data: &Path, sandbox: &str, backend: &str, env: &[(&str, String
         .env("ACP_SANDBOX_OPENCODE_BACKEND", backend)
         // As in the tests: the fake CLIs read recorded streams from tests/fixtures, which a sandbox hides.
         .env("ACP_SANDBOX_ALLOW_READ", Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-        .env("RUST_LOG", "warn");
+        // `BENCH_RUST_LOG=acp_sandbox=debug` keeps a bridge log with timestamps in each row's data dir (under
+        // target/tmp/bench-cancel), to see where a slow cancel spent its time.
+        .env("RUST_LOG", std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()));
     for (key, value) in env {
         command.env(key, value);
     }
