@@ -629,6 +629,278 @@ fn bench_warm() {
     }
 }
 
+/// Runs of each `cancel` row: its median and its maximum are printed.
+const CANCEL_RUNS: usize = 7;
+
+/// The bound the README promises: a cancel is answered within a second, whatever the CLI or its server does.
+const CANCEL_BOUND: Duration = Duration::from_secs(1);
+
+/// One fake cloud of `tests/fakes` (`fake_daytona.py`, `fake_e2b.py`) on free ports of 127.0.0.1: its ports (the
+/// first line it prints, after `prefix`); closing its stdin ends it and every command it still runs.
+struct FakeCloud {
+    child: std::process::Child,
+    ports: Vec<u16>,
+}
+
+impl FakeCloud {
+    fn start(script: &str, dir: &Path, key: &str, prefix: &str, flags: &[&str]) -> Self {
+        let mut child = Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes").join(script))
+            .arg("--root")
+            .arg(dir.join("sandboxes"))
+            .arg("--record")
+            .arg(dir.join("requests.jsonl"))
+            .arg("--api-key")
+            .arg(key)
+            .args(flags)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let ports = line
+            .trim()
+            .strip_prefix(prefix)
+            .unwrap_or_else(|| panic!("{script} did not say its ports: {line:?}"))
+            .split(' ')
+            .map(|p| p.parse().unwrap())
+            .collect();
+        FakeCloud { child, ports }
+    }
+}
+
+impl Drop for FakeCloud {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        for _ in 0..100 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Acp {
+    /// Reads until an agent text chunk of the model (one with a message id) whose text `pred` accepts.
+    fn wait_chunk(&mut self, id: i64, pred: impl Fn(&str) -> bool) {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the agent server exited");
+            let Ok(message) = serde_json::from_str::<Value>(&line) else { continue };
+            assert!(message["id"] != json!(id), "the prompt ended before it streamed: {message}");
+            let update = &message["params"]["update"];
+            if message["method"] == "session/update"
+                && update["sessionUpdate"] == "agent_message_chunk"
+                && update["messageId"].is_string()
+                && update["content"]["text"].as_str().is_some_and(&pred)
+            {
+                return;
+            }
+        }
+    }
+
+    /// `runs` times: a prompt of `text`, its first model chunk that `streaming` accepts, then `before_cancel`;
+    /// the time from `session/cancel` sent to the prompt's answer, which must be `cancelled`.
+    fn cancel_times(
+        &mut self,
+        session: &Value,
+        text: &str,
+        streaming: impl Fn(&str) -> bool,
+        before_cancel: impl Fn(),
+    ) -> Vec<Duration> {
+        (0..CANCEL_RUNS)
+            .map(|_| {
+                let id = self
+                    .send("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]}));
+                self.wait_chunk(id, &streaming);
+                before_cancel();
+                let cancel = json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}});
+                let start = Instant::now();
+                writeln!(self.stdin, "{cancel}").unwrap();
+                self.stdin.flush().unwrap();
+                let (answer, _) = self.wait(id);
+                let elapsed = start.elapsed();
+                assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
+                elapsed
+            })
+            .collect()
+    }
+}
+
+/// The built bridge for the `cancel` rows: the fake CLIs of `tests/fakes` as OpenCode, logging only warnings.
+fn cancel_bridge(data: &Path, sandbox: &str, backend: &str, env: &[(&str, String)]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_acp-sandbox"));
+    command
+        .args(["--agent", "opencode", "--sandbox", sandbox, "--data-dir"])
+        .arg(data)
+        .env("ACP_SANDBOX_OPENCODE_BIN", Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/opencode"))
+        .env("ACP_SANDBOX_OPENCODE_BACKEND", backend)
+        // As in the tests: the fake CLIs read recorded streams from tests/fixtures, which a sandbox hides.
+        .env("ACP_SANDBOX_ALLOW_READ", Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+        // `BENCH_RUST_LOG=acp_sandbox=debug` keeps a bridge log with timestamps in each row's data dir (under
+        // target/tmp/bench-cancel), to see where a slow cancel spent its time.
+        .env("RUST_LOG", std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()));
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command
+}
+
+fn print_cancel_row(label: &str, samples: Vec<Duration>) {
+    let max = *samples.iter().max().unwrap();
+    let runs = samples.len();
+    let median = median(samples);
+    println!(
+        "cancel    {label:<42}  runs {runs}  median {:>6.0} ms  max {:>6.0} ms  within 1 s: {}",
+        median.as_secs_f64() * 1e3,
+        max.as_secs_f64() * 1e3,
+        if max <= CANCEL_BOUND { "yes" } else { "NO" }
+    );
+}
+
+/// The time from `session/cancel` to the prompt's `cancelled` answer, for each fault the README's 1 s bound covers:
+/// the warm server (`tests/fakes/fake_serve.py`) streaming, stopped (SIGSTOP), never answering `/abort`, never
+/// going idle; `opencode run` (the fake CLI) mid-stream; the same CLI in a Daytona and in an E2B sandbox (against
+/// `tests/fakes/fake_daytona.py` and `fake_e2b.py`). `--sandbox none` for the local rows. Median and maximum of
+/// [`CANCEL_RUNS`] cancels in one session each.
+fn bench_cancel() {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-cancel");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let slow = "SCENARIO:slow FAKE_COUNT=100000 FAKE_DELAY_MS=20 keep talking";
+    let is_slow_chunk = |text: &str| text.starts_with("slow chunk ");
+    let serve_env = [("OPENCODE_FAKE_SERVE", "1".to_string())];
+    let mut sandboxes = vec!["none"];
+    if acp_sandbox::sandbox::local::probe_bwrap().is_ok() {
+        sandboxes.push("bwrap");
+    } else {
+        println!("cancel    bwrap rows skipped: bubblewrap does not work here");
+    }
+    for &sandbox in &sandboxes {
+        for fault in ["slow", "stop", "noabort", "noclose"] {
+            let workspace = root.join(format!("ws-serve-{fault}-{sandbox}"));
+            std::fs::create_dir_all(&workspace).unwrap();
+            let data = root.join(format!("data-serve-{fault}-{sandbox}"));
+            let mut client = Acp::start(cancel_bridge(&data, sandbox, "serve", &serve_env));
+            client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+            let session =
+                client.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"]
+                    .clone();
+            client.prompt(&session, "hello");
+            let bridge = client.child.id();
+            let samples = client.cancel_times(
+                &session,
+                &format!("FAULT:{fault}"),
+                // `slow` streams `tick<n>` deltas; the others send one `working ` delta before their fault.
+                |text| text.starts_with("working") || text.starts_with("tick"),
+                || {
+                    if fault != "stop" {
+                        return;
+                    }
+                    // The fake stops itself right after its first delta: the cancel must meet a stopped server.
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while !stopped_below(bridge, "fake_serve.py") {
+                        assert!(Instant::now() < deadline, "the fake server never stopped itself");
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                },
+            );
+            drop(client.stdin);
+            let _ = client.child.wait();
+            print_cancel_row(&format!("serve FAULT:{fault} ({sandbox})"), samples);
+        }
+        let workspace = root.join(format!("ws-run-{sandbox}"));
+        std::fs::create_dir_all(&workspace).unwrap();
+        let mut client = Acp::start(cancel_bridge(&root.join(format!("data-run-{sandbox}")), sandbox, "run", &[]));
+        client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+        let session =
+            client.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
+        let samples = client.cancel_times(&session, slow, is_slow_chunk, || {});
+        drop(client.stdin);
+        let _ = client.child.wait();
+        print_cancel_row(&format!("run mid-stream ({sandbox})"), samples);
+    }
+
+    const DAYTONA_KEY: &str = "dtn_fake_key_0123456789";
+    const E2B_KEY: &str = "e2b_0123456789abcdef0123456789abcdef";
+    // A daemon without the `terminate` route (every public one so far): the first cancel finds it out.
+    for (provider, label, flags) in [
+        ("daytona", "daytona fake", &[][..]),
+        ("daytona", "daytona fake, no terminate", &["--no-terminate"][..]),
+        ("e2b", "e2b fake", &[][..]),
+    ] {
+        let dir = root.join(format!("fake-{label}").replace([' ', '(', ')', ','], ""));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (fake, env) = if provider == "daytona" {
+            let fake = FakeCloud::start("fake_daytona.py", &dir, DAYTONA_KEY, "PORT ", flags);
+            let url = format!("http://127.0.0.1:{}/api", fake.ports[0]);
+            (fake, vec![("DAYTONA_API_KEY", DAYTONA_KEY.to_string()), ("DAYTONA_API_URL", url)])
+        } else {
+            let fake = FakeCloud::start("fake_e2b.py", &dir, E2B_KEY, "PORTS ", flags);
+            let (api, envd) = (fake.ports[0], fake.ports[1]);
+            let env = vec![
+                ("E2B_API_KEY", E2B_KEY.to_string()),
+                ("E2B_API_URL", format!("http://127.0.0.1:{api}")),
+                ("E2B_SANDBOX_URL", format!("http://127.0.0.1:{envd}")),
+            ];
+            (fake, env)
+        };
+        let workspace = dir.join("ws");
+        std::fs::create_dir_all(&workspace).unwrap();
+        // The fake CLI records its runs in its workspace: not part of what the bridge reviews.
+        std::fs::write(workspace.join(".gitignore"), ".fake-cli/\n").unwrap();
+        let mut client = Acp::start(cancel_bridge(&dir.join("data"), provider, "run", &env));
+        client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+        let session =
+            client.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
+        let samples = client.cancel_times(&session, slow, is_slow_chunk, || {});
+        drop(client.stdin);
+        let _ = client.child.wait();
+        drop(fake);
+        print_cancel_row(&format!("run mid-stream ({label})"), samples);
+    }
+}
+
+/// Whether a process below `root` whose command line contains `needle` is stopped (`T` in its stat): found by
+/// parent links, so that a server in a PID namespace (bubblewrap) is found by its pid on this side.
+fn stopped_below(root: u32, needle: &str) -> bool {
+    let mut parents = std::collections::HashMap::new();
+    let mut states = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((state, ppid)) = stat.rsplit_once(')').and_then(|(_, rest)| {
+            let mut fields = rest.split_whitespace();
+            Some((fields.next()?.to_string(), fields.next()?.parse::<u32>().ok()?))
+        }) else {
+            continue;
+        };
+        parents.insert(pid, ppid);
+        states.insert(pid, state);
+    }
+    states.iter().any(|(&pid, state)| {
+        if state != "T" {
+            return false;
+        }
+        let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default())
+            .replace('\0', " ");
+        let mut at = pid;
+        while let Some(&parent) = parents.get(&at) {
+            if parent == root {
+                return cmdline.contains(needle);
+            }
+            at = parent;
+        }
+        false
+    })
+}
+
 fn peak_rss_kib() -> Option<u64> {
     peak_rss_kib_of("/proc/self/status")
 }
@@ -646,7 +918,7 @@ fn main() {
     }
     // `cargo bench --bench throughput -- stream latency` runs only the named measurements.
     let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let benches: [(&str, fn()); 7] = [
+    let benches: [(&str, fn()); 8] = [
         ("translate", bench_translate),
         ("store", bench_store),
         ("stream", bench_stream),
@@ -654,6 +926,7 @@ fn main() {
         ("turns", bench_turns),
         ("warm", bench_warm),
         ("threads", threads::bench_threads),
+        ("cancel", bench_cancel),
     ];
     for (name, bench) in benches {
         if only.is_empty() || only.iter().any(|o| o == name) {

@@ -34,10 +34,25 @@ const SECRET: &str = "sk-agent-secret-value-0123";
 
 #[tokio::test]
 async fn a_commands_environment_and_stdin_reach_it_through_its_input_and_never_the_disk() {
-    let dir = test_dir("secrets");
+    through_its_input("secrets", &[]).await;
+}
+
+/// A session shell that starts the command late (a busy sandbox): the input sent before its pipe exists is refused
+/// without a byte taken (500 "failed to open input pipe") and sent again until the pipe takes it, once.
+#[tokio::test]
+async fn input_sent_before_the_commands_pipe_exists_is_sent_again_and_taken_once() {
+    let sent = through_its_input("secrets-late", &["--command-start-delay", "0.5"]).await;
+    assert!(sent >= 2, "the input was sent {sent} time(s): the pipe cannot have existed before 0.5 s");
+}
+
+/// Runs a command with a secret in its environment and a large stdin; checks that both reached it exactly once,
+/// through its input only, and never a file; returns how many times the input was sent (refused ones included).
+async fn through_its_input(name: &str, flags: &[&str]) -> usize {
+    let dir = test_dir(name);
     let record_files = dir.join("files.jsonl").display().to_string();
-    let fake = FakeDaytona::start_with(&dir, &["--record-files", &record_files]);
-    let (_provider, id, sandbox) = created(&fake, "s-secrets").await;
+    let fake = FakeDaytona::start_with(&dir, &[&["--record-files", record_files.as_str()], flags].concat());
+    let session = format!("s-{name}");
+    let (_provider, id, sandbox) = created(&fake, &session).await;
     // The command proves it has the key without printing it (its output is a file on the daemon's side too): the
     // key upper-cased, and the size and last line of its stdin, which is larger than a pipe's buffer and ends
     // without a newline; it must also see the end of its stdin, or it would never finish.
@@ -62,17 +77,23 @@ async fn a_commands_environment_and_stdin_reach_it_through_its_input_and_never_t
     for (path, bytes) in files_below(&fake.root.join(&id)) {
         assert!(!String::from_utf8_lossy(&bytes).contains(SECRET), "the key is in {}", path.display());
     }
-    // In the requests, the key is in one body only: the command's input, which holds the exports and the stdin.
+    // In the requests, the key is in one body only: the command's input, which holds the exports and the stdin;
+    // sent again, the same, only while the daemon refused it because the command's pipe did not exist yet
+    // (`send_input`): the command read it once (its output above counts the stdin's bytes exactly).
     let requests = fake.requests();
     let holding: Vec<&Value> = requests.iter().filter(|r| r.to_string().contains(SECRET)).collect();
-    assert_eq!(holding.len(), 1, "{holding:#?}");
+    assert!(!holding.is_empty());
+    for again in &holding[1..] {
+        assert_eq!(*again, holding[0], "the key went in another request than the command's input");
+    }
     let input = holding[0];
     assert_eq!(input["method"], "POST");
     assert!(input["path"].as_str().unwrap().ends_with("/input"), "{input}");
     let data = input["body"]["data"].as_str().unwrap();
     // The command's mark is its toolbox session's name (`acp-<session>-<bridge instance>-<run>`).
     let session = input["path"].as_str().unwrap().split('/').nth_back(3).unwrap();
-    assert!(session.starts_with("acp-s-secrets-") && session.len() == "acp-s-secrets-".len() + 17, "{session}");
+    let prefix = format!("acp-s-{name}-");
+    assert!(session.starts_with(&prefix) && session.len() == prefix.len() + 17, "{session}");
     assert_eq!(
         data,
         format!(
@@ -93,6 +114,7 @@ async fn a_commands_environment_and_stdin_reach_it_through_its_input_and_never_t
         )),
         "{line}"
     );
+    holding.len()
 }
 
 #[tokio::test]

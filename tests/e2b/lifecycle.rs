@@ -555,3 +555,49 @@ async fn what_a_command_leaves_running_ends_with_it() {
     assert!(!super::host_pid_alive(daemon), "the command's daemon {daemon} outlived it");
     provider.destroy(&id).await.unwrap();
 }
+
+/// A sandbox killed on E2B's side while the turn runs (E2B's dashboard, the CLI, a TTL without auto-pause): the
+/// turn fails naming that (not an unknown exit status, nor the key), and the next prompt runs in a new sandbox.
+#[test]
+fn a_sandbox_killed_mid_turn_is_named_and_the_next_prompt_makes_a_new_one() {
+    let (fake, _dirs, _ws, mut bridge, sid) = session_in_e2b("e2b-killed-mid-turn");
+    // 10 s of talking: killed after its first chunk; the next prompt's CLI replays it from the transcript.
+    let prompt = bridge.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=500 FAKE_DELAY_MS=20 keep talking");
+    bridge.wait_update(&sid, "a streamed chunk", |u| u["sessionUpdate"] == "agent_message_chunk");
+    let id = wait_sandbox(&fake);
+    let cli = support::wait_invocations(&fake.host_path(&id, WORKSPACE), 1)[0].pid();
+    tokio::runtime::Runtime::new().unwrap().block_on(fake.provider().destroy(&id)).unwrap();
+    let error = bridge.finish_turn(&sid, prompt).result.unwrap_err();
+    assert_eq!(
+        (error.code, error.message.as_str()),
+        (
+            -32603,
+            format!(
+                "e2b: the E2B sandbox {id} was killed outside the bridge while the turn ran (or its timeout ended \
+                 it); the next prompt makes a new one"
+            )
+            .as_str()
+        )
+    );
+    assert!(!support::pid_alive(cli), "the CLI {cli} outlived its sandbox");
+    // The next prompt runs in a new sandbox, whose CLI starts afresh from the stored transcript (and so talks the
+    // slow scenario through, to its end).
+    let turn = bridge.prompt(&sid, "Say hello");
+    assert_eq!(turn.stop_reason(), "end_turn", "{:?}", turn.result);
+    let model_text: String = turn
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk" && u["messageId"].is_string())
+        .filter_map(|u| u["content"]["text"].as_str())
+        .collect();
+    assert_eq!(model_text, (1..=500).map(|n| format!("slow chunk {n} of 500. ")).collect::<String>());
+    let notes = support::notes(&turn);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains("no longer exists in the sandbox, so this prompt starts a fresh one"), "{notes:?}");
+    let (replaced, _) = only_sandbox(&fake);
+    assert_ne!(replaced, id);
+    let runs = support::invocations(&fake.host_path(&replaced, WORKSPACE));
+    // The first run asked for the old conversation, which is not there; the second starts a fresh one.
+    assert_eq!(runs.iter().map(|run| run.has_flag("--session")).collect::<Vec<_>>(), [true, false]);
+    assert!(runs[1].stdin_text().ends_with("Say hello"), "{}", runs[1].stdin_text());
+}

@@ -3,7 +3,7 @@
 
 Usage: fake_daytona.py --root DIR --api-key KEY [--port 0] [--record FILE] [--no-terminate] [--drop-logs-after N]
                        [--record-files FILE] [--daemon-version V] [--session-shell zsh|bash|dash]
-                       [--state-change-seconds S] [--grow NAME=BYTES]
+                       [--state-change-seconds S] [--grow NAME=BYTES] [--command-start-delay S]
 Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until killed (or until stdin closes).
 
 Speaks what the official SDKs and our provider use, as the Daytona API and its daemon do (JSON shapes, status
@@ -28,8 +28,8 @@ codes, the log framing):
   `DELETE /files?path=`), `GET /work-dir`, `GET /user-home-dir`.
 - As the daemon does, a command's text is written to `cmd.sh` next to its log; `POST …/input {"data"}` writes the
   data (a newline appended when it has none) into the command's stdin, which stays open while an async command
-  runs (a sync one gets an empty stdin); before the command started or after it ended that is a 500 (its input
-  pipe does not exist), and 410 once its exit code was read; the data is echoed into the log as stdout unless
+  runs (a sync one gets an empty stdin); before the command started (`--command-start-delay` makes that last) or
+  after it ended that is a 500 (its input pipe does not exist, nothing of the data is taken), and 410 once its exit code was read; the data is echoed into the log as stdout unless
   the exec asked for `suppressInputEcho`. `--record-files` appends every file this daemon side writes (uploads,
   `cmd.sh`, log lines) as JSON lines {"path", "mode", "data"}; `--daemon-version` is what sandboxes report.
 - A command's log is one file where every line of stdout is prefixed with 01 01 01 and every line of stderr with
@@ -173,6 +173,9 @@ class Command:
                 return
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": sandbox.home, "LANG": "C.UTF-8"}
             env.update(sandbox.env)
+            if ARGS.command_start_delay:
+                # A busy sandbox: the session's shell starts the command (and its input pipe exists) only later.
+                time.sleep(ARGS.command_start_delay)
             read_fd, write_fd = os.pipe()
             try:
                 self.proc = subprocess.Popen(
@@ -993,6 +996,8 @@ def main():
     parser.add_argument("--state-change-seconds", type=float, default=0.0)
     # What the control plane reports as the sandboxes' daemon version.
     parser.add_argument("--daemon-version", default="fake")
+    # Seconds before the session's shell starts each command (and so before its input pipe exists).
+    parser.add_argument("--command-start-delay", type=float, default=0.0)
     # A download of a file named NAME serves BYTES more zero bytes than it holds, without a length (repeatable).
     parser.add_argument("--grow", action="append", default=[])
     ARGS = parser.parse_args()

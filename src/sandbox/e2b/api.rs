@@ -154,6 +154,18 @@ impl ControlPlane {
         }
     }
 
+    /// Whether a sandbox still exists (running or paused): `false` once it was killed, by anyone, or timed out
+    /// without auto-pause.
+    pub async fn exists(&self, id: &str) -> Result<bool, SandboxError> {
+        let path = format!("/sandboxes/{}", checked_id(id)?);
+        let answer = self.call(Method::GET, &path, None).await?;
+        match answer.status {
+            StatusCode::OK => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            status => Err(classify(status, &answer.text, "look up a sandbox")),
+        }
+    }
+
     /// Kills a sandbox; `false` when it was already gone.
     pub async fn kill(&self, id: &str) -> Result<bool, SandboxError> {
         let path = format!("/sandboxes/{}", checked_id(id)?);

@@ -608,12 +608,25 @@ impl Pump {
             match self.envd.stream("Connect", &json!({ "process": { "pid": self.pid } })).await {
                 Ok(response) => return Ok(EventStream::new(response)),
                 Err(SandboxError::Remote { failure: RemoteFailure::NotFound, message, .. }) => {
+                    // envd (or E2B's proxy, 502) no longer knows the process: the control plane says whether the
+                    // whole sandbox went, which is what the user must hear (not a stream's or a proxy's words).
+                    if let Ok(false) = self.api.exists(&self.sandbox_id).await {
+                        return Err(gone(&self.sandbox_id));
+                    }
                     return Err(format!("the command's stream broke ({why}) and its process is gone: {message}"));
                 }
                 Err(e) => tracing::warn!(provider = PROVIDER, pid = self.pid, "re-attaching failed: {e}"),
             }
         }
     }
+}
+
+/// What a turn hears when its sandbox was killed under it.
+fn gone(id: &str) -> String {
+    format!(
+        "the E2B sandbox {id} was killed outside the bridge while the turn ran (or its timeout ended it); the next \
+         prompt makes a new one"
+    )
 }
 
 async fn write_or_close(pipe: &mut Option<DuplexStream>, bytes: &[u8]) {
