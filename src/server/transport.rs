@@ -14,8 +14,8 @@ use std::sync::mpsc;
 use agent_client_protocol::schema::MaybeUndefined;
 use agent_client_protocol::v1::schema::AGENT_METHOD_NAMES;
 use agent_client_protocol::{
-    Channel, ErrorCode, RawJsonRpcError, RawJsonRpcId, RawJsonRpcMessage, RawJsonRpcParams, RawJsonRpcResponse,
-    TransportFrame,
+    Channel, ErrorCode, RawJsonRpcError, RawJsonRpcId, RawJsonRpcMessage, RawJsonRpcNotification, RawJsonRpcParams,
+    RawJsonRpcResponse, TransportFrame, UntypedMessage,
 };
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -348,6 +348,30 @@ fn shorten_value(value: &mut Value) {
     }
 }
 
+/// The one member of the params of a [`prepared_update`]: its value is the whole line to write.
+const PREPARED_LINE: &str = "acpSandboxPreparedLine";
+
+/// The `session/update` notification of an update already serialized (`update` is the JSON of a `SessionUpdate`),
+/// to send through the SDK: it keeps its place among everything else the connection sends (a turn's updates stay
+/// before its answer), but neither the SDK nor the transport serializes the update again. It carries its whole
+/// line, which [`outgoing_line`] writes as it is: for a stream of updates that saves most of the bridge's work.
+pub(super) fn prepared_update(session_id: &str, update: &str) -> UntypedMessage {
+    let method = agent_client_protocol::v1::schema::CLIENT_METHOD_NAMES.session_update;
+    let session = serde_json::to_string(session_id).unwrap_or_else(|_| "\"\"".into());
+    // The members in the order the SDK writes a `SessionNotification`, so the line is the one it would write.
+    let mut line = String::with_capacity(update.len() + session.len() + 80);
+    line.push_str(r#"{"jsonrpc":"2.0","method":""#);
+    line.push_str(method);
+    line.push_str(r#"","params":{"sessionId":"#);
+    line.push_str(&session);
+    line.push_str(r#","update":"#);
+    line.push_str(update);
+    line.push_str("}}");
+    let mut members = serde_json::Map::new();
+    members.insert(PREPARED_LINE.to_string(), Value::String(line));
+    UntypedMessage { method: method.to_string(), params: Value::Object(members) }
+}
+
 /// One outgoing line, with errors about the client's input shortened. `None` for what is not ours to send.
 fn outgoing_line(frame: TransportFrame) -> Option<String> {
     let mut message = match frame {
@@ -358,6 +382,15 @@ fn outgoing_line(frame: TransportFrame) -> Option<String> {
             return None;
         }
     };
+    if let RawJsonRpcMessage::Notification(RawJsonRpcNotification {
+        params: Some(RawJsonRpcParams::Object(params)),
+        ..
+    }) = &mut message
+        && params.len() == 1
+        && let Some(Value::String(line)) = params.get_mut(PREPARED_LINE)
+    {
+        return Some(std::mem::take(line));
+    }
     if let RawJsonRpcMessage::Response(RawJsonRpcResponse::Error { error, .. }) = &mut message {
         shorten_error(error);
     }
@@ -636,5 +669,41 @@ mod tests {
         let line =
             outgoing_line(TransportFrame::Single(RawJsonRpcMessage::response(RawJsonRpcId::Number(2), Err(stderr))));
         assert!(line.unwrap().len() > 10_000, "a failed turn keeps its stderr");
+    }
+
+    /// What the SDK writes for a typed `SessionNotification`.
+    fn sdk_line(session_id: &str, update: &agent_client_protocol::v1::schema::SessionUpdate) -> String {
+        use agent_client_protocol::JsonRpcMessage;
+        let notification =
+            agent_client_protocol::v1::schema::SessionNotification::new(session_id.to_string(), update.clone());
+        let UntypedMessage { method, params } = notification.to_untyped_message().unwrap();
+        outgoing_line(TransportFrame::Single(RawJsonRpcMessage::notification(method, params).unwrap())).unwrap()
+    }
+
+    /// What the SDK hands the transport for an untyped notification.
+    fn through_the_sdk(message: UntypedMessage) -> Option<String> {
+        outgoing_line(TransportFrame::Single(RawJsonRpcMessage::notification(message.method, message.params).unwrap()))
+    }
+
+    #[test]
+    fn a_prepared_update_is_written_as_the_sdk_writes_the_typed_notification() {
+        use agent_client_protocol::v1::schema::{ContentBlock, ContentChunk, SessionUpdate};
+        for (session, text) in [("ses_1", "plain"), ("ses \"2\"\n\u{1}", "a \"quoted\"\nline\u{0} é \u{2028}")] {
+            let update = SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::from(text.to_string())));
+            let json = serde_json::to_string(&update).unwrap();
+            let line = through_the_sdk(prepared_update(session, &json)).unwrap();
+            assert_eq!(line, sdk_line(session, &update));
+            assert!(!line.contains('\n'), "one line: {line}");
+        }
+    }
+
+    #[test]
+    fn only_the_prepared_member_alone_is_taken_as_a_line() {
+        let mut members = serde_json::Map::new();
+        members.insert(PREPARED_LINE.to_string(), json!("x"));
+        members.insert("sessionId".to_string(), json!("s"));
+        let message = UntypedMessage { method: "session/update".into(), params: Value::Object(members.clone()) };
+        let line = through_the_sdk(message).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&line).unwrap()["params"], Value::Object(members));
     }
 }

@@ -102,8 +102,8 @@ pub(super) struct Turn<'a> {
 /// batches; they reach the editor in order.
 pub(super) struct Emitter {
     store: Arc<Store>,
-    /// Hands each update to the editor's sink once it is committed.
-    outbox: Outbox<SessionUpdate>,
+    /// Hands each update's JSON to the editor's sink once it is committed.
+    outbox: Outbox<String>,
     session_id: String,
     pub(super) turn_id: i64,
     /// What earlier turns cost: added to this turn's running cost, since ACP reports it per session.
@@ -223,35 +223,47 @@ impl Emitter {
             }
             other => other,
         };
-        let mut value = match serde_json::to_value(&update) {
-            Ok(value) => value,
-            // Not stored, so not sent either: a replay shows what the editor saw.
-            Err(e) => {
-                tracing::error!(session = %self.session_id, "could not serialize an update: {e}");
-                return Ok(());
-            }
-        };
-        // What is sent is what is stored: the cut value, read back.
-        let update = match bound_update(&mut value) {
-            false => update,
-            true => {
-                drop(update);
-                tracing::warn!(session = %self.session_id, "an update had more than {} MiB of text: the rest was cut", UPDATE_TEXT_LIMIT >> 20);
-                match serde_json::from_value(value.clone()) {
-                    Ok(update) => update,
-                    Err(e) => {
-                        tracing::error!(session = %self.session_id, "could not read back a cut update: {e}");
-                        return Ok(());
-                    }
-                }
-            }
-        };
+        let Some(json) = self.serialize(&update) else { return Ok(()) };
+        drop(update);
         // Given up on (the turn was cancelled and the store is stuck): neither stored nor sent.
-        let Some(ack) = self.unless_given_up(self.store.queue_event(&self.session_id, self.turn_id, &value)).await
+        let Some(ack) = self.unless_given_up(self.store.queue_json(&self.session_id, self.turn_id, json.clone())).await
         else {
             return Ok(());
         };
-        Ok(self.outbox.push(ack?, update)?)
+        Ok(self.outbox.push(ack?, json)?)
+    }
+
+    /// The update's JSON, serialized once for the store and the editor alike: what is sent is what is stored, byte
+    /// for byte. Bounded to [`UPDATE_TEXT_LIMIT`], and a new file's diff says `"oldText": null` (see
+    /// [`crate::agents::tools::explicit_new_files`]). `None` when it cannot be serialized: not stored, so not
+    /// sent either, and a replay shows what the editor saw.
+    fn serialize(&self, update: &SessionUpdate) -> Option<String> {
+        let new_file = crate::agents::tools::has_new_file_diff(update);
+        if !new_file {
+            match serde_json::to_string(update) {
+                // No more text than the limit in the whole JSON: nothing to cut (the hot path, one serialization).
+                Ok(json) if json.len() <= UPDATE_TEXT_LIMIT => return Some(json),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(session = %self.session_id, "could not serialize an update: {e}");
+                    return None;
+                }
+            }
+        }
+        let mut value = match serde_json::to_value(update) {
+            Ok(value) => value,
+            Err(e) => {
+                tracing::error!(session = %self.session_id, "could not serialize an update: {e}");
+                return None;
+            }
+        };
+        if bound_update(&mut value) {
+            tracing::warn!(session = %self.session_id, "an update had more than {} MiB of text: the rest was cut", UPDATE_TEXT_LIMIT >> 20);
+        }
+        if new_file {
+            crate::agents::tools::explicit_new_files(&mut value);
+        }
+        Some(value.to_string())
     }
 
     /// Waits until every update queued so far is stored and sent. A cancelled turn waits only for its grace;
@@ -352,7 +364,7 @@ impl Turn<'_> {
         let sink_session = self.record.id.clone();
         let emitter = Emitter {
             store: store.clone(),
-            outbox: Outbox::new(move |update| sink.send(&sink_session, update)),
+            outbox: Outbox::new(move |update| sink.send_json(&sink_session, update)),
             session_id: self.record.id.clone(),
             turn_id,
             prior_cost,
@@ -1233,7 +1245,7 @@ mod tests {
     async fn cancelled_emitter(
         dir: &std::path::Path,
         busy_timeout: std::time::Duration,
-    ) -> (Emitter, Arc<std::sync::Mutex<Vec<SessionUpdate>>>) {
+    ) -> (Emitter, Arc<std::sync::Mutex<Vec<String>>>) {
         let store = Arc::new(Store::open_with(&dir.join("db.sqlite3"), busy_timeout).unwrap());
         let record = SessionRecord {
             id: "s".into(),
@@ -1288,8 +1300,38 @@ mod tests {
         busy.await.unwrap().unwrap();
         let sent = sent.lock().unwrap().clone();
         assert_eq!(sent.len(), 1, "the last update was not sent: {sent:?}");
-        assert_eq!(serde_json::to_value(&sent[0]).unwrap(), serde_json::to_value(chunk("the last words")).unwrap());
+        assert_eq!(sent[0], serde_json::to_string(&chunk("the last words")).unwrap(), "sent as it was serialized");
         assert!(!emitter.given_up.load(std::sync::atomic::Ordering::Relaxed), "gave up on a store that was not stuck");
+    }
+
+    /// Each update is serialized once: the editor gets the very bytes the store kept, also for an update whose text
+    /// was cut and for a new file's diff (which says `"oldText": null`, as `tools::update_json` writes it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_is_sent_is_what_was_stored_byte_for_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let (emitter, sent) = cancelled_emitter(dir.path(), std::time::Duration::from_secs(600)).await;
+        let new_file =
+            SessionUpdate::ToolCall(ToolCall::new("call_1", "write").content(vec![ToolCallContent::Diff(
+                agent_client_protocol::v1::schema::Diff::new("/w/new.txt", "text"),
+            )]));
+        emitter.send(chunk("plain")).await.unwrap();
+        emitter.send(chunk(&"x".repeat(UPDATE_TEXT_LIMIT + 10))).await.unwrap();
+        emitter.send(new_file).await.unwrap();
+        emitter.flush().await.unwrap();
+        let sent = sent.lock().unwrap().clone();
+        let stored: Vec<String> = rusqlite::Connection::open(dir.path().join("db.sqlite3"))
+            .unwrap()
+            .prepare("SELECT payload FROM events ORDER BY id")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(sent, stored);
+        assert_eq!(sent[0], serde_json::to_string(&chunk("plain")).unwrap());
+        assert!(sent[1].len() <= UPDATE_TEXT_LIMIT + 100 && sent[1].contains("acp-sandbox cut this text"), "cut");
+        let diff: serde_json::Value = serde_json::from_str(&sent[2]).unwrap();
+        assert_eq!(diff["content"][0].get("oldText"), Some(&serde_json::Value::Null), "{diff}");
     }
 
     /// A store whose writer waits for another program's lock is given up on (within the test's deadline, long before
