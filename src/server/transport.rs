@@ -406,9 +406,14 @@ fn outgoing_line(frame: TransportFrame) -> Option<String> {
     }
 }
 
+/// At most this many lines are handed to the stdout thread at once.
+const OUT_BATCH: usize = 1024;
+
 /// What the writer thread is asked to do.
 enum Out {
     Line(String),
+    /// Lines in order, from one drain of the SDK's queue.
+    Lines(Vec<String>),
     /// Answered once every line queued before it is written and flushed.
     Flush(tokio::sync::oneshot::Sender<()>),
 }
@@ -444,8 +449,15 @@ impl StdioTransport {
         let sdk_lines = out.clone();
         let forwarder = tokio::spawn(async move {
             while let Some(frame) = from_sdk.next().await {
-                let Some(line) = outgoing_line(frame) else { continue };
-                if sdk_lines.send(Out::Line(line)).is_err() {
+                // What else the SDK has queued goes along in one batch: one wakeup of the stdout thread for a
+                // stream's burst of updates, not one per update (nothing waits for more than is there).
+                let mut lines: Vec<String> = outgoing_line(frame).into_iter().collect();
+                while lines.len() < OUT_BATCH
+                    && let Some(Some(frame)) = futures::FutureExt::now_or_never(from_sdk.next())
+                {
+                    lines.extend(outgoing_line(frame));
+                }
+                if !lines.is_empty() && sdk_lines.send(Out::Lines(lines)).is_err() {
                     // stdout is gone: dropping `from_sdk` ends the connection.
                     break;
                 }
@@ -499,12 +511,16 @@ fn read_lines(
 
 /// The stdout thread: the only writer of stdout, one whole line at a time, flushed whenever the queue is empty.
 fn write_lines(queue: mpsc::Receiver<Out>, output: impl Write) {
-    let mut output = std::io::BufWriter::new(output);
+    // A pipe's worth: a burst of updates is written in few calls, and still flushed as soon as the queue is empty.
+    let mut output = std::io::BufWriter::with_capacity(1 << 16, output);
     while let Ok(first) = queue.recv() {
         let mut next = Some(first);
         while let Some(out) = next {
             let written = match out {
                 Out::Line(line) => output.write_all(line.as_bytes()).and_then(|()| output.write_all(b"\n")),
+                Out::Lines(lines) => lines
+                    .iter()
+                    .try_for_each(|line| output.write_all(line.as_bytes()).and_then(|()| output.write_all(b"\n"))),
                 Out::Flush(done) => {
                     let flushed = output.flush();
                     let _ = done.send(());

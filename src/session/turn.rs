@@ -786,7 +786,7 @@ impl Turn<'_> {
         let mut drain_until: Option<tokio::time::Instant> = None;
         let mut limits = tokio::time::interval(LIMIT_CHECK);
         let mut last_output = tokio::time::Instant::now();
-        loop {
+        'read: loop {
             tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => { stop = Stop::Cancelled; break; }
@@ -805,7 +805,13 @@ impl Turn<'_> {
                 // Cancel-safe: a read interrupted by another branch keeps what it had read in `reader`.
                 read = reader.next_line() => match read {
                     Ok(None) => break,
-                    Ok(Some(line)) => {
+                    Ok(Some(first)) => {
+                        // The lines already read follow without another round of this select (its timers cost
+                        // more than a short line): a fast stream is handled a buffer at a time. A cancel still
+                        // stops it between two lines.
+                        let mut next = Some(first);
+                        while let Some(line) = next.take() {
+                        'line: {
                         last_output = tokio::time::Instant::now();
                         if line.cut && !told_cut {
                             told_cut = true;
@@ -816,19 +822,19 @@ impl Turn<'_> {
                                 LINE_LIMIT / (1024 * 1024)
                             ))).await {
                                 failed = Some(error);
-                                break;
+                                break 'read;
                             }
                         }
-                        let text = String::from_utf8_lossy(&line.bytes).trim_end_matches(['\n', '\r']).to_string();
+                        let text = line_text(line.bytes);
                         if text.trim().is_empty() {
-                            continue;
+                            break 'line;
                         }
                         let mut tool_ended = false;
                         for output in translator.line(&text) {
                             tool_ended |= ends_a_tool(&output);
                             if let Err(error) = self.handle(output, emit, &mut state).await {
                                 failed = Some(error);
-                                break;
+                                break 'read;
                             }
                         }
                         if failed.is_none()
@@ -845,11 +851,16 @@ impl Turn<'_> {
                             failed = Some(error);
                         }
                         if failed.is_some() {
-                            break;
+                            break 'read;
                         }
                         if state.abort.is_some() {
                             stop = Stop::Aborted;
-                            break;
+                            break 'read;
+                        }
+                        }
+                        if !self.cancel.is_cancelled() {
+                            next = reader.buffered_line();
+                        }
                         }
                     }
                     Err(e) => { tracing::warn!(session = %self.record.id, "reading the CLI's output failed: {e}"); break; }
@@ -1059,7 +1070,23 @@ pub(super) struct BoundedLines<R> {
 
 impl<R: tokio::io::AsyncRead + Unpin> BoundedLines<R> {
     pub(super) fn new(reader: R, limit: usize) -> Self {
-        BoundedLines { reader: BufReader::new(reader), limit, line: Vec::new(), cutting: false }
+        // A pipe's worth at a time: a fast stream is read in few calls.
+        BoundedLines { reader: BufReader::with_capacity(1 << 16, reader), limit, line: Vec::new(), cutting: false }
+    }
+
+    /// The next line if it is already read whole (no waiting): what [`BoundedLines::next_line`] would return.
+    pub(super) fn buffered_line(&mut self) -> Option<Line> {
+        if self.cutting {
+            return None;
+        }
+        let buffer = self.reader.buffer();
+        let used = buffer.iter().position(|&b| b == b'\n')? + 1;
+        if self.line.len() + used > self.limit {
+            return None;
+        }
+        self.line.extend_from_slice(&buffer[..used]);
+        self.reader.consume(used);
+        Some(self.take())
     }
 
     /// The next line; `None` at the end of the stream. A last line without a newline is a line too.
@@ -1093,6 +1120,17 @@ impl<R: tokio::io::AsyncRead + Unpin> BoundedLines<R> {
         let cut = std::mem::take(&mut self.cutting);
         Line { bytes: std::mem::take(&mut self.line), cut }
     }
+}
+
+/// A line's text without its line ending, lossy where it is not UTF-8 (and not copied where it is).
+fn line_text(bytes: Vec<u8>) -> String {
+    let mut text = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    };
+    let end = text.trim_end_matches(['\n', '\r']).len();
+    text.truncate(end);
+    text
 }
 
 /// How long what a cancelled CLI printed before it died is still read.
@@ -1420,6 +1458,30 @@ mod tests {
         assert_eq!(second, Line { bytes: b"after\n".to_vec(), cut: false });
         feeder.await.unwrap();
         assert_eq!(lines.next_line().await.unwrap(), None);
+    }
+
+    /// The lines a turn reads without waiting are the lines `next_line` would return: whole ones only, a long one
+    /// left to `next_line` to cut, nothing past what was read.
+    #[tokio::test]
+    async fn buffered_lines_are_the_lines_next_line_returns() {
+        let input: &[u8] = b"one\ntwo\n0123456789abc\nthree\npart";
+        let mut lines = BoundedLines::new(input, 8);
+        let mut seen = Vec::new();
+        while let Some(first) = lines.next_line().await.unwrap() {
+            seen.push((String::from_utf8(first.bytes).unwrap(), first.cut, false));
+            while let Some(line) = lines.buffered_line() {
+                seen.push((String::from_utf8(line.bytes).unwrap(), line.cut, true));
+            }
+        }
+        let expected = [
+            ("one\n", false, false),
+            ("two\n", false, true),
+            ("01234567", true, false),
+            ("three\n", false, true),
+            ("part", false, false),
+        ];
+        assert_eq!(seen, expected.map(|(text, cut, buffered)| (text.to_string(), cut, buffered)));
+        assert_eq!(line_text(b"a\xffb\r\n".to_vec()), "a\u{fffd}b");
     }
 
     #[tokio::test]
