@@ -722,4 +722,55 @@ mod tests {
         let line = through_the_sdk(message).unwrap();
         assert_eq!(serde_json::from_str::<Value>(&line).unwrap()["params"], Value::Object(members));
     }
+
+    /// Stdout as a test reads it.
+    #[derive(Clone, Default)]
+    struct Written(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Write for Written {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// However the forwarder batches what the SDK queued, stdout gets every line once, whole, in the SDK's order:
+    /// prepared updates and the SDK's own messages (the prompt's answer after the turn's updates) alike.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batched_lines_keep_the_sdks_order() {
+        let written = Written::default();
+        let (sdk, transport) = StdioTransport::start_with(std::io::empty(), written.clone(), 1024).unwrap();
+        let mut expected = Vec::new();
+        for n in 0..5000 {
+            let update =
+                format!(r#"{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{n}"}}}}"#);
+            let UntypedMessage { method, params } = prepared_update("ses_1", &update);
+            expected.push(format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"ses_1","update":{update}}}}}"#
+            ));
+            sdk.tx
+                .unbounded_send(TransportFrame::Single(RawJsonRpcMessage::notification(method, params).unwrap()))
+                .unwrap();
+            if n % 1000 == 999 {
+                let answer =
+                    RawJsonRpcMessage::response(RawJsonRpcId::Number(n), Ok(json!({"stopReason": "end_turn"})));
+                expected.push(outgoing_line(TransportFrame::Single(answer.clone())).unwrap());
+                sdk.tx.unbounded_send(TransportFrame::Single(answer)).unwrap();
+            }
+            if n % 7 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(sdk);
+        transport.finish().await;
+        let output = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = output.lines().collect();
+        assert_eq!(lines.len(), expected.len());
+        for (at, (line, expected)) in lines.iter().zip(&expected).enumerate() {
+            assert_eq!(line, expected, "line {at}");
+        }
+    }
 }
