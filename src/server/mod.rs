@@ -71,6 +71,15 @@ impl UpdateSink for ConnectionSink {
         }
     }
 
+    fn send_json(&self, session_id: &str, update: String) {
+        // The update as the store kept it, byte for byte (a new file's diff already says `"oldText": null`).
+        let notification = transport::prepared_update(session_id, &update);
+        drop(update);
+        if let Err(e) = self.connection.send_notification(notification) {
+            tracing::debug!(session = session_id, "could not send an update: {e}");
+        }
+    }
+
     async fn request_permission(
         &self,
         request: agent_client_protocol::v1::schema::RequestPermissionRequest,

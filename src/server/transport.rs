@@ -14,8 +14,8 @@ use std::sync::mpsc;
 use agent_client_protocol::schema::MaybeUndefined;
 use agent_client_protocol::v1::schema::AGENT_METHOD_NAMES;
 use agent_client_protocol::{
-    Channel, ErrorCode, RawJsonRpcError, RawJsonRpcId, RawJsonRpcMessage, RawJsonRpcParams, RawJsonRpcResponse,
-    TransportFrame,
+    Channel, ErrorCode, RawJsonRpcError, RawJsonRpcId, RawJsonRpcMessage, RawJsonRpcNotification, RawJsonRpcParams,
+    RawJsonRpcResponse, TransportFrame, UntypedMessage,
 };
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -348,6 +348,30 @@ fn shorten_value(value: &mut Value) {
     }
 }
 
+/// The one member of the params of a [`prepared_update`]: its value is the whole line to write.
+const PREPARED_LINE: &str = "acpSandboxPreparedLine";
+
+/// The `session/update` notification of an update already serialized (`update` is the JSON of a `SessionUpdate`),
+/// to send through the SDK: it keeps its place among everything else the connection sends (a turn's updates stay
+/// before its answer), but neither the SDK nor the transport serializes the update again. It carries its whole
+/// line, which [`outgoing_line`] writes as it is: for a stream of updates that saves most of the bridge's work.
+pub(super) fn prepared_update(session_id: &str, update: &str) -> UntypedMessage {
+    let method = agent_client_protocol::v1::schema::CLIENT_METHOD_NAMES.session_update;
+    let session = serde_json::to_string(session_id).unwrap_or_else(|_| "\"\"".into());
+    // The members in the order the SDK writes a `SessionNotification`, so the line is the one it would write.
+    let mut line = String::with_capacity(update.len() + session.len() + 80);
+    line.push_str(r#"{"jsonrpc":"2.0","method":""#);
+    line.push_str(method);
+    line.push_str(r#"","params":{"sessionId":"#);
+    line.push_str(&session);
+    line.push_str(r#","update":"#);
+    line.push_str(update);
+    line.push_str("}}");
+    let mut members = serde_json::Map::new();
+    members.insert(PREPARED_LINE.to_string(), Value::String(line));
+    UntypedMessage { method: method.to_string(), params: Value::Object(members) }
+}
+
 /// One outgoing line, with errors about the client's input shortened. `None` for what is not ours to send.
 fn outgoing_line(frame: TransportFrame) -> Option<String> {
     let mut message = match frame {
@@ -358,6 +382,15 @@ fn outgoing_line(frame: TransportFrame) -> Option<String> {
             return None;
         }
     };
+    if let RawJsonRpcMessage::Notification(RawJsonRpcNotification {
+        params: Some(RawJsonRpcParams::Object(params)),
+        ..
+    }) = &mut message
+        && params.len() == 1
+        && let Some(Value::String(line)) = params.get_mut(PREPARED_LINE)
+    {
+        return Some(std::mem::take(line));
+    }
     if let RawJsonRpcMessage::Response(RawJsonRpcResponse::Error { error, .. }) = &mut message {
         shorten_error(error);
     }
@@ -373,9 +406,14 @@ fn outgoing_line(frame: TransportFrame) -> Option<String> {
     }
 }
 
+/// At most this many lines are handed to the stdout thread at once.
+const OUT_BATCH: usize = 1024;
+
 /// What the writer thread is asked to do.
 enum Out {
     Line(String),
+    /// Lines in order, from one drain of the SDK's queue.
+    Lines(Vec<String>),
     /// Answered once every line queued before it is written and flushed.
     Flush(tokio::sync::oneshot::Sender<()>),
 }
@@ -411,8 +449,15 @@ impl StdioTransport {
         let sdk_lines = out.clone();
         let forwarder = tokio::spawn(async move {
             while let Some(frame) = from_sdk.next().await {
-                let Some(line) = outgoing_line(frame) else { continue };
-                if sdk_lines.send(Out::Line(line)).is_err() {
+                // What else the SDK has queued goes along in one batch: one wakeup of the stdout thread for a
+                // stream's burst of updates, not one per update (nothing waits for more than is there).
+                let mut lines: Vec<String> = outgoing_line(frame).into_iter().collect();
+                while lines.len() < OUT_BATCH
+                    && let Some(Some(frame)) = futures::FutureExt::now_or_never(from_sdk.next())
+                {
+                    lines.extend(outgoing_line(frame));
+                }
+                if !lines.is_empty() && sdk_lines.send(Out::Lines(lines)).is_err() {
                     // stdout is gone: dropping `from_sdk` ends the connection.
                     break;
                 }
@@ -466,12 +511,16 @@ fn read_lines(
 
 /// The stdout thread: the only writer of stdout, one whole line at a time, flushed whenever the queue is empty.
 fn write_lines(queue: mpsc::Receiver<Out>, output: impl Write) {
-    let mut output = std::io::BufWriter::new(output);
+    // A pipe's worth: a burst of updates is written in few calls, and still flushed as soon as the queue is empty.
+    let mut output = std::io::BufWriter::with_capacity(1 << 16, output);
     while let Ok(first) = queue.recv() {
         let mut next = Some(first);
         while let Some(out) = next {
             let written = match out {
                 Out::Line(line) => output.write_all(line.as_bytes()).and_then(|()| output.write_all(b"\n")),
+                Out::Lines(lines) => lines
+                    .iter()
+                    .try_for_each(|line| output.write_all(line.as_bytes()).and_then(|()| output.write_all(b"\n"))),
                 Out::Flush(done) => {
                     let flushed = output.flush();
                     let _ = done.send(());
@@ -636,5 +685,92 @@ mod tests {
         let line =
             outgoing_line(TransportFrame::Single(RawJsonRpcMessage::response(RawJsonRpcId::Number(2), Err(stderr))));
         assert!(line.unwrap().len() > 10_000, "a failed turn keeps its stderr");
+    }
+
+    /// What the SDK writes for a typed `SessionNotification`.
+    fn sdk_line(session_id: &str, update: &agent_client_protocol::v1::schema::SessionUpdate) -> String {
+        use agent_client_protocol::JsonRpcMessage;
+        let notification =
+            agent_client_protocol::v1::schema::SessionNotification::new(session_id.to_string(), update.clone());
+        let UntypedMessage { method, params } = notification.to_untyped_message().unwrap();
+        outgoing_line(TransportFrame::Single(RawJsonRpcMessage::notification(method, params).unwrap())).unwrap()
+    }
+
+    /// What the SDK hands the transport for an untyped notification.
+    fn through_the_sdk(message: UntypedMessage) -> Option<String> {
+        outgoing_line(TransportFrame::Single(RawJsonRpcMessage::notification(message.method, message.params).unwrap()))
+    }
+
+    #[test]
+    fn a_prepared_update_is_written_as_the_sdk_writes_the_typed_notification() {
+        use agent_client_protocol::v1::schema::{ContentBlock, ContentChunk, SessionUpdate};
+        for (session, text) in [("ses_1", "plain"), ("ses \"2\"\n\u{1}", "a \"quoted\"\nline\u{0} é \u{2028}")] {
+            let update = SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::from(text.to_string())));
+            let json = serde_json::to_string(&update).unwrap();
+            let line = through_the_sdk(prepared_update(session, &json)).unwrap();
+            assert_eq!(line, sdk_line(session, &update));
+            assert!(!line.contains('\n'), "one line: {line}");
+        }
+    }
+
+    #[test]
+    fn only_the_prepared_member_alone_is_taken_as_a_line() {
+        let mut members = serde_json::Map::new();
+        members.insert(PREPARED_LINE.to_string(), json!("x"));
+        members.insert("sessionId".to_string(), json!("s"));
+        let message = UntypedMessage { method: "session/update".into(), params: Value::Object(members.clone()) };
+        let line = through_the_sdk(message).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&line).unwrap()["params"], Value::Object(members));
+    }
+
+    /// Stdout as a test reads it.
+    #[derive(Clone, Default)]
+    struct Written(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Write for Written {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// However the forwarder batches what the SDK queued, stdout gets every line once, whole, in the SDK's order:
+    /// prepared updates and the SDK's own messages (the prompt's answer after the turn's updates) alike.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batched_lines_keep_the_sdks_order() {
+        let written = Written::default();
+        let (sdk, transport) = StdioTransport::start_with(std::io::empty(), written.clone(), 1024).unwrap();
+        let mut expected = Vec::new();
+        for n in 0..5000 {
+            let update =
+                format!(r#"{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{n}"}}}}"#);
+            let UntypedMessage { method, params } = prepared_update("ses_1", &update);
+            expected.push(format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"ses_1","update":{update}}}}}"#
+            ));
+            sdk.tx
+                .unbounded_send(TransportFrame::Single(RawJsonRpcMessage::notification(method, params).unwrap()))
+                .unwrap();
+            if n % 1000 == 999 {
+                let answer =
+                    RawJsonRpcMessage::response(RawJsonRpcId::Number(n), Ok(json!({"stopReason": "end_turn"})));
+                expected.push(outgoing_line(TransportFrame::Single(answer.clone())).unwrap());
+                sdk.tx.unbounded_send(TransportFrame::Single(answer)).unwrap();
+            }
+            if n % 7 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(sdk);
+        transport.finish().await;
+        let output = String::from_utf8(written.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = output.lines().collect();
+        assert_eq!(lines.len(), expected.len());
+        for (at, (line, expected)) in lines.iter().zip(&expected).enumerate() {
+            assert_eq!(line, expected, "line {at}");
+        }
     }
 }

@@ -40,6 +40,15 @@ pub trait UpdateSink: Send + Sync {
     /// Sends one update of one session. Must not block: it queues.
     fn send(&self, session_id: &str, update: SessionUpdate);
 
+    /// Sends one update already serialized, as the store kept it (`update` is the JSON of a [`SessionUpdate`]): a
+    /// sink that writes JSON sends these bytes as they are, without serializing the update again.
+    fn send_json(&self, session_id: &str, update: String) {
+        match serde_json::from_str::<SessionUpdate>(&update) {
+            Ok(update) => self.send(session_id, update),
+            Err(e) => tracing::error!(session = session_id, "could not read back a serialized update: {e}"),
+        }
+    }
+
     /// Asks the user to allow a tool call (`session/request_permission`). `None` when nobody can answer (no
     /// editor, or it went away): the caller treats it as a rejection.
     async fn request_permission(

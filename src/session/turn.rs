@@ -102,8 +102,8 @@ pub(super) struct Turn<'a> {
 /// batches; they reach the editor in order.
 pub(super) struct Emitter {
     store: Arc<Store>,
-    /// Hands each update to the editor's sink once it is committed.
-    outbox: Outbox<SessionUpdate>,
+    /// Hands each update's JSON to the editor's sink once it is committed.
+    outbox: Outbox<String>,
     session_id: String,
     pub(super) turn_id: i64,
     /// What earlier turns cost: added to this turn's running cost, since ACP reports it per session.
@@ -223,35 +223,47 @@ impl Emitter {
             }
             other => other,
         };
-        let mut value = match serde_json::to_value(&update) {
-            Ok(value) => value,
-            // Not stored, so not sent either: a replay shows what the editor saw.
-            Err(e) => {
-                tracing::error!(session = %self.session_id, "could not serialize an update: {e}");
-                return Ok(());
-            }
-        };
-        // What is sent is what is stored: the cut value, read back.
-        let update = match bound_update(&mut value) {
-            false => update,
-            true => {
-                drop(update);
-                tracing::warn!(session = %self.session_id, "an update had more than {} MiB of text: the rest was cut", UPDATE_TEXT_LIMIT >> 20);
-                match serde_json::from_value(value.clone()) {
-                    Ok(update) => update,
-                    Err(e) => {
-                        tracing::error!(session = %self.session_id, "could not read back a cut update: {e}");
-                        return Ok(());
-                    }
-                }
-            }
-        };
+        let Some(json) = self.serialize(&update) else { return Ok(()) };
+        drop(update);
         // Given up on (the turn was cancelled and the store is stuck): neither stored nor sent.
-        let Some(ack) = self.unless_given_up(self.store.queue_event(&self.session_id, self.turn_id, &value)).await
+        let Some(ack) = self.unless_given_up(self.store.queue_json(&self.session_id, self.turn_id, json.clone())).await
         else {
             return Ok(());
         };
-        Ok(self.outbox.push(ack?, update)?)
+        Ok(self.outbox.push(ack?, json)?)
+    }
+
+    /// The update's JSON, serialized once for the store and the editor alike: what is sent is what is stored, byte
+    /// for byte. Bounded to [`UPDATE_TEXT_LIMIT`], and a new file's diff says `"oldText": null` (see
+    /// [`crate::agents::tools::explicit_new_files`]). `None` when it cannot be serialized: not stored, so not
+    /// sent either, and a replay shows what the editor saw.
+    fn serialize(&self, update: &SessionUpdate) -> Option<String> {
+        let new_file = crate::agents::tools::has_new_file_diff(update);
+        if !new_file {
+            match serde_json::to_string(update) {
+                // No more text than the limit in the whole JSON: nothing to cut (the hot path, one serialization).
+                Ok(json) if json.len() <= UPDATE_TEXT_LIMIT => return Some(json),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(session = %self.session_id, "could not serialize an update: {e}");
+                    return None;
+                }
+            }
+        }
+        let mut value = match serde_json::to_value(update) {
+            Ok(value) => value,
+            Err(e) => {
+                tracing::error!(session = %self.session_id, "could not serialize an update: {e}");
+                return None;
+            }
+        };
+        if bound_update(&mut value) {
+            tracing::warn!(session = %self.session_id, "an update had more than {} MiB of text: the rest was cut", UPDATE_TEXT_LIMIT >> 20);
+        }
+        if new_file {
+            crate::agents::tools::explicit_new_files(&mut value);
+        }
+        Some(value.to_string())
     }
 
     /// Waits until every update queued so far is stored and sent. A cancelled turn waits only for its grace;
@@ -352,7 +364,7 @@ impl Turn<'_> {
         let sink_session = self.record.id.clone();
         let emitter = Emitter {
             store: store.clone(),
-            outbox: Outbox::new(move |update| sink.send(&sink_session, update)),
+            outbox: Outbox::new(move |update| sink.send_json(&sink_session, update)),
             session_id: self.record.id.clone(),
             turn_id,
             prior_cost,
@@ -774,7 +786,7 @@ impl Turn<'_> {
         let mut drain_until: Option<tokio::time::Instant> = None;
         let mut limits = tokio::time::interval(LIMIT_CHECK);
         let mut last_output = tokio::time::Instant::now();
-        loop {
+        'read: loop {
             tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => { stop = Stop::Cancelled; break; }
@@ -793,7 +805,13 @@ impl Turn<'_> {
                 // Cancel-safe: a read interrupted by another branch keeps what it had read in `reader`.
                 read = reader.next_line() => match read {
                     Ok(None) => break,
-                    Ok(Some(line)) => {
+                    Ok(Some(first)) => {
+                        // The lines already read follow without another round of this select (its timers cost
+                        // more than a short line): a fast stream is handled a buffer at a time. A cancel still
+                        // stops it between two lines.
+                        let mut next = Some(first);
+                        while let Some(line) = next.take() {
+                        'line: {
                         last_output = tokio::time::Instant::now();
                         if line.cut && !told_cut {
                             told_cut = true;
@@ -804,19 +822,19 @@ impl Turn<'_> {
                                 LINE_LIMIT / (1024 * 1024)
                             ))).await {
                                 failed = Some(error);
-                                break;
+                                break 'read;
                             }
                         }
-                        let text = String::from_utf8_lossy(&line.bytes).trim_end_matches(['\n', '\r']).to_string();
+                        let text = line_text(line.bytes);
                         if text.trim().is_empty() {
-                            continue;
+                            break 'line;
                         }
                         let mut tool_ended = false;
                         for output in translator.line(&text) {
                             tool_ended |= ends_a_tool(&output);
                             if let Err(error) = self.handle(output, emit, &mut state).await {
                                 failed = Some(error);
-                                break;
+                                break 'read;
                             }
                         }
                         if failed.is_none()
@@ -833,11 +851,16 @@ impl Turn<'_> {
                             failed = Some(error);
                         }
                         if failed.is_some() {
-                            break;
+                            break 'read;
                         }
                         if state.abort.is_some() {
                             stop = Stop::Aborted;
-                            break;
+                            break 'read;
+                        }
+                        }
+                        if !self.cancel.is_cancelled() {
+                            next = reader.buffered_line();
+                        }
                         }
                     }
                     Err(e) => { tracing::warn!(session = %self.record.id, "reading the CLI's output failed: {e}"); break; }
@@ -1047,7 +1070,23 @@ pub(super) struct BoundedLines<R> {
 
 impl<R: tokio::io::AsyncRead + Unpin> BoundedLines<R> {
     pub(super) fn new(reader: R, limit: usize) -> Self {
-        BoundedLines { reader: BufReader::new(reader), limit, line: Vec::new(), cutting: false }
+        // A pipe's worth at a time: a fast stream is read in few calls.
+        BoundedLines { reader: BufReader::with_capacity(1 << 16, reader), limit, line: Vec::new(), cutting: false }
+    }
+
+    /// The next line if it is already read whole (no waiting): what [`BoundedLines::next_line`] would return.
+    pub(super) fn buffered_line(&mut self) -> Option<Line> {
+        if self.cutting {
+            return None;
+        }
+        let buffer = self.reader.buffer();
+        let used = buffer.iter().position(|&b| b == b'\n')? + 1;
+        if self.line.len() + used > self.limit {
+            return None;
+        }
+        self.line.extend_from_slice(&buffer[..used]);
+        self.reader.consume(used);
+        Some(self.take())
     }
 
     /// The next line; `None` at the end of the stream. A last line without a newline is a line too.
@@ -1081,6 +1120,17 @@ impl<R: tokio::io::AsyncRead + Unpin> BoundedLines<R> {
         let cut = std::mem::take(&mut self.cutting);
         Line { bytes: std::mem::take(&mut self.line), cut }
     }
+}
+
+/// A line's text without its line ending, lossy where it is not UTF-8 (and not copied where it is).
+fn line_text(bytes: Vec<u8>) -> String {
+    let mut text = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    };
+    let end = text.trim_end_matches(['\n', '\r']).len();
+    text.truncate(end);
+    text
 }
 
 /// How long what a cancelled CLI printed before it died is still read.
@@ -1233,7 +1283,7 @@ mod tests {
     async fn cancelled_emitter(
         dir: &std::path::Path,
         busy_timeout: std::time::Duration,
-    ) -> (Emitter, Arc<std::sync::Mutex<Vec<SessionUpdate>>>) {
+    ) -> (Emitter, Arc<std::sync::Mutex<Vec<String>>>) {
         let store = Arc::new(Store::open_with(&dir.join("db.sqlite3"), busy_timeout).unwrap());
         let record = SessionRecord {
             id: "s".into(),
@@ -1288,8 +1338,38 @@ mod tests {
         busy.await.unwrap().unwrap();
         let sent = sent.lock().unwrap().clone();
         assert_eq!(sent.len(), 1, "the last update was not sent: {sent:?}");
-        assert_eq!(serde_json::to_value(&sent[0]).unwrap(), serde_json::to_value(chunk("the last words")).unwrap());
+        assert_eq!(sent[0], serde_json::to_string(&chunk("the last words")).unwrap(), "sent as it was serialized");
         assert!(!emitter.given_up.load(std::sync::atomic::Ordering::Relaxed), "gave up on a store that was not stuck");
+    }
+
+    /// Each update is serialized once: the editor gets the very bytes the store kept, also for an update whose text
+    /// was cut and for a new file's diff (which says `"oldText": null`, as `tools::update_json` writes it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_is_sent_is_what_was_stored_byte_for_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let (emitter, sent) = cancelled_emitter(dir.path(), std::time::Duration::from_secs(600)).await;
+        let new_file =
+            SessionUpdate::ToolCall(ToolCall::new("call_1", "write").content(vec![ToolCallContent::Diff(
+                agent_client_protocol::v1::schema::Diff::new("/w/new.txt", "text"),
+            )]));
+        emitter.send(chunk("plain")).await.unwrap();
+        emitter.send(chunk(&"x".repeat(UPDATE_TEXT_LIMIT + 10))).await.unwrap();
+        emitter.send(new_file).await.unwrap();
+        emitter.flush().await.unwrap();
+        let sent = sent.lock().unwrap().clone();
+        let stored: Vec<String> = rusqlite::Connection::open(dir.path().join("db.sqlite3"))
+            .unwrap()
+            .prepare("SELECT payload FROM events ORDER BY id")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(sent, stored);
+        assert_eq!(sent[0], serde_json::to_string(&chunk("plain")).unwrap());
+        assert!(sent[1].len() <= UPDATE_TEXT_LIMIT + 100 && sent[1].contains("acp-sandbox cut this text"), "cut");
+        let diff: serde_json::Value = serde_json::from_str(&sent[2]).unwrap();
+        assert_eq!(diff["content"][0].get("oldText"), Some(&serde_json::Value::Null), "{diff}");
     }
 
     /// A store whose writer waits for another program's lock is given up on (within the test's deadline, long before
@@ -1378,6 +1458,30 @@ mod tests {
         assert_eq!(second, Line { bytes: b"after\n".to_vec(), cut: false });
         feeder.await.unwrap();
         assert_eq!(lines.next_line().await.unwrap(), None);
+    }
+
+    /// The lines a turn reads without waiting are the lines `next_line` would return: whole ones only, a long one
+    /// left to `next_line` to cut, nothing past what was read.
+    #[tokio::test]
+    async fn buffered_lines_are_the_lines_next_line_returns() {
+        let input: &[u8] = b"one\ntwo\n0123456789abc\nthree\npart";
+        let mut lines = BoundedLines::new(input, 8);
+        let mut seen = Vec::new();
+        while let Some(first) = lines.next_line().await.unwrap() {
+            seen.push((String::from_utf8(first.bytes).unwrap(), first.cut, false));
+            while let Some(line) = lines.buffered_line() {
+                seen.push((String::from_utf8(line.bytes).unwrap(), line.cut, true));
+            }
+        }
+        let expected = [
+            ("one\n", false, false),
+            ("two\n", false, true),
+            ("01234567", true, false),
+            ("three\n", false, true),
+            ("part", false, false),
+        ];
+        assert_eq!(seen, expected.map(|(text, cut, buffered)| (text.to_string(), cut, buffered)));
+        assert_eq!(line_text(b"a\xffb\r\n".to_vec()), "a\u{fffd}b");
     }
 
     #[tokio::test]

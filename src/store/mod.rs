@@ -745,14 +745,14 @@ impl Store {
     /// Queues one update of a turn, waiting only for room in the writer's queue; the [`Ack`] resolves once it is
     /// committed. Updates queued one after the other are committed in that order, most often together.
     pub async fn queue_event(&self, session_id: &str, turn_id: i64, update: &Value) -> Result<Ack> {
+        self.queue_json(session_id, turn_id, update.to_string()).await
+    }
+
+    /// [`Store::queue_event`] for an update already serialized (`payload` must be one JSON object): a turn
+    /// serializes each update once, for the store and the editor alike.
+    pub async fn queue_json(&self, session_id: &str, turn_id: i64, payload: String) -> Result<Ack> {
         let (reply, answer) = oneshot::channel();
-        let job = Job::Append {
-            session_id: session_id.to_string(),
-            turn_id,
-            payload: update.to_string(),
-            at: now_ms(),
-            reply,
-        };
+        let job = Job::Append { session_id: session_id.to_string(), turn_id, payload, at: now_ms(), reply };
         self.writer.submit(job).await?;
         Ok(Ack(answer))
     }
