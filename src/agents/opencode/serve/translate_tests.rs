@@ -351,7 +351,7 @@ fn a_permission_names_the_card_of_its_tool() {
     ]);
     assert_eq!(
         out[1],
-        json!({"output": "permission", "request_id": "per_1", "always": ["/etc/*"],
+        json!({"output": "permission", "request_id": "per_1", "always": ["/etc/*"], "permission": "external_directory",
             "tool_call": {"toolCallId": "call_1", "title": "cat /etc/hosts (outside the workspace: /etc)", "kind": "execute"}})
     );
     // The tool's own title comes back once the permission is answered.
