@@ -892,23 +892,14 @@ impl Bridge {
                     .map_err(|e| e.to_string())?;
                 bridge.learn_models(warmed.client.clone());
                 serve::delete_pending(sandbox.state_dir(), &warmed.client).await;
-                // The conversation and its rules are made ahead too (OpenCode sets up its instance for the
-                // workspace on the first of them), so the first prompt only sends the prompt.
-                let native = match record.native_id.clone() {
-                    Some(native) => Some(native),
-                    None => match serve::conversation(&bridge, &id, &warmed.client).await {
-                        Ok(Ok(native)) => Some(native),
-                        Ok(Err(e)) => {
-                            tracing::debug!(session = %id, "could not make the conversation ahead: {e}");
-                            None
-                        }
-                        Err(e) => return Err(e.to_string()),
-                    },
-                };
-                if let Some(native) = native
-                    && let Err(e) = serve::session_rules(&bridge, &record, &warmed, &native).await
+                // The conversation is made ahead too (OpenCode sets up its instance for the workspace then), so
+                // the first prompt does not wait for that. Its rules are not: only its turn writes them
+                // (`serve::turn::session_rules`).
+                if record.native_id.is_none()
+                    && let Err(e) =
+                        serve::conversation(&bridge, &id, &warmed.client).await.map_err(|e| e.to_string())?
                 {
-                    tracing::debug!(session = %id, "could not give the conversation its rules ahead: {e}");
+                    tracing::debug!(session = %id, "could not make the conversation ahead: {e}");
                 }
                 Ok::<(), String>(())
             };

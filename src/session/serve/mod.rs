@@ -26,7 +26,7 @@ use self::client::Client;
 use self::sse::SseEvent;
 use crate::sandbox::{ExitInfo, ProcessHandle, RunningProcess};
 
-pub(super) use self::turn::{ServeOutcome, conversation, session_rules, start_server};
+pub(super) use self::turn::{ServeOutcome, conversation, start_server};
 
 /// Where the server listens inside the sandbox. With a network namespace of its own any port is free; under
 /// `--sandbox none` a free port of the host is picked instead.
@@ -72,8 +72,9 @@ pub struct Server {
     last_used: Mutex<Instant>,
     /// How many turns use it: never stopped for idleness or for room while one does.
     busy: std::sync::atomic::AtomicUsize,
-    /// What each OpenCode session of this server last got rules for ("approvals mode"), and the agent they were
-    /// composed with.
+    /// The OpenCode sessions this server has served (a known one needs no existence check), with what their rules
+    /// were last made for and the agent they were composed with. Never a reason to skip giving a turn its rules:
+    /// another server or bridge may have written them since.
     pub(super) permissions: Mutex<HashMap<String, (String, String)>>,
     /// What it was started for ([`Profile::key`]): a turn that wants another starts a fresh server.
     profile: String,

@@ -577,9 +577,11 @@ impl Turn<'_> {
 }
 
 /// Gives OpenCode session `ses` on `server` the session's rules (its approvals, mode and "always" answers, composed
-/// with the agent's own), unless it has them already; answers the agent its turns run. The warm start does this
-/// ahead too, so that the first prompt only sends the prompt.
-pub(in crate::session) async fn session_rules(
+/// with the agent's own); answers the agent its turns run. Before every turn, never from a cache: the rules live in
+/// OpenCode's database, which another server of the same sandbox (other approvals) or another bridge may have
+/// written since, and only the session's own turn (one at a time, across bridges) writes them, right before its
+/// prompt.
+async fn session_rules(
     bridge: &crate::session::Bridge,
     record: &crate::store::SessionRecord,
     server: &super::Server,
@@ -595,12 +597,6 @@ pub(in crate::session) async fn session_rules(
     let mode = options::opencode_agent(&record.config);
     let allowed = bridge.always_allowed(&record.id);
     let wanted = format!("{approvals} {} {}", mode.unwrap_or(""), allowed.len());
-    let applied = server.permissions.lock().unwrap_or_else(|p| p.into_inner()).get(ses).cloned();
-    if let Some((key, agent)) = applied
-        && key == wanted
-    {
-        return Ok(agent);
-    }
     let agents = client.call_within(REQUEST_LIMIT, Method::GET, "/agent", None).await.map_err(failed)?;
     let (agent, own) =
         agent_rules(&agents, mode).map_err(|why| failed(ClientError::Invalid { what: "GET /agent".into(), why }))?;
