@@ -289,3 +289,37 @@ fn a_conversation_deleted_while_no_server_runs_is_deleted_by_the_next_server() {
     assert_eq!(deletes, [(json!(ses_a), json!(true))]);
     assert_eq!(sandboxes(&dirs).len(), 1, "the shared sandbox went with a session that was not its last");
 }
+
+/// A session's rules live in the sandbox's OpenCode database, which both servers of a sandbox (other approvals)
+/// write: every turn gives them again on its own server. Switching `ask` → `auto` → `ask` must not leave the auto
+/// rules in force because the ask server remembers having given the ask rules once.
+#[test]
+fn every_turn_gives_its_rules_again_whatever_another_server_wrote_since() {
+    let dirs = TestDirs::new("shared-rules-again");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(serve_options(&dirs));
+    // Another ask session keeps the ask server running while the first one is on the auto server.
+    let other = bridge.new_session(&ws);
+    set_option(&mut bridge, &other, "approvals", "ask");
+    assert_eq!(bridge.prompt(&other, "hello").stop_reason(), "end_turn");
+    let sid = bridge.new_session(&ws);
+    let mut ses = None;
+    for approvals in ["ask", "auto", "ask"] {
+        set_option(&mut bridge, &sid, "approvals", approvals);
+        let turn = bridge.prompt(&sid, "hello");
+        assert_eq!(turn.stop_reason(), "end_turn", "{:?}", turn.result);
+        ses = Some(opencode_session(&turn));
+    }
+    let ses = ses.unwrap();
+    let asks = |p: &Value| p["permission"].as_array().unwrap().iter().any(|r| r["action"] == "ask");
+    let given: Vec<(bool, Value)> =
+        logged(&ws, "patch").iter().filter(|p| p["session"] == ses).map(|p| (asks(p), p["server"].clone())).collect();
+    let prompts: Vec<Value> =
+        logged(&ws, "prompt").iter().filter(|p| p["session"] == ses).map(|p| p["server"].clone()).collect();
+    assert_eq!(
+        given,
+        [(true, prompts[0].clone()), (false, prompts[1].clone()), (true, prompts[2].clone())],
+        "each turn's own rules, on its own server"
+    );
+    assert_eq!(prompts[0], prompts[2], "the ask server served both ask turns");
+}
