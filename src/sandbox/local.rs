@@ -960,7 +960,18 @@ impl Sandbox for LocalSandbox {
             .process_group(0)
             .kill_on_drop(true);
         let program = spec.program.display().to_string();
-        let mut child = command.spawn().map_err(|source| SandboxError::Spawn { program: program.clone(), source })?;
+        // The child is recorded as the bridge's own under the same lock that `end_orphans` reads the process table
+        // under: a command of the same sandbox ending right now must not take this one, which carries its HOME,
+        // for an orphan in the moment between its start and its record.
+        let mut live = live_children();
+        let spawned = command.spawn();
+        if let Ok(child) = &spawned
+            && let Some(pid) = child.id()
+        {
+            live.insert(pid);
+        }
+        drop(live);
+        let mut child = spawned.map_err(|source| SandboxError::Spawn { program: program.clone(), source })?;
         guards.inherited.clear();
         guards.cgroup = cgroup;
         let pid = child.id();
@@ -972,9 +983,6 @@ impl Sandbox for LocalSandbox {
                     tracing::warn!(session = %session, "a model endpoint below port 1024 cannot be served: {why}");
                 }
             });
-        }
-        if let Some(pid) = pid {
-            live_children().insert(pid);
         }
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
@@ -1228,12 +1236,16 @@ fn live_children() -> std::sync::MutexGuard<'static, HashSet<u32>> {
 /// with that HOME too, but no orphan: it is left alone.
 fn end_orphans(home: &Path) {
     let own = std::process::id() as i32;
-    let live = live_children().clone();
-    let orphans: Vec<i32> = process_table()
-        .into_iter()
-        .filter(|p| p.ppid == own && !live.contains(&(p.pid as u32)) && home_of(p.pid).as_deref() == Some(home))
-        .map(|p| p.pid)
-        .collect();
+    // Read under the lock a command's start records its child under (see `exec`): no child of the bridge is seen
+    // before it is known as one.
+    let orphans: Vec<i32> = {
+        let live = live_children();
+        process_table()
+            .into_iter()
+            .filter(|p| p.ppid == own && !live.contains(&(p.pid as u32)) && home_of(p.pid).as_deref() == Some(home))
+            .map(|p| p.pid)
+            .collect()
+    };
     let mut killed: Vec<i32> = orphans.into_iter().flat_map(|pid| kill_tree(pid as u32)).collect();
     // A killed orphan's descendants become the bridge's children only once it is dead: look a few times.
     for _ in 0..50 {
