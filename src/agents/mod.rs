@@ -318,6 +318,9 @@ pub struct PermissionAsk {
     pub always: Vec<String>,
     /// The permission asked for (OpenCode's: `bash`, `edit`, …), which an "always" answer allows on those patterns.
     pub permission: String,
+    /// What this request is about (the commands of a bash call, the paths of an edit): an earlier "always" of the
+    /// session that covers every one of them answers it without asking again.
+    pub patterns: Vec<String>,
 }
 
 /// Turns one CLI's stdout, line by line, into ACP updates. Implementations are pure: no I/O, no clock,

@@ -65,6 +65,13 @@ impl AlwaysAllowed {
         }
     }
 
+    /// Whether `session` allowed `permission` "always" on every one of `patterns` (none: never).
+    pub fn covers(&self, session: &str, permission: &str, patterns: &[String]) -> bool {
+        let rules = self.of(session);
+        !patterns.is_empty()
+            && patterns.iter().all(|pattern| rules.iter().any(|rule| matches(permission, pattern, rule)))
+    }
+
     /// What `session` was allowed, in the order it was.
     pub fn of(&self, session: &str) -> Vec<Rule> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).get(session).cloned().unwrap_or_default()
@@ -348,5 +355,17 @@ mod tests {
         assert_eq!(evaluate("bash", "git status -s", &plan), "allow");
         let other = bridge_rules(APPROVALS_ASK, false, &always.of("s2"));
         assert_eq!(evaluate("bash", "git status -s", &other), "ask");
+    }
+
+    #[test]
+    fn a_request_is_covered_only_when_every_pattern_was_allowed_always_in_its_session() {
+        let always = AlwaysAllowed::default();
+        always.allow("s1", "bash", &["git status *".into()]);
+        let asked = |patterns: &[&str]| patterns.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        assert!(always.covers("s1", "bash", &asked(&["git status -s"])));
+        assert!(!always.covers("s1", "bash", &asked(&["git status -s", "rm -rf x"])), "one pattern not allowed");
+        assert!(!always.covers("s1", "edit", &asked(&["git status -s"])), "another permission");
+        assert!(!always.covers("s2", "bash", &asked(&["git status -s"])), "another session");
+        assert!(!always.covers("s1", "bash", &[]), "a request that names nothing is asked");
     }
 }

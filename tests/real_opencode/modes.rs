@@ -1,6 +1,7 @@
 //! What the session's mode and approvals promise, against the real OpenCode and a hostile scripted model: plan
 //! mode never edits or runs a command unasked (both backends), and `ask` asks before a subagent's command, before
-//! a workspace's own plugins and MCP servers load, and before a command template's shell runs.
+//! a workspace's own plugins and MCP servers load, and before a command template's shell runs; an "always"
+//! answered in build mode never lets plan mode edit.
 
 use super::*;
 
@@ -114,6 +115,59 @@ fn plan_mode_with_ask_refuses_edits_and_asks_before_commands_none() {
 fn plan_mode_with_ask_refuses_edits_and_asks_before_commands_bwrap() {
     if bwrap_ok("plan_with_ask_bwrap") {
         plan_with_ask("bwrap", "plan_with_ask_bwrap");
+    }
+}
+
+/// `ask`, and the user answers "always" in build mode: the rest of that turn's edits are not asked again; then in
+/// plan mode the same session's edits are still refused (the "always" never outranks the mode), unasked.
+fn always_then_plan(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    std::fs::write(ws.join("notes.txt"), "line one\n").unwrap();
+    let mut bridge = world.start_with(world.backend_options(sandbox, "serve"));
+    let sid = bridge.new_session(&ws);
+    set_option(&mut bridge, &sid, "approvals", "ask");
+    bridge.permission_answer = Some("allow_always".into());
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:planedit build it", "build + ask, always");
+    assert_end_turn(&bridge, &turn);
+    let asked: Vec<&str> =
+        bridge.permission_requests.iter().filter_map(|r| r["toolCall"]["toolCallId"].as_str()).collect();
+    assert_eq!(asked, ["call_fake_0_0", "call_fake_2_0"], "the edit after an always edit is not asked: {asked:?}");
+    assert_eq!(std::fs::read_to_string(ws.join("new.txt")).unwrap(), "written in plan mode\n");
+    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "edited in plan mode\n");
+
+    std::fs::write(ws.join("notes.txt"), "line one\n").unwrap();
+    for made in ["new.txt", "ran.txt"] {
+        std::fs::remove_file(ws.join(made)).unwrap();
+    }
+    bridge.permission_requests.clear();
+    bridge.permission_answer = Some("allow_once".into());
+    set_option(&mut bridge, &sid, "mode", "plan");
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:planedit plan it", "plan + ask after always");
+    assert_end_turn(&bridge, &turn);
+    assert!(!ws.join("new.txt").exists(), "plan mode wrote a file allowed always in build: {:#?}", turn.updates);
+    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "line one\n", "plan mode edited a file");
+    for (id, step) in [("call_fake_0_0", 1), ("call_fake_1_0", 2)] {
+        assert_eq!(final_status(&turn.updates, id), "failed", "{id}: {:#?}", turn.updates);
+        assert!(tool_results(&world.server, "planedit", step).contains(REFUSED), "step {step}");
+    }
+    let asked: Vec<&str> =
+        bridge.permission_requests.iter().filter_map(|r| r["toolCall"]["toolCallId"].as_str()).collect();
+    assert!(
+        !asked.iter().any(|id| *id == "call_fake_0_0" || *id == "call_fake_1_0"),
+        "edits refused unasked: {asked:?}"
+    );
+}
+
+#[test]
+fn an_always_answer_in_build_mode_never_lets_plan_mode_edit_none() {
+    always_then_plan("none", "always_then_plan_none");
+}
+
+#[test]
+fn an_always_answer_in_build_mode_never_lets_plan_mode_edit_bwrap() {
+    if bwrap_ok("always_then_plan_bwrap") {
+        always_then_plan("bwrap", "always_then_plan_bwrap");
     }
 }
 

@@ -15,7 +15,7 @@ pub(super) mod guard;
 pub mod sse;
 mod turn;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -72,10 +72,9 @@ pub struct Server {
     last_used: Mutex<Instant>,
     /// How many turns use it: never stopped for idleness or for room while one does.
     busy: std::sync::atomic::AtomicUsize,
-    /// The OpenCode sessions this server has served (a known one needs no existence check), with what their rules
-    /// were last made for and the agent they were composed with. Never a reason to skip giving a turn its rules:
-    /// another server or bridge may have written them since.
-    pub(super) permissions: Mutex<HashMap<String, (String, String)>>,
+    /// The OpenCode sessions this server has given their rules: a known one needs no existence check. Never a reason
+    /// to skip giving a turn its rules: another server or bridge may have written them since.
+    pub(super) served: Mutex<HashSet<String>>,
     /// What it was started for ([`Profile::key`]): a turn that wants another starts a fresh server.
     profile: String,
     /// Where the server's event stream goes: every running turn's receiver (each picks its own session's events).
@@ -603,7 +602,7 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
         stderr,
         last_used: Mutex::new(Instant::now()),
         busy: 0.into(),
-        permissions: Mutex::default(),
+        served: Mutex::default(),
         profile,
         freed,
         hold: None,

@@ -223,7 +223,7 @@ impl Turn<'_> {
             stderr_tail: server.stderr_tail(),
             exit_code: server.exit().and_then(|exit| exit.code),
         };
-        let known = |id: &str| server.permissions.lock().unwrap_or_else(|p| p.into_inner()).contains_key(id);
+        let known = |id: &str| server.served.lock().unwrap_or_else(|p| p.into_inner()).contains(id);
         let ses = match native_id {
             // This server already served it: no need to ask again whether it exists.
             Some(id) if known(id) => id.to_string(),
@@ -541,7 +541,12 @@ impl Turn<'_> {
         let always = self.bridge.always_rules.clone();
         let asking = approvals == options::APPROVALS_ASK;
         tokio::spawn(async move {
-            let reply = if asking {
+            // OpenCode asks again within the turn that an "always" was given in (the session's rules carry it only
+            // from its next turn on): the bridge answers for the user what the user already allowed.
+            let allowed = asking && always.covers(&session, &ask.permission, &ask.patterns);
+            let reply = if allowed {
+                "once"
+            } else if asking {
                 let options = vec![
                     PermissionOption::new("once", "Allow once", PermissionOptionKind::AllowOnce),
                     PermissionOption::new("always", "Always allow", PermissionOptionKind::AllowAlways),
@@ -565,7 +570,7 @@ impl Turn<'_> {
             } else {
                 "once"
             };
-            tracing::info!(session = %session, request = %ask.request_id, reply, "answering OpenCode's permission request");
+            tracing::info!(session = %session, request = %ask.request_id, reply, allowed, "answering OpenCode's permission request");
             let path = format!("/permission/{}/reply", ask.request_id);
             if let Err(e) =
                 client.call_within(REQUEST_LIMIT, Method::POST, &path, Some(&json!({ "reply": reply }))).await
@@ -596,7 +601,6 @@ async fn session_rules(
     let approvals = options::approvals(&record.config);
     let mode = options::opencode_agent(&record.config);
     let allowed = bridge.always_allowed(&record.id);
-    let wanted = format!("{approvals} {} {}", mode.unwrap_or(""), allowed.len());
     let agents = client.call_within(REQUEST_LIMIT, Method::GET, "/agent", None).await.map_err(failed)?;
     let (agent, own) =
         agent_rules(&agents, mode).map_err(|why| failed(ClientError::Invalid { what: "GET /agent".into(), why }))?;
@@ -619,7 +623,7 @@ async fn session_rules(
         .call_within(REQUEST_LIMIT, Method::PATCH, &format!("/session/{ses}"), Some(&json!({ "permission": rules })))
         .await
         .map_err(failed)?;
-    server.permissions.lock().unwrap_or_else(|p| p.into_inner()).insert(ses.to_string(), (wanted, agent.clone()));
+    server.served.lock().unwrap_or_else(|p| p.into_inner()).insert(ses.to_string());
     Ok(agent)
 }
 
@@ -805,7 +809,8 @@ fn foreign_permission(event: &str, children: &[String]) -> Option<PermissionAsk>
     );
     let always = properties["always"].as_array().into_iter().flatten().filter_map(Value::as_str).map(String::from);
     let permission = properties["permission"].as_str().unwrap_or("").to_string();
-    Some(PermissionAsk { request_id: id, tool_call, always: always.collect(), permission })
+    let patterns = patterns.into_iter().map(String::from).collect();
+    Some(PermissionAsk { request_id: id, tool_call, always: always.collect(), permission, patterns })
 }
 
 enum Outcome {

@@ -442,6 +442,7 @@ impl ServeTranslator {
             tool_call: ToolCallUpdate::new(id, fields),
             always: ask.always,
             permission: ask.permission,
+            patterns: ask.patterns,
         })]
     }
 }

@@ -352,7 +352,7 @@ fn a_permission_names_the_card_of_its_tool() {
     assert_eq!(
         out[1],
         json!({"output": "permission", "request_id": "per_1", "always": ["/etc/*"], "permission": "external_directory",
-            "tool_call": {"toolCallId": "call_1", "title": "cat /etc/hosts (outside the workspace: /etc)", "kind": "execute"}})
+            "patterns": ["/etc/*"], "tool_call": {"toolCallId": "call_1", "title": "cat /etc/hosts (outside the workspace: /etc)", "kind": "execute"}})
     );
     // The tool's own title comes back once the permission is answered.
     assert_eq!(out[2]["title"], "cat /etc/hosts");
