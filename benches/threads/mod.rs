@@ -123,7 +123,17 @@ fn one_run(name: &str, opencode: &Path, sandbox: &str, config: &str, dir: &Path)
         .collect();
     run.round_robin = median(times);
     run.pss_kib = tree_pss_kib(client.child.id());
-    run.servers = tree_processes(client.child.id()).iter().filter(|(_, cmd)| is_server(cmd)).count();
+    let servers: Vec<(u32, String)> =
+        tree_processes(client.child.id()).into_iter().filter(|(_, cmd)| is_server(cmd)).collect();
+    if servers.len() > 1 && name.starts_with("acp-sandbox") {
+        // Which ones, to tell a second server of the workspace from a process OpenCode forked with its arguments.
+        for (pid, cmd) in &servers {
+            let parent = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let parent = parent.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)).unwrap_or("?");
+            eprintln!("threads   server pid {pid} (parent {parent}): {cmd}");
+        }
+    }
+    run.servers = servers.len();
     drop(client.stdin);
     let _ = client.child.kill();
     let _ = client.child.wait();
