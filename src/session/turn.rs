@@ -364,7 +364,7 @@ impl Turn<'_> {
         let sink_session = self.record.id.clone();
         let emitter = Emitter {
             store: store.clone(),
-            outbox: Outbox::new(move |update| sink.send_json(&sink_session, update)),
+            outbox: Outbox::new(move |run| sink.send_json_run(&sink_session, run)),
             session_id: self.record.id.clone(),
             turn_id,
             prior_cost,
@@ -1305,7 +1305,7 @@ mod tests {
         cancel.cancel();
         let emitter = Emitter {
             store,
-            outbox: Outbox::new(move |update| seen.lock().unwrap().push(update)),
+            outbox: Outbox::new(move |run| seen.lock().unwrap().extend(run)),
             session_id: "s".into(),
             turn_id,
             prior_cost: 0.0,
