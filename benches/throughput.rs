@@ -287,10 +287,13 @@ fn bench_stream() {
     let session =
         bridge.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
     let before = bridge.notifications;
+    let stat = format!("/proc/{}/stat", bridge.child.id());
+    let cpu_before = cpu_ms_of(&stat);
     let start = Instant::now();
     let answer =
         bridge.request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "stream"}]}));
     let elapsed = start.elapsed();
+    let cpu = cpu_ms_of(&stat).zip(cpu_before).map(|(after, before)| after - before);
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     assert!(bridge.notifications - before >= count, "every update reached the client before the answer");
     let load = Instant::now();
@@ -299,10 +302,11 @@ fn bench_stream() {
     drop(bridge.stdin);
     let _ = bridge.child.wait();
     println!(
-        "bridge    stream    {count:>6} updates {:>8.1} ms  {:>9.0} updates/s (CLI to editor, each stored first)  replay {:>8.1} ms",
+        "bridge    stream    {count:>6} updates {:>8.1} ms  {:>9.0} updates/s (CLI to editor, each stored first)  replay {:>8.1} ms  bridge CPU {:>6.0} ms",
         elapsed.as_secs_f64() * 1e3,
         count as f64 / elapsed.as_secs_f64(),
-        load.as_secs_f64() * 1e3
+        load.as_secs_f64() * 1e3,
+        cpu.unwrap_or(f64::NAN)
     );
 }
 
@@ -903,6 +907,17 @@ fn stopped_below(root: u32, needle: &str) -> bool {
 
 fn peak_rss_kib() -> Option<u64> {
     peak_rss_kib_of("/proc/self/status")
+}
+
+/// The CPU time (user and system, all threads) a live process has used, in ms, from its `/proc/<pid>/stat`: unlike
+/// a rate, it hardly changes with what else the machine runs.
+fn cpu_ms_of(stat_file: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(stat_file).ok()?;
+    // The fields after the command (which may hold spaces), from the third: utime and stime are the 14th and 15th.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // In USER_HZ, which Linux fixes at 100 for every user-space interface (`getconf CLK_TCK`).
+    Some(ticks * 10.0)
 }
 
 fn peak_rss_kib_of(status_file: &str) -> Option<u64> {

@@ -72,9 +72,17 @@ impl UpdateSink for ConnectionSink {
     }
 
     fn send_json(&self, session_id: &str, update: String) {
-        // The update as the store kept it, byte for byte (a new file's diff already says `"oldText": null`).
-        let notification = transport::prepared_update(session_id, &update);
-        drop(update);
+        self.send_json_run(session_id, vec![update]);
+    }
+
+    fn send_json_run(&self, session_id: &str, updates: Vec<String>) {
+        // The updates as the store kept them, byte for byte (a new file's diff already says `"oldText": null`),
+        // through the SDK as one message: one hand-off for the run, not one per update.
+        if updates.is_empty() {
+            return;
+        }
+        let notification = transport::prepared_updates(session_id, &updates);
+        drop(updates);
         if let Err(e) = self.connection.send_notification(notification) {
             tracing::debug!(session = session_id, "could not send an update: {e}");
         }

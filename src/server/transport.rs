@@ -348,27 +348,35 @@ fn shorten_value(value: &mut Value) {
     }
 }
 
-/// The one member of the params of a [`prepared_update`]: its value is the whole line to write.
+/// The one member of the params of [`prepared_updates`]: its value is the lines to write, each ended by a newline
+/// but the last.
 const PREPARED_LINE: &str = "acpSandboxPreparedLine";
 
-/// The `session/update` notification of an update already serialized (`update` is the JSON of a `SessionUpdate`),
-/// to send through the SDK: it keeps its place among everything else the connection sends (a turn's updates stay
-/// before its answer), but neither the SDK nor the transport serializes the update again. It carries its whole
-/// line, which [`outgoing_line`] writes as it is: for a stream of updates that saves most of the bridge's work.
-pub(super) fn prepared_update(session_id: &str, update: &str) -> UntypedMessage {
+/// The `session/update` notifications of updates already serialized (each the JSON of a `SessionUpdate`), to send
+/// through the SDK as one message: they keep their place among everything else the connection sends (a turn's
+/// updates stay before its answer), but neither the SDK nor the transport serializes an update again, and a run of
+/// them costs the SDK one message. It carries their whole lines, which [`outgoing_line`] writes as they are: for a
+/// stream of updates that saves most of the bridge's work.
+pub(super) fn prepared_updates(session_id: &str, updates: &[String]) -> UntypedMessage {
     let method = agent_client_protocol::v1::schema::CLIENT_METHOD_NAMES.session_update;
     let session = serde_json::to_string(session_id).unwrap_or_else(|_| "\"\"".into());
-    // The members in the order the SDK writes a `SessionNotification`, so the line is the one it would write.
-    let mut line = String::with_capacity(update.len() + session.len() + 80);
-    line.push_str(r#"{"jsonrpc":"2.0","method":""#);
-    line.push_str(method);
-    line.push_str(r#"","params":{"sessionId":"#);
-    line.push_str(&session);
-    line.push_str(r#","update":"#);
-    line.push_str(update);
-    line.push_str("}}");
+    let size = updates.iter().map(|update| update.len() + session.len() + 81).sum();
+    let mut lines = String::with_capacity(size);
+    for update in updates {
+        if !lines.is_empty() {
+            lines.push('\n');
+        }
+        // The members in the order the SDK writes a `SessionNotification`, so the line is the one it would write.
+        lines.push_str(r#"{"jsonrpc":"2.0","method":""#);
+        lines.push_str(method);
+        lines.push_str(r#"","params":{"sessionId":"#);
+        lines.push_str(&session);
+        lines.push_str(r#","update":"#);
+        lines.push_str(update);
+        lines.push_str("}}");
+    }
     let mut members = serde_json::Map::new();
-    members.insert(PREPARED_LINE.to_string(), Value::String(line));
+    members.insert(PREPARED_LINE.to_string(), Value::String(lines));
     UntypedMessage { method: method.to_string(), params: Value::Object(members) }
 }
 
@@ -707,10 +715,23 @@ mod tests {
         for (session, text) in [("ses_1", "plain"), ("ses \"2\"\n\u{1}", "a \"quoted\"\nline\u{0} é \u{2028}")] {
             let update = SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::from(text.to_string())));
             let json = serde_json::to_string(&update).unwrap();
-            let line = through_the_sdk(prepared_update(session, &json)).unwrap();
+            let line = through_the_sdk(prepared_updates(session, std::slice::from_ref(&json))).unwrap();
             assert_eq!(line, sdk_line(session, &update));
             assert!(!line.contains('\n'), "one line: {line}");
         }
+    }
+
+    #[test]
+    fn a_run_of_prepared_updates_is_written_as_their_lines_one_after_the_other() {
+        use agent_client_protocol::v1::schema::{ContentBlock, ContentChunk, SessionUpdate};
+        let updates: Vec<SessionUpdate> = ["one", "two\nlines", "three"]
+            .into_iter()
+            .map(|text| SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::from(text.to_string()))))
+            .collect();
+        let json: Vec<String> = updates.iter().map(|update| serde_json::to_string(update).unwrap()).collect();
+        let written = through_the_sdk(prepared_updates("ses_1", &json)).unwrap();
+        let expected: Vec<String> = updates.iter().map(|update| sdk_line("ses_1", update)).collect();
+        assert_eq!(written, expected.join("\n"));
     }
 
     #[test]
@@ -747,7 +768,7 @@ mod tests {
         for n in 0..5000 {
             let update =
                 format!(r#"{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{n}"}}}}"#);
-            let UntypedMessage { method, params } = prepared_update("ses_1", &update);
+            let UntypedMessage { method, params } = prepared_updates("ses_1", std::slice::from_ref(&update));
             expected.push(format!(
                 r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"ses_1","update":{update}}}}}"#
             ));

@@ -49,6 +49,14 @@ pub trait UpdateSink: Send + Sync {
         }
     }
 
+    /// Sends a run of updates already serialized, in order, as [`UpdateSink::send_json`] would one by one: a sink
+    /// that writes JSON hands the whole run on at once.
+    fn send_json_run(&self, session_id: &str, updates: Vec<String>) {
+        for update in updates {
+            self.send_json(session_id, update);
+        }
+    }
+
     /// Asks the user to allow a tool call (`session/request_permission`). `None` when nobody can answer (no
     /// editor, or it went away): the caller treats it as a rejection.
     async fn request_permission(

@@ -364,7 +364,7 @@ impl Turn<'_> {
         let sink_session = self.record.id.clone();
         let emitter = Emitter {
             store: store.clone(),
-            outbox: Outbox::new(move |update| sink.send_json(&sink_session, update)),
+            outbox: Outbox::new(move |run| sink.send_json_run(&sink_session, run)),
             session_id: self.record.id.clone(),
             turn_id,
             prior_cost,
@@ -1084,9 +1084,15 @@ impl<R: tokio::io::AsyncRead + Unpin> BoundedLines<R> {
         if self.line.len() + used > self.limit {
             return None;
         }
-        self.line.extend_from_slice(&buffer[..used]);
+        let line = if self.line.is_empty() {
+            // Allocated once at its size, not grown a doubling at a time: a fast stream is mostly such lines.
+            Line { bytes: buffer[..used].to_vec(), cut: false }
+        } else {
+            self.line.extend_from_slice(&buffer[..used]);
+            self.take()
+        };
         self.reader.consume(used);
-        Some(self.take())
+        Some(line)
     }
 
     /// The next line; `None` at the end of the stream. A last line without a newline is a line too.
@@ -1102,6 +1108,16 @@ impl<R: tokio::io::AsyncRead + Unpin> BoundedLines<R> {
             }
             let newline = buffer.iter().position(|&b| b == b'\n');
             let used = newline.map_or(buffer.len(), |at| at + 1);
+            if let Some(at) = newline
+                && self.line.is_empty()
+                && !self.cutting
+                && used <= self.limit
+            {
+                // A whole line in the buffer: allocated once at its size (as in `buffered_line`).
+                let line = Line { bytes: buffer[..=at].to_vec(), cut: false };
+                self.reader.consume(used);
+                return Ok(Some(line));
+            }
             if !self.cutting {
                 let room = self.limit - self.line.len();
                 let kept = used.min(room);
@@ -1305,7 +1321,7 @@ mod tests {
         cancel.cancel();
         let emitter = Emitter {
             store,
-            outbox: Outbox::new(move |update| seen.lock().unwrap().push(update)),
+            outbox: Outbox::new(move |run| seen.lock().unwrap().extend(run)),
             session_id: "s".into(),
             turn_id,
             prior_cost: 0.0,

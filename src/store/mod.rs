@@ -328,6 +328,17 @@ pub struct History {
 #[must_use = "a write is only persisted once its acknowledgement says so"]
 pub struct Ack(oneshot::Receiver<Result<()>>);
 
+impl Ack {
+    /// The outcome if the write is already committed (or failed), without waiting; `None` while it is not.
+    fn now(&mut self) -> Option<Result<()>> {
+        match self.0.try_recv() {
+            Ok(reply) => Some(reply),
+            Err(oneshot::error::TryRecvError::Empty) => None,
+            Err(oneshot::error::TryRecvError::Closed) => Some(Err(StoreError::Stopped)),
+        }
+    }
+}
+
 impl Future for Ack {
     type Output = Result<()>;
 
@@ -338,35 +349,70 @@ impl Future for Ack {
 
 /// Hands items on in order, each only once the store acknowledged the write that goes with it: what a turn
 /// sends to the editor is exactly what the store kept. After a failed write nothing more is handed on.
+///
+/// Items are handed on in runs: with the first one waited for come all that follow it already acknowledged (a
+/// commit acknowledges its whole batch at once), so that a fast stream costs its editor one hand-off per commit
+/// rather than one per update. A run never waits for more: an update alone in the queue goes on by itself.
 pub struct Outbox<T> {
     queue: Mutex<Option<tokio::sync::mpsc::UnboundedSender<(Ack, T)>>>,
     failure: Arc<Mutex<Option<StoreError>>>,
     forwarder: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// Held while an item is handed on, so that once [`Outbox::mute`] returns nothing more is.
+    /// Held while a run is handed on, so that once [`Outbox::mute`] returns nothing more is.
     muted: Arc<Mutex<bool>>,
 }
 
+/// The most items of one run, so that one run's memory stays bounded whatever the backlog (and its message
+/// stays below the allocator's threshold for a mapping of its own: a run of short updates takes some 50 KiB).
+const OUTBOX_RUN: usize = 256;
+
 impl<T: Send + 'static> Outbox<T> {
-    /// An outbox handing items to `deliver` (on a task of its own; must be called within a tokio runtime).
-    pub fn new(mut deliver: impl FnMut(T) + Send + 'static) -> Self {
+    /// An outbox handing runs of items, in order, to `deliver` (on a task of its own; must be called within a
+    /// tokio runtime).
+    pub fn new(mut deliver: impl FnMut(Vec<T>) + Send + 'static) -> Self {
         let (queue, mut items) = tokio::sync::mpsc::unbounded_channel::<(Ack, T)>();
         let failure = Arc::new(Mutex::new(None));
         let failed = failure.clone();
         let muted = Arc::new(Mutex::new(false));
         let silenced = muted.clone();
         let forwarder = tokio::spawn(async move {
-            while let Some((ack, item)) = items.recv().await {
-                match ack.await {
-                    Ok(()) => {
-                        let muted = lock(&silenced);
-                        if !*muted {
-                            deliver(item);
+            // An item taken from the queue whose write was not committed yet: the next run starts with it.
+            let mut waiting: Option<(Ack, T)> = None;
+            loop {
+                let Some((ack, item)) = (match waiting.take() {
+                    Some(next) => Some(next),
+                    None => items.recv().await,
+                }) else {
+                    return;
+                };
+                let mut failure = ack.await.err();
+                let mut run = Vec::new();
+                if failure.is_none() {
+                    run.push(item);
+                    while run.len() < OUTBOX_RUN
+                        && let Ok((mut ack, item)) = items.try_recv()
+                    {
+                        match ack.now() {
+                            Some(Ok(())) => run.push(item),
+                            Some(Err(error)) => {
+                                failure = Some(error);
+                                break;
+                            }
+                            None => {
+                                waiting = Some((ack, item));
+                                break;
+                            }
                         }
                     }
-                    Err(error) => {
-                        *lock(&failed) = Some(error);
-                        return;
+                }
+                if !run.is_empty() {
+                    let muted = lock(&silenced);
+                    if !*muted {
+                        deliver(run);
                     }
+                }
+                if let Some(error) = failure {
+                    *lock(&failed) = Some(error);
+                    return;
                 }
             }
         });

@@ -90,6 +90,26 @@ impl Writer {
     }
 }
 
+/// Appends one update with `insert`, prepared on its first use.
+fn append<'c>(
+    connection: &'c Connection,
+    insert: &mut Option<rusqlite::CachedStatement<'c>>,
+    session_id: &str,
+    turn_id: i64,
+    payload: &str,
+    at: i64,
+) -> Result<(), Failure> {
+    let statement =
+        match insert {
+            Some(statement) => statement,
+            None => insert.insert(connection.prepare_cached(
+                "INSERT INTO events (session_id, turn_id, payload, created_at) VALUES (?1, ?2, ?3, ?4)",
+            )?),
+        };
+    statement.execute(params![session_id, turn_id, payload, at])?;
+    Ok(())
+}
+
 /// The pauses between tries on another program's lock, in ms (SQLite's own busy timeout's, then the last one over).
 const LOCK_RETRY_MS: [u64; 12] = [1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100];
 
@@ -271,6 +291,8 @@ impl WriterThread {
             return Err(self.context.error(error.into()));
         }
         let mut jobs = jobs.into_iter();
+        // The insert of updates, taken from the statement cache once per transaction rather than once per update.
+        let mut insert = None;
         for job in jobs.by_ref() {
             let fatal = match job {
                 Job::Append { reply, turn_id, .. } if self.broken.contains_key(&turn_id) => {
@@ -279,7 +301,8 @@ impl WriterThread {
                     None
                 }
                 Job::Append { session_id, turn_id, payload, at, reply } => {
-                    let result = self.append(&session_id, turn_id, &payload, at).map_err(|f| self.context.error(f));
+                    let result = append(&self.connection, &mut insert, &session_id, turn_id, &payload, at)
+                        .map_err(|f| self.context.error(f));
                     let fatal = self.fatal(&result);
                     if let Err(error) = &result {
                         self.broken.insert(turn_id, error.clone());
@@ -314,14 +337,6 @@ impl WriterThread {
         self.context.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Committed into a file that is no longer the store's (its data dir deleted meanwhile): lost all the same.
         self.context.check_file()
-    }
-
-    fn append(&self, session_id: &str, turn_id: i64, payload: &str, at: i64) -> Result<(), Failure> {
-        let mut insert = self
-            .connection
-            .prepare_cached("INSERT INTO events (session_id, turn_id, payload, created_at) VALUES (?1, ?2, ?3, ?4)")?;
-        insert.execute(params![session_id, turn_id, payload, at])?;
-        Ok(())
     }
 
     /// Runs `work` in a savepoint: a job that fails alone leaves the rest of the transaction as it was.
