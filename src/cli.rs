@@ -75,6 +75,10 @@ struct SandboxInit {
     /// (`--sandbox none`, where no PID namespace does it).
     #[arg(long)]
     reap: bool,
+    /// A kept-warm server: relay PROGRAM's output (its reader may go away) and end everything once no
+    /// connection has come through the door for SECS seconds.
+    #[arg(long, requires = "door_port", value_name = "SECS")]
+    keep_warm_secs: Option<u64>,
     /// Stop everything once the tree has more than N processes (where no cgroup limits it).
     #[arg(long)]
     max_processes: Option<u64>,
@@ -173,6 +177,10 @@ struct Settings {
     /// session in one sandbox (workspace), or each thread its own sandbox and server (session).
     #[arg(long, global = true, env = "ACP_SANDBOX_SERVER_SCOPE", value_enum, default_value = "workspace")]
     server_scope: acp_sandbox::config::ServerScope,
+    /// Keep a warm OpenCode server running this long after its editor quit (`10m`, `2h`; a bare number is
+    /// seconds), for the next start to use at once; 0 keeps none and stops those kept before [default: 0].
+    #[arg(long, global = true, env = "ACP_SANDBOX_KEEP_WARM", value_parser = parse_linger, value_name = "DURATION")]
+    keep_warm: Option<Duration>,
     /// End a turn still running after this many seconds.
     #[arg(long, global = true, env = "ACP_SANDBOX_TURN_TIMEOUT", default_value_t = 1800)]
     turn_timeout: u64,
@@ -278,6 +286,7 @@ impl Settings {
         config.server_idle_timeout = Duration::from_secs(self.server_idle_timeout.max(1));
         config.max_servers = self.max_servers.max(1);
         config.server_scope = self.server_scope;
+        config.keep_warm = self.keep_warm.filter(|linger| !linger.is_zero());
         config.remote_idle = self.remote_idle;
         config.remote_upload_secrets = self.remote_upload_secrets;
         if let Some(dirs) = directories::BaseDirs::new() {
@@ -290,14 +299,23 @@ impl Settings {
     }
 }
 
+/// A `--keep-warm` duration: humantime's `90s`, `10m`, `2h 30m`, or a bare number of seconds.
+fn parse_linger(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    match text.parse::<u64>() {
+        Ok(secs) => Ok(Duration::from_secs(secs)),
+        Err(_) => humantime::parse_duration(text).map_err(|e| format!("{e} (for example 600, 90s, 10m or 2h)")),
+    }
+}
+
 /// A path given on the command line, made absolute against the current directory.
 fn absolute(path: &std::path::Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// Settings that only the server uses: `prompt --help` does not list them.
-const SERVER_ONLY: [&str; 6] =
-    ["replay_limit", "context_window", "amp_modes", "server_idle_timeout", "max_servers", "server_scope"];
+const SERVER_ONLY: [&str; 7] =
+    ["replay_limit", "context_window", "amp_modes", "server_idle_timeout", "max_servers", "server_scope", "keep_warm"];
 
 /// The command line, with each subcommand's help showing only the settings it uses (they are global, so that
 /// `acp-sandbox serve --agent amp` works as well as `acp-sandbox --agent amp`).
@@ -396,6 +414,7 @@ fn sandbox_init(init: SandboxInit) -> ExitCode {
         guard_door: init.guard_door,
         no_unix_sockets: init.no_unix_sockets,
         reap: init.reap,
+        keep_warm: init.keep_warm_secs.map(Duration::from_secs),
         max_processes: init.max_processes,
         max_memory: init.max_memory,
         program,

@@ -115,6 +115,9 @@ pub struct Config {
     pub max_servers: usize,
     /// Whether the sessions of one workspace share a sandbox and a warm server.
     pub server_scope: ServerScope,
+    /// `--keep-warm`: a local warm server outlives its bridge for this long, for the next bridge to adopt.
+    /// `None` (the default, and `0`) keeps none, and stops those an earlier bridge kept.
+    pub keep_warm: Option<Duration>,
     /// What a remote sandbox does between turns.
     pub remote_idle: RemoteIdle,
     /// `--remote-upload-secrets`: a remote sandbox gets the workspace's secret files too (`.env*`, private keys,
@@ -179,6 +182,7 @@ impl Config {
             server_idle_timeout: Duration::from_secs(600),
             max_servers: 4,
             server_scope: ServerScope::Workspace,
+            keep_warm: None,
             remote_idle: RemoteIdle::Pause,
             remote_upload_secrets: false,
         }

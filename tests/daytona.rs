@@ -280,7 +280,7 @@ async fn output_streams_while_the_command_runs_and_the_exit_code_follows() {
     let (_provider, _id, sandbox) = created(&fake, "s-stream").await;
     let go = sandbox.state_dir().join("go");
     let script = r#"echo one; echo warn >&2; while [ ! -f "$GO" ]; do sleep 0.02; done; echo two; exit 3"#;
-    let RunningProcess { stdout, mut stderr, mut handle, door } =
+    let RunningProcess { stdout, mut stderr, mut handle, door, .. } =
         sandbox.exec(shell(sandbox.as_ref(), script, &[("GO", &go.display().to_string())])).await.unwrap();
     assert!(door.is_none());
     let mut lines = AsyncBufReader::new(stdout).lines();

@@ -1460,3 +1460,6 @@ mod isolation;
 
 #[path = "real_opencode/modes.rs"]
 mod modes;
+
+#[path = "real_opencode/keep_warm.rs"]
+mod keep_warm;

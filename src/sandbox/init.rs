@@ -53,6 +53,11 @@ pub struct InitArgs {
     /// Become the subreaper of the CLI's tree and end all of it when the CLI exits or a stop signal arrives:
     /// without a PID namespace, daemons it started (`setsid`, double fork) would otherwise outlive the turn.
     pub reap: bool,
+    /// A server kept warm past its bridge (`--keep-warm`): its output is relayed (a write to a pipe whose reader,
+    /// the bridge, is gone would fail the server), and everything ends once no connection came through the door
+    /// for this long. Its bridge keeps the event stream open all the time, so this counts from when the last
+    /// bridge let go of it.
+    pub keep_warm: Option<Duration>,
     /// Where no cgroup limits the sandbox: at most this many processes in it, watched from here.
     pub max_processes: Option<u64>,
     /// Where no cgroup limits the sandbox: at most this much resident memory in it, watched from here.
@@ -110,10 +115,11 @@ async fn supervise(args: InitArgs) -> i32 {
         };
         tokio::spawn(serve(listener, socket.clone(), door));
     }
+    let door_use = Arc::new(std::sync::Mutex::new(DoorUse { open: 0, since: std::time::Instant::now() }));
     if let Some((fd, port)) = args.door {
         match inbound_listener(fd) {
             Ok(listener) => {
-                tokio::spawn(serve_inbound(listener, port));
+                tokio::spawn(serve_inbound(listener, port, door_use.clone()));
             }
             Err(e) => {
                 complain(&format!("cannot use the bridge's door (fd {fd}): {e}"));
@@ -152,6 +158,9 @@ async fn supervise(args: InitArgs) -> i32 {
     };
     let mut command = Command::new(&args.program);
     command.args(&args.args);
+    if args.keep_warm.is_some() {
+        command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    }
     if let Some(filter) = unix_filter {
         // SAFETY: the closure makes one prctl on a program built before the fork and moved into it.
         unsafe {
@@ -175,11 +184,34 @@ async fn supervise(args: InitArgs) -> i32 {
             return if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
         }
     };
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(relay(out, tokio::io::stdout()));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(relay(err, tokio::io::stderr()));
+    }
     let mut watch = tokio::time::interval(WATCH_EVERY);
     let mut reap = tokio::time::interval(REAP_EVERY);
+    let mut linger = tokio::time::interval(LINGER_CHECK_EVERY);
     let program = child.id();
     loop {
         let forward = tokio::select! {
+            _ = linger.tick(), if args.keep_warm.is_some() => {
+                let unused = {
+                    let door_use = door_use.lock().unwrap_or_else(|p| p.into_inner());
+                    (door_use.open == 0).then(|| door_use.since.elapsed())
+                };
+                if let (Some(unused), Some(keep)) = (unused, args.keep_warm)
+                    && unused >= keep
+                {
+                    complain(&format!("no bridge used this server for {} s; stopping it", keep.as_secs()));
+                    super::local::kill_descendants(std::process::id());
+                    let _ = child.wait().await;
+                    end_descendants();
+                    return 0;
+                }
+                continue;
+            }
             _ = strays.recv() => {
                 end_strays(program);
                 continue;
@@ -364,15 +396,39 @@ fn inbound_listener(fd: i32) -> std::io::Result<tokio::net::UnixListener> {
     tokio::net::UnixListener::from_std(listener)
 }
 
-async fn serve_inbound(listener: tokio::net::UnixListener, port: u16) {
+/// The door's connections open now, and since when none has been (a kept-warm server's clock).
+struct DoorUse {
+    open: usize,
+    since: std::time::Instant,
+}
+
+/// How often a kept-warm server's door is looked at for being unused.
+const LINGER_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+async fn serve_inbound(listener: tokio::net::UnixListener, port: u16, door_use: Arc<std::sync::Mutex<DoorUse>>) {
     loop {
         match listener.accept().await {
             Ok((mut client, _)) => {
+                door_use.lock().unwrap_or_else(|p| p.into_inner()).open += 1;
+                let door_use = door_use.clone();
                 tokio::spawn(async move {
                     // Refused while the server is still starting: the bridge sees the connection close and retries.
                     if let Ok(mut server) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await {
                         let _ = server.set_nodelay(true);
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        // Either side's end ends the connection: a bridge that went away must not leave it open
+                        // (a server's event stream never ends by itself, and a kept-warm server's clock waits for
+                        // the door to be unused).
+                        let (mut from_bridge, mut to_bridge) = client.split();
+                        let (mut from_server, mut to_server) = server.split();
+                        tokio::select! {
+                            _ = tokio::io::copy(&mut from_bridge, &mut to_server) => {}
+                            _ = tokio::io::copy(&mut from_server, &mut to_bridge) => {}
+                        }
+                    }
+                    let mut door_use = door_use.lock().unwrap_or_else(|p| p.into_inner());
+                    door_use.open -= 1;
+                    if door_use.open == 0 {
+                        door_use.since = std::time::Instant::now();
                     }
                 });
             }
@@ -380,6 +436,23 @@ async fn serve_inbound(listener: tokio::net::UnixListener, port: u16) {
                 complain(&format!("accept on the door failed: {e}"));
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+        }
+    }
+}
+
+/// Copies a kept-warm server's output to ours for as long as anyone reads it, and drops it afterwards: the
+/// server never sees its output fail when the bridge that read it is gone.
+async fn relay(mut from: impl tokio::io::AsyncRead + Unpin, mut to: impl tokio::io::AsyncWrite + Unpin) {
+    use tokio::io::AsyncReadExt;
+    let mut buffer = vec![0u8; 16 * 1024];
+    let mut reader_gone = false;
+    loop {
+        match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) if !reader_gone => {
+                reader_gone = to.write_all(&buffer[..n]).await.is_err() || to.flush().await.is_err();
+            }
+            Ok(_) => {}
         }
     }
 }
@@ -398,9 +471,10 @@ async fn open_tunnel(proxy: &mut UnixStream, port: u16) -> Result<Vec<u8>, Strin
 }
 
 /// One line on stderr: the only channel this process has (stdout is the CLI's, and there is no log here).
-#[allow(clippy::print_stderr)]
+/// Never fails: a kept-warm server's bridge, which read stderr, may be gone (and `eprintln!` would panic then).
 fn complain(message: &str) {
-    eprintln!("acp-sandbox sandbox-init: {message}");
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "acp-sandbox sandbox-init: {message}");
 }
 
 #[cfg(test)]

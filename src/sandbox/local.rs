@@ -502,7 +502,13 @@ struct NetSetup {
     port: u16,
     /// Host loopback endpoints shown on the same port inside.
     expose: Vec<u16>,
+    /// The socket's directory is mounted rather than the socket (a kept-warm server's: the bridge that adopts it
+    /// serves a new socket there).
+    in_dir: bool,
 }
+
+/// Where a kept-warm server's sandbox sees the directory of its proxy's socket.
+const INSIDE_NET_DIR: &str = "/run/acp-sandbox/net";
 
 impl LocalSandbox {
     /// The argv of bubblewrap around a command (pure, so it is unit-tested).
@@ -517,7 +523,11 @@ impl LocalSandbox {
     ) -> Vec<String> {
         let mut args: Vec<String> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(|s| s.to_string()));
-        push(&["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]);
+        // A kept-warm server outlives the bridge: its end is its own linger (`sandbox-init --keep-warm-secs`).
+        if spec.keep_warm.is_none() {
+            push(&["--die-with-parent"]);
+        }
+        push(&["--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]);
         if net.is_some() {
             push(&["--unshare-net"]);
         }
@@ -554,9 +564,19 @@ impl LocalSandbox {
         if let Some(init) = &init {
             push(&["--ro-bind", init, INSIDE_INIT]);
         }
-        if let Some(net) = net {
-            push(&["--ro-bind", &net.socket.display().to_string(), PROXY_SOCKET]);
-        }
+        let inside_socket = match net {
+            Some(net) if net.in_dir => {
+                let dir = net.socket.parent().unwrap_or(Path::new("/nonexistent")).display().to_string();
+                push(&["--ro-bind", &dir, INSIDE_NET_DIR]);
+                let name = net.socket.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                format!("{INSIDE_NET_DIR}/{name}")
+            }
+            Some(net) => {
+                push(&["--ro-bind", &net.socket.display().to_string(), PROXY_SOCKET]);
+                PROXY_SOCKET.to_string()
+            }
+            None => PROXY_SOCKET.to_string(),
+        };
         for path in read_only_later.iter().rev() {
             push(&["--remount-ro", path]);
         }
@@ -568,7 +588,7 @@ impl LocalSandbox {
             args.push(INSIDE_INIT.into());
             args.push("sandbox-init".into());
             if let Some(net) = net {
-                args.extend(["--proxy-socket".into(), PROXY_SOCKET.into()]);
+                args.extend(["--proxy-socket".into(), inside_socket]);
                 args.extend(["--proxy-port".into(), net.port.to_string()]);
                 for port in &net.expose {
                     args.extend(["--expose".into(), port.to_string()]);
@@ -576,6 +596,7 @@ impl LocalSandbox {
             }
             args.extend(watch_args(watch));
             args.extend(door_args(door));
+            args.extend(linger_args(spec));
             if door.is_some() {
                 // Under bubblewrap a server's tools must never reach it (`guard.rs`); `exec` checked the kernel.
                 args.push("--guard-door".into());
@@ -617,11 +638,25 @@ impl LocalSandbox {
         Ok(raw)
     }
 
-    /// Starts the proxy of one command and says how the sandbox reaches it.
+    /// Starts the proxy of one command and says how the sandbox reaches it: a kept-warm server's proxy serves its
+    /// socket in a directory of its own, at the same path whichever bridge serves it.
     async fn start_proxy(&self, spec: &ExecSpec) -> Result<(Proxy, NetSetup), SandboxError> {
-        crate::config::create_private_dir(&self.settings.run_dir)
-            .map_err(|e| SandboxError::io(format!("create {}", self.settings.run_dir.display()), e))?;
-        let socket = self.settings.run_dir.join(format!("{}.sock", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+        let run_dir = &self.settings.run_dir;
+        crate::config::create_private_dir(run_dir)
+            .map_err(|e| SandboxError::io(format!("create {}", run_dir.display()), e))?;
+        let socket = match &spec.keep_warm {
+            Some(keep) => {
+                let socket = super::warm::proxy_socket(run_dir, &keep.key);
+                if let Some(dir) = socket.parent() {
+                    crate::config::create_private_dir(dir)
+                        .map_err(|e| SandboxError::io(format!("create {}", dir.display()), e))?;
+                }
+                // What the bridge that served it before left (it was killed): replaced by this bridge's socket.
+                let _ = std::fs::remove_file(&socket);
+                socket
+            }
+            None => run_dir.join(format!("{}.sock", &uuid::Uuid::new_v4().simple().to_string()[..12])),
+        };
         let expose: Vec<u16> = spec
             .net
             .endpoints
@@ -643,7 +678,8 @@ impl LocalSandbox {
         let proxy = Proxy::start(&socket, policy, self.session_id.clone(), self.budget.clone())
             .await
             .map_err(|e| SandboxError::Unavailable(format!("cannot start the network proxy: {e}")))?;
-        Ok((proxy, NetSetup { socket, port, expose }))
+        let in_dir = spec.keep_warm.is_some();
+        Ok((proxy, NetSetup { socket, port, expose, in_dir }))
     }
 }
 
@@ -722,6 +758,20 @@ fn door_args(door: Option<(i32, u16)>) -> Vec<String> {
     }
 }
 
+/// `sandbox-init`'s arguments for a kept-warm server: how long it outlives its last bridge (at least a few seconds:
+/// the bridge's first health checks come and go before its event stream holds the door open).
+fn linger_args(spec: &ExecSpec) -> Vec<String> {
+    match (&spec.keep_warm, spec.serve_port) {
+        (Some(keep), Some(_)) => {
+            vec!["--keep-warm-secs".into(), keep.linger.as_secs().max(MIN_LINGER_SECS).to_string()]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The shortest linger a kept-warm server gets.
+pub const MIN_LINGER_SECS: u64 = 5;
+
 fn watch_args(watch: Option<Limits>) -> Vec<String> {
     match watch {
         Some(limits) => vec![
@@ -790,6 +840,20 @@ impl Sandbox for LocalSandbox {
         if let Err(e) = record_owner(&self.settings.run_dir, &self.session_id) {
             tracing::warn!(session = %self.session_id, "could not record this bridge as the owner: {e}");
         }
+        let kept = match (&spec.keep_warm, spec.serve_port) {
+            (Some(keep), Some(_)) => {
+                let fingerprint = super::warm::fingerprint(&spec, &super::warm::settings_digest(&self.settings));
+                if let Some(record) = super::warm::read(&self.settings.run_dir, &keep.key) {
+                    if record.fingerprint == fingerprint && record.alive() && record.door.exists() {
+                        return self.adopt(record, &spec).await;
+                    }
+                    tracing::info!(key = %keep.key, pid = record.pid, "stopping a kept-warm server started for another command or settings");
+                    super::warm::stop(&self.settings.run_dir, &record);
+                }
+                Some((keep.clone(), fingerprint))
+            }
+            _ => None,
+        };
         let state = StateDir::open(&self.state_dir)
             .map_err(|e| SandboxError::io(format!("open {}", self.state_dir.display()), e))?;
         // A shown directory becomes a real, writable directory of the state dir holding its entries: the CLI may
@@ -907,7 +971,11 @@ impl Sandbox for LocalSandbox {
                 let mut command = match &self.settings.init_program {
                     Some(init) => {
                         let mut command = Command::new(init);
-                        command.args(["sandbox-init", "--reap"]).args(watch_args(watch)).args(door_args(door));
+                        command
+                            .args(["sandbox-init", "--reap"])
+                            .args(watch_args(watch))
+                            .args(door_args(door))
+                            .args(linger_args(&spec));
                         command.arg("--");
                         command.arg(&spec.program).args(&spec.args);
                         command
@@ -931,6 +999,8 @@ impl Sandbox for LocalSandbox {
         let inherited: Vec<i32> = guards.inherited.iter().map(|fd| fd.as_raw_fd()).collect();
         let init_dies_politely =
             matches!(self.settings.isolation, Isolation::None(_)) && self.settings.init_program.is_some();
+        // A kept-warm server is not told of the bridge's death: it lingers, then ends itself.
+        let dies_with_bridge = kept.is_none();
         // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe syscalls on
         // data prepared before the fork. If the bridge is killed (Zed SIGKILLs it), the sandbox dies too instead of
         // running on unsupervised; bubblewrap does the same with --die-with-parent. The subreaper of `--sandbox
@@ -946,6 +1016,9 @@ impl Sandbox for LocalSandbox {
                 if let Some(rlimit) = rlimit.as_mut() {
                     rlimit()?;
                 }
+                if !dies_with_bridge {
+                    return Ok(());
+                }
                 let signal = if init_dies_politely { Signal::SIGTERM } else { Signal::SIGKILL };
                 nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)
             });
@@ -958,7 +1031,7 @@ impl Sandbox for LocalSandbox {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
-            .kill_on_drop(true);
+            .kill_on_drop(dies_with_bridge);
         let program = spec.program.display().to_string();
         // The child is recorded as the bridge's own under the same lock that `end_orphans` reads the process table
         // under: a command of the same sandbox ending right now must not take this one, which carries its HOME,
@@ -998,6 +1071,12 @@ impl Sandbox for LocalSandbox {
         });
         tracing::debug!(program = %program, pid = ?pid, isolation = %self.settings.isolation.describe(), "started");
         let door = guards.door.clone();
+        let warm = match (kept, pid, &door) {
+            (Some((keep, fingerprint)), Some(pid), Some(door)) => {
+                self.keep_record(keep, fingerprint, pid, door, &guards)
+            }
+            _ => None,
+        };
         Ok(RunningProcess {
             door,
             stdout: Box::pin(stdout),
@@ -1009,8 +1088,138 @@ impl Sandbox for LocalSandbox {
                 orphans_home: matches!(self.settings.isolation, Isolation::None(_))
                     .then(|| self.state_dir.join("home")),
                 guards,
+                warm,
+                detached: false,
             }),
+            adopted: None,
         })
+    }
+}
+
+impl LocalSandbox {
+    /// Records a kept-warm server just started, for the next bridge to adopt. Without its record it is not kept:
+    /// it ends with its handle like any command.
+    fn keep_record(
+        &self,
+        keep: super::warm::KeepWarm,
+        fingerprint: String,
+        pid: u32,
+        door: &Path,
+        guards: &ProcessGuards,
+    ) -> Option<Warm> {
+        let root = i32::try_from(pid).ok()?;
+        let record = super::warm::Record {
+            key: keep.key.clone(),
+            sandbox: self.session_id.clone(),
+            workspace: self.host_workspace.clone(),
+            fingerprint,
+            settings: super::warm::settings_digest(&self.settings),
+            pid: root,
+            start: start_time(root)?,
+            door: door.to_path_buf(),
+            proxy_socket: guards.proxy.is_some().then(|| super::warm::proxy_socket(&self.settings.run_dir, &keep.key)),
+            cgroups: guards.cgroup.as_ref().map(|cgroup| cgroup.dirs().to_vec()).unwrap_or_default(),
+            secret: keep.secret,
+            linger_secs: keep.linger.as_secs().max(MIN_LINGER_SECS),
+            started_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as i64)
+                .unwrap_or(0),
+        };
+        match super::warm::write(&self.settings.run_dir, &record) {
+            Ok(()) => Some(Warm { run_dir: self.settings.run_dir.clone(), record }),
+            Err(e) => {
+                tracing::warn!(key = %keep.key, "the server is not kept warm: its record could not be written: {e}");
+                None
+            }
+        }
+    }
+
+    /// Takes over a server an earlier bridge kept warm: its proxy is served again where its sandbox looks for it.
+    async fn adopt(&self, record: super::warm::Record, spec: &ExecSpec) -> Result<RunningProcess, SandboxError> {
+        if let Err(e) = record_owner(&self.settings.run_dir, &self.session_id) {
+            tracing::warn!(session = %self.session_id, "could not record this bridge as the owner: {e}");
+        }
+        let mut guards = ProcessGuards::default();
+        if record.proxy_socket.is_some() {
+            let (proxy, _) = self.start_proxy(spec).await?;
+            guards.proxy = Some(proxy);
+        }
+        tracing::info!(key = %record.key, pid = record.pid, "adopting a kept-warm server");
+        let secret = record.secret.clone();
+        let door = record.door.clone();
+        Ok(RunningProcess {
+            stdout: Box::pin(tokio::io::empty()),
+            stderr: Box::pin(tokio::io::empty()),
+            handle: Box::new(Adopted {
+                warm: Warm { run_dir: self.settings.run_dir.clone(), record },
+                guards,
+                gone: None,
+                detached: false,
+            }),
+            door: Some(door),
+            adopted: Some(secret),
+        })
+    }
+}
+
+/// A kept-warm server's record, and where it is.
+struct Warm {
+    run_dir: PathBuf,
+    record: super::warm::Record,
+}
+
+/// A server an earlier bridge kept warm, adopted by this one: not its child, so known by pid and start time.
+struct Adopted {
+    warm: Warm,
+    /// Its proxy, served by this bridge.
+    guards: ProcessGuards,
+    gone: Option<ExitInfo>,
+    detached: bool,
+}
+
+/// How often an adopted server is looked at for having exited (it is not the bridge's child).
+const ADOPTED_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+#[async_trait]
+impl ProcessHandle for Adopted {
+    fn end_strays(&self) {
+        if let Ok(root) = u32::try_from(self.warm.record.pid) {
+            signal_init_of(root);
+        }
+    }
+
+    async fn kill(&mut self) {
+        if self.gone.is_none() {
+            super::warm::stop(&self.warm.run_dir, &self.warm.record);
+        }
+    }
+
+    async fn wait(&mut self) -> Result<ExitInfo, SandboxError> {
+        if let Some(gone) = self.gone {
+            return Ok(gone);
+        }
+        while self.warm.record.alive() {
+            tokio::time::sleep(ADOPTED_POLL).await;
+        }
+        super::warm::forget(&self.warm.run_dir, &self.warm.record);
+        let gone = ExitInfo { code: None, signal: None };
+        self.gone = Some(gone);
+        Ok(gone)
+    }
+
+    fn detach(&mut self) {
+        self.detached = true;
+    }
+}
+
+impl Drop for Adopted {
+    fn drop(&mut self) {
+        if !self.detached && self.gone.is_none() {
+            super::warm::stop(&self.warm.run_dir, &self.warm.record);
+        }
+        // Its proxy goes with this bridge either way; the next one serves it again.
+        self.guards.door = None;
     }
 }
 
@@ -1074,6 +1283,10 @@ struct LocalProcess {
     /// The CLI's HOME, when orphans can reach the bridge (no bubblewrap): they are known by it.
     orphans_home: Option<PathBuf>,
     guards: ProcessGuards,
+    /// A kept-warm server's record (`ExecSpec::keep_warm`): removed when it ends.
+    warm: Option<Warm>,
+    /// Left running past the bridge ([`ProcessHandle::detach`]).
+    detached: bool,
 }
 
 impl LocalProcess {
@@ -1098,14 +1311,14 @@ impl LocalProcess {
 #[async_trait]
 impl ProcessHandle for LocalProcess {
     fn end_strays(&self) {
-        let Some(root) = self.pid else { return };
-        // The sandbox's first process is the command itself under `--sandbox none`, two levels below bubblewrap.
-        let init = std::iter::once(root as i32).chain(descendant_pids(root)).find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).nth(1) == Some(b"sandbox-init".as_slice()))
-        });
-        if let Some(init) = init {
-            let _ = nix::sys::signal::kill(Pid::from_raw(init), Signal::SIGUSR1);
+        if let Some(root) = self.pid {
+            signal_init_of(root);
+        }
+    }
+
+    fn detach(&mut self) {
+        if self.warm.is_some() {
+            self.detached = true;
         }
     }
 
@@ -1133,6 +1346,9 @@ impl ProcessHandle for LocalProcess {
         let exit = ExitInfo { code: status.code(), signal: status.signal() };
         self.exited = Some(exit);
         self.forget();
+        if let Some(warm) = &self.warm {
+            super::warm::forget(&warm.run_dir, &warm.record);
+        }
         // Whatever the CLI left behind goes with it, after every turn.
         if let Some(pid) = self.pid {
             let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
@@ -1152,6 +1368,16 @@ impl Drop for ProcessGuards {
 
 impl Drop for LocalProcess {
     fn drop(&mut self) {
+        if self.detached {
+            // It runs on, with its door, its cgroup and its record, for the next bridge.
+            self.guards.door = None;
+            std::mem::forget(self.guards.cgroup.take());
+            self.forget();
+            return;
+        }
+        if let Some(warm) = &self.warm {
+            super::warm::forget(&warm.run_dir, &warm.record);
+        }
         if self.exited.is_none() {
             if let Some(pid) = self.pid {
                 kill_tree(pid);
@@ -1166,6 +1392,18 @@ impl Drop for LocalProcess {
         {
             runtime.spawn_blocking(move || drop(cgroup));
         }
+    }
+}
+
+/// Tells the sandbox's first process below `root` (`sandbox-init`) to end what turns left beside its command.
+fn signal_init_of(root: u32) {
+    // The sandbox's first process is the command itself under `--sandbox none`, two levels below bubblewrap.
+    let init = std::iter::once(root as i32).chain(descendant_pids(root)).find(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).nth(1) == Some(b"sandbox-init".as_slice()))
+    });
+    if let Some(init) = init {
+        let _ = nix::sys::signal::kill(Pid::from_raw(init), Signal::SIGUSR1);
     }
 }
 
@@ -1500,7 +1738,7 @@ mod tests {
                 Mount::EmptyFile("/tmp/ws/.envrc".into()),
             ],
         };
-        let net = NetSetup { socket: "/data/run/x.sock".into(), port: 3128, expose: vec![4010] };
+        let net = NetSetup { socket: "/data/run/x.sock".into(), port: 3128, expose: vec![4010], in_dir: false };
         let args = sandbox.bwrap_args(&spec, &plan, Some(&net), Some(7), None, None).join(" ");
         let init = std::env::current_exe().unwrap().display().to_string();
         let expected_start = "--die-with-parent --new-session --unshare-pid --unshare-ipc --unshare-uts --unshare-net";

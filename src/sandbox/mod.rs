@@ -27,6 +27,7 @@ pub mod reaper;
 pub mod review;
 pub mod seccomp;
 pub mod statedir;
+pub mod warm;
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -239,6 +240,9 @@ pub struct ExecSpec {
     /// The command is a server listening on 127.0.0.1 at this port inside the sandbox: the bridge reaches it
     /// through [`RunningProcess::door`]. The port must be free on the host too (`--sandbox none` shares its network).
     pub serve_port: Option<u16>,
+    /// With `serve_port`, a local server that may outlive the bridge (`--keep-warm`): adopted when one kept for the
+    /// same key and the same command runs, else started so that the next bridge can adopt it.
+    pub keep_warm: Option<warm::KeepWarm>,
 }
 
 /// What a CLI must reach: its model endpoints (exact host:port, allowed even on loopback or private ranges) and
@@ -290,6 +294,9 @@ pub struct RunningProcess {
     /// With [`ExecSpec::serve_port`]: a unix socket on the host, private to the bridge, whose every connection
     /// reaches the server inside. Removed when the process ends.
     pub door: Option<PathBuf>,
+    /// The server was not started but adopted (`ExecSpec::keep_warm`): its secret, as the bridge that started it
+    /// gave it. Nothing of its output comes (that went to the bridge that started it).
+    pub adopted: Option<String>,
 }
 
 /// Control over a started command.
@@ -306,6 +313,9 @@ pub trait ProcessHandle: Send {
     fn limit_hit(&self) -> Option<String> {
         None
     }
+    /// Leaves a kept-warm server running past the bridge (`ExecSpec::keep_warm`): dropping the handle then no
+    /// longer ends it. Does nothing for any other command, which still ends when the handle is dropped.
+    fn detach(&mut self) {}
 }
 
 /// A live sandbox of one session.

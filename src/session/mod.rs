@@ -15,7 +15,7 @@ mod turn;
 mod turn_lock;
 mod versions;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -267,8 +267,10 @@ impl Bridge {
     /// runs a turn of. Only a serving bridge does this, before it starts anything; read-only commands never do.
     pub async fn reap_leftovers(&self) -> Result<()> {
         let run_dir = self.config.run_dir();
+        let kept = self.sweep_kept_warm();
         for (pid, session) in crate::sandbox::local::leftover_processes(&self.config.sessions_dir()) {
-            if crate::sandbox::local::owned_by_a_live_bridge(&run_dir, &session)
+            if kept.contains(&session)
+                || crate::sandbox::local::owned_by_a_live_bridge(&run_dir, &session)
                 || self.store.running_elsewhere(&session).await?
             {
                 continue;
@@ -279,6 +281,37 @@ impl Bridge {
             }
         }
         Ok(())
+    }
+
+    /// Looks at the servers earlier bridges kept warm (`--keep-warm`): the records of those that are gone are
+    /// removed, and those no bridge uses now are stopped when this bridge keeps none or was started with other
+    /// sandbox settings (a changed policy must not live on in them). Returns the sandboxes of those that stay.
+    fn sweep_kept_warm(&self) -> HashSet<String> {
+        use crate::sandbox::warm;
+        let run_dir = self.config.run_dir();
+        let settings = warm::settings_digest(&LocalSettings::from_config(&self.config, self.isolation.clone()));
+        let mut kept = HashSet::new();
+        for record in warm::list(&run_dir) {
+            if !record.alive() {
+                warm::forget(&run_dir, &record);
+                continue;
+            }
+            let wanted = self.config.keep_warm.is_some() && record.settings == settings;
+            // Held by the bridge that uses it now: that one decides.
+            let unused = turn_lock::try_lock(&self.config.data_dir, &format!("server {}", record.key));
+            if !wanted && let Ok(Some(_unused)) = unused {
+                tracing::info!(
+                    key = %record.key,
+                    pid = record.pid,
+                    why = if self.config.keep_warm.is_none() { "--keep-warm is off" } else { "other sandbox settings" },
+                    "stopping a server an earlier bridge kept warm"
+                );
+                warm::stop(&run_dir, &record);
+                continue;
+            }
+            kept.insert(record.sandbox.clone());
+        }
+        kept
     }
 
     /// Frees, in the background, the caches of the sandboxes of sessions unused for [`TRIM_CACHES_AFTER`] (OpenCode
@@ -814,7 +847,10 @@ impl Bridge {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
         };
-        let ended = tokio::time::timeout(SHUTDOWN_GRACE, futures::future::join(turns, self.servers.stop_all())).await;
+        let servers = async {
+            if self.config.keep_warm.is_some() { self.servers.leave_all().await } else { self.servers.stop_all().await }
+        };
+        let ended = tokio::time::timeout(SHUTDOWN_GRACE, futures::future::join(turns, servers)).await;
         if ended.is_err() {
             tracing::warn!("turns were still ending at exit; their processes are killed with the bridge");
         }
@@ -889,6 +925,7 @@ impl Bridge {
                         serve::start_server(
                             &bridge,
                             &id,
+                            &key,
                             sandbox.clone(),
                             &executable,
                             None,
@@ -1399,6 +1436,7 @@ fn cli_spec(
         tools: vec![tool],
         net: crate::sandbox::NetAccess { endpoints, service_hosts },
         serve_port: None,
+        keep_warm: None,
     }
 }
 

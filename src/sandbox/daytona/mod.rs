@@ -513,6 +513,7 @@ impl Sandbox for DaytonaSandbox {
                 exited: None,
             }),
             door: None,
+            adopted: None,
         })
     }
 }

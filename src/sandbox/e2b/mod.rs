@@ -455,6 +455,7 @@ impl E2bSandbox {
             stderr: Box::pin(stderr_reader),
             handle: Box::new(E2bProcess { envd: self.envd.clone(), pid, mark, exit: exit_rx, killed }),
             door: None,
+            adopted: None,
         })
     }
 }

@@ -43,7 +43,7 @@ const STDERR_LINES: usize = 40;
 const EVENT_QUEUE: usize = 64;
 
 /// How long a warm server may take to answer the health check before a turn uses it.
-const HEALTH_LIMIT: Duration = Duration::from_secs(2);
+pub(super) const HEALTH_LIMIT: Duration = Duration::from_secs(2);
 
 /// How often the pool looks for idle servers.
 const REAP_EVERY: Duration = Duration::from_secs(15);
@@ -179,6 +179,9 @@ pub struct Started {
     pub profile: String,
     /// Its password.
     pub password: String,
+    /// An earlier bridge started it and kept it warm (`--keep-warm`): it was checked when that bridge started it,
+    /// and its output is not this bridge's to read.
+    pub adopted: bool,
 }
 
 /// What a server is started for: the session's approvals, and whether the workspace's own OpenCode configuration
@@ -395,6 +398,21 @@ impl Servers {
         }
     }
 
+    /// Leaves every kept-warm server running for the next bridge (`--keep-warm`) and stops the others.
+    pub async fn leave_all(&self) {
+        let all: Vec<Arc<Server>> =
+            self.running.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, server)| server).collect();
+        futures::future::join_all(all.iter().map(|server| async move {
+            let (left, told) = tokio::sync::oneshot::channel();
+            if server.kill.send(Control::Detach(left)).await.is_ok() {
+                let _ = told.await;
+            }
+            // A server that was not started to be kept (its record could not be written) ends as it is dropped.
+            server.stop().await;
+        }))
+        .await;
+    }
+
     /// Stops every server.
     pub async fn stop_all(&self) {
         let all: Vec<Arc<Server>> =
@@ -480,7 +498,7 @@ const START_LIMIT: Duration = Duration::from_secs(120);
 
 /// Supervises a started server and waits until it answers.
 async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Server, ServeError> {
-    let Started { mut process, password, profile } = started;
+    let Started { mut process, password, profile, adopted } = started;
     let Some(door) = process.door.take() else {
         return Err(ServeError::Start("the sandbox made no door to the server".into()));
     };
@@ -511,7 +529,7 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
         // goes out when the server says it listens (a server that does not say so is checked every second), each
         // check gives up soon and the next one is a fresh connection; on a machine too loaded for that, later
         // checks wait longer.
-        if !*listening.borrow() {
+        if !*listening.borrow() && !adopted {
             tokio::select! {
                 _ = listening.wait_for(|said| *said) => {
                     tracing::debug!(after = ?started_at.elapsed(), "the server says it listens");
@@ -553,10 +571,11 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
     tracing::debug!(after = ?started_at.elapsed(), "the server's event stream is open");
     // The event stream opens once OpenCode has loaded its project, plugins included: the guard's line is in the
     // pipe by now, or it never comes. Without it the server's tools could read its password: no prompt goes there.
-    let on = tokio::select! {
-        on = tokio::time::timeout(GUARD_LIMIT, guard_on.wait_for(|on| *on)) => on.is_ok_and(|on| on.is_ok()),
-        _ = watch_exit.wait_for(Option::is_some) => false,
-    };
+    let on = adopted
+        || tokio::select! {
+            on = tokio::time::timeout(GUARD_LIMIT, guard_on.wait_for(|on| *on)) => on.is_ok_and(|on| on.is_ok()),
+            _ = watch_exit.wait_for(Option::is_some) => false,
+        };
     tracing::debug!(guarded = on, after = ?started_at.elapsed(), "the server's guard plugin");
     if !on {
         let _ = kill.try_send(Control::Kill);
@@ -613,6 +632,8 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
 enum Control {
     Kill,
     EndStrays,
+    /// Leave it running past the bridge when it is kept warm; answered once the handle let go of it.
+    Detach(tokio::sync::oneshot::Sender<()>),
 }
 
 type Supervision = (mpsc::Sender<Control>, watch::Receiver<Option<ExitInfo>>, Arc<Mutex<Option<String>>>);
@@ -630,6 +651,12 @@ fn supervise(mut handle: Box<dyn ProcessHandle>) -> Supervision {
             tokio::select! {
                 control = kill_rx.recv(), if !killed => match control {
                     Some(Control::EndStrays) => handle.end_strays(),
+                    Some(Control::Detach(left)) => {
+                        handle.detach();
+                        drop(handle);
+                        let _ = left.send(());
+                        return;
+                    }
                     // Dropping the server kills it too.
                     Some(Control::Kill) | None => {
                         killed = true;

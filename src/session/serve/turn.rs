@@ -80,6 +80,7 @@ impl Turn<'_> {
     /// Starts the session's server in its sandbox (the pool calls this when none runs).
     async fn start_server(
         &self,
+        key: &str,
         sandbox: Arc<dyn Sandbox>,
         executable: PathBuf,
         profile: &Profile,
@@ -87,6 +88,7 @@ impl Turn<'_> {
         start_server(
             self.bridge,
             &self.record.id,
+            key,
             sandbox,
             &executable,
             self.credential.as_ref(),
@@ -202,9 +204,9 @@ impl Turn<'_> {
         let Some(profile) = self.unless_cancelled(self.profile(emit)).await? else {
             return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled)));
         };
-        let start = || self.start_server(sandbox.clone(), executable.to_path_buf(), &profile);
         let profile_key = profile.key();
         let key = self.bridge.server_key(&self.record.id, sandbox.as_ref(), &profile_key);
+        let start = || self.start_server(&key, sandbox.clone(), executable.to_path_buf(), &profile);
         let lease = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled))),
@@ -653,9 +655,11 @@ pub(in crate::session) async fn conversation(
 
 /// Starts `opencode serve` in the session's sandbox: the same command, environment and isolation as a turn's
 /// `opencode run`, plus the server's password and its door.
+#[allow(clippy::too_many_arguments)]
 pub(in crate::session) async fn start_server(
     bridge: &crate::session::Bridge,
     session: &str,
+    key: &str,
     sandbox: Arc<dyn Sandbox>,
     executable: &Path,
     credential: Option<&(&'static str, String)>,
@@ -681,13 +685,32 @@ pub(in crate::session) async fn start_server(
         permissions::set_env(&mut env, "OPENCODE_DISABLE_PROJECT_CONFIG", |_| Some("1".into()));
     }
     let port = Servers::port(bridge.private_network());
+    let keep_warm = bridge.config().keep_warm.map(|linger| crate::sandbox::warm::KeepWarm {
+        key: key.to_string(),
+        linger,
+        secret: password.clone(),
+    });
     let spec = crate::sandbox::ExecSpec {
         serve_port: Some(port),
+        keep_warm,
         ..crate::session::cli_spec(bridge.config(), agent, executable, sandbox.as_ref(), env, super::server_args(port))
     };
     tracing::info!(session, program = %spec.program.display(), args = ?spec.args, "starting the OpenCode server");
-    let process = sandbox.exec(spec).await.map_err(|e| super::ServeError::Start(e.to_string()))?;
-    Ok(Started { process, password, profile: profile.key() })
+    let mut process = sandbox.exec(spec.clone()).await.map_err(|e| super::ServeError::Start(e.to_string()))?;
+    if let (Some(secret), Some(door)) = (process.adopted.clone(), process.door.clone()) {
+        // Checked before use: its record is the bridge's own, but the server must still be there and take it.
+        if super::client::Client::new(door, &secret).health(super::HEALTH_LIMIT).await.is_some() {
+            return Ok(Started { process, password: secret, profile: profile.key(), adopted: true });
+        }
+        tracing::warn!(session, key, "a kept-warm server did not answer with its password; starting a fresh one");
+        process.handle.kill().await;
+        process = sandbox.exec(spec).await.map_err(|e| super::ServeError::Start(e.to_string()))?;
+        if process.adopted.is_some() {
+            process.handle.kill().await;
+            return Err(super::ServeError::Start("a kept-warm server could not be replaced".into()));
+        }
+    }
+    Ok(Started { process, password, profile: profile.key(), adopted: false })
 }
 
 /// The prompt as OpenCode's message parts: its text and its images (as data URLs, so no file is written).
