@@ -997,6 +997,16 @@ async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<ExitCode> {
         }
         Err(e) => out!("store       {}", error(e.to_string())),
     }
+    match config.keep_warm {
+        Some(linger) => out!(
+            "keep warm   a warm server outlives its editor for {} (--keep-warm)",
+            humantime::format_duration(linger)
+        ),
+        None => out!("keep warm   off: servers end with their editor (--keep-warm)"),
+    }
+    for line in acp_sandbox::sandbox::warm::describe(&config.run_dir()) {
+        out!("            {line}");
+    }
     if errors > 0 {
         eprintln!("{errors} problem{} found (the ERROR lines)", if errors == 1 { "" } else { "s" });
         return Ok(ExitCode::FAILURE);

@@ -4,7 +4,9 @@
 //! Each run starts both agents afresh (own home and data dir) and times the first model text of: the first prompt
 //! right after the editor starts (cold), a new thread in the running agent, 8 threads of one workspace prompted
 //! round robin, and a reopened thread (a fresh process, `session/load`, a prompt); then the whole process tree's
-//! proportional memory (PSS) with those 8 threads, and how many OpenCode servers ran.
+//! proportional memory (PSS) with those 8 threads, and how many OpenCode servers ran. Last, for acp-sandbox only,
+//! the same reopened thread with `--keep-warm`: the editor quits (stdin closed, the bridge ends on its own, its
+//! server stays) and starts again, against `opencode acp`'s reopened thread, which has no such thing.
 //!
 //! The cold and reopened rows are timed from the agent's spawn, as the user waits when the editor starts and the
 //! prompt is sent at once: `opencode acp` boots during `initialize` and `session/new` (or `session/load`), acp-sandbox
@@ -33,6 +35,7 @@ struct Run {
     round_robin: Duration,
     reopened: Duration,
     reopened_prompt: Duration,
+    kept_warm: Duration,
     pss_kib: u64,
     servers: usize,
 }
@@ -59,16 +62,18 @@ pub fn bench_threads() {
     let _ = model.wait();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let med = |which: usize, f: Measure| median(runs[which].iter().map(f).collect());
-    let rows: [(&str, Measure); 6] = [
-        ("cold editor start, spawn to first text", |r| r.cold),
-        ("  (its prompt alone)", |r| r.cold_prompt),
-        ("a new thread in the running agent", |r| r.new_thread),
-        ("8 threads of one workspace, round robin", |r| r.round_robin),
-        ("a reopened thread, spawn to first text", |r| r.reopened),
-        ("  (its prompt alone)", |r| r.reopened_prompt),
+    // What the anchor's number of each row is: the same measure, but for `--keep-warm` its plain reopened thread.
+    let rows: [(&str, Measure, Measure); 7] = [
+        ("cold editor start, spawn to first text", |r| r.cold, |r| r.cold),
+        ("  (its prompt alone)", |r| r.cold_prompt, |r| r.cold_prompt),
+        ("a new thread in the running agent", |r| r.new_thread, |r| r.new_thread),
+        ("8 threads of one workspace, round robin", |r| r.round_robin, |r| r.round_robin),
+        ("a reopened thread, spawn to first text", |r| r.reopened, |r| r.reopened),
+        ("  (its prompt alone)", |r| r.reopened_prompt, |r| r.reopened_prompt),
+        ("  with --keep-warm (editor quit, reopened)", |r| r.kept_warm, |r| r.reopened),
     ];
-    for (what, f) in rows {
-        let (ours, anchor) = (med(0, f), med(1, f));
+    for (what, f, g) in rows {
+        let (ours, anchor) = (med(0, f), med(1, g));
         println!(
             "threads   {what:<42} first text {:>7.0} ms vs {:>7.0} ms opencode acp ({:.2}x)  [medians of {RUNS}]",
             ms(ours),
@@ -149,7 +154,46 @@ fn one_run(name: &str, opencode: &Path, sandbox: &str, config: &str, dir: &Path)
     drop(client.stdin);
     let _ = client.child.kill();
     let _ = client.child.wait();
+    if name.starts_with("acp-sandbox") {
+        run.kept_warm = kept_warm(name, opencode, sandbox, config, dir, &first);
+    }
     run
+}
+
+/// The reopened thread `session` with `--keep-warm`: a bridge warms its server and quits as an editor does (stdin
+/// closed, then it ends on its own); the next one is timed from its spawn to the first text; a last one, without
+/// `--keep-warm`, stops the kept server so that no run inherits it.
+fn kept_warm(name: &str, opencode: &Path, sandbox: &str, config: &str, dir: &Path, session: &Value) -> Duration {
+    let (home, data, workspace) = (dir.join("home"), dir.join("data"), dir.join("ws"));
+    let start = |keep_warm: &str| {
+        let mut command = agent_command(name, opencode, sandbox, config, &home, &data, &workspace);
+        command.env("ACP_SANDBOX_KEEP_WARM", keep_warm);
+        let mut client = Acp::start(command);
+        client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+        client
+    };
+    let quit = |client: Acp| {
+        let Acp { stdin, mut child, .. } = client;
+        drop(stdin);
+        let status = child.wait().unwrap();
+        assert!(status.success(), "{name} quit with {status}");
+    };
+    let load = |client: &mut Acp| {
+        let loaded = client.request("session/load", json!({"sessionId": session, "cwd": workspace, "mcpServers": []}));
+        assert!(loaded.get("result").is_some(), "{name}: {loaded}");
+    };
+    let mut client = start("60s");
+    load(&mut client);
+    client.prompt(session, "SCENARIO:tokens:3 warming");
+    quit(client);
+    let spawned = std::time::Instant::now();
+    let mut client = start("60s");
+    load(&mut client);
+    let before = spawned.elapsed();
+    let elapsed = before + client.prompt(session, "SCENARIO:tokens:3 kept warm").0;
+    quit(client);
+    quit(start("0"));
+    elapsed
 }
 
 /// An OpenCode server of acp-sandbox (not the sandbox's first process, which carries the same arguments).

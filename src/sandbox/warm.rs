@@ -137,6 +137,24 @@ pub fn list(run_dir: &Path) -> Vec<Record> {
     records
 }
 
+/// One line per kept server that runs, for `doctor`: its workspace, pid, start and linger.
+pub fn describe(run_dir: &Path) -> Vec<String> {
+    list(run_dir)
+        .into_iter()
+        .filter(Record::alive)
+        .map(|record| {
+            let started = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(record.started_ms).unwrap_or(0));
+            format!(
+                "{}: pid {}, started {}, ends {} s after its last bridge let go of it",
+                record.workspace.display(),
+                record.pid,
+                humantime::format_rfc3339_seconds(started),
+                record.linger_secs
+            )
+        })
+        .collect()
+}
+
 /// Removes what `record` left in the run dir (the record, the door, the proxy's directory) and its cgroups; for a
 /// server that is gone.
 pub fn forget(run_dir: &Path, record: &Record) {
@@ -237,6 +255,13 @@ mod tests {
         assert!(read(run.path(), "workspace-0011 ask project").is_none(), "another key has no record");
         assert!(list(run.path()) == vec![written.clone()]);
         assert!(written.alive(), "this test process is its root");
+        assert_eq!(
+            describe(run.path()),
+            vec![format!(
+                "/ws: pid {}, started 1970-01-01T00:00:00Z, ends 60 s after its last bridge let go of it",
+                written.pid
+            )]
+        );
     }
 
     #[test]
