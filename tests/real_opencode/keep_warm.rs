@@ -70,6 +70,32 @@ fn reopen_and_continue(world: &World, options: BridgeOptions, ws: &Path, sid: &s
     bridge
 }
 
+/// `doctor` names the kept server: its workspace, the process that holds its sandbox, when it started and its
+/// linger.
+fn assert_doctor_lists(world: &World, record: &Path, server: i32) {
+    let record: Value = serde_json::from_str(&std::fs::read_to_string(record).unwrap()).unwrap();
+    let pid = record["pid"].as_i64().unwrap();
+    assert!(
+        Path::new(&format!("/proc/{pid}")).exists(),
+        "the record names a live process, {pid} (the server is {server})"
+    );
+    let started = std::time::UNIX_EPOCH + Duration::from_millis(record["started_ms"].as_u64().unwrap());
+    let (code, out, err) = doctor_with(&world.data, &[], &[("ACP_SANDBOX_KEEP_WARM", "120")]);
+    assert!(code.is_some(), "doctor ran: {err}");
+    assert_eq!(
+        doctor_section(&out, "keep warm"),
+        vec![
+            "keep warm   a warm server outlives its editor for 2m (--keep-warm)".to_string(),
+            format!(
+                "            {}: pid {pid}, started {}, ends 120 s after its last bridge let go of it",
+                record["workspace"].as_str().unwrap(),
+                humantime::format_rfc3339_seconds(started)
+            ),
+        ],
+        "{out}"
+    );
+}
+
 /// The editor quits and comes back: the server it left runs on and the next bridge uses it, across a graceful
 /// quit and a SIGKILL alike; a bridge without `--keep-warm` then stops it.
 fn adopted(sandbox: &str, test: &str) {
@@ -79,6 +105,7 @@ fn adopted(sandbox: &str, test: &str) {
     let kept = servers(&world);
     assert_eq!(kept.len(), 1, "the server outlived its bridge: {kept:?}");
     assert_eq!(records(&world).len(), 1, "one record of it: {:?}", records(&world));
+    assert_doctor_lists(&world, &records(&world)[0], kept[0]);
     let mut second = reopen_and_continue(&world, keeping(&world, sandbox, "120"), &ws, &sid, "reopened, kept warm");
     assert_eq!(servers(&world), kept, "the reopened thread ran on the kept server, none was started");
     second.kill9();
