@@ -1,0 +1,264 @@
+//! `acp-sandbox doctor`: what this machine, this configuration and each agent's CLI allow, one line each, with an
+//! ERROR line for each problem that would stop a session.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use acp_sandbox::agents::AgentKind;
+use acp_sandbox::config::{Config, SandboxChoice};
+use acp_sandbox::sandbox::CheckLevel;
+use acp_sandbox::sandbox::local::{Isolation, probe_bwrap};
+
+/// What `doctor` says about how OpenCode will be driven, given the version it printed; an error when it cannot be.
+fn opencode_backend(config: &Config, version: &str) -> Result<String, String> {
+    let major = acp_sandbox::session::major_version(version);
+    if major.is_some_and(|major| major >= 2) {
+        return match config.opencode_bin {
+            Some(_) => Err(format!(
+                "OpenCode {version} is a major version acp-sandbox cannot drive yet; point --opencode-bin at a 1.x"
+            )),
+            None => Ok(format!(
+                "OpenCode {version} is not driven (a 2.x): the pinned {} of the tools cache is used instead",
+                acp_sandbox::agents::opencode::PACKAGE.version
+            )),
+        };
+    }
+    Ok(match config.opencode_backend {
+        // Sessions in a remote sandbox fall back to `run` (their provider starts no server there yet).
+        acp_sandbox::config::OpenCodeBackend::Serve
+            if matches!(config.sandbox, SandboxChoice::E2b | SandboxChoice::Daytona) =>
+        {
+            format!(
+                "run: one `opencode run` per prompt (a warm `opencode serve` does not run in a remote sandbox yet, \
+                 --sandbox {})",
+                config.sandbox.as_str()
+            )
+        }
+        acp_sandbox::config::OpenCodeBackend::Serve => format!(
+            "serve: a warm `opencode serve` per {} (stopped after {} s idle, at most {} at once)",
+            match (config.server_scope, config.workspace) {
+                (acp_sandbox::config::ServerScope::Workspace, acp_sandbox::config::WorkspaceMode::Direct) =>
+                    "workspace, shared by its new threads (--server-scope workspace)",
+                (acp_sandbox::config::ServerScope::Workspace, _) => "session (review mode gives each its own copy)",
+                (acp_sandbox::config::ServerScope::Session, _) => "session (--server-scope session)",
+            },
+            config.server_idle_timeout.as_secs(),
+            config.max_servers
+        ),
+        acp_sandbox::config::OpenCodeBackend::Run => "run: one `opencode run` per prompt".to_string(),
+    })
+}
+
+/// Whether `--opencode-bin` and `--amp-bin` were set by their environment variables or by the flags.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BinSource {
+    opencode_from_env: bool,
+    amp_from_env: bool,
+}
+
+impl BinSource {
+    pub(super) fn of(matches: &clap::ArgMatches) -> Self {
+        let from_env = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::EnvVariable);
+        Self { opencode_from_env: from_env("opencode_bin"), amp_from_env: from_env("amp_bin") }
+    }
+
+    /// Where the override of `agent`'s executable came from, in words.
+    fn describe(self, agent: AgentKind) -> String {
+        let from_env = match agent {
+            AgentKind::OpenCode => self.opencode_from_env,
+            AgentKind::Amp => self.amp_from_env,
+        };
+        match from_env {
+            true => format!("from ACP_SANDBOX_{}_BIN", agent.as_str().to_uppercase()),
+            false => format!("from --{}-bin", agent.as_str()),
+        }
+    }
+}
+
+/// What to do when bubblewrap cannot run here: install it, or allow the user namespaces it needs.
+fn bwrap_advice(installed: bool) -> &'static [&'static str] {
+    if !installed {
+        return &["install the `bubblewrap` package for isolation"];
+    }
+    &[
+        "bubblewrap is installed, but user namespaces are disabled or restricted here. Check:",
+        "`sysctl kernel.apparmor_restrict_unprivileged_userns` (Ubuntu 23.10 and later: 1 restricts them; allow bwrap",
+        "with an AppArmor profile, or set it to 0), `sysctl kernel.unprivileged_userns_clone` (older Debian: 1 allows",
+        "them), `sysctl user.max_user_namespaces` (0 disables them); in a container, allow user namespaces.",
+    ]
+}
+
+/// The model OpenCode starts new sessions with, and where that comes from.
+fn opencode_model(config: &Config) -> String {
+    match (&config.model, &config.opencode_default_model) {
+        (Some(model), _) => format!("{model} (--model)"),
+        (None, Some(model)) => format!("{model} (the `model` of your OpenCode config)"),
+        (None, None) => "OpenCode's own choice (no --model, and no `model` in your OpenCode config)".to_string(),
+    }
+}
+
+/// The model providers OpenCode can find: in the user's config, in its stored logins, or in the environment.
+fn opencode_providers(config: &Config, logins: Option<&serde_json::Value>) -> Vec<String> {
+    let mut found: Vec<String> =
+        config.opencode_needs.providers.iter().map(|provider| format!("{provider} (your OpenCode config)")).collect();
+    for provider in logins.and_then(|l| l.as_object()).into_iter().flat_map(|logins| logins.keys()) {
+        found.push(format!("{provider} (`opencode auth login`)"));
+    }
+    for variable in acp_sandbox::agents::opencode::providers::all_provider_env() {
+        if std::env::var_os(variable).is_some_and(|value| !value.is_empty()) {
+            found.push(format!("{variable} is set"));
+        }
+    }
+    found
+}
+
+pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<ExitCode> {
+    let mut errors = 0;
+    let mut error = |text: String| {
+        errors += 1;
+        format!("ERROR {text}")
+    };
+    out!("acp-sandbox {}", env!("CARGO_PKG_VERSION"));
+    out!("data dir    {}", config.data_dir.display());
+    out!("log files   {}.<date>", config.log_path().display());
+    out!();
+    // Whether the agent in use is still to be installed from npm: nothing to run in the sandbox yet.
+    let mut to_install = false;
+    for agent in [AgentKind::OpenCode, AgentKind::Amp] {
+        let package = agent.package();
+        let used = agent == config.agent;
+        let found = if let Some(path) = config.bin_override(agent) {
+            format!("{} ({})", path.display(), bins.describe(agent))
+        } else if let Ok(path) = which::which(package.bin) {
+            format!("{} (on PATH)", path.display())
+        } else if package.executable(&config.tools_dir()).exists() {
+            format!("{} (installed by acp-sandbox)", package.executable(&config.tools_dir()).display())
+        } else if which::which("npm").is_ok() {
+            to_install |= used;
+            format!("not installed: {}@{} will be installed from npm on first use", package.name, package.version)
+        } else if used {
+            error("not found, and npm is missing to install it".to_string())
+        } else {
+            "not found, and npm is missing to install it".to_string()
+        };
+        out!("{:<10}  {found}", agent.display_name());
+        if let Some(variable) = agent.required_credential() {
+            let state = match acp_sandbox::auth::source(&config, agent) {
+                Some(acp_sandbox::auth::Source::Environment(_)) => "set".to_string(),
+                Some(acp_sandbox::auth::Source::Stored(path)) => format!("stored by login in {}", path.display()),
+                None => {
+                    let missing =
+                        format!("missing: set {variable} or run `{}`", acp_sandbox::auth::login_command(agent));
+                    if used { error(missing) } else { missing }
+                }
+            };
+            out!("{:<10}  {variable}: {state}", "");
+        }
+        if agent == AgentKind::OpenCode {
+            out!("{:<10}  model: {}", "", opencode_model(&config));
+            let logins = directories::BaseDirs::new().and_then(|dirs| {
+                acp_sandbox::config::read_opencode_config(&dirs.data_dir().join("opencode").join("auth.json"))
+            });
+            let providers = opencode_providers(&config, logins.as_ref());
+            if providers.is_empty() {
+                out!(
+                    "{:<10}  providers: none found in your OpenCode config, its logins or the environment: run \
+                     `opencode auth login`, or set a provider's key (e.g. ANTHROPIC_API_KEY)",
+                    ""
+                );
+            } else {
+                out!("{:<10}  providers: {}", "", providers.join(", "));
+            }
+        }
+    }
+    out!();
+    let isolation = Isolation::resolve(config.sandbox);
+    match &isolation {
+        // Its description says why there is no isolation, `--sandbox none` among the reasons.
+        Ok(isolation @ Isolation::None(_)) => out!("sandbox     {}", isolation.describe()),
+        // A remote choice leaves the local sandbox to the bridge's own short commands (the provider has its lines).
+        Ok(isolation) if matches!(config.sandbox, SandboxChoice::E2b | SandboxChoice::Daytona) => out!(
+            "sandbox     {} for the bridge's own commands; sessions: --sandbox {} (below)",
+            isolation.describe(),
+            config.sandbox.as_str()
+        ),
+        Ok(isolation) => out!("sandbox     {} (--sandbox {})", isolation.describe(), config.sandbox.as_str()),
+        Err(e) => out!("sandbox     {}", error(e.to_string())),
+    }
+    if config.sandbox != SandboxChoice::None && probe_bwrap().is_err() {
+        for line in bwrap_advice(which::which("bwrap").is_ok()) {
+            out!("            {line}");
+        }
+    }
+    if let Ok(isolation) = isolation {
+        let settings = acp_sandbox::sandbox::local::LocalSettings::from_config(&config, isolation);
+        for (name, on, text) in settings.describe() {
+            out!("  {:<12}  {} {text}", name, if on { "on " } else { "OFF" });
+        }
+        let hidden: Vec<String> = settings
+            .policy
+            .hidden_paths()
+            .into_iter()
+            .filter(|path| path.exists())
+            .map(|path| path.display().to_string())
+            .collect();
+        out!(
+            "  hidden here   {}",
+            if hidden.is_empty() { "(none of the listed secrets exist)".into() } else { hidden.join(", ") }
+        );
+        let agent = config.agent;
+        match acp_sandbox::session::check_cli(&config, agent).await {
+            Err(_) if to_install => {
+                out!("  {:<12}  `{} --version` runs in the sandbox once it is installed", "run", agent.package().bin)
+            }
+            Ok(version) => {
+                out!("  {:<12}  ok  `{} --version` in the sandbox: {version}", "run", agent.package().bin);
+                if agent == AgentKind::OpenCode {
+                    let backend = opencode_backend(&config, &version).unwrap_or_else(&mut error);
+                    out!("  {:<12}  {backend}", "backend");
+                }
+            }
+            Err(why) => {
+                let line = error(format!("`{} --version` in the sandbox: {why}", agent.package().bin));
+                out!("  {:<12}  {line}", "run")
+            }
+        }
+    }
+    let var = acp_sandbox::auth::provider_variables(&config);
+    for (provider, lines) in acp_sandbox::sandbox::check_remote_providers(config.sandbox, &var).await {
+        for (i, line) in lines.into_iter().enumerate() {
+            let text = match line.level {
+                CheckLevel::Ok => line.text,
+                CheckLevel::Info => format!("INFO {}", line.text),
+                CheckLevel::Error => error(line.text),
+            };
+            out!("{:<10}  {text}", if i == 0 { provider } else { "" });
+        }
+    }
+    match acp_sandbox::store::Store::open(&config.database_path()) {
+        Ok(store) => {
+            let count = store.list_sessions(None, None, None, 100_000).await.map(|s| s.len()).unwrap_or(0);
+            out!(
+                "store       {} ({count} sessions, schema version {})",
+                config.database_path().display(),
+                acp_sandbox::store::SCHEMA_VERSION
+            );
+        }
+        Err(e) => out!("store       {}", error(e.to_string())),
+    }
+    match config.keep_warm {
+        Some(linger) => out!(
+            "keep warm   a warm server outlives its editor for {} (--keep-warm)",
+            humantime::format_duration(linger)
+        ),
+        None => out!("keep warm   off: servers end with their editor (--keep-warm)"),
+    }
+    for line in acp_sandbox::sandbox::warm::describe(&config.run_dir()) {
+        out!("            {line}");
+    }
+    if errors > 0 {
+        eprintln!("{errors} problem{} found (the ERROR lines)", if errors == 1 { "" } else { "s" });
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
