@@ -139,8 +139,8 @@ pub fn stored_token(config: &Config, agent: AgentKind) -> Option<String> {
 
 /// The remote providers whose API key `acp-sandbox login --provider` keeps: (provider, the key's variable).
 pub const PROVIDER_KEYS: [(&str, &str); 2] = [
-    (crate::sandbox::e2b::PROVIDER, crate::sandbox::e2b::KEY_VARIABLE),
-    (crate::sandbox::daytona::PROVIDER, crate::sandbox::daytona::KEY_VARIABLE),
+    (crate::sandbox::remote::e2b::PROVIDER, crate::sandbox::remote::e2b::KEY_VARIABLE),
+    (crate::sandbox::remote::daytona::PROVIDER, crate::sandbox::remote::daytona::KEY_VARIABLE),
 ];
 
 /// The file a provider's stored key lives in.
@@ -247,7 +247,7 @@ fn store_secret(config: &Config, name: &str, token: &str, page: &'static str) ->
 /// Where a person gets a provider's key.
 fn provider_page(provider: &str) -> &'static str {
     match provider {
-        crate::sandbox::e2b::PROVIDER => "https://e2b.dev/dashboard?tab=keys",
+        crate::sandbox::remote::e2b::PROVIDER => "https://e2b.dev/dashboard?tab=keys",
         _ => "https://app.daytona.io/dashboard/keys",
     }
 }

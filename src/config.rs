@@ -6,9 +6,9 @@ use std::time::Duration;
 use crate::agents::AgentKind;
 use crate::agents::opencode::catalog::ModelInfo;
 use crate::agents::opencode::providers::ProviderNeeds;
-use crate::sandbox::limits::Limits;
-use crate::sandbox::policy::{Policy, Profile};
-use crate::sandbox::proxy::NetworkMode;
+use crate::sandbox::local::limits::Limits;
+use crate::sandbox::local::policy::{Policy, Profile};
+use crate::sandbox::net::proxy::NetworkMode;
 
 /// How the agent's writes reach the workspace.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -15,3 +15,4 @@ pub mod server;
 pub mod session;
 pub mod store;
 pub mod terminal;
+pub mod workspace;

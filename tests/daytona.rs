@@ -22,8 +22,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acp_sandbox::sandbox::daytona::api::Endpoint;
-use acp_sandbox::sandbox::daytona::{DaytonaProvider, DaytonaSettings};
+use acp_sandbox::sandbox::remote::daytona::api::Endpoint;
+use acp_sandbox::sandbox::remote::daytona::{DaytonaProvider, DaytonaSettings};
 use acp_sandbox::sandbox::{
     ExecSpec, ExitInfo, RemoteFailure, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec,
 };

@@ -32,7 +32,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
-use acp_sandbox::sandbox::e2b::{E2bProvider, E2bSandbox, E2bSettings, STATE_DIR, WORKSPACE};
+use acp_sandbox::sandbox::remote::e2b::{E2bProvider, E2bSandbox, E2bSettings, STATE_DIR, WORKSPACE};
 use acp_sandbox::sandbox::{
     ExecSpec, ExitInfo, RemoteFailure, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec,
 };

@@ -253,7 +253,7 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
         ),
         None => out!("keep warm   off: servers end with their editor (--keep-warm)"),
     }
-    for line in acp_sandbox::sandbox::warm::describe(&config.run_dir()) {
+    for line in acp_sandbox::sandbox::local::warm::describe(&config.run_dir()) {
         out!("            {line}");
     }
     if errors > 0 {

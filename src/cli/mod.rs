@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use acp_sandbox::agents::AgentKind;
 use acp_sandbox::config::{Config, OpenCodeModels, SandboxChoice};
-use acp_sandbox::sandbox::policy::Profile;
-use acp_sandbox::sandbox::proxy::NetworkMode;
+use acp_sandbox::sandbox::local::policy::Profile;
+use acp_sandbox::sandbox::net::proxy::NetworkMode;
 use acp_sandbox::session::Bridge;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -56,7 +56,7 @@ enum Invocation {
 #[derive(Args, Debug)]
 struct SandboxInit {
     /// The bridge's proxy socket, as mounted in the sandbox.
-    #[arg(long, default_value = acp_sandbox::sandbox::init::PROXY_SOCKET)]
+    #[arg(long, default_value = acp_sandbox::sandbox::local::init::PROXY_SOCKET)]
     proxy_socket: PathBuf,
     /// Serve the proxy on 127.0.0.1 at this port (the CLI's HTTP_PROXY).
     #[arg(long)]
@@ -203,7 +203,7 @@ struct Settings {
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
-    acp_sandbox::sandbox::limits::parse_size(text).map_err(|e| e.to_string())
+    acp_sandbox::sandbox::local::limits::parse_size(text).map_err(|e| e.to_string())
 }
 
 #[derive(Subcommand, Debug)]
@@ -368,7 +368,7 @@ pub fn main() -> anyhow::Result<ExitCode> {
         }
         Some(_) => acp_sandbox::logging::init(&config.log_path(), "warn", "warn", true),
     };
-    match acp_sandbox::sandbox::limits::raise_open_files_limit() {
+    match acp_sandbox::sandbox::local::limits::raise_open_files_limit() {
         Ok((before, after)) if before < after => tracing::debug!("open files limit raised from {before} to {after}"),
         Ok(_) => {}
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
@@ -406,7 +406,7 @@ fn broken_pipe(error: &anyhow::Error) -> bool {
 fn sandbox_init(init: SandboxInit) -> ExitCode {
     let mut command = init.command.into_iter();
     let program = command.next().unwrap_or_default().into();
-    let code = acp_sandbox::sandbox::init::run(acp_sandbox::sandbox::init::InitArgs {
+    let code = acp_sandbox::sandbox::local::init::run(acp_sandbox::sandbox::local::init::InitArgs {
         proxy_socket: init.proxy_socket,
         proxy_port: init.proxy_port,
         expose: init.expose,

@@ -5,29 +5,15 @@
 //! plain process group) is the embedded default; remote providers (E2B, Daytona) fit the same shape: their
 //! ids are persisted with the session, and `connect` answers `None` when the sandbox is gone.
 
-pub mod daytona;
-pub mod download;
-pub mod e2b;
-pub mod guard;
 // The one place allowed to start processes (clippy.toml bans it elsewhere).
 #[allow(clippy::disallowed_methods)]
 pub mod host;
 #[allow(clippy::disallowed_methods)]
-pub mod init;
-#[allow(clippy::disallowed_methods)]
 pub mod install;
-pub mod limits;
 #[allow(clippy::disallowed_methods)]
 pub mod local;
-pub mod mirror;
-pub mod policy;
-pub mod protect;
-pub mod proxy;
-pub mod reaper;
-pub mod review;
-pub mod seccomp;
-pub mod statedir;
-pub mod warm;
+pub mod net;
+pub mod remote;
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -49,14 +35,14 @@ pub fn session_provider(
 ) -> Result<Arc<dyn SandboxProvider>, SandboxError> {
     match choice {
         SandboxChoice::E2b => {
-            let settings = e2b::E2bSettings::from_env(var)?;
+            let settings = remote::e2b::E2bSettings::from_env(var)?;
             tracing::info!(api = %settings.api_url, template = %settings.template, "sessions run in E2B sandboxes");
-            Ok(Arc::new(e2b::E2bProvider::new(settings)?))
+            Ok(Arc::new(remote::e2b::E2bProvider::new(settings)?))
         }
         SandboxChoice::Daytona => {
-            let settings = daytona::DaytonaSettings::from_lookup(var)?;
+            let settings = remote::daytona::DaytonaSettings::from_lookup(var)?;
             tracing::info!(api = %settings.endpoint.api_url, snapshot = ?settings.snapshot, "sessions run in Daytona sandboxes");
-            Ok(Arc::new(daytona::DaytonaProvider::new(settings)?))
+            Ok(Arc::new(remote::daytona::DaytonaProvider::new(settings)?))
         }
         SandboxChoice::Auto | SandboxChoice::Bwrap | SandboxChoice::None => Ok(local),
     }
@@ -107,10 +93,16 @@ pub async fn check_remote_providers(
     /// A provider's own check: its lines for `doctor` when it is selected.
     type Check = for<'a> fn(&'a (dyn Fn(&str) -> Option<String> + Sync)) -> BoxFuture<'a, Vec<CheckLine>>;
     let remotes: [(SandboxChoice, &str, &str, &str, Check); 2] = [
-        (SandboxChoice::E2b, e2b::PROVIDER, e2b::KEY_VARIABLE, "an E2B sandbox", |var| Box::pin(e2b::check(var))),
-        (SandboxChoice::Daytona, daytona::PROVIDER, daytona::KEY_VARIABLE, "a Daytona sandbox", |var| {
-            Box::pin(daytona::check(var))
+        (SandboxChoice::E2b, remote::e2b::PROVIDER, remote::e2b::KEY_VARIABLE, "an E2B sandbox", |var| {
+            Box::pin(remote::e2b::check(var))
         }),
+        (
+            SandboxChoice::Daytona,
+            remote::daytona::PROVIDER,
+            remote::daytona::KEY_VARIABLE,
+            "a Daytona sandbox",
+            |var| Box::pin(remote::daytona::check(var)),
+        ),
     ];
     let mut reports = Vec::new();
     for (remote, name, key, what, check) in remotes {
@@ -242,7 +234,7 @@ pub struct ExecSpec {
     pub serve_port: Option<u16>,
     /// With `serve_port`, a local server that may outlive the bridge (`--keep-warm`): adopted when one kept for the
     /// same key and the same command runs, else started so that the next bridge can adopt it.
-    pub keep_warm: Option<warm::KeepWarm>,
+    pub keep_warm: Option<local::warm::KeepWarm>,
 }
 
 /// What a CLI must reach: its model endpoints (exact host:port, allowed even on loopback or private ranges) and
@@ -335,7 +327,7 @@ pub trait Sandbox: Send + Sync {
     async fn write_state_file(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError>;
     /// In review mode (`--workspace review`): the agent's copy of the workspace, whose changes reach the user's
     /// files only through the session's review. `None` when the agent writes the workspace itself.
-    fn review_copy(&self) -> Option<Arc<review::WorkspaceCopy>> {
+    fn review_copy(&self) -> Option<Arc<crate::workspace::review::WorkspaceCopy>> {
         None
     }
     /// A remote sandbox (its workspace is on its own disk, not the user's): its files, through which the session
@@ -348,7 +340,7 @@ pub trait Sandbox: Send + Sync {
     /// workspace (into the session's quarantine), and answers what was moved since the last call, by this call
     /// or by the watch each running command keeps (`protect.rs`). Empty where the agent does not write the user's
     /// files (review mode, remote sandboxes): there a creation is a change the review handles.
-    fn sweep_protected(&self) -> Vec<protect::Moved> {
+    fn sweep_protected(&self) -> Vec<local::protect::Moved> {
         Vec::new()
     }
     /// Ends what commands of this session a bridge that is gone (killed mid-turn) left running in the sandbox, with
@@ -378,10 +370,15 @@ pub trait RemoteFiles: Send + Sync {
     }
     /// Downloads the file at `path` into a new file at `dest` on the host (nothing may be there), a chunk at a time
     /// as it arrives, never holding it whole where the provider streams: past `limit` bytes the download stops, what
-    /// was written is removed and the answer is [`download::Downloaded::TooLarge`]. A failure leaves nothing at
+    /// was written is removed and the answer is [`remote::download::Downloaded::TooLarge`]. A failure leaves nothing at
     /// `dest` either.
-    async fn download_to(&self, path: &Path, dest: &Path, limit: u64) -> Result<download::Downloaded, SandboxError> {
-        download::save_bytes(self.read_at_most(path, limit).await?, dest, limit).await
+    async fn download_to(
+        &self,
+        path: &Path,
+        dest: &Path,
+        limit: u64,
+    ) -> Result<remote::download::Downloaded, SandboxError> {
+        remote::download::save_bytes(self.read_at_most(path, limit).await?, dest, limit).await
     }
 }
 

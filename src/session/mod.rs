@@ -226,7 +226,7 @@ impl Bridge {
             }
             Isolation::Bwrap(_) => {}
         }
-        if config.network == crate::sandbox::proxy::NetworkMode::Host {
+        if config.network == crate::sandbox::net::proxy::NetworkMode::Host {
             tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
         }
         let settings = Arc::new(LocalSettings::from_config(&config, isolation.clone()));
@@ -287,7 +287,7 @@ impl Bridge {
     /// removed, and those no bridge uses now are stopped when this bridge keeps none or was started with other
     /// sandbox settings (a changed policy must not live on in them). Returns the sandboxes of those that stay.
     fn sweep_kept_warm(&self) -> HashSet<String> {
-        use crate::sandbox::warm;
+        use crate::sandbox::local::warm;
         let run_dir = self.config.run_dir();
         let settings = warm::settings_digest(&LocalSettings::from_config(&self.config, self.isolation.clone()));
         let mut kept = HashSet::new();
@@ -386,7 +386,7 @@ impl Bridge {
 
     /// The copy on this machine that mirrors a remote sandbox's workspace (`<sessions>/<id>/review`): what the
     /// local sandbox would hide is never in it, and the git dir and protected paths are not reviewed.
-    pub(super) fn mirror_copy(&self, record: &SessionRecord) -> crate::sandbox::review::WorkspaceCopy {
+    pub(super) fn mirror_copy(&self, record: &SessionRecord) -> crate::workspace::review::WorkspaceCopy {
         LocalSettings::from_config(&self.config, self.isolation.clone())
             .review_copy(&self.config.sessions_dir().join(&record.id), Path::new(&record.cwd))
     }
@@ -459,7 +459,7 @@ impl Bridge {
         if !cwd.is_absolute() {
             return Err(Error::InvalidParams(format!("cwd must be an absolute path, got {}", cwd.display())));
         }
-        match crate::sandbox::policy::workspace_refusal(cwd, &Config::home(), &self.config.data_dir) {
+        match crate::sandbox::local::policy::workspace_refusal(cwd, &Config::home(), &self.config.data_dir) {
             Some(why) => Err(Error::InvalidParams(why)),
             None => Ok(()),
         }

@@ -5,7 +5,7 @@ use super::note;
 use super::turn::Emitter;
 use crate::error::Result;
 use crate::sandbox::Sandbox;
-use crate::sandbox::protect::Moved;
+use crate::sandbox::local::protect::Moved;
 
 /// Sweeps the sandbox's missing protected paths now and says in the thread what was moved since the last time.
 pub(super) async fn sweep(sandbox: &dyn Sandbox, emit: &Emitter) -> Result<()> {

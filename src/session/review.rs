@@ -5,7 +5,7 @@
 //! with `session/request_permission`, and applied only on an explicit allow. What is not allowed, or cannot be
 //! applied at all, is held back: it stays in the agent's copy, said once in a note. A remote sandbox is always
 //! reviewed: its workspace is mirrored in a copy on this machine, pulled before each review and pushed after it
-//! (`sandbox::mirror`).
+//! (`sandbox::remote::mirror`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,9 +21,9 @@ use agent_client_protocol::v1::schema::{
 use super::turn::Emitter;
 use super::{UpdateSink, note};
 use crate::error::{Error, Result};
-use crate::sandbox::mirror::{Mirror, Pushed};
-use crate::sandbox::review::{APPLY_LIMIT, Change, TEXT_LIMIT, WorkspaceCopy};
+use crate::sandbox::remote::mirror::{Mirror, Pushed};
 use crate::sandbox::{Sandbox, SandboxError};
+use crate::workspace::review::{APPLY_LIMIT, Change, TEXT_LIMIT, WorkspaceCopy};
 
 /// At most this many files go to the editor per review (a generated tree would flood its review list); the
 /// rest is offered on the permission card, applied only if the user allows it.

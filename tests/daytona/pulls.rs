@@ -4,8 +4,8 @@
 //! far below the file's size. The fake's `--grow NAME=BYTES` serves a file named NAME with that many bytes more
 //! than it holds, without a length, as a file the agent still writes while it is downloaded.
 
-use acp_sandbox::sandbox::download::Downloaded;
-use acp_sandbox::sandbox::review::APPLY_LIMIT;
+use acp_sandbox::sandbox::remote::download::Downloaded;
+use acp_sandbox::workspace::review::APPLY_LIMIT;
 
 use super::bridge::daytona_options;
 use super::*;

@@ -6,9 +6,9 @@
 
 use std::path::Path;
 
-use acp_sandbox::sandbox::download::Downloaded;
-use acp_sandbox::sandbox::review::APPLY_LIMIT;
+use acp_sandbox::sandbox::remote::download::Downloaded;
 use acp_sandbox::sandbox::{RemoteFiles, SandboxProvider};
+use acp_sandbox::workspace::review::APPLY_LIMIT;
 use serde_json::json;
 
 use super::support::{self, notes, ops};

@@ -1,4 +1,4 @@
-//! HTTP to one `opencode serve` through its door: a unix socket private to the bridge (see `sandbox::init`).
+//! HTTP to one `opencode serve` through its door: a unix socket private to the bridge (see `sandbox::local::init`).
 //!
 //! One connection per request keeps the client free of pooling state; the socket is local, so a connection costs
 //! well under a millisecond. The event stream (`GET /event`) is one long-lived connection of its own.

@@ -379,8 +379,8 @@ impl Turn<'_> {
                             emit.send(crate::session::note(&format!(
                                 "_{name}'s server sent an event of {}, more than the {} one event may hold: it was \
                                  dropped, so part of this turn may be missing here._",
-                                crate::sandbox::limits::format_size(bytes as u64),
-                                crate::sandbox::limits::format_size(MAX_EVENT as u64),
+                                crate::sandbox::local::limits::format_size(bytes as u64),
+                                crate::sandbox::local::limits::format_size(MAX_EVENT as u64),
                             )))
                             .await?;
                             continue;
@@ -685,7 +685,7 @@ pub(in crate::session) async fn start_server(
         permissions::set_env(&mut env, "OPENCODE_DISABLE_PROJECT_CONFIG", |_| Some("1".into()));
     }
     let port = Servers::port(bridge.private_network());
-    let keep_warm = bridge.config().keep_warm.map(|linger| crate::sandbox::warm::KeepWarm {
+    let keep_warm = bridge.config().keep_warm.map(|linger| crate::sandbox::local::warm::KeepWarm {
         key: key.to_string(),
         linger,
         secret: password.clone(),

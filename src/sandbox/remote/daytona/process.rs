@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::api::{DaytonaError, Toolbox, is_missing_route};
-use crate::sandbox::reaper::{self, REAP_LIMIT};
+use crate::sandbox::remote::reaper::{self, REAP_LIMIT};
 use crate::sandbox::{ExecSpec, ExitInfo, ProcessHandle, SandboxError};
 
 /// A word for `sh`, single-quoted.
@@ -173,7 +173,7 @@ impl Drop for SessionGuard {
     }
 }
 
-/// Runs the reaper (`sandbox::reaper`) in a session of its own, which the daemon's shell starts without any mark:
+/// Runs the reaper (`sandbox::remote::reaper`) in a session of its own, which the daemon's shell starts without any mark:
 /// ends every process whose environment matches `kill` and not `spare`, and answers how many it ended.
 pub async fn reap(toolbox: &Toolbox, kill: &str, spare: Option<&str>) -> Result<usize, DaytonaError> {
     let spec = reaper::reaper_spec(kill, spare);

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::ExecSpec;
+use crate::sandbox::ExecSpec;
 
 /// The variable every remote command of ours carries, with its tag as the value. A provider's daemon signals only
 /// the process (or group) it started: what the command started in a session of its own, or double-forked, is found

@@ -4,7 +4,7 @@
 //! The control plane creates, starts, stops and deletes sandboxes (`api.rs`); commands run in toolbox sessions, one
 //! session per command, with their output streamed over the followed-logs WebSocket and split into stdout and
 //! stderr by the daemon's markers (`logs.rs`); `process.rs` builds each command's shell line and ends or awaits it.
-//! Each command's session is named by its tag (`sandbox::reaper`), also in its environment: what it started ends
+//! Each command's session is named by its tag (`sandbox::remote::reaper`), also in its environment: what it started ends
 //! with it, and a later bridge finds (in the session list) and ends what this one left running. Between turns the sandbox is stopped (its processes end, its files stay) and started again on `connect`.
 //!
 //! The API key (`DAYTONA_API_KEY`) is used only in the bridge's own requests: a new sandbox gets no environment,
@@ -27,8 +27,8 @@ use tokio::sync::watch;
 use self::api::{Client, CreateRequest, DaytonaError, Endpoint, SandboxInfo, Toolbox};
 use self::logs::{Demuxer, Sinks};
 use self::process::DaytonaProcess;
-use crate::sandbox::download::{self, Downloaded};
-use crate::sandbox::reaper::{self, Tags};
+use crate::sandbox::remote::download::{self, Downloaded};
+use crate::sandbox::remote::reaper::{self, Tags};
 use crate::sandbox::{
     CheckLine, ExecSpec, RemoteFiles, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec,
 };

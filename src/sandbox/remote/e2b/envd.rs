@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::api::{excerpt, remote, unreachable};
 use super::connect;
-use crate::sandbox::download::{self, Downloaded};
+use crate::sandbox::remote::download::{self, Downloaded};
 use crate::sandbox::{ExecSpec, ExitInfo, RemoteFailure, SandboxError};
 
 /// The port envd listens on inside every sandbox.

@@ -26,7 +26,7 @@ use self::api::{AutoResume, ControlPlane, NewSandbox, SandboxInfo, remote};
 use self::connect::{Decoder, Frame};
 use self::envd::{Envd, Event};
 use super::reaper::{self, REAP_LIMIT, Tags};
-use super::{
+use crate::sandbox::{
     ExecSpec, ExitInfo, ProcessHandle, RemoteFailure, RunningProcess, Sandbox, SandboxError, SandboxProvider,
     SandboxSpec,
 };
@@ -132,8 +132,8 @@ pub fn http_client() -> Result<reqwest::Client, SandboxError> {
 
 /// `doctor`'s lines for `--sandbox e2b`: the key, the control plane (reached, the key accepted), the template,
 /// and what a session would use.
-pub async fn check(var: &(dyn Fn(&str) -> Option<String> + Sync)) -> Vec<super::CheckLine> {
-    use super::CheckLine;
+pub async fn check(var: &(dyn Fn(&str) -> Option<String> + Sync)) -> Vec<crate::sandbox::CheckLine> {
+    use crate::sandbox::CheckLine;
     if var(KEY_VARIABLE).is_none_or(|key| key.trim().is_empty()) {
         return vec![CheckLine::error(format!(
             "{KEY_VARIABLE}: missing: --sandbox e2b needs your E2B key in the bridge's environment, or run \
@@ -398,7 +398,7 @@ impl Sandbox for E2bSandbox {
         self.upload(path, bytes).await
     }
 
-    fn remote_files(&self) -> Option<&dyn super::RemoteFiles> {
+    fn remote_files(&self) -> Option<&dyn crate::sandbox::RemoteFiles> {
         Some(self)
     }
 }
@@ -461,7 +461,7 @@ impl E2bSandbox {
 }
 
 #[async_trait]
-impl super::RemoteFiles for E2bSandbox {
+impl crate::sandbox::RemoteFiles for E2bSandbox {
     async fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError> {
         self.upload(path, bytes).await
     }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use tokio::io::AsyncWriteExt;
 
-use super::SandboxError;
+use crate::sandbox::SandboxError;
 
 /// What a bounded download to a file got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::ExecSpec;
+use crate::sandbox::ExecSpec;
 
 /// What makes a server kept warm: the bridge's key for it, how long it outlives its last bridge, its secret.
 #[derive(Clone)]
@@ -67,7 +67,7 @@ pub struct Record {
 impl Record {
     /// Whether its root process still runs.
     pub fn alive(&self) -> bool {
-        super::local::start_time(self.pid) == Some(self.start)
+        super::start_time(self.pid) == Some(self.start)
     }
 }
 
@@ -180,14 +180,14 @@ pub fn stop(run_dir: &Path, record: &Record) {
     if record.alive()
         && let Ok(pid) = u32::try_from(record.pid)
     {
-        super::local::kill_tree(pid);
+        super::kill_tree(pid);
     }
     forget(run_dir, record);
 }
 
 /// A digest of everything the bridge's local sandboxes are made of (isolation, policy, network, limits): a kept
 /// server made under other settings is never adopted, and a serving bridge with other settings stops it.
-pub fn settings_digest(settings: &super::local::LocalSettings) -> String {
+pub fn settings_digest(settings: &super::LocalSettings) -> String {
     digest_hex(&format!("{settings:?}"))
 }
 
@@ -233,7 +233,7 @@ mod tests {
             fingerprint: "f".into(),
             settings: "s".into(),
             pid: i32::try_from(std::process::id()).unwrap(),
-            start: super::super::local::start_time(i32::try_from(std::process::id()).unwrap()).unwrap(),
+            start: super::super::start_time(i32::try_from(std::process::id()).unwrap()).unwrap(),
             door: "/nonexistent/door".into(),
             proxy_socket: None,
             cgroups: Vec::new(),

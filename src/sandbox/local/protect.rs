@@ -23,7 +23,7 @@ use cap_std::fs::{Dir, MetadataExt};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use tokio::io::unix::AsyncFd;
 
-use super::statedir::StateDir;
+use crate::workspace::statedir::StateDir;
 
 /// The session's quarantine, in its state dir: hidden from the sandbox under bubblewrap.
 pub const QUARANTINE: &str = "quarantine";

@@ -6,6 +6,14 @@
 //! for its limits, and dies with the bridge. Without bubblewrap the CLI runs under the bridge's own binary as its
 //! subreaper (`init.rs`), so every descendant, daemons included, ends with the turn.
 
+pub mod guard;
+pub mod init;
+pub mod limits;
+pub mod policy;
+pub mod protect;
+pub mod seccomp;
+pub mod warm;
+
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -18,15 +26,13 @@ use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
-use super::init::PROXY_SOCKET;
-use super::limits::{self, Limits};
-use super::policy::{Mount, PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
-use super::protect;
-use super::proxy::{ConnectionBudget, NetworkMode, Proxy, ProxyPolicy};
-use super::seccomp;
-use super::statedir::StateDir;
+use self::init::PROXY_SOCKET;
+use self::limits::Limits;
+use self::policy::{Mount, PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
+use super::net::proxy::{ConnectionBudget, NetworkMode, Proxy, ProxyPolicy};
 use super::{ExecSpec, ExitInfo, ProcessHandle, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec};
 use crate::config::SandboxChoice;
+use crate::workspace::statedir::StateDir;
 
 /// How the local provider isolates commands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,7 +175,7 @@ impl LocalSettings {
 
     /// The review copy of a session's workspace: never a secret of the workspace in it, and changes to the git
     /// dir and the protected paths kept out of the review (they stay in the copy until the next turn resets them).
-    pub fn review_copy(&self, state_dir: &Path, workspace: &Path) -> super::review::WorkspaceCopy {
+    pub fn review_copy(&self, state_dir: &Path, workspace: &Path) -> crate::workspace::review::WorkspaceCopy {
         let never_copied = self.policy.hidden_paths().into_iter().filter(|path| path.starts_with(workspace)).collect();
         let mut not_reviewed: Vec<PathBuf> = self
             .policy
@@ -178,7 +184,12 @@ impl LocalSettings {
             .filter_map(|path| path.strip_prefix(workspace).ok().map(Path::to_path_buf))
             .collect();
         not_reviewed.push(".git".into());
-        super::review::WorkspaceCopy::new(state_dir.join("review"), workspace.to_path_buf(), never_copied, not_reviewed)
+        crate::workspace::review::WorkspaceCopy::new(
+            state_dir.join("review"),
+            workspace.to_path_buf(),
+            never_copied,
+            not_reviewed,
+        )
     }
 
     /// One line per protection for `doctor` and the log: what applies and what does not, with the reason.
@@ -281,7 +292,7 @@ impl LocalSettings {
         );
         add(
             "server",
-            match (bwrap, super::guard::port_guard_available()) {
+            match (bwrap, guard::port_guard_available()) {
                 (true, Ok(abi)) => (
                     true,
                     format!(
@@ -477,7 +488,7 @@ pub struct LocalSandbox {
     /// In review mode, the agent's copy of the workspace: bound over the workspace under bubblewrap (overlayfs
     /// is not used: the bubblewrap here may lack `--overlay`, and a layer cannot change under a mounted overlay,
     /// which settling a reviewed file mid-turn must do), the agent's working directory without it.
-    copy: Option<Arc<super::review::WorkspaceCopy>>,
+    copy: Option<Arc<crate::workspace::review::WorkspaceCopy>>,
     /// Where the agent sees the workspace: the workspace, or its copy in review mode without bubblewrap.
     workspace: PathBuf,
     state_dir: PathBuf,
@@ -646,7 +657,7 @@ impl LocalSandbox {
             .map_err(|e| SandboxError::io(format!("create {}", run_dir.display()), e))?;
         let socket = match &spec.keep_warm {
             Some(keep) => {
-                let socket = super::warm::proxy_socket(run_dir, &keep.key);
+                let socket = warm::proxy_socket(run_dir, &keep.key);
                 if let Some(dir) = socket.parent() {
                     crate::config::create_private_dir(dir)
                         .map_err(|e| SandboxError::io(format!("create {}", dir.display()), e))?;
@@ -813,7 +824,7 @@ impl Sandbox for LocalSandbox {
         &self.state_dir
     }
 
-    fn review_copy(&self) -> Option<Arc<super::review::WorkspaceCopy>> {
+    fn review_copy(&self) -> Option<Arc<crate::workspace::review::WorkspaceCopy>> {
         self.copy.clone()
     }
 
@@ -842,13 +853,13 @@ impl Sandbox for LocalSandbox {
         }
         let kept = match (&spec.keep_warm, spec.serve_port) {
             (Some(keep), Some(_)) => {
-                let fingerprint = super::warm::fingerprint(&spec, &super::warm::settings_digest(&self.settings));
-                if let Some(record) = super::warm::read(&self.settings.run_dir, &keep.key) {
+                let fingerprint = warm::fingerprint(&spec, &warm::settings_digest(&self.settings));
+                if let Some(record) = warm::read(&self.settings.run_dir, &keep.key) {
                     if record.fingerprint == fingerprint && record.alive() && record.door.exists() {
                         return self.adopt(record, &spec).await;
                     }
                     tracing::info!(key = %keep.key, pid = record.pid, "stopping a kept-warm server started for another command or settings");
-                    super::warm::stop(&self.settings.run_dir, &record);
+                    warm::stop(&self.settings.run_dir, &record);
                 }
                 Some((keep.clone(), fingerprint))
             }
@@ -894,7 +905,7 @@ impl Sandbox for LocalSandbox {
         let watch = cgroup.is_none().then_some(self.settings.limits);
         if spec.serve_port.is_some()
             && matches!(self.settings.isolation, Isolation::Bwrap(_))
-            && let Err(why) = super::guard::port_guard_available()
+            && let Err(why) = guard::port_guard_available()
         {
             // A server its tools could reach would let them answer their own approvals: no server then.
             return Err(SandboxError::Unavailable(format!(
@@ -1101,23 +1112,23 @@ impl LocalSandbox {
     /// it ends with its handle like any command.
     fn keep_record(
         &self,
-        keep: super::warm::KeepWarm,
+        keep: warm::KeepWarm,
         fingerprint: String,
         pid: u32,
         door: &Path,
         guards: &ProcessGuards,
     ) -> Option<Warm> {
         let root = i32::try_from(pid).ok()?;
-        let record = super::warm::Record {
+        let record = warm::Record {
             key: keep.key.clone(),
             sandbox: self.session_id.clone(),
             workspace: self.host_workspace.clone(),
             fingerprint,
-            settings: super::warm::settings_digest(&self.settings),
+            settings: warm::settings_digest(&self.settings),
             pid: root,
             start: start_time(root)?,
             door: door.to_path_buf(),
-            proxy_socket: guards.proxy.is_some().then(|| super::warm::proxy_socket(&self.settings.run_dir, &keep.key)),
+            proxy_socket: guards.proxy.is_some().then(|| warm::proxy_socket(&self.settings.run_dir, &keep.key)),
             cgroups: guards.cgroup.as_ref().map(|cgroup| cgroup.dirs().to_vec()).unwrap_or_default(),
             secret: keep.secret,
             linger_secs: keep.linger.as_secs().max(MIN_LINGER_SECS),
@@ -1126,7 +1137,7 @@ impl LocalSandbox {
                 .map(|d| d.as_millis() as i64)
                 .unwrap_or(0),
         };
-        match super::warm::write(&self.settings.run_dir, &record) {
+        match warm::write(&self.settings.run_dir, &record) {
             Ok(()) => Some(Warm { run_dir: self.settings.run_dir.clone(), record }),
             Err(e) => {
                 tracing::warn!(key = %keep.key, "the server is not kept warm: its record could not be written: {e}");
@@ -1136,7 +1147,7 @@ impl LocalSandbox {
     }
 
     /// Takes over a server an earlier bridge kept warm: its proxy is served again where its sandbox looks for it.
-    async fn adopt(&self, record: super::warm::Record, spec: &ExecSpec) -> Result<RunningProcess, SandboxError> {
+    async fn adopt(&self, record: warm::Record, spec: &ExecSpec) -> Result<RunningProcess, SandboxError> {
         if let Err(e) = record_owner(&self.settings.run_dir, &self.session_id) {
             tracing::warn!(session = %self.session_id, "could not record this bridge as the owner: {e}");
         }
@@ -1166,7 +1177,7 @@ impl LocalSandbox {
 /// A kept-warm server's record, and where it is.
 struct Warm {
     run_dir: PathBuf,
-    record: super::warm::Record,
+    record: warm::Record,
 }
 
 /// A server an earlier bridge kept warm, adopted by this one: not its child, so known by pid and start time.
@@ -1191,7 +1202,7 @@ impl ProcessHandle for Adopted {
 
     async fn kill(&mut self) {
         if self.gone.is_none() {
-            super::warm::stop(&self.warm.run_dir, &self.warm.record);
+            warm::stop(&self.warm.run_dir, &self.warm.record);
         }
     }
 
@@ -1202,7 +1213,7 @@ impl ProcessHandle for Adopted {
         while self.warm.record.alive() {
             tokio::time::sleep(ADOPTED_POLL).await;
         }
-        super::warm::forget(&self.warm.run_dir, &self.warm.record);
+        warm::forget(&self.warm.run_dir, &self.warm.record);
         let gone = ExitInfo { code: None, signal: None };
         self.gone = Some(gone);
         Ok(gone)
@@ -1216,7 +1227,7 @@ impl ProcessHandle for Adopted {
 impl Drop for Adopted {
     fn drop(&mut self) {
         if !self.detached && self.gone.is_none() {
-            super::warm::stop(&self.warm.run_dir, &self.warm.record);
+            warm::stop(&self.warm.run_dir, &self.warm.record);
         }
         // Its proxy goes with this bridge either way; the next one serves it again.
         self.guards.door = None;
@@ -1347,7 +1358,7 @@ impl ProcessHandle for LocalProcess {
         self.exited = Some(exit);
         self.forget();
         if let Some(warm) = &self.warm {
-            super::warm::forget(&warm.run_dir, &warm.record);
+            warm::forget(&warm.run_dir, &warm.record);
         }
         // Whatever the CLI left behind goes with it, after every turn.
         if let Some(pid) = self.pid {
@@ -1376,7 +1387,7 @@ impl Drop for LocalProcess {
             return;
         }
         if let Some(warm) = &self.warm {
-            super::warm::forget(&warm.run_dir, &warm.record);
+            warm::forget(&warm.run_dir, &warm.record);
         }
         if self.exited.is_none() {
             if let Some(pid) = self.pid {
@@ -1686,7 +1697,7 @@ mod tests {
     fn in_review_mode_the_workspace_and_its_protected_paths_come_from_the_copy() {
         let mut sandbox = sandbox(Path::new("/tmp/ws"), Isolation::Bwrap("/usr/bin/bwrap".into()));
         sandbox.state_dir = "/tmp/data/sessions/s1".into();
-        let copy = super::super::review::WorkspaceCopy::new(
+        let copy = crate::workspace::review::WorkspaceCopy::new(
             "/tmp/data/sessions/s1/review".into(),
             "/tmp/ws".into(),
             vec![],

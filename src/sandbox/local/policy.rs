@@ -1,7 +1,7 @@
 //! What the local sandbox hides, shows and protects: a pure plan of mounts from the user's settings.
 //!
 //! The plan is computed before each command from what exists on disk at that moment (bubblewrap can only mount
-//! over paths that exist), and turned into bubblewrap arguments by `local.rs`. Order matters: a later mount covers
+//! over paths that exist), and turned into bubblewrap arguments by `local/mod.rs`. Order matters: a later mount covers
 //! an earlier one, so nothing that is shown or writable may be mounted over a hidden path after it is hidden. The
 //! plan is always: private `/tmp` and `/run`, the hidden home (strict), what is shown again (toolchains,
 //! `--allow-read`, the CLI's install), secrets hidden, the data dir hidden, a CLI installed in the data dir shown,

@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::proxy::{read_head, status_code};
+use crate::sandbox::net::proxy::{read_head, status_code};
 
 /// Where the bridge mounts its proxy's socket inside the sandbox.
 pub const PROXY_SOCKET: &str = "/run/acp-sandbox/proxy.sock";
@@ -205,7 +205,7 @@ async fn supervise(args: InitArgs) -> i32 {
                     && unused >= keep
                 {
                     complain(&format!("no bridge used this server for {} s; stopping it", keep.as_secs()));
-                    super::local::kill_descendants(std::process::id());
+                    super::kill_descendants(std::process::id());
                     let _ = child.wait().await;
                     end_descendants();
                     return 0;
@@ -223,7 +223,7 @@ async fn supervise(args: InitArgs) -> i32 {
             _ = watch.tick(), if args.max_processes.is_some() || args.max_memory.is_some() => {
                 if let Some(over) = over_limits(args.max_processes, args.max_memory) {
                     complain(&format!("Error: the sandbox {over}; everything in it was stopped"));
-                    super::local::kill_descendants(std::process::id());
+                    super::kill_descendants(std::process::id());
                     let _ = child.wait().await;
                     end_descendants();
                     return 137;
@@ -262,7 +262,7 @@ pub const UNPRIVILEGED_PORT_START: &str = "/proc/sys/net/ipv4/ip_unprivileged_po
 
 /// Waits until `port` may be bound without privileges here. Nothing inside can lower the start (`/proc/sys` is
 /// read-only in the sandbox): for a model endpoint below it, the bridge sets it to 0 in this namespace from
-/// outside right after starting the sandbox (`local.rs`), and this waits (a bound) for that.
+/// outside right after starting the sandbox (`local/mod.rs`), and this waits (a bound) for that.
 async fn low_port_allowed(port: u16) -> Result<(), String> {
     let start =
         || std::fs::read_to_string(UNPRIVILEGED_PORT_START).ok().and_then(|text| text.trim().parse::<u32>().ok());
@@ -289,10 +289,9 @@ const REAP_EVERY: Duration = Duration::from_secs(1);
 /// `setsid` children), adopted here as the subreaper.
 fn end_strays(program: Option<u32>) {
     let own = std::process::id() as i32;
-    let strays: Vec<i32> =
-        super::local::child_pids(own).into_iter().filter(|&pid| Some(pid as u32) != program).collect();
+    let strays: Vec<i32> = super::child_pids(own).into_iter().filter(|&pid| Some(pid as u32) != program).collect();
     for pid in &strays {
-        super::local::kill_tree(*pid as u32);
+        super::kill_tree(*pid as u32);
     }
     // Killed trees' members become our children as they die; give them a moment, then reap them.
     std::thread::sleep(Duration::from_millis(20));
@@ -302,7 +301,7 @@ fn end_strays(program: Option<u32>) {
 /// Reaps exited children other than the program, whose status belongs to tokio's wait.
 fn reap_strays(program: Option<u32>) {
     let own = std::process::id() as i32;
-    for pid in super::local::child_pids(own) {
+    for pid in super::child_pids(own) {
         if Some(pid as u32) != program {
             let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
         }
@@ -314,7 +313,7 @@ const WATCH_EVERY: Duration = Duration::from_millis(50);
 
 /// Whether the processes below this one exceed a limit, in words.
 fn over_limits(max_processes: Option<u64>, max_memory: Option<u64>) -> Option<String> {
-    let tree = super::local::descendant_pids(std::process::id());
+    let tree = super::descendant_pids(std::process::id());
     if let Some(max) = max_processes
         && tree.len() as u64 > max
     {
@@ -339,7 +338,7 @@ fn over_limits(max_processes: Option<u64>, max_memory: Option<u64>) -> Option<St
 /// Kills every descendant of this process (as subreaper, orphans of the tree are its children) and reaps them.
 fn end_descendants() {
     let own = std::process::id();
-    super::local::kill_descendants(own);
+    super::kill_descendants(own);
     while nix::sys::wait::waitpid(Pid::from_raw(-1), Some(nix::sys::wait::WaitPidFlag::WNOHANG))
         .is_ok_and(|status| status != nix::sys::wait::WaitStatus::StillAlive)
     {}
@@ -480,8 +479,8 @@ fn complain(message: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::proxy::tests::echo_server;
-    use crate::sandbox::proxy::{NetworkMode, Proxy, ProxyPolicy};
+    use crate::sandbox::net::proxy::tests::echo_server;
+    use crate::sandbox::net::proxy::{NetworkMode, Proxy, ProxyPolicy};
 
     /// `run` installs process-wide signal handlers and the signal test signals the whole test process: one at a time.
     static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

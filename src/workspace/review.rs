@@ -294,7 +294,7 @@ impl WorkspaceCopy {
         let mut kept = BTreeSet::new();
         let mut manifest = BTreeMap::new();
         let mut seen = BTreeSet::new();
-        let ignores = self.git_ignores.then(|| super::mirror::Ignores::new(&self.workspace));
+        let ignores = self.git_ignores.then(|| super::ignore::Ignores::new(&self.workspace));
         let hidden = |rel: &Path, dir: bool| {
             self.never_copied.iter().any(|hidden| self.workspace.join(rel).starts_with(hidden))
                 || ignores.as_ref().is_some_and(|ignores| ignores.ignored(rel, dir))
@@ -756,7 +756,7 @@ pub fn read_regular(root: &Dir, rel: &Path, limit: u64) -> io::Result<(Regular, 
 }
 
 /// Whether two regular files hold the same bytes, compared a block at a time.
-pub(super) fn same_content(a_root: &Dir, a: &Path, b_root: &Dir, b: &Path) -> io::Result<bool> {
+pub(crate) fn same_content(a_root: &Dir, a: &Path, b_root: &Dir, b: &Path) -> io::Result<bool> {
     let (Some((a, a_meta)), Some((b, b_meta))) =
         (open_regular(a_root, a).ok().flatten(), open_regular(b_root, b).ok().flatten())
     else {
@@ -852,7 +852,7 @@ fn copy_file(
 
 /// Every path below `dir` but the `pruned` ones and what they hold (directories before what they hold), never
 /// following a link.
-pub(super) fn walk(dir: &Dir, pruned: impl Fn(&Path, bool) -> bool) -> io::Result<Walked> {
+pub(crate) fn walk(dir: &Dir, pruned: impl Fn(&Path, bool) -> bool) -> io::Result<Walked> {
     let mut out = Walked::default();
     let mut dirs = vec![PathBuf::new()];
     while let Some(current) = dirs.pop() {
@@ -894,8 +894,8 @@ pub(super) fn walk(dir: &Dir, pruned: impl Fn(&Path, bool) -> bool) -> io::Resul
 
 /// What [`walk`] found.
 #[derive(Default)]
-pub(super) struct Walked {
-    pub(super) paths: Vec<PathBuf>,
+pub(crate) struct Walked {
+    pub(crate) paths: Vec<PathBuf>,
     /// Directories it could not read: what they hold is neither seen nor gone.
     unreadable: Vec<PathBuf>,
 }
@@ -906,7 +906,7 @@ fn seen_parent_missing(rel: &Path, seen: &BTreeSet<PathBuf>) -> bool {
 }
 
 /// Removes the file, link or directory tree at `rel`, never following a link; a missing one is fine.
-pub(super) fn remove(dir: &Dir, rel: &Path) -> io::Result<()> {
+pub(crate) fn remove(dir: &Dir, rel: &Path) -> io::Result<()> {
     let (parent, name) = match parent_of(dir, rel, false) {
         Ok(found) => found,
         Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => return Ok(()),
@@ -924,7 +924,7 @@ pub(super) fn remove(dir: &Dir, rel: &Path) -> io::Result<()> {
 }
 
 /// Refuses a path that is not plainly inside the workspace.
-pub(super) fn check_relative(rel: &Path) -> io::Result<()> {
+pub(crate) fn check_relative(rel: &Path) -> io::Result<()> {
     if rel.as_os_str().is_empty() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,

@@ -1,0 +1,4 @@
+//! The sandbox's network: the egress proxy on a unix socket, the only way out of a local sandbox's own network
+//! namespace, and the policy of what it lets through (`--network`).
+
+pub mod proxy;
