@@ -222,7 +222,7 @@ impl Bridge {
             // Falling back silently would hide that the agent has the whole machine.
             Isolation::None(why) => {
                 tracing::warn!("CLIs run WITHOUT a sandbox: {why}");
-                crate::sandbox::local::become_subreaper();
+                crate::sandbox::process::become_subreaper();
             }
             Isolation::Bwrap(_) => {}
         }
@@ -263,21 +263,21 @@ impl Bridge {
     }
 
     /// Kills what CLIs of earlier, killed bridges left running on this data dir: processes carrying a session's
-    /// HOME whose owners ([`crate::sandbox::local::record_owner`]) are all gone and whose session no live bridge
+    /// HOME whose owners ([`crate::sandbox::local::owners::record_owner`]) are all gone and whose session no live bridge
     /// runs a turn of. Only a serving bridge does this, before it starts anything; read-only commands never do.
     pub async fn reap_leftovers(&self) -> Result<()> {
         let run_dir = self.config.run_dir();
         let kept = self.sweep_kept_warm();
-        for (pid, session) in crate::sandbox::local::leftover_processes(&self.config.sessions_dir()) {
+        for (pid, session) in crate::sandbox::local::owners::leftover_processes(&self.config.sessions_dir()) {
             if kept.contains(&session)
-                || crate::sandbox::local::owned_by_a_live_bridge(&run_dir, &session)
+                || crate::sandbox::local::owners::owned_by_a_live_bridge(&run_dir, &session)
                 || self.store.running_elsewhere(&session).await?
             {
                 continue;
             }
             tracing::warn!(session = %session, pid, "killing a process an earlier, killed bridge left running");
             if let Ok(pid) = u32::try_from(pid) {
-                crate::sandbox::local::kill_tree(pid);
+                crate::sandbox::process::kill_tree(pid);
             }
         }
         Ok(())

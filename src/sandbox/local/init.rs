@@ -205,7 +205,7 @@ async fn supervise(args: InitArgs) -> i32 {
                     && unused >= keep
                 {
                     complain(&format!("no bridge used this server for {} s; stopping it", keep.as_secs()));
-                    super::kill_descendants(std::process::id());
+                    crate::sandbox::process::kill_descendants(std::process::id());
                     let _ = child.wait().await;
                     end_descendants();
                     return 0;
@@ -223,7 +223,7 @@ async fn supervise(args: InitArgs) -> i32 {
             _ = watch.tick(), if args.max_processes.is_some() || args.max_memory.is_some() => {
                 if let Some(over) = over_limits(args.max_processes, args.max_memory) {
                     complain(&format!("Error: the sandbox {over}; everything in it was stopped"));
-                    super::kill_descendants(std::process::id());
+                    crate::sandbox::process::kill_descendants(std::process::id());
                     let _ = child.wait().await;
                     end_descendants();
                     return 137;
@@ -289,9 +289,10 @@ const REAP_EVERY: Duration = Duration::from_secs(1);
 /// `setsid` children), adopted here as the subreaper.
 fn end_strays(program: Option<u32>) {
     let own = std::process::id() as i32;
-    let strays: Vec<i32> = super::child_pids(own).into_iter().filter(|&pid| Some(pid as u32) != program).collect();
+    let strays: Vec<i32> =
+        crate::sandbox::process::child_pids(own).into_iter().filter(|&pid| Some(pid as u32) != program).collect();
     for pid in &strays {
-        super::kill_tree(*pid as u32);
+        crate::sandbox::process::kill_tree(*pid as u32);
     }
     // Killed trees' members become our children as they die; give them a moment, then reap them.
     std::thread::sleep(Duration::from_millis(20));
@@ -301,7 +302,7 @@ fn end_strays(program: Option<u32>) {
 /// Reaps exited children other than the program, whose status belongs to tokio's wait.
 fn reap_strays(program: Option<u32>) {
     let own = std::process::id() as i32;
-    for pid in super::child_pids(own) {
+    for pid in crate::sandbox::process::child_pids(own) {
         if Some(pid as u32) != program {
             let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
         }
@@ -313,7 +314,7 @@ const WATCH_EVERY: Duration = Duration::from_millis(50);
 
 /// Whether the processes below this one exceed a limit, in words.
 fn over_limits(max_processes: Option<u64>, max_memory: Option<u64>) -> Option<String> {
-    let tree = super::descendant_pids(std::process::id());
+    let tree = crate::sandbox::process::descendant_pids(std::process::id());
     if let Some(max) = max_processes
         && tree.len() as u64 > max
     {
@@ -338,7 +339,7 @@ fn over_limits(max_processes: Option<u64>, max_memory: Option<u64>) -> Option<St
 /// Kills every descendant of this process (as subreaper, orphans of the tree are its children) and reaps them.
 fn end_descendants() {
     let own = std::process::id();
-    super::kill_descendants(own);
+    crate::sandbox::process::kill_descendants(own);
     while nix::sys::wait::waitpid(Pid::from_raw(-1), Some(nix::sys::wait::WaitPidFlag::WNOHANG))
         .is_ok_and(|status| status != nix::sys::wait::WaitStatus::StillAlive)
     {}

@@ -9,6 +9,7 @@
 pub mod guard;
 pub mod init;
 pub mod limits;
+pub mod owners;
 pub mod policy;
 pub mod protect;
 pub mod seccomp;
@@ -21,15 +22,17 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
 use self::init::PROXY_SOCKET;
 use self::limits::Limits;
+use self::owners::record_owner;
 use self::policy::{Mount, PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
 use super::net::proxy::{ConnectionBudget, NetworkMode, Proxy, ProxyPolicy};
+use super::process::{descendant_pids, home_of, kill_tree, process_table, start_time};
 use super::{ExecSpec, ExitInfo, ProcessHandle, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec};
 use crate::config::SandboxChoice;
 use crate::workspace::statedir::StateDir;
@@ -1418,61 +1421,6 @@ fn signal_init_of(root: u32) {
     }
 }
 
-/// Kills a process, its process group and every descendant, including those that left the group with
-/// `setsid`. The tree is frozen first so nothing forks away between the walk and the kill. Returns what it killed.
-pub fn kill_tree(root: u32) -> Vec<i32> {
-    let root = root as i32;
-    let _ = killpg(Pid::from_raw(root), Signal::SIGSTOP);
-    let mut killed = freeze_and_kill(|| {
-        let table = process_table();
-        let mut found = below(&table, root);
-        found.extend(table.iter().filter(|p| p.pgrp == root && p.pid != root).map(|p| p.pid));
-        found
-    });
-    let _ = killpg(Pid::from_raw(root), Signal::SIGKILL);
-    let _ = kill(Pid::from_raw(root), Signal::SIGKILL);
-    killed.push(root);
-    killed
-}
-
-/// Kills every descendant of `root` (not `root` itself, nor its process group).
-pub fn kill_descendants(root: u32) {
-    freeze_and_kill(|| below(&process_table(), root as i32));
-}
-
-/// The processes below `root` by parent links (the sandbox's whole tree, seen from its first process).
-pub fn descendant_pids(root: u32) -> Vec<i32> {
-    below(&process_table(), root as i32)
-}
-
-/// Stops what `walk` finds until it finds nothing new, then kills all of it.
-fn freeze_and_kill(walk: impl Fn() -> Vec<i32>) -> Vec<i32> {
-    let mut seen: HashSet<i32> = HashSet::new();
-    loop {
-        let fresh: Vec<i32> = walk().into_iter().filter(|pid| !seen.contains(pid)).collect();
-        if fresh.is_empty() {
-            break;
-        }
-        for pid in fresh {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
-            seen.insert(pid);
-        }
-    }
-    for &pid in &seen {
-        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-    }
-    seen.into_iter().collect()
-}
-
-/// Makes the bridge the reaper of its orphaned descendants: without bubblewrap, a daemon that left the CLI's tree
-/// (`setsid`, double fork) and outlived its supervisor is re-parented to the bridge instead of to init, so it can
-/// be found and ended.
-pub fn become_subreaper() {
-    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        tracing::warn!("cannot become a subreaper: {e}");
-    }
-}
-
 /// The commands this bridge started and has not reaped: children of the bridge that are not orphans.
 fn live_children() -> std::sync::MutexGuard<'static, HashSet<u32>> {
     static LIVE: OnceLock<Mutex<HashSet<u32>>> = OnceLock::new();
@@ -1510,165 +1458,6 @@ fn end_orphans(home: &Path) {
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-}
-
-/// Processes that CLIs of this data dir left running when their bridge was killed (a plain process group
-/// has nothing like bubblewrap's PID namespace to take them down): every process a CLI starts inherits its
-/// HOME, `<sessions dir>/<session id>/home`. Returns (pid, session id).
-pub fn leftover_processes(sessions_dir: &Path) -> Vec<(i32, String)> {
-    let own = std::process::id() as i32;
-    let mut found = Vec::new();
-    for entry in process_table() {
-        if entry.pid == own {
-            continue;
-        }
-        let Some(home) = home_of(entry.pid) else { continue };
-        if home.file_name().is_some_and(|name| name == "home")
-            && let Some(session_dir) = home.parent()
-            && session_dir.parent() == Some(sessions_dir)
-            && let Some(session) = session_dir.file_name().and_then(|name| name.to_str())
-        {
-            found.push((entry.pid, session.to_string()));
-        }
-    }
-    found
-}
-
-/// A bridge process as the owner of a session's processes: its pid and its start time (field 22 of
-/// `/proc/<pid>/stat`, in clock ticks since boot), so that a pid used again by another process is not taken for it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Owner {
-    /// The bridge's pid.
-    pub pid: i32,
-    /// When it started.
-    pub start: u64,
-}
-
-impl Owner {
-    /// This process.
-    pub fn me() -> Option<Owner> {
-        let pid = i32::try_from(std::process::id()).ok()?;
-        Some(Owner { pid, start: start_time(pid)? })
-    }
-
-    /// Whether the process still runs (a zombie does not).
-    pub fn alive(&self) -> bool {
-        start_time(self.pid) == Some(self.start)
-    }
-
-    fn file_name(&self) -> String {
-        format!("{}-{}", self.pid, self.start)
-    }
-
-    fn parse(name: &str) -> Option<Owner> {
-        let (pid, start) = name.split_once('-')?;
-        Some(Owner { pid: pid.parse().ok()?, start: start.parse().ok()? })
-    }
-}
-
-/// When `pid` started, in clock ticks since boot; `None` when it is gone or a zombie.
-pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields start after the command name's last ')': the state (field 3), ..., the start time (field 22).
-    let (_, rest) = stat.rsplit_once(')')?;
-    let mut fields = rest.split_whitespace();
-    if matches!(fields.next(), Some("Z") | Some("X") | None) {
-        return None;
-    }
-    fields.nth(22 - 4)?.parse().ok()
-}
-
-/// Where the owners of a session's processes are recorded: one empty file per bridge, `<pid>-<start time>`.
-fn owners_dir(run_dir: &Path, session: &str) -> PathBuf {
-    run_dir.join("owners").join(session)
-}
-
-/// Records this bridge as an owner of `session`'s processes (before it starts one), so that another bridge's
-/// reaper leaves them alone while it runs.
-pub fn record_owner(run_dir: &Path, session: &str) -> Result<(), SandboxError> {
-    let Some(me) = Owner::me() else { return Ok(()) };
-    let dir = owners_dir(run_dir, session);
-    crate::config::create_private_dir(run_dir)
-        .map_err(|e| SandboxError::io(format!("create {}", run_dir.display()), e))?;
-    std::fs::create_dir_all(&dir).map_err(|e| SandboxError::io(format!("create {}", dir.display()), e))?;
-    let path = dir.join(me.file_name());
-    if !path.exists() {
-        std::fs::write(&path, b"").map_err(|e| SandboxError::io(format!("write {}", path.display()), e))?;
-    }
-    Ok(())
-}
-
-/// Whether a live bridge recorded itself as an owner of `session`'s processes. Records of bridges that are gone
-/// are removed on the way.
-pub fn owned_by_a_live_bridge(run_dir: &Path, session: &str) -> bool {
-    let dir = owners_dir(run_dir, session);
-    let Ok(entries) = std::fs::read_dir(&dir) else { return false };
-    let mut live = false;
-    for entry in entries.flatten() {
-        match entry.file_name().to_str().and_then(Owner::parse) {
-            Some(owner) if owner.alive() => live = true,
-            _ => {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-    }
-    if !live {
-        let _ = std::fs::remove_dir(&dir);
-    }
-    live
-}
-
-/// One line of `/proc/<pid>/stat`, what the tree walks need of it.
-struct ProcEntry {
-    pid: i32,
-    ppid: i32,
-    pgrp: i32,
-}
-
-/// Every process visible in `/proc`.
-fn process_table() -> Vec<ProcEntry> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let mut table = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        // The command name may contain spaces and parentheses: fields start after the last ')'.
-        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
-        let mut fields = rest.split_whitespace().skip(1);
-        let (Some(Ok(ppid)), Some(Ok(pgrp))) = (fields.next().map(str::parse), fields.next().map(str::parse)) else {
-            continue;
-        };
-        table.push(ProcEntry { pid, ppid, pgrp });
-    }
-    table
-}
-
-/// The direct children of `parent`.
-pub fn child_pids(parent: i32) -> Vec<i32> {
-    process_table().into_iter().filter(|entry| entry.ppid == parent).map(|entry| entry.pid).collect()
-}
-
-/// The processes below `root` by parent links.
-fn below(table: &[ProcEntry], root: i32) -> Vec<i32> {
-    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    for entry in table {
-        children.entry(entry.ppid).or_default().push(entry.pid);
-    }
-    let mut result = Vec::new();
-    let mut stack = vec![root];
-    while let Some(pid) = stack.pop() {
-        for &child in children.get(&pid).into_iter().flatten() {
-            result.push(child);
-            stack.push(child);
-        }
-    }
-    result
-}
-
-fn home_of(pid: i32) -> Option<PathBuf> {
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    let home = environ.split(|&b| b == 0).find_map(|var| var.strip_prefix(b"HOME="))?;
-    std::str::from_utf8(home).ok().map(PathBuf::from)
 }
 
 #[cfg(test)]
@@ -1823,24 +1612,6 @@ mod tests {
         assert!(state.join(".gitignore").exists());
         // Nothing outside the state dir is ever a target.
         assert_eq!(expand_read_only_dirs(&sd, &[(host.clone(), dir.path().join("elsewhere"))]), vec![]);
-    }
-
-    #[test]
-    fn owners_are_live_bridges_known_by_pid_and_start_time() {
-        let run = tempfile::tempdir().unwrap();
-        assert!(!owned_by_a_live_bridge(run.path(), "sess_a"), "nobody recorded");
-        record_owner(run.path(), "sess_a").unwrap();
-        assert!(owned_by_a_live_bridge(run.path(), "sess_a"), "this process recorded itself");
-        assert!(!owned_by_a_live_bridge(run.path(), "sess_b"), "only for the session it recorded");
-        // The same pid with another start time is another process: not an owner, and its record goes.
-        let me = Owner::me().unwrap();
-        let dir = owners_dir(run.path(), "sess_c");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(format!("{}-{}", me.pid, me.start + 1)), b"").unwrap();
-        assert!(!owned_by_a_live_bridge(run.path(), "sess_c"));
-        assert!(!dir.exists(), "the record of a gone bridge is removed");
-        assert_eq!(Owner::parse(&me.file_name()), Some(me));
-        assert!(me.alive());
     }
 
     #[test]

@@ -67,7 +67,7 @@ pub struct Record {
 impl Record {
     /// Whether its root process still runs.
     pub fn alive(&self) -> bool {
-        super::start_time(self.pid) == Some(self.start)
+        crate::sandbox::process::start_time(self.pid) == Some(self.start)
     }
 }
 
@@ -180,7 +180,7 @@ pub fn stop(run_dir: &Path, record: &Record) {
     if record.alive()
         && let Ok(pid) = u32::try_from(record.pid)
     {
-        super::kill_tree(pid);
+        crate::sandbox::process::kill_tree(pid);
     }
     forget(run_dir, record);
 }
@@ -233,7 +233,7 @@ mod tests {
             fingerprint: "f".into(),
             settings: "s".into(),
             pid: i32::try_from(std::process::id()).unwrap(),
-            start: super::super::start_time(i32::try_from(std::process::id()).unwrap()).unwrap(),
+            start: crate::sandbox::process::start_time(i32::try_from(std::process::id()).unwrap()).unwrap(),
             door: "/nonexistent/door".into(),
             proxy_socket: None,
             cgroups: Vec::new(),
