@@ -679,8 +679,13 @@ impl UpstreamProxy {
             None => (None, rest),
         };
         let (host, port) = split_authority(address, Some(80))?;
-        let authorization = user
-            .map(|user| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(percent_decode(user))));
+        let authorization = user.map(|user| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD
+                    .encode(percent_encoding::percent_decode_str(user).collect::<Vec<u8>>())
+            )
+        });
         Some(UpstreamProxy { address: authority(&host, port), authorization })
     }
 
@@ -701,26 +706,6 @@ impl UpstreamProxy {
         }
         Ok(Connection { stream, early })
     }
-}
-
-fn percent_decode(text: &str) -> Vec<u8> {
-    let bytes = text.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = text.get(i + 1..i + 3).filter(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()));
-        match (bytes[i], escaped.and_then(|hex| u8::from_str_radix(hex, 16).ok())) {
-            (b'%', Some(byte)) => {
-                decoded.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                decoded.push(byte);
-                i += 1;
-            }
-        }
-    }
-    decoded
 }
 
 /// Reads a head up to its blank line. Returns the head (blank line included) and what was read past it. Fails with
@@ -1099,6 +1084,8 @@ pub(crate) mod tests {
         let upstream = UpstreamProxy::parse("http://user:p%40ss@proxy.corp:3128/").unwrap();
         assert_eq!(upstream.address, "proxy.corp:3128");
         assert_eq!(upstream.authorization.as_deref(), Some("Basic dXNlcjpwQHNz"));
+        let literal = UpstreamProxy::parse("http://u:50%zz@proxy.corp:3128").unwrap();
+        assert_eq!(literal.authorization.as_deref(), Some("Basic dTo1MCV6eg=="), "what is not an escape stays");
         let bare = UpstreamProxy::parse("proxy.corp").unwrap();
         assert_eq!((bare.address.as_str(), bare.authorization), ("proxy.corp:80", None));
         assert!(UpstreamProxy::parse("socks5://proxy.corp:1080").is_none());
