@@ -1200,25 +1200,10 @@ fn crash_message(name: &str, exit: &str, stderr: &str, unparsed: &VecDeque<Strin
     }
 }
 
-/// Removes terminal colour codes (OpenCode colours its errors even when not on a TTY).
+/// Removes terminal escape sequences (OpenCode colours its errors even when not on a TTY). `anstream`'s stripper,
+/// not `strip-ansi-escapes`: that one drops tabs and carriage returns too, which a stack trace's lines begin with.
 fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            if chars.peek() == Some(&'[') {
-                chars.next();
-                for next in chars.by_ref() {
-                    if next.is_ascii_alphabetic() {
-                        break;
-                    }
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    anstream::adapter::strip_str(text).to_string()
 }
 
 /// Reads a stream to its end, keeping only its last lines (bounded memory for chatty CLIs).
@@ -1498,6 +1483,13 @@ mod tests {
         ];
         assert_eq!(seen, expected.map(|(text, cut, buffered)| (text.to_string(), cut, buffered)));
         assert_eq!(line_text(b"a\xffb\r\n".to_vec()), "a\u{fffd}b");
+    }
+
+    #[test]
+    fn escape_sequences_go_and_whitespace_stays() {
+        assert_eq!(strip_ansi("\u{1b}[91mError:\u{1b}[0m gone"), "Error: gone");
+        assert_eq!(strip_ansi("\u{1b}[1;38;5;208mat\u{1b}[m\tf (a.js:1)\r"), "at\tf (a.js:1)\r");
+        assert_eq!(strip_ansi("\u{1b}]0;title\u{7}text \u{2713}"), "text \u{2713}", "a title is no text");
     }
 
     #[tokio::test]
