@@ -9,6 +9,7 @@ pub mod agents;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub(crate) mod lines;
 pub mod logging;
 pub mod sandbox;
 pub mod server;

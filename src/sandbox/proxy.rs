@@ -702,7 +702,7 @@ impl UpstreamProxy {
         stream.write_all(request.as_bytes()).await.map_err(|e| failed(e.to_string()))?;
         let (head, early) = read_head(&mut stream).await.map_err(|e| failed(e.to_string()))?;
         if status_code(&head) != Some(200) {
-            return Err(failed(format!("answered {}", String::from_utf8_lossy(first_line(&head)))));
+            return Err(failed(format!("answered {}", String::from_utf8_lossy(crate::lines::first_line(&head)))));
         }
         Ok(Connection { stream, early })
     }
@@ -732,13 +732,9 @@ pub(crate) async fn read_head<R: AsyncRead + Unpin>(reader: &mut R) -> std::io::
     }
 }
 
-fn first_line(head: &[u8]) -> &[u8] {
-    head.split(|&b| b == b'\r' || b == b'\n').next().unwrap_or_default()
-}
-
 /// The status code of a response head (`HTTP/1.1 200 Connection established`).
 pub(crate) fn status_code(head: &[u8]) -> Option<u16> {
-    let line = std::str::from_utf8(first_line(head)).ok()?;
+    let line = std::str::from_utf8(crate::lines::first_line(head)).ok()?;
     let mut parts = line.split(' ');
     parts.next().filter(|version| version.starts_with("HTTP/1."))?;
     parts.next()?.parse().ok()

@@ -530,7 +530,7 @@ impl Bridge {
                 }
                 TurnStatus::Failed => {
                     let error = turn.error.unwrap_or_default();
-                    sink.send(id, note(&format!("_This turn failed: {}_", first_line(&error))))
+                    sink.send(id, note(&format!("_This turn failed: {}_", crate::lines::first_text_line(&error))))
                 }
                 TurnStatus::Running => sink.send(id, note("_This turn is still running in another window._")),
                 // The editor saw its own cancel; a replay would show the prompt with nothing after it.
@@ -1493,10 +1493,6 @@ fn note(text: &str) -> SessionUpdate {
 /// A workspace path as stored and compared: `/a/b/` and `/a/./b` are `/a/b`.
 fn normalize(path: &Path) -> String {
     path.components().collect::<PathBuf>().display().to_string()
-}
-
-fn first_line(text: &str) -> &str {
-    text.lines().next().unwrap_or("")
 }
 
 fn parse_cursor(cursor: &str) -> Option<(i64, String)> {
