@@ -484,7 +484,7 @@ impl Turn<'_> {
         // A model known not to take images gets none (OpenCode would fail the whole turn on them).
         let images = self.agent.accepts_images() && self.model.as_ref().is_none_or(|model| model.image);
         let mut rendered = prompt::render(&self.blocks, images);
-        let commands = self.agent.commands(&Bridge::user_dirs().0, &workspace);
+        let commands = self.agent.commands(&crate::paths::user_config_dir(), &workspace);
         let command = prompt::split_command(&mut rendered.text, commands.iter().map(|c| c.name.as_str()));
         if !rendered.dropped.is_empty() {
             emit.send(note(&format!(
@@ -631,10 +631,10 @@ impl Turn<'_> {
 
     /// The CLI's executable: the override, PATH, the tools cache, or an install on first use.
     async fn executable(&self, emit: &Emitter) -> Result<PathBuf> {
-        if let Some(path) = super::installed_executable(self.bridge.config(), self.agent) {
+        if let Some(path) = crate::locate::installed_executable(self.bridge.config(), self.agent) {
             return Ok(path);
         }
-        let tools = self.bridge.config().tools_dir();
+        let tools = crate::paths::tools_dir(&self.bridge.config().data_dir);
         let install = install::install(self.agent.package(), &tools, &self.cancel);
         let fix = format!(
             "Put `{}` on PATH or set ACP_SANDBOX_{}_BIN.",
