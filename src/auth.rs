@@ -18,6 +18,7 @@ use agent_client_protocol::v1::schema::{AuthMethod, AuthMethodAgent, AuthMethodT
 use crate::agents::AgentKind;
 use crate::config::Config;
 use crate::error::Error;
+use crate::paths;
 
 /// The id of the agent-type method: `authenticate` with it checks that the agent's credential is there now.
 pub fn check_method_id(agent: AgentKind) -> String {
@@ -224,8 +225,8 @@ fn store_secret(config: &Config, name: &str, token: &str, page: &'static str) ->
     let path = secret_path(&config.data_dir, name);
     let io = |source| LoginError::Io { path: path.clone(), source };
     let dir = path.parent().unwrap_or(&config.data_dir);
-    crate::config::create_private_dir(&config.data_dir).map_err(io)?;
-    crate::config::create_private_dir(dir).map_err(io)?;
+    paths::create_private_dir(&config.data_dir).map_err(io)?;
+    paths::create_private_dir(dir).map_err(io)?;
     let staging = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&staging);
     let written = (|| {
@@ -346,13 +347,13 @@ pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn W
             Ok(0)
         }
         AgentKind::OpenCode => {
-            let executable = match crate::session::installed_executable(config, agent) {
+            let executable = match crate::locate::installed_executable(config, agent) {
                 Some(path) => path,
                 None => {
                     let package = agent.package();
                     let _ = writeln!(terminal, "Installing OpenCode {} (first use)…", package.version);
                     let cancel = tokio_util::sync::CancellationToken::new();
-                    crate::sandbox::install::install(package, &config.tools_dir(), &cancel)
+                    crate::sandbox::install::install(package, &paths::tools_dir(&config.data_dir), &cancel)
                         .await
                         .map_err(|e| LoginError::Cli(format!("OpenCode is not installed and could not be: {e}")))?
                 }
@@ -378,7 +379,7 @@ fn opencode_configured(config: &Config) -> bool {
     if names.iter().any(|name| std::env::var(name).is_ok_and(|value| !value.trim().is_empty())) {
         return true;
     }
-    opencode_logins(&crate::session::user_data_dir()) > 0
+    opencode_logins(&paths::user_data_dir()) > 0
 }
 
 /// How many logins OpenCode's `auth.json` holds under `user_data_dir` (0 when it is missing or unreadable).

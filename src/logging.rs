@@ -18,7 +18,7 @@ pub fn init(log_file: &Path, stderr_filter: &str, file_filter: &str, for_person:
         false => stderr.with_filter(filter(stderr_filter)).boxed(),
     };
     let file = log_file.parent().and_then(|dir| {
-        crate::config::create_private_dir(dir).ok()?;
+        crate::paths::create_private_dir(dir).ok()?;
         let name = log_file.file_name()?.to_str()?;
         // One file a day, a week of them: an agent server runs for months.
         let appender = tracing_appender::rolling::RollingFileAppender::builder()

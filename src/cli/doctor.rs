@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use acp_sandbox::agents::AgentKind;
 use acp_sandbox::config::{Config, SandboxChoice};
+use acp_sandbox::locate::Location;
 use acp_sandbox::sandbox::CheckLevel;
 use acp_sandbox::sandbox::local::{Isolation, probe_bwrap};
 
@@ -127,19 +128,16 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
     for agent in [AgentKind::OpenCode, AgentKind::Amp] {
         let package = agent.package();
         let used = agent == config.agent;
-        let found = if let Some(path) = config.bin_override(agent) {
-            format!("{} ({})", path.display(), bins.describe(agent))
-        } else if let Ok(path) = which::which(package.bin) {
-            format!("{} (on PATH)", path.display())
-        } else if package.executable(&config.tools_dir()).exists() {
-            format!("{} (installed by acp-sandbox)", package.executable(&config.tools_dir()).display())
-        } else if which::which("npm").is_ok() {
-            to_install |= used;
-            format!("not installed: {}@{} will be installed from npm on first use", package.name, package.version)
-        } else if used {
-            error("not found, and npm is missing to install it".to_string())
-        } else {
-            "not found, and npm is missing to install it".to_string()
+        let found = match acp_sandbox::locate::locate(&config, agent) {
+            Some(Location::Override(path)) => format!("{} ({})", path.display(), bins.describe(agent)),
+            Some(Location::OnPath(path)) => format!("{} (on PATH)", path.display()),
+            Some(Location::Installed(path)) => format!("{} (installed by acp-sandbox)", path.display()),
+            None if which::which("npm").is_ok() => {
+                to_install |= used;
+                format!("not installed: {}@{} will be installed from npm on first use", package.name, package.version)
+            }
+            None if used => error("not found, and npm is missing to install it".to_string()),
+            None => "not found, and npm is missing to install it".to_string(),
         };
         out!("{:<10}  {found}", agent.display_name());
         if let Some(variable) = agent.required_credential() {
@@ -253,7 +251,7 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
         ),
         None => out!("keep warm   off: servers end with their editor (--keep-warm)"),
     }
-    for line in acp_sandbox::sandbox::local::warm::describe(&config.run_dir()) {
+    for line in acp_sandbox::sandbox::local::warm::describe(&acp_sandbox::paths::run_dir(&config.data_dir)) {
         out!("            {line}");
     }
     if errors > 0 {

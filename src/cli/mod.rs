@@ -260,7 +260,7 @@ enum SessionsCommand {
 
 impl Settings {
     fn config(&self) -> Config {
-        let data_dir = self.data_dir.clone().unwrap_or_else(Config::default_data_dir);
+        let data_dir = self.data_dir.clone().unwrap_or_else(acp_sandbox::paths::default_data_dir);
         let mut config = Config::new(self.agent, data_dir);
         config.sandbox = self.sandbox;
         config.workspace = self.workspace;

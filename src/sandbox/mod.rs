@@ -126,13 +126,12 @@ pub async fn check_remote_providers(
 /// A path segment for a provider's URL, percent-encoded: ids come from the store, names from the user (a
 /// template's may hold a namespace's `/`), and neither may leave its segment.
 pub(crate) fn path_segment(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(text, UNRESERVED).to_string()
 }
+
+/// What a URL carries unencoded anywhere: RFC 3986's unreserved characters. Every other byte is encoded.
+pub(crate) const UNRESERVED: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
 /// A sandbox failure.
 #[derive(Debug, thiserror::Error)]

@@ -61,37 +61,34 @@ enum Frame {
     },
 }
 
-/// Cuts a byte stream into lines of at most `limit` bytes; a longer line is skipped to its newline.
+/// Cuts a byte stream into lines of at most `limit` bytes (line ending not counted); a longer line is skipped to
+/// its newline.
 struct LineReader<R> {
-    reader: R,
-    limit: usize,
+    lines: crate::lines::BlockingLines<R>,
 }
 
 impl<R: BufRead> LineReader<R> {
     fn new(reader: R, limit: usize) -> Self {
-        Self { reader, limit }
+        // The bounded reader counts the newline in the limit.
+        Self { lines: crate::lines::BlockingLines::new(reader, limit + 1) }
     }
 
     /// The next line, or `None` at the end of input. A last line without a newline still counts.
     fn next_frame(&mut self) -> std::io::Result<Option<Frame>> {
-        let mut line = Vec::new();
-        let read = (&mut self.reader).take(self.limit as u64 + 1).read_until(b'\n', &mut line)?;
-        if read == 0 {
+        let Some(crate::lines::Line { mut bytes, cut }) = self.lines.next_line()? else {
             return Ok(None);
+        };
+        if cut {
+            bytes.truncate(KEPT_PREFIX_BYTES);
+            return Ok(Some(Frame::TooLong { prefix: bytes }));
         }
-        if line.last() == Some(&b'\n') {
-            line.pop();
-            if line.last() == Some(&b'\r') {
-                line.pop();
+        if bytes.last() == Some(&b'\n') {
+            bytes.pop();
+            if bytes.last() == Some(&b'\r') {
+                bytes.pop();
             }
-            return Ok(Some(Frame::Line(line)));
         }
-        if line.len() <= self.limit {
-            return Ok(Some(Frame::Line(line)));
-        }
-        self.reader.skip_until(b'\n')?;
-        line.truncate(KEPT_PREFIX_BYTES);
-        Ok(Some(Frame::TooLong { prefix: line }))
+        Ok(Some(Frame::Line(bytes)))
     }
 }
 

@@ -99,7 +99,7 @@ impl ModelCatalog {
     }
 
     async fn list(&self) -> Result<Vec<ModelInfo>, String> {
-        let Some(executable) = super::installed_executable(&self.config, AgentKind::OpenCode) else {
+        let Some(executable) = crate::locate::installed_executable(&self.config, AgentKind::OpenCode) else {
             return Ok(Vec::new());
         };
         let (agent, names) = (AgentKind::OpenCode, self.listing_env_names());

@@ -30,6 +30,8 @@ use tokio_util::sync::CancellationToken;
 use crate::agents::AgentKind;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::locate::installed_executable;
+use crate::paths;
 use crate::sandbox::SandboxProvider;
 use crate::sandbox::local::{Isolation, LocalProvider, LocalSettings};
 use crate::store::{SessionRecord, Store, TurnStatus, now_ms, rfc3339};
@@ -230,7 +232,8 @@ impl Bridge {
             tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
         }
         let settings = Arc::new(LocalSettings::from_config(&config, isolation.clone()));
-        let own_provider: Arc<dyn SandboxProvider> = Arc::new(LocalProvider::new(config.sessions_dir(), settings));
+        let own_provider: Arc<dyn SandboxProvider> =
+            Arc::new(LocalProvider::new(paths::sessions_dir(&config.data_dir), settings));
         let provider = crate::sandbox::session_provider(
             config.sandbox,
             own_provider.clone(),
@@ -266,9 +269,11 @@ impl Bridge {
     /// HOME whose owners ([`crate::sandbox::local::owners::record_owner`]) are all gone and whose session no live bridge
     /// runs a turn of. Only a serving bridge does this, before it starts anything; read-only commands never do.
     pub async fn reap_leftovers(&self) -> Result<()> {
-        let run_dir = self.config.run_dir();
+        let run_dir = paths::run_dir(&self.config.data_dir);
         let kept = self.sweep_kept_warm();
-        for (pid, session) in crate::sandbox::local::owners::leftover_processes(&self.config.sessions_dir()) {
+        for (pid, session) in
+            crate::sandbox::local::owners::leftover_processes(&paths::sessions_dir(&self.config.data_dir))
+        {
             if kept.contains(&session)
                 || crate::sandbox::local::owners::owned_by_a_live_bridge(&run_dir, &session)
                 || self.store.running_elsewhere(&session).await?
@@ -288,7 +293,7 @@ impl Bridge {
     /// sandbox settings (a changed policy must not live on in them). Returns the sandboxes of those that stay.
     fn sweep_kept_warm(&self) -> HashSet<String> {
         use crate::sandbox::local::warm;
-        let run_dir = self.config.run_dir();
+        let run_dir = paths::run_dir(&self.config.data_dir);
         let settings = warm::settings_digest(&LocalSettings::from_config(&self.config, self.isolation.clone()));
         let mut kept = HashSet::new();
         for record in warm::list(&run_dir) {
@@ -388,7 +393,7 @@ impl Bridge {
     /// local sandbox would hide is never in it, and the git dir and protected paths are not reviewed.
     pub(super) fn mirror_copy(&self, record: &SessionRecord) -> crate::workspace::review::WorkspaceCopy {
         LocalSettings::from_config(&self.config, self.isolation.clone())
-            .review_copy(&self.config.sessions_dir().join(&record.id), Path::new(&record.cwd))
+            .review_copy(&paths::sessions_dir(&self.config.data_dir).join(&record.id), Path::new(&record.cwd))
     }
 
     /// What the client offered to do, as last recorded; nothing before it initialized.
@@ -459,7 +464,7 @@ impl Bridge {
         if !cwd.is_absolute() {
             return Err(Error::InvalidParams(format!("cwd must be an absolute path, got {}", cwd.display())));
         }
-        match crate::sandbox::local::policy::workspace_refusal(cwd, &Config::home(), &self.config.data_dir) {
+        match crate::sandbox::local::policy::workspace_refusal(cwd, &paths::home(), &self.config.data_dir) {
             Some(why) => Err(Error::InvalidParams(why)),
             None => Ok(()),
         }
@@ -530,7 +535,7 @@ impl Bridge {
                 }
                 TurnStatus::Failed => {
                     let error = turn.error.unwrap_or_default();
-                    sink.send(id, note(&format!("_This turn failed: {}_", first_line(&error))))
+                    sink.send(id, note(&format!("_This turn failed: {}_", crate::lines::first_text_line(&error))))
                 }
                 TurnStatus::Running => sink.send(id, note("_This turn is still running in another window._")),
                 // The editor saw its own cancel; a replay would show the prompt with nothing after it.
@@ -556,7 +561,7 @@ impl Bridge {
     /// The slash commands the session's CLI offers, for `available_commands_update`.
     pub async fn available_commands(&self, id: &str) -> Result<Vec<AvailableCommand>> {
         let record = self.record(id).await?;
-        let (user_config, _) = Self::user_dirs();
+        let user_config = paths::user_config_dir();
         let commands = self.agent_of(&record).commands(&user_config, Path::new(&record.cwd));
         Ok(commands
             .into_iter()
@@ -667,7 +672,7 @@ impl Bridge {
             }
         }
         // A remote sandbox's mirror lives on this machine (a local sandbox's went with its state dir).
-        let mirror = self.config.sessions_dir().join(&record.id).join("review");
+        let mirror = paths::sessions_dir(&self.config.data_dir).join(&record.id).join("review");
         if mirror.is_dir()
             && let Err(e) = std::fs::remove_dir_all(&mirror)
         {
@@ -1150,7 +1155,7 @@ impl Bridge {
                 crate::agents::opencode::PACKAGE.version
             )));
         }
-        let pinned = crate::agents::opencode::PACKAGE.executable(&self.config.tools_dir());
+        let pinned = crate::agents::opencode::PACKAGE.executable(&paths::tools_dir(&self.config.data_dir));
         tracing::warn!(
             found = %found.display(),
             version = %shown,
@@ -1158,8 +1163,12 @@ impl Bridge {
             "the OpenCode on PATH is a major version acp-sandbox cannot drive yet; using the pinned install"
         );
         if !pinned.exists() {
-            crate::sandbox::install::install(crate::agents::opencode::PACKAGE, &self.config.tools_dir(), cancel)
-                .await?;
+            crate::sandbox::install::install(
+                crate::agents::opencode::PACKAGE,
+                &paths::tools_dir(&self.config.data_dir),
+                cancel,
+            )
+            .await?;
         }
         let version = self.cli_version(AgentKind::OpenCode, &pinned).await;
         Ok((pinned, version))
@@ -1279,14 +1288,6 @@ impl Bridge {
     fn terminal_output(&self) -> bool {
         self.client.terminal_output.load(Ordering::Relaxed)
     }
-
-    /// The user's own config and data dirs (for the CLIs' configuration).
-    fn user_dirs() -> (PathBuf, PathBuf) {
-        match directories::BaseDirs::new() {
-            Some(dirs) => (dirs.config_dir().to_path_buf(), dirs.data_dir().to_path_buf()),
-            None => (PathBuf::from("/nonexistent"), PathBuf::from("/nonexistent")),
-        }
-    }
 }
 
 /// Tells every open OpenCode session its options again (`config_option_update`) once the model list changed, so
@@ -1328,7 +1329,10 @@ impl ModelAnnouncer {
 pub async fn check_cli(config: &Config, agent: AgentKind) -> std::result::Result<String, String> {
     let executable = installed_executable(config, agent).ok_or_else(|| "not installed yet".to_string())?;
     let isolation = Isolation::resolve(config.sandbox).map_err(|e| e.to_string())?;
-    let provider = LocalProvider::new(config.sessions_dir(), Arc::new(LocalSettings::from_config(config, isolation)));
+    let provider = LocalProvider::new(
+        paths::sessions_dir(&config.data_dir),
+        Arc::new(LocalSettings::from_config(config, isolation)),
+    );
     let output =
         run_once(config, &provider, "_doctor", agent, &executable, &["--version"], &Default::default()).await?;
     Ok(output.lines().next().unwrap_or("").trim().to_string())
@@ -1353,7 +1357,7 @@ async fn run_once(
 ) -> std::result::Result<String, String> {
     let command = format!("`{} {}`", agent.package().bin, args.join(" "));
     let workspace = config.data_dir.join(format!("{}-workspace", sandbox.trim_start_matches('_')));
-    crate::config::create_private_dir(&workspace).map_err(|e| format!("create {}: {e}", workspace.display()))?;
+    paths::create_private_dir(&workspace).map_err(|e| format!("create {}: {e}", workspace.display()))?;
     let spec = crate::sandbox::SandboxSpec { session_id: sandbox.into(), workspace };
     let id = provider.create(&spec).await.map_err(|e| e.to_string())?;
     let sandbox = provider.connect(&id, &spec).await.map_err(|e| e.to_string())?.ok_or("the sandbox vanished")?;
@@ -1399,7 +1403,8 @@ fn cli_spec(
         return remote::cli_spec(agent, executable, sandbox, env, args);
     }
     let real = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
-    let tools_dir = std::fs::canonicalize(config.tools_dir()).unwrap_or_else(|_| config.tools_dir());
+    let tools_dir = std::fs::canonicalize(paths::tools_dir(&config.data_dir))
+        .unwrap_or_else(|_| paths::tools_dir(&config.data_dir));
     // An npm install needs its whole prefix (the platform binary is a sibling package); anything else its folder.
     let tool = match real.strip_prefix(&tools_dir).ok().and_then(|rel| rel.components().next()) {
         Some(first) => tools_dir.join(first),
@@ -1420,7 +1425,7 @@ fn cli_spec(
     endpoints.sort();
     endpoints.dedup();
     let service_hosts = agent.service_hosts().iter().map(|host| host.to_string()).collect();
-    let (user_config, user_data) = Bridge::user_dirs();
+    let (user_config, user_data) = (paths::user_config_dir(), paths::user_data_dir());
     let read_only = [
         agent.user_config(&user_config, &user_data, sandbox.state_dir()),
         agent.shipped_config(&real, &user_config, sandbox.state_dir()),
@@ -1438,24 +1443,6 @@ fn cli_spec(
         serve_port: None,
         keep_warm: None,
     }
-}
-
-/// The user's own data dir (`~/.local/share`), where OpenCode keeps its logins.
-pub(crate) fn user_data_dir() -> PathBuf {
-    Bridge::user_dirs().1
-}
-
-/// The CLI's executable when it is already there: the override, PATH, or the install cache.
-pub(crate) fn installed_executable(config: &Config, agent: AgentKind) -> Option<PathBuf> {
-    if let Some(path) = config.bin_override(agent) {
-        return Some(path.clone());
-    }
-    let package = agent.package();
-    if let Ok(path) = which::which(package.bin) {
-        return Some(path);
-    }
-    let cached = package.executable(&config.tools_dir());
-    cached.exists().then_some(cached)
 }
 
 /// How the state dirs of shared sandboxes begin (a session's own is named after the session: `sess_…`).
@@ -1495,10 +1482,6 @@ fn normalize(path: &Path) -> String {
     path.components().collect::<PathBuf>().display().to_string()
 }
 
-fn first_line(text: &str) -> &str {
-    text.lines().next().unwrap_or("")
-}
-
 fn parse_cursor(cursor: &str) -> Option<(i64, String)> {
     let (time, id) = cursor.split_once(':')?;
     Some((time.parse().ok()?, id.to_string()))
@@ -1524,7 +1507,7 @@ mod tests {
         let mut settings = LocalSettings::from_config(&config, isolation);
         // The test binary is no `acp-sandbox sandbox-init`: the command runs in a plain process group.
         settings.init_program = None;
-        let provider = LocalProvider::new(config.sessions_dir(), Arc::new(settings));
+        let provider = LocalProvider::new(paths::sessions_dir(&config.data_dir), Arc::new(settings));
         let head = Path::new("/usr/bin/head");
         let run = |bytes: u64| {
             let count = bytes.to_string();

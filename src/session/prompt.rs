@@ -134,29 +134,9 @@ pub fn transcript(turns: &[(crate::store::TurnRecord, Vec<serde_json::Value>)], 
 /// `file:///a/b` becomes `/a/b` (percent-decoded); anything else stays a URI.
 fn uri_to_path(uri: &str) -> String {
     match uri.strip_prefix("file://") {
-        Some(path) => percent_decode(path),
+        Some(path) => percent_encoding::percent_decode_str(path).decode_utf8_lossy().into_owned(),
         None => uri.to_string(),
     }
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Some(value) =
-                std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(value);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn extension(mime: &str) -> &'static str {
@@ -200,6 +180,15 @@ mod tests {
         ];
         let rendered = render(&blocks, false);
         assert_eq!(rendered.text, "fix /w/a b.rs using /w/x.rs\n\n<context ref=\"/w/x.rs\">\nfn x() {}\n</context>");
+    }
+
+    #[test]
+    fn file_uris_become_decoded_paths() {
+        assert_eq!(uri_to_path("file:///w/a%20b.rs"), "/w/a b.rs");
+        assert_eq!(uri_to_path("file:///w/%E2%9C%93%2Fx"), "/w/\u{2713}/x");
+        assert_eq!(uri_to_path("file:///w/100%zz%4"), "/w/100%zz%4", "what is not an escape stays");
+        assert_eq!(uri_to_path("file:///w/%FF.rs"), "/w/\u{fffd}.rs");
+        assert_eq!(uri_to_path("https://example.com/a%20b"), "https://example.com/a%20b");
     }
 
     #[test]

@@ -70,7 +70,7 @@ impl RemoteSessions {
         session: &str,
         sandbox_id: &str,
     ) -> std::result::Result<usize, SandboxError> {
-        let (user_config, user_data) = Bridge::user_dirs();
+        let (user_config, user_data) = (crate::paths::user_config_dir(), crate::paths::user_data_dir());
         let pairs = agent.user_config(&user_config, &user_data, sandbox.state_dir());
         let skip = agent.credential_files();
         let wanted = tokio::task::spawn_blocking(move || config_files(&pairs, skip))
@@ -162,7 +162,7 @@ pub(super) fn cli_spec(
         .into_iter()
         .filter(|(name, _)| !BASE_ENV.contains(&name.as_str()) || KEPT_REMOTELY.contains(&name.as_str()))
         .collect();
-    for (name, value) in agent.credential_env(&Bridge::user_dirs().1) {
+    for (name, value) in agent.credential_env(&crate::paths::user_data_dir()) {
         // One the user set in the bridge's environment wins, as locally.
         if !env.iter().any(|(existing, _)| *existing == name) {
             env.push((name, value));

@@ -8,7 +8,6 @@ use agent_client_protocol::v1::schema::{
     ContentBlock, SessionInfoUpdate, SessionUpdate, StopReason, ToolCall, ToolCallContent, ToolCallStatus,
     ToolCallUpdate, ToolCallUpdateFields, ToolKind,
 };
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
 use super::serve::ServeOutcome;
@@ -16,6 +15,7 @@ use super::{Bridge, UpdateSink, note, options, prompt};
 use crate::agents::opencode::catalog::ModelInfo;
 use crate::agents::{AgentKind, Output, StreamEnd, TranslateContext, TurnEnd, TurnRequest};
 use crate::error::{Error, Result};
+use crate::lines::BoundedLines;
 use crate::sandbox::{ExecSpec, OutputStream, Sandbox, install};
 use crate::store::{Outbox, SessionRecord, Store, TurnStatus};
 
@@ -83,6 +83,9 @@ const TRANSCRIPT_LIMIT: usize = 24_000;
 
 /// Lines of stderr kept for error messages.
 const STDERR_TAIL_LINES: usize = 40;
+
+/// The longest line of a CLI's stderr that is read; the rest of a longer one is dropped as it arrives.
+const STDERR_LINE_LIMIT: usize = 64 * 1024;
 
 /// Everything one turn needs.
 pub(super) struct Turn<'a> {
@@ -481,7 +484,7 @@ impl Turn<'_> {
         // A model known not to take images gets none (OpenCode would fail the whole turn on them).
         let images = self.agent.accepts_images() && self.model.as_ref().is_none_or(|model| model.image);
         let mut rendered = prompt::render(&self.blocks, images);
-        let commands = self.agent.commands(&Bridge::user_dirs().0, &workspace);
+        let commands = self.agent.commands(&crate::paths::user_config_dir(), &workspace);
         let command = prompt::split_command(&mut rendered.text, commands.iter().map(|c| c.name.as_str()));
         if !rendered.dropped.is_empty() {
             emit.send(note(&format!(
@@ -536,7 +539,7 @@ impl Turn<'_> {
                                 message: format!(
                                     "OpenCode's server could not start, and `opencode run` cannot ask before a tool \
                                      runs, so this prompt was not run (Approvals: Ask): {}",
-                                    super::first_line(&why)
+                                    crate::lines::first_text_line(&why)
                                 ),
                                 stderr_tail: String::new(),
                                 exit_code: None,
@@ -553,7 +556,7 @@ impl Turn<'_> {
                         if first {
                             emit.send(note(&format!(
                                 "_OpenCode's server could not start here, so this session runs `opencode run` per prompt (no live output): {}_",
-                                super::first_line(&why)
+                                crate::lines::first_text_line(&why)
                             )))
                             .await?;
                         }
@@ -628,10 +631,10 @@ impl Turn<'_> {
 
     /// The CLI's executable: the override, PATH, the tools cache, or an install on first use.
     async fn executable(&self, emit: &Emitter) -> Result<PathBuf> {
-        if let Some(path) = super::installed_executable(self.bridge.config(), self.agent) {
+        if let Some(path) = crate::locate::installed_executable(self.bridge.config(), self.agent) {
             return Ok(path);
         }
-        let tools = self.bridge.config().tools_dir();
+        let tools = crate::paths::tools_dir(&self.bridge.config().data_dir);
         let install = install::install(self.agent.package(), &tools, &self.cancel);
         let fix = format!(
             "Put `{}` on PATH or set ACP_SANDBOX_{}_BIN.",
@@ -1049,95 +1052,6 @@ const UNPARSED_EXCERPT: usize = 2000;
 /// The longest line of a CLI's output that is kept whole; the rest of a longer one is read and dropped.
 const LINE_LIMIT: usize = 16 * 1024 * 1024;
 
-/// One line of [`BoundedLines`].
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct Line {
-    /// The line with its newline, or its first `limit` bytes when it was longer.
-    pub bytes: Vec<u8>,
-    /// The line was longer than the limit: what followed up to its newline was dropped.
-    pub cut: bool,
-}
-
-/// Reads lines of at most `limit` bytes without ever holding more: the rest of a longer line is consumed as it
-/// arrives and dropped. [`BoundedLines::next_line`] is cancel-safe, like `read_until`: what it read stays here.
-pub(super) struct BoundedLines<R> {
-    reader: BufReader<R>,
-    limit: usize,
-    line: Vec<u8>,
-    /// The line in `line` reached the limit; its rest is being dropped.
-    cutting: bool,
-}
-
-impl<R: tokio::io::AsyncRead + Unpin> BoundedLines<R> {
-    pub(super) fn new(reader: R, limit: usize) -> Self {
-        // A pipe's worth at a time: a fast stream is read in few calls.
-        BoundedLines { reader: BufReader::with_capacity(1 << 16, reader), limit, line: Vec::new(), cutting: false }
-    }
-
-    /// The next line if it is already read whole (no waiting): what [`BoundedLines::next_line`] would return.
-    pub(super) fn buffered_line(&mut self) -> Option<Line> {
-        if self.cutting {
-            return None;
-        }
-        let buffer = self.reader.buffer();
-        let used = buffer.iter().position(|&b| b == b'\n')? + 1;
-        if self.line.len() + used > self.limit {
-            return None;
-        }
-        let line = if self.line.is_empty() {
-            // Allocated once at its size, not grown a doubling at a time: a fast stream is mostly such lines.
-            Line { bytes: buffer[..used].to_vec(), cut: false }
-        } else {
-            self.line.extend_from_slice(&buffer[..used]);
-            self.take()
-        };
-        self.reader.consume(used);
-        Some(line)
-    }
-
-    /// The next line; `None` at the end of the stream. A last line without a newline is a line too.
-    pub(super) async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
-        loop {
-            // The only await: everything below it runs to the end or returns, so nothing read is lost on cancel.
-            let buffer = self.reader.fill_buf().await?;
-            if buffer.is_empty() {
-                if self.line.is_empty() && !self.cutting {
-                    return Ok(None);
-                }
-                return Ok(Some(self.take()));
-            }
-            let newline = buffer.iter().position(|&b| b == b'\n');
-            let used = newline.map_or(buffer.len(), |at| at + 1);
-            if let Some(at) = newline
-                && self.line.is_empty()
-                && !self.cutting
-                && used <= self.limit
-            {
-                // A whole line in the buffer: allocated once at its size (as in `buffered_line`).
-                let line = Line { bytes: buffer[..=at].to_vec(), cut: false };
-                self.reader.consume(used);
-                return Ok(Some(line));
-            }
-            if !self.cutting {
-                let room = self.limit - self.line.len();
-                let kept = used.min(room);
-                self.line.extend_from_slice(&buffer[..kept]);
-                // Full without its newline: the rest of the line goes.
-                self.cutting = kept < used || (newline.is_none() && self.line.len() == self.limit);
-            }
-            self.reader.consume(used);
-            if newline.is_some() {
-                return Ok(Some(self.take()));
-            }
-        }
-    }
-
-    fn take(&mut self) -> Line {
-        let cut = std::mem::take(&mut self.cutting);
-        Line { bytes: std::mem::take(&mut self.line), cut }
-    }
-}
-
 /// A line's text without its line ending, lossy where it is not UTF-8 (and not copied where it is).
 fn line_text(bytes: Vec<u8>) -> String {
     let mut text = match String::from_utf8(bytes) {
@@ -1200,53 +1114,23 @@ fn crash_message(name: &str, exit: &str, stderr: &str, unparsed: &VecDeque<Strin
     }
 }
 
-/// Removes terminal colour codes (OpenCode colours its errors even when not on a TTY).
+/// Removes terminal escape sequences (OpenCode colours its errors even when not on a TTY). `anstream`'s stripper,
+/// not `strip-ansi-escapes`: that one drops tabs and carriage returns too, which a stack trace's lines begin with.
 fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            if chars.peek() == Some(&'[') {
-                chars.next();
-                for next in chars.by_ref() {
-                    if next.is_ascii_alphabetic() {
-                        break;
-                    }
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    anstream::adapter::strip_str(text).to_string()
 }
 
 /// Reads a stream to its end, keeping only its last lines (bounded memory for chatty CLIs).
-pub(super) async fn stderr_tail(mut stream: OutputStream) -> String {
+pub(super) async fn stderr_tail(stream: OutputStream) -> String {
     let mut lines: VecDeque<String> = VecDeque::new();
-    let mut pending = Vec::new();
-    let mut buffer = [0u8; 8192];
-    loop {
-        let n = match stream.read(&mut buffer).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        pending.extend_from_slice(&buffer[..n]);
-        while let Some(pos) = pending.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=pos).collect();
-            let text = strip_ansi(String::from_utf8_lossy(&line).trim_end());
-            tracing::debug!(target: "acp_sandbox::cli_stderr", "{text}");
-            lines.push_back(text.chars().take(2000).collect());
-            if lines.len() > STDERR_TAIL_LINES {
-                lines.pop_front();
-            }
+    let mut reader = BoundedLines::new(stream, STDERR_LINE_LIMIT);
+    while let Ok(Some(line)) = reader.next_line().await {
+        let text = strip_ansi(String::from_utf8_lossy(&line.bytes).trim_end());
+        tracing::debug!(target: "acp_sandbox::cli_stderr", "{text}");
+        lines.push_back(text.chars().take(2000).collect());
+        if lines.len() > STDERR_TAIL_LINES {
+            lines.pop_front();
         }
-        if pending.len() > 64 * 1024 {
-            pending.clear();
-        }
-    }
-    if !pending.is_empty() {
-        lines.push_back(strip_ansi(String::from_utf8_lossy(&pending).trim_end()));
     }
     Vec::from(lines).join("\n")
 }
@@ -1434,70 +1318,16 @@ mod tests {
         );
     }
 
-    async fn lines_of(input: &[u8], limit: usize) -> Vec<(String, bool)> {
-        let mut reader = BoundedLines::new(input, limit);
-        let mut lines = Vec::new();
-        while let Some(line) = reader.next_line().await.unwrap() {
-            lines.push((String::from_utf8(line.bytes).unwrap(), line.cut));
-        }
-        lines
-    }
-
-    #[tokio::test]
-    async fn lines_longer_than_the_limit_are_cut_and_their_rest_dropped() {
-        assert_eq!(
-            lines_of(b"short\n0123456789abc\n01234567\nlast", 8).await,
-            vec![
-                ("short\n".to_string(), false),
-                ("01234567".to_string(), true),
-                ("01234567".to_string(), true),
-                ("last".to_string(), false),
-            ]
-        );
-        assert_eq!(lines_of(b"1234567\n", 8).await, vec![("1234567\n".to_string(), false)]);
-        assert_eq!(lines_of(b"0123456789", 8).await, vec![("01234567".to_string(), true)]);
-        assert_eq!(lines_of(b"", 8).await, Vec::<(String, bool)>::new());
-    }
-
-    #[tokio::test]
-    async fn a_line_cut_across_many_reads_keeps_only_the_limit() {
-        // A pipe that holds 3 bytes at a time: the rest of the long line is dropped across many reads.
-        let (mut writer, reader) = tokio::io::duplex(3);
-        let feeder = tokio::spawn(async move {
-            tokio::io::AsyncWriteExt::write_all(&mut writer, &[b'x'; 100]).await.unwrap();
-            tokio::io::AsyncWriteExt::write_all(&mut writer, b"\nafter\n").await.unwrap();
-        });
-        let mut lines = BoundedLines::new(reader, 10);
-        let first = lines.next_line().await.unwrap().unwrap();
-        assert_eq!(first, Line { bytes: vec![b'x'; 10], cut: true });
-        let second = lines.next_line().await.unwrap().unwrap();
-        assert_eq!(second, Line { bytes: b"after\n".to_vec(), cut: false });
-        feeder.await.unwrap();
-        assert_eq!(lines.next_line().await.unwrap(), None);
-    }
-
-    /// The lines a turn reads without waiting are the lines `next_line` would return: whole ones only, a long one
-    /// left to `next_line` to cut, nothing past what was read.
-    #[tokio::test]
-    async fn buffered_lines_are_the_lines_next_line_returns() {
-        let input: &[u8] = b"one\ntwo\n0123456789abc\nthree\npart";
-        let mut lines = BoundedLines::new(input, 8);
-        let mut seen = Vec::new();
-        while let Some(first) = lines.next_line().await.unwrap() {
-            seen.push((String::from_utf8(first.bytes).unwrap(), first.cut, false));
-            while let Some(line) = lines.buffered_line() {
-                seen.push((String::from_utf8(line.bytes).unwrap(), line.cut, true));
-            }
-        }
-        let expected = [
-            ("one\n", false, false),
-            ("two\n", false, true),
-            ("01234567", true, false),
-            ("three\n", false, true),
-            ("part", false, false),
-        ];
-        assert_eq!(seen, expected.map(|(text, cut, buffered)| (text.to_string(), cut, buffered)));
+    #[test]
+    fn a_lines_text_is_lossy_and_without_its_ending() {
         assert_eq!(line_text(b"a\xffb\r\n".to_vec()), "a\u{fffd}b");
+    }
+
+    #[test]
+    fn escape_sequences_go_and_whitespace_stays() {
+        assert_eq!(strip_ansi("\u{1b}[91mError:\u{1b}[0m gone"), "Error: gone");
+        assert_eq!(strip_ansi("\u{1b}[1;38;5;208mat\u{1b}[m\tf (a.js:1)\r"), "at\tf (a.js:1)\r");
+        assert_eq!(strip_ansi("\u{1b}]0;title\u{7}text \u{2713}"), "text \u{2713}", "a title is no text");
     }
 
     #[tokio::test]
@@ -1506,5 +1336,9 @@ mod tests {
         let tail = stderr_tail(Box::pin(std::io::Cursor::new(text.into_bytes()))).await;
         assert!(tail.starts_with("line 60\n"));
         assert!(tail.ends_with("line 99"));
+        // A line of any length costs at most the limit: its start is kept, its rest dropped as it arrives.
+        let long = [&[b'x'; 100_000][..], b"\n\x1b[31mlast"].concat();
+        let tail = stderr_tail(Box::pin(std::io::Cursor::new(long))).await;
+        assert_eq!(tail, format!("{}\nlast", "x".repeat(2000)));
     }
 }

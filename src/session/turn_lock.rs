@@ -37,7 +37,7 @@ pub(super) fn try_lock(data_dir: &Path, session: &str) -> Result<Option<TurnLock
     let path = lock_path(data_dir, session);
     let io = |e: std::io::Error| StoreError::Io { path: path.display().to_string(), reason: e.to_string() };
     if let Some(dir) = path.parent() {
-        crate::config::create_private_dir(dir).map_err(io)?;
+        crate::paths::create_private_dir(dir).map_err(io)?;
     }
     // Opened without truncating, and never removed while a session exists: another bridge may hold an open file of
     // it, and a lock on a file that was replaced would lock nothing.

@@ -523,7 +523,7 @@ impl Store {
     /// Like [`Store::open`]; a write waits at most `busy_timeout` for another process's lock.
     pub fn open_with(path: &Path, busy_timeout: Duration) -> Result<Self> {
         let data_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        crate::config::create_private_dir(&data_dir)
+        crate::paths::create_private_dir(&data_dir)
             .map_err(|e| StoreError::Io { path: data_dir.display().to_string(), reason: e.to_string() })?;
         let unwritable = |error: rusqlite::Error| StoreError::Unwritable {
             path: path.to_path_buf(),

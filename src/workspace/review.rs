@@ -211,7 +211,7 @@ impl WorkspaceCopy {
 
     /// Makes sure the copy's directory exists (a command may run before the first sync).
     pub fn ensure(&self) -> io::Result<()> {
-        crate::config::create_private_dir(&self.root)?;
+        crate::paths::create_private_dir(&self.root)?;
         StateDir::open(&self.root)?.ensure_dir(Path::new(COPY))
     }
 

@@ -479,21 +479,9 @@ fn the_keys_appear_only_where_they_must() {
     }
 }
 
-/// `%2F` is `/` again (the query of a file upload).
+/// `%2F` is `/` again and `+` a space (the query of a file upload).
 fn percent_decoded(text: &str) -> String {
-    let mut out = Vec::new();
-    let bytes = text.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            out.push(u8::from_str_radix(&text[i + 1..i + 3], 16).unwrap());
-            i += 3;
-        } else {
-            out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
-            i += 1;
-        }
-    }
-    String::from_utf8(out).unwrap()
+    percent_encoding::percent_decode_str(&text.replace('+', " ")).decode_utf8().unwrap().into_owned()
 }
 
 /// Every file below `dir`.

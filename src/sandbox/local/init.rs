@@ -465,8 +465,7 @@ async fn open_tunnel(proxy: &mut UnixStream, port: u16) -> Result<Vec<u8>, Strin
     if status_code(&head) == Some(200) {
         Ok(early)
     } else {
-        let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
-        Err(format!("the proxy answered {line}"))
+        Err(format!("the proxy answered {}", String::from_utf8_lossy(crate::lines::first_line(&head))))
     }
 }
 

@@ -35,6 +35,7 @@ use super::net::proxy::{ConnectionBudget, NetworkMode, Proxy, ProxyPolicy};
 use super::process::{descendant_pids, home_of, kill_tree, process_table, start_time};
 use super::{ExecSpec, ExitInfo, ProcessHandle, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec};
 use crate::config::SandboxChoice;
+use crate::paths;
 use crate::workspace::statedir::StateDir;
 
 /// How the local provider isolates commands.
@@ -170,7 +171,7 @@ impl LocalSettings {
             policy: config.policy(),
             network: config.network.clone(),
             limits: config.limits,
-            run_dir: config.run_dir(),
+            run_dir: paths::run_dir(&config.data_dir),
             init_program: std::env::current_exe().ok(),
             workspace_mode: config.workspace,
         }
@@ -397,8 +398,7 @@ impl SandboxProvider for LocalProvider {
         if self.owned(&dir.display().to_string()).is_none() {
             return Err(SandboxError::Unavailable(format!("{:?} cannot name a sandbox", spec.session_id)));
         }
-        crate::config::create_private_dir(&dir)
-            .map_err(|e| SandboxError::io(format!("create {}", dir.display()), e))?;
+        paths::create_private_dir(&dir).map_err(|e| SandboxError::io(format!("create {}", dir.display()), e))?;
         let state = StateDir::open(&dir).map_err(|e| SandboxError::io(format!("open {}", dir.display()), e))?;
         for sub in ["home", "config", "data", "cache", "state"] {
             state
@@ -640,7 +640,7 @@ impl LocalSandbox {
         if self.settings.init_program.is_none() {
             return Err(SandboxError::Unavailable("a server in the sandbox needs the bridge's own binary".into()));
         }
-        crate::config::create_private_dir(&self.settings.run_dir)
+        paths::create_private_dir(&self.settings.run_dir)
             .map_err(|e| SandboxError::io(format!("create {}", self.settings.run_dir.display()), e))?;
         let path = self.settings.run_dir.join(format!("{}.door", &uuid::Uuid::new_v4().simple().to_string()[..12]));
         let listener = std::os::unix::net::UnixListener::bind(&path)
@@ -656,13 +656,12 @@ impl LocalSandbox {
     /// socket in a directory of its own, at the same path whichever bridge serves it.
     async fn start_proxy(&self, spec: &ExecSpec) -> Result<(Proxy, NetSetup), SandboxError> {
         let run_dir = &self.settings.run_dir;
-        crate::config::create_private_dir(run_dir)
-            .map_err(|e| SandboxError::io(format!("create {}", run_dir.display()), e))?;
+        paths::create_private_dir(run_dir).map_err(|e| SandboxError::io(format!("create {}", run_dir.display()), e))?;
         let socket = match &spec.keep_warm {
             Some(keep) => {
                 let socket = warm::proxy_socket(run_dir, &keep.key);
                 if let Some(dir) = socket.parent() {
-                    crate::config::create_private_dir(dir)
+                    paths::create_private_dir(dir)
                         .map_err(|e| SandboxError::io(format!("create {}", dir.display()), e))?;
                 }
                 // What the bridge that served it before left (it was killed): replaced by this bridge's socket.

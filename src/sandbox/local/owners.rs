@@ -71,7 +71,7 @@ fn owners_dir(run_dir: &Path, session: &str) -> PathBuf {
 pub fn record_owner(run_dir: &Path, session: &str) -> Result<(), SandboxError> {
     let Some(me) = Owner::me() else { return Ok(()) };
     let dir = owners_dir(run_dir, session);
-    crate::config::create_private_dir(run_dir)
+    crate::paths::create_private_dir(run_dir)
         .map_err(|e| SandboxError::io(format!("create {}", run_dir.display()), e))?;
     std::fs::create_dir_all(&dir).map_err(|e| SandboxError::io(format!("create {}", dir.display()), e))?;
     let path = dir.join(me.file_name());

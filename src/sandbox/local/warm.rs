@@ -96,8 +96,8 @@ pub fn proxy_socket(run_dir: &Path, key: &str) -> PathBuf {
 /// Writes `record` (0600, replacing the one of its key at once).
 pub fn write(run_dir: &Path, record: &Record) -> std::io::Result<()> {
     let dir = records_dir(run_dir);
-    crate::config::create_private_dir(run_dir)?;
-    crate::config::create_private_dir(&dir)?;
+    crate::paths::create_private_dir(run_dir)?;
+    crate::paths::create_private_dir(&dir)?;
     let path = record_path(run_dir, &record.key);
     let partial = path.with_extension(format!("json.{}", std::process::id()));
     let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;

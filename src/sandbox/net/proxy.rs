@@ -679,8 +679,13 @@ impl UpstreamProxy {
             None => (None, rest),
         };
         let (host, port) = split_authority(address, Some(80))?;
-        let authorization = user
-            .map(|user| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(percent_decode(user))));
+        let authorization = user.map(|user| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD
+                    .encode(percent_encoding::percent_decode_str(user).collect::<Vec<u8>>())
+            )
+        });
         Some(UpstreamProxy { address: authority(&host, port), authorization })
     }
 
@@ -697,30 +702,10 @@ impl UpstreamProxy {
         stream.write_all(request.as_bytes()).await.map_err(|e| failed(e.to_string()))?;
         let (head, early) = read_head(&mut stream).await.map_err(|e| failed(e.to_string()))?;
         if status_code(&head) != Some(200) {
-            return Err(failed(format!("answered {}", String::from_utf8_lossy(first_line(&head)))));
+            return Err(failed(format!("answered {}", String::from_utf8_lossy(crate::lines::first_line(&head)))));
         }
         Ok(Connection { stream, early })
     }
-}
-
-fn percent_decode(text: &str) -> Vec<u8> {
-    let bytes = text.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = text.get(i + 1..i + 3).filter(|hex| hex.bytes().all(|b| b.is_ascii_hexdigit()));
-        match (bytes[i], escaped.and_then(|hex| u8::from_str_radix(hex, 16).ok())) {
-            (b'%', Some(byte)) => {
-                decoded.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                decoded.push(byte);
-                i += 1;
-            }
-        }
-    }
-    decoded
 }
 
 /// Reads a head up to its blank line. Returns the head (blank line included) and what was read past it. Fails with
@@ -747,13 +732,9 @@ pub(crate) async fn read_head<R: AsyncRead + Unpin>(reader: &mut R) -> std::io::
     }
 }
 
-fn first_line(head: &[u8]) -> &[u8] {
-    head.split(|&b| b == b'\r' || b == b'\n').next().unwrap_or_default()
-}
-
 /// The status code of a response head (`HTTP/1.1 200 Connection established`).
 pub(crate) fn status_code(head: &[u8]) -> Option<u16> {
-    let line = std::str::from_utf8(first_line(head)).ok()?;
+    let line = std::str::from_utf8(crate::lines::first_line(head)).ok()?;
     let mut parts = line.split(' ');
     parts.next().filter(|version| version.starts_with("HTTP/1."))?;
     parts.next()?.parse().ok()
@@ -764,23 +745,32 @@ pub(crate) fn status_code(head: &[u8]) -> Option<u16> {
 /// and `Connection: close`: one request per connection, so a later request to another host can never ride on a
 /// connection that was judged for this one.
 fn parse_request(head: &[u8]) -> Result<Request, &'static str> {
-    let text = std::str::from_utf8(head).map_err(|_| "the request head is not UTF-8")?;
-    let mut lines = text.split("\r\n");
-    let mut parts = lines.next().unwrap_or_default().split(' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
+    std::str::from_utf8(head).map_err(|_| "the request head is not UTF-8")?;
+    // httparse also ends a line at a bare LF and skips empty lines before the request line. Neither is let
+    // through: what the target reads as the head must be exactly what was judged here.
+    let bare = head.iter().enumerate().any(|(at, &b)| match b {
+        b'\n' => at == 0 || head[at - 1] != b'\r',
+        b'\r' => head.get(at + 1) != Some(&b'\n'),
+        _ => false,
+    });
+    if bare {
+        return Err("a line of the request head does not end with CRLF");
+    }
+    if head.starts_with(b"\r\n") {
+        return Err("malformed request line");
+    }
+    // Every header is a line of its own, so there are never more headers than line ends.
+    let mut headers = vec![httparse::EMPTY_HEADER; head.iter().filter(|&&b| b == b'\n').count()];
+    let mut parsed = httparse::Request::new(&mut headers);
+    match parsed.parse(head) {
+        Ok(httparse::Status::Complete(length)) if length == head.len() => {}
+        Err(httparse::Error::HeaderName | httparse::Error::HeaderValue) => return Err("malformed header line"),
+        _ => return Err("malformed request line"),
+    }
+    let (Some(method), Some(target), Some(minor)) = (parsed.method, parsed.path, parsed.version) else {
         return Err("malformed request line");
     };
-    if !is_token(method) || !matches!(version, "HTTP/1.1" | "HTTP/1.0") {
-        return Err("malformed request line");
-    }
-    let headers: Vec<&str> = lines.take_while(|line| !line.is_empty()).collect();
-    for line in &headers {
-        let name = line.split_once(':').map(|(name, _)| name).unwrap_or_default();
-        if !is_token(name) || line.contains(['\r', '\n']) {
-            return Err("malformed header line");
-        }
-    }
+    let version = if minor == 1 { "HTTP/1.1" } else { "HTTP/1.0" };
     if method == "CONNECT" {
         let (host, port) = split_authority(target, None).ok_or("CONNECT needs host:port")?;
         return Ok(Request { method: method.into(), host, port, forward: None });
@@ -803,19 +793,20 @@ fn parse_request(head: &[u8]) -> Result<Request, &'static str> {
     };
     let mut forward = format!("{method} {path} {version}\r\nHost: {uri_authority}\r\n");
     const HOP_BY_HOP: [&str; 5] = ["host", "connection", "proxy-connection", "proxy-authorization", "keep-alive"];
-    for line in headers {
-        let name = line.split_once(':').map(|(name, _)| name).unwrap_or_default();
-        if !HOP_BY_HOP.iter().any(|hop| name.eq_ignore_ascii_case(hop)) {
-            forward.push_str(line);
+    for header in parsed.headers.iter() {
+        if !HOP_BY_HOP.iter().any(|hop| header.name.eq_ignore_ascii_case(hop)) {
+            let value = std::str::from_utf8(header.value).map_err(|_| "the request head is not UTF-8")?;
+            forward.push_str(header.name);
+            forward.push(':');
+            if !value.is_empty() {
+                forward.push(' ');
+                forward.push_str(value);
+            }
             forward.push_str("\r\n");
         }
     }
     forward.push_str("Connection: close\r\n\r\n");
     Ok(Request { method: method.into(), host, port, forward: Some(forward.into_bytes()) })
-}
-
-fn is_token(text: &str) -> bool {
-    !text.is_empty() && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// Splits `host:port`, `[v6]:port` (or, with a default port, a bare host) into a canonical host and a port.
@@ -1094,11 +1085,35 @@ pub(crate) mod tests {
         }
     }
 
+    /// What a lenient parser would take, and a target might read otherwise than the proxy judged it, is refused.
+    #[test]
+    fn request_heads_are_read_strictly() {
+        for bad in [
+            "\r\nCONNECT example.com:443 HTTP/1.1\r\n\r\n",
+            "CONNECT example.com:443 HTTP/1.1\n\n",
+            "CONNECT example.com:443 HTTP/1.1\r\nX: a\rInjected: b\r\n\r\n",
+            "CONNECT  example.com:443 HTTP/1.1\r\n\r\n",
+            "CONNECT example.com:443 HTTP/1.1\r\nX: a\u{1}b\r\n\r\n",
+            "GET http://example.com/\u{7f} HTTP/1.1\r\n\r\n",
+            "CONNECT example.com:443 HTTP/1.1\r\nX : a\r\n\r\n",
+        ] {
+            assert!(parse_request(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+        let get = parse_request(b"GET http://example.com/a HTTP/1.0\r\nX-Empty:\r\nAccept:*/*  \r\n\r\n").unwrap();
+        let forward = String::from_utf8(get.forward.unwrap()).unwrap();
+        assert_eq!(
+            forward,
+            "GET /a HTTP/1.0\r\nHost: example.com\r\nX-Empty:\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        );
+    }
+
     #[test]
     fn the_upstream_proxy_url_is_understood() {
         let upstream = UpstreamProxy::parse("http://user:p%40ss@proxy.corp:3128/").unwrap();
         assert_eq!(upstream.address, "proxy.corp:3128");
         assert_eq!(upstream.authorization.as_deref(), Some("Basic dXNlcjpwQHNz"));
+        let literal = UpstreamProxy::parse("http://u:50%zz@proxy.corp:3128").unwrap();
+        assert_eq!(literal.authorization.as_deref(), Some("Basic dTo1MCV6eg=="), "what is not an escape stays");
         let bare = UpstreamProxy::parse("proxy.corp").unwrap();
         assert_eq!((bare.address.as_str(), bare.authorization), ("proxy.corp:80", None));
         assert!(UpstreamProxy::parse("socks5://proxy.corp:1080").is_none());

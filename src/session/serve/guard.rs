@@ -47,15 +47,8 @@ pub fn add_plugin(env: &mut Vec<(String, String)>, plugin: &Path) -> Result<(), 
 /// A `file://` URL of an absolute path, every byte but the unreserved ones and `/` percent-encoded.
 fn file_url(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
-    let mut url = String::from("file://");
-    for &byte in path.as_os_str().as_bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
-            url.push(byte as char);
-        } else {
-            url.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    url
+    const PATH: &percent_encoding::AsciiSet = &crate::sandbox::UNRESERVED.remove(b'/');
+    format!("file://{}", percent_encoding::percent_encode(path.as_os_str().as_bytes(), PATH))
 }
 
 #[cfg(test)]

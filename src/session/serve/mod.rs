@@ -700,7 +700,7 @@ async fn keep_tail(
     guarded: Arc<watch::Sender<bool>>,
     listening: Arc<watch::Sender<bool>>,
 ) {
-    let mut lines = crate::session::turn::BoundedLines::new(stream, LINE_EXCERPT);
+    let mut lines = crate::lines::BoundedLines::new(stream, LINE_EXCERPT);
     while let Ok(Some(line)) = lines.next_line().await {
         let line = String::from_utf8_lossy(&line.bytes).trim_end().to_string();
         if line == guard::MARKER {
