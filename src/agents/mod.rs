@@ -6,6 +6,7 @@
 
 pub mod amp;
 pub mod opencode;
+pub mod package;
 pub mod tools;
 
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 use agent_client_protocol::v1::schema::SessionUpdate;
 use serde::Serialize;
 
-use crate::sandbox::install::NpmPackage;
+use self::package::NpmPackage;
 
 /// What one turn asks of the CLI beyond the prompt text.
 #[derive(Clone, Debug, Default)]

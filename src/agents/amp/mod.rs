@@ -10,7 +10,7 @@ pub mod translate;
 use std::path::{Path, PathBuf};
 
 use super::TurnRequest;
-use crate::sandbox::install::NpmPackage;
+use crate::agents::package::NpmPackage;
 
 /// The pinned npm package installed on first use (a version whose platform binary exists).
 pub const PACKAGE: NpmPackage = NpmPackage {

@@ -14,7 +14,7 @@ pub mod translate;
 use std::path::{Path, PathBuf};
 
 use super::TurnRequest;
-use crate::sandbox::install::NpmPackage;
+use crate::agents::package::NpmPackage;
 
 /// The pinned npm package installed on first use.
 pub const PACKAGE: NpmPackage = NpmPackage {
