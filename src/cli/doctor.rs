@@ -5,9 +5,10 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use acp_sandbox::agents::AgentKind;
-use acp_sandbox::config::{Config, SandboxChoice};
+use acp_sandbox::config::Config;
 use acp_sandbox::locate::Location;
 use acp_sandbox::sandbox::CheckLevel;
+use acp_sandbox::sandbox::SandboxChoice;
 use acp_sandbox::sandbox::local::{Isolation, probe_bwrap};
 
 /// What `doctor` says about how OpenCode will be driven, given the version it printed; an error when it cannot be.
@@ -38,7 +39,7 @@ fn opencode_backend(config: &Config, version: &str) -> Result<String, String> {
         acp_sandbox::config::OpenCodeBackend::Serve => format!(
             "serve: a warm `opencode serve` per {} (stopped after {} s idle, at most {} at once)",
             match (config.server_scope, config.workspace) {
-                (acp_sandbox::config::ServerScope::Workspace, acp_sandbox::config::WorkspaceMode::Direct) =>
+                (acp_sandbox::config::ServerScope::Workspace, acp_sandbox::sandbox::WorkspaceMode::Direct) =>
                     "workspace, shared by its new threads (--server-scope workspace)",
                 (acp_sandbox::config::ServerScope::Workspace, _) => "session (review mode gives each its own copy)",
                 (acp_sandbox::config::ServerScope::Session, _) => "session (--server-scope session)",
@@ -155,7 +156,9 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
         if agent == AgentKind::OpenCode {
             out!("{:<10}  model: {}", "", opencode_model(&config));
             let logins = directories::BaseDirs::new().and_then(|dirs| {
-                acp_sandbox::config::read_opencode_config(&dirs.data_dir().join("opencode").join("auth.json"))
+                acp_sandbox::agents::opencode::config::read_opencode_config(
+                    &dirs.data_dir().join("opencode").join("auth.json"),
+                )
             });
             let providers = opencode_providers(&config, logins.as_ref());
             if providers.is_empty() {
@@ -189,7 +192,7 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
         }
     }
     if let Ok(isolation) = isolation {
-        let settings = acp_sandbox::sandbox::local::LocalSettings::from_config(&config, isolation);
+        let settings = config.local_settings(isolation);
         for (name, on, text) in settings.describe() {
             out!("  {:<12}  {} {text}", name, if on { "on " } else { "OFF" });
         }

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acp_sandbox::agents::AgentKind;
-use acp_sandbox::config::{Config, OpenCodeModels, SandboxChoice};
+use acp_sandbox::agents::opencode::config::OpenCodeModels;
+use acp_sandbox::config::Config;
+use acp_sandbox::sandbox::SandboxChoice;
 use acp_sandbox::sandbox::local::policy::Profile;
 use acp_sandbox::sandbox::net::proxy::NetworkMode;
 use acp_sandbox::session::Bridge;
@@ -108,7 +110,7 @@ struct Settings {
     sandbox: SandboxChoice,
     /// How the agent's writes reach your files: at once (direct), or through the editor's review (review).
     #[arg(long, global = true, env = "ACP_SANDBOX_WORKSPACE", value_enum, default_value = "direct")]
-    workspace: acp_sandbox::config::WorkspaceMode,
+    workspace: acp_sandbox::sandbox::WorkspaceMode,
     /// Sessions, logs and installed CLIs live here [default: $XDG_DATA_HOME/acp-sandbox, or
     /// ~/.local/share/acp-sandbox when XDG_DATA_HOME is unset].
     #[arg(long, global = true, env = "ACP_SANDBOX_DATA_DIR")]

@@ -3,7 +3,8 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use acp_sandbox::config::{Config, SandboxChoice};
+use acp_sandbox::config::Config;
+use acp_sandbox::sandbox::SandboxChoice;
 use acp_sandbox::session::Bridge;
 use acp_sandbox::store::{TurnStatus, rfc3339};
 use agent_client_protocol::v1::schema::{ContentBlock, SessionUpdate};

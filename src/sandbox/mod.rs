@@ -24,7 +24,43 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use tokio::io::AsyncRead;
 
-use crate::config::SandboxChoice;
+/// Which sandbox runs the CLIs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SandboxChoice {
+    /// bubblewrap when its probe works, a plain process group otherwise.
+    Auto,
+    /// bubblewrap, and a clear error when it cannot work here.
+    Bwrap,
+    /// A plain process group in the workspace: no isolation.
+    None,
+    /// An E2B sandbox per session (preview): `E2B_API_KEY` in the bridge's environment.
+    E2b,
+    /// A Daytona sandbox per session (preview): `DAYTONA_API_KEY` in the bridge's environment.
+    Daytona,
+}
+
+impl SandboxChoice {
+    /// The name used on the command line and in `doctor`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxChoice::Auto => "auto",
+            SandboxChoice::Bwrap => "bwrap",
+            SandboxChoice::None => "none",
+            SandboxChoice::E2b => "e2b",
+            SandboxChoice::Daytona => "daytona",
+        }
+    }
+}
+
+/// How the agent's writes reach the workspace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkspaceMode {
+    /// The workspace is bound writable: the agent's writes land in the user's files.
+    #[default]
+    Direct,
+    /// The agent works on a copy of the workspace; its text edits reach the user's files through the editor.
+    Review,
+}
 
 /// The provider of the sessions' sandboxes as `--sandbox` chose it: the one place that knows every provider.
 /// `local` serves `auto`, `bwrap` and `none`, and the bridge's own short commands whatever the choice.

@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::locate::installed_executable;
 use crate::paths;
 use crate::sandbox::SandboxProvider;
-use crate::sandbox::local::{Isolation, LocalProvider, LocalSettings};
+use crate::sandbox::local::{Isolation, LocalProvider};
 use crate::store::{SessionRecord, Store, TurnStatus, now_ms, rfc3339};
 
 /// Where a session's updates go: the editor's connection, or the terminal for `acp-sandbox prompt`.
@@ -231,7 +231,7 @@ impl Bridge {
         if config.network == crate::sandbox::net::proxy::NetworkMode::Host {
             tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
         }
-        let settings = Arc::new(LocalSettings::from_config(&config, isolation.clone()));
+        let settings = Arc::new(config.local_settings(isolation.clone()));
         let own_provider: Arc<dyn SandboxProvider> =
             Arc::new(LocalProvider::new(paths::sessions_dir(&config.data_dir), settings));
         let provider = crate::sandbox::session_provider(
@@ -294,7 +294,7 @@ impl Bridge {
     fn sweep_kept_warm(&self) -> HashSet<String> {
         use crate::sandbox::local::warm;
         let run_dir = paths::run_dir(&self.config.data_dir);
-        let settings = warm::settings_digest(&LocalSettings::from_config(&self.config, self.isolation.clone()));
+        let settings = warm::settings_digest(&self.config.local_settings(self.isolation.clone()));
         let mut kept = HashSet::new();
         for record in warm::list(&run_dir) {
             if !record.alive() {
@@ -392,7 +392,8 @@ impl Bridge {
     /// The copy on this machine that mirrors a remote sandbox's workspace (`<sessions>/<id>/review`): what the
     /// local sandbox would hide is never in it, and the git dir and protected paths are not reviewed.
     pub(super) fn mirror_copy(&self, record: &SessionRecord) -> crate::workspace::review::WorkspaceCopy {
-        LocalSettings::from_config(&self.config, self.isolation.clone())
+        self.config
+            .local_settings(self.isolation.clone())
             .review_copy(&paths::sessions_dir(&self.config.data_dir).join(&record.id), Path::new(&record.cwd))
     }
 
@@ -1038,7 +1039,7 @@ impl Bridge {
     fn shared_sandbox_name(&self, record: &SessionRecord) -> Option<String> {
         let shares = self.serves(record)
             && self.config.server_scope == crate::config::ServerScope::Workspace
-            && self.config.workspace == crate::config::WorkspaceMode::Direct
+            && self.config.workspace == crate::sandbox::WorkspaceMode::Direct
             && self.provider.name() == "local";
         if !shares {
             return None;
@@ -1329,10 +1330,8 @@ impl ModelAnnouncer {
 pub async fn check_cli(config: &Config, agent: AgentKind) -> std::result::Result<String, String> {
     let executable = installed_executable(config, agent).ok_or_else(|| "not installed yet".to_string())?;
     let isolation = Isolation::resolve(config.sandbox).map_err(|e| e.to_string())?;
-    let provider = LocalProvider::new(
-        paths::sessions_dir(&config.data_dir),
-        Arc::new(LocalSettings::from_config(config, isolation)),
-    );
+    let provider =
+        LocalProvider::new(paths::sessions_dir(&config.data_dir), Arc::new(config.local_settings(isolation)));
     let output =
         run_once(config, &provider, "_doctor", agent, &executable, &["--version"], &Default::default()).await?;
     Ok(output.lines().next().unwrap_or("").trim().to_string())
@@ -1504,7 +1503,7 @@ mod tests {
         let data = tempfile::tempdir().unwrap();
         let config = Config::new(AgentKind::OpenCode, data.path().to_path_buf());
         let isolation = Isolation::None("a test".into());
-        let mut settings = LocalSettings::from_config(&config, isolation);
+        let mut settings = config.local_settings(isolation);
         // The test binary is no `acp-sandbox sandbox-init`: the command runs in a plain process group.
         settings.init_program = None;
         let provider = LocalProvider::new(paths::sessions_dir(&config.data_dir), Arc::new(settings));
@@ -1528,7 +1527,7 @@ mod tests {
     async fn the_clients_fs_and_terminal_capabilities_are_recorded_as_it_sent_them() {
         let data = tempfile::tempdir().unwrap();
         let config = Config {
-            sandbox: crate::config::SandboxChoice::None,
+            sandbox: crate::sandbox::SandboxChoice::None,
             ..Config::new(AgentKind::OpenCode, data.path().to_path_buf())
         };
         let bridge = Bridge::open(config).await.unwrap();

@@ -5,6 +5,7 @@
 //! the same directory: OpenCode binds a session to the `PWD` it was created in.
 
 pub mod catalog;
+pub mod config;
 pub mod events;
 pub mod project;
 pub mod providers;
@@ -151,7 +152,7 @@ pub fn commands(user_config_dir: &Path, workspace: &Path) -> Vec<Command> {
     };
     for dir in [user_config_dir.join("opencode"), workspace.join(".opencode")] {
         for name in ["opencode.json", "opencode.jsonc"] {
-            let Some(config) = crate::config::read_opencode_config(&dir.join(name)) else { continue };
+            let Some(config) = crate::agents::opencode::config::read_opencode_config(&dir.join(name)) else { continue };
             for (name, body) in config.get("command").and_then(|c| c.as_object()).into_iter().flatten() {
                 let description = body.get("description").and_then(|d| d.as_str()).unwrap_or("custom command");
                 add(Command { name: name.clone(), description: description.to_string(), hint: None });

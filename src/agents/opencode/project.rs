@@ -91,7 +91,7 @@ fn config_items(path: &Path, items: &mut Vec<String>) {
         return;
     }
     let before = items.len();
-    let config = crate::config::read_opencode_config(path).unwrap_or_default();
+    let config = crate::agents::opencode::config::read_opencode_config(path).unwrap_or_default();
     for (name, server) in config.get("mcp").and_then(|mcp| mcp.as_object()).into_iter().flatten() {
         if server.get("type").and_then(|t| t.as_str()) == Some("local") {
             let command: Vec<&str> = server

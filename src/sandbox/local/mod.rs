@@ -33,8 +33,10 @@ use self::owners::record_owner;
 use self::policy::{Mount, PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
 use super::net::proxy::{ConnectionBudget, NetworkMode, Proxy, ProxyPolicy};
 use super::process::{descendant_pids, home_of, kill_tree, process_table, start_time};
-use super::{ExecSpec, ExitInfo, ProcessHandle, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec};
-use crate::config::SandboxChoice;
+use super::{
+    ExecSpec, ExitInfo, ProcessHandle, RunningProcess, Sandbox, SandboxChoice, SandboxError, SandboxProvider,
+    SandboxSpec,
+};
 use crate::paths;
 use crate::workspace::statedir::StateDir;
 
@@ -160,23 +162,10 @@ pub struct LocalSettings {
     /// The bridge's own executable: the sandbox's first process (`sandbox-init`).
     pub init_program: Option<PathBuf>,
     /// Whether the agent writes the workspace or a copy of it that the editor reviews.
-    pub workspace_mode: crate::config::WorkspaceMode,
+    pub workspace_mode: super::WorkspaceMode,
 }
 
 impl LocalSettings {
-    /// The settings of a bridge started with `config`.
-    pub fn from_config(config: &crate::config::Config, isolation: Isolation) -> Self {
-        Self {
-            isolation,
-            policy: config.policy(),
-            network: config.network.clone(),
-            limits: config.limits,
-            run_dir: paths::run_dir(&config.data_dir),
-            init_program: std::env::current_exe().ok(),
-            workspace_mode: config.workspace,
-        }
-    }
-
     /// The review copy of a session's workspace: never a secret of the workspace in it, and changes to the git
     /// dir and the protected paths kept out of the review (they stay in the copy until the next turn resets them).
     pub fn review_copy(&self, state_dir: &Path, workspace: &Path) -> crate::workspace::review::WorkspaceCopy {
@@ -243,8 +232,8 @@ impl LocalSettings {
         add(
             "workspace",
             match self.workspace_mode {
-                crate::config::WorkspaceMode::Direct => off("direct: the agent's writes land in your files at once"),
-                crate::config::WorkspaceMode::Review => (
+                super::WorkspaceMode::Direct => off("direct: the agent's writes land in your files at once"),
+                super::WorkspaceMode::Review => (
                     true,
                     "review: the agent works on a copy; its text edits reach your files through the editor".into(),
                 ),
@@ -416,7 +405,7 @@ impl SandboxProvider for LocalProvider {
         if !std::fs::symlink_metadata(state_dir.join("home")).is_ok_and(|m| m.is_dir()) {
             return Ok(None);
         }
-        let copy = (self.settings.workspace_mode == crate::config::WorkspaceMode::Review)
+        let copy = (self.settings.workspace_mode == super::WorkspaceMode::Review)
             .then(|| Arc::new(self.settings.review_copy(&state_dir, &spec.workspace)));
         // Without bubblewrap nothing can be bound over the workspace: the agent works in its copy, where it lives.
         let workspace = match (&copy, &self.settings.isolation) {
@@ -1468,7 +1457,7 @@ mod tests {
     }
 
     fn sandbox(dir: &Path, isolation: Isolation) -> LocalSandbox {
-        let mut settings = LocalSettings::from_config(&test_config(dir), isolation);
+        let mut settings = test_config(dir).local_settings(isolation);
         settings.policy = Policy::default();
         LocalSandbox {
             copy: None,
@@ -1617,7 +1606,7 @@ mod tests {
     fn only_plain_state_dirs_of_ours_are_sandbox_ids() {
         let provider = LocalProvider::new(
             "/data/sessions".into(),
-            Arc::new(LocalSettings::from_config(&test_config(Path::new("/data")), Isolation::None("test".into()))),
+            Arc::new(test_config(Path::new("/data")).local_settings(Isolation::None("test".into()))),
         );
         assert_eq!(provider.owned("/data/sessions/sess_1"), Some(PathBuf::from("/data/sessions/sess_1")));
         for bad in [
@@ -1639,7 +1628,7 @@ mod tests {
         let sessions = dir.path().join("sessions");
         let provider = LocalProvider::new(
             sessions.clone(),
-            Arc::new(LocalSettings::from_config(&test_config(dir.path()), Isolation::None("test".into()))),
+            Arc::new(test_config(dir.path()).local_settings(Isolation::None("test".into()))),
         );
         let ws = dir.path().join("ws");
         std::fs::create_dir_all(&ws).unwrap();
@@ -1659,7 +1648,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let provider = LocalProvider::new(
             dir.path().join("sessions"),
-            Arc::new(LocalSettings::from_config(&test_config(dir.path()), Isolation::None("test".into()))),
+            Arc::new(test_config(dir.path()).local_settings(Isolation::None("test".into()))),
         );
         let ws = dir.path().join("ws");
         std::fs::create_dir_all(&ws).unwrap();

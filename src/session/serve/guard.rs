@@ -27,7 +27,7 @@ pub const PLUGIN_PATH: &str = "acp-sandbox/opencode-server-guard.js";
 pub fn add_plugin(env: &mut Vec<(String, String)>, plugin: &Path) -> Result<(), String> {
     const NAME: &str = "OPENCODE_CONFIG_CONTENT";
     let mut config = match env.iter().find(|(name, _)| name == NAME) {
-        Some((_, text)) => crate::config::parse_opencode_config(text)
+        Some((_, text)) => crate::agents::opencode::config::parse_opencode_config(text)
             .map_err(|e| format!("{NAME} is not a JSON object OpenCode reads: {e}"))?,
         None => serde_json::json!({}),
     };
