@@ -209,7 +209,7 @@ fn bench_turns() {
     let variants: [(&str, &str, &[&str]); 3] =
         [("none", "none", &[]), ("bwrap", "bwrap", &[]), ("bwrap-host", "bwrap", &["--network", "host"])];
     for (label, sandbox, extra) in variants {
-        if sandbox == "bwrap" && acp_sandbox::sandbox::local::probe_bwrap().is_err() {
+        if sandbox == "bwrap" && acp_sandbox::sandbox::local::bwrap::probe_bwrap().is_err() {
             println!("turn      {label:<10}  skipped: bubblewrap does not work here");
             continue;
         }
@@ -595,7 +595,7 @@ fn bench_warm() {
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
     let (mut model, config) = fake_model(&root);
-    let sandbox = if acp_sandbox::sandbox::local::probe_bwrap().is_ok() { "bwrap" } else { "none" };
+    let sandbox = if acp_sandbox::sandbox::local::bwrap::probe_bwrap().is_ok() { "bwrap" } else { "none" };
     const FOLLOW_UPS: usize = 15;
     let mut rows = Vec::new();
     for name in [format!("acp-sandbox ({sandbox}, serve)"), "opencode acp".to_string()] {
@@ -781,7 +781,7 @@ fn bench_cancel() {
     let is_slow_chunk = |text: &str| text.starts_with("slow chunk ");
     let serve_env = [("OPENCODE_FAKE_SERVE", "1".to_string())];
     let mut sandboxes = vec!["none"];
-    if acp_sandbox::sandbox::local::probe_bwrap().is_ok() {
+    if acp_sandbox::sandbox::local::bwrap::probe_bwrap().is_ok() {
         sandboxes.push("bwrap");
     } else {
         println!("cancel    bwrap rows skipped: bubblewrap does not work here");

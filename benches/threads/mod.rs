@@ -49,7 +49,7 @@ pub fn bench_threads() {
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
     let (mut model, config) = fake_model(&root);
-    let sandbox = if acp_sandbox::sandbox::local::probe_bwrap().is_ok() { "bwrap" } else { "none" };
+    let sandbox = if acp_sandbox::sandbox::local::bwrap::probe_bwrap().is_ok() { "bwrap" } else { "none" };
     let names = [format!("acp-sandbox ({sandbox}, serve)"), "opencode acp".to_string()];
     let mut runs: [Vec<Run>; 2] = Default::default();
     for run in 0..RUNS {

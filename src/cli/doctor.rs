@@ -9,7 +9,8 @@ use acp_sandbox::config::Config;
 use acp_sandbox::locate::Location;
 use acp_sandbox::sandbox::CheckLevel;
 use acp_sandbox::sandbox::SandboxChoice;
-use acp_sandbox::sandbox::local::{Isolation, probe_bwrap};
+use acp_sandbox::sandbox::local::Isolation;
+use acp_sandbox::sandbox::local::bwrap::probe_bwrap;
 
 /// What `doctor` says about how OpenCode will be driven, given the version it printed; an error when it cannot be.
 fn opencode_backend(config: &Config, version: &str) -> Result<String, String> {

@@ -873,7 +873,7 @@ impl Bridge {
     fn private_network(&self) -> bool {
         matches!(self.isolation, Isolation::Bwrap(_))
             && self.config.network.uses_proxy()
-            && crate::sandbox::local::bwrap_netns().is_ok()
+            && crate::sandbox::local::bwrap::bwrap_netns().is_ok()
     }
 
     /// Starts the session's OpenCode server in the background, so that its first prompt finds it warm. Does

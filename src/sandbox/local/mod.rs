@@ -6,6 +6,7 @@
 //! for its limits, and dies with the bridge. Without bubblewrap the CLI runs under the bridge's own binary as its
 //! subreaper (`init.rs`), so every descendant, daemons included, ends with the turn.
 
+pub mod bwrap;
 pub mod guard;
 pub mod init;
 pub mod limits;
@@ -27,10 +28,10 @@ use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
-use self::init::PROXY_SOCKET;
+use self::bwrap::{NetSetup, bwrap_netns, bwrap_userns, open_low_ports, probe_bwrap};
 use self::limits::Limits;
 use self::owners::record_owner;
-use self::policy::{Mount, PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
+use self::policy::{PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
 use super::net::proxy::{ConnectionBudget, NetworkMode, Proxy, ProxyPolicy};
 use super::process::{descendant_pids, home_of, kill_tree, process_table, start_time};
 use super::{
@@ -77,73 +78,6 @@ impl Isolation {
             Isolation::None(why) => format!("plain process group, NO isolation ({why})"),
         }
     }
-}
-
-/// What every sandbox needs from bubblewrap: its own mount and PID namespaces, no capabilities.
-const PROBE_ARGS: &[&str] = &[
-    "--ro-bind",
-    "/",
-    "/",
-    "--dev",
-    "/dev",
-    "--proc",
-    "/proc",
-    "--unshare-pid",
-    "--cap-drop",
-    "ALL",
-    "--die-with-parent",
-];
-
-/// What bubblewrap can do here beyond [`PROBE_ARGS`].
-#[derive(Clone, Debug)]
-struct Features {
-    path: PathBuf,
-    /// Its own user namespace, and none nested in it.
-    userns: bool,
-    /// Its own network namespace (where not, the sandbox shares the host's network; `doctor` says why).
-    netns: Result<(), String>,
-}
-
-/// Checks once whether bubblewrap can create its namespaces here; the answer is cached.
-pub fn probe_bwrap() -> Result<PathBuf, String> {
-    probe().as_ref().map(|features| features.path.clone()).map_err(Clone::clone)
-}
-
-/// Whether bubblewrap can also give the sandbox its own user namespace (and forbid nested ones) here.
-pub fn bwrap_userns() -> bool {
-    probe().as_ref().is_ok_and(|features| features.userns)
-}
-
-/// Whether bubblewrap can give the sandbox its own network namespace here, or why not.
-pub fn bwrap_netns() -> Result<(), String> {
-    probe().as_ref().map_err(Clone::clone).and_then(|features| features.netns.clone())
-}
-
-fn probe() -> &'static Result<Features, String> {
-    static PROBE: OnceLock<Result<Features, String>> = OnceLock::new();
-    PROBE.get_or_init(|| {
-        let path = which::which("bwrap").map_err(|_| "bubblewrap (bwrap) is not installed".to_string())?;
-        let run = |extra: &[&str]| {
-            let output = std::process::Command::new(&path)
-                .args(extra)
-                .args(PROBE_ARGS)
-                .args(["--", "true"])
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| format!("cannot run {}: {e}", path.display()))?;
-            if output.status.success() {
-                Ok(())
-            } else {
-                Err(String::from_utf8_lossy(&output.stderr).trim().to_string())
-            }
-        };
-        if let Err(why) = run(&[]) {
-            return Err(format!("bubblewrap cannot create its namespaces here: {why}"));
-        }
-        let userns = run(&["--unshare-user", "--disable-userns"]).is_ok();
-        let netns = run(&["--unshare-net"]).map_err(|why| format!("no network namespace here: {why}"));
-        Ok(Features { path, userns, netns })
-    })
 }
 
 /// What every local sandbox of this bridge is made of.
@@ -492,29 +426,11 @@ pub struct LocalSandbox {
     budget: ConnectionBudget,
 }
 
-/// Where the bridge's own binary appears inside the sandbox (a private tmpfs, so nothing of the host is there).
-const INSIDE_INIT: &str = "/run/acp-sandbox/acp-sandbox";
 /// The port of the proxy inside the sandbox.
 const PROXY_PORT: u16 = 3128;
 
-/// The network side of one command under bubblewrap.
-struct NetSetup {
-    /// The socket the sandbox reaches the proxy by, on the host.
-    socket: PathBuf,
-    /// The port the proxy listens on inside.
-    port: u16,
-    /// Host loopback endpoints shown on the same port inside.
-    expose: Vec<u16>,
-    /// The socket's directory is mounted rather than the socket (a kept-warm server's: the bridge that adopts it
-    /// serves a new socket there).
-    in_dir: bool,
-}
-
-/// Where a kept-warm server's sandbox sees the directory of its proxy's socket.
-const INSIDE_NET_DIR: &str = "/run/acp-sandbox/net";
-
 impl LocalSandbox {
-    /// The argv of bubblewrap around a command (pure, so it is unit-tested).
+    /// The argv of bubblewrap around a command: [`bwrap::argv`] of what this sandbox is.
     fn bwrap_args(
         &self,
         spec: &ExecSpec,
@@ -524,103 +440,17 @@ impl LocalSandbox {
         watch: Option<Limits>,
         door: Option<(i32, u16)>,
     ) -> Vec<String> {
-        let mut args: Vec<String> = Vec::new();
-        let mut push = |items: &[&str]| args.extend(items.iter().map(|s| s.to_string()));
-        // A kept-warm server outlives the bridge: its end is its own linger (`sandbox-init --keep-warm-secs`).
-        if spec.keep_warm.is_none() {
-            push(&["--die-with-parent"]);
-        }
-        push(&["--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]);
-        if net.is_some() {
-            push(&["--unshare-net"]);
-        }
-        if bwrap_userns() {
-            push(&["--unshare-user", "--disable-userns"]);
-        }
-        push(&["--cap-drop", "ALL"]);
-        push(&["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]);
-        let mut read_only_later = Vec::new();
-        for mount in &plan.mounts {
-            match mount {
-                Mount::Scratch(path) => push(&["--tmpfs", &path.display().to_string()]),
-                Mount::EmptyDir(path) => {
-                    let path = path.display().to_string();
-                    push(&["--tmpfs", &path]);
-                    // Made read-only last: mounts below it need their mount points created first.
-                    read_only_later.push(path);
-                }
-                Mount::EmptyFile(path) => push(&["--ro-bind", "/dev/null", &path.display().to_string()]),
-                Mount::ReadOnly(path) => {
-                    let source = self.source_of(path).display().to_string();
-                    push(&["--ro-bind", &source, &path.display().to_string()]);
-                }
-                Mount::Writable(path) => {
-                    let source = self.source_of(path).display().to_string();
-                    push(&["--bind", &source, &path.display().to_string()]);
-                }
-            }
-        }
-        for (host, target) in &spec.read_only {
-            push(&["--ro-bind-try", &host.display().to_string(), &target.display().to_string()]);
-        }
-        let init = self.settings.init_program.as_ref().map(|program| program.display().to_string());
-        if let Some(init) = &init {
-            push(&["--ro-bind", init, INSIDE_INIT]);
-        }
-        let inside_socket = match net {
-            Some(net) if net.in_dir => {
-                let dir = net.socket.parent().unwrap_or(Path::new("/nonexistent")).display().to_string();
-                push(&["--ro-bind", &dir, INSIDE_NET_DIR]);
-                let name = net.socket.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                format!("{INSIDE_NET_DIR}/{name}")
-            }
-            Some(net) => {
-                push(&["--ro-bind", &net.socket.display().to_string(), PROXY_SOCKET]);
-                PROXY_SOCKET.to_string()
-            }
-            None => PROXY_SOCKET.to_string(),
-        };
-        for path in read_only_later.iter().rev() {
-            push(&["--remount-ro", path]);
-        }
-        if let Some(fd) = seccomp_fd {
-            push(&["--seccomp", &fd.to_string()]);
-        }
-        push(&["--chdir", &spec.cwd.display().to_string(), "--"]);
-        if init.is_some() {
-            args.push(INSIDE_INIT.into());
-            args.push("sandbox-init".into());
-            if let Some(net) = net {
-                args.extend(["--proxy-socket".into(), inside_socket]);
-                args.extend(["--proxy-port".into(), net.port.to_string()]);
-                for port in &net.expose {
-                    args.extend(["--expose".into(), port.to_string()]);
-                }
-            }
-            args.extend(watch_args(watch));
-            args.extend(door_args(door));
-            args.extend(linger_args(spec));
-            if door.is_some() {
-                // Under bubblewrap a server's tools must never reach it (`guard.rs`); `exec` checked the kernel.
-                args.push("--guard-door".into());
-            }
-            // Reads are a deny-list and connect() on a socket needs only its path: no AF_UNIX socket at all.
-            args.push("--no-unix-sockets".into());
-            args.push("--".into());
-        }
-        args.push(spec.program.display().to_string());
-        args.extend(spec.args.iter().cloned());
-        args
-    }
-
-    /// Where a mount of the plan comes from on the host: in review mode what is in the workspace comes from the
-    /// agent's copy (so the copy is what the agent sees and writes there, protected paths included).
-    fn source_of(&self, path: &Path) -> PathBuf {
-        match (&self.copy, path.strip_prefix(&self.host_workspace)) {
-            (Some(copy), Ok(rel)) if rel.as_os_str().is_empty() => copy.path(),
-            (Some(copy), Ok(rel)) => copy.path().join(rel),
-            _ => path.to_path_buf(),
-        }
+        bwrap::argv(&bwrap::Wrap {
+            spec,
+            plan,
+            copy: self.copy.as_ref().map(|copy| (self.host_workspace.as_path(), copy.path())),
+            init_program: self.settings.init_program.as_deref(),
+            userns: bwrap_userns(),
+            net,
+            seccomp_fd,
+            watch,
+            door,
+        })
     }
 
     /// Binds the bridge's end of a server's door in the bridge's run dir (mode 0700, never mounted into a
@@ -685,73 +515,6 @@ impl LocalSandbox {
     }
 }
 
-/// Lets anything in the network namespace of bubblewrap's sandbox `bwrap` bind any port
-/// (`net.ipv4.ip_unprivileged_port_start=0` there): a model endpoint on the host's :80 is served on the same port
-/// inside. The namespace is the sandbox's alone (only its loopback), so no port of the host is concerned. The sandbox
-/// cannot do it itself (`/proc/sys` is read-only there, and it holds no capability); the bridge can: as the owner of
-/// the user namespace bubblewrap made (or as root), it joins it and the network namespace in a short-lived child
-/// and writes the file there.
-fn open_low_ports(bwrap: u32) -> Result<(), String> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    use std::os::unix::fs::MetadataExt;
-    use std::os::unix::process::CommandExt;
-    // bubblewrap's child is the sandbox's first process; it exists (in the new namespaces) once it is listed.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let netns = loop {
-        let children = std::fs::read_to_string(format!("/proc/{bwrap}/task/{bwrap}/children")).unwrap_or_default();
-        if let Some(child) = children.split_whitespace().next() {
-            let path = format!("/proc/{child}/ns/net");
-            let own = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).ok();
-            if std::fs::metadata(&path).map(|m| m.ino()).ok() != own {
-                break std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
-            }
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err("the sandbox's network namespace did not appear within 10 s".into());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
-    // SAFETY: NS_GET_USERNS takes no argument and returns a new fd (or -1).
-    let userns = unsafe { libc::ioctl(netns.as_raw_fd(), libc::NS_GET_USERNS) };
-    if userns < 0 {
-        return Err(format!("the owner of the sandbox's network namespace: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: a fresh fd of ours.
-    let userns = unsafe { std::fs::File::from_raw_fd(userns) };
-    let own_userns = std::fs::metadata("/proc/self/ns/user").map(|m| m.ino()).ok();
-    let join_userns = userns.metadata().map(|m| m.ino()).ok() != own_userns;
-    let (net_fd, user_fd) = (netns.as_raw_fd(), userns.as_raw_fd());
-    let path = c"/proc/sys/net/ipv4/ip_unprivileged_port_start";
-    let mut helper = std::process::Command::new("/bin/true");
-    helper.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    // SAFETY: the closure runs in the forked (single-threaded) child and makes only system calls on fds and a
-    // string prepared before the fork. Joining a user namespace needs a single-threaded process: hence the child.
-    unsafe {
-        helper.pre_exec(move || {
-            if join_userns && libc::setns(user_fd, libc::CLONE_NEWUSER) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::setns(net_fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let written = libc::write(fd, b"0\n".as_ptr().cast(), 2);
-            libc::close(fd);
-            if written != 2 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let status = helper.status().map_err(|e| format!("setting ip_unprivileged_port_start in the sandbox: {e}"))?;
-    drop((netns, userns));
-    status.success().then_some(()).ok_or_else(|| format!("the helper that opened the low ports exited with {status}"))
-}
-
-/// The arguments that make `sandbox-init` watch the limits itself.
 /// `sandbox-init`'s arguments for a server's door: the inherited listening fd and the server's port inside.
 fn door_args(door: Option<(i32, u16)>) -> Vec<String> {
     match door {
@@ -774,6 +537,7 @@ fn linger_args(spec: &ExecSpec) -> Vec<String> {
 /// The shortest linger a kept-warm server gets.
 pub const MIN_LINGER_SECS: u64 = 5;
 
+/// The arguments that make `sandbox-init` watch the limits itself.
 fn watch_args(watch: Option<Limits>) -> Vec<String> {
     match watch {
         Some(limits) => vec![
@@ -1451,6 +1215,7 @@ fn end_orphans(home: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::local::policy::Mount;
 
     fn test_config(dir: &Path) -> crate::config::Config {
         crate::config::Config::new(crate::agents::AgentKind::OpenCode, dir.to_path_buf())

@@ -614,7 +614,7 @@ print("thread 0", flush=True)
 
     #[test]
     fn bubblewrap_installs_the_filter_and_ordinary_work_still_runs() {
-        let bwrap_path = match crate::sandbox::local::probe_bwrap() {
+        let bwrap_path = match crate::sandbox::local::bwrap::probe_bwrap() {
             Ok(path) => path,
             Err(why) => {
                 eprintln!("skipped: {why}");
