@@ -6,7 +6,9 @@
 //! for its limits, and dies with the bridge. Without bubblewrap the CLI runs under the bridge's own binary as its
 //! subreaper (`init.rs`), so every descendant, daemons included, ends with the turn.
 
+mod adopt;
 pub mod bwrap;
+mod describe;
 pub mod guard;
 pub mod init;
 pub mod limits;
@@ -28,12 +30,13 @@ use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
+use self::adopt::Warm;
 use self::bwrap::{NetSetup, bwrap_netns, bwrap_userns, open_low_ports, probe_bwrap};
 use self::limits::Limits;
 use self::owners::record_owner;
-use self::policy::{PROTECTED, Plan, Policy, RealDisk, SECRETS, Subject};
+use self::policy::{Plan, Policy, RealDisk, Subject};
 use super::net::proxy::{ConnectionBudget, NetworkMode, Proxy, ProxyPolicy};
-use super::process::{descendant_pids, home_of, kill_tree, process_table, start_time};
+use super::process::{descendant_pids, home_of, kill_tree, process_table};
 use super::{
     ExecSpec, ExitInfo, ProcessHandle, RunningProcess, Sandbox, SandboxChoice, SandboxError, SandboxProvider,
     SandboxSpec,
@@ -117,155 +120,6 @@ impl LocalSettings {
             never_copied,
             not_reviewed,
         )
-    }
-
-    /// One line per protection for `doctor` and the log: what applies and what does not, with the reason.
-    pub fn describe(&self) -> Vec<(String, bool, String)> {
-        let bwrap = matches!(self.isolation, Isolation::Bwrap(_));
-        let off = |why: &str| (false, why.to_string());
-        let mut lines = Vec::new();
-        let mut add = |name: &str, (on, text): (bool, String)| lines.push((name.to_string(), on, text));
-        let no_bwrap = "needs bubblewrap";
-        add(
-            "filesystem",
-            if bwrap {
-                (
-                    true,
-                    format!(
-                        "read-only system, writable workspace and session state; profile {}",
-                        self.policy.profile.as_str()
-                    ),
-                )
-            } else {
-                off("NOT isolated: the CLI can read and write everything you can")
-            },
-        );
-        add(
-            "secrets",
-            if bwrap {
-                (
-                    true,
-                    format!(
-                        "{} built-in paths and {} --deny-read hidden; data dir hidden",
-                        SECRETS.len(),
-                        self.policy.deny_read.len()
-                    ),
-                )
-            } else {
-                off(no_bwrap)
-            },
-        );
-        add(
-            "protected",
-            if bwrap {
-                (true, format!("read-only in the workspace, moved out when created: {}", PROTECTED.join(", ")))
-            } else {
-                off("needs bubblewrap to be read-only; only what is created where one is missing is moved out")
-            },
-        );
-        add(
-            "workspace",
-            match self.workspace_mode {
-                super::WorkspaceMode::Direct => off("direct: the agent's writes land in your files at once"),
-                super::WorkspaceMode::Review => (
-                    true,
-                    "review: the agent works on a copy; its text edits reach your files through the editor".into(),
-                ),
-            },
-        );
-        add(
-            "network",
-            match (&self.network, bwrap) {
-                (NetworkMode::Host, _) => {
-                    off("--network host: the host's network, loopback and every host service included")
-                }
-                (_, false) => off("needs bubblewrap: the host's network"),
-                (mode, true) => match bwrap_netns() {
-                    Ok(()) => (true, format!("own network namespace; out only through the bridge's proxy ({mode})")),
-                    Err(why) => off(&format!("{why}: the host's network")),
-                },
-            },
-        );
-        add(
-            "capabilities",
-            if bwrap {
-                (true, format!("all dropped{}", if bwrap_userns() { ", own user namespace" } else { "" }))
-            } else {
-                off(no_bwrap)
-            },
-        );
-        add(
-            "seccomp",
-            match (bwrap, seccomp::filter_bytes()) {
-                (true, Ok(_)) => {
-                    (true, format!("denies {}; {}", seccomp::DENIED.join(", "), seccomp::RESTRICTED.join("; ")))
-                }
-                (true, Err(e)) => off(&format!("cannot build the filter: {e}")),
-                (false, _) => off(no_bwrap),
-            },
-        );
-        add(
-            "unix sockets",
-            match (bwrap, seccomp::no_unix_sockets_program()) {
-                (true, Ok(_)) => (
-                    true,
-                    "the CLI's tree cannot make AF_UNIX sockets: no host socket is reachable by its path \
-                     (socketpair works)"
-                        .into(),
-                ),
-                (true, Err(e)) => off(&format!("cannot build the filter: {e}")),
-                (false, _) => off(no_bwrap),
-            },
-        );
-        add(
-            "server",
-            match (bwrap, guard::port_guard_available()) {
-                (true, Ok(abi)) => (
-                    true,
-                    format!(
-                        "OpenCode's warm server is out of its tools' reach: its port closed to them (Landlock ABI \
-                         {abi}), its password out of their environment, sandbox-init not inspectable"
-                    ),
-                ),
-                (true, Err(why)) => off(&format!(
-                    "no warm server: {why}, so its tools could reach it and answer their own approvals; OpenCode \
-                     turns use `opencode run`"
-                )),
-                (false, _) => off(
-                    "NOT isolated: under --sandbox none any tool can reach OpenCode's warm server (its port, its door, \
-                     its password) and answer its own approvals",
-                ),
-            },
-        );
-        let enforcement = limits::probe();
-        // Only a group actually made proves a cgroup works for us; otherwise the sandbox's first process watches.
-        let trial =
-            limits::SandboxCgroup::create(&enforcement, &format!("doctor-{}", std::process::id()), &self.limits);
-        add(
-            "limits",
-            match trial {
-                Ok(Some(_)) => (true, enforcement.describe(&self.limits)),
-                Ok(None) | Err(_) if self.init_program.is_some() => (
-                    true,
-                    format!(
-                        "no usable cgroup ({}): at most {} processes and {} watched by the sandbox's first process",
-                        trial.err().map(|e| e.to_string()).unwrap_or_else(|| enforcement.describe(&self.limits)),
-                        self.limits.max_processes,
-                        limits::format_size(self.limits.max_memory_bytes)
-                    ),
-                ),
-                _ => (false, enforcement.describe(&self.limits)),
-            },
-        );
-        add(
-            "processes",
-            if bwrap {
-                (true, "own PID namespace; everything dies with the turn and the bridge".into())
-            } else {
-                (true, "a subreaper kills every descendant, daemons included, at the end of the turn".into())
-            },
-        );
-        lines
     }
 }
 
@@ -859,133 +713,6 @@ impl Sandbox for LocalSandbox {
             }),
             adopted: None,
         })
-    }
-}
-
-impl LocalSandbox {
-    /// Records a kept-warm server just started, for the next bridge to adopt. Without its record it is not kept:
-    /// it ends with its handle like any command.
-    fn keep_record(
-        &self,
-        keep: warm::KeepWarm,
-        fingerprint: String,
-        pid: u32,
-        door: &Path,
-        guards: &ProcessGuards,
-    ) -> Option<Warm> {
-        let root = i32::try_from(pid).ok()?;
-        let record = warm::Record {
-            key: keep.key.clone(),
-            sandbox: self.session_id.clone(),
-            workspace: self.host_workspace.clone(),
-            fingerprint,
-            settings: warm::settings_digest(&self.settings),
-            pid: root,
-            start: start_time(root)?,
-            door: door.to_path_buf(),
-            proxy_socket: guards.proxy.is_some().then(|| warm::proxy_socket(&self.settings.run_dir, &keep.key)),
-            cgroups: guards.cgroup.as_ref().map(|cgroup| cgroup.dirs().to_vec()).unwrap_or_default(),
-            secret: keep.secret,
-            linger_secs: keep.linger.as_secs().max(MIN_LINGER_SECS),
-            started_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or(0),
-        };
-        match warm::write(&self.settings.run_dir, &record) {
-            Ok(()) => Some(Warm { run_dir: self.settings.run_dir.clone(), record }),
-            Err(e) => {
-                tracing::warn!(key = %keep.key, "the server is not kept warm: its record could not be written: {e}");
-                None
-            }
-        }
-    }
-
-    /// Takes over a server an earlier bridge kept warm: its proxy is served again where its sandbox looks for it.
-    async fn adopt(&self, record: warm::Record, spec: &ExecSpec) -> Result<RunningProcess, SandboxError> {
-        if let Err(e) = record_owner(&self.settings.run_dir, &self.session_id) {
-            tracing::warn!(session = %self.session_id, "could not record this bridge as the owner: {e}");
-        }
-        let mut guards = ProcessGuards::default();
-        if record.proxy_socket.is_some() {
-            let (proxy, _) = self.start_proxy(spec).await?;
-            guards.proxy = Some(proxy);
-        }
-        tracing::info!(key = %record.key, pid = record.pid, "adopting a kept-warm server");
-        let secret = record.secret.clone();
-        let door = record.door.clone();
-        Ok(RunningProcess {
-            stdout: Box::pin(tokio::io::empty()),
-            stderr: Box::pin(tokio::io::empty()),
-            handle: Box::new(Adopted {
-                warm: Warm { run_dir: self.settings.run_dir.clone(), record },
-                guards,
-                gone: None,
-                detached: false,
-            }),
-            door: Some(door),
-            adopted: Some(secret),
-        })
-    }
-}
-
-/// A kept-warm server's record, and where it is.
-struct Warm {
-    run_dir: PathBuf,
-    record: warm::Record,
-}
-
-/// A server an earlier bridge kept warm, adopted by this one: not its child, so known by pid and start time.
-struct Adopted {
-    warm: Warm,
-    /// Its proxy, served by this bridge.
-    guards: ProcessGuards,
-    gone: Option<ExitInfo>,
-    detached: bool,
-}
-
-/// How often an adopted server is looked at for having exited (it is not the bridge's child).
-const ADOPTED_POLL: std::time::Duration = std::time::Duration::from_millis(200);
-
-#[async_trait]
-impl ProcessHandle for Adopted {
-    fn end_strays(&self) {
-        if let Ok(root) = u32::try_from(self.warm.record.pid) {
-            signal_init_of(root);
-        }
-    }
-
-    async fn kill(&mut self) {
-        if self.gone.is_none() {
-            warm::stop(&self.warm.run_dir, &self.warm.record);
-        }
-    }
-
-    async fn wait(&mut self) -> Result<ExitInfo, SandboxError> {
-        if let Some(gone) = self.gone {
-            return Ok(gone);
-        }
-        while self.warm.record.alive() {
-            tokio::time::sleep(ADOPTED_POLL).await;
-        }
-        warm::forget(&self.warm.run_dir, &self.warm.record);
-        let gone = ExitInfo { code: None, signal: None };
-        self.gone = Some(gone);
-        Ok(gone)
-    }
-
-    fn detach(&mut self) {
-        self.detached = true;
-    }
-}
-
-impl Drop for Adopted {
-    fn drop(&mut self) {
-        if !self.detached && self.gone.is_none() {
-            warm::stop(&self.warm.run_dir, &self.warm.record);
-        }
-        // Its proxy goes with this bridge either way; the next one serves it again.
-        self.guards.door = None;
     }
 }
 
