@@ -50,8 +50,8 @@ fn fixture(path: &str) -> String {
 
 fn bench_translate() {
     for (kind, file, workspace) in [
-        (AgentKind::OpenCode, "opencode/opencode-tools.jsonl", "/tmp/ws-oc"),
-        (AgentKind::Amp, "amp/amp-tools.reconstructed.jsonl", "/tmp/ws"),
+        (AgentKind::parse("opencode").unwrap(), "opencode/opencode-tools.jsonl", "/tmp/ws-oc"),
+        (AgentKind::parse("amp").unwrap(), "amp/amp-tools.reconstructed.jsonl", "/tmp/ws"),
     ] {
         let one = fixture(file);
         let stream = one.repeat(200);

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::{AuthMethod, AuthMethodAgent, AuthMethodTerminal};
 
-use crate::agents::AgentKind;
+use crate::agents::{AgentKind, Login};
 use crate::config::Config;
 use crate::error::Error;
 use crate::paths;
@@ -40,13 +40,16 @@ pub fn login_command(agent: AgentKind) -> String {
 /// client can run one (`clientCapabilities.auth.terminal`). The terminal method's arguments are appended to
 /// (or, in older clients, replace) the agent server's own, so they name the agent themselves.
 pub fn auth_methods(agent: AgentKind, client_runs_terminal: bool) -> Vec<AuthMethod> {
-    let login = login_command(agent);
-    let description = match agent {
-        AgentKind::Amp => format!(
-            "Checks for Amp's access token: run `{login}` in a terminal (it stores the token for acp-sandbox), or set AMP_API_KEY in the agent server's env"
+    let (login, name) = (login_command(agent), agent.display_name());
+    let own = |args: &[&str]| format!("{} {}", agent.package().bin, args.join(" "));
+    let description = match (agent.login(), agent.required_credential()) {
+        (Login::Token { .. }, Some(variable)) => format!(
+            "Checks for {name}'s access token: run `{login}` in a terminal (it stores the token for acp-sandbox), or set {variable} in the agent server's env"
         ),
-        AgentKind::OpenCode => format!(
-            "Checks for an OpenCode login: run `{login}` (OpenCode's own `opencode auth login`) in a terminal, or set your provider's API key in the agent server's env"
+        (Login::Token { .. }, None) => format!("Checks for {name}'s login: run `{login}` in a terminal"),
+        (Login::Own { args }, _) => format!(
+            "Checks for a login to {name}: run `{login}` ({name}'s own `{}`) in a terminal, or set your provider's API key in the agent server's env",
+            own(args)
         ),
     };
     let mut methods = vec![AuthMethod::Agent(
@@ -54,16 +57,18 @@ pub fn auth_methods(agent: AgentKind, client_runs_terminal: bool) -> Vec<AuthMet
             .description(description),
     )];
     if client_runs_terminal {
-        let description = match agent {
-            AgentKind::Amp => "Asks for your Amp access token in a terminal and stores it for acp-sandbox",
-            AgentKind::OpenCode => "Runs OpenCode's own login (`opencode auth login`) in a terminal",
+        let description = match agent.login() {
+            Login::Token { .. } => {
+                format!("Asks for your {name} access token in a terminal and stores it for acp-sandbox")
+            }
+            Login::Own { args } => format!("Runs {name}'s own login (`{}`) in a terminal", own(args)),
         };
         methods.push(AuthMethod::Terminal(
             AuthMethodTerminal::new(
                 terminal_method_id(agent),
                 format!("Log in to {} in a terminal", agent.display_name()),
             )
-            .description(description.to_string())
+            .description(description)
             .args(["login", "--agent", agent.as_str()].map(String::from).to_vec()),
         ));
     }
@@ -78,19 +83,10 @@ pub fn authenticate(config: &Config, agent: AgentKind, method_id: &str) -> Resul
             check_method_id(agent)
         )));
     }
-    match agent {
-        AgentKind::Amp => credential(config, agent).map(|_| ()),
-        AgentKind::OpenCode => {
-            if opencode_configured(config) {
-                Ok(())
-            } else {
-                Err(Error::NotLoggedIn(format!(
-                    "OpenCode has no provider login: run `{}` (or `opencode auth login`) in a terminal, or set your provider's API key (e.g. ANTHROPIC_API_KEY) in the agent server's env, then try again",
-                    login_command(agent)
-                )))
-            }
-        }
+    if agent.required_credential().is_some() {
+        return credential(config, agent).map(|_| ());
     }
+    agent.logged_in(&config.agents, &login_command(agent)).map_err(Error::NotLoggedIn)
 }
 
 /// The credential the agent's CLI needs, as (variable, value): the bridge's environment wins, then the token
@@ -183,7 +179,7 @@ pub enum LoginError {
     /// Several lines, or control characters: not a token.
     #[error("that is not an access token (it has more than one line or control characters); nothing was stored")]
     Malformed,
-    /// The agent keeps its own logins (OpenCode), or needs none.
+    /// The agent keeps its own logins, or needs none.
     #[error("{0} keeps no token in acp-sandbox")]
     NotStored(&'static str),
     /// The file could not be written.
@@ -255,9 +251,9 @@ fn provider_page(provider: &str) -> &'static str {
 
 /// Where a person gets the token.
 fn token_page(agent: AgentKind) -> &'static str {
-    match agent {
-        AgentKind::Amp => "https://ampcode.com/settings",
-        AgentKind::OpenCode => "your provider",
+    match agent.login() {
+        Login::Token { page } => page,
+        Login::Own { .. } => "your provider",
     }
 }
 
@@ -314,8 +310,8 @@ impl Drop for EchoOff {
     }
 }
 
-/// `acp-sandbox login`: for Amp, asks for the access token and stores it; for OpenCode, runs OpenCode's own
-/// `opencode auth login` on this terminal. Talks to the person on `terminal` (stderr); answers the exit code.
+/// `acp-sandbox login`: for an agent that needs a token, asks for it and stores it; for one that keeps its own
+/// logins, runs its own login command on this terminal. Talks to the person on `terminal` (stderr); answers the exit code.
 pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn Write) -> Result<u8, LoginError> {
     if let Some(provider) = provider {
         let Some((provider, variable)) = PROVIDER_KEYS.into_iter().find(|(name, _)| *name == provider) else {
@@ -332,63 +328,36 @@ pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn W
         return Ok(0);
     }
     let agent = config.agent;
-    match agent {
-        AgentKind::Amp => {
-            let token = read_token(
-                &format!("Amp access token (from {}; the input is not shown): ", token_page(agent)),
-                terminal,
-            )?;
+    let (name, package) = (agent.display_name(), agent.package());
+    match (agent.login(), agent.required_credential()) {
+        (Login::Token { page }, Some(variable)) => {
+            let token = read_token(&format!("{name} access token (from {page}; the input is not shown): "), terminal)?;
             let path = store_token(config, agent, &token)?;
             let _ = writeln!(
                 terminal,
-                "Stored in {} (readable by you only). acp-sandbox passes it to Amp as AMP_API_KEY; an AMP_API_KEY in the agent server's environment wins. Delete the file to log out.",
+                "Stored in {} (readable by you only). acp-sandbox passes it to {name} as {variable}; {variable} set in the agent server's environment wins. Delete the file to log out.",
                 path.display()
             );
             Ok(0)
         }
-        AgentKind::OpenCode => {
+        (Login::Token { .. }, None) => Err(LoginError::NotStored(name)),
+        (Login::Own { args }, _) => {
             let executable = match crate::locate::installed_executable(config, agent) {
                 Some(path) => path,
                 None => {
-                    let package = agent.package();
-                    let _ = writeln!(terminal, "Installing OpenCode {} (first use)…", package.version);
+                    let _ = writeln!(terminal, "Installing {name} {} (first use)…", package.version);
                     let cancel = tokio_util::sync::CancellationToken::new();
                     crate::sandbox::install::install(package, &paths::tools_dir(&config.data_dir), &cancel)
                         .await
-                        .map_err(|e| LoginError::Cli(format!("OpenCode is not installed and could not be: {e}")))?
+                        .map_err(|e| LoginError::Cli(format!("{name} is not installed and could not be: {e}")))?
                 }
             };
-            let status = crate::sandbox::host::run_interactive(&executable, &["auth", "login"])
-                .await
-                .map_err(|e| LoginError::Cli(format!("cannot run `{} auth login`: {e}", executable.display())))?;
+            let status = crate::sandbox::host::run_interactive(&executable, args).await.map_err(|e| {
+                LoginError::Cli(format!("cannot run `{} {}`: {e}", executable.display(), args.join(" ")))
+            })?;
             Ok(status.code().and_then(|code| u8::try_from(code).ok()).unwrap_or(1))
         }
     }
-}
-
-/// Whether OpenCode has something to log in with: a stored login (`auth.json` with an entry), a provider's
-/// variable in the bridge's environment, or a provider configured in the user's `opencode.json` (a local
-/// model server needs no key).
-fn opencode_configured(config: &Config) -> bool {
-    if !config.opencode_needs.providers.is_empty() {
-        return true;
-    }
-    let mut names: Vec<String> =
-        crate::agents::opencode::providers::all_provider_env().into_iter().map(String::from).collect();
-    names.extend(config.opencode_needs.env.iter().cloned());
-    if names.iter().any(|name| std::env::var(name).is_ok_and(|value| !value.trim().is_empty())) {
-        return true;
-    }
-    opencode_logins(&paths::user_data_dir()) > 0
-}
-
-/// How many logins OpenCode's `auth.json` holds under `user_data_dir` (0 when it is missing or unreadable).
-fn opencode_logins(user_data_dir: &Path) -> usize {
-    std::fs::read_to_string(user_data_dir.join("opencode").join("auth.json"))
-        .ok()
-        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-        .and_then(|value| value.as_object().map(|entries| entries.len()))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -396,22 +365,22 @@ mod tests {
     use super::*;
 
     fn config(dir: &Path) -> Config {
-        Config::new(AgentKind::Amp, dir.join("data"))
+        Config::new(crate::agents::amp::AGENT, dir.join("data"))
     }
 
     #[test]
     fn a_stored_token_is_a_0600_file_in_a_0700_folder_and_reads_back_trimmed() {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
-        let path = store_token(&config, AgentKind::Amp, "  sgamp_user_123 \n").unwrap();
+        let path = store_token(&config, crate::agents::amp::AGENT, "  sgamp_user_123 \n").unwrap();
         assert_eq!(path, config.data_dir.join("credentials").join("amp"));
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "sgamp_user_123\n");
-        assert_eq!(stored_token(&config, AgentKind::Amp).as_deref(), Some("sgamp_user_123"));
+        assert_eq!(stored_token(&config, crate::agents::amp::AGENT).as_deref(), Some("sgamp_user_123"));
         // A second login replaces the first, and leaves no staging file behind.
-        store_token(&config, AgentKind::Amp, "sgamp_user_456").unwrap();
-        assert_eq!(stored_token(&config, AgentKind::Amp).as_deref(), Some("sgamp_user_456"));
+        store_token(&config, crate::agents::amp::AGENT, "sgamp_user_456").unwrap();
+        assert_eq!(stored_token(&config, crate::agents::amp::AGENT).as_deref(), Some("sgamp_user_456"));
         let names: Vec<_> =
             std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("amp")]);
@@ -421,40 +390,35 @@ mod tests {
     fn empty_multi_line_and_opencode_tokens_are_refused_and_nothing_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
-        assert!(matches!(store_token(&config, AgentKind::Amp, " \n"), Err(LoginError::Empty(_))));
-        assert!(matches!(store_token(&config, AgentKind::Amp, "a\nb"), Err(LoginError::Malformed)));
-        assert!(matches!(store_token(&config, AgentKind::OpenCode, "x"), Err(LoginError::NotStored("OpenCode"))));
-        assert!(!token_path(&config, AgentKind::Amp).exists());
+        assert!(matches!(store_token(&config, crate::agents::amp::AGENT, " \n"), Err(LoginError::Empty(_))));
+        assert!(matches!(store_token(&config, crate::agents::amp::AGENT, "a\nb"), Err(LoginError::Malformed)));
+        assert!(matches!(
+            store_token(&config, crate::agents::opencode::AGENT, "x"),
+            Err(LoginError::NotStored("OpenCode"))
+        ));
+        assert!(!token_path(&config, crate::agents::amp::AGENT).exists());
     }
 
     #[test]
     fn amp_offers_a_check_always_and_the_terminal_login_only_to_clients_that_run_one() {
-        let plain = serde_json::to_value(auth_methods(AgentKind::Amp, false)).unwrap();
+        let plain = serde_json::to_value(auth_methods(crate::agents::amp::AGENT, false)).unwrap();
         assert_eq!(plain.as_array().unwrap().len(), 1);
         assert_eq!(plain[0]["id"], "amp-login");
         assert_eq!(plain[0].get("type"), None, "an agent method is the default type");
-        let both = serde_json::to_value(auth_methods(AgentKind::Amp, true)).unwrap();
+        let both = serde_json::to_value(auth_methods(crate::agents::amp::AGENT, true)).unwrap();
         assert_eq!(both[1]["type"], "terminal");
         assert_eq!(both[1]["id"], "amp-login-terminal");
         assert_eq!(both[1]["args"], serde_json::json!(["login", "--agent", "amp"]));
-        let opencode = serde_json::to_value(auth_methods(AgentKind::OpenCode, true)).unwrap();
+        let opencode = serde_json::to_value(auth_methods(crate::agents::opencode::AGENT, true)).unwrap();
         assert_eq!(opencode[1]["args"], serde_json::json!(["login", "--agent", "opencode"]));
-    }
-
-    #[test]
-    fn opencode_logins_counts_the_entries_of_auth_json() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(opencode_logins(dir.path()), 0);
-        std::fs::create_dir_all(dir.path().join("opencode")).unwrap();
-        std::fs::write(dir.path().join("opencode/auth.json"), "{}").unwrap();
-        assert_eq!(opencode_logins(dir.path()), 0);
-        std::fs::write(dir.path().join("opencode/auth.json"), r#"{"anthropic":{"type":"api","key":"k"}}"#).unwrap();
-        assert_eq!(opencode_logins(dir.path()), 1);
     }
 
     #[test]
     fn an_unknown_method_is_invalid_params() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(matches!(authenticate(&config(dir.path()), AgentKind::Amp, "nope"), Err(Error::InvalidParams(_))));
+        assert!(matches!(
+            authenticate(&config(dir.path()), crate::agents::amp::AGENT, "nope"),
+            Err(Error::InvalidParams(_))
+        ));
     }
 }

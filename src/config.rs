@@ -3,9 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::agents::AgentKind;
-use crate::agents::opencode::catalog::ModelInfo;
-use crate::agents::opencode::providers::ProviderNeeds;
+use crate::agents::{AgentKind, AgentSettings};
 use crate::paths;
 use crate::sandbox::local::limits::Limits;
 use crate::sandbox::local::policy::{Policy, Profile};
@@ -28,16 +26,14 @@ pub enum RemoteIdle {
 pub struct Config {
     /// The agent that new sessions run.
     pub agent: AgentKind,
+    /// Every agent's own settings.
+    pub agents: AgentSettings,
     /// The sandbox choice for new sessions.
     pub sandbox: SandboxChoice,
     /// Root of the store, the per-session state and the CLI install cache.
     pub data_dir: PathBuf,
     /// Model for OpenCode (`provider/model`) or mode for Amp, when the user picked one on the command line.
     pub model: Option<String>,
-    /// An executable to run instead of the installed `opencode`.
-    pub opencode_bin: Option<PathBuf>,
-    /// An executable to run instead of the installed `amp`.
-    pub amp_bin: Option<PathBuf>,
     /// A turn that prints nothing for this long is ended with an error and its process tree killed.
     pub idle_timeout: Duration,
     /// At most this many updates are replayed by `session/load`; older turns are cut with a visible note.
@@ -46,14 +42,6 @@ pub struct Config {
     pub store_busy_timeout: Duration,
     /// Context window size reported in `usage_update` when the model's own is unknown.
     pub context_window: u64,
-    /// Amp modes offered in the editor's picker; the first is the default.
-    pub amp_modes: Vec<String>,
-    /// OpenCode models named by the user's OpenCode config; `opencode models` adds what it can use.
-    pub opencode_models: Vec<ModelInfo>,
-    /// The model OpenCode uses when none is chosen (`model` of the user's config).
-    pub opencode_default_model: Option<String>,
-    /// What the user's OpenCode config needs: its providers' variables and model endpoints.
-    pub opencode_needs: ProviderNeeds,
     /// How much of the home the sandbox shows.
     pub profile: Profile,
     /// Hidden in the sandbox on top of the built-in secrets.
@@ -70,13 +58,11 @@ pub struct Config {
     pub network: NetworkMode,
     /// Processes and memory of one sandbox.
     pub limits: Limits,
-    /// How OpenCode is driven.
-    pub opencode_backend: OpenCodeBackend,
     /// Whether the agent's edits go through the editor's review first.
     pub workspace: WorkspaceMode,
-    /// A warm OpenCode server unused for this long is stopped.
+    /// A warm server unused for this long is stopped.
     pub server_idle_timeout: Duration,
-    /// At most this many warm OpenCode servers run at once.
+    /// At most this many warm servers run at once.
     pub max_servers: usize,
     /// Whether the sessions of one workspace share a sandbox and a warm server.
     pub server_scope: ServerScope,
@@ -90,16 +76,7 @@ pub struct Config {
     pub remote_upload_secrets: bool,
 }
 
-/// How OpenCode is driven.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum OpenCodeBackend {
-    /// One warm `opencode serve` per session: live tokens and tool output, permissions, fast follow-ups.
-    Serve,
-    /// One `opencode run --format json` per prompt.
-    Run,
-}
-
-/// What one warm OpenCode server serves.
+/// What one warm server serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ServerScope {
     /// The new sessions of one workspace (same agent, same sandbox policy) share one sandbox and one server, each
@@ -127,19 +104,14 @@ impl Config {
     pub fn new(agent: AgentKind, data_dir: PathBuf) -> Self {
         Self {
             agent,
+            agents: AgentSettings::default(),
             sandbox: SandboxChoice::Auto,
             data_dir,
             model: None,
-            opencode_bin: None,
-            amp_bin: None,
             idle_timeout: Duration::from_secs(600),
             replay_limit: 5000,
             store_busy_timeout: crate::store::DEFAULT_BUSY_TIMEOUT,
             context_window: 200_000,
-            amp_modes: ["medium", "low", "high", "ultra"].map(String::from).to_vec(),
-            opencode_models: Vec::new(),
-            opencode_default_model: None,
-            opencode_needs: ProviderNeeds::default(),
             profile: Profile::Default,
             deny_read: Vec::new(),
             allow_read: Vec::new(),
@@ -148,7 +120,6 @@ impl Config {
             turn_timeout: Duration::from_secs(30 * 60),
             network: NetworkMode::Open,
             limits: Limits::default(),
-            opencode_backend: OpenCodeBackend::Serve,
             workspace: WorkspaceMode::Direct,
             server_idle_timeout: Duration::from_secs(600),
             max_servers: 4,
@@ -186,9 +157,6 @@ impl Config {
 
     /// The override executable for an agent, if any.
     pub fn bin_override(&self, agent: AgentKind) -> Option<&PathBuf> {
-        match agent {
-            AgentKind::Amp => self.amp_bin.as_ref(),
-            AgentKind::OpenCode => self.opencode_bin.as_ref(),
-        }
+        agent.bin_override(&self.agents)
     }
 }

@@ -20,19 +20,19 @@ mod schema;
 /// A kind of recorded stream and the translator it goes through.
 #[derive(Clone, Copy)]
 enum Family {
-    /// A CLI's stdout, through [`AgentKind::translator`].
-    Cli(AgentKind),
+    /// A CLI's stdout, through the translator of the agent of this id (`Agent::translator`).
+    Cli(&'static str),
     /// `opencode serve`'s events, through [`ServeTranslator`] for the session of the stream's first event.
     OpenCodeServe,
 }
 
-const FAMILIES: [Family; 3] = [Family::Cli(AgentKind::OpenCode), Family::Cli(AgentKind::Amp), Family::OpenCodeServe];
+const FAMILIES: [Family; 3] = [Family::Cli("opencode"), Family::Cli("amp"), Family::OpenCodeServe];
 
 impl Family {
     /// The folder under `tests/fixtures/` and `tests/golden/`.
     fn name(self) -> &'static str {
         match self {
-            Family::Cli(kind) => kind.as_str(),
+            Family::Cli(id) => id,
             Family::OpenCodeServe => "opencode-serve",
         }
     }
@@ -40,8 +40,8 @@ impl Family {
     /// The cwd each CLI ran in when the fixtures were recorded.
     fn workspace(self) -> &'static str {
         match self {
-            Family::Cli(AgentKind::Amp) => "/tmp/ws",
-            Family::Cli(AgentKind::OpenCode) | Family::OpenCodeServe => "/tmp/ws-oc",
+            Family::Cli("amp") => "/tmp/ws",
+            _ => "/tmp/ws-oc",
         }
     }
 
@@ -60,7 +60,7 @@ impl Family {
     fn translator(self, terminal_output: bool, stream: &str) -> Box<dyn Translator> {
         let context = self.context(terminal_output);
         match self {
-            Family::Cli(kind) => kind.translator(context),
+            Family::Cli(id) => AgentKind::parse(id).expect("an agent of this id").translator(context),
             Family::OpenCodeServe => Box::new(ServeTranslator::new(context, first_session(stream))),
         }
     }
@@ -159,12 +159,12 @@ fn assert_wire_round_trip(name: &str, outputs: &[Output]) {
 
 #[test]
 fn opencode_goldens() {
-    check_family(Family::Cli(AgentKind::OpenCode));
+    check_family(Family::Cli("opencode"));
 }
 
 #[test]
 fn amp_goldens() {
-    check_family(Family::Cli(AgentKind::Amp));
+    check_family(Family::Cli("amp"));
 }
 
 #[test]
@@ -208,10 +208,10 @@ fn terminal_rendering_goldens() {
     let golden_dir = root.join("golden/terminal");
     let mut turns: Vec<(String, Vec<SessionUpdate>)> = Vec::new();
     for (family, stem) in [
-        (Family::Cli(AgentKind::OpenCode), "opencode-tools"),
-        (Family::Cli(AgentKind::OpenCode), "opencode-edit"),
-        (Family::Cli(AgentKind::OpenCode), "opencode-alltools.synthetic"),
-        (Family::Cli(AgentKind::Amp), "amp-tools.reconstructed"),
+        (Family::Cli("opencode"), "opencode-tools"),
+        (Family::Cli("opencode"), "opencode-edit"),
+        (Family::Cli("opencode"), "opencode-alltools.synthetic"),
+        (Family::Cli("amp"), "amp-tools.reconstructed"),
         (Family::OpenCodeServe, "events-livebash"),
     ] {
         let path = root.join("fixtures").join(family.name()).join(format!("{stem}.jsonl"));

@@ -1,201 +1,300 @@
 //! The coding-agent CLIs we drive: what each one needs to run, and the contract of its translator.
 //!
 //! Every agent lives in its own folder (`amp/`, `opencode/`) with its wire types (`events.rs`), its pure
-//! translation to ACP (`translate.rs`) and its command line (`mod.rs`). Adding an agent means adding a folder
-//! and one arm to [`AgentKind`].
+//! translation to ACP (`translate.rs`), its settings and its `impl Agent` (`mod.rs`). Adding an agent means adding
+//! a folder, one line in [`AGENTS`] and one field of [`AgentSettings`] for its flags.
 
 pub mod amp;
 pub mod opencode;
+pub mod options;
 pub mod package;
+pub mod settings;
 pub mod tools;
 
 use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::SessionUpdate;
 use serde::Serialize;
+use serde_json::Value;
 
+pub use self::opencode::catalog::ModelInfo;
+pub use self::options::OptionSpec;
 use self::package::NpmPackage;
+pub use self::settings::AgentSettings;
 
 /// What one turn asks of the CLI beyond the prompt text.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct TurnRequest<'a> {
     /// The CLI conversation to continue (`ses_…`, `T-…`); `None` starts a new one.
     pub native_id: Option<&'a str>,
-    /// OpenCode model (`provider/model`).
-    pub model: Option<&'a str>,
-    /// OpenCode model variant (reasoning effort).
-    pub variant: Option<&'a str>,
-    /// Amp mode.
-    pub mode: Option<&'a str>,
+    /// The session's stored option choices (model, mode, …: see [`Agent::options`]).
+    pub options: &'a Value,
     /// Files attached to the prompt (images), as the CLI sees them.
     pub files: &'a [PathBuf],
     /// A slash command of the CLI to run, the prompt being its arguments.
     pub command: Option<&'a str>,
 }
 
-/// Which CLI a session runs. Persisted with the session, so it never changes for one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum AgentKind {
-    /// Sourcegraph's Amp (`amp -x --stream-json`).
-    Amp,
-    /// OpenCode (`opencode run --format json`).
-    #[value(name = "opencode")]
-    OpenCode,
-}
-
-impl AgentKind {
+/// One coding agent, as the bridge drives it: everything about it that is not the same for every agent. The
+/// optional parts have defaults (as Zed's `AgentServer` does), so an agent says only what is its own. Implemented
+/// once per folder of this module and listed in [`AGENTS`]; the rest of the bridge knows an agent only by this.
+pub trait Agent: Send + Sync + 'static {
     /// The stable lower-case name used in the store, on the command line and in logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AgentKind::Amp => "amp",
-            AgentKind::OpenCode => "opencode",
-        }
-    }
-
-    /// Parses the name written by [`AgentKind::as_str`].
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "amp" => Some(AgentKind::Amp),
-            "opencode" => Some(AgentKind::OpenCode),
-            _ => None,
-        }
-    }
+    fn id(&self) -> &'static str;
 
     /// The name users know the agent by, for titles and messages.
-    pub fn display_name(self) -> &'static str {
-        match self {
-            AgentKind::Amp => "Amp",
-            AgentKind::OpenCode => "OpenCode",
-        }
-    }
+    fn name(&self) -> &'static str;
 
     /// The npm package that provides the CLI, installed on first use.
-    pub fn package(self) -> NpmPackage {
-        match self {
-            AgentKind::Amp => amp::PACKAGE,
-            AgentKind::OpenCode => opencode::PACKAGE,
-        }
-    }
+    fn package(&self) -> NpmPackage;
 
-    /// The credential variable the CLI cannot start without, if any.
-    pub fn required_credential(self) -> Option<&'static str> {
-        match self {
-            AgentKind::Amp => Some(amp::CREDENTIAL),
-            AgentKind::OpenCode => None,
-        }
-    }
+    /// The executable the user named to run instead of the installed one (`--<id>-bin`).
+    fn bin_override<'a>(&self, settings: &'a AgentSettings) -> Option<&'a PathBuf>;
 
     /// The CLI's argv after the executable.
-    pub fn args(self, turn: &TurnRequest<'_>) -> Vec<String> {
-        match self {
-            AgentKind::Amp => amp::args(turn),
-            AgentKind::OpenCode => opencode::args(turn),
-        }
-    }
+    fn args(&self, turn: &TurnRequest<'_>) -> Vec<String>;
 
-    /// Whether a variable of the bridge's environment reaches the CLI (its settings and credentials).
-    pub fn passes_env(self, name: &str) -> bool {
-        match self {
-            AgentKind::Amp => amp::passes_env(name),
-            AgentKind::OpenCode => opencode::passes_env(name),
-        }
-    }
+    /// A fresh translator for one turn of this agent.
+    fn translator(&self, context: TranslateContext) -> Box<dyn Translator>;
 
-    /// The domains of the CLI's own service and its model providers: reachable under `--network allow=…`.
-    pub fn service_hosts(self) -> &'static [&'static str] {
-        match self {
-            AgentKind::Amp => amp::SERVICE_HOSTS,
-            AgentKind::OpenCode => opencode::providers::SERVICE_HOSTS,
-        }
-    }
+    /// Whether the CLI's stderr says the conversation we asked it to continue no longer exists.
+    fn session_missing(&self, stderr: &str) -> bool;
+
+    /// Whether a variable of the bridge's environment reaches the CLI by its name (its own settings).
+    fn passes_env(&self, name: &str) -> bool;
 
     /// Variables the bridge always sets for this CLI.
-    pub fn fixed_env(self) -> Vec<(String, String)> {
-        match self {
-            AgentKind::Amp => Vec::new(),
-            AgentKind::OpenCode => opencode::fixed_env(),
-        }
+    fn fixed_env(&self) -> Vec<(String, String)> {
+        Vec::new()
     }
+
+    /// Sets what one CLI run of a turn needs in its environment for the session's choices.
+    fn turn_env(&self, _session_config: &Value, _env: &mut Vec<(String, String)>) {}
+
+    /// The domains of the CLI's own service and its model providers: reachable under `--network allow=…`.
+    fn service_hosts(&self) -> &'static [&'static str];
 
     /// The user's own configuration of the CLI: (host path, path inside the session's state dir).
-    pub fn user_config(
-        self,
-        user_config_dir: &Path,
-        user_data_dir: &Path,
-        state_dir: &Path,
-    ) -> Vec<(PathBuf, PathBuf)> {
-        match self {
-            AgentKind::Amp => amp::user_config(user_config_dir, state_dir),
-            AgentKind::OpenCode => opencode::user_config(user_config_dir, user_data_dir, state_dir),
-        }
-    }
+    fn user_config(&self, user_config_dir: &Path, user_data_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)>;
 
     /// What the CLI's own install brings for its config dir, shown there beside the user's configuration.
-    pub fn shipped_config(
-        self,
-        executable: &Path,
-        user_config_dir: &Path,
-        state_dir: &Path,
+    fn shipped_config(
+        &self,
+        _executable: &Path,
+        _user_config_dir: &Path,
+        _state_dir: &Path,
     ) -> Vec<(PathBuf, PathBuf)> {
-        match self {
-            AgentKind::Amp => Vec::new(),
-            AgentKind::OpenCode => opencode::plugin_package(executable, user_config_dir, state_dir),
-        }
+        Vec::new()
     }
 
-    /// Names of files in the user's configuration of the CLI ([`AgentKind::user_config`]) that hold credentials:
-    /// never copied into a remote sandbox, whose CLI gets them through its environment ([`AgentKind::credential_env`]).
-    pub fn credential_files(self) -> &'static [&'static str] {
-        match self {
-            AgentKind::Amp => amp::CREDENTIAL_FILES,
-            AgentKind::OpenCode => opencode::CREDENTIAL_FILES,
-        }
+    /// The credential variable the CLI cannot start without, if any: kept by `acp-sandbox login` when it is not
+    /// in the bridge's environment.
+    fn required_credential(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Names of files in the user's configuration of the CLI ([`Agent::user_config`]) that hold credentials:
+    /// never copied into a remote sandbox, whose CLI gets them through its environment ([`Agent::credential_env`]).
+    fn credential_files(&self) -> &'static [&'static str] {
+        &[]
     }
 
     /// The user's stored logins of the CLI as variables of its environment, for a sandbox that does not see the
     /// user's files.
-    pub fn credential_env(self, user_data_dir: &Path) -> Vec<(String, String)> {
-        match self {
-            AgentKind::Amp => Vec::new(),
-            AgentKind::OpenCode => opencode::credential_env(user_data_dir),
-        }
+    fn credential_env(&self, _user_data_dir: &Path) -> Vec<(String, String)> {
+        Vec::new()
     }
 
-    /// Whether the CLI's stderr says the conversation we asked it to continue no longer exists.
-    pub fn session_missing(self, stderr: &str) -> bool {
-        match self {
-            AgentKind::Amp => amp::session_missing(stderr),
-            AgentKind::OpenCode => opencode::session_missing(stderr),
-        }
+    /// How a person logs in to this agent.
+    fn login(&self) -> Login;
+
+    /// Whether the agent has what it needs to log in to its models now, for `authenticate` of an agent that keeps
+    /// its own logins; the error says what to do. An agent with a [`Agent::required_credential`] is checked by it.
+    fn logged_in(&self, _settings: &AgentSettings, _login_command: &str) -> Result<(), String> {
+        Ok(())
     }
 
     /// The slash commands the CLI runs non-interactively, for the editor's `/` menu.
-    pub fn commands(self, user_config_dir: &Path, workspace: &Path) -> Vec<opencode::Command> {
-        match self {
-            // Amp's execute mode has no slash commands.
-            AgentKind::Amp => Vec::new(),
-            AgentKind::OpenCode => opencode::commands(user_config_dir, workspace),
-        }
+    fn commands(&self, _user_config_dir: &Path, _workspace: &Path) -> Vec<SlashCommand> {
+        Vec::new()
     }
 
     /// Whether the CLI can take images with a prompt.
-    pub fn accepts_images(self) -> bool {
-        matches!(self, AgentKind::OpenCode)
+    fn accepts_images(&self) -> bool {
+        false
     }
 
-    /// A fresh translator for one turn of this agent.
-    pub fn translator(self, context: TranslateContext) -> Box<dyn Translator> {
-        match self {
-            AgentKind::Amp => Box::new(amp::translate::AmpTranslator::new(context)),
-            AgentKind::OpenCode => Box::new(opencode::translate::OpenCodeTranslator::new(context)),
-        }
+    /// The session's config options (model, mode, …) in display order, given its stored choices and the models
+    /// it can use.
+    fn options(&self, session_config: &Value, settings: &AgentSettings, models: &[ModelInfo]) -> Vec<OptionSpec>;
+
+    /// The config option `--model` sets for a new session.
+    fn default_option(&self) -> &'static str;
+
+    /// What a mode of the session's mode option does, for ACP session modes.
+    fn mode_description(&self, _mode: &str) -> Option<&'static str> {
+        None
+    }
+
+    /// The model the session's choices name (`default` for the agent's own), when the agent has a model choice.
+    fn chosen_model<'a>(&self, _session_config: &'a Value) -> Option<&'a str> {
+        None
+    }
+
+    /// The model the agent's own configuration makes its default.
+    fn default_model<'a>(&self, _settings: &'a AgentSettings) -> Option<&'a str> {
+        None
+    }
+
+    /// The newest major version of the CLI the bridge can drive: a newer one found on PATH is replaced by the pinned
+    /// install, and one named by the override is refused. `None`: any.
+    fn newest_major(&self) -> Option<u64> {
+        None
+    }
+
+    /// The exact variables of the bridge's environment the CLI gets for its model providers: those its
+    /// configuration names and those of `providers` (the ones its model list has, and the model in use).
+    fn provider_env<'a>(
+        &self,
+        _settings: &AgentSettings,
+        _providers: &mut dyn Iterator<Item = &'a str>,
+    ) -> std::collections::BTreeSet<String> {
+        Default::default()
+    }
+
+    /// The endpoints (host, port) of the model servers the agent's configuration names: reachable whatever the
+    /// network policy, on loopback too.
+    fn model_endpoints(&self, _settings: &AgentSettings) -> Vec<(String, u16)> {
+        Vec::new()
+    }
+
+    /// Whether a failure in these words means the model the session chose is not one the CLI knows.
+    fn says_unknown_model(&self, _message: &str) -> bool {
+        false
+    }
+
+    /// Whether this agent's sessions are served by a warm server started when a session opens, rather than by
+    /// one CLI process per prompt.
+    fn serves(&self, _settings: &AgentSettings) -> bool {
+        false
+    }
+
+    /// `doctor`'s line on how the agent is driven, given the version its CLI printed and how a warm server would
+    /// serve (`server`: its scope and limits, or, `Err`, why none can run here: "does not run …"); `None` when there
+    /// is one way only.
+    fn describe_backend(&self, _settings: &AgentSettings, _server: Result<&str, &str>) -> Option<String> {
+        None
+    }
+
+    /// `doctor`'s lines about this agent's configuration beyond its executable and credential (its model, its
+    /// providers).
+    fn doctor_lines(&self, _settings: &AgentSettings, _cli_model: Option<&str>) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// A slash command the CLI runs non-interactively (e.g. `opencode run --command NAME`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlashCommand {
+    /// The name, typed as `/name`.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// A hint for its arguments, if it takes any.
+    pub hint: Option<String>,
+}
+
+/// How a person logs in to an agent (`acp-sandbox login`, the ACP auth methods).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Login {
+    /// The bridge asks for the [`Agent::required_credential`] and keeps it; `page` is where a person gets it.
+    Token {
+        /// Where the token comes from.
+        page: &'static str,
+    },
+    /// The CLI keeps its own logins: its own login command (these arguments) runs on the person's terminal.
+    Own {
+        /// The CLI's arguments that log in (e.g. `auth login`).
+        args: &'static [&'static str],
+    },
+}
+
+/// Which agent a session runs: a handle on its entry of [`AGENTS`]. The store keeps its [`Agent::id`].
+#[derive(Clone, Copy)]
+pub struct AgentKind(&'static dyn Agent);
+
+/// Every agent the bridge can run, one line each; the first is the default.
+pub static AGENTS: &[AgentKind] = &[opencode::AGENT, amp::AGENT];
+
+impl AgentKind {
+    /// The handle on an agent (for its folder's `AGENT`).
+    pub const fn of(agent: &'static dyn Agent) -> Self {
+        Self(agent)
+    }
+
+    /// The agent whose [`Agent::id`] this is.
+    pub fn parse(id: &str) -> Option<Self> {
+        AGENTS.iter().copied().find(|agent| agent.id() == id)
+    }
+
+    /// The stable lower-case name (the agent's [`Agent::id`]).
+    pub fn as_str(self) -> &'static str {
+        self.0.id()
+    }
+
+    /// The name users know the agent by.
+    pub fn display_name(self) -> &'static str {
+        self.0.name()
+    }
+}
+
+impl std::ops::Deref for AgentKind {
+    type Target = dyn Agent;
+
+    fn deref(&self) -> &Self::Target {
+        self.0
+    }
+}
+
+impl PartialEq for AgentKind {
+    fn eq(&self, other: &Self) -> bool {
+        self.id() == other.id()
+    }
+}
+
+impl Eq for AgentKind {}
+
+impl std::hash::Hash for AgentKind {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id().hash(state);
+    }
+}
+
+impl std::fmt::Debug for AgentKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.id())
     }
 }
 
 impl std::fmt::Display for AgentKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        f.write_str(self.id())
+    }
+}
+
+impl Serialize for AgentKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.id())
+    }
+}
+
+impl clap::ValueEnum for AgentKind {
+    fn value_variants<'a>() -> &'a [Self] {
+        AGENTS
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.id()))
     }
 }
 
@@ -356,12 +455,12 @@ impl StreamEnd {
 
 /// Runs every line of a recorded stream through a fresh translator, then finishes it. Used by the golden
 /// tests and the benchmarks; the session feeds lines one at a time as they arrive.
-pub fn translate_all(kind: AgentKind, context: TranslateContext, stream: &str) -> Vec<Output> {
-    translate_stream(kind.translator(context).as_mut(), stream)
+pub fn translate_all(agent: AgentKind, context: TranslateContext, stream: &str) -> Vec<Output> {
+    translate_stream(agent.translator(context).as_mut(), stream)
 }
 
 /// Runs every non-blank line of a recorded stream through `translator`, then finishes it: [`translate_all`]
-/// for a translator that [`AgentKind`] does not build (e.g. [`opencode::serve::ServeTranslator`], whose
+/// for a translator that no [`Agent`] builds (e.g. [`opencode::serve::ServeTranslator`], whose
 /// lines are the `data:` payloads of `opencode serve`'s events).
 pub fn translate_stream(translator: &mut dyn Translator, stream: &str) -> Vec<Output> {
     let mut outputs = Vec::new();

@@ -4,74 +4,72 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use acp_sandbox::agents::AgentKind;
+use acp_sandbox::agents::{AGENTS, AgentKind};
 use acp_sandbox::config::Config;
+use acp_sandbox::config::ServerScope;
 use acp_sandbox::locate::Location;
 use acp_sandbox::sandbox::CheckLevel;
-use acp_sandbox::sandbox::SandboxChoice;
 use acp_sandbox::sandbox::local::Isolation;
 use acp_sandbox::sandbox::local::bwrap::probe_bwrap;
+use acp_sandbox::sandbox::{SandboxChoice, WorkspaceMode};
 
-/// What `doctor` says about how OpenCode will be driven, given the version it printed; an error when it cannot be.
-fn opencode_backend(config: &Config, version: &str) -> Result<String, String> {
+/// What `doctor` says about how the agent will be driven, given the version it printed; an error when it cannot be.
+fn backend(config: &Config, agent: AgentKind, version: &str) -> Option<Result<String, String>> {
     let major = acp_sandbox::session::major_version(version);
-    if major.is_some_and(|major| major >= 2) {
-        return match config.opencode_bin {
+    if let Some(newest) = agent.newest_major()
+        && major.is_some_and(|major| major > newest)
+    {
+        let name = agent.display_name();
+        return Some(match agent.bin_override(&config.agents) {
             Some(_) => Err(format!(
-                "OpenCode {version} is a major version acp-sandbox cannot drive yet; point --opencode-bin at a 1.x"
+                "{name} {version} is a major version acp-sandbox cannot drive yet; point --{}-bin at a {newest}.x",
+                agent.as_str()
             )),
             None => Ok(format!(
-                "OpenCode {version} is not driven (a 2.x): the pinned {} of the tools cache is used instead",
-                acp_sandbox::agents::opencode::PACKAGE.version
+                "{name} {version} is not driven (a {}.x): the pinned {} of the tools cache is used instead",
+                newest + 1,
+                agent.package().version
             )),
-        };
+        });
     }
-    Ok(match config.opencode_backend {
-        // Sessions in a remote sandbox fall back to `run` (their provider starts no server there yet).
-        acp_sandbox::config::OpenCodeBackend::Serve
-            if matches!(config.sandbox, SandboxChoice::E2b | SandboxChoice::Daytona) =>
-        {
-            format!(
-                "run: one `opencode run` per prompt (a warm `opencode serve` does not run in a remote sandbox yet, \
-                 --sandbox {})",
-                config.sandbox.as_str()
-            )
+    let server = match config.sandbox {
+        // Sessions in a remote sandbox fall back to one process per prompt (their provider starts no server there
+        // yet).
+        SandboxChoice::E2b | SandboxChoice::Daytona => {
+            Err(format!("does not run in a remote sandbox yet, --sandbox {}", config.sandbox.as_str()))
         }
-        acp_sandbox::config::OpenCodeBackend::Serve => format!(
-            "serve: a warm `opencode serve` per {} (stopped after {} s idle, at most {} at once)",
+        _ => Ok(format!(
+            "{} (stopped after {} s idle, at most {} at once)",
             match (config.server_scope, config.workspace) {
-                (acp_sandbox::config::ServerScope::Workspace, acp_sandbox::sandbox::WorkspaceMode::Direct) =>
+                (ServerScope::Workspace, WorkspaceMode::Direct) =>
                     "workspace, shared by its new threads (--server-scope workspace)",
-                (acp_sandbox::config::ServerScope::Workspace, _) => "session (review mode gives each its own copy)",
-                (acp_sandbox::config::ServerScope::Session, _) => "session (--server-scope session)",
+                (ServerScope::Workspace, _) => "session (review mode gives each its own copy)",
+                (ServerScope::Session, _) => "session (--server-scope session)",
             },
             config.server_idle_timeout.as_secs(),
             config.max_servers
-        ),
-        acp_sandbox::config::OpenCodeBackend::Run => "run: one `opencode run` per prompt".to_string(),
-    })
+        )),
+    };
+    agent.describe_backend(&config.agents, server.as_deref().map_err(String::as_str)).map(Ok)
 }
 
-/// Whether `--opencode-bin` and `--amp-bin` were set by their environment variables or by the flags.
-#[derive(Clone, Copy, Debug)]
+/// Which agents' `--<agent>-bin` was set by its environment variable rather than by the flag.
+#[derive(Clone, Debug)]
 pub(super) struct BinSource {
-    opencode_from_env: bool,
-    amp_from_env: bool,
+    from_env: Vec<AgentKind>,
 }
 
 impl BinSource {
     pub(super) fn of(matches: &clap::ArgMatches) -> Self {
-        let from_env = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::EnvVariable);
-        Self { opencode_from_env: from_env("opencode_bin"), amp_from_env: from_env("amp_bin") }
+        let from_env = |agent: &AgentKind| {
+            matches.value_source(&format!("{}_bin", agent.as_str())) == Some(clap::parser::ValueSource::EnvVariable)
+        };
+        Self { from_env: AGENTS.iter().copied().filter(from_env).collect() }
     }
 
     /// Where the override of `agent`'s executable came from, in words.
-    fn describe(self, agent: AgentKind) -> String {
-        let from_env = match agent {
-            AgentKind::OpenCode => self.opencode_from_env,
-            AgentKind::Amp => self.amp_from_env,
-        };
-        match from_env {
+    fn describe(&self, agent: AgentKind) -> String {
+        match self.from_env.contains(&agent) {
             true => format!("from ACP_SANDBOX_{}_BIN", agent.as_str().to_uppercase()),
             false => format!("from --{}-bin", agent.as_str()),
         }
@@ -91,30 +89,6 @@ fn bwrap_advice(installed: bool) -> &'static [&'static str] {
     ]
 }
 
-/// The model OpenCode starts new sessions with, and where that comes from.
-fn opencode_model(config: &Config) -> String {
-    match (&config.model, &config.opencode_default_model) {
-        (Some(model), _) => format!("{model} (--model)"),
-        (None, Some(model)) => format!("{model} (the `model` of your OpenCode config)"),
-        (None, None) => "OpenCode's own choice (no --model, and no `model` in your OpenCode config)".to_string(),
-    }
-}
-
-/// The model providers OpenCode can find: in the user's config, in its stored logins, or in the environment.
-fn opencode_providers(config: &Config, logins: Option<&serde_json::Value>) -> Vec<String> {
-    let mut found: Vec<String> =
-        config.opencode_needs.providers.iter().map(|provider| format!("{provider} (your OpenCode config)")).collect();
-    for provider in logins.and_then(|l| l.as_object()).into_iter().flat_map(|logins| logins.keys()) {
-        found.push(format!("{provider} (`opencode auth login`)"));
-    }
-    for variable in acp_sandbox::agents::opencode::providers::all_provider_env() {
-        if std::env::var_os(variable).is_some_and(|value| !value.is_empty()) {
-            found.push(format!("{variable} is set"));
-        }
-    }
-    found
-}
-
 pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<ExitCode> {
     let mut errors = 0;
     let mut error = |text: String| {
@@ -127,7 +101,7 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
     out!();
     // Whether the agent in use is still to be installed from npm: nothing to run in the sandbox yet.
     let mut to_install = false;
-    for agent in [AgentKind::OpenCode, AgentKind::Amp] {
+    for &agent in AGENTS {
         let package = agent.package();
         let used = agent == config.agent;
         let found = match acp_sandbox::locate::locate(&config, agent) {
@@ -154,23 +128,8 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
             };
             out!("{:<10}  {variable}: {state}", "");
         }
-        if agent == AgentKind::OpenCode {
-            out!("{:<10}  model: {}", "", opencode_model(&config));
-            let logins = directories::BaseDirs::new().and_then(|dirs| {
-                acp_sandbox::agents::opencode::config::read_opencode_config(
-                    &dirs.data_dir().join("opencode").join("auth.json"),
-                )
-            });
-            let providers = opencode_providers(&config, logins.as_ref());
-            if providers.is_empty() {
-                out!(
-                    "{:<10}  providers: none found in your OpenCode config, its logins or the environment: run \
-                     `opencode auth login`, or set a provider's key (e.g. ANTHROPIC_API_KEY)",
-                    ""
-                );
-            } else {
-                out!("{:<10}  providers: {}", "", providers.join(", "));
-            }
+        for line in agent.doctor_lines(&config.agents, config.model.as_deref()) {
+            out!("{:<10}  {line}", "");
         }
     }
     out!();
@@ -215,8 +174,8 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
             }
             Ok(version) => {
                 out!("  {:<12}  ok  `{} --version` in the sandbox: {version}", "run", agent.package().bin);
-                if agent == AgentKind::OpenCode {
-                    let backend = opencode_backend(&config, &version).unwrap_or_else(&mut error);
+                if let Some(backend) = backend(&config, agent, &version) {
+                    let backend = backend.unwrap_or_else(&mut error);
                     out!("  {:<12}  {backend}", "backend");
                 }
             }

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acp_sandbox::agents::AgentKind;
-use acp_sandbox::agents::opencode::config::OpenCodeModels;
 use acp_sandbox::config::Config;
 use acp_sandbox::sandbox::SandboxChoice;
 use acp_sandbox::sandbox::local::policy::Profile;
@@ -115,15 +114,9 @@ struct Settings {
     /// ~/.local/share/acp-sandbox when XDG_DATA_HOME is unset].
     #[arg(long, global = true, env = "ACP_SANDBOX_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// Default model for OpenCode (`provider/model`) or mode for Amp, for new sessions.
+    /// Default model (OpenCode: `provider/model`) or mode (Amp) for new sessions.
     #[arg(long, global = true, env = "ACP_SANDBOX_MODEL")]
     model: Option<String>,
-    /// Run this executable instead of the installed `opencode` (same argv, stdin and environment).
-    #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BIN")]
-    opencode_bin: Option<PathBuf>,
-    /// Run this executable instead of the installed `amp` (same argv, stdin and environment).
-    #[arg(long, global = true, env = "ACP_SANDBOX_AMP_BIN")]
-    amp_bin: Option<PathBuf>,
     /// End a turn whose CLI prints nothing for this many seconds.
     #[arg(long, global = true, env = "ACP_SANDBOX_IDLE_TIMEOUT", default_value_t = 900)]
     idle_timeout: u64,
@@ -138,15 +131,6 @@ struct Settings {
     /// Context window (tokens) shown in the editor's usage meter.
     #[arg(long, global = true, env = "ACP_SANDBOX_CONTEXT_WINDOW", default_value_t = 200_000)]
     context_window: u64,
-    /// Amp modes offered in the editor (comma-separated; the first is the default).
-    #[arg(
-        long,
-        global = true,
-        env = "ACP_SANDBOX_AMP_MODES",
-        value_delimiter = ',',
-        default_value = "medium,low,high,ultra"
-    )]
-    amp_modes: Vec<String>,
     /// Where the sandbox may connect: `open` (any public host), `allow=HOST,...` (those and the CLI's own
     /// service), `none` (only the model endpoints of your config), or `host` (the host's network, unfiltered).
     #[arg(long, global = true, env = "ACP_SANDBOX_NETWORK", default_value = "open")]
@@ -173,9 +157,6 @@ struct Settings {
     /// At most this much memory for one sandbox (`512M`, `8G`) [default: half the machine's].
     #[arg(long, global = true, env = "ACP_SANDBOX_MAX_MEMORY", value_parser = parse_size)]
     max_memory: Option<u64>,
-    /// How OpenCode is driven: a warm `opencode serve` per session (serve), or `opencode run` per prompt (run).
-    #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BACKEND", value_enum, default_value = "serve")]
-    opencode_backend: acp_sandbox::config::OpenCodeBackend,
     /// Stop a warm OpenCode server after this many seconds without a prompt.
     #[arg(long, global = true, env = "ACP_SANDBOX_SERVER_IDLE_TIMEOUT", default_value_t = 600)]
     server_idle_timeout: u64,
@@ -202,6 +183,9 @@ struct Settings {
     /// and the turn names them.
     #[arg(long, global = true, env = "ACP_SANDBOX_REMOTE_UPLOAD_SECRETS")]
     remote_upload_secrets: bool,
+    /// Each agent's own settings, under its name.
+    #[command(flatten)]
+    agents: acp_sandbox::agents::AgentSettings,
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -267,17 +251,10 @@ impl Settings {
         config.sandbox = self.sandbox;
         config.workspace = self.workspace;
         config.model = self.model.clone();
-        config.opencode_bin = self.opencode_bin.clone();
-        config.amp_bin = self.amp_bin.clone();
         config.idle_timeout = Duration::from_secs(self.idle_timeout.max(1));
         config.replay_limit = self.replay_limit;
         config.store_busy_timeout = Duration::from_secs(self.store_busy_timeout.max(1));
         config.context_window = self.context_window;
-        let modes: Vec<String> =
-            self.amp_modes.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
-        if !modes.is_empty() {
-            config.amp_modes = modes;
-        }
         config.network = self.network.clone();
         config.profile = self.profile;
         config.deny_read = self.deny_read.iter().map(|p| absolute(p)).collect();
@@ -291,19 +268,14 @@ impl Settings {
             config.limits.max_memory_bytes = max;
         }
         config.turn_timeout = Duration::from_secs(self.turn_timeout.max(1));
-        config.opencode_backend = self.opencode_backend;
         config.server_idle_timeout = Duration::from_secs(self.server_idle_timeout.max(1));
         config.max_servers = self.max_servers.max(1);
         config.server_scope = self.server_scope;
         config.keep_warm = self.keep_warm.filter(|linger| !linger.is_zero());
         config.remote_idle = self.remote_idle;
         config.remote_upload_secrets = self.remote_upload_secrets;
-        if let Some(dirs) = directories::BaseDirs::new() {
-            let models = OpenCodeModels::read(dirs.config_dir());
-            config.opencode_models = models.models;
-            config.opencode_default_model = models.default;
-            config.opencode_needs = models.needs;
-        }
+        config.agents = self.agents.clone();
+        config.agents.resolve(directories::BaseDirs::new().as_ref().map(|dirs| dirs.config_dir()));
         config
     }
 }
@@ -443,8 +415,8 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
     tracing::info!("sandbox: {}", bridge.isolation().describe());
     bridge.reap_leftovers().await.context("cannot start")?;
     bridge.trim_idle_caches();
-    bridge.refresh_opencode_models();
-    bridge.probe_opencode();
+    bridge.refresh_models();
+    bridge.probe_version();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     // `server::serve` shuts the bridge down itself when stdin ends; after a signal it is done here (a second call

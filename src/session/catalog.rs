@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use crate::agents::AgentKind;
 use crate::agents::opencode::catalog::{self, ModelInfo};
 use crate::config::Config;
 use crate::sandbox::SandboxProvider;
@@ -35,7 +34,7 @@ impl ModelCatalog {
     /// that it did not list.
     pub fn models(&self) -> Vec<ModelInfo> {
         let mut models = self.listed.read().unwrap_or_else(|p| p.into_inner()).clone();
-        for model in &self.config.opencode_models {
+        for model in &self.config.agents.opencode.models {
             if !models.iter().any(|known| known.id == model.id) {
                 models.push(model.clone());
             }
@@ -92,17 +91,17 @@ impl ModelCatalog {
     }
 
     fn listing_env_names(&self) -> std::collections::BTreeSet<String> {
-        let mut names = self.config.opencode_needs.env_names(std::iter::empty());
+        let mut names = self.config.agents.opencode.needs.env_names(std::iter::empty());
         names.extend(crate::agents::opencode::providers::all_provider_env().into_iter().map(String::from));
         names.extend(self.config.pass_env.iter().cloned());
         names
     }
 
     async fn list(&self) -> Result<Vec<ModelInfo>, String> {
-        let Some(executable) = crate::locate::installed_executable(&self.config, AgentKind::OpenCode) else {
+        let Some(executable) = crate::locate::installed_executable(&self.config, crate::agents::opencode::AGENT) else {
             return Ok(Vec::new());
         };
-        let (agent, names) = (AgentKind::OpenCode, self.listing_env_names());
+        let (agent, names) = (crate::agents::opencode::AGENT, self.listing_env_names());
         let output = super::run_once(
             &self.config,
             self.provider.as_ref(),

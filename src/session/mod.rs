@@ -5,7 +5,6 @@
 
 mod catalog;
 pub mod options;
-mod permissions;
 pub mod prompt;
 mod protected;
 mod remote;
@@ -28,6 +27,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::AgentKind;
+use crate::agents::opencode::permissions;
+use crate::agents::options as agent_options;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::locate::installed_executable;
@@ -437,7 +438,7 @@ impl Bridge {
         let now = now_ms();
         let mut config = json!({});
         if let Some(model) = &self.config.model {
-            config[options::default_key(self.config.agent)] = json!(model);
+            config[self.config.agent.default_option()] = json!(model);
         }
         let record = SessionRecord {
             id: format!("sess_{}", uuid::Uuid::new_v4().simple()),
@@ -820,13 +821,7 @@ impl Bridge {
         };
         // Cleared however the turn ends, even by a panic or a dropped task: a session must never stay busy.
         let _running = RunningGuard(live.clone());
-        let model = match agent {
-            AgentKind::OpenCode => {
-                let chosen = options::opencode_model(&record.config).unwrap_or(options::DEFAULT);
-                options::model_info(chosen, &self.config, &self.catalog.models()).cloned()
-            }
-            AgentKind::Amp => None,
-        };
+        let model = options::model_info(agent, &record.config, &self.config, &self.catalog.models());
         let result =
             turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token, model }.run().await;
         // The session is let go of first: a suspension checks that no prompt came meanwhile. It counts as on its way
@@ -864,9 +859,7 @@ impl Bridge {
 
     /// Whether this session's prompts go to a warm OpenCode server.
     fn serves(&self, record: &SessionRecord) -> bool {
-        self.agent_of(record) == AgentKind::OpenCode
-            && self.config.agent == AgentKind::OpenCode
-            && self.config.opencode_backend == crate::config::OpenCodeBackend::Serve
+        self.agent_of(record) == self.config.agent && self.config.agent.serves(&self.config.agents)
     }
 
     /// Whether sandboxes get a network namespace of their own (a server's port is then private to its sandbox).
@@ -879,15 +872,14 @@ impl Bridge {
     /// Starts the session's OpenCode server in the background, so that its first prompt finds it warm. Does
     /// nothing when the CLI is not installed yet (the first prompt installs it) or the server already runs.
     pub fn warm_server(self: &Arc<Self>, id: &str) {
-        if self.config.agent != AgentKind::OpenCode
-            || self.config.opencode_backend != crate::config::OpenCodeBackend::Serve
+        if !self.config.agent.serves(&self.config.agents)
             || self.servers.of_session(id).is_some()
             // A remote sandbox runs no warm server yet, and warming would resume a sandbox paused between turns.
             || !self.sessions_run_here()
         {
             return;
         }
-        let Some(executable) = installed_executable(&self.config, AgentKind::OpenCode) else { return };
+        let Some(executable) = installed_executable(&self.config, self.config.agent) else { return };
         let bridge = self.clone();
         let id = id.to_string();
         tokio::spawn(async move {
@@ -902,25 +894,29 @@ impl Bridge {
                 let key = bridge.version_key(&executable).await;
                 let executable = match bridge.known_version(&key).await {
                     Some(_) => {
-                        bridge.opencode_for_server(&executable, &bridge.shutdown).await.map_err(|e| e.to_string())?.0
+                        bridge
+                            .supported_executable(bridge.config.agent, &executable, &bridge.shutdown)
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .0
                     }
                     None => executable,
                 };
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
-                if options::approvals(&record.config) == options::APPROVALS_ASK
+                if agent_options::approvals(&record.config) == agent_options::APPROVALS_ASK
                     && !crate::agents::opencode::project::agent_written(sandbox.state_dir()).is_empty()
                 {
                     return Err("the agent wrote plugins or tools into its own OpenCode configuration".into());
                 }
-                let model = options::opencode_model(&record.config).map(str::to_string);
+                let model = crate::agents::opencode::options::model(&record.config).map(str::to_string);
                 // Nobody is asked here, and the user may still choose `ask` before the first prompt: the workspace's
                 // own configuration (plugins, MCP servers) loads only with a turn that allows it, which restarts
                 // this server then.
                 let has_config = !crate::agents::opencode::project::loaders(Path::new(&record.cwd)).is_empty();
                 let profile = match bridge.server_profile(&record) {
-                    Ok(profile) if !has_config || profile.approvals == options::APPROVALS_ASK => profile,
+                    Ok(profile) if !has_config || profile.approvals == agent_options::APPROVALS_ASK => profile,
                     _ => serve::Profile {
-                        approvals: options::approvals(&record.config).to_string(),
+                        approvals: agent_options::approvals(&record.config).to_string(),
                         project_config: false,
                     },
                 };
@@ -964,8 +960,8 @@ impl Bridge {
     /// boundary) and for a workspace without OpenCode configuration of its own the workspace's configuration loads;
     /// under `ask` it loads once the user allowed what it is now. Else `Err` with what it is, to ask about.
     fn server_profile(&self, record: &SessionRecord) -> std::result::Result<serve::Profile, Vec<String>> {
-        let approvals = options::approvals(&record.config).to_string();
-        if approvals != options::APPROVALS_ASK {
+        let approvals = agent_options::approvals(&record.config).to_string();
+        if approvals != agent_options::APPROVALS_ASK {
             return Ok(serve::Profile { approvals, project_config: true });
         }
         let items = crate::agents::opencode::project::loaders(Path::new(&record.cwd));
@@ -1136,42 +1132,46 @@ impl Bridge {
         Some(Some(cached))
     }
 
-    /// OpenCode's executable as this bridge may drive it: a 1.x. OpenCode 2 replaced the server API and moved `run`
-    /// onto a server (which could run tools outside the sandbox), so a 2.x found on PATH is replaced by the pinned
-    /// install of the tools cache (installed when `install` allows), and one named by `--opencode-bin` is refused.
-    /// Answers the executable and its version line.
-    async fn opencode_for_server(&self, found: &Path, cancel: &CancellationToken) -> Result<(PathBuf, Option<String>)> {
-        let version = self.cli_version(AgentKind::OpenCode, found).await;
-        let major = version.as_deref().and_then(major_version);
-        match major {
-            Some(major) if major >= 2 => {}
+    /// The agent's executable as this bridge may drive it: a major version it supports
+    /// ([`crate::agents::Agent::newest_major`]). A newer one found on PATH is replaced by the pinned install of the
+    /// tools cache (installed now when missing), and one named by the override is refused. Answers the executable
+    /// and its version line.
+    async fn supported_executable(
+        &self,
+        agent: AgentKind,
+        found: &Path,
+        cancel: &CancellationToken,
+    ) -> Result<(PathBuf, Option<String>)> {
+        let version = self.cli_version(agent, found).await;
+        let Some(newest) = agent.newest_major() else { return Ok((found.to_path_buf(), version)) };
+        match version.as_deref().and_then(major_version) {
+            Some(major) if major > newest => {}
             _ => return Ok((found.to_path_buf(), version)),
         }
         let shown = version.unwrap_or_default();
-        if self.config.opencode_bin.is_some() {
+        let (name, package) = (agent.display_name(), agent.package());
+        if agent.bin_override(&self.config.agents).is_some() {
             return Err(Error::CliUnavailable(format!(
-                "OpenCode {shown} at {} is a major version acp-sandbox cannot drive yet (it supports OpenCode 1.x). \
-                 Point ACP_SANDBOX_OPENCODE_BIN (--opencode-bin) at an OpenCode 1.x, or unset it to use the pinned {}",
+                "{name} {shown} at {} is a major version acp-sandbox cannot drive yet (it supports {name} {newest}.x). \
+                 Point ACP_SANDBOX_{}_BIN (--{}-bin) at {name} {newest}.x, or unset it to use the pinned {}",
                 found.display(),
-                crate::agents::opencode::PACKAGE.version
+                agent.as_str().to_uppercase(),
+                agent.as_str(),
+                package.version
             )));
         }
-        let pinned = crate::agents::opencode::PACKAGE.executable(&paths::tools_dir(&self.config.data_dir));
+        let tools = paths::tools_dir(&self.config.data_dir);
+        let pinned = package.executable(&tools);
         tracing::warn!(
             found = %found.display(),
             version = %shown,
             pinned = %pinned.display(),
-            "the OpenCode on PATH is a major version acp-sandbox cannot drive yet; using the pinned install"
+            "the {name} on PATH is a major version acp-sandbox cannot drive yet; using the pinned install"
         );
         if !pinned.exists() {
-            crate::sandbox::install::install(
-                crate::agents::opencode::PACKAGE,
-                &paths::tools_dir(&self.config.data_dir),
-                cancel,
-            )
-            .await?;
+            crate::sandbox::install::install(package, &tools, cancel).await?;
         }
-        let version = self.cli_version(AgentKind::OpenCode, &pinned).await;
+        let version = self.cli_version(agent, &pinned).await;
         Ok((pinned, version))
     }
 
@@ -1217,15 +1217,16 @@ impl Bridge {
         gates.entry(id.to_string()).or_default().clone()
     }
 
-    /// Asks OpenCode's version in the background, so that the first session's server does not wait for it.
-    pub fn probe_opencode(self: &Arc<Self>) {
-        if self.config.agent != AgentKind::OpenCode {
+    /// Asks the agent's version in the background, so that the first session's server does not wait for it.
+    pub fn probe_version(self: &Arc<Self>) {
+        let agent = self.config.agent;
+        if agent.newest_major().is_none() {
             return;
         }
-        let Some(executable) = installed_executable(&self.config, AgentKind::OpenCode) else { return };
+        let Some(executable) = installed_executable(&self.config, agent) else { return };
         let bridge = self.clone();
         tokio::spawn(async move {
-            bridge.cli_version(AgentKind::OpenCode, &executable).await;
+            bridge.cli_version(agent, &executable).await;
         });
     }
 
@@ -1244,10 +1245,8 @@ impl Bridge {
     /// Lists OpenCode's models again in the background (when this bridge runs OpenCode and it is installed). With
     /// the server backend the first warm server says them instead.
     /// When the list changed, each open session gets the new options, as with [`Bridge::learn_models`].
-    pub fn refresh_opencode_models(&self) {
-        if self.config.agent != AgentKind::OpenCode
-            || self.config.opencode_backend != crate::config::OpenCodeBackend::Run
-        {
+    pub fn refresh_models(&self) {
+        if self.config.agent != crate::agents::opencode::AGENT || self.config.agent.serves(&self.config.agents) {
             return;
         }
         let Some(listing) = self.catalog.refresh() else { return };
@@ -1263,15 +1262,13 @@ impl Bridge {
     /// of the providers its config names, its catalog lists and the model in use; `--pass-env` for both.
     fn env_names(&self, agent: AgentKind, model: Option<&str>) -> std::collections::BTreeSet<String> {
         let mut names: std::collections::BTreeSet<String> = self.config.pass_env.iter().cloned().collect();
-        if agent == AgentKind::OpenCode {
-            let models = self.catalog.listed();
-            let providers = models
-                .iter()
-                .map(|m| m.id.as_str())
-                .chain(model)
-                .filter_map(|id| id.split_once('/').map(|(provider, _)| provider));
-            names.extend(self.config.opencode_needs.env_names(providers));
-        }
+        let models = self.catalog.listed();
+        let mut providers = models
+            .iter()
+            .map(|m| m.id.as_str())
+            .chain(model)
+            .filter_map(|id| id.split_once('/').map(|(provider, _)| provider));
+        names.extend(agent.provider_env(&self.config.agents, &mut providers));
         names
     }
 
@@ -1311,9 +1308,9 @@ impl ModelAnnouncer {
         let models = self.catalog.models();
         for id in open {
             if let Ok(Some(record)) = self.store.session(&id).await
-                && AgentKind::parse(&record.agent) == Some(AgentKind::OpenCode)
+                && AgentKind::parse(&record.agent) == Some(self.config.agent)
             {
-                let options = options::config_options(AgentKind::OpenCode, &record.config, &self.config, &models);
+                let options = options::config_options(self.config.agent, &record.config, &self.config, &models);
                 notifier.send(
                     &id,
                     SessionUpdate::ConfigOptionUpdate(agent_client_protocol::v1::schema::ConfigOptionUpdate::new(
@@ -1409,10 +1406,7 @@ fn cli_spec(
         Some(first) => tools_dir.join(first),
         None => real.parent().map(Path::to_path_buf).unwrap_or_else(|| real.clone()),
     };
-    let mut endpoints: Vec<(String, u16)> = Vec::new();
-    if agent == AgentKind::OpenCode {
-        endpoints.extend(config.opencode_needs.endpoints.iter().cloned());
-    }
+    let mut endpoints: Vec<(String, u16)> = agent.model_endpoints(&config.agents);
     // A base URL the CLI is given in its environment is a model endpoint too (OPENAI_BASE_URL, AMP_URL).
     for (name, value) in &env {
         if (name.ends_with("_BASE_URL") || name == "AMP_URL")
@@ -1501,7 +1495,7 @@ mod tests {
     #[tokio::test]
     async fn a_run_once_that_prints_more_than_its_limit_fails_instead_of_filling_memory() {
         let data = tempfile::tempdir().unwrap();
-        let config = Config::new(AgentKind::OpenCode, data.path().to_path_buf());
+        let config = Config::new(crate::agents::opencode::AGENT, data.path().to_path_buf());
         let isolation = Isolation::None("a test".into());
         let mut settings = config.local_settings(isolation);
         // The test binary is no `acp-sandbox sandbox-init`: the command runs in a plain process group.
@@ -1513,7 +1507,8 @@ mod tests {
             let (config, provider) = (&config, &provider);
             async move {
                 let args = ["-c", count.as_str(), "/dev/zero"];
-                run_once(config, provider, "_test", AgentKind::OpenCode, head, &args, &Default::default()).await
+                run_once(config, provider, "_test", crate::agents::opencode::AGENT, head, &args, &Default::default())
+                    .await
             }
         };
         assert_eq!(run(RUN_ONCE_OUTPUT_LIMIT).await.map(|out| out.len() as u64), Ok(RUN_ONCE_OUTPUT_LIMIT));
@@ -1528,7 +1523,7 @@ mod tests {
         let data = tempfile::tempdir().unwrap();
         let config = Config {
             sandbox: crate::sandbox::SandboxChoice::None,
-            ..Config::new(AgentKind::OpenCode, data.path().to_path_buf())
+            ..Config::new(crate::agents::opencode::AGENT, data.path().to_path_buf())
         };
         let bridge = Bridge::open(config).await.unwrap();
         assert_eq!(bridge.client_abilities(), ClientAbilities::default());

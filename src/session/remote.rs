@@ -293,7 +293,7 @@ mod tests {
             (auth, state.join("data/opencode/auth.json")),
             (dir.path().join("missing"), state.join("config/missing")),
         ];
-        let found = config_files(&pairs, AgentKind::OpenCode.credential_files());
+        let found = config_files(&pairs, crate::agents::opencode::AGENT.credential_files());
         assert_eq!(
             found,
             vec![
@@ -330,7 +330,7 @@ mod tests {
                 Ok(())
             }
         }
-        let spec = cli_spec(AgentKind::Amp, Path::new("/opt/amp"), &Remote, env, vec!["-x".into()]);
+        let spec = cli_spec(crate::agents::amp::AGENT, Path::new("/opt/amp"), &Remote, env, vec!["-x".into()]);
         assert_eq!(
             (spec.program, spec.args, spec.cwd, spec.env, spec.read_only, spec.tools),
             (

@@ -11,9 +11,8 @@ use agent_client_protocol::v1::schema::{
 use tokio_util::sync::CancellationToken;
 
 use super::serve::ServeOutcome;
-use super::{Bridge, UpdateSink, note, options, prompt};
-use crate::agents::opencode::catalog::ModelInfo;
-use crate::agents::{AgentKind, Output, StreamEnd, TranslateContext, TurnEnd, TurnRequest};
+use super::{Bridge, UpdateSink, note, prompt};
+use crate::agents::{AgentKind, ModelInfo, Output, StreamEnd, TranslateContext, TurnEnd, TurnRequest};
 use crate::error::{Error, Result};
 use crate::lines::BoundedLines;
 use crate::sandbox::{ExecSpec, OutputStream, Sandbox, install};
@@ -337,6 +336,13 @@ enum Attempt {
 }
 
 impl Turn<'_> {
+    /// The model the session's choices name, else the agent's configured default, for an agent with a model choice.
+    fn chosen_model(&self) -> Option<&str> {
+        let chosen =
+            self.agent.chosen_model(&self.record.config).filter(|model| *model != crate::agents::options::DEFAULT);
+        chosen.or(self.agent.default_model(&self.bridge.config().agents))
+    }
+
     pub async fn run(self) -> Result<StopReason> {
         let store = self.bridge.store.clone();
         let prompt_json = serde_json::to_value(&self.blocks).unwrap_or_default();
@@ -431,23 +437,17 @@ impl Turn<'_> {
         if let Error::CliFailed { message, .. } = &mut error
             && message.starts_with("Cannot connect to API")
         {
-            let model = options::opencode_model(&self.record.config)
-                .or(self.bridge.config().opencode_default_model.as_deref())
-                .map(|model| format!(" of {model}"))
-                .unwrap_or_default();
+            let model = self.chosen_model().map(|model| format!(" of {model}")).unwrap_or_default();
             message.push_str(&format!(
                 "\n\nThe model's provider{model} could not be reached: check that it is up, that the sandbox's network policy lets it through (`--network`; `acp-sandbox doctor` shows the policy), or pick another model"
             ));
             return error;
         }
         let Error::CliFailed { message, .. } = &error else { return error };
-        let opencode_says_unknown =
-            message.starts_with("Unexpected server error") || message.starts_with("Model not found");
-        if self.agent != AgentKind::OpenCode || self.model.is_some() || !opencode_says_unknown {
+        if self.model.is_some() || !self.agent.says_unknown_model(message) {
             return error;
         }
-        let chosen =
-            options::opencode_model(&self.record.config).or(self.bridge.config().opencode_default_model.as_deref());
+        let chosen = self.chosen_model();
         // Only a model missing from what OpenCode listed is known to be the cause.
         match chosen {
             Some(model) if !self.bridge.catalog.models().is_empty() => Error::UnknownModel {
@@ -519,7 +519,7 @@ impl Turn<'_> {
         // would otherwise wait for another failing start.
         // Under `ask` there is no falling back: `run` cannot ask.
         let mut serve = self.bridge.serves(&self.record)
-            && (options::approvals(&self.record.config) == options::APPROVALS_ASK
+            && (crate::agents::options::approvals(&self.record.config) == crate::agents::options::APPROVALS_ASK
                 || !self.bridge.fallback_told.lock().unwrap_or_else(|p| p.into_inner()).contains(&self.record.id));
         loop {
             if self.cancel.is_cancelled() {
@@ -533,7 +533,9 @@ impl Turn<'_> {
                     ServeOutcome::Finished(result) => Attempt::Finished(result),
                     ServeOutcome::ConversationMissing => Attempt::ConversationMissing,
                     ServeOutcome::Unavailable(why) => {
-                        if options::approvals(&self.record.config) == options::APPROVALS_ASK {
+                        if crate::agents::options::approvals(&self.record.config)
+                            == crate::agents::options::APPROVALS_ASK
+                        {
                             // `opencode run` cannot ask: it would run every tool the user wanted to be asked about.
                             return Err(Error::CliFailed {
                                 message: format!(
@@ -615,14 +617,11 @@ impl Turn<'_> {
     }
 
     /// The CLI's executable on this machine: the override, PATH, the tools cache, or an install on first use; for
-    /// OpenCode a 1.x (see [`Bridge::opencode_for_server`]).
+    /// a version the bridge can drive (see [`Bridge::supported_executable`]).
     async fn local_executable(&self, emit: &Emitter) -> Result<PathBuf> {
         // The install hears the cancel itself, so that its card says how it ended.
         let executable = self.executable(emit).await?;
-        if self.agent != AgentKind::OpenCode {
-            return Ok(executable);
-        }
-        let found = self.bridge.opencode_for_server(&executable, &self.cancel);
+        let found = self.bridge.supported_executable(self.agent, &executable, &self.cancel);
         match self.unless_cancelled(found).await? {
             Some((pinned, _)) => Ok(pinned),
             None => Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)),
@@ -669,8 +668,8 @@ impl Turn<'_> {
             Ok(path) => {
                 emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Completed))).await?;
                 // The model listing runs on this machine: only a local install changes it.
-                if self.agent == AgentKind::OpenCode && place.is_empty() {
-                    self.bridge.refresh_opencode_models();
+                if place.is_empty() {
+                    self.bridge.refresh_models();
                 }
                 Ok(path)
             }
@@ -740,27 +739,14 @@ impl Turn<'_> {
             }
         }
         let config = &self.record.config;
-        let request = TurnRequest {
-            native_id,
-            model: options::opencode_model(config),
-            variant: options::opencode_variant(config),
-            mode: options::amp_mode(config),
-            files: &files,
-            command,
-        };
+        let request = TurnRequest { native_id, options: config, files: &files, command };
         let mut env = cli_environment(
             self.agent,
             sandbox.state_dir(),
             self.credential.as_ref(),
             &self.bridge.env_names(self.agent, self.model.as_ref().map(|m| m.id.as_str())),
         );
-        if self.agent == AgentKind::OpenCode {
-            // `run` takes no session rules: plan mode's are the configuration's, for every agent of the turn.
-            let plan = options::opencode_agent(config) == Some("plan");
-            super::permissions::set_env(&mut env, "OPENCODE_PERMISSION", |user| {
-                super::permissions::run_permission(plan, user)
-            });
-        }
+        self.agent.turn_env(config, &mut env);
         let spec = ExecSpec {
             stdin: rendered.text.clone().into_bytes(),
             ..super::cli_spec(self.bridge.config(), self.agent, executable, sandbox, env, self.agent.args(&request))

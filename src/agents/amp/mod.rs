@@ -9,8 +9,125 @@ pub mod translate;
 
 use std::path::{Path, PathBuf};
 
-use super::TurnRequest;
+use agent_client_protocol::v1::schema::SessionConfigOptionCategory;
+use serde_json::Value;
+
+use super::options::{OptionSpec, capitalize, stored};
+use super::{Agent, AgentKind, AgentSettings, Login, ModelInfo, TranslateContext, Translator, TurnRequest};
 use crate::agents::package::NpmPackage;
+
+/// Amp, as the bridge drives it.
+pub struct Amp;
+
+/// Amp's entry of [`crate::agents::AGENTS`].
+pub const AGENT: AgentKind = AgentKind::of(&Amp);
+
+/// Amp's own settings of the bridge.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Settings {
+    /// Run this executable instead of the installed `amp` (same argv, stdin and environment).
+    #[arg(long, global = true, env = "ACP_SANDBOX_AMP_BIN")]
+    pub amp_bin: Option<PathBuf>,
+    /// Amp modes offered in the editor (comma-separated; the first is the default).
+    #[arg(
+        long,
+        global = true,
+        env = "ACP_SANDBOX_AMP_MODES",
+        value_delimiter = ',',
+        default_value = "medium,low,high,ultra"
+    )]
+    pub amp_modes: Vec<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self { amp_bin: None, amp_modes: DEFAULT_MODES.map(String::from).to_vec() }
+    }
+}
+
+impl Settings {
+    /// Drops blank modes; none left keeps the default ones.
+    pub fn tidy(&mut self) {
+        let modes: Vec<String> =
+            self.amp_modes.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
+        self.amp_modes = if modes.is_empty() { DEFAULT_MODES.map(String::from).to_vec() } else { modes };
+    }
+}
+
+/// The modes offered when the user names none.
+const DEFAULT_MODES: [&str; 4] = ["medium", "low", "high", "ultra"];
+
+impl Agent for Amp {
+    fn id(&self) -> &'static str {
+        "amp"
+    }
+
+    fn name(&self) -> &'static str {
+        "Amp"
+    }
+
+    fn package(&self) -> NpmPackage {
+        PACKAGE
+    }
+
+    fn bin_override<'a>(&self, settings: &'a AgentSettings) -> Option<&'a PathBuf> {
+        settings.amp.amp_bin.as_ref()
+    }
+
+    fn args(&self, turn: &TurnRequest<'_>) -> Vec<String> {
+        args(turn)
+    }
+
+    fn translator(&self, context: TranslateContext) -> Box<dyn Translator> {
+        Box::new(translate::AmpTranslator::new(context))
+    }
+
+    fn session_missing(&self, stderr: &str) -> bool {
+        session_missing(stderr)
+    }
+
+    fn passes_env(&self, name: &str) -> bool {
+        passes_env(name)
+    }
+
+    fn service_hosts(&self) -> &'static [&'static str] {
+        SERVICE_HOSTS
+    }
+
+    fn user_config(&self, user_config_dir: &Path, _user_data_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+        user_config(user_config_dir, state_dir)
+    }
+
+    fn required_credential(&self) -> Option<&'static str> {
+        Some(CREDENTIAL)
+    }
+
+    fn credential_files(&self) -> &'static [&'static str] {
+        CREDENTIAL_FILES
+    }
+
+    fn login(&self) -> Login {
+        Login::Token { page: "https://ampcode.com/settings" }
+    }
+
+    fn options(&self, session_config: &Value, settings: &AgentSettings, _models: &[ModelInfo]) -> Vec<OptionSpec> {
+        let choices: Vec<(String, String)> =
+            settings.amp.amp_modes.iter().map(|mode| (mode.clone(), capitalize(mode))).collect();
+        let fallback = choices.first().map(|(value, _)| value.clone()).unwrap_or_else(|| "medium".into());
+        let current = stored(session_config, "mode").map(str::to_string).unwrap_or(fallback);
+        vec![OptionSpec {
+            id: "mode",
+            name: "Mode",
+            category: Some(SessionConfigOptionCategory::Mode),
+            choices,
+            current,
+        }]
+    }
+
+    fn default_option(&self) -> &'static str {
+        "mode"
+    }
+}
 
 /// The pinned npm package installed on first use (a version whose platform binary exists).
 pub const PACKAGE: NpmPackage = NpmPackage {
@@ -38,7 +155,7 @@ pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
         // Without it the thread is archived after the run and cannot be continued.
         args.push("--no-archive-after-execute".into());
     }
-    if let Some(mode) = turn.mode {
+    if let Some(mode) = stored(turn.options, "mode") {
         args.extend(["--mode".to_string(), mode.to_string()]);
     }
     args
@@ -68,7 +185,8 @@ mod tests {
 
     #[test]
     fn first_turn_starts_an_unarchived_thread_and_later_turns_continue_it() {
-        let first = args(&TurnRequest { mode: Some("high"), ..TurnRequest::default() });
+        let options = serde_json::json!({"mode": "high"});
+        let first = args(&TurnRequest { native_id: None, options: &options, files: &[], command: None });
         assert_eq!(
             first,
             [
@@ -81,7 +199,8 @@ mod tests {
                 "high"
             ]
         );
-        let next = args(&TurnRequest { native_id: Some("T-1"), ..TurnRequest::default() });
+        let none = serde_json::json!({});
+        let next = args(&TurnRequest { native_id: Some("T-1"), options: &none, files: &[], command: None });
         assert_eq!(next[..3], ["threads", "continue", "T-1"]);
         assert!(!next.contains(&"--no-archive-after-execute".to_string()));
     }

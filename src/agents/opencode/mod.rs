@@ -7,6 +7,8 @@
 pub mod catalog;
 pub mod config;
 pub mod events;
+pub mod options;
+pub mod permissions;
 pub mod project;
 pub mod providers;
 pub mod serve;
@@ -14,8 +16,228 @@ pub mod translate;
 
 use std::path::{Path, PathBuf};
 
-use super::TurnRequest;
+use serde_json::Value;
+
+use self::catalog::ModelInfo;
+use self::providers::ProviderNeeds;
+use super::{
+    Agent, AgentKind, AgentSettings, Login, OptionSpec, SlashCommand, TranslateContext, Translator, TurnRequest,
+};
 use crate::agents::package::NpmPackage;
+
+/// OpenCode, as the bridge drives it.
+pub struct OpenCode;
+
+/// OpenCode's entry of [`crate::agents::AGENTS`].
+pub const AGENT: AgentKind = AgentKind::of(&OpenCode);
+
+/// OpenCode's own settings of the bridge.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Settings {
+    /// Run this executable instead of the installed `opencode` (same argv, stdin and environment).
+    #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BIN")]
+    pub opencode_bin: Option<PathBuf>,
+    /// How OpenCode is driven: a warm `opencode serve` per session (serve), or `opencode run` per prompt (run).
+    #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BACKEND", value_enum, default_value = "serve")]
+    pub opencode_backend: Backend,
+    /// Models named by the user's OpenCode config; `opencode models` adds what it can use.
+    #[arg(skip)]
+    pub models: Vec<ModelInfo>,
+    /// The model OpenCode uses when none is chosen (`model` of the user's config).
+    #[arg(skip)]
+    pub default_model: Option<String>,
+    /// What the user's OpenCode config needs: its providers' variables and model endpoints.
+    #[arg(skip)]
+    pub needs: ProviderNeeds,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            opencode_bin: None,
+            opencode_backend: Backend::Serve,
+            models: Vec::new(),
+            default_model: None,
+            needs: ProviderNeeds::default(),
+        }
+    }
+}
+
+impl Settings {
+    /// Adds what the user's OpenCode config (in `user_config_dir`) says: its models, default model and needs.
+    pub fn read_user_config(&mut self, user_config_dir: &Path) {
+        let found = config::OpenCodeModels::read(user_config_dir);
+        self.models = found.models;
+        self.default_model = found.default;
+        self.needs = found.needs;
+    }
+}
+
+/// How OpenCode is driven.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// One warm `opencode serve` per session: live tokens and tool output, permissions, fast follow-ups.
+    Serve,
+    /// One `opencode run --format json` per prompt.
+    Run,
+}
+
+impl Agent for OpenCode {
+    fn id(&self) -> &'static str {
+        "opencode"
+    }
+
+    fn name(&self) -> &'static str {
+        "OpenCode"
+    }
+
+    fn package(&self) -> NpmPackage {
+        PACKAGE
+    }
+
+    fn bin_override<'a>(&self, settings: &'a AgentSettings) -> Option<&'a PathBuf> {
+        settings.opencode.opencode_bin.as_ref()
+    }
+
+    fn args(&self, turn: &TurnRequest<'_>) -> Vec<String> {
+        args(turn)
+    }
+
+    fn translator(&self, context: TranslateContext) -> Box<dyn Translator> {
+        Box::new(translate::OpenCodeTranslator::new(context))
+    }
+
+    fn session_missing(&self, stderr: &str) -> bool {
+        session_missing(stderr)
+    }
+
+    fn passes_env(&self, name: &str) -> bool {
+        passes_env(name)
+    }
+
+    fn fixed_env(&self) -> Vec<(String, String)> {
+        fixed_env()
+    }
+
+    fn turn_env(&self, session_config: &Value, env: &mut Vec<(String, String)>) {
+        // `run` takes no session rules: plan mode's are the configuration's, for every agent of the turn.
+        let plan = options::agent(session_config) == Some("plan");
+        permissions::set_env(env, "OPENCODE_PERMISSION", |user| permissions::run_permission(plan, user));
+    }
+
+    fn service_hosts(&self) -> &'static [&'static str] {
+        providers::SERVICE_HOSTS
+    }
+
+    fn user_config(&self, user_config_dir: &Path, user_data_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+        user_config(user_config_dir, user_data_dir, state_dir)
+    }
+
+    fn shipped_config(&self, executable: &Path, user_config_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+        plugin_package(executable, user_config_dir, state_dir)
+    }
+
+    fn credential_files(&self) -> &'static [&'static str] {
+        CREDENTIAL_FILES
+    }
+
+    fn credential_env(&self, user_data_dir: &Path) -> Vec<(String, String)> {
+        credential_env(user_data_dir)
+    }
+
+    fn login(&self) -> Login {
+        Login::Own { args: &["auth", "login"] }
+    }
+
+    fn logged_in(&self, settings: &AgentSettings, login_command: &str) -> Result<(), String> {
+        if providers::configured(&settings.opencode.needs, &crate::paths::user_data_dir()) {
+            return Ok(());
+        }
+        Err(format!(
+            "OpenCode has no provider login: run `{login_command}` (or `opencode auth login`) in a terminal, or set your provider's API key (e.g. ANTHROPIC_API_KEY) in the agent server's env, then try again"
+        ))
+    }
+
+    fn commands(&self, user_config_dir: &Path, workspace: &Path) -> Vec<SlashCommand> {
+        commands(user_config_dir, workspace)
+    }
+
+    fn accepts_images(&self) -> bool {
+        true
+    }
+
+    fn options(&self, session_config: &Value, settings: &AgentSettings, models: &[ModelInfo]) -> Vec<OptionSpec> {
+        options::specs(session_config, settings, models)
+    }
+
+    fn default_option(&self) -> &'static str {
+        "model"
+    }
+
+    fn mode_description(&self, mode: &str) -> Option<&'static str> {
+        options::MODES.iter().find(|(id, _, _)| *id == mode).map(|(_, _, about)| *about)
+    }
+
+    fn chosen_model<'a>(&self, session_config: &'a Value) -> Option<&'a str> {
+        Some(options::model(session_config).unwrap_or(super::options::DEFAULT))
+    }
+
+    fn default_model<'a>(&self, settings: &'a AgentSettings) -> Option<&'a str> {
+        settings.opencode.default_model.as_deref()
+    }
+
+    fn newest_major(&self) -> Option<u64> {
+        // OpenCode 2 replaced the server API and moved `run` onto a server (which could run tools outside the
+        // sandbox).
+        Some(1)
+    }
+
+    fn provider_env<'a>(
+        &self,
+        settings: &AgentSettings,
+        providers: &mut dyn Iterator<Item = &'a str>,
+    ) -> std::collections::BTreeSet<String> {
+        settings.opencode.needs.env_names(providers)
+    }
+
+    fn model_endpoints(&self, settings: &AgentSettings) -> Vec<(String, u16)> {
+        settings.opencode.needs.endpoints.iter().cloned().collect()
+    }
+
+    fn says_unknown_model(&self, message: &str) -> bool {
+        message.starts_with("Unexpected server error") || message.starts_with("Model not found")
+    }
+
+    fn serves(&self, settings: &AgentSettings) -> bool {
+        settings.opencode.opencode_backend == Backend::Serve
+    }
+
+    fn describe_backend(&self, settings: &AgentSettings, server: Result<&str, &str>) -> Option<String> {
+        Some(match (settings.opencode.opencode_backend, server) {
+            (Backend::Serve, Ok(how)) => format!("serve: a warm `opencode serve` per {how}"),
+            (Backend::Serve, Err(why)) => format!("run: one `opencode run` per prompt (a warm `opencode serve` {why})"),
+            (Backend::Run, _) => "run: one `opencode run` per prompt".to_string(),
+        })
+    }
+
+    fn doctor_lines(&self, settings: &AgentSettings, cli_model: Option<&str>) -> Vec<String> {
+        let model = match (cli_model, &settings.opencode.default_model) {
+            (Some(model), _) => format!("{model} (--model)"),
+            (None, Some(model)) => format!("{model} (the `model` of your OpenCode config)"),
+            (None, None) => "OpenCode's own choice (no --model, and no `model` in your OpenCode config)".to_string(),
+        };
+        let logins = config::read_opencode_config(&crate::paths::user_data_dir().join("opencode").join("auth.json"));
+        let providers = providers::found(&settings.opencode.needs, logins.as_ref());
+        let providers = if providers.is_empty() {
+            "providers: none found in your OpenCode config, its logins or the environment: run `opencode auth login`, \
+             or set a provider's key (e.g. ANTHROPIC_API_KEY)"
+                .to_string()
+        } else {
+            format!("providers: {}", providers.join(", "))
+        };
+        vec![format!("model: {model}"), providers]
+    }
+}
 
 /// The pinned npm package installed on first use.
 pub const PACKAGE: NpmPackage = NpmPackage {
@@ -32,14 +254,14 @@ const PLUGIN_PACKAGE: &str = "@opencode-ai/plugin";
 /// The argv after the executable.
 pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
     let mut args: Vec<String> = ["run", "--format", "json", "--auto", "--thinking"].map(String::from).to_vec();
-    if let Some(model) = turn.model {
+    if let Some(model) = options::model(turn.options) {
         args.extend(["--model".to_string(), model.to_string()]);
     }
-    if let Some(variant) = turn.variant {
+    if let Some(variant) = options::variant(turn.options) {
         args.extend(["--variant".to_string(), variant.to_string()]);
     }
     // The session's mode is one of OpenCode's primary agents (build, plan).
-    if let Some(agent) = turn.mode {
+    if let Some(agent) = super::options::stored(turn.options, "mode") {
         args.extend(["--agent".to_string(), agent.to_string()]);
     }
     if let Some(session) = turn.native_id {
@@ -123,39 +345,28 @@ pub fn session_missing(stderr: &str) -> bool {
     stderr.contains("Session not found")
 }
 
-/// A slash command OpenCode runs non-interactively (`opencode run --command NAME`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Command {
-    /// The name, typed as `/name`.
-    pub name: String,
-    /// What it does.
-    pub description: String,
-    /// A hint for its arguments, if it takes any.
-    pub hint: Option<String>,
-}
-
 /// OpenCode's commands: its built-ins, then the user's (`command` in `opencode.json`, Markdown files in
 /// `command/` or `commands/` of the user's config dir and of the workspace's `.opencode/`). Later
 /// definitions of a name replace earlier ones, as in OpenCode.
-pub fn commands(user_config_dir: &Path, workspace: &Path) -> Vec<Command> {
+pub fn commands(user_config_dir: &Path, workspace: &Path) -> Vec<SlashCommand> {
     let mut commands = vec![
-        Command { name: "init".into(), description: "guided AGENTS.md setup".into(), hint: None },
-        Command {
+        SlashCommand { name: "init".into(), description: "guided AGENTS.md setup".into(), hint: None },
+        SlashCommand {
             name: "review".into(),
             description: "review changes [commit|branch|pr], defaults to uncommitted".into(),
             hint: Some("commit|branch|pr".into()),
         },
     ];
-    let mut add = |command: Command| {
+    let mut add = |command: SlashCommand| {
         commands.retain(|existing| existing.name != command.name);
         commands.push(command);
     };
     for dir in [user_config_dir.join("opencode"), workspace.join(".opencode")] {
         for name in ["opencode.json", "opencode.jsonc"] {
-            let Some(config) = crate::agents::opencode::config::read_opencode_config(&dir.join(name)) else { continue };
+            let Some(config) = config::read_opencode_config(&dir.join(name)) else { continue };
             for (name, body) in config.get("command").and_then(|c| c.as_object()).into_iter().flatten() {
                 let description = body.get("description").and_then(|d| d.as_str()).unwrap_or("custom command");
-                add(Command { name: name.clone(), description: description.to_string(), hint: None });
+                add(SlashCommand { name: name.clone(), description: description.to_string(), hint: None });
             }
         }
         for sub in ["command", "commands"] {
@@ -169,7 +380,7 @@ pub fn commands(user_config_dir: &Path, workspace: &Path) -> Vec<Command> {
                 let Some(name) = file.file_stem().and_then(|s| s.to_str()) else { continue };
                 let text = std::fs::read_to_string(&file).unwrap_or_default();
                 let description = front_matter(&text, "description").unwrap_or_else(|| "custom command".into());
-                add(Command { name: name.to_string(), description, hint: None });
+                add(SlashCommand { name: name.to_string(), description, hint: None });
             }
         }
     }

@@ -138,6 +138,46 @@ pub fn provider_env(provider: &str) -> &'static [&'static str] {
     PROVIDER_ENV.iter().find(|(id, _)| *id == provider).map(|(_, names)| *names).unwrap_or(&[])
 }
 
+/// Whether OpenCode has something to log in with: a provider configured in the user's `opencode.json` (a local
+/// model server needs no key), a provider's variable in the bridge's environment, or a stored login (`auth.json`
+/// under `user_data_dir` with an entry).
+pub fn configured(needs: &ProviderNeeds, user_data_dir: &std::path::Path) -> bool {
+    if !needs.providers.is_empty() {
+        return true;
+    }
+    let mut names: Vec<String> = all_provider_env().into_iter().map(String::from).collect();
+    names.extend(needs.env.iter().cloned());
+    if names.iter().any(|name| std::env::var(name).is_ok_and(|value| !value.trim().is_empty())) {
+        return true;
+    }
+    logins(user_data_dir) > 0
+}
+
+/// How many logins OpenCode's `auth.json` holds under `user_data_dir` (0 when it is missing or unreadable).
+fn logins(user_data_dir: &std::path::Path) -> usize {
+    std::fs::read_to_string(user_data_dir.join("opencode").join("auth.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|value| value.as_object().map(|entries| entries.len()))
+        .unwrap_or(0)
+}
+
+/// The model providers OpenCode can find, in words: in the user's config, in its stored logins (`logins`, the
+/// parsed `auth.json`), or in the environment.
+pub fn found(needs: &ProviderNeeds, logins: Option<&serde_json::Value>) -> Vec<String> {
+    let mut found: Vec<String> =
+        needs.providers.iter().map(|provider| format!("{provider} (your OpenCode config)")).collect();
+    for provider in logins.and_then(|l| l.as_object()).into_iter().flat_map(|logins| logins.keys()) {
+        found.push(format!("{provider} (`opencode auth login`)"));
+    }
+    for variable in all_provider_env() {
+        if std::env::var_os(variable).is_some_and(|value| !value.is_empty()) {
+            found.push(format!("{variable} is set"));
+        }
+    }
+    found
+}
+
 /// Every provider variable known: what listing the models may use to find out which providers work.
 pub fn all_provider_env() -> BTreeSet<&'static str> {
     PROVIDER_ENV.iter().flat_map(|(_, names)| names.iter().copied()).collect()
@@ -189,6 +229,17 @@ fn collect_env_references(value: &serde_json::Value, names: &mut BTreeSet<String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logins_counts_the_entries_of_auth_json() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(logins(dir.path()), 0);
+        std::fs::create_dir_all(dir.path().join("opencode")).unwrap();
+        std::fs::write(dir.path().join("opencode/auth.json"), "{}").unwrap();
+        assert_eq!(logins(dir.path()), 0);
+        std::fs::write(dir.path().join("opencode/auth.json"), r#"{"anthropic":{"type":"api","key":"k"}}"#).unwrap();
+        assert_eq!(logins(dir.path()), 1);
+    }
 
     #[test]
     fn the_config_names_its_providers_variables_and_endpoints() {

@@ -14,12 +14,13 @@ use serde_json::{Value, json};
 use super::client::{Client, ClientError};
 use super::sse::{MAX_EVENT, SseEvent};
 use super::{Profile, Servers, Started};
+use crate::agents::opencode::options as opencode_options;
+use crate::agents::opencode::permissions::{self, Rule};
 use crate::agents::opencode::serve::ServeTranslator;
+use crate::agents::options;
 use crate::agents::{Output, PermissionAsk, StreamEnd, Translator, TurnEnd};
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
-use crate::session::options;
-use crate::session::permissions::{self, Rule};
 use crate::session::prompt::RenderedPrompt;
 use crate::session::turn::{Emitter, Turn, cli_environment, ends_a_tool};
 
@@ -256,10 +257,10 @@ impl Turn<'_> {
         let mut translator = ServeTranslator::new(self.translate_context(sandbox.as_ref(), emit), ses.clone());
 
         let mut body = json!({ "parts": parts(rendered, command.is_some()) });
-        if let Some((provider, model)) = options::opencode_model(&self.record.config).and_then(|m| m.split_once('/')) {
+        if let Some((provider, model)) = opencode_options::model(&self.record.config).and_then(|m| m.split_once('/')) {
             body["model"] = json!({ "providerID": provider, "modelID": model });
         }
-        if let Some(variant) = options::opencode_variant(&self.record.config) {
+        if let Some(variant) = opencode_options::variant(&self.record.config) {
             body["variant"] = json!(variant);
         }
         // The agent whose rules the session's were composed with, also when the mode is OpenCode's default.
@@ -601,7 +602,7 @@ async fn session_rules(
         exit_code: server.exit().and_then(|exit| exit.code),
     };
     let approvals = options::approvals(&record.config);
-    let mode = options::opencode_agent(&record.config);
+    let mode = opencode_options::agent(&record.config);
     let allowed = bridge.always_allowed(&record.id);
     let agents = client.call_within(REQUEST_LIMIT, Method::GET, "/agent", None).await.map_err(failed)?;
     let (agent, own) =
@@ -667,7 +668,7 @@ pub(in crate::session) async fn start_server(
     profile: &Profile,
 ) -> std::result::Result<Started, super::ServeError> {
     let password = Servers::password();
-    let agent = crate::agents::AgentKind::OpenCode;
+    let agent = crate::agents::opencode::AGENT;
     let mut env = cli_environment(agent, sandbox.state_dir(), credential, &bridge.env_names(agent, model));
     env.retain(|(name, _)| name != "OPENCODE_SERVER_PASSWORD" && name != "OPENCODE_SERVER_USERNAME");
     env.push(("OPENCODE_SERVER_PASSWORD".into(), password.clone()));

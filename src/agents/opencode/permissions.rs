@@ -16,7 +16,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::options::APPROVALS_ASK;
+use crate::agents::options::APPROVALS_ASK;
 
 /// One of OpenCode's permission rules.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

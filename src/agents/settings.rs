@@ -1,0 +1,23 @@
+//! Every agent's own settings of the bridge, each declared by its agent and flattened into the command line.
+
+/// The settings of every agent in [`super::AGENTS`], one field each.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct AgentSettings {
+    /// OpenCode's.
+    #[command(flatten, next_help_heading = "OpenCode")]
+    pub opencode: super::opencode::Settings,
+    /// Amp's.
+    #[command(flatten, next_help_heading = "Amp")]
+    pub amp: super::amp::Settings,
+}
+
+impl AgentSettings {
+    /// Completes what the command line gave with what the agents' own user configuration says (in
+    /// `user_config_dir`, when there is one), and tidies the values.
+    pub fn resolve(&mut self, user_config_dir: Option<&std::path::Path>) {
+        self.amp.tidy();
+        if let Some(dir) = user_config_dir {
+            self.opencode.read_user_config(dir);
+        }
+    }
+}
