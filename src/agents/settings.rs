@@ -2,6 +2,7 @@
 
 /// The settings of every agent in [`super::AGENTS`], one field each.
 #[derive(clap::Args, Clone, Debug, Default)]
+#[group(skip)]
 pub struct AgentSettings {
     /// OpenCode's.
     #[command(flatten, next_help_heading = "OpenCode")]

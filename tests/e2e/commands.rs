@@ -525,8 +525,6 @@ fn help_shows_each_command_its_own_settings_and_the_defaults() {
             "--workspace",
             "--data-dir",
             "--model",
-            "--opencode-bin",
-            "--amp-bin",
             "--idle-timeout",
             "--store-busy-timeout",
             "--network",
@@ -537,11 +535,14 @@ fn help_shows_each_command_its_own_settings_and_the_defaults() {
             "--pass-env",
             "--max-processes",
             "--max-memory",
-            "--opencode-backend",
             "--turn-timeout",
             "--remote-idle",
             "--remote-upload-secrets",
             "--help",
+            // Each agent's own settings, under its name.
+            "--amp-bin",
+            "--opencode-bin",
+            "--opencode-backend",
         ],
         "{prompt}"
     );

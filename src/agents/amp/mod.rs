@@ -24,6 +24,7 @@ pub const AGENT: AgentKind = AgentKind::of(&Amp);
 
 /// Amp's own settings of the bridge.
 #[derive(clap::Args, Clone, Debug)]
+#[group(skip)]
 pub struct Settings {
     /// Run this executable instead of the installed `amp` (same argv, stdin and environment).
     #[arg(long, global = true, env = "ACP_SANDBOX_AMP_BIN")]

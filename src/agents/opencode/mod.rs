@@ -33,6 +33,7 @@ pub const AGENT: AgentKind = AgentKind::of(&OpenCode);
 
 /// OpenCode's own settings of the bridge.
 #[derive(clap::Args, Clone, Debug)]
+#[group(skip)]
 pub struct Settings {
     /// Run this executable instead of the installed `opencode` (same argv, stdin and environment).
     #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BIN")]
