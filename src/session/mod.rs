@@ -1153,7 +1153,7 @@ impl Bridge {
         if agent.bin_override(&self.config.agents).is_some() {
             return Err(Error::CliUnavailable(format!(
                 "{name} {shown} at {} is a major version acp-sandbox cannot drive yet (it supports {name} {newest}.x). \
-                 Point ACP_SANDBOX_{}_BIN (--{}-bin) at {name} {newest}.x, or unset it to use the pinned {}",
+                 Point ACP_SANDBOX_{}_BIN (--{}-bin) at a {newest}.x of {name}, or unset it to use the pinned {}",
                 found.display(),
                 agent.as_str().to_uppercase(),
                 agent.as_str(),

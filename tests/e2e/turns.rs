@@ -693,7 +693,7 @@ fn an_opencode_2_named_by_opencode_bin_is_refused_naming_its_version_and_the_set
     assert_eq!(
         error.message,
         format!(
-            "OpenCode 2.0.23 at {} is a major version acp-sandbox cannot drive yet (it supports OpenCode 1.x). Point ACP_SANDBOX_OPENCODE_BIN (--opencode-bin) at an OpenCode 1.x, or unset it to use the pinned 1.18.33",
+            "OpenCode 2.0.23 at {} is a major version acp-sandbox cannot drive yet (it supports OpenCode 1.x). Point ACP_SANDBOX_OPENCODE_BIN (--opencode-bin) at a 1.x of OpenCode, or unset it to use the pinned 1.18.33",
             bin.display()
         )
     );
