@@ -11,6 +11,7 @@
 //! with the bridge like any command of the sandbox (`--die-with-parent`, or the subreaper's parent-death signal).
 
 pub mod client;
+mod engine;
 pub(super) mod guard;
 pub mod sse;
 mod turn;
@@ -26,7 +27,7 @@ use self::client::Client;
 use self::sse::SseEvent;
 use crate::sandbox::{ExitInfo, ProcessHandle, RunningProcess};
 
-pub(super) use self::turn::{ServeOutcome, conversation, start_server};
+pub(super) use self::turn::{conversation, start_server};
 
 /// Where the server listens inside the sandbox. With a network namespace of its own any port is free; under
 /// `--sandbox none` a free port of the host is picked instead.

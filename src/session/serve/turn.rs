@@ -12,17 +12,17 @@ use hyper::Method;
 use serde_json::{Value, json};
 
 use super::client::{Client, ClientError};
-use super::sse::{MAX_EVENT, SseEvent};
 use super::{Profile, Servers, Started};
+use crate::agents::PermissionAsk;
 use crate::agents::opencode::options as opencode_options;
 use crate::agents::opencode::permissions::{self, Rule};
 use crate::agents::opencode::serve::ServeTranslator;
 use crate::agents::options;
-use crate::agents::{Output, PermissionAsk, StreamEnd, Translator, TurnEnd};
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::session::prompt::RenderedPrompt;
-use crate::session::turn::{Emitter, Turn, cli_environment, ends_a_tool};
+use crate::session::turn::engine::Attempt;
+use crate::session::turn::{Emitter, Turn, cli_environment};
 
 /// Under `ask`, no server starts while plugins or tools that a tool wrote into the agent's own OpenCode
 /// configuration are there: they would run inside the server unasked (and could answer its permission requests).
@@ -40,26 +40,6 @@ fn refuse_agent_written_config(state: &Path) -> Result<()> {
     )))
 }
 
-/// How a turn through the server ended.
-pub enum ServeOutcome {
-    /// The turn is over.
-    Finished(Result<StopReason>),
-    /// The OpenCode session we continue is gone from the server's database.
-    ConversationMissing,
-    /// No server could be had: the turn runs `opencode run` instead. Why, in words.
-    Unavailable(String),
-}
-
-/// How long the stream must be quiet after an aborted OpenCode went idle before the turn ends.
-const SETTLE: Duration = Duration::from_millis(500);
-
-/// How long OpenCode gets to go idle after an abort before its server is killed: with the kill, the cancel is
-/// answered within a second whatever the server does (stopped, not answering `/abort`, never going idle).
-const ABORT_GRACE: Duration = Duration::from_millis(600);
-
-/// After a cancel, the turn ends by then at the latest, also when a server that went idle keeps sending.
-const CANCEL_LIMIT: Duration = Duration::from_millis(900);
-
 /// How long the `/abort` request itself may take (it runs beside the turn, which never waits for it).
 const ABORT_CALL: Duration = Duration::from_millis(500);
 
@@ -68,7 +48,7 @@ const REQUEST_LIMIT: Duration = Duration::from_secs(30);
 
 /// Asks OpenCode to abort the session's turn, in the background and bounded: the turn's own deadlines (the abort
 /// grace, then the kill) never wait on the answer.
-fn abort(client: &Client, ses: &str) {
+pub(super) fn abort(client: &Client, ses: &str) {
     let (client, path) = (client.clone(), format!("/session/{ses}/abort"));
     tokio::spawn(async move {
         if let Err(e) = client.call_within(ABORT_CALL, Method::POST, &path, None).await {
@@ -197,25 +177,25 @@ impl Turn<'_> {
         native_id: Option<&str>,
         command: Option<&str>,
         rendered: &RenderedPrompt,
-    ) -> Result<ServeOutcome> {
+    ) -> Result<Attempt> {
         let servers: &Servers = &self.bridge.servers;
         if options::approvals(&self.record.config) == options::APPROVALS_ASK {
             refuse_agent_written_config(sandbox.state_dir())?;
         }
         let Some(profile) = self.unless_cancelled(self.profile(emit)).await? else {
-            return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled)));
+            return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         };
         let profile_key = profile.key();
         let key = self.bridge.server_key(&self.record.id, sandbox.as_ref(), &profile_key);
         let start = || self.start_server(&key, sandbox.clone(), executable.to_path_buf(), &profile);
         let lease = tokio::select! {
             biased;
-            _ = self.cancel.cancelled() => return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled))),
+            _ = self.cancel.cancelled() => return Ok(Attempt::Finished(Ok(StopReason::Cancelled))),
             lease = servers.lease(&key, &self.record.id, &profile_key, start) => lease,
         };
         let lease = match lease {
             Ok(lease) => lease,
-            Err(e) => return Ok(ServeOutcome::Unavailable(e.to_string())),
+            Err(e) => return Ok(Attempt::Unavailable(e.to_string())),
         };
         let server = lease.server().clone();
         let client = &server.client;
@@ -233,7 +213,7 @@ impl Turn<'_> {
             Some(id) => match client.call_within(REQUEST_LIMIT, Method::GET, &format!("/session/{id}"), None).await {
                 Ok(_) => id.to_string(),
                 Err(ClientError::Status { status, .. }) if status.as_u16() == 404 || status.as_u16() == 400 => {
-                    return Ok(ServeOutcome::ConversationMissing);
+                    return Ok(Attempt::ConversationMissing);
                 }
                 Err(e) => return Err(failed(e)),
             },
@@ -249,12 +229,12 @@ impl Turn<'_> {
         if let Some(review) = &review
             && self.unless_cancelled(review.begin(emit)).await?.is_none()
         {
-            return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled)));
+            return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         }
-        let Some(mut events) = server.listen() else {
+        let Some(events) = server.listen() else {
             return Err(failed(ClientError::Connect("the event stream ended".into())));
         };
-        let mut translator = ServeTranslator::new(self.translate_context(sandbox.as_ref(), emit), ses.clone());
+        let translator = ServeTranslator::new(self.translate_context(sandbox.as_ref(), emit), ses.clone());
 
         let mut body = json!({ "parts": parts(rendered, command.is_some()) });
         if let Some((provider, model)) = opencode_options::model(&self.record.config).and_then(|m| m.split_once('/')) {
@@ -267,13 +247,13 @@ impl Turn<'_> {
         body["agent"] = json!(agent);
         if let Some(name) = command {
             match self.unless_cancelled(self.command_allowed(emit, client, name, &rendered.text)).await? {
-                None => return Ok(ServeOutcome::Finished(Ok(StopReason::Cancelled))),
-                Some(false) => return Ok(ServeOutcome::Finished(Ok(StopReason::EndTurn))),
+                None => return Ok(Attempt::Finished(Ok(StopReason::Cancelled))),
+                Some(false) => return Ok(Attempt::Finished(Ok(StopReason::EndTurn))),
                 Some(true) => {}
             }
         }
         // A command waits for its whole answer, so it runs beside the event loop; a prompt returns at once.
-        let mut command_call = match command {
+        let command_call = match command {
             Some(name) => {
                 let mut request = json!({ "command": name, "arguments": rendered.text });
                 for key in ["model", "agent", "variant"] {
@@ -303,285 +283,73 @@ impl Turn<'_> {
             }
         };
 
-        let idle = self.bridge.config().idle_timeout;
-        let deadline = tokio::time::Instant::now() + self.bridge.config().turn_timeout;
-        let mut last_event = tokio::time::Instant::now();
-        let mut limits = tokio::time::interval(Duration::from_secs(1));
-        let mut end: Option<TurnEnd> = None;
-        let mut stop: Option<Stop> = None;
-        let mut abort_deadline: Option<tokio::time::Instant> = None;
-        // After a stopped turn went idle: until the stream has been quiet for a moment.
-        let mut settle: Option<tokio::time::Instant> = None;
-        let mut settle_cap: Option<tokio::time::Instant> = None;
-        // Once cancelled: the turn ends by `hard_end` whatever the server does.
-        let mut cancelling = false;
-        let mut hard_end: Option<tokio::time::Instant> = None;
-        let mut pending: Vec<tokio::task::JoinHandle<()>> = Vec::new();
-        // The OpenCode sessions of this turn's subagents (a shared server also runs other editor sessions' turns,
-        // whose permission requests are theirs to answer).
-        let mut children: Vec<String> = Vec::new();
-        let name = self.agent.display_name();
-        let outcome = loop {
-            tokio::select! {
-                biased;
-                _ = self.cancel.cancelled(), if !cancelling => {
-                    cancelling = true;
-                    stop = Some(Stop::Cancelled);
-                    for task in pending.drain(..) {
-                        task.abort();
-                    }
-                    let now = tokio::time::Instant::now();
-                    hard_end = Some(now + CANCEL_LIMIT);
-                    // A stop already under way (a timeout, an abort) keeps its grace, within the cancel's.
-                    if abort_deadline.is_none() && settle.is_none() {
-                        abort(client, &ses);
-                    }
-                    abort_deadline = Some(abort_deadline.unwrap_or(now + ABORT_GRACE).min(now + ABORT_GRACE));
-                    settle_cap = settle_cap.map(|cap| cap.min(now + CANCEL_LIMIT));
-                    settle = settle.map(|at| at.min(now + CANCEL_LIMIT));
-                }
-                _ = sleep_until_or_never(if settle.is_some() { None } else { abort_deadline }) => break Outcome::KillServer,
-                _ = sleep_until_or_never(settle) => break Outcome::Idle,
-                _ = tokio::time::sleep_until(deadline), if stop.is_none() => {
-                    stop = Some(Stop::TimedOut);
-                    abort(client, &ses);
-                    abort_deadline = Some(tokio::time::Instant::now() + ABORT_GRACE);
-                }
-                _ = tokio::time::sleep_until(last_event + idle), if stop.is_none() => {
-                    stop = Some(Stop::Stalled);
-                    abort(client, &ses);
-                    abort_deadline = Some(tokio::time::Instant::now() + ABORT_GRACE);
-                }
-                _ = limits.tick() => if let Some(hit) = server.limit_hit() {
-                    stop = Some(Stop::Limit(hit));
-                    break Outcome::KillServer;
-                },
-                _ = server.exited() => break Outcome::ServerDied,
-                // Never pending for good: the branch is off once the call is answered.
-                result = async {
-                    match command_call.as_mut() {
-                        Some(call) => call.await,
-                        None => std::future::pending().await,
-                    }
-                }, if command_call.is_some() => {
-                    command_call = None;
-                    if let Ok(Err(e)) = result {
-                        tracing::warn!(session = %self.record.id, "the command failed: {e}");
-                        end.get_or_insert(TurnEnd::Error { message: format!("{name} could not run the command: {e}") });
-                    }
-                }
-                event = events.recv() => {
-                    let event = match event {
-                        None => break Outcome::StreamEnded,
-                        Some(SseEvent::Data(event)) => event,
-                        Some(SseEvent::Oversize(bytes)) => {
-                            last_event = tokio::time::Instant::now();
-                            tracing::warn!(session = %self.record.id, bytes, "dropped an oversize server event");
-                            emit.send(crate::session::note(&format!(
-                                "_{name}'s server sent an event of {}, more than the {} one event may hold: it was \
-                                 dropped, so part of this turn may be missing here._",
-                                crate::sandbox::local::limits::format_size(bytes as u64),
-                                crate::sandbox::local::limits::format_size(MAX_EVENT as u64),
-                            )))
-                            .await?;
-                            continue;
-                        }
-                    };
-                    if let Some(child) = child_session(&event, &ses, &children) {
-                        children.push(child);
-                    }
-                    if let Some(ask) = foreign_permission(&event, &children) {
-                        // A subagent's own session asks: no card of ours shows it, so it is asked in words.
-                        pending.push(self.answer_permission(client.clone(), approvals, ask));
-                        continue;
-                    }
-                    let mut idle_now = false;
-                    let mut tool_ended = false;
-                    for output in translator.line(&event) {
-                        tool_ended |= ends_a_tool(&output);
-                        match output {
-                            Output::Update(update) => {
-                                last_event = tokio::time::Instant::now();
-                                if let Err(e) = emit.send(update).await {
-                                    // Nothing may reach the editor that is not stored: the turn stops here.
-                                    abort(client, &ses);
-                                    for task in pending.drain(..) {
-                                        task.abort();
-                                    }
-                                    end_strays(&server);
-                                    return Err(e);
-                                }
-                            }
-                            Output::NativeSessionId { .. } => {}
-                            Output::End(turn_end) => end = Some(turn_end),
-                            Output::Abort { message } => {
-                                stop.get_or_insert(Stop::Aborted(message));
-                                abort(client, &ses);
-                                abort_deadline.get_or_insert(tokio::time::Instant::now() + ABORT_GRACE);
-                            }
-                            Output::Permission(ask) => {
-                                last_event = tokio::time::Instant::now();
-                                pending.retain(|task| !task.is_finished());
-                                pending.push(self.answer_permission(client.clone(), approvals, ask));
-                            }
-                            Output::Idle => idle_now = true,
-                            Output::Unparsed { line } => {
-                                tracing::debug!(session = %self.record.id, "unparsed server event: {line}");
-                            }
-                        }
-                    }
-                    if tool_ended
-                        && let Err(e) = async {
-                            if let Some(review) = &review {
-                                review.step(emit).await?;
-                            }
-                            super::super::protected::sweep(sandbox.as_ref(), emit).await
-                        }
-                        .await
-                    {
-                        abort(client, &ses);
-                        for task in pending.drain(..) {
-                            task.abort();
-                        }
-                        end_strays(&server);
-                        return Err(e);
-                    }
-                    if let Some(cap) = settle_cap {
-                        settle = Some((tokio::time::Instant::now() + SETTLE).min(cap));
-                    }
-                    if idle_now {
-                        if stop.is_none() {
-                            break Outcome::Idle;
-                        }
-                        // An aborted OpenCode goes idle before its tool and message say so (measured: 260 ms
-                        // later, then idle again); those belong to this turn, not to the next one.
-                        let cap = (tokio::time::Instant::now() + SETTLE * 6).min(hard_end.unwrap_or(far_future()));
-                        settle = Some((tokio::time::Instant::now() + SETTLE).min(cap));
-                        settle_cap = Some(cap);
-                    }
-                }
-            }
+        let answer: super::engine::Answer = {
+            let (session, sink, always) = (self.record.id.clone(), self.sink.clone(), self.bridge.always_rules.clone());
+            let asking = approvals == options::APPROVALS_ASK;
+            Box::new(move |client, ask| {
+                answer_permission(session.clone(), sink.clone(), always.clone(), asking, client, ask)
+            })
         };
-        for task in pending {
-            task.abort();
-        }
-        if let Some(call) = command_call {
-            call.abort();
-        }
-        let stream_end = if matches!(stop, Some(Stop::Cancelled)) { StreamEnd::Cancelled } else { StreamEnd::Stopped };
-        for output in translator.finish(stream_end) {
-            if let Output::Update(update) = output {
-                emit.send(update).await?;
-            }
-        }
-        // What the agent changed last (or before it was stopped) is reviewed with the turn.
-        if let Some(review) = &review {
-            review.step(emit).await?;
-        }
-        super::super::protected::sweep(sandbox.as_ref(), emit).await?;
-        let died = || Error::CliFailed {
-            message: death(name, server.exit(), server.limit_hit(), matches!(outcome, Outcome::StreamEnded)),
-            stderr_tail: server.stderr_tail(),
-            exit_code: server.exit().and_then(|exit| exit.code),
-        };
-        // Like a turn of `opencode run`, a turn leaves nothing running: the server stays, its strays go.
-        end_strays(&server);
-        let kill = match outcome {
-            Outcome::ServerDied | Outcome::StreamEnded => true,
-            // A server that ran into the sandbox's limit goes whoever else uses it; one that would not abort this
-            // session's turn goes unless it still answers other sessions' turns (it aborts this one in its time).
-            Outcome::KillServer => {
-                matches!(stop, Some(Stop::Limit(_)))
-                    || !server.shared_now()
-                    || server.client.health(SHARED_HEALTH).await.is_none()
-            }
-            Outcome::Idle => false,
-        };
-        if kill {
-            // A server that would not stop, or is gone: the next prompt starts a fresh one on the same database.
-            drop(lease);
-            servers.stop(&key).await;
-        } else if matches!(outcome, Outcome::KillServer) {
-            tracing::warn!(session = %self.record.id, "the server did not abort this turn in time; it serves other turns, so it stays");
-        }
-        let result = match stop {
-            Some(Stop::Cancelled) => Ok(StopReason::Cancelled),
-            Some(Stop::Stalled) => Err(Error::Stalled { agent: name, seconds: idle.as_secs() }),
-            Some(Stop::TimedOut) => Err(Error::TurnTimeout {
-                agent: name,
-                minutes: self.bridge.config().turn_timeout.as_secs().div_ceil(60),
-            }),
-            Some(Stop::Limit(hit)) => Err(Error::CliFailed {
-                message: format!("{name} was stopped: {hit}"),
-                stderr_tail: server.stderr_tail(),
-                exit_code: None,
-            }),
-            Some(Stop::Aborted(message)) => {
-                Err(Error::CliFailed { message, stderr_tail: server.stderr_tail(), exit_code: None })
-            }
-            None => match outcome {
-                Outcome::ServerDied | Outcome::StreamEnded | Outcome::KillServer => Err(died()),
-                Outcome::Idle => match end {
-                    None | Some(TurnEnd::EndTurn) => Ok(StopReason::EndTurn),
-                    Some(TurnEnd::MaxTokens) => Ok(StopReason::MaxTokens),
-                    Some(TurnEnd::MaxTurnRequests) => Ok(StopReason::MaxTurnRequests),
-                    Some(TurnEnd::Refusal) => Ok(StopReason::Refusal),
-                    Some(TurnEnd::Cancelled) => Ok(StopReason::Cancelled),
-                    Some(TurnEnd::AuthRequired { message }) => Err(Error::AuthRejected(message)),
-                    Some(TurnEnd::Error { message }) => {
-                        Err(Error::CliFailed { message, stderr_tail: String::new(), exit_code: None })
-                    }
-                },
-            },
-        };
-        Ok(ServeOutcome::Finished(result))
+        let engine = super::engine::ServerEngine::new(
+            lease,
+            self.bridge.servers.clone(),
+            key,
+            ses,
+            events,
+            command_call,
+            answer,
+            self.agent.display_name(),
+            self.bridge.config(),
+        );
+        self.drive(engine, Box::new(translator), emit, sandbox.as_ref(), review.as_ref(), None).await
     }
+}
 
-    /// Answers one permission request of OpenCode: at once under `auto`, else by asking the editor.
-    fn answer_permission(&self, client: Client, approvals: &str, ask: PermissionAsk) -> tokio::task::JoinHandle<()> {
-        let session = self.record.id.clone();
-        let sink = self.sink.clone();
-        let always = self.bridge.always_rules.clone();
-        let asking = approvals == options::APPROVALS_ASK;
-        tokio::spawn(async move {
-            // OpenCode asks again within the turn that an "always" was given in (the session's rules carry it only
-            // from its next turn on): the bridge answers for the user what the user already allowed.
-            let allowed = asking && always.covers(&session, &ask.permission, &ask.patterns);
-            let reply = if allowed {
-                "once"
-            } else if asking {
-                let options = vec![
-                    PermissionOption::new("once", "Allow once", PermissionOptionKind::AllowOnce),
-                    PermissionOption::new("always", "Always allow", PermissionOptionKind::AllowAlways),
-                    PermissionOption::new("reject", "Reject", PermissionOptionKind::RejectOnce),
-                ];
-                let request = RequestPermissionRequest::new(session.clone(), ask.tool_call.clone(), options);
-                match sink.request_permission(request).await {
-                    Some(RequestPermissionOutcome::Selected(selected)) => match selected.option_id.0.as_ref() {
-                        "once" => "once",
-                        "always" => {
-                            // OpenCode's own `always` allows the pattern for its whole instance, after every rule:
-                            // for every session of a shared server, and over plan mode's refusals. The session's
-                            // own rules carry it instead, from its next turn on, before the mode's.
-                            always.allow(&session, &ask.permission, &ask.always);
-                            "once"
-                        }
-                        _ => "reject",
-                    },
+/// Answers one permission request of OpenCode: at once under `auto`, else by asking the editor.
+fn answer_permission(
+    session: String,
+    sink: Arc<dyn crate::session::UpdateSink>,
+    always: Arc<crate::agents::opencode::permissions::AlwaysAllowed>,
+    asking: bool,
+    client: Client,
+    ask: PermissionAsk,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        // OpenCode asks again within the turn that an "always" was given in (the session's rules carry it only
+        // from its next turn on): the bridge answers for the user what the user already allowed.
+        let allowed = asking && always.covers(&session, &ask.permission, &ask.patterns);
+        let reply = if allowed {
+            "once"
+        } else if asking {
+            let options = vec![
+                PermissionOption::new("once", "Allow once", PermissionOptionKind::AllowOnce),
+                PermissionOption::new("always", "Always allow", PermissionOptionKind::AllowAlways),
+                PermissionOption::new("reject", "Reject", PermissionOptionKind::RejectOnce),
+            ];
+            let request = RequestPermissionRequest::new(session.clone(), ask.tool_call.clone(), options);
+            match sink.request_permission(request).await {
+                Some(RequestPermissionOutcome::Selected(selected)) => match selected.option_id.0.as_ref() {
+                    "once" => "once",
+                    "always" => {
+                        // OpenCode's own `always` allows the pattern for its whole instance, after every rule:
+                        // for every session of a shared server, and over plan mode's refusals. The session's
+                        // own rules carry it instead, from its next turn on, before the mode's.
+                        always.allow(&session, &ask.permission, &ask.always);
+                        "once"
+                    }
                     _ => "reject",
-                }
-            } else {
-                "once"
-            };
-            tracing::info!(session = %session, request = %ask.request_id, reply, allowed, "answering OpenCode's permission request");
-            let path = format!("/permission/{}/reply", ask.request_id);
-            if let Err(e) =
-                client.call_within(REQUEST_LIMIT, Method::POST, &path, Some(&json!({ "reply": reply }))).await
-            {
-                tracing::warn!(session = %session, "could not answer the permission request: {e}");
+                },
+                _ => "reject",
             }
-        })
-    }
+        } else {
+            "once"
+        };
+        tracing::info!(session = %session, request = %ask.request_id, reply, allowed, "answering OpenCode's permission request");
+        let path = format!("/permission/{}/reply", ask.request_id);
+        if let Err(e) = client.call_within(REQUEST_LIMIT, Method::POST, &path, Some(&json!({ "reply": reply }))).await {
+            tracing::warn!(session = %session, "could not answer the permission request: {e}");
+        }
+    })
 }
 
 /// Gives OpenCode session `ses` on `server` the session's rules (its approvals, mode and "always" answers, composed
@@ -782,12 +550,9 @@ fn template_shell(text: &str) -> Vec<String> {
     found
 }
 
-/// How long a shared server that did not abort a turn in time may take to show it still serves the others.
-const SHARED_HEALTH: Duration = Duration::from_secs(1);
-
 /// Ends what the turn left running beside the server, unless another session's turn runs there now (its
 /// commands would be among them).
-fn end_strays(server: &super::Server) {
+pub(super) fn end_strays(server: &super::Server) {
     if !server.shared_now() {
         server.end_strays();
     }
@@ -795,7 +560,7 @@ fn end_strays(server: &super::Server) {
 
 /// A new OpenCode session whose parent is the turn's own or one of its subagents' (`children`): a subagent of the
 /// turn.
-fn child_session(event: &str, ours: &str, children: &[String]) -> Option<String> {
+pub(super) fn child_session(event: &str, ours: &str, children: &[String]) -> Option<String> {
     if !event.contains("\"session.created\"") {
         return None;
     }
@@ -810,7 +575,7 @@ fn child_session(event: &str, ours: &str, children: &[String]) -> Option<String>
 /// A permission request of one of the turn's subagents (`children`: their own OpenCode sessions), which the
 /// translator does not show: asked with a card of its own naming what it wants. Requests of other sessions of a
 /// shared server are their own turns'.
-fn foreign_permission(event: &str, children: &[String]) -> Option<PermissionAsk> {
+pub(super) fn foreign_permission(event: &str, children: &[String]) -> Option<PermissionAsk> {
     if !event.contains("\"permission.asked\"") {
         return None;
     }
@@ -837,25 +602,15 @@ fn foreign_permission(event: &str, children: &[String]) -> Option<PermissionAsk>
     Some(PermissionAsk { request_id: id, tool_call, always: always.collect(), permission, patterns })
 }
 
-enum Outcome {
-    Idle,
-    ServerDied,
-    StreamEnded,
-    KillServer,
-}
-
-enum Stop {
-    Cancelled,
-    Stalled,
-    TimedOut,
-    Limit(String),
-    Aborted(String),
-}
-
 /// Why a server ended during a turn, naming who ended it where that is known: the sandbox's limit (its cgroup
 /// counted an out-of-memory kill or a refused fork), a signal from elsewhere (the bridge only kills a server after
 /// the turn's own stop, which is not reported this way), its own exit, or its event stream closing.
-fn death(name: &str, exit: Option<crate::sandbox::ExitInfo>, limit: Option<String>, stream_closed: bool) -> String {
+pub(super) fn death(
+    name: &str,
+    exit: Option<crate::sandbox::ExitInfo>,
+    limit: Option<String>,
+    stream_closed: bool,
+) -> String {
     let signal_name = |signal: i32| {
         nix::sys::signal::Signal::try_from(signal).map(|s| s.as_str().to_string()).unwrap_or_else(|_| "?".into())
     };
@@ -880,18 +635,6 @@ fn death(name: &str, exit: Option<crate::sandbox::ExitInfo>, limit: Option<Strin
         (None, Some(hit)) => format!("{name}'s server stopped during the turn: {hit}"),
         (None, None) if stream_closed => format!("{name}'s server closed its event stream during the turn"),
         (None, None) => format!("{name}'s server stopped answering during the turn"),
-    }
-}
-
-/// A deadline that never comes (an hour on), for `min` with one that may not be set.
-fn far_future() -> tokio::time::Instant {
-    tokio::time::Instant::now() + Duration::from_secs(3600)
-}
-
-async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }
 

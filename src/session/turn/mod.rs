@@ -1,0 +1,571 @@
+//! One prompt turn: store it, prepare the sandbox and the CLI, run an attempt through an engine (`engine.rs`: the
+//! one loop; `process.rs`: a CLI per prompt; the warm server's in `serve/`), retry with a fresh conversation when
+//! the old one is gone, and record how it ended.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agent_client_protocol::v1::schema::{
+    ContentBlock, SessionInfoUpdate, SessionUpdate, StopReason, ToolCall, ToolCallContent, ToolCallStatus,
+    ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+};
+use tokio_util::sync::CancellationToken;
+
+mod emitter;
+pub(super) mod engine;
+mod process;
+
+pub(super) use self::emitter::{Emitter, bound_update};
+
+use self::engine::Attempt;
+pub(super) use self::process::stderr_tail;
+use super::{Bridge, UpdateSink, note, prompt};
+use crate::agents::{AgentKind, ModelInfo, TranslateContext, TurnRequest};
+use crate::error::{Error, Result};
+use crate::sandbox::{ExecSpec, Sandbox, install};
+use crate::store::{Outbox, SessionRecord, TurnStatus};
+
+/// Variables of the bridge's environment every CLI gets: what programs need to run and to reach the
+/// network (proxies, CA bundles). Everything else is dropped; each agent adds its own settings and keys.
+pub(super) const BASE_ENV: &[&str] = &[
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+];
+
+/// The CLI's environment: a cleared one plus the allow-list, its own settings and credentials, and
+/// HOME/XDG dirs in the sandbox's state dir (persisted across turns: OpenCode keeps its sessions there).
+/// `names` are the exact variables this CLI needs beyond its own namespace (its providers', `--pass-env`).
+pub(super) fn cli_environment(
+    agent: AgentKind,
+    state_dir: &std::path::Path,
+    credential: Option<&(&'static str, String)>,
+    names: &BTreeSet<String>,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(name, _)| {
+            BASE_ENV.contains(&name.as_str())
+                || name.starts_with("LC_")
+                || agent.passes_env(name)
+                || names.contains(name)
+        })
+        .collect();
+    for (name, sub) in [
+        ("HOME", "home"),
+        ("XDG_CONFIG_HOME", "config"),
+        ("XDG_DATA_HOME", "data"),
+        ("XDG_CACHE_HOME", "cache"),
+        ("XDG_STATE_HOME", "state"),
+    ] {
+        env.push((name.into(), state_dir.join(sub).display().to_string()));
+    }
+    env.push(("TERM".into(), "dumb".into()));
+    env.extend(agent.fixed_env());
+    if let Some((name, value)) = credential {
+        env.retain(|(existing, _)| existing != name);
+        env.push((name.to_string(), value.clone()));
+    }
+    env
+}
+
+/// At most this many characters of earlier turns are handed to a fresh CLI conversation.
+const TRANSCRIPT_LIMIT: usize = 24_000;
+
+/// Everything one turn needs.
+pub(super) struct Turn<'a> {
+    pub bridge: &'a Bridge,
+    pub record: SessionRecord,
+    pub agent: AgentKind,
+    pub credential: Option<(&'static str, String)>,
+    pub blocks: Vec<ContentBlock>,
+    pub sink: Arc<dyn UpdateSink>,
+    pub cancel: CancellationToken,
+    /// What is known about the model in use (OpenCode): its context window and whether it takes images.
+    pub model: Option<ModelInfo>,
+}
+
+/// Whether the disk holding `dir` has (next to) no room left for an unprivileged writer.
+fn disk_full(dir: &std::path::Path) -> bool {
+    const ROOM: u64 = 1024 * 1024;
+    nix::sys::statvfs::statvfs(dir)
+        .is_ok_and(|stat| stat.blocks_available().saturating_mul(stat.fragment_size()) < ROOM)
+}
+
+impl Turn<'_> {
+    /// The model the session's choices name, else the agent's configured default, for an agent with a model choice.
+    fn chosen_model(&self) -> Option<&str> {
+        let chosen =
+            self.agent.chosen_model(&self.record.config).filter(|model| *model != crate::agents::options::DEFAULT);
+        chosen.or(self.agent.default_model(&self.bridge.config().agents))
+    }
+
+    pub async fn run(self) -> Result<StopReason> {
+        let store = self.bridge.store.clone();
+        let prompt_json = serde_json::to_value(&self.blocks).unwrap_or_default();
+        // Read first: once the turn row exists, nothing may fail before the turn is ended.
+        let prior_cost = store.session_cost(&self.record.id).await?;
+        // The turn row is written on a task of its own: a cancel while the store waits for a lock answers at
+        // once, and a row written after that is ended as cancelled.
+        let mut started = {
+            let store = store.clone();
+            let session = self.record.id.clone();
+            tokio::spawn(async move { store.start_turn(&session, &prompt_json).await })
+        };
+        let turn_id = tokio::select! {
+            biased;
+            started = &mut started => started.map_err(|_| Error::Store(crate::store::StoreError::Stopped))??,
+            _ = self.cancel.cancelled() => {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    if let Ok(Ok(turn_id)) = started.await {
+                        let _ = store.end_turn(turn_id, TurnStatus::Done, Some("cancelled"), None, 0.0).await;
+                    }
+                });
+                tracing::info!(session = %self.record.id, "cancelled while the store was busy: turn ended");
+                return Ok(StopReason::Cancelled);
+            }
+        };
+        let sink = self.sink.clone();
+        let sink_session = self.record.id.clone();
+        let emitter = Emitter {
+            store: store.clone(),
+            outbox: Outbox::new(move |run| sink.send_json_run(&sink_session, run)),
+            session_id: self.record.id.clone(),
+            turn_id,
+            prior_cost,
+            turn_cost: std::sync::Mutex::new(0.0),
+            cancel: self.cancel.clone(),
+            deadline: std::sync::OnceLock::new(),
+            given_up: std::sync::atomic::AtomicBool::new(false),
+        };
+        let session_id = self.record.id.clone();
+        let result = self.run_turn(&emitter).await.map_err(|error| self.explain(error));
+        // Every update is stored and sent before the prompt is answered; one that could not be stored fails the turn
+        // with the store's words (what the user can do about it), whatever else went wrong.
+        let result = match emitter.flush().await {
+            Err(error) if !matches!(result, Err(Error::Store(_))) => Err(error),
+            _ => result,
+        };
+        let cost = *emitter.turn_cost.lock().unwrap_or_else(|p| p.into_inner());
+        let (status, stop, error) = match &result {
+            Ok(stop) => (TurnStatus::Done, Some(stop_reason_name(*stop)), None),
+            Err(error) => (TurnStatus::Failed, None, Some(error.to_string())),
+        };
+        let ending = {
+            let store = store.clone();
+            async move { store.end_turn(turn_id, status, stop, error.as_deref(), cost).await }
+        };
+        match emitter.write(ending).await {
+            Ok(Some(())) => {}
+            Ok(None) => {
+                tracing::warn!(session = %session_id, "the end of the cancelled turn is recorded once the store can write")
+            }
+            // The store keeps trying; a later bridge marks the turn interrupted if this one dies first.
+            Err(e) => tracing::error!(session = %session_id, "could not record the end of the turn yet: {e}"),
+        }
+        match &result {
+            Ok(stop) => {
+                tracing::info!(session = %session_id, stop = stop_reason_name(*stop), "turn ended")
+            }
+            Err(error) => tracing::warn!(session = %session_id, "turn failed: {error}"),
+        }
+        result
+    }
+
+    /// Says what a CLI's failure means when the CLI itself does not: OpenCode answers a model it does not have
+    /// with "Unexpected server error" (`run`) or "Model not found" (`serve`), which name neither the picker nor
+    /// `opencode models`.
+    fn explain(&self, mut error: Error) -> Error {
+        // The CLI keeps its own database on the data dir's disk (OpenCode then says only "Failed to execute
+        // statement"): a full disk is named with what to free.
+        let data_dir = &self.bridge.config().data_dir;
+        if let Error::CliFailed { message, .. } = &mut error
+            && disk_full(data_dir)
+        {
+            *message = format!(
+                "The disk holding {} is full, so {} could not save its conversation: free space on it, then send the prompt again\n\n{} said: {message}",
+                data_dir.display(),
+                self.agent.display_name(),
+                self.agent.display_name(),
+            );
+            return error;
+        }
+        if let Error::CliFailed { message, .. } = &mut error
+            && message.starts_with("Cannot connect to API")
+        {
+            let model = self.chosen_model().map(|model| format!(" of {model}")).unwrap_or_default();
+            message.push_str(&format!(
+                "\n\nThe model's provider{model} could not be reached: check that it is up, that the sandbox's network policy lets it through (`--network`; `acp-sandbox doctor` shows the policy), or pick another model"
+            ));
+            return error;
+        }
+        let Error::CliFailed { message, .. } = &error else { return error };
+        if self.model.is_some() || !self.agent.says_unknown_model(message) {
+            return error;
+        }
+        let chosen = self.chosen_model();
+        // Only a model missing from what OpenCode listed is known to be the cause.
+        match chosen {
+            Some(model) if !self.bridge.catalog.models().is_empty() => Error::UnknownModel {
+                agent: self.agent.display_name(),
+                model: model.to_string(),
+                said: message.clone(),
+            },
+            _ => error,
+        }
+    }
+
+    async fn run_turn(&self, emit: &Emitter) -> Result<StopReason> {
+        let workspace = PathBuf::from(&self.record.cwd);
+        if !workspace.is_dir() {
+            return Err(Error::InvalidParams(format!("the workspace {} does not exist", workspace.display())));
+        }
+        if self.record.title.is_none()
+            && let Some(title) = prompt::title(&self.blocks)
+        {
+            let (store, id, stored_title) = (self.bridge.store.clone(), self.record.id.clone(), title.clone());
+            emit.write(async move { store.set_title(&id, &stored_title).await }).await?;
+            emit.send(SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title))).await?;
+        }
+        // The user must know when the agent has their whole machine: said once, in the session's first turn.
+        if self.record.sandbox_id.is_none()
+            && let Some(why) = self.bridge.provider.unconfined()
+        {
+            emit.send(note(&format!(
+                "_{} runs WITHOUT a sandbox here ({why}): it can read and write everything you can._",
+                self.agent.display_name()
+            )))
+            .await?;
+        }
+        // A model known not to take images gets none (OpenCode would fail the whole turn on them).
+        let images = self.agent.accepts_images() && self.model.as_ref().is_none_or(|model| model.image);
+        let mut rendered = prompt::render(&self.blocks, images);
+        let commands = self.agent.commands(&crate::paths::user_config_dir(), &workspace);
+        let command = prompt::split_command(&mut rendered.text, commands.iter().map(|c| c.name.as_str()));
+        if !rendered.dropped.is_empty() {
+            emit.send(note(&format!(
+                "_{} cannot take {}; {} left out of this prompt._",
+                self.agent.display_name(),
+                rendered.dropped.join(", "),
+                if rendered.dropped.len() == 1 { "it was" } else { "they were" }
+            )))
+            .await?;
+        }
+        // A cancel (or the bridge's exit) while the CLI is installed, probed or its sandbox made ends the turn
+        // there; what those steps started is stopped with them. A CLI of this machine is found first; a remote
+        // sandbox, which does not see this machine, gets its CLI (and the user's config of it) inside.
+        let mut found = None;
+        if self.bridge.sessions_run_here() {
+            found = Some(self.local_executable(emit).await);
+        }
+        let Some(sandbox) = self.unless_cancelled(self.bridge.session_sandbox(&self.record)).await? else {
+            return Ok(StopReason::Cancelled);
+        };
+        let found = match (sandbox.remote_files(), found) {
+            (Some(files), _) => self.remote_executable(emit, sandbox.as_ref(), files).await,
+            (None, Some(found)) => found,
+            (None, None) => self.local_executable(emit).await,
+        };
+        let executable = match found {
+            Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)) => return Ok(StopReason::Cancelled),
+            other => other?,
+        };
+        let mut native_id = self.record.native_id.clone();
+        // A session whose server could not start runs `run` for the rest of this bridge's life: every prompt
+        // would otherwise wait for another failing start.
+        // Under `ask` there is no falling back: `run` cannot ask.
+        let mut serve = self.bridge.serves(&self.record)
+            && (crate::agents::options::approvals(&self.record.config) == crate::agents::options::APPROVALS_ASK
+                || !self.bridge.fallback_told.lock().unwrap_or_else(|p| p.into_inner()).contains(&self.record.id));
+        loop {
+            if self.cancel.is_cancelled() {
+                return Ok(StopReason::Cancelled);
+            }
+            let attempt = if serve {
+                match self
+                    .serve_attempt(emit, &sandbox, &executable, native_id.as_deref(), command.as_deref(), &rendered)
+                    .await?
+                {
+                    Attempt::Unavailable(why) => {
+                        if crate::agents::options::approvals(&self.record.config)
+                            == crate::agents::options::APPROVALS_ASK
+                        {
+                            // `opencode run` cannot ask: it would run every tool the user wanted to be asked about.
+                            return Err(Error::CliFailed {
+                                message: format!(
+                                    "OpenCode's server could not start, and `opencode run` cannot ask before a tool \
+                                     runs, so this prompt was not run (Approvals: Ask): {}",
+                                    crate::lines::first_text_line(&why)
+                                ),
+                                stderr_tail: String::new(),
+                                exit_code: None,
+                            });
+                        }
+                        serve = false;
+                        tracing::warn!(session = %self.record.id, "running `opencode run` instead of the server: {why}");
+                        let first = self
+                            .bridge
+                            .fallback_told
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(self.record.id.clone());
+                        if first {
+                            emit.send(note(&format!(
+                                "_OpenCode's server could not start here, so this session runs `opencode run` per prompt (no live output): {}_",
+                                crate::lines::first_text_line(&why)
+                            )))
+                            .await?;
+                        }
+                        continue;
+                    }
+                    attempt => attempt,
+                }
+            } else {
+                self.attempt(emit, sandbox.as_ref(), &executable, native_id.as_deref(), command.as_deref(), &rendered)
+                    .await?
+            };
+            match attempt {
+                Attempt::Finished(result) => return result,
+                // Only a server can be unavailable, and the server's is taken above.
+                Attempt::Unavailable(why) => return Err(Error::CliUnavailable(why)),
+                Attempt::ConversationMissing => {
+                    let Some(old) = native_id.take() else {
+                        return Err(Error::CliFailed {
+                            message: format!("{} could not start a conversation", self.agent.display_name()),
+                            stderr_tail: String::new(),
+                            exit_code: None,
+                        });
+                    };
+                    tracing::warn!(session = %self.record.id, native = %old, "the CLI conversation is gone; starting a fresh one");
+                    self.bridge.store.set_native_id(&self.record.id, None).await?;
+                    // Our store still has the conversation: the fresh one starts from its transcript.
+                    let history = self.bridge.store.history(&self.record.id, self.bridge.config().replay_limit).await?;
+                    let earlier: Vec<_> =
+                        history.turns.into_iter().filter(|(turn, _)| turn.id != emit.turn_id).collect();
+                    let transcript = prompt::transcript(&earlier, TRANSCRIPT_LIMIT);
+                    let told = if transcript.is_empty() {
+                        "so this prompt starts a fresh one".to_string()
+                    } else {
+                        rendered.text = format!("{transcript}\n\n{}", rendered.text);
+                        "so this prompt starts a fresh one from a transcript of the earlier turns (tool details are not in it)"
+                            .to_string()
+                    };
+                    emit.send(note(&format!(
+                        "_The earlier {} conversation ({old}) no longer exists in the sandbox, {told}._",
+                        self.agent.display_name()
+                    )))
+                    .await?;
+                }
+            }
+        }
+    }
+
+    /// Runs a step before the CLI starts: `None` when the turn is cancelled first (the step is dropped, which
+    /// stops what it started) or the step says it was.
+    pub(super) async fn unless_cancelled<T>(&self, step: impl Future<Output = Result<T>>) -> Result<Option<T>> {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Ok(None),
+            result = step => match result {
+                Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)) => Ok(None),
+                other => other.map(Some),
+            },
+        }
+    }
+
+    /// The CLI's executable on this machine: the override, PATH, the tools cache, or an install on first use; for
+    /// a version the bridge can drive (see [`Bridge::supported_executable`]).
+    async fn local_executable(&self, emit: &Emitter) -> Result<PathBuf> {
+        // The install hears the cancel itself, so that its card says how it ended.
+        let executable = self.executable(emit).await?;
+        let found = self.bridge.supported_executable(self.agent, &executable, &self.cancel);
+        match self.unless_cancelled(found).await? {
+            Some((pinned, _)) => Ok(pinned),
+            None => Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)),
+        }
+    }
+
+    /// The CLI's executable: the override, PATH, the tools cache, or an install on first use.
+    async fn executable(&self, emit: &Emitter) -> Result<PathBuf> {
+        if let Some(path) = crate::locate::installed_executable(self.bridge.config(), self.agent) {
+            return Ok(path);
+        }
+        let tools = crate::paths::tools_dir(&self.bridge.config().data_dir);
+        let install = install::install(self.agent.package(), &tools, &self.cancel);
+        let fix = format!(
+            "Put `{}` on PATH or set ACP_SANDBOX_{}_BIN.",
+            self.agent.package().bin,
+            self.agent.as_str().to_uppercase()
+        );
+        self.install_card(emit, "", install, &fix).await
+    }
+
+    /// Runs an install of the CLI behind a tool card that says how it went: done, cancelled, or npm's words. `place`
+    /// says where, for the card and the error (empty: this machine); `fix` what the user can do when it fails.
+    pub(super) async fn install_card(
+        &self,
+        emit: &Emitter,
+        place: &str,
+        install: impl Future<Output = std::result::Result<PathBuf, crate::sandbox::SandboxError>>,
+        fix: &str,
+    ) -> Result<PathBuf> {
+        let package = self.agent.package();
+        let call_id = format!("install-{}", package.bin);
+        emit.send(SessionUpdate::ToolCall(
+            ToolCall::new(
+                call_id.clone(),
+                format!("Installing {} {}{place} (first use)", self.agent.display_name(), package.version),
+            )
+            .kind(ToolKind::Other)
+            .status(ToolCallStatus::InProgress)
+            .raw_input(serde_json::json!({ "npm": format!("{}@{}", package.name, package.version) })),
+        ))
+        .await?;
+        match install.await {
+            Ok(path) => {
+                emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Completed))).await?;
+                // The model listing runs on this machine: only a local install changes it.
+                if place.is_empty() {
+                    self.bridge.refresh_models();
+                }
+                Ok(path)
+            }
+            Err(crate::sandbox::SandboxError::Cancelled) => {
+                emit.send(update(
+                    &call_id,
+                    ToolCallUpdateFields::new()
+                        .status(ToolCallStatus::Failed)
+                        .content(vec![ToolCallContent::from("The install was cancelled.".to_string())]),
+                ))
+                .await?;
+                Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled))
+            }
+            Err(e) => {
+                emit.send(update(
+                    &call_id,
+                    ToolCallUpdateFields::new()
+                        .status(ToolCallStatus::Failed)
+                        .content(vec![ToolCallContent::from(e.to_string())]),
+                ))
+                .await?;
+                Err(Error::CliUnavailable(format!(
+                    "{} is not installed{place} and could not be installed: {e}. {fix}",
+                    self.agent.display_name(),
+                )))
+            }
+        }
+    }
+
+    /// The review of this turn, in review mode and in every remote sandbox: what the agent changes goes to the
+    /// editor first.
+    pub(super) fn review<'s>(&self, sandbox: &'s dyn Sandbox) -> Option<super::review::Review<'s>> {
+        super::review::Review::of(
+            sandbox,
+            || self.bridge.mirror_copy(&self.record),
+            self.sink.clone(),
+            &self.record.id,
+            PathBuf::from(&self.record.cwd),
+            self.bridge.client_abilities().write_text_file,
+        )
+        .map(|review| review.uploading_secrets(self.bridge.config().remote_upload_secrets))
+    }
+
+    async fn attempt(
+        &self,
+        emit: &Emitter,
+        sandbox: &dyn Sandbox,
+        executable: &std::path::Path,
+        native_id: Option<&str>,
+        command: Option<&str>,
+        rendered: &prompt::RenderedPrompt,
+    ) -> Result<Attempt> {
+        let review = self.review(sandbox);
+        // Uploading a remote sandbox's workspace may take a while: a cancel stops it (the next turn starts over).
+        if let Some(review) = &review
+            && self.unless_cancelled(review.begin(emit)).await?.is_none()
+        {
+            return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
+        }
+        let mut files = Vec::new();
+        if !rendered.images.is_empty() {
+            let dir = prompt::attachments_dir(sandbox.state_dir(), emit.turn_id);
+            for (name, bytes) in &rendered.images {
+                let path = dir.join(name);
+                sandbox.write_state_file(&path, bytes).await?;
+                files.push(path);
+            }
+        }
+        let config = &self.record.config;
+        let request = TurnRequest { native_id, options: config, files: &files, command };
+        let mut env = cli_environment(
+            self.agent,
+            sandbox.state_dir(),
+            self.credential.as_ref(),
+            &self.bridge.env_names(self.agent, self.model.as_ref().map(|m| m.id.as_str())),
+        );
+        self.agent.turn_env(config, &mut env);
+        let spec = ExecSpec {
+            stdin: rendered.text.clone().into_bytes(),
+            ..super::cli_spec(self.bridge.config(), self.agent, executable, sandbox, env, self.agent.args(&request))
+        };
+        tracing::info!(
+            session = %self.record.id,
+            program = %spec.program.display(),
+            args = ?spec.args,
+            env = ?spec.env.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            "running the CLI"
+        );
+        let process = sandbox.exec(spec).await?;
+        let engine = process::ProcessEngine::new(self.agent, process, native_id.is_some(), self.bridge.config());
+        let translator = self.agent.translator(self.translate_context(sandbox, emit));
+        self.drive(engine, translator, emit, sandbox, review.as_ref(), native_id).await
+    }
+
+    /// What the translator of this turn is told: the workspaces, the client's rendering, the model's window.
+    pub(super) fn translate_context(&self, sandbox: &dyn Sandbox, emit: &Emitter) -> TranslateContext {
+        TranslateContext {
+            workspace: PathBuf::from(&self.record.cwd),
+            agent_workspace: sandbox.workspace().to_path_buf(),
+            terminal_output: self.bridge.terminal_output(),
+            context_window: self
+                .model
+                .as_ref()
+                .and_then(|model| model.context)
+                .unwrap_or(self.bridge.config().context_window),
+            turn_key: format!("{}-", emit.turn_id),
+        }
+    }
+}
+
+fn update(id: &str, fields: ToolCallUpdateFields) -> SessionUpdate {
+    SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id.to_string(), fields))
+}
+
+/// The wire name of a stop reason, for the store and logs.
+pub fn stop_reason_name(stop: StopReason) -> &'static str {
+    match stop {
+        StopReason::EndTurn => "end_turn",
+        StopReason::MaxTokens => "max_tokens",
+        StopReason::MaxTurnRequests => "max_turn_requests",
+        StopReason::Refusal => "refusal",
+        StopReason::Cancelled => "cancelled",
+        _ => "other",
+    }
+}
