@@ -111,6 +111,29 @@ const CANCEL_STORE_DEADLINE: std::time::Duration = std::time::Duration::from_sec
 const CANCEL_STORE_CHECK: std::time::Duration = std::time::Duration::from_millis(25);
 
 impl Emitter {
+    /// The emitter of turn `turn_id` of `session_id`, whose updates reach `sink` once `store` kept them.
+    pub(in crate::session) fn new(
+        store: Arc<Store>,
+        sink: Arc<dyn crate::session::UpdateSink>,
+        session_id: &str,
+        turn_id: i64,
+        prior_cost: f64,
+        cancel: CancellationToken,
+    ) -> Self {
+        let sink_session = session_id.to_string();
+        Self {
+            store,
+            outbox: Outbox::new(move |run| sink.send_json_run(&sink_session, run)),
+            session_id: session_id.to_string(),
+            turn_id,
+            prior_cost,
+            turn_cost: std::sync::Mutex::new(0.0),
+            cancel,
+            deadline: std::sync::OnceLock::new(),
+            given_up: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
     /// The turn's cancel.
     pub(in crate::session) fn cancel(&self) -> &CancellationToken {
         &self.cancel

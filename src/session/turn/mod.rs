@@ -24,7 +24,7 @@ use super::{Bridge, UpdateSink, note, prompt};
 use crate::agents::{AgentKind, ModelInfo, TranslateContext, TurnRequest};
 use crate::error::{Error, Result};
 use crate::sandbox::{ExecSpec, Sandbox, install};
-use crate::store::{Outbox, SessionRecord, TurnStatus};
+use crate::store::{SessionRecord, TurnStatus};
 
 /// Variables of the bridge's environment every CLI gets: what programs need to run and to reach the
 /// network (proxies, CA bundles). Everything else is dropped; each agent adds its own settings and keys.
@@ -142,19 +142,8 @@ impl Turn<'_> {
                 return Ok(StopReason::Cancelled);
             }
         };
-        let sink = self.sink.clone();
-        let sink_session = self.record.id.clone();
-        let emitter = Emitter {
-            store: store.clone(),
-            outbox: Outbox::new(move |run| sink.send_json_run(&sink_session, run)),
-            session_id: self.record.id.clone(),
-            turn_id,
-            prior_cost,
-            turn_cost: std::sync::Mutex::new(0.0),
-            cancel: self.cancel.clone(),
-            deadline: std::sync::OnceLock::new(),
-            given_up: std::sync::atomic::AtomicBool::new(false),
-        };
+        let emitter =
+            Emitter::new(store.clone(), self.sink.clone(), &self.record.id, turn_id, prior_cost, self.cancel.clone());
         let session_id = self.record.id.clone();
         let result = self.run_turn(&emitter).await.map_err(|error| self.explain(error));
         // Every update is stored and sent before the prompt is answered; one that could not be stored fails the turn
@@ -569,3 +558,6 @@ pub fn stop_reason_name(stop: StopReason) -> &'static str {
         _ => "other",
     }
 }
+
+#[cfg(test)]
+mod tests;
