@@ -154,10 +154,10 @@ pub trait Agent: Send + Sync + 'static {
 
     /// The exact variables of the bridge's environment the CLI gets for its model providers: those its
     /// configuration names and those of `providers` (the ones its model list has, and the model in use).
-    fn provider_env<'a>(
+    fn provider_env(
         &self,
         _settings: &AgentSettings,
-        _providers: &mut dyn Iterator<Item = &'a str>,
+        _providers: &mut dyn Iterator<Item = &str>,
     ) -> std::collections::BTreeSet<String> {
         Default::default()
     }

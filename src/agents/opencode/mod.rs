@@ -193,10 +193,10 @@ impl Agent for OpenCode {
         Some(1)
     }
 
-    fn provider_env<'a>(
+    fn provider_env(
         &self,
         settings: &AgentSettings,
-        providers: &mut dyn Iterator<Item = &'a str>,
+        providers: &mut dyn Iterator<Item = &str>,
     ) -> std::collections::BTreeSet<String> {
         settings.opencode.needs.env_names(providers)
     }

@@ -33,6 +33,8 @@ pub(in crate::session) enum Stop {
 }
 
 /// One thing an engine has for the loop.
+// Nearly every step is a line; boxing the rare output would cost an allocation for nothing.
+#[allow(clippy::large_enum_variant)]
 pub(in crate::session) enum Step {
     /// A line of the agent's stream, for the translator. `alive`: it counts as the agent saying something (a shared
     /// server's stream also carries other sessions' events, which do not keep this turn alive).

@@ -189,7 +189,7 @@ impl TurnEngine for ProcessEngine {
     }
 
     async fn conclude(mut self, seen: Seen, name: &'static str) -> Attempt {
-        let exit = self.exited.clone().unwrap_or(ExitInfo { code: None, signal: None });
+        let exit = self.exited.unwrap_or(ExitInfo { code: None, signal: None });
         // Every process of the turn is gone by now, so stderr ends; the bound covers what is not ours to kill.
         let stderr = match tokio::time::timeout(DRAIN_AFTER_EXIT, &mut self.stderr).await {
             Ok(tail) => tail.unwrap_or_default(),
