@@ -1,0 +1,274 @@
+//! The agent's CLI as the bridge runs it outside a turn: its version (probed once per executable file), the
+//! executable the bridge may drive, the variables it gets, and every command line of it (`cli_spec`, `run_once`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::agents::AgentKind;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::locate::installed_executable;
+use crate::paths;
+use crate::sandbox::SandboxProvider;
+use crate::sandbox::local::{Isolation, LocalProvider};
+
+use super::{Bridge, VersionKey, remote, turn, versions};
+
+impl Bridge {
+    /// The version line `<cli> --version` prints, asked once per executable file (in a sandbox of the bridge's own),
+    /// and remembered in the data dir for later bridges: a cache hit runs no process.
+    pub(super) async fn cli_version(&self, agent: AgentKind, executable: &Path) -> Option<String> {
+        let key = self.version_key(executable).await;
+        if let Some(known) = self.known_version(&key).await {
+            return known;
+        }
+        // One probe at a time: the one started with the bridge is usually the answer of the first session's.
+        let _one = self.version_probe.lock().await;
+        if let Some(known) = self.known_version(&key).await {
+            return known;
+        }
+        let version = run_once(
+            &self.config,
+            self.own_provider.as_ref(),
+            "_version",
+            agent,
+            executable,
+            &["--version"],
+            &Default::default(),
+        )
+        .await
+        .ok()
+        .and_then(|out| out.lines().next().map(|line| line.trim().to_string()))
+        .filter(|line| !line.is_empty());
+        tracing::info!(executable = %executable.display(), version = ?version, "the CLI's version");
+        // A failed probe is remembered in this process only: it may have been the machine, not the file.
+        if let (Some(file), Some(version)) = (key.1.clone(), version.clone()) {
+            let data_dir = self.config.data_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || versions::remember(&data_dir, &file, &version)).await;
+        }
+        self.versions.lock().unwrap_or_else(|p| p.into_inner()).insert(key, version.clone());
+        version
+    }
+
+    /// Which file `executable` is now (a stat, no process).
+    pub(super) async fn version_key(&self, executable: &Path) -> VersionKey {
+        let path = executable.to_path_buf();
+        let file = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || versions::Key::of(&path)).await.ok().flatten()
+        };
+        (path, file)
+    }
+
+    /// The version of this file if this process or the data dir's cache knows it (`Some(None)`: probed here, with
+    /// no answer).
+    pub(super) async fn known_version(&self, key: &VersionKey) -> Option<Option<String>> {
+        if let Some(known) = self.versions.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
+            return Some(known.clone());
+        }
+        let file = key.1.clone()?;
+        let data_dir = self.config.data_dir.clone();
+        let cached = tokio::task::spawn_blocking(move || versions::lookup(&data_dir, &file)).await.ok().flatten()?;
+        tracing::debug!(executable = %key.0.display(), version = %cached, "the CLI's version, from the cache");
+        self.versions.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), Some(cached.clone()));
+        Some(Some(cached))
+    }
+
+    /// The agent's executable as this bridge may drive it: a major version it supports
+    /// ([`crate::agents::Agent::newest_major`]). A newer one found on PATH is replaced by the pinned install of the
+    /// tools cache (installed now when missing), and one named by the override is refused. Answers the executable
+    /// and its version line.
+    pub(super) async fn supported_executable(
+        &self,
+        agent: AgentKind,
+        found: &Path,
+        cancel: &CancellationToken,
+    ) -> Result<(PathBuf, Option<String>)> {
+        let version = self.cli_version(agent, found).await;
+        let Some(newest) = agent.newest_major() else { return Ok((found.to_path_buf(), version)) };
+        match version.as_deref().and_then(major_version) {
+            Some(major) if major > newest => {}
+            _ => return Ok((found.to_path_buf(), version)),
+        }
+        let shown = version.unwrap_or_default();
+        let (name, package) = (agent.display_name(), agent.package());
+        if agent.bin_override(&self.config.agents).is_some() {
+            return Err(Error::CliUnavailable(format!(
+                "{name} {shown} at {} is a major version acp-sandbox cannot drive yet (it supports {name} {newest}.x). \
+                 Point ACP_SANDBOX_{}_BIN (--{}-bin) at a {newest}.x of {name}, or unset it to use the pinned {}",
+                found.display(),
+                agent.as_str().to_uppercase(),
+                agent.as_str(),
+                package.version
+            )));
+        }
+        let tools = paths::tools_dir(&self.config.data_dir);
+        let pinned = package.executable(&tools);
+        tracing::warn!(
+            found = %found.display(),
+            version = %shown,
+            pinned = %pinned.display(),
+            "the {name} on PATH is a major version acp-sandbox cannot drive yet; using the pinned install"
+        );
+        if !pinned.exists() {
+            crate::sandbox::install::install(package, &tools, cancel).await?;
+        }
+        let version = self.cli_version(agent, &pinned).await;
+        Ok((pinned, version))
+    }
+
+    /// Asks the agent's version in the background, so that the first session's server does not wait for it.
+    pub fn probe_version(self: &Arc<Self>) {
+        let agent = self.config.agent;
+        if agent.newest_major().is_none() {
+            return;
+        }
+        let Some(executable) = installed_executable(&self.config, agent) else { return };
+        let bridge = self.clone();
+        tokio::spawn(async move {
+            bridge.cli_version(agent, &executable).await;
+        });
+    }
+
+    /// The exact variables of the bridge's environment a CLI gets beyond its own namespace: for OpenCode, those
+    /// of the providers its config names, its catalog lists and the model in use; `--pass-env` for both.
+    pub(super) fn env_names(&self, agent: AgentKind, model: Option<&str>) -> std::collections::BTreeSet<String> {
+        let mut names: std::collections::BTreeSet<String> = self.config.pass_env.iter().cloned().collect();
+        let models = self.catalog.listed();
+        let mut providers = models
+            .iter()
+            .map(|m| m.id.as_str())
+            .chain(model)
+            .filter_map(|id| id.split_once('/').map(|(provider, _)| provider));
+        names.extend(agent.provider_env(&self.config.agents, &mut providers));
+        names
+    }
+}
+
+/// Runs `<cli> --version` in a sandbox made like a session's, for `doctor`: proof that the sandbox can run the CLI.
+/// Answers its version line, or the CLI's (or bubblewrap's) own words when it fails.
+pub async fn check_cli(config: &Config, agent: AgentKind) -> std::result::Result<String, String> {
+    let executable = installed_executable(config, agent).ok_or_else(|| "not installed yet".to_string())?;
+    let isolation = Isolation::resolve(config.sandbox).map_err(|e| e.to_string())?;
+    let provider =
+        LocalProvider::new(paths::sessions_dir(&config.data_dir), Arc::new(config.local_settings(isolation)));
+    let output =
+        run_once(config, &provider, "_doctor", agent, &executable, &["--version"], &Default::default()).await?;
+    Ok(output.lines().next().unwrap_or("").trim().to_string())
+}
+
+/// How long a bridge's own run of a CLI (listing models, `--version`) may take.
+pub(super) const RUN_ONCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The most a bridge's own run of a CLI may print (a model listing is some hundred KiB).
+pub(super) const RUN_ONCE_OUTPUT_LIMIT: u64 = 16 * 1024 * 1024;
+
+/// Runs one short command of a CLI in a sandbox of the bridge's own (`sandbox`, never a session's, with its own
+/// workspace in the data dir) and answers its stdout, or its own words when it fails.
+pub(super) async fn run_once(
+    config: &Config,
+    provider: &dyn SandboxProvider,
+    sandbox: &str,
+    agent: AgentKind,
+    executable: &Path,
+    args: &[&str],
+    env_names: &std::collections::BTreeSet<String>,
+) -> std::result::Result<String, String> {
+    let command = format!("`{} {}`", agent.package().bin, args.join(" "));
+    let workspace = config.data_dir.join(format!("{}-workspace", sandbox.trim_start_matches('_')));
+    paths::create_private_dir(&workspace).map_err(|e| format!("create {}: {e}", workspace.display()))?;
+    let spec = crate::sandbox::SandboxSpec { session_id: sandbox.into(), workspace };
+    let id = provider.create(&spec).await.map_err(|e| e.to_string())?;
+    let sandbox = provider.connect(&id, &spec).await.map_err(|e| e.to_string())?.ok_or("the sandbox vanished")?;
+    let env = turn::cli_environment(agent, sandbox.state_dir(), None, env_names);
+    let args = args.iter().map(|arg| arg.to_string()).collect();
+    let mut process = sandbox
+        .exec(cli_spec(config, agent, executable, sandbox.as_ref(), env, args))
+        .await
+        .map_err(|e| e.to_string())?;
+    let stderr = tokio::spawn(turn::stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
+    let mut output = Vec::new();
+    // One byte more than allowed tells an output that is too long from one that just fits.
+    let mut bounded = tokio::io::AsyncReadExt::take(&mut process.stdout, RUN_ONCE_OUTPUT_LIMIT + 1);
+    let read =
+        tokio::time::timeout(RUN_ONCE_LIMIT, tokio::io::AsyncReadExt::read_to_end(&mut bounded, &mut output)).await;
+    let too_long = output.len() as u64 > RUN_ONCE_OUTPUT_LIMIT;
+    if read.is_err() || too_long {
+        process.handle.kill().await;
+    }
+    let exit = process.handle.wait().await.map_err(|e| e.to_string())?;
+    let stderr = tokio::time::timeout(std::time::Duration::from_secs(2), stderr).await.ok().and_then(|r| r.ok());
+    match read {
+        Err(_) => Err(format!("{command} took longer than {} s", RUN_ONCE_LIMIT.as_secs())),
+        Ok(_) if too_long => Err(format!("{command} printed more than {} MiB", RUN_ONCE_OUTPUT_LIMIT >> 20)),
+        Ok(_) if !exit.success() => {
+            Err(format!("{command} failed ({}): {}", exit.describe(), stderr.unwrap_or_default().trim()))
+        }
+        Ok(_) => Ok(String::from_utf8_lossy(&output).into_owned()),
+    }
+}
+
+/// A command of a CLI as every run of it is made: the executable as it really is, its install shown in the
+/// sandbox, the user's config of the CLI, where it must be able to connect, in the sandbox's workspace.
+pub(super) fn cli_spec(
+    config: &Config,
+    agent: AgentKind,
+    executable: &Path,
+    sandbox: &dyn crate::sandbox::Sandbox,
+    env: Vec<(String, String)>,
+    args: Vec<String>,
+) -> crate::sandbox::ExecSpec {
+    if sandbox.remote_files().is_some() {
+        return remote::cli_spec(agent, executable, sandbox, env, args);
+    }
+    let real = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
+    let tools_dir = std::fs::canonicalize(paths::tools_dir(&config.data_dir))
+        .unwrap_or_else(|_| paths::tools_dir(&config.data_dir));
+    // An npm install needs its whole prefix (the platform binary is a sibling package); anything else its folder.
+    let tool = match real.strip_prefix(&tools_dir).ok().and_then(|rel| rel.components().next()) {
+        Some(first) => tools_dir.join(first),
+        None => real.parent().map(Path::to_path_buf).unwrap_or_else(|| real.clone()),
+    };
+    let mut endpoints: Vec<(String, u16)> = agent.model_endpoints(&config.agents);
+    // A base URL the CLI is given in its environment is a model endpoint too (OPENAI_BASE_URL, AMP_URL).
+    for (name, value) in &env {
+        if (name.ends_with("_BASE_URL") || name == "AMP_URL")
+            && let Some(endpoint) = crate::agents::opencode::providers::endpoint_of(value)
+        {
+            endpoints.push(endpoint);
+        }
+    }
+    endpoints.sort();
+    endpoints.dedup();
+    let service_hosts = agent.service_hosts().iter().map(|host| host.to_string()).collect();
+    let (user_config, user_data) = (paths::user_config_dir(), paths::user_data_dir());
+    let read_only = [
+        agent.user_config(&user_config, &user_data, sandbox.state_dir()),
+        agent.shipped_config(&real, &user_config, sandbox.state_dir()),
+    ]
+    .concat();
+    crate::sandbox::ExecSpec {
+        program: real,
+        args,
+        env,
+        cwd: sandbox.workspace().to_path_buf(),
+        stdin: Vec::new(),
+        read_only,
+        tools: vec![tool],
+        net: crate::sandbox::NetAccess { endpoints, service_hosts },
+        serve_port: None,
+        keep_warm: None,
+    }
+}
+
+/// The major version in a version line such as `1.18.33` or `opencode 2.0.23`, if it is one.
+pub fn major_version(line: &str) -> Option<u64> {
+    // A word like `1.18.33` or `v2.0.23`; anything else (a CLI that printed something else) is no version.
+    line.split_whitespace().find_map(|word| {
+        let word = word.trim_start_matches('v');
+        let looks = word.contains('.') && word.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '-');
+        looks.then(|| word.split('.').next()?.parse().ok()).flatten()
+    })
+}

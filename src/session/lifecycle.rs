@@ -1,0 +1,471 @@
+//! The sessions of a bridge from the editor's side: new, load with replay, resume, list, close, delete, cancel,
+//! options, and a prompt up to its turn; each session's sandbox.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use agent_client_protocol::v1::schema::{
+    AvailableCommand, AvailableCommandInput, AvailableCommandsUpdate, ContentBlock, ContentChunk, SessionConfigOption,
+    SessionInfoUpdate, SessionUpdate, StopReason, UnstructuredCommandInput,
+};
+use serde_json::json;
+
+use crate::agents::AgentKind;
+use crate::error::{Error, Result};
+use crate::paths;
+use crate::store::{SessionRecord, TurnStatus, now_ms, rfc3339};
+
+use super::servers::is_shared_sandbox;
+use super::{
+    Bridge, LIST_PAGE, PromptTicket, RunningGuard, SessionPage, SessionSummary, UpdateSink, normalize, note, options,
+    parse_cursor, serve, turn, turn_lock,
+};
+
+impl Bridge {
+    /// Creates a session. The sandbox is prepared on the first prompt, so this answers at once.
+    pub async fn new_session(&self, cwd: &Path) -> Result<(String, Vec<SessionConfigOption>)> {
+        self.check_workspace(cwd)?;
+        let now = now_ms();
+        let mut config = json!({});
+        if let Some(model) = &self.config.model {
+            config[self.config.agent.default_option()] = json!(model);
+        }
+        let record = SessionRecord {
+            id: format!("sess_{}", uuid::Uuid::new_v4().simple()),
+            agent: self.config.agent.as_str().to_string(),
+            cwd: normalize(cwd),
+            sandbox_provider: self.provider.name().to_string(),
+            sandbox_id: None,
+            native_id: None,
+            title: None,
+            config,
+            created_at: now,
+            updated_at: now,
+        };
+        self.store.create_session(&record).await?;
+        tracing::info!(session = %record.id, cwd = %record.cwd, agent = %record.agent, "new session");
+        // Open from now on: a changed model list is announced to it.
+        self.live(&record.id);
+        let options =
+            options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models());
+        Ok((record.id, options))
+    }
+
+    /// Refuses a workspace that would hand the agent the whole filesystem, the home or the bridge's own data.
+    pub(super) fn check_workspace(&self, cwd: &Path) -> Result<()> {
+        if !cwd.is_absolute() {
+            return Err(Error::InvalidParams(format!("cwd must be an absolute path, got {}", cwd.display())));
+        }
+        match crate::sandbox::local::policy::workspace_refusal(cwd, &paths::home(), &self.config.data_dir) {
+            Some(why) => Err(Error::InvalidParams(why)),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn agent_of(&self, record: &SessionRecord) -> AgentKind {
+        AgentKind::parse(&record.agent).unwrap_or(self.config.agent)
+    }
+
+    /// Replays the whole conversation through `sink`, then returns its config options. The next prompt
+    /// continues the same CLI conversation.
+    pub async fn load_session(&self, id: &str, sink: &dyn UpdateSink) -> Result<Vec<SessionConfigOption>> {
+        let record = self.record(id).await?;
+        self.check_workspace(Path::new(&record.cwd))?;
+        self.store.mark_orphaned_turns(id).await?;
+        // Planned first, then read page by page: a long turn is never in memory whole.
+        let history = self.store.replay_plan(id, self.config.replay_limit).await?;
+        if history.omitted_turns > 0 {
+            sink.send(
+                id,
+                note(&format!(
+                    "_{} earlier turn{} of this conversation {} not shown here; the agent still remembers {}._",
+                    history.omitted_turns,
+                    if history.omitted_turns == 1 { "" } else { "s" },
+                    if history.omitted_turns == 1 { "is" } else { "are" },
+                    if history.omitted_turns == 1 { "it" } else { "them" },
+                )),
+            );
+        }
+        for (index, (turn, first)) in history.turns.into_iter().enumerate() {
+            let blocks: Vec<ContentBlock> = serde_json::from_value(turn.prompt).unwrap_or_default();
+            for block in blocks {
+                sink.send(id, SessionUpdate::UserMessageChunk(ContentChunk::new(block)));
+            }
+            // Only the first turn kept can be cut: the newest one, alone longer than the replay limit.
+            if index == 0 && history.omitted_updates > 0 {
+                sink.send(
+                    id,
+                    note(&format!(
+                        "_The first {} update{} of this turn {} not shown here (--replay-limit {}); the agent still remembers {}._",
+                        history.omitted_updates,
+                        if history.omitted_updates == 1 { "" } else { "s" },
+                        if history.omitted_updates == 1 { "is" } else { "are" },
+                        self.config.replay_limit,
+                        if history.omitted_updates == 1 { "it" } else { "them" },
+                    )),
+                );
+            }
+            let mut from = first;
+            while let Some(start) = from {
+                let page = self.store.replay_page(turn.id, start).await?;
+                from = match page.len() {
+                    crate::store::REPLAY_PAGE => page.last().map(|(last, _)| last + 1),
+                    _ => None,
+                };
+                for (_, mut event) in page {
+                    // Stored before updates were bounded: cut like a new one.
+                    turn::bound_update(&mut event);
+                    match serde_json::from_value::<SessionUpdate>(event) {
+                        Ok(update) => sink.send(id, update),
+                        Err(e) => tracing::warn!(session = id, "skipping a stored update that no longer parses: {e}"),
+                    }
+                }
+            }
+            match turn.status {
+                TurnStatus::Interrupted => {
+                    sink.send(id, note("_This turn was interrupted: acp-sandbox stopped before it finished._"))
+                }
+                TurnStatus::Failed => {
+                    let error = turn.error.unwrap_or_default();
+                    sink.send(id, note(&format!("_This turn failed: {}_", crate::lines::first_text_line(&error))))
+                }
+                TurnStatus::Running => sink.send(id, note("_This turn is still running in another window._")),
+                // The editor saw its own cancel; a replay would show the prompt with nothing after it.
+                TurnStatus::Done
+                    if turn.stop_reason.as_deref() == Some(turn::stop_reason_name(StopReason::Cancelled)) =>
+                {
+                    sink.send(id, note("_This turn was cancelled before it finished._"))
+                }
+                TurnStatus::Done => {}
+            }
+        }
+        if let Some(title) = &record.title {
+            sink.send(id, SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title.clone())));
+        }
+        let commands = self.available_commands(id).await?;
+        if !commands.is_empty() {
+            sink.send(id, SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)));
+        }
+        self.live(id);
+        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
+    }
+
+    /// The slash commands the session's CLI offers, for `available_commands_update`.
+    pub async fn available_commands(&self, id: &str) -> Result<Vec<AvailableCommand>> {
+        let record = self.record(id).await?;
+        let user_config = paths::user_config_dir();
+        let commands = self.agent_of(&record).commands(&user_config, Path::new(&record.cwd));
+        Ok(commands
+            .into_iter()
+            .map(|command| {
+                let hint =
+                    command.hint.map(|hint| AvailableCommandInput::Unstructured(UnstructuredCommandInput::new(hint)));
+                AvailableCommand::new(command.name, command.description).input(hint)
+            })
+            .collect())
+    }
+
+    /// Reattaches a session without replay.
+    pub async fn resume_session(&self, id: &str) -> Result<Vec<SessionConfigOption>> {
+        let record = self.record(id).await?;
+        self.check_workspace(Path::new(&record.cwd))?;
+        self.store.mark_orphaned_turns(id).await?;
+        self.live(id);
+        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
+    }
+
+    /// Lists this agent's sessions, newest first. The cursor is opaque to the client.
+    pub async fn list_sessions(&self, cwd: Option<&Path>, cursor: Option<&str>) -> Result<SessionPage> {
+        let before = match cursor {
+            None => None,
+            Some(cursor) => {
+                Some(parse_cursor(cursor).ok_or_else(|| Error::InvalidParams(format!("invalid cursor: {cursor}")))?)
+            }
+        };
+        let cwd = cwd.map(normalize);
+        // Each agent server in the editor shows its own threads; the store is shared by both agents.
+        let records = self
+            .store
+            .list_sessions(
+                Some(self.config.agent.as_str()),
+                cwd.as_deref(),
+                before.as_ref().map(|(time, id)| (*time, id.as_str())),
+                LIST_PAGE + 1,
+            )
+            .await?;
+        let has_more = records.len() > LIST_PAGE;
+        let records = &records[..records.len().min(LIST_PAGE)];
+        let next_cursor = if has_more { records.last().map(|r| format!("{}:{}", r.updated_at, r.id)) } else { None };
+        Ok(SessionPage {
+            sessions: records
+                .iter()
+                .map(|r| SessionSummary {
+                    id: r.id.clone(),
+                    cwd: r.cwd.clone(),
+                    title: r.title.clone(),
+                    updated_at: rfc3339(r.updated_at),
+                })
+                .collect(),
+            next_cursor,
+        })
+    }
+
+    /// Cancels any running turn and forgets the session's in-memory state. The session stays stored.
+    pub fn close_session(&self, id: &str) -> Result<()> {
+        self.cancel(id);
+        self.stop_server(id);
+        self.forget_if_idle(id);
+        Ok(())
+    }
+
+    /// Forgets the in-memory state of a session with no prompt queued or running. A cancelled turn may still be
+    /// winding down; its entry stays until then, so that a prompt sent right after a close waits its turn instead
+    /// of running beside it.
+    pub(super) fn forget_if_idle(&self, id: &str) {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if live.get(id).is_some_and(|s| s.idle()) {
+            live.remove(id);
+        }
+    }
+
+    /// Cancels any running turn, frees the sandbox and removes the session from the store. Unknown ids
+    /// succeed.
+    pub async fn delete_session(&self, id: &str) -> Result<()> {
+        // A turn of this bridge is cancelled below; one another window runs keeps its session (its sandbox would be
+        // removed under it), and holding the lock keeps another window from starting one while this deletes.
+        let runs_here = self.live.lock().unwrap_or_else(|p| p.into_inner()).get(id).is_some_and(|s| !s.idle());
+        let _turn_lock = match runs_here {
+            true => None,
+            false => match turn_lock::try_lock(&self.config.data_dir, id)? {
+                Some(lock) if !self.store.running_elsewhere(id).await? => Some(lock),
+                _ => return Err(Error::DeleteWhileRunningElsewhere),
+            },
+        };
+        let server = self.servers.of_session(id);
+        self.close_session(id)?;
+        // Its server holds the sandbox's files open: gone first (unless other sessions use it).
+        self.servers.release(id).await;
+        let Some(record) = self.store.session(id).await? else {
+            return Ok(());
+        };
+        if let Some(sandbox_id) = &record.sandbox_id
+            && record.sandbox_provider == self.provider.name()
+        {
+            let shared = Path::new(sandbox_id).file_name().and_then(|n| n.to_str()).is_some_and(is_shared_sandbox);
+            let others = match shared {
+                true => self.sandbox_users(sandbox_id).await?.into_iter().filter(|user| user != id).count(),
+                false => 0,
+            };
+            if others == 0 {
+                self.provider.destroy(sandbox_id).await?;
+            } else {
+                // The other sessions' conversations live in the same OpenCode database: only this one goes.
+                self.forget_conversation(&record, server).await;
+            }
+        }
+        // A remote sandbox's mirror lives on this machine (a local sandbox's went with its state dir).
+        let mirror = paths::sessions_dir(&self.config.data_dir).join(&record.id).join("review");
+        if mirror.is_dir()
+            && let Err(e) = std::fs::remove_dir_all(&mirror)
+        {
+            tracing::warn!(session = id, "could not remove the mirror of the sandbox's workspace: {e}");
+        }
+        self.store.delete_session(id).await?;
+        if _turn_lock.is_some() {
+            turn_lock::remove(&self.config.data_dir, id);
+        }
+        tracing::info!(session = id, "deleted session");
+        Ok(())
+    }
+
+    /// The stored sessions whose sandbox is `sandbox_id`.
+    pub(super) async fn sandbox_users(&self, sandbox_id: &str) -> Result<Vec<String>> {
+        let sessions = self.store.list_sessions(None, None, None, usize::MAX).await?;
+        Ok(sessions
+            .into_iter()
+            .filter(|r| r.sandbox_id.as_deref() == Some(sandbox_id) && r.sandbox_provider == self.provider.name())
+            .map(|r| r.id)
+            .collect())
+    }
+
+    /// Deletes a deleted session's OpenCode conversation from the shared server it used, when that still runs
+    /// (else the conversation stays in the shared database, unlisted: nothing of ours names it any more).
+    pub(super) async fn forget_conversation(&self, record: &SessionRecord, server: Option<Arc<serve::Server>>) {
+        let Some(native) = &record.native_id else { return };
+        let Some(server) = server.filter(|server| server.alive()) else {
+            // Its sandbox's next server deletes it.
+            if let Some(state_dir) = &record.sandbox_id
+                && let Err(e) = serve::defer_delete(Path::new(state_dir), native)
+            {
+                tracing::warn!(session = %record.id, native, "could not note the conversation for deletion: {e}");
+            }
+            return;
+        };
+        let path = format!("/session/{native}");
+        match server.client.call_within(std::time::Duration::from_secs(5), hyper::Method::DELETE, &path, None).await {
+            Ok(_) => tracing::info!(session = %record.id, native, "deleted the conversation on the shared server"),
+            Err(e) => tracing::warn!(session = %record.id, native, "could not delete the conversation: {e}"),
+        }
+    }
+
+    /// Cancels the running turn of a session and every prompt of it that arrived before and has not started
+    /// yet. A cancel for an idle or unknown session does nothing (a later prompt is not cancelled).
+    pub fn cancel(&self, id: &str) {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
+        let Some(live) = live else { return };
+        let pending = live.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(token) = live.running.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            tracing::info!(session = id, "cancelling the running turn");
+            token.cancel();
+        }
+        if !pending.is_empty() {
+            tracing::info!(session = id, count = pending.len(), "cancelling the prompts that arrived");
+        }
+        for (_, token) in pending.iter() {
+            token.cancel();
+        }
+    }
+
+    /// Takes the place of a prompt of `id` that just arrived: call it where prompts and cancels are received in
+    /// order, then run the prompt with [`Bridge::prompt_queued`].
+    pub fn prompt_arrived(&self, id: &str) -> PromptTicket {
+        let live = self.live(id);
+        let number = self.tickets.fetch_add(1, Ordering::SeqCst) + 1;
+        let token = self.shutdown.child_token();
+        live.pending.lock().unwrap_or_else(|p| p.into_inner()).push((number, token.clone()));
+        PromptTicket { live, number, token }
+    }
+
+    /// Changes a config option from the next turn on; answers the complete list.
+    /// The session's modes (its mode option, as ACP session modes).
+    pub async fn session_modes(&self, id: &str) -> Result<Option<agent_client_protocol::v1::schema::SessionModeState>> {
+        let record = self.record(id).await?;
+        Ok(options::session_modes(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
+    }
+
+    pub async fn set_config_option(&self, id: &str, option: &str, value: &str) -> Result<Vec<SessionConfigOption>> {
+        let record = self.record(id).await?;
+        let agent = self.agent_of(&record);
+        let models = self.catalog.models();
+        let config = options::apply(agent, &record.config, option, value, &self.config, &models)?;
+        self.store.set_config(id, &config).await?;
+        Ok(options::config_options(agent, &config, &self.config, &models))
+    }
+
+    /// Runs one prompt turn to its end. Updates go to `sink` (and the store) as they happen; every one
+    /// of them is sent before this returns.
+    pub async fn prompt(&self, id: &str, blocks: Vec<ContentBlock>, sink: Arc<dyn UpdateSink>) -> Result<StopReason> {
+        let ticket = self.prompt_arrived(id);
+        self.prompt_queued(id, ticket, blocks, sink).await
+    }
+
+    /// [`Bridge::prompt`] for a prompt whose place was taken when it arrived: cancelled meanwhile, its turn is
+    /// recorded and answers `cancelled` without starting the CLI.
+    pub async fn prompt_queued(
+        &self,
+        id: &str,
+        ticket: PromptTicket,
+        blocks: Vec<ContentBlock>,
+        sink: Arc<dyn UpdateSink>,
+    ) -> Result<StopReason> {
+        // Refused before anything starts or is stored: the CLI would start only to fail on it.
+        if blocks.iter().all(|block| matches!(block, ContentBlock::Text(text) if text.text.trim().is_empty())) {
+            drop(ticket);
+            self.forget_if_idle(id);
+            return Err(Error::InvalidParams("The prompt is empty: write something to send".into()));
+        }
+        let record = match self.record(id).await {
+            Ok(record) => record,
+            Err(error) => {
+                // A prompt of an unknown session leaves nothing behind.
+                drop(ticket);
+                self.forget_if_idle(id);
+                return Err(error);
+            }
+        };
+        let agent = self.agent_of(&record);
+        if agent != self.config.agent {
+            return Err(Error::WrongAgent {
+                session_agent: agent.display_name(),
+                served: self.config.agent.display_name(),
+            });
+        }
+        self.check_workspace(Path::new(&record.cwd))?;
+        let credential = crate::auth::credential(&self.config, agent)?;
+        let live = ticket.live.clone();
+        let elsewhere = self.store.running_elsewhere(id).await?;
+        let (token, turn_lock) = {
+            let mut running = live.running.lock().unwrap_or_else(|p| p.into_inner());
+            if running.is_some() {
+                return Err(Error::TurnInProgress);
+            }
+            // Another window's bridge: its lock decides a race that the store's rows cannot (both read before
+            // either writes); a row of a bridge that predates the lock still counts.
+            let Some(turn_lock) = turn_lock::try_lock(&self.config.data_dir, id)?.filter(|_| !elsewhere) else {
+                return Err(Error::TurnInAnotherWindow);
+            };
+            // The ticket's own token: a cancel that came while the prompt waited has cancelled it already.
+            let token = ticket.token.clone();
+            *running = Some(token.clone());
+            (token, turn_lock)
+        };
+        // Cleared however the turn ends, even by a panic or a dropped task: a session must never stay busy.
+        let _running = RunningGuard(live.clone());
+        let model = options::model_info(agent, &record.config, &self.config, &self.catalog.models());
+        let result =
+            turn::Turn { bridge: self, record, agent, credential, blocks, sink, cancel: token, model }.run().await;
+        // The session is let go of first: a suspension checks that no prompt came meanwhile. It counts as on its way
+        // from before, so that a shutdown waiting for the turns waits for it too.
+        let suspension = self.remote.on_its_way();
+        drop(_running);
+        drop(turn_lock);
+        drop(ticket);
+        self.suspend_after_turn(id, live, suspension);
+        result
+    }
+
+    /// The session's sandbox: reconnected when it exists, created (and persisted) otherwise. A session without a
+    /// sandbox gets its workspace's shared one where sessions share ([`Bridge::shared_sandbox_name`]); a session
+    /// keeps the sandbox it has (its conversation lives there), shared or its own.
+    pub(super) async fn session_sandbox(&self, record: &SessionRecord) -> Result<Arc<dyn crate::sandbox::Sandbox>> {
+        // The background start of a server and the first prompt may both get here: one creates, the other connects.
+        let gate = self.gate(&record.id);
+        let _one = gate.lock().await;
+        let provider = self.provider();
+        let workspace = PathBuf::from(&record.cwd);
+        let current = self.store.session(&record.id).await?;
+        let sandbox_id = current.as_ref().and_then(|r| r.sandbox_id.clone());
+        let provider_name = current.as_ref().map(|r| r.sandbox_provider.clone()).unwrap_or_default();
+        let spec = |name: String| crate::sandbox::SandboxSpec { session_id: name, workspace: workspace.clone() };
+        if let Some(id) = &sandbox_id
+            && provider_name == provider.name()
+        {
+            let name = Path::new(id).file_name().and_then(|n| n.to_str()).filter(|n| is_shared_sandbox(n));
+            if let Some(sandbox) = provider.connect(id, &spec(name.unwrap_or(&record.id).to_string())).await? {
+                return Ok(sandbox);
+            }
+            tracing::warn!(session = %record.id, sandbox = %id, "the session's sandbox is gone; creating a new one");
+        }
+        let spec = match self.shared_sandbox_name(record) {
+            Some(shared) => {
+                // Two sessions of the workspace may make it at the same time: one creates, the other connects.
+                let gate = self.gate(&shared);
+                let _shared = gate.lock().await;
+                let spec = spec(shared);
+                let id = provider.create(&spec).await?;
+                tracing::info!(session = %record.id, sandbox = %id, "the session shares its workspace's sandbox");
+                self.store.set_sandbox(&record.id, provider.name(), Some(&id)).await?;
+                return provider.connect(&id, &spec).await?.ok_or_else(|| {
+                    Error::Sandbox(crate::sandbox::SandboxError::Unavailable(format!("the sandbox {id} vanished")))
+                });
+            }
+            None => spec(record.id.clone()),
+        };
+        let id = provider.create(&spec).await?;
+        self.store.set_sandbox(&record.id, provider.name(), Some(&id)).await?;
+        provider.connect(&id, &spec).await?.ok_or_else(|| {
+            Error::Sandbox(crate::sandbox::SandboxError::Unavailable(format!("the new sandbox {id} vanished")))
+        })
+    }
+}
