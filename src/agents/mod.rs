@@ -8,6 +8,8 @@ pub mod amp;
 pub mod opencode;
 pub mod options;
 pub mod package;
+#[cfg(debug_assertions)]
+pub mod scripted;
 pub mod settings;
 pub mod tools;
 
@@ -50,6 +52,11 @@ pub trait Agent: Send + Sync + 'static {
 
     /// The executable the user named to run instead of the installed one (`--<id>-bin`).
     fn bin_override<'a>(&self, settings: &'a AgentSettings) -> Option<&'a PathBuf>;
+
+    /// Whether the agent exists for the tests only (debug builds): hidden from `--help`.
+    fn test_only(&self) -> bool {
+        false
+    }
 
     /// The CLI's argv after the executable.
     fn args(&self, turn: &TurnRequest<'_>) -> Vec<String>;
@@ -224,7 +231,12 @@ pub enum Login {
 pub struct AgentKind(&'static dyn Agent);
 
 /// Every agent the bridge can run, one line each; the first is the default.
-pub static AGENTS: &[AgentKind] = &[opencode::AGENT, amp::AGENT];
+pub static AGENTS: &[AgentKind] = &[
+    opencode::AGENT,
+    amp::AGENT,
+    #[cfg(debug_assertions)]
+    scripted::AGENT,
+];
 
 impl AgentKind {
     /// The handle on an agent (for its folder's `AGENT`).
@@ -294,7 +306,7 @@ impl clap::ValueEnum for AgentKind {
     }
 
     fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        Some(clap::builder::PossibleValue::new(self.id()))
+        Some(clap::builder::PossibleValue::new(self.id()).hide(self.test_only()))
     }
 }
 

@@ -10,6 +10,10 @@ pub struct AgentSettings {
     /// Amp's.
     #[command(flatten, next_help_heading = "Amp")]
     pub amp: super::amp::Settings,
+    /// The test-only agent's.
+    #[cfg(debug_assertions)]
+    #[command(flatten)]
+    pub scripted: super::scripted::Settings,
 }
 
 impl AgentSettings {

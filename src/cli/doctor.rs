@@ -101,7 +101,7 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
     out!();
     // Whether the agent in use is still to be installed from npm: nothing to run in the sandbox yet.
     let mut to_install = false;
-    for &agent in AGENTS {
+    for &agent in AGENTS.iter().filter(|agent| !agent.test_only() || **agent == config.agent) {
         let package = agent.package();
         let used = agent == config.agent;
         let found = match acp_sandbox::locate::locate(&config, agent) {
