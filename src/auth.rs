@@ -19,6 +19,7 @@ use crate::agents::{AgentKind, Login};
 use crate::config::Config;
 use crate::error::Error;
 use crate::paths;
+use crate::sandbox::remote::{REMOTES, Remote};
 
 /// The id of the agent-type method: `authenticate` with it checks that the agent's credential is there now.
 pub fn check_method_id(agent: AgentKind) -> String {
@@ -134,12 +135,6 @@ pub fn stored_token(config: &Config, agent: AgentKind) -> Option<String> {
     read_secret(&token_path(config, agent))
 }
 
-/// The remote providers whose API key `acp-sandbox login --provider` keeps: (provider, the key's variable).
-pub const PROVIDER_KEYS: [(&str, &str); 2] = [
-    (crate::sandbox::remote::e2b::PROVIDER, crate::sandbox::remote::e2b::KEY_VARIABLE),
-    (crate::sandbox::remote::daytona::PROVIDER, crate::sandbox::remote::daytona::KEY_VARIABLE),
-];
-
 /// The file a provider's stored key lives in.
 pub fn provider_key_path(config: &Config, provider: &str) -> PathBuf {
     secret_path(&config.data_dir, provider)
@@ -155,8 +150,8 @@ pub fn provider_variables(config: &Config) -> impl Fn(&str) -> Option<String> + 
             Ok(value) if !value.trim().is_empty() => return Some(value),
             _ => {}
         }
-        let (provider, _) = PROVIDER_KEYS.iter().find(|(_, variable)| *variable == name)?;
-        read_secret(&secret_path(&data, provider))
+        let remote = REMOTES.iter().find(|remote| remote.key_variable() == name)?;
+        read_secret(&secret_path(&data, remote.name()))
     }
 }
 
@@ -205,9 +200,8 @@ pub fn store_token(config: &Config, agent: AgentKind, token: &str) -> Result<Pat
 }
 
 /// Stores a remote provider's API key (`acp-sandbox login --provider`), as a token is stored.
-pub fn store_provider_key(config: &Config, provider: &str, key: &str) -> Result<PathBuf, LoginError> {
-    let page = provider_page(provider);
-    store_secret(config, provider, key, page)
+pub fn store_provider_key(config: &Config, provider: &dyn Remote, key: &str) -> Result<PathBuf, LoginError> {
+    store_secret(config, provider.name(), key, provider.key_page())
 }
 
 fn store_secret(config: &Config, name: &str, token: &str, page: &'static str) -> Result<PathBuf, LoginError> {
@@ -239,14 +233,6 @@ fn store_secret(config: &Config, name: &str, token: &str, page: &'static str) ->
         return Err(io(e));
     }
     Ok(path)
-}
-
-/// Where a person gets a provider's key.
-fn provider_page(provider: &str) -> &'static str {
-    match provider {
-        crate::sandbox::remote::e2b::PROVIDER => "https://e2b.dev/dashboard?tab=keys",
-        _ => "https://app.daytona.io/dashboard/keys",
-    }
 }
 
 /// Where a person gets the token.
@@ -314,12 +300,12 @@ impl Drop for EchoOff {
 /// logins, runs its own login command on this terminal. Talks to the person on `terminal` (stderr); answers the exit code.
 pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn Write) -> Result<u8, LoginError> {
     if let Some(provider) = provider {
-        let Some((provider, variable)) = PROVIDER_KEYS.into_iter().find(|(name, _)| *name == provider) else {
+        let Some(remote) = crate::sandbox::remote::named(provider) else {
             return Err(LoginError::NotStored("that provider"));
         };
-        let key =
-            read_token(&format!("{variable} (from {}; the input is not shown): ", provider_page(provider)), terminal)?;
-        let path = store_provider_key(config, provider, &key)?;
+        let (provider, variable) = (remote.name(), remote.key_variable());
+        let key = read_token(&format!("{variable} (from {}; the input is not shown): ", remote.key_page()), terminal)?;
+        let path = store_provider_key(config, remote, &key)?;
         let _ = writeln!(
             terminal,
             "Stored in {} (readable by you only). acp-sandbox uses it for `--sandbox {provider}` when {variable} is not in its environment; it never enters a sandbox. Delete the file to log out.",

@@ -35,7 +35,7 @@ fn backend(config: &Config, agent: AgentKind, version: &str) -> Option<Result<St
     let server = match config.sandbox {
         // Sessions in a remote sandbox fall back to one process per prompt (their provider starts no server there
         // yet).
-        SandboxChoice::E2b | SandboxChoice::Daytona => {
+        SandboxChoice::Remote(_) => {
             Err(format!("does not run in a remote sandbox yet, --sandbox {}", config.sandbox.as_str()))
         }
         _ => Ok(format!(
@@ -138,7 +138,7 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
         // Its description says why there is no isolation, `--sandbox none` among the reasons.
         Ok(isolation @ Isolation::None(_)) => out!("sandbox     {}", isolation.describe()),
         // A remote choice leaves the local sandbox to the bridge's own short commands (the provider has its lines).
-        Ok(isolation) if matches!(config.sandbox, SandboxChoice::E2b | SandboxChoice::Daytona) => out!(
+        Ok(isolation) if config.sandbox.is_remote() => out!(
             "sandbox     {} for the bridge's own commands; sessions: --sandbox {} (below)",
             isolation.describe(),
             config.sandbox.as_str()

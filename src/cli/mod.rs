@@ -219,7 +219,9 @@ enum Command {
     /// `opencode auth login`. With `--provider`, stores a remote sandbox provider's API key instead.
     Login {
         /// Store this provider's API key (E2B_API_KEY, DAYTONA_API_KEY), used when it is not in the environment.
-        #[arg(long, value_parser = ["e2b", "daytona"])]
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(
+            acp_sandbox::sandbox::remote::REMOTES.iter().map(|remote| remote.name())
+        ))]
         provider: Option<String>,
     },
 }
@@ -332,14 +334,17 @@ pub fn main() -> anyhow::Result<ExitCode> {
         None | Some(Command::Serve) => acp_sandbox::logging::init(&config.log_path(), "info", "info", false),
         Some(Command::Prompt { .. }) => acp_sandbox::logging::init(
             &config.log_path(),
-            "warn,acp_sandbox::session::turn=error,acp_sandbox::session::serve::turn=error",
+            "warn,acp_sandbox::session::turn=error,acp_sandbox::session::serve::turn=error,acp_sandbox::session::serve::engine=error",
             "info",
             true,
         ),
         // `sessions` opens the bridge without a sandbox, which the bridge would warn about.
-        Some(Command::Sessions { .. }) => {
-            acp_sandbox::logging::init(&config.log_path(), "warn,acp_sandbox::session=error", "warn", true)
-        }
+        Some(Command::Sessions { .. }) => acp_sandbox::logging::init(
+            &config.log_path(),
+            "warn,acp_sandbox::session=error,acp_sandbox::sandbox::local=error",
+            "warn",
+            true,
+        ),
         Some(_) => acp_sandbox::logging::init(&config.log_path(), "warn", "warn", true),
     };
     match acp_sandbox::sandbox::local::limits::raise_open_files_limit() {
@@ -412,7 +417,7 @@ async fn serve(config: Config) -> anyhow::Result<ExitCode> {
         "acp-sandbox starting"
     );
     let bridge = Arc::new(Bridge::open(config).await.context("cannot start")?);
-    tracing::info!("sandbox: {}", bridge.isolation().describe());
+    tracing::info!("sandbox: {}", bridge.describe_sandbox());
     bridge.reap_leftovers().await.context("cannot start")?;
     bridge.trim_idle_caches();
     bridge.refresh_models();

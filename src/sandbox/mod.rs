@@ -21,11 +21,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures::future::BoxFuture;
 use tokio::io::AsyncRead;
 
 /// Which sandbox runs the CLIs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy)]
 pub enum SandboxChoice {
     /// bubblewrap when its probe works, a plain process group otherwise.
     Auto,
@@ -33,11 +32,15 @@ pub enum SandboxChoice {
     Bwrap,
     /// A plain process group in the workspace: no isolation.
     None,
-    /// An E2B sandbox per session (preview): `E2B_API_KEY` in the bridge's environment.
-    E2b,
-    /// A Daytona sandbox per session (preview): `DAYTONA_API_KEY` in the bridge's environment.
-    Daytona,
+    /// A sandbox per session of a remote provider (preview).
+    Remote(&'static dyn remote::Remote),
 }
+
+/// Every choice `--sandbox` offers: the local ones, then each remote provider's.
+static CHOICES: std::sync::LazyLock<Vec<SandboxChoice>> = std::sync::LazyLock::new(|| {
+    let local = [SandboxChoice::Auto, SandboxChoice::Bwrap, SandboxChoice::None];
+    local.into_iter().chain(remote::REMOTES.iter().map(|remote| SandboxChoice::Remote(*remote))).collect()
+});
 
 impl SandboxChoice {
     /// The name used on the command line and in `doctor`.
@@ -46,9 +49,48 @@ impl SandboxChoice {
             SandboxChoice::Auto => "auto",
             SandboxChoice::Bwrap => "bwrap",
             SandboxChoice::None => "none",
-            SandboxChoice::E2b => "e2b",
-            SandboxChoice::Daytona => "daytona",
+            SandboxChoice::Remote(remote) => remote.name(),
         }
+    }
+
+    /// The choice of this name.
+    pub fn named(name: &str) -> Option<Self> {
+        CHOICES.iter().copied().find(|choice| choice.as_str() == name)
+    }
+
+    /// Whether sessions run in a remote provider's sandboxes.
+    pub fn is_remote(self) -> bool {
+        matches!(self, SandboxChoice::Remote(_))
+    }
+}
+
+impl PartialEq for SandboxChoice {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for SandboxChoice {}
+
+impl std::fmt::Debug for SandboxChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl clap::ValueEnum for SandboxChoice {
+    fn value_variants<'a>() -> &'a [Self] {
+        &CHOICES
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            SandboxChoice::Auto => "bubblewrap when its probe works, a plain process group otherwise",
+            SandboxChoice::Bwrap => "bubblewrap, and a clear error when it cannot work here",
+            SandboxChoice::None => "A plain process group in the workspace: no isolation",
+            SandboxChoice::Remote(remote) => remote.help(),
+        };
+        Some(clap::builder::PossibleValue::new(self.as_str()).help(help))
     }
 }
 
@@ -68,19 +110,10 @@ pub enum WorkspaceMode {
 pub fn session_provider(
     choice: SandboxChoice,
     local: Arc<dyn SandboxProvider>,
-    var: impl Fn(&str) -> Option<String>,
+    var: impl Fn(&str) -> Option<String> + Sync,
 ) -> Result<Arc<dyn SandboxProvider>, SandboxError> {
     match choice {
-        SandboxChoice::E2b => {
-            let settings = remote::e2b::E2bSettings::from_env(var)?;
-            tracing::info!(api = %settings.api_url, template = %settings.template, "sessions run in E2B sandboxes");
-            Ok(Arc::new(remote::e2b::E2bProvider::new(settings)?))
-        }
-        SandboxChoice::Daytona => {
-            let settings = remote::daytona::DaytonaSettings::from_lookup(var)?;
-            tracing::info!(api = %settings.endpoint.api_url, snapshot = ?settings.snapshot, "sessions run in Daytona sandboxes");
-            Ok(Arc::new(remote::daytona::DaytonaProvider::new(settings)?))
-        }
+        SandboxChoice::Remote(remote) => remote.open(&var),
         SandboxChoice::Auto | SandboxChoice::Bwrap | SandboxChoice::None => Ok(local),
     }
 }
@@ -127,24 +160,11 @@ pub async fn check_remote_providers(
     choice: SandboxChoice,
     var: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Vec<(&'static str, Vec<CheckLine>)> {
-    /// A provider's own check: its lines for `doctor` when it is selected.
-    type Check = for<'a> fn(&'a (dyn Fn(&str) -> Option<String> + Sync)) -> BoxFuture<'a, Vec<CheckLine>>;
-    let remotes: [(SandboxChoice, &str, &str, &str, Check); 2] = [
-        (SandboxChoice::E2b, remote::e2b::PROVIDER, remote::e2b::KEY_VARIABLE, "an E2B sandbox", |var| {
-            Box::pin(remote::e2b::check(var))
-        }),
-        (
-            SandboxChoice::Daytona,
-            remote::daytona::PROVIDER,
-            remote::daytona::KEY_VARIABLE,
-            "a Daytona sandbox",
-            |var| Box::pin(remote::daytona::check(var)),
-        ),
-    ];
     let mut reports = Vec::new();
-    for (remote, name, key, what, check) in remotes {
-        let lines = if choice == remote {
-            check(var).await
+    for &remote in remote::REMOTES {
+        let (name, key, what) = (remote.name(), remote.key_variable(), remote.one_sandbox());
+        let lines = if choice == SandboxChoice::Remote(remote) {
+            remote.check(var).await
         } else if var(key).is_some_and(|value| !value.trim().is_empty()) {
             vec![CheckLine::info(format!(
                 "{key} is set, but sessions run with --sandbox {}; --sandbox {name} would run each in {what} of its \
@@ -441,6 +461,21 @@ pub trait SandboxProvider: Send + Sync {
     fn unconfined(&self) -> Option<String> {
         None
     }
+
+    /// What its sandboxes are, in words, for the log.
+    fn describe(&self) -> String {
+        self.name().to_string()
+    }
+
+    /// Whether its sandboxes run on this machine (they see its files and its tools cache).
+    fn runs_here(&self) -> bool {
+        false
+    }
+
+    /// Whether each sandbox has a network of its own, so that a server's port inside is private to it.
+    fn private_network(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]
@@ -474,7 +509,7 @@ mod tests {
         );
         // Selected without its key: one error, and nothing is asked of the provider.
         let blank = |name: &str| (name == "DAYTONA_API_KEY").then(|| "  ".to_string());
-        let reports = check_remote_providers(SandboxChoice::Daytona, &blank).await;
+        let reports = check_remote_providers(SandboxChoice::named("daytona").unwrap(), &blank).await;
         assert_eq!(reports.len(), 1);
         assert_eq!(reports[0].1[0].level, CheckLevel::Error);
     }

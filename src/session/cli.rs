@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::locate::installed_executable;
 use crate::paths;
 use crate::sandbox::SandboxProvider;
-use crate::sandbox::local::{Isolation, LocalProvider};
+use crate::sandbox::local::LocalProvider;
 
 use super::{Bridge, VersionKey, remote, turn, versions};
 
@@ -151,9 +151,9 @@ impl Bridge {
 /// Answers its version line, or the CLI's (or bubblewrap's) own words when it fails.
 pub async fn check_cli(config: &Config, agent: AgentKind) -> std::result::Result<String, String> {
     let executable = installed_executable(config, agent).ok_or_else(|| "not installed yet".to_string())?;
-    let isolation = Isolation::resolve(config.sandbox).map_err(|e| e.to_string())?;
-    let provider =
-        LocalProvider::new(paths::sessions_dir(&config.data_dir), Arc::new(config.local_settings(isolation)));
+    let sessions = paths::sessions_dir(&config.data_dir);
+    let provider = LocalProvider::choose(sessions, config.sandbox, |isolation| config.local_settings(isolation))
+        .map_err(|e| e.to_string())?;
     let output =
         run_once(config, &provider, "_doctor", agent, &executable, &["--version"], &Default::default()).await?;
     Ok(output.lines().next().unwrap_or("").trim().to_string())

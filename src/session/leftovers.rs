@@ -40,7 +40,7 @@ impl Bridge {
     pub(super) fn sweep_kept_warm(&self) -> HashSet<String> {
         use crate::sandbox::local::warm;
         let run_dir = paths::run_dir(&self.config.data_dir);
-        let settings = warm::settings_digest(&self.config.local_settings(self.isolation.clone()));
+        let settings = warm::settings_digest(self.local.settings());
         let mut kept = HashSet::new();
         for record in warm::list(&run_dir) {
             if !record.alive() {

@@ -31,7 +31,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::paths;
 use crate::sandbox::SandboxProvider;
-use crate::sandbox::local::{Isolation, LocalProvider};
+use crate::sandbox::local::LocalProvider;
 use crate::store::{SessionRecord, Store, rfc3339};
 
 pub use self::cli::{check_cli, major_version};
@@ -169,7 +169,9 @@ pub struct Bridge {
     provider: Arc<dyn SandboxProvider>,
     /// Where the bridge's own short commands run (`--version` probes, model lists): always on this machine.
     own_provider: Arc<dyn SandboxProvider>,
-    isolation: Isolation,
+    /// The sandboxes of this machine (`own_provider`), whose settings the review copies and kept-warm servers
+    /// are made with.
+    local: Arc<LocalProvider>,
     /// The sessions open in this process (made, loaded or resumed here, and not closed).
     live: Arc<Mutex<HashMap<String, Arc<LiveSession>>>>,
     client: ClientInfo,
@@ -220,21 +222,14 @@ impl Bridge {
             .await
             .map_err(|_| crate::store::StoreError::Stopped)??;
         let store = Arc::new(store);
-        let isolation = Isolation::resolve(config.sandbox)?;
-        match &isolation {
-            // Falling back silently would hide that the agent has the whole machine.
-            Isolation::None(why) => {
-                tracing::warn!("CLIs run WITHOUT a sandbox: {why}");
-                crate::sandbox::process::become_subreaper();
-            }
-            Isolation::Bwrap(_) => {}
-        }
         if config.network == crate::sandbox::net::proxy::NetworkMode::Host {
             tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
         }
-        let settings = Arc::new(config.local_settings(isolation.clone()));
-        let own_provider: Arc<dyn SandboxProvider> =
-            Arc::new(LocalProvider::new(paths::sessions_dir(&config.data_dir), settings));
+        let local =
+            Arc::new(LocalProvider::start(paths::sessions_dir(&config.data_dir), config.sandbox, |isolation| {
+                config.local_settings(isolation)
+            })?);
+        let own_provider: Arc<dyn SandboxProvider> = local.clone();
         let provider = crate::sandbox::session_provider(
             config.sandbox,
             own_provider.clone(),
@@ -259,7 +254,7 @@ impl Bridge {
             store,
             provider,
             own_provider,
-            isolation,
+            local,
             live: Arc::default(),
             client: ClientInfo::default(),
             shutdown: CancellationToken::new(),
@@ -276,9 +271,9 @@ impl Bridge {
         &self.store
     }
 
-    /// How CLIs are isolated.
-    pub fn isolation(&self) -> &Isolation {
-        &self.isolation
+    /// How CLIs are sandboxed, in words.
+    pub fn describe_sandbox(&self) -> String {
+        self.provider.describe()
     }
 
     /// Records what the client can render (from `initialize`).
@@ -305,8 +300,8 @@ impl Bridge {
     /// The copy on this machine that mirrors a remote sandbox's workspace (`<sessions>/<id>/review`): what the
     /// local sandbox would hide is never in it, and the git dir and protected paths are not reviewed.
     pub(super) fn mirror_copy(&self, record: &SessionRecord) -> crate::workspace::review::WorkspaceCopy {
-        self.config
-            .local_settings(self.isolation.clone())
+        self.local
+            .settings()
             .review_copy(&paths::sessions_dir(&self.config.data_dir).join(&record.id), Path::new(&record.cwd))
     }
 
@@ -380,7 +375,7 @@ impl Bridge {
 
     /// Whether sessions run in sandboxes on this machine (the local provider), not in a remote provider's.
     fn sessions_run_here(&self) -> bool {
-        Arc::ptr_eq(&self.provider, &self.own_provider)
+        self.provider.runs_here()
     }
 
     /// The sandbox provider.
@@ -424,6 +419,7 @@ mod tests {
 
     use super::cli::RUN_ONCE_OUTPUT_LIMIT;
     use super::*;
+    use crate::sandbox::local::Isolation;
 
     #[test]
     fn workspace_paths_are_normalized() {

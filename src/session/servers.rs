@@ -13,7 +13,6 @@ use crate::agents::opencode::permissions;
 use crate::agents::options as agent_options;
 use crate::config::Config;
 use crate::locate::installed_executable;
-use crate::sandbox::local::Isolation;
 use crate::store::{SessionRecord, Store};
 
 use super::{Bridge, LiveSession, UpdateSink, catalog, options, serve};
@@ -26,9 +25,7 @@ impl Bridge {
 
     /// Whether sandboxes get a network namespace of their own (a server's port is then private to its sandbox).
     pub(super) fn private_network(&self) -> bool {
-        matches!(self.isolation, Isolation::Bwrap(_))
-            && self.config.network.uses_proxy()
-            && crate::sandbox::local::bwrap::bwrap_netns().is_ok()
+        self.own_provider.private_network()
     }
 
     /// Starts the session's OpenCode server in the background, so that its first prompt finds it warm. Does
@@ -162,7 +159,7 @@ impl Bridge {
         let policy = format!(
             "{:?} {:?} {:?} {:?} {:?} {} {:?} {:?}",
             config.sandbox,
-            std::mem::discriminant(&self.isolation),
+            std::mem::discriminant(&self.local.settings().isolation),
             config.profile,
             config.deny_read,
             config.allow_read,

@@ -63,7 +63,7 @@ impl Isolation {
                 Err(why) => Err(SandboxError::Unavailable(format!("--sandbox bwrap cannot work here: {why}"))),
             },
             // With a remote provider only the bridge's own short commands (versions, model lists) run here.
-            SandboxChoice::Auto | SandboxChoice::E2b | SandboxChoice::Daytona => Ok(match probe_bwrap() {
+            SandboxChoice::Auto | SandboxChoice::Remote(_) => Ok(match probe_bwrap() {
                 Ok(path) => Isolation::Bwrap(path),
                 Err(why) => Isolation::None(why),
             }),
@@ -135,6 +135,40 @@ impl LocalProvider {
     /// A provider keeping state dirs under `sessions_dir`.
     pub fn new(sessions_dir: PathBuf, settings: Arc<LocalSettings>) -> Self {
         Self { sessions_dir, settings, budgets: Default::default() }
+    }
+
+    /// The provider of a bridge's local sandboxes for `--sandbox choice` (the bridge's own commands use it whatever
+    /// the choice), whose settings `settings` renders for the isolation this machine allows: fails when `--sandbox
+    /// bwrap` cannot work. Without isolation the bridge becomes the subreaper of what its CLIs leave behind, and
+    /// says that they run unconfined.
+    pub fn start(
+        sessions_dir: PathBuf,
+        choice: SandboxChoice,
+        settings: impl FnOnce(Isolation) -> LocalSettings,
+    ) -> Result<Self, SandboxError> {
+        let provider = Self::choose(sessions_dir, choice, settings)?;
+        if let Isolation::None(why) = &provider.settings.isolation {
+            // Falling back silently would hide that the agent has the whole machine.
+            tracing::warn!("CLIs run WITHOUT a sandbox: {why}");
+            crate::sandbox::process::become_subreaper();
+        }
+        Ok(provider)
+    }
+
+    /// [`LocalProvider::start`] without its effects on the bridge's process, for a command that only looks
+    /// (`doctor`).
+    pub fn choose(
+        sessions_dir: PathBuf,
+        choice: SandboxChoice,
+        settings: impl FnOnce(Isolation) -> LocalSettings,
+    ) -> Result<Self, SandboxError> {
+        let isolation = Isolation::resolve(choice)?;
+        Ok(Self::new(sessions_dir, Arc::new(settings(isolation))))
+    }
+
+    /// What its sandboxes are made of.
+    pub fn settings(&self) -> &LocalSettings {
+        &self.settings
     }
 
     /// The connection budget of the sandbox `session_id` (made on first use; a sandbox keeps its budget for the
@@ -221,6 +255,20 @@ impl SandboxProvider for LocalProvider {
             Isolation::None(why) => Some(why.clone()),
             Isolation::Bwrap(_) => None,
         }
+    }
+
+    fn describe(&self) -> String {
+        self.settings.isolation.describe()
+    }
+
+    fn runs_here(&self) -> bool {
+        true
+    }
+
+    fn private_network(&self) -> bool {
+        matches!(self.settings.isolation, Isolation::Bwrap(_))
+            && self.settings.network.uses_proxy()
+            && bwrap::bwrap_netns().is_ok()
     }
 
     async fn trim(&self, id: &str) -> Result<bool, SandboxError> {

@@ -85,6 +85,44 @@ impl DaytonaSettings {
     }
 }
 
+/// Daytona as `--sandbox daytona` selects it.
+pub struct Daytona;
+
+impl super::Remote for Daytona {
+    fn name(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn help(&self) -> &'static str {
+        "A Daytona sandbox per session (preview): `DAYTONA_API_KEY` in the bridge's environment"
+    }
+
+    fn one_sandbox(&self) -> &'static str {
+        "a Daytona sandbox"
+    }
+
+    fn key_variable(&self) -> &'static str {
+        KEY_VARIABLE
+    }
+
+    fn key_page(&self) -> &'static str {
+        "https://app.daytona.io/dashboard/keys"
+    }
+
+    fn open(
+        &self,
+        vars: super::Vars<'_>,
+    ) -> Result<std::sync::Arc<dyn crate::sandbox::SandboxProvider>, crate::sandbox::SandboxError> {
+        let settings = DaytonaSettings::from_lookup(vars)?;
+        tracing::info!(api = %settings.endpoint.api_url, snapshot = ?settings.snapshot, "sessions run in Daytona sandboxes");
+        Ok(std::sync::Arc::new(DaytonaProvider::new(settings)?))
+    }
+
+    fn check<'a>(&self, vars: super::Vars<'a>) -> futures::future::BoxFuture<'a, Vec<CheckLine>> {
+        Box::pin(check(vars))
+    }
+}
+
 /// `doctor`'s lines for `--sandbox daytona`: the key, the API (reached, the key accepted), the snapshot (the one
 /// configured, or Daytona's default as its public configuration names it), and what a session would use.
 pub async fn check(var: &(dyn Fn(&str) -> Option<String> + Sync)) -> Vec<CheckLine> {

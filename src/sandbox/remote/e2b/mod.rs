@@ -130,6 +130,41 @@ pub fn http_client() -> Result<reqwest::Client, SandboxError> {
         .map_err(|e| SandboxError::Unavailable(format!("cannot build the HTTP client for E2B: {e}")))
 }
 
+/// E2B as `--sandbox e2b` selects it.
+pub struct E2b;
+
+impl super::Remote for E2b {
+    fn name(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn help(&self) -> &'static str {
+        "An E2B sandbox per session (preview): `E2B_API_KEY` in the bridge's environment"
+    }
+
+    fn one_sandbox(&self) -> &'static str {
+        "an E2B sandbox"
+    }
+
+    fn key_variable(&self) -> &'static str {
+        KEY_VARIABLE
+    }
+
+    fn key_page(&self) -> &'static str {
+        "https://e2b.dev/dashboard?tab=keys"
+    }
+
+    fn open(&self, vars: super::Vars<'_>) -> Result<std::sync::Arc<dyn crate::sandbox::SandboxProvider>, SandboxError> {
+        let settings = E2bSettings::from_env(vars)?;
+        tracing::info!(api = %settings.api_url, template = %settings.template, "sessions run in E2B sandboxes");
+        Ok(std::sync::Arc::new(E2bProvider::new(settings)?))
+    }
+
+    fn check<'a>(&self, vars: super::Vars<'a>) -> futures::future::BoxFuture<'a, Vec<crate::sandbox::CheckLine>> {
+        Box::pin(check(vars))
+    }
+}
+
 /// `doctor`'s lines for `--sandbox e2b`: the key, the control plane (reached, the key accepted), the template,
 /// and what a session would use.
 pub async fn check(var: &(dyn Fn(&str) -> Option<String> + Sync)) -> Vec<crate::sandbox::CheckLine> {
