@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 /// Which sandbox runs the CLIs.
 #[derive(Clone, Copy)]
@@ -331,6 +331,31 @@ impl ExitInfo {
 /// A byte stream from a running process.
 pub type OutputStream = Pin<Box<dyn AsyncRead + Send>>;
 
+/// A byte stream both ways: one connection through a [`Door`].
+pub trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Duplex for T {}
+
+/// The way into a server that runs in a sandbox ([`ExecSpec::serve_port`]): each `connect` is a new connection to
+/// its port inside, wherever the sandbox runs, so what talks to the server does not care where that is.
+#[async_trait]
+pub trait Door: Send + Sync + std::fmt::Debug {
+    /// A new connection to the server's port.
+    async fn connect(&self) -> std::io::Result<Pin<Box<dyn Duplex>>>;
+}
+
+/// A local sandbox's door: a unix socket on the host, private to the bridge, spliced to the port inside by the
+/// sandbox's first process (`sandbox-init --door-fd`).
+#[derive(Clone, Debug)]
+pub struct UnixDoor(pub PathBuf);
+
+#[async_trait]
+impl Door for UnixDoor {
+    async fn connect(&self) -> std::io::Result<Pin<Box<dyn Duplex>>> {
+        Ok(Box::pin(tokio::net::UnixStream::connect(&self.0).await?))
+    }
+}
+
 /// A started command: its output streams and a handle to end it.
 pub struct RunningProcess {
     /// The process's stdout.
@@ -339,9 +364,9 @@ pub struct RunningProcess {
     pub stderr: OutputStream,
     /// Waits for or ends the process.
     pub handle: Box<dyn ProcessHandle>,
-    /// With [`ExecSpec::serve_port`]: a unix socket on the host, private to the bridge, whose every connection
-    /// reaches the server inside. Removed when the process ends.
-    pub door: Option<PathBuf>,
+    /// With [`ExecSpec::serve_port`]: the way to the server inside (locally a unix socket on the host, private to
+    /// the bridge, removed when the process ends).
+    pub door: Option<Arc<dyn Door>>,
     /// The server was not started but adopted (`ExecSpec::keep_warm`): its secret, as the bridge that started it
     /// gave it. Nothing of its output comes (that went to the bridge that started it).
     pub adopted: Option<String>,

@@ -72,7 +72,7 @@ impl LocalSandbox {
                 gone: None,
                 detached: false,
             }),
-            door: Some(door),
+            door: Some(std::sync::Arc::new(crate::sandbox::UnixDoor(door))),
             adopted: Some(secret),
         })
     }

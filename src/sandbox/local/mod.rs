@@ -746,7 +746,7 @@ impl Sandbox for LocalSandbox {
             _ => None,
         };
         Ok(RunningProcess {
-            door,
+            door: door.map(|path| Arc::new(crate::sandbox::UnixDoor(path)) as Arc<dyn crate::sandbox::Door>),
             stdout: Box::pin(stdout),
             stderr: Box::pin(stderr),
             handle: Box::new(LocalProcess {

@@ -1,9 +1,10 @@
-//! HTTP to one `opencode serve` through its door: a unix socket private to the bridge (see `sandbox::local::init`).
+//! HTTP to one `opencode serve` through its door (`sandbox::Door`: locally a unix socket private to the bridge, see
+//! `sandbox::local::init`).
 //!
 //! One connection per request keeps the client free of pooling state; the socket is local, so a connection costs
 //! well under a millisecond. The event stream (`GET /event`) is one long-lived connection of its own.
 
-use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
@@ -13,7 +14,6 @@ use hyper::body::Bytes;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use tokio::net::UnixStream;
 
 use super::sse::SseEvent;
 
@@ -60,13 +60,13 @@ pub enum ClientError {
 /// Talks to one server.
 #[derive(Clone, Debug)]
 pub struct Client {
-    door: PathBuf,
+    door: Arc<dyn crate::sandbox::Door>,
     authorization: String,
 }
 
 impl Client {
     /// A client of the server behind `door`, with the server's password.
-    pub fn new(door: PathBuf, password: &str) -> Self {
+    pub fn new(door: Arc<dyn crate::sandbox::Door>, password: &str) -> Self {
         let token = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{password}"));
         Client { door, authorization: format!("Basic {token}") }
     }
@@ -77,7 +77,7 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
-        let stream = UnixStream::connect(&self.door).await.map_err(|e| ClientError::Connect(e.to_string()))?;
+        let stream = self.door.connect().await.map_err(|e| ClientError::Connect(e.to_string()))?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| ClientError::Connect(e.to_string()))?;
