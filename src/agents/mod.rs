@@ -485,3 +485,26 @@ pub fn translate_stream(translator: &mut dyn Translator, stream: &str) -> Vec<Ou
     outputs.extend(translator.finish(StreamEnd::Stopped));
     outputs
 }
+
+/// The `host:port` of a model endpoint's base URL, for the network policy: `http://127.0.0.1:8080/v1` →
+/// 127.0.0.1:8080; the scheme gives the default port.
+pub fn endpoint_of(url: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default = match scheme.to_ascii_lowercase().as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map(|(_, host)| host).unwrap_or(authority);
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6.split_once(']')?;
+        (host.to_string(), after.strip_prefix(':').map(str::parse).transpose().ok()?.unwrap_or(default))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host.to_string(), port.parse().ok()?),
+            None => (authority.to_string(), default),
+        }
+    };
+    (!host.is_empty()).then(|| (host.to_ascii_lowercase(), port))
+}

@@ -235,7 +235,7 @@ pub(super) fn cli_spec(
     // A base URL the CLI is given in its environment is a model endpoint too (OPENAI_BASE_URL, AMP_URL).
     for (name, value) in &env {
         if (name.ends_with("_BASE_URL") || name == "AMP_URL")
-            && let Some(endpoint) = crate::agents::opencode::providers::endpoint_of(value)
+            && let Some(endpoint) = crate::agents::endpoint_of(value)
         {
             endpoints.push(endpoint);
         }

@@ -105,7 +105,7 @@ impl ProviderNeeds {
                 needs.env.insert(name.to_string());
             }
             let base = body.pointer("/options/baseURL").or_else(|| body.get("api")).and_then(|u| u.as_str());
-            if let Some(endpoint) = base.and_then(endpoint_of) {
+            if let Some(endpoint) = base.and_then(crate::agents::endpoint_of) {
                 needs.endpoints.insert(endpoint);
             }
         }
@@ -183,28 +183,6 @@ pub fn all_provider_env() -> BTreeSet<&'static str> {
     PROVIDER_ENV.iter().flat_map(|(_, names)| names.iter().copied()).collect()
 }
 
-/// `host:port` of a URL (`http://127.0.0.1:8080/v1` → 127.0.0.1:8080); the scheme gives the default port.
-pub fn endpoint_of(url: &str) -> Option<(String, u16)> {
-    let (scheme, rest) = url.split_once("://")?;
-    let default = match scheme.to_ascii_lowercase().as_str() {
-        "http" => 80,
-        "https" => 443,
-        _ => return None,
-    };
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let authority = authority.rsplit_once('@').map(|(_, host)| host).unwrap_or(authority);
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (host, after) = v6.split_once(']')?;
-        (host.to_string(), after.strip_prefix(':').map(str::parse).transpose().ok()?.unwrap_or(default))
-    } else {
-        match authority.rsplit_once(':') {
-            Some((host, port)) => (host.to_string(), port.parse().ok()?),
-            None => (authority.to_string(), default),
-        }
-    };
-    (!host.is_empty()).then(|| (host.to_ascii_lowercase(), port))
-}
-
 /// Every `{env:NAME}` in the config's strings.
 fn collect_env_references(value: &serde_json::Value, names: &mut BTreeSet<String>) {
     match value {
@@ -280,10 +258,10 @@ mod tests {
 
     #[test]
     fn endpoints_come_from_urls() {
-        assert_eq!(endpoint_of("https://api.example.com/v1"), Some(("api.example.com".into(), 443)));
-        assert_eq!(endpoint_of("http://user:pw@LOCALHOST:8080"), Some(("localhost".into(), 8080)));
-        assert_eq!(endpoint_of("http://10.0.0.2"), Some(("10.0.0.2".into(), 80)));
-        assert_eq!(endpoint_of("ftp://x"), None);
-        assert_eq!(endpoint_of("http://host:notaport/"), None);
+        assert_eq!(crate::agents::endpoint_of("https://api.example.com/v1"), Some(("api.example.com".into(), 443)));
+        assert_eq!(crate::agents::endpoint_of("http://user:pw@LOCALHOST:8080"), Some(("localhost".into(), 8080)));
+        assert_eq!(crate::agents::endpoint_of("http://10.0.0.2"), Some(("10.0.0.2".into(), 80)));
+        assert_eq!(crate::agents::endpoint_of("ftp://x"), None);
+        assert_eq!(crate::agents::endpoint_of("http://host:notaport/"), None);
     }
 }

@@ -55,6 +55,8 @@ pub(super) struct ServerEngine {
     client: Client,
     /// The OpenCode session of the turn.
     ses: String,
+    /// Our session, for the log.
+    session: String,
     events: mpsc::Receiver<SseEvent>,
     /// A command runs beside the event stream: its call waits for its whole answer.
     command_call: Option<tokio::task::JoinHandle<Result<serde_json::Value, ClientError>>>,
@@ -84,6 +86,7 @@ impl ServerEngine {
         lease: Lease,
         servers: Arc<Servers>,
         key: String,
+        session: &str,
         ses: String,
         events: mpsc::Receiver<SseEvent>,
         command_call: Option<tokio::task::JoinHandle<Result<serde_json::Value, ClientError>>>,
@@ -99,6 +102,7 @@ impl ServerEngine {
             servers,
             key,
             ses,
+            session: session.to_string(),
             events,
             command_call,
             answer,
@@ -154,7 +158,7 @@ impl TurnEngine for ServerEngine {
                 }, if self.command_call.is_some() => {
                     self.command_call = None;
                     if let Ok(Err(e)) = result {
-                        tracing::warn!("the command failed: {e}");
+                        tracing::warn!(session = %self.session, "the command failed: {e}");
                         let message = format!("{name} could not run the command: {e}");
                         return Step::Output(Output::End(TurnEnd::Error { message }));
                     }
@@ -164,7 +168,7 @@ impl TurnEngine for ServerEngine {
                         None => return self.end(Outcome::StreamEnded),
                         Some(SseEvent::Data(event)) => event,
                         Some(SseEvent::Oversize(bytes)) => {
-                            tracing::warn!(bytes, "dropped an oversize server event");
+                            tracing::warn!(session = %self.session, bytes, "dropped an oversize server event");
                             return Step::Note(format!(
                                 "_{name}'s server sent an event of {}, more than the {} one event may hold: it was \
                                  dropped, so part of this turn may be missing here._",
@@ -276,7 +280,7 @@ impl TurnEngine for ServerEngine {
             drop(self.lease);
             self.servers.stop(&self.key).await;
         } else if outcome == Outcome::KillServer {
-            tracing::warn!("the server did not abort this turn in time; it serves other turns, so it stays");
+            tracing::warn!(session = %self.session, "the server did not abort this turn in time; it serves other turns, so it stays");
         }
         let stderr_tail = server.stderr_tail();
         let failure = |message: String| Error::CliFailed { message, stderr_tail: stderr_tail.clone(), exit_code: None };

@@ -294,6 +294,7 @@ impl Turn<'_> {
             lease,
             self.bridge.servers.clone(),
             key,
+            &self.record.id,
             ses,
             events,
             command_call,

@@ -522,7 +522,13 @@ impl Turn<'_> {
             "running the CLI"
         );
         let process = sandbox.exec(spec).await?;
-        let engine = process::ProcessEngine::new(self.agent, process, native_id.is_some(), self.bridge.config());
+        let engine = process::ProcessEngine::new(
+            self.agent,
+            &self.record.id,
+            process,
+            native_id.is_some(),
+            self.bridge.config(),
+        );
         let translator = self.agent.translator(self.translate_context(sandbox, emit));
         self.drive(engine, translator, emit, sandbox, review.as_ref(), native_id).await
     }

@@ -30,6 +30,8 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 /// One CLI process of a turn.
 pub(super) struct ProcessEngine {
     agent: AgentKind,
+    /// The session, for the log.
+    session: String,
     handle: Box<dyn ProcessHandle>,
     reader: BoundedLines<OutputStream>,
     stderr: tokio::task::JoinHandle<String>,
@@ -56,6 +58,7 @@ impl ProcessEngine {
     /// The engine of a started CLI, whose stderr is collected from now on.
     pub(super) fn new(
         agent: AgentKind,
+        session: &str,
         mut process: RunningProcess,
         continuing: bool,
         config: &crate::config::Config,
@@ -63,6 +66,7 @@ impl ProcessEngine {
         let stderr = tokio::spawn(stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
         Self {
             agent,
+            session: session.to_string(),
             handle: process.handle,
             reader: BoundedLines::new(process.stdout, LINE_LIMIT),
             stderr,
@@ -84,7 +88,7 @@ impl ProcessEngine {
         let step = Step::Line { text: line_text(line.bytes), alive: true };
         if line.cut && !self.told_cut {
             self.told_cut = true;
-            tracing::warn!("a line of the CLI's output was longer than {LINE_LIMIT} bytes; cut");
+            tracing::warn!(session = %self.session, "a line of the CLI's output was longer than {LINE_LIMIT} bytes; cut");
             self.pending.push_back(step);
             return Step::Note(format!(
                 "_A line of {}'s output was longer than {} MiB; it was cut there._",
@@ -148,7 +152,7 @@ impl TurnEngine for ProcessEngine {
                     Ok(None) => break,
                     Ok(Some(line)) => return self.line(line),
                     Err(e) => {
-                        tracing::warn!("reading the CLI's output failed: {e}");
+                        tracing::warn!(session = %self.session, "reading the CLI's output failed: {e}");
                         break;
                     }
                 },
@@ -199,7 +203,7 @@ impl TurnEngine for ProcessEngine {
             }
         };
         let limit_hit = self.handle.limit_hit();
-        tracing::debug!(exit = %exit.describe(), "the CLI exited");
+        tracing::debug!(session = %self.session, exit = %exit.describe(), "the CLI exited");
         let failure = |message: String| Error::CliFailed { message, stderr_tail: stderr.clone(), exit_code: exit.code };
         if let Some(result) = stopped(&seen.stop, name, self.idle, self.turn_timeout, failure) {
             return Attempt::Finished(result);
