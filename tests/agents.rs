@@ -110,8 +110,11 @@ impl Case for OpenCodeServe {
     }
 }
 
+/// The test-only agent exists in debug builds only (the default of `cargo test`).
+#[cfg(debug_assertions)]
 struct Scripted;
 
+#[cfg(debug_assertions)]
 impl Case for Scripted {
     const NAME: &'static str = "Scripted";
     const HANG: &'static str = "SCENARIO:hang";
@@ -256,4 +259,6 @@ macro_rules! suite {
     )*};
 }
 
-suite!(amp: Amp, opencode_run: OpenCodeRun, opencode_serve: OpenCodeServe, scripted: Scripted);
+suite!(amp: Amp, opencode_run: OpenCodeRun, opencode_serve: OpenCodeServe);
+#[cfg(debug_assertions)]
+suite!(scripted: Scripted);

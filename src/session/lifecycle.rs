@@ -242,10 +242,10 @@ impl Bridge {
                 _ => return Err(Error::DeleteWhileRunningElsewhere),
             },
         };
-        let server = self.servers.of_session(id);
+        let server = self.warm.servers.of_session(id);
         self.close_session(id)?;
         // Its server holds the sandbox's files open: gone first (unless other sessions use it).
-        self.servers.release(id).await;
+        self.warm.servers.release(id).await;
         let Some(record) = self.store.session(id).await? else {
             return Ok(());
         };

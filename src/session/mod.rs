@@ -26,7 +26,6 @@ use std::sync::{Arc, Mutex};
 use agent_client_protocol::v1::schema::{ContentBlock, ContentChunk, SessionUpdate};
 use tokio_util::sync::CancellationToken;
 
-use crate::agents::opencode::permissions;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::paths;
@@ -179,14 +178,8 @@ pub struct Bridge {
     shutdown: CancellationToken,
     /// The models OpenCode can use.
     catalog: Arc<catalog::ModelCatalog>,
-    /// Warm OpenCode servers, one per session at most.
-    servers: Arc<serve::Servers>,
-    /// Sessions told in this process that their OpenCode server could not start.
-    fallback_told: Mutex<std::collections::HashSet<String>>,
-    /// Per session under `ask`: the workspace's OpenCode configuration the user was asked about, and the answer.
-    project_consent: Mutex<HashMap<String, (Vec<String>, bool)>>,
-    /// What the user allowed "always" in each session (its own rules carry it, never the server's instance).
-    pub(super) always_rules: Arc<permissions::AlwaysAllowed>,
+    /// The warm servers and what the bridge keeps about them.
+    warm: serve::Warm,
     /// What `--version` said, per executable file (see [`versions`]; also kept in the data dir).
     versions: Mutex<HashMap<VersionKey, Option<String>>>,
     version_probe: tokio::sync::Mutex<()>,
@@ -194,8 +187,6 @@ pub struct Bridge {
     gates: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Where updates outside any turn go (the editor's connection, once it initialized).
     notifier: Arc<Mutex<Option<Arc<dyn UpdateSink>>>>,
-    /// A warm server already reported its models in this process.
-    models_from_server: AtomicBool,
     /// The last [`PromptTicket`] number given.
     tickets: std::sync::atomic::AtomicU64,
     /// What the bridge keeps about sessions in remote sandboxes.
@@ -238,15 +229,11 @@ impl Bridge {
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), own_provider.clone()));
         let servers = serve::Servers::new(config.server_idle_timeout, config.max_servers, config.data_dir.clone());
         Ok(Self {
-            servers,
-            fallback_told: Mutex::default(),
-            project_consent: Mutex::default(),
-            always_rules: Arc::default(),
+            warm: serve::Warm::new(servers),
             versions: Mutex::default(),
             version_probe: tokio::sync::Mutex::const_new(()),
             gates: Mutex::default(),
             notifier: Arc::default(),
-            models_from_server: AtomicBool::new(false),
             tickets: std::sync::atomic::AtomicU64::new(0),
             remote: remote::RemoteSessions::default(),
             catalog,
@@ -354,7 +341,11 @@ impl Bridge {
             }
         };
         let servers = async {
-            if self.config.keep_warm.is_some() { self.servers.leave_all().await } else { self.servers.stop_all().await }
+            if self.config.keep_warm.is_some() {
+                self.warm.servers.leave_all().await
+            } else {
+                self.warm.servers.stop_all().await
+            }
         };
         let ended = tokio::time::timeout(SHUTDOWN_GRACE, futures::future::join(turns, servers)).await;
         if ended.is_err() {

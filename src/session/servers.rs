@@ -32,7 +32,7 @@ impl Bridge {
     /// nothing when the CLI is not installed yet (the first prompt installs it) or the server already runs.
     pub fn warm_server(self: &Arc<Self>, id: &str) {
         if !self.config.agent.serves(&self.config.agents)
-            || self.servers.of_session(id).is_some()
+            || self.warm.servers.of_session(id).is_some()
             // A remote sandbox runs no warm server yet, and warming would resume a sandbox paused between turns.
             || !self.sessions_run_here()
         {
@@ -81,6 +81,7 @@ impl Bridge {
                 };
                 let key = bridge.server_key(&id, sandbox.as_ref(), &profile.key());
                 let warmed = bridge
+                    .warm
                     .servers
                     .warm(&key, &id, || {
                         serve::start_server(
@@ -127,7 +128,7 @@ impl Bridge {
         if items.is_empty() {
             return Ok(serve::Profile { approvals, project_config: true });
         }
-        match self.project_consent.lock().unwrap_or_else(|p| p.into_inner()).get(&record.id) {
+        match self.warm.project_consent.lock().unwrap_or_else(|p| p.into_inner()).get(&record.id) {
             Some((asked, allowed)) if *asked == items => Ok(serve::Profile { approvals, project_config: *allowed }),
             _ => Err(items),
         }
@@ -135,12 +136,16 @@ impl Bridge {
 
     /// The rules the user's "always" answers of session `id` made.
     pub(super) fn always_allowed(&self, id: &str) -> Vec<permissions::Rule> {
-        self.always_rules.of(id)
+        self.warm.always_rules.of(id)
     }
 
     /// Records the user's answer about the workspace's configuration `items`.
     pub(super) fn consent_to_project(&self, session: &str, items: Vec<String>, allowed: bool) {
-        self.project_consent.lock().unwrap_or_else(|p| p.into_inner()).insert(session.to_string(), (items, allowed));
+        self.warm
+            .project_consent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(session.to_string(), (items, allowed));
     }
 
     /// The sandbox a new session of `record` shares with the other new sessions of its workspace, where sessions
@@ -196,7 +201,7 @@ impl Bridge {
     /// Takes the model list from the first warm server (instead of a separate `opencode models` run competing with
     /// the first prompt); when it differs from what sessions were offered, each open session gets the new options.
     pub(super) fn learn_models(&self, client: serve::client::Client) {
-        if self.models_from_server.swap(true, Ordering::SeqCst) {
+        if self.warm.models_from_server.swap(true, Ordering::SeqCst) {
             return;
         }
         let announce = self.model_announcer();
@@ -226,7 +231,7 @@ impl Bridge {
 
     /// Lets go of the session's warm server, in the background: it stops unless other sessions use it.
     pub(super) fn stop_server(&self, id: &str) {
-        let servers = self.servers.clone();
+        let servers = self.warm.servers.clone();
         let id = id.to_string();
         tokio::spawn(async move { servers.release(&id).await });
     }

@@ -493,6 +493,33 @@ impl Drop for Place<'_> {
     }
 }
 
+/// What the bridge keeps about its warm servers: the pool, and what it learned of them per session.
+pub(in crate::session) struct Warm {
+    /// The servers, one per key.
+    pub servers: Arc<Servers>,
+    /// Sessions told in this process that their server could not start.
+    pub fallback_told: Mutex<std::collections::HashSet<String>>,
+    /// Per session under `ask`: the workspace's OpenCode configuration the user was asked about, and the answer.
+    pub project_consent: Mutex<HashMap<String, (Vec<String>, bool)>>,
+    /// What the user allowed "always" in each session (its own rules carry it, never the server's instance).
+    pub always_rules: Arc<crate::agents::opencode::permissions::AlwaysAllowed>,
+    /// A server already reported its models in this process.
+    pub models_from_server: std::sync::atomic::AtomicBool,
+}
+
+impl Warm {
+    /// Nothing known yet, with the pool `servers`.
+    pub fn new(servers: Arc<Servers>) -> Self {
+        Self {
+            servers,
+            fallback_told: Mutex::default(),
+            project_consent: Mutex::default(),
+            always_rules: Arc::default(),
+            models_from_server: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
 /// How long a server may take to answer its first health check (OpenCode's cold start took up to 18 s on a loaded
 /// 2-core machine, and its first start also migrates its database).
 const START_LIMIT: Duration = Duration::from_secs(120);

@@ -178,7 +178,7 @@ impl Turn<'_> {
         command: Option<&str>,
         rendered: &RenderedPrompt,
     ) -> Result<Attempt> {
-        let servers: &Servers = &self.bridge.servers;
+        let servers: &Servers = &self.bridge.warm.servers;
         if options::approvals(&self.record.config) == options::APPROVALS_ASK {
             refuse_agent_written_config(sandbox.state_dir())?;
         }
@@ -284,7 +284,8 @@ impl Turn<'_> {
         };
 
         let answer: super::engine::Answer = {
-            let (session, sink, always) = (self.record.id.clone(), self.sink.clone(), self.bridge.always_rules.clone());
+            let (session, sink, always) =
+                (self.record.id.clone(), self.sink.clone(), self.bridge.warm.always_rules.clone());
             let asking = approvals == options::APPROVALS_ASK;
             Box::new(move |client, ask| {
                 answer_permission(session.clone(), sink.clone(), always.clone(), asking, client, ask)
@@ -292,7 +293,7 @@ impl Turn<'_> {
         };
         let engine = super::engine::ServerEngine::new(
             lease,
-            self.bridge.servers.clone(),
+            self.bridge.warm.servers.clone(),
             key,
             &self.record.id,
             ses,

@@ -282,7 +282,7 @@ impl Turn<'_> {
         // Under `ask` there is no falling back: `run` cannot ask.
         let mut serve = self.bridge.serves(&self.record)
             && (crate::agents::options::approvals(&self.record.config) == crate::agents::options::APPROVALS_ASK
-                || !self.bridge.fallback_told.lock().unwrap_or_else(|p| p.into_inner()).contains(&self.record.id));
+                || !self.bridge.warm.fallback_told.lock().unwrap_or_else(|p| p.into_inner()).contains(&self.record.id));
         loop {
             if self.cancel.is_cancelled() {
                 return Ok(StopReason::Cancelled);
@@ -311,6 +311,7 @@ impl Turn<'_> {
                         tracing::warn!(session = %self.record.id, "running `opencode run` instead of the server: {why}");
                         let first = self
                             .bridge
+                            .warm
                             .fallback_told
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
