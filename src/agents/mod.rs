@@ -294,12 +294,6 @@ impl std::fmt::Display for AgentKind {
     }
 }
 
-impl Serialize for AgentKind {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.id())
-    }
-}
-
 impl clap::ValueEnum for AgentKind {
     fn value_variants<'a>() -> &'a [Self] {
         AGENTS

@@ -53,11 +53,6 @@ impl SandboxChoice {
         }
     }
 
-    /// The choice of this name.
-    pub fn named(name: &str) -> Option<Self> {
-        CHOICES.iter().copied().find(|choice| choice.as_str() == name)
-    }
-
     /// Whether sessions run in a remote provider's sandboxes.
     pub fn is_remote(self) -> bool {
         matches!(self, SandboxChoice::Remote(_))
@@ -534,7 +529,7 @@ mod tests {
         );
         // Selected without its key: one error, and nothing is asked of the provider.
         let blank = |name: &str| (name == "DAYTONA_API_KEY").then(|| "  ".to_string());
-        let reports = check_remote_providers(SandboxChoice::named("daytona").unwrap(), &blank).await;
+        let reports = check_remote_providers(SandboxChoice::Remote(&remote::daytona::Daytona), &blank).await;
         assert_eq!(reports.len(), 1);
         assert_eq!(reports[0].1[0].level, CheckLevel::Error);
     }
