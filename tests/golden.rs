@@ -9,7 +9,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use acp_sandbox::agents::opencode::serve::ServeTranslator;
+use acp_sandbox::agents::opencode::server::ServeTranslator;
 use acp_sandbox::agents::{AgentKind, Output, TranslateContext, Translator, translate_stream};
 use agent_client_protocol::v1::schema::SessionUpdate;
 

@@ -5,9 +5,9 @@
 //! a folder, one line in [`AGENTS`] and one field of [`AgentSettings`] for its flags.
 
 pub mod amp;
+pub mod engine;
 pub mod opencode;
 pub mod options;
-pub mod package;
 #[cfg(debug_assertions)]
 pub mod scripted;
 pub mod settings;
@@ -21,8 +21,8 @@ use serde_json::Value;
 
 pub use self::opencode::catalog::ModelInfo;
 pub use self::options::OptionSpec;
-use self::package::NpmPackage;
 pub use self::settings::AgentSettings;
+use crate::sandbox::package::NpmPackage;
 
 /// What one turn asks of the CLI beyond the prompt text.
 #[derive(Clone, Debug)]
@@ -466,7 +466,7 @@ pub fn translate_all(agent: AgentKind, context: TranslateContext, stream: &str) 
 }
 
 /// Runs every non-blank line of a recorded stream through `translator`, then finishes it: [`translate_all`]
-/// for a translator that no [`Agent`] builds (e.g. [`opencode::serve::ServeTranslator`], whose
+/// for a translator that no [`Agent`] builds (e.g. [`opencode::server::ServeTranslator`], whose
 /// lines are the `data:` payloads of `opencode serve`'s events).
 pub fn translate_stream(translator: &mut dyn Translator, stream: &str) -> Vec<Output> {
     let mut outputs = Vec::new();

@@ -12,7 +12,7 @@ use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use super::{ExecSpec, RemoteFiles, Sandbox, SandboxError};
-use crate::agents::package::NpmPackage;
+use crate::sandbox::package::NpmPackage;
 
 /// Installs `package` unless it is already in the cache, and returns its executable. `cancel` (or dropping the
 /// future) ends npm and everything it started, and removes the half-made install: nothing outlives the turn.

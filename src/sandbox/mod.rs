@@ -13,6 +13,7 @@ pub mod install;
 #[allow(clippy::disallowed_methods)]
 pub mod local;
 pub mod net;
+pub mod package;
 pub mod process;
 pub mod remote;
 

@@ -8,7 +8,8 @@ use crate::error::Result;
 use crate::paths;
 use crate::store::now_ms;
 
-use super::{Bridge, TRIM_CACHES_AFTER, turn_lock};
+use super::{Bridge, TRIM_CACHES_AFTER};
+use crate::store::lock as turn_lock;
 
 impl Bridge {
     /// Kills what CLIs of earlier, killed bridges left running on this data dir: processes carrying a session's

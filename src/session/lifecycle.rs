@@ -14,12 +14,13 @@ use serde_json::json;
 use crate::agents::AgentKind;
 use crate::error::{Error, Result};
 use crate::paths;
+use crate::store::lock as turn_lock;
 use crate::store::{SessionRecord, TurnStatus, now_ms, rfc3339};
 
 use super::servers::is_shared_sandbox;
 use super::{
     Bridge, LIST_PAGE, PromptTicket, RunningGuard, SessionPage, SessionSummary, UpdateSink, normalize, note, options,
-    parse_cursor, serve, turn, turn_lock,
+    parse_cursor, serve, turn,
 };
 
 impl Bridge {

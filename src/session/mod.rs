@@ -12,10 +12,9 @@ pub mod prompt;
 mod protected;
 mod remote;
 mod review;
-pub mod serve;
+mod serve;
 mod servers;
 mod turn;
-mod turn_lock;
 mod versions;
 
 use std::collections::HashMap;

@@ -9,6 +9,7 @@
 //! without corrupting anything, and a turn is owned by the process (pid) that runs it. The schema is versioned
 //! ([`schema`]).
 
+pub mod lock;
 mod outbox;
 mod schema;
 mod writer;

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::options::{OptionSpec, capitalize, stored};
 use super::{Agent, AgentKind, AgentSettings, Login, ModelInfo, TranslateContext, Translator, TurnRequest};
-use crate::agents::package::NpmPackage;
+use crate::sandbox::package::NpmPackage;
 
 /// Amp, as the bridge drives it.
 pub struct Amp;

@@ -11,7 +11,7 @@ pub mod options;
 pub mod permissions;
 pub mod project;
 pub mod providers;
-pub mod serve;
+pub mod server;
 pub mod translate;
 
 use std::path::{Path, PathBuf};
@@ -23,7 +23,7 @@ use self::providers::ProviderNeeds;
 use super::{
     Agent, AgentKind, AgentSettings, Login, OptionSpec, SlashCommand, TranslateContext, Translator, TurnRequest,
 };
-use crate::agents::package::NpmPackage;
+use crate::sandbox::package::NpmPackage;
 
 /// OpenCode, as the bridge drives it.
 pub struct OpenCode;

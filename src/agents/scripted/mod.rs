@@ -16,7 +16,7 @@ use super::{
     Agent, AgentKind, AgentSettings, Login, ModelInfo, Output, StreamEnd, TranslateContext, Translator, TurnEnd,
     TurnRequest,
 };
-use crate::agents::package::NpmPackage;
+use crate::sandbox::package::NpmPackage;
 
 /// The scripted agent, as the bridge drives it.
 pub struct Scripted;

@@ -12,15 +12,15 @@ use agent_client_protocol::v1::schema::{
 };
 use tokio_util::sync::CancellationToken;
 
+mod drive;
 mod emitter;
-pub(super) mod engine;
 mod process;
 
 pub(super) use self::emitter::{Emitter, bound_update};
 
-use self::engine::Attempt;
 pub(super) use self::process::stderr_tail;
 use super::{Bridge, UpdateSink, note, prompt};
+use crate::agents::engine::Attempt;
 use crate::agents::{AgentKind, ModelInfo, TranslateContext, TurnRequest};
 use crate::error::{Error, Result};
 use crate::sandbox::{ExecSpec, Sandbox, install};
@@ -531,7 +531,7 @@ impl Turn<'_> {
             self.bridge.config(),
         );
         let translator = self.agent.translator(self.translate_context(sandbox, emit));
-        self.drive(engine, translator, emit, sandbox, review.as_ref(), native_id).await
+        self.drive(Box::new(engine), translator, emit, sandbox, review.as_ref(), native_id).await
     }
 
     /// What the translator of this turn is told: the workspaces, the client's rendering, the model's window.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use agent_client_protocol::v1::schema::StopReason;
 
-use super::engine::{Attempt, Ended, Seen, Step, Stop, TurnEngine, ended, sleep_until_or_never, stopped};
+use crate::agents::engine::{Attempt, Ended, Seen, Step, Stop, TurnEngine, ended, sleep_until_or_never, stopped};
 use crate::agents::{AgentKind, TurnEnd};
 use crate::error::Error;
 use crate::lines::{BoundedLines, Line};
@@ -111,6 +111,7 @@ impl ProcessEngine {
     }
 }
 
+#[async_trait::async_trait]
 impl TurnEngine for ProcessEngine {
     async fn next(&mut self) -> Step {
         if let Some(step) = self.pending.pop_front() {
@@ -192,7 +193,7 @@ impl TurnEngine for ProcessEngine {
         self.stderr.abort();
     }
 
-    async fn conclude(mut self, seen: Seen, name: &'static str) -> Attempt {
+    async fn conclude(mut self: Box<Self>, seen: Seen, name: &'static str) -> Attempt {
         let exit = self.exited.unwrap_or(ExitInfo { code: None, signal: None });
         // Every process of the turn is gone by now, so stderr ends; the bound covers what is not ours to kill.
         let stderr = match tokio::time::timeout(DRAIN_AFTER_EXIT, &mut self.stderr).await {

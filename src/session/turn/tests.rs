@@ -10,8 +10,8 @@ use agent_client_protocol::v1::schema::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::engine::{Attempt, Ended, Seen, Step, Stop, TurnEngine, ended, stopped};
 use super::{Emitter, Turn};
+use crate::agents::engine::{Attempt, Ended, Seen, Step, Stop, TurnEngine, ended, stopped};
 use crate::agents::{Output, StreamEnd, Translator, TurnEnd};
 use crate::config::Config;
 use crate::error::Error;
@@ -97,6 +97,7 @@ struct ScriptedEngine {
     config: Config,
 }
 
+#[async_trait::async_trait]
 impl TurnEngine for ScriptedEngine {
     async fn next(&mut self) -> Step {
         loop {
@@ -134,7 +135,7 @@ impl TurnEngine for ScriptedEngine {
         *self.abandoned.lock().unwrap() = true;
     }
 
-    async fn conclude(self, seen: Seen, name: &'static str) -> Attempt {
+    async fn conclude(self: Box<Self>, seen: Seen, name: &'static str) -> Attempt {
         let failure = |message| Error::CliFailed { message, stderr_tail: String::new(), exit_code: None };
         let (idle, turn_timeout) = (self.config.idle_timeout, self.config.turn_timeout);
         Attempt::Finished(
@@ -207,7 +208,8 @@ impl World {
         if let Some(review) = &review {
             review.begin(&emit).await.unwrap();
         }
-        let driven = turn.drive(engine, Box::new(ScriptTranslator), &emit, sandbox.as_ref(), review.as_ref(), None);
+        let driven =
+            turn.drive(Box::new(engine), Box::new(ScriptTranslator), &emit, sandbox.as_ref(), review.as_ref(), None);
         // A guard against a loop that never ends the turn, not a measure of how fast it does.
         let attempt = tokio::time::timeout(std::time::Duration::from_secs(60), driven)
             .await

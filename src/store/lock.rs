@@ -8,11 +8,11 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 
-use crate::store::StoreError;
+use super::StoreError;
 
 /// Held for as long as this bridge runs a turn of the session (or deletes it); released when dropped.
 #[derive(Debug)]
-pub(super) struct TurnLock(#[allow(dead_code)] File);
+pub struct TurnLock(#[allow(dead_code)] File);
 
 /// Where the lock files live: in the data dir, never inside a sandbox (an agent holding its own session's lock
 /// would block it).
@@ -33,7 +33,7 @@ fn lock_name(session: &str) -> String {
 }
 
 /// Takes the session's lock, or `None` when another process holds it. Never waits.
-pub(super) fn try_lock(data_dir: &Path, session: &str) -> Result<Option<TurnLock>, StoreError> {
+pub fn try_lock(data_dir: &Path, session: &str) -> Result<Option<TurnLock>, StoreError> {
     let path = lock_path(data_dir, session);
     let io = |e: std::io::Error| StoreError::Io { path: path.display().to_string(), reason: e.to_string() };
     if let Some(dir) = path.parent() {
@@ -50,7 +50,7 @@ pub(super) fn try_lock(data_dir: &Path, session: &str) -> Result<Option<TurnLock
 }
 
 /// Removes a deleted session's lock file; the caller holds its lock.
-pub(super) fn remove(data_dir: &Path, session: &str) {
+pub fn remove(data_dir: &Path, session: &str) {
     let _ = std::fs::remove_file(lock_path(data_dir, session));
 }
 

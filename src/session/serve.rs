@@ -11,17 +11,19 @@ use agent_client_protocol::v1::schema::{
 use hyper::Method;
 use serde_json::{Value, json};
 
-use super::client::{Client, ClientError};
-use super::{Profile, Servers, Started};
 use crate::agents::PermissionAsk;
+use crate::agents::engine::Attempt;
 use crate::agents::opencode::options as opencode_options;
 use crate::agents::opencode::permissions::{self, Rule};
-use crate::agents::opencode::serve::ServeTranslator;
+use crate::agents::opencode::server::ServeTranslator;
+use crate::agents::opencode::server::client::{Client, ClientError};
+use crate::agents::opencode::server::{self as serve, Started};
+pub(super) use crate::agents::opencode::server::{Profile, Servers};
+pub(super) use crate::agents::opencode::server::{Server, Warm, client, defer_delete, delete_pending};
 use crate::agents::options;
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::session::prompt::RenderedPrompt;
-use crate::session::turn::engine::Attempt;
 use crate::session::turn::{Emitter, Turn, cli_environment};
 
 /// Under `ask`, no server starts while plugins or tools that a tool wrote into the agent's own OpenCode
@@ -40,22 +42,8 @@ fn refuse_agent_written_config(state: &Path) -> Result<()> {
     )))
 }
 
-/// How long the `/abort` request itself may take (it runs beside the turn, which never waits for it).
-const ABORT_CALL: Duration = Duration::from_millis(500);
-
 /// How long any other request to the server may take: a stopped server accepts connections and never answers.
 const REQUEST_LIMIT: Duration = Duration::from_secs(30);
-
-/// Asks OpenCode to abort the session's turn, in the background and bounded: the turn's own deadlines (the abort
-/// grace, then the kill) never wait on the answer.
-pub(super) fn abort(client: &Client, ses: &str) {
-    let (client, path) = (client.clone(), format!("/session/{ses}/abort"));
-    tokio::spawn(async move {
-        if let Err(e) = client.call_within(ABORT_CALL, Method::POST, &path, None).await {
-            tracing::warn!("OpenCode's server did not take the abort: {e}");
-        }
-    });
-}
 
 impl Turn<'_> {
     /// Starts the session's server in its sandbox (the pool calls this when none runs).
@@ -65,7 +53,7 @@ impl Turn<'_> {
         sandbox: Arc<dyn Sandbox>,
         executable: PathBuf,
         profile: &Profile,
-    ) -> std::result::Result<Started, super::ServeError> {
+    ) -> std::result::Result<Started, serve::ServeError> {
         start_server(
             self.bridge,
             &self.record.id,
@@ -200,7 +188,7 @@ impl Turn<'_> {
         let server = lease.server().clone();
         let client = &server.client;
         self.bridge.learn_models(client.clone());
-        super::delete_pending(sandbox.state_dir(), client).await;
+        serve::delete_pending(sandbox.state_dir(), client).await;
         let failed = |e: ClientError| Error::CliFailed {
             message: format!("OpenCode's server failed: {e}"),
             stderr_tail: server.stderr_tail(),
@@ -283,7 +271,7 @@ impl Turn<'_> {
             }
         };
 
-        let answer: super::engine::Answer = {
+        let answer: serve::engine::Answer = {
             let (session, sink, always) =
                 (self.record.id.clone(), self.sink.clone(), self.bridge.warm.always_rules.clone());
             let asking = approvals == options::APPROVALS_ASK;
@@ -291,7 +279,7 @@ impl Turn<'_> {
                 answer_permission(session.clone(), sink.clone(), always.clone(), asking, client, ask)
             })
         };
-        let engine = super::engine::ServerEngine::new(
+        let engine = serve::engine::ServerEngine::new(
             lease,
             self.bridge.warm.servers.clone(),
             key,
@@ -303,7 +291,7 @@ impl Turn<'_> {
             self.agent.display_name(),
             self.bridge.config(),
         );
-        self.drive(engine, Box::new(translator), emit, sandbox.as_ref(), review.as_ref(), None).await
+        self.drive(Box::new(engine), Box::new(translator), emit, sandbox.as_ref(), review.as_ref(), None).await
     }
 }
 
@@ -362,7 +350,7 @@ fn answer_permission(
 async fn session_rules(
     bridge: &crate::session::Bridge,
     record: &crate::store::SessionRecord,
-    server: &super::Server,
+    server: &serve::Server,
     ses: &str,
 ) -> Result<String> {
     let client = &server.client;
@@ -436,19 +424,19 @@ pub(in crate::session) async fn start_server(
     credential: Option<&(&'static str, String)>,
     model: Option<&str>,
     profile: &Profile,
-) -> std::result::Result<Started, super::ServeError> {
+) -> std::result::Result<Started, serve::ServeError> {
     let password = Servers::password();
     let agent = crate::agents::opencode::AGENT;
     let mut env = cli_environment(agent, sandbox.state_dir(), credential, &bridge.env_names(agent, model));
     env.retain(|(name, _)| name != "OPENCODE_SERVER_PASSWORD" && name != "OPENCODE_SERVER_USERNAME");
     env.push(("OPENCODE_SERVER_PASSWORD".into(), password.clone()));
     // The plugin that takes the password away from the server's tools (`guard.rs`), written afresh each time.
-    let guard = sandbox.state_dir().join(super::guard::PLUGIN_PATH);
+    let guard = sandbox.state_dir().join(serve::guard::PLUGIN_PATH);
     sandbox
-        .write_state_file(&guard, super::guard::PLUGIN.as_bytes())
+        .write_state_file(&guard, serve::guard::PLUGIN.as_bytes())
         .await
-        .map_err(|e| super::ServeError::Start(format!("its guard plugin: {e}")))?;
-    super::guard::add_plugin(&mut env, &guard).map_err(super::ServeError::Start)?;
+        .map_err(|e| serve::ServeError::Start(format!("its guard plugin: {e}")))?;
+    serve::guard::add_plugin(&mut env, &guard).map_err(serve::ServeError::Start)?;
     permissions::set_env(&mut env, "OPENCODE_PERMISSION", |user| {
         permissions::server_permission(&profile.approvals, user)
     });
@@ -464,21 +452,21 @@ pub(in crate::session) async fn start_server(
     let spec = crate::sandbox::ExecSpec {
         serve_port: Some(port),
         keep_warm,
-        ..crate::session::cli_spec(bridge.config(), agent, executable, sandbox.as_ref(), env, super::server_args(port))
+        ..crate::session::cli_spec(bridge.config(), agent, executable, sandbox.as_ref(), env, serve::server_args(port))
     };
     tracing::info!(session, program = %spec.program.display(), args = ?spec.args, "starting the OpenCode server");
-    let mut process = sandbox.exec(spec.clone()).await.map_err(|e| super::ServeError::Start(e.to_string()))?;
+    let mut process = sandbox.exec(spec.clone()).await.map_err(|e| serve::ServeError::Start(e.to_string()))?;
     if let (Some(secret), Some(door)) = (process.adopted.clone(), process.door.clone()) {
         // Checked before use: its record is the bridge's own, but the server must still be there and take it.
-        if super::client::Client::new(door, &secret).health(super::HEALTH_LIMIT).await.is_some() {
+        if serve::client::Client::new(door, &secret).health(serve::HEALTH_LIMIT).await.is_some() {
             return Ok(Started { process, password: secret, profile: profile.key(), adopted: true });
         }
         tracing::warn!(session, key, "a kept-warm server did not answer with its password; starting a fresh one");
         process.handle.kill().await;
-        process = sandbox.exec(spec).await.map_err(|e| super::ServeError::Start(e.to_string()))?;
+        process = sandbox.exec(spec).await.map_err(|e| serve::ServeError::Start(e.to_string()))?;
         if process.adopted.is_some() {
             process.handle.kill().await;
-            return Err(super::ServeError::Start("a kept-warm server could not be replaced".into()));
+            return Err(serve::ServeError::Start("a kept-warm server could not be replaced".into()));
         }
     }
     Ok(Started { process, password, profile: profile.key(), adopted: false })
@@ -552,128 +540,9 @@ fn template_shell(text: &str) -> Vec<String> {
     found
 }
 
-/// Ends what the turn left running beside the server, unless another session's turn runs there now (its
-/// commands would be among them).
-pub(super) fn end_strays(server: &super::Server) {
-    if !server.shared_now() {
-        server.end_strays();
-    }
-}
-
-/// A new OpenCode session whose parent is the turn's own or one of its subagents' (`children`): a subagent of the
-/// turn.
-pub(super) fn child_session(event: &str, ours: &str, children: &[String]) -> Option<String> {
-    if !event.contains("\"session.created\"") {
-        return None;
-    }
-    let event: Value = serde_json::from_str(event).ok()?;
-    let info = &event["properties"]["info"];
-    let parent = info["parentID"].as_str()?;
-    (event["type"] == "session.created" && (parent == ours || children.iter().any(|child| child == parent)))
-        .then(|| info["id"].as_str().map(str::to_string))
-        .flatten()
-}
-
-/// A permission request of one of the turn's subagents (`children`: their own OpenCode sessions), which the
-/// translator does not show: asked with a card of its own naming what it wants. Requests of other sessions of a
-/// shared server are their own turns'.
-pub(super) fn foreign_permission(event: &str, children: &[String]) -> Option<PermissionAsk> {
-    if !event.contains("\"permission.asked\"") {
-        return None;
-    }
-    let event: Value = serde_json::from_str(event).ok()?;
-    let properties = &event["properties"];
-    let session = properties["sessionID"].as_str()?;
-    if event["type"] != "permission.asked" || !children.iter().any(|child| child == session) {
-        return None;
-    }
-    let id = properties["id"].as_str()?.to_string();
-    let patterns: Vec<&str> = properties["patterns"].as_array()?.iter().filter_map(Value::as_str).collect();
-    let title = format!(
-        "A subagent asks for {}: {}",
-        properties["permission"].as_str().unwrap_or("a tool"),
-        patterns.join(", ")
-    );
-    let tool_call = agent_client_protocol::v1::schema::ToolCallUpdate::new(
-        id.clone(),
-        agent_client_protocol::v1::schema::ToolCallUpdateFields::new().title(title),
-    );
-    let always = properties["always"].as_array().into_iter().flatten().filter_map(Value::as_str).map(String::from);
-    let permission = properties["permission"].as_str().unwrap_or("").to_string();
-    let patterns = patterns.into_iter().map(String::from).collect();
-    Some(PermissionAsk { request_id: id, tool_call, always: always.collect(), permission, patterns })
-}
-
-/// Why a server ended during a turn, naming who ended it where that is known: the sandbox's limit (its cgroup
-/// counted an out-of-memory kill or a refused fork), a signal from elsewhere (the bridge only kills a server after
-/// the turn's own stop, which is not reported this way), its own exit, or its event stream closing.
-pub(super) fn death(
-    name: &str,
-    exit: Option<crate::sandbox::ExitInfo>,
-    limit: Option<String>,
-    stream_closed: bool,
-) -> String {
-    let signal_name = |signal: i32| {
-        nix::sys::signal::Signal::try_from(signal).map(|s| s.as_str().to_string()).unwrap_or_else(|_| "?".into())
-    };
-    // The sandbox's first process (and a shell) report a child killed by signal N as exit code 128 + N.
-    let exit = exit.map(|exit| match exit.code {
-        Some(code) if (129..=128 + 64).contains(&code) => {
-            crate::sandbox::ExitInfo { code: None, signal: Some(code - 128) }
-        }
-        _ => exit,
-    });
-    match (exit, limit) {
-        (Some(crate::sandbox::ExitInfo { signal: Some(signal), .. }), Some(hit)) => {
-            format!("{name}'s server was killed ({}, signal {signal}) during the turn: {hit}", signal_name(signal))
-        }
-        (Some(crate::sandbox::ExitInfo { signal: Some(signal), .. }), None) => format!(
-            "{name}'s server was killed ({}, signal {signal}) during the turn, not by acp-sandbox: by another \
-             process (one of the agent's own commands can signal it) or the kernel",
-            signal_name(signal)
-        ),
-        (Some(exit), Some(hit)) => format!("{name}'s server exited with {} during the turn: {hit}", exit.describe()),
-        (Some(exit), None) => format!("{name}'s server exited with {} during the turn", exit.describe()),
-        (None, Some(hit)) => format!("{name}'s server stopped during the turn: {hit}"),
-        (None, None) if stream_closed => format!("{name}'s server closed its event stream during the turn"),
-        (None, None) => format!("{name}'s server stopped answering during the turn"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_subagents_permission_request_is_asked_in_words_and_ours_is_left_to_the_translator() {
-        let event = json!({"type": "permission.asked", "properties": {
-            "id": "per_1", "sessionID": "ses_child", "permission": "bash", "patterns": ["rm -rf build"],
-            "metadata": {}, "always": []}})
-        .to_string();
-        let created = |id: &str, parent: &str| {
-            json!({"type": "session.created", "properties": {"sessionID": id, "info": {"id": id, "parentID": parent}}})
-                .to_string()
-        };
-        // The turn's own subagent, and that subagent's own: theirs to ask. Another editor session's (a shared
-        // server's), or a session without a parent: not this turn's.
-        let mut children = Vec::new();
-        children.extend(child_session(&created("ses_child", "ses_parent"), "ses_parent", &children));
-        children.extend(child_session(&created("ses_grandchild", "ses_child"), "ses_parent", &children));
-        assert_eq!(child_session(&created("ses_other_child", "ses_other"), "ses_parent", &children), None);
-        let top = json!({"type": "session.created", "properties": {"info": {"id": "ses_other"}}}).to_string();
-        assert_eq!(child_session(&top, "ses_parent", &children), None);
-        assert_eq!(children, ["ses_child", "ses_grandchild"]);
-        let ask = foreign_permission(&event, &children).unwrap();
-        assert_eq!(ask.request_id, "per_1");
-        let card = serde_json::to_value(&ask.tool_call).unwrap();
-        assert_eq!(card, json!({"toolCallId": "per_1", "title": "A subagent asks for bash: rm -rf build"}));
-        let others = event.replace("ses_child", "ses_other");
-        assert!(foreign_permission(&others, &children).is_none(), "another session's request was taken");
-        assert!(foreign_permission(&event, &[]).is_none());
-        let idle = r#"{"type":"session.idle","properties":{"sessionID":"ses_child"}}"#;
-        assert!(foreign_permission(idle, &children).is_none());
-        assert!(foreign_permission("not json \"permission.asked\"", &children).is_none());
-    }
 
     #[test]
     fn the_turns_agent_is_the_modes_or_the_first_primary_one_and_loose_subagents_are_found() {
@@ -701,33 +570,6 @@ mod tests {
             .unwrap()
             .push(json!({"permission": "bash", "pattern": "*", "action": "allow"}));
         assert_eq!(unasked_subagent(&loose).as_deref(), Some("general"));
-    }
-
-    #[test]
-    fn a_servers_death_names_its_cause() {
-        use crate::sandbox::ExitInfo;
-        let killed = Some(ExitInfo { code: None, signal: Some(9) });
-        let memory = Some("the sandbox hit its memory limit (256 MiB)".to_string());
-        assert_eq!(
-            death("OpenCode", killed, memory.clone(), false),
-            "OpenCode's server was killed (SIGKILL, signal 9) during the turn: the sandbox hit its memory limit (256 MiB)"
-        );
-        // Through the sandbox's first process, the same death is exit code 137.
-        assert_eq!(
-            death("OpenCode", Some(ExitInfo { code: Some(137), signal: None }), memory, false),
-            death("OpenCode", killed, Some("the sandbox hit its memory limit (256 MiB)".into()), false)
-        );
-        assert_eq!(
-            death("OpenCode", Some(ExitInfo { code: None, signal: Some(15) }), None, false),
-            "OpenCode's server was killed (SIGTERM, signal 15) during the turn, not by acp-sandbox: by another process \
-             (one of the agent's own commands can signal it) or the kernel"
-        );
-        assert_eq!(
-            death("OpenCode", Some(ExitInfo { code: Some(1), signal: None }), None, false),
-            "OpenCode's server exited with exit code 1 during the turn"
-        );
-        assert_eq!(death("OpenCode", None, None, true), "OpenCode's server closed its event stream during the turn");
-        assert_eq!(death("OpenCode", None, None, false), "OpenCode's server stopped answering during the turn");
     }
 
     #[test]

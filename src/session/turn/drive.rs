@@ -6,120 +6,16 @@
 //! stopping the agent when told why, and says at the end what the agent's own exit means.
 
 use std::collections::VecDeque;
-use std::future::Future;
 
-use agent_client_protocol::v1::schema::{SessionUpdate, StopReason, ToolCallStatus};
+use agent_client_protocol::v1::schema::{SessionUpdate, ToolCallStatus};
 
 use super::{Emitter, Turn};
-use crate::agents::{Output, PermissionAsk, StreamEnd, Translator, TurnEnd};
-use crate::error::{Error, Result};
+use crate::agents::engine::{Attempt, Ended, Seen, Step, Stop, TurnEngine};
+use crate::agents::{Output, StreamEnd, Translator, TurnEnd};
+use crate::error::Result;
 use crate::sandbox::Sandbox;
 use crate::session::note;
 use crate::session::review::Review;
-
-/// Why the loop stops the agent before it finished by itself.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(in crate::session) enum Stop {
-    /// The user cancelled the turn.
-    Cancelled,
-    /// The agent said nothing for the idle timeout.
-    Stalled,
-    /// The turn ran past its deadline.
-    TimedOut,
-    /// The sandbox hit its process or memory limit (a fork bomb, a runaway build), in words.
-    Limit(String),
-    /// The translator says the agent is stuck, in words for the user.
-    Aborted(String),
-}
-
-/// One thing an engine has for the loop.
-// Nearly every step is a line; boxing the rare output would cost an allocation for nothing.
-#[allow(clippy::large_enum_variant)]
-pub(in crate::session) enum Step {
-    /// A line of the agent's stream, for the translator. `alive`: it counts as the agent saying something (a shared
-    /// server's stream also carries other sessions' events, which do not keep this turn alive).
-    Line {
-        /// The line, without its ending.
-        text: String,
-        /// Whether it resets the idle timer by itself.
-        alive: bool,
-    },
-    /// Something the engine learned beside the stream (e.g. a command call that failed).
-    Output(Output),
-    /// A note for the user in the thread.
-    Note(String),
-    /// The agent's side of the attempt is over: how.
-    Ended(Ended),
-}
-
-/// How an engine's stream ended.
-pub(in crate::session) enum Ended {
-    /// The agent's stream is over (a CLI closed its stdout and exited, a server said the session is idle): the
-    /// engine says what that means in [`TurnEngine::conclude`].
-    Done,
-    /// The engine failed (the CLI could not be waited for, a server died): the turn fails with this.
-    Failed(Error),
-}
-
-/// What is left of an attempt once the engine concluded.
-pub(in crate::session) enum Attempt {
-    /// The turn is over.
-    Finished(Result<StopReason>),
-    /// The agent says the conversation we continue no longer exists: start a fresh one.
-    ConversationMissing,
-    /// This engine cannot run here (no server could be had): the turn may run another. Why, in words.
-    Unavailable(String),
-}
-
-/// What the loop knows of the stream when the engine concludes.
-pub(in crate::session) struct Seen {
-    /// The last end the agent said.
-    pub end: Option<TurnEnd>,
-    /// Why the loop stopped the agent, if it did.
-    pub stop: Option<Stop>,
-    /// Whether any update came.
-    pub updates: bool,
-    /// The last lines the translator could not read, for an error message.
-    pub unparsed: VecDeque<String>,
-}
-
-/// The agent's side of one attempt of a turn. Every method that waits is cancel-safe: the loop races it against
-/// its timers.
-pub(in crate::session) trait TurnEngine: Send {
-    /// The next thing the agent says, or how its stream ended. Called again after `Ended` is not allowed.
-    fn next(&mut self) -> impl Future<Output = Step> + Send;
-
-    /// A line that is there without waiting (what the last read brought with it), so that a fast stream is handled a
-    /// buffer at a time, without a round of the loop's timers per line.
-    fn ready(&mut self) -> Option<Step> {
-        None
-    }
-
-    /// Starts stopping the agent for this cause; [`TurnEngine::next`] goes on yielding what it still says, then
-    /// its end.
-    fn stop(&mut self, why: &Stop);
-
-    /// Whether the sandbox ran into its process or memory limit, in words.
-    fn limit_hit(&self) -> Option<String>;
-
-    /// The agent asks before it runs a tool.
-    fn permission(&mut self, _ask: PermissionAsk) {}
-
-    /// The agent says its turn is over (a server: the session went idle). `true`: the stream ends now; `false`: the
-    /// engine still collects what belongs to the turn before it ends.
-    fn idle(&mut self, _stopping: bool) -> bool {
-        true
-    }
-
-    /// The turn cannot go on (what the agent says cannot be kept): stop everything of the attempt at once.
-    fn abandon(&mut self) -> impl Future<Output = ()> + Send;
-
-    /// The stream is over: ends what the engine still runs beside it (e.g. a command call).
-    fn close(&mut self) {}
-
-    /// How the attempt ended, from what the agent did (its exit, its server's death) and what the stream said.
-    fn conclude(self, seen: Seen, name: &'static str) -> impl Future<Output = Attempt> + Send;
-}
 
 /// How many characters of a line the translator could not read are kept and logged.
 const UNPARSED_EXCERPT: usize = 2000;
@@ -130,9 +26,9 @@ const LIMIT_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 impl Turn<'_> {
     /// Drives one attempt of the turn through `engine` to its end: every line through `translator`, every update
     /// stored then sent, review steps after each finished tool and at the end, the turn's bounds, the outcome.
-    pub(in crate::session) async fn drive<E: TurnEngine>(
+    pub(in crate::session) async fn drive(
         &self,
-        mut engine: E,
+        mut engine: Box<dyn TurnEngine>,
         mut translator: Box<dyn Translator>,
         emit: &Emitter,
         sandbox: &dyn Sandbox,
@@ -268,10 +164,10 @@ impl Turn<'_> {
     }
 
     /// Acts on one output of the translator.
-    async fn handle<E: TurnEngine>(
+    async fn handle(
         &self,
         output: Output,
-        engine: &mut E,
+        engine: &mut Box<dyn TurnEngine>,
         emit: &Emitter,
         state: &mut StreamState,
         stop: &mut Option<Stop>,
@@ -350,43 +246,5 @@ pub(in crate::session) fn ends_a_tool(output: &Output) -> bool {
         Output::Update(SessionUpdate::ToolCall(call)) => done(Some(call.status)),
         Output::Update(SessionUpdate::ToolCallUpdate(update)) => done(update.fields.status),
         _ => false,
-    }
-}
-
-/// What the loop's own stops answer, whatever drove the agent: `None` when the agent was not stopped.
-pub(in crate::session) fn stopped(
-    stop: &Option<Stop>,
-    name: &'static str,
-    idle: std::time::Duration,
-    turn_timeout: std::time::Duration,
-    failure: impl Fn(String) -> Error,
-) -> Option<Result<StopReason>> {
-    Some(match stop.as_ref()? {
-        Stop::Cancelled => Ok(StopReason::Cancelled),
-        Stop::Stalled => Err(Error::Stalled { agent: name, seconds: idle.as_secs() }),
-        Stop::TimedOut => Err(Error::TurnTimeout { agent: name, minutes: turn_timeout.as_secs().div_ceil(60) }),
-        Stop::Limit(hit) => Err(failure(format!("{name} was stopped: {hit}"))),
-        Stop::Aborted(message) => Err(failure(message.clone())),
-    })
-}
-
-/// The stop reason an end the agent said means, or the error it says.
-pub(in crate::session) fn ended(end: TurnEnd, failure: impl Fn(String) -> Error) -> Result<StopReason> {
-    match end {
-        TurnEnd::EndTurn => Ok(StopReason::EndTurn),
-        TurnEnd::MaxTokens => Ok(StopReason::MaxTokens),
-        TurnEnd::MaxTurnRequests => Ok(StopReason::MaxTurnRequests),
-        TurnEnd::Refusal => Ok(StopReason::Refusal),
-        TurnEnd::Cancelled => Ok(StopReason::Cancelled),
-        TurnEnd::AuthRequired { message } => Err(Error::AuthRejected(message)),
-        TurnEnd::Error { message } => Err(failure(message)),
-    }
-}
-
-/// Sleeps until `deadline`, or forever without one.
-pub(in crate::session) async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }

@@ -1,3 +1,7 @@
+//! OpenCode through a warm `opencode serve`: the pool of servers (here), its HTTP client (`client.rs`) and event
+//! stream (`sse.rs`), the guard plugin (`guard.rs`), the engine of a turn (`engine.rs`) and the pure translation of
+//! its events (`translate.rs`).
+//!
 //! Warm `opencode serve` processes, each inside a sandbox: one per workspace, shared by the sessions of that
 //! workspace's shared sandbox (`--server-scope workspace`, each its own OpenCode session there), or one per session.
 //!
@@ -11,10 +15,11 @@
 //! with the bridge like any command of the sandbox (`--die-with-parent`, or the subreaper's parent-death signal).
 
 pub mod client;
-mod engine;
-pub(super) mod guard;
+pub mod engine;
+pub mod events;
+pub mod guard;
 pub mod sse;
-mod turn;
+pub mod translate;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -27,7 +32,7 @@ use self::client::Client;
 use self::sse::SseEvent;
 use crate::sandbox::{ExitInfo, ProcessHandle, RunningProcess};
 
-pub(super) use self::turn::{conversation, start_server};
+pub use self::translate::ServeTranslator;
 
 /// Where the server listens inside the sandbox. With a network namespace of its own any port is free; under
 /// `--sandbox none` a free port of the host is picked instead.
@@ -44,7 +49,7 @@ const STDERR_LINES: usize = 40;
 const EVENT_QUEUE: usize = 64;
 
 /// How long a warm server may take to answer the health check before a turn uses it.
-pub(super) const HEALTH_LIMIT: Duration = Duration::from_secs(2);
+pub const HEALTH_LIMIT: Duration = Duration::from_secs(2);
 
 /// How often the pool looks for idle servers.
 const REAP_EVERY: Duration = Duration::from_secs(15);
@@ -75,7 +80,7 @@ pub struct Server {
     busy: std::sync::atomic::AtomicUsize,
     /// The OpenCode sessions this server has given their rules: a known one needs no existence check. Never a reason
     /// to skip giving a turn its rules: another server or bridge may have written them since.
-    pub(super) served: Mutex<HashSet<String>>,
+    pub served: Mutex<HashSet<String>>,
     /// What it was started for ([`Profile::key`]): a turn that wants another starts a fresh server.
     profile: String,
     /// Where the server's event stream goes: every running turn's receiver (each picks its own session's events).
@@ -86,7 +91,7 @@ pub struct Server {
     /// The pool's: told when this server is let go of by its turn.
     freed: Arc<tokio::sync::Notify>,
     /// Its lock in the data dir, held while it runs: another bridge's background start leaves it alone.
-    hold: Option<super::turn_lock::TurnLock>,
+    hold: Option<crate::store::lock::TurnLock>,
 }
 
 impl Server {
@@ -363,7 +368,7 @@ impl Servers {
         }
         // A second bridge (another editor window on the same data dir) warming a server the first one runs would
         // make two servers on one OpenCode database for nothing: only a turn starts one beside it.
-        let hold = match super::turn_lock::try_lock(&self.data_dir, &format!("server {key}")) {
+        let hold = match crate::store::lock::try_lock(&self.data_dir, &format!("server {key}")) {
             Ok(Some(hold)) => Some(hold),
             Ok(None) if profile.is_none() => return Err(ServeError::Elsewhere),
             Ok(None) => None,
@@ -494,7 +499,7 @@ impl Drop for Place<'_> {
 }
 
 /// What the bridge keeps about its warm servers: the pool, and what it learned of them per session.
-pub(in crate::session) struct Warm {
+pub struct Warm {
     /// The servers, one per key.
     pub servers: Arc<Servers>,
     /// Sessions told in this process that their server could not start.

@@ -1,5 +1,5 @@
 //! The npm package an agent's CLI comes in, pinned, and where its executable lands in the tools cache once
-//! `sandbox::install` installed it.
+//! [`super::install`] installed it.
 
 use std::path::{Path, PathBuf};
 

@@ -6,16 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_client_protocol::v1::schema::StopReason;
+use hyper::Method;
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::client::{Client, ClientError};
 use super::sse::{MAX_EVENT, SseEvent};
 use super::{Lease, Server, Servers};
+use crate::agents::engine::{Attempt, Ended, Seen, Step, Stop, TurnEngine, ended, sleep_until_or_never, stopped};
 use crate::agents::{Output, PermissionAsk, TurnEnd};
 use crate::error::Error;
-use crate::session::turn::engine::{
-    Attempt, Ended, Seen, Step, Stop, TurnEngine, ended, sleep_until_or_never, stopped,
-};
 
 /// How long the stream must be quiet after an aborted OpenCode went idle before the turn ends.
 const SETTLE: Duration = Duration::from_millis(500);
@@ -44,10 +44,10 @@ enum Outcome {
 }
 
 /// What answers a permission request of the server's session.
-pub(super) type Answer = Box<dyn Fn(Client, PermissionAsk) -> tokio::task::JoinHandle<()> + Send + Sync>;
+pub type Answer = Box<dyn Fn(Client, PermissionAsk) -> tokio::task::JoinHandle<()> + Send + Sync>;
 
 /// One turn through a warm server.
-pub(super) struct ServerEngine {
+pub struct ServerEngine {
     server: Arc<Server>,
     lease: Lease,
     servers: Arc<Servers>,
@@ -82,7 +82,7 @@ pub(super) struct ServerEngine {
 impl ServerEngine {
     /// The engine of a turn prompted on `server`'s OpenCode session `ses`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
+    pub fn new(
         lease: Lease,
         servers: Arc<Servers>,
         key: String,
@@ -125,7 +125,7 @@ impl ServerEngine {
     }
 
     fn abort(&self) {
-        super::turn::abort(&self.client, &self.ses);
+        abort(&self.client, &self.ses);
     }
 
     fn drop_pending(&mut self) {
@@ -135,6 +135,7 @@ impl ServerEngine {
     }
 }
 
+#[async_trait::async_trait]
 impl TurnEngine for ServerEngine {
     async fn next(&mut self) -> Step {
         if let Some(outcome) = self.outcome {
@@ -180,10 +181,10 @@ impl TurnEngine for ServerEngine {
                     if let Some(cap) = self.settle_cap {
                         self.settle = Some((tokio::time::Instant::now() + SETTLE).min(cap));
                     }
-                    if let Some(child) = super::turn::child_session(&event, &self.ses, &self.children) {
+                    if let Some(child) = child_session(&event, &self.ses, &self.children) {
                         self.children.push(child);
                     }
-                    if let Some(ask) = super::turn::foreign_permission(&event, &self.children) {
+                    if let Some(ask) = foreign_permission(&event, &self.children) {
                         // A subagent's own session asks: no card of ours shows it, so it is asked in words.
                         let task = (self.answer)(self.client.clone(), ask);
                         self.pending.push(task);
@@ -249,7 +250,7 @@ impl TurnEngine for ServerEngine {
         // Nothing may reach the editor that is not stored: the turn stops here.
         self.abort();
         self.drop_pending();
-        super::turn::end_strays(&self.server);
+        end_strays(&self.server);
     }
 
     fn close(&mut self) {
@@ -259,11 +260,11 @@ impl TurnEngine for ServerEngine {
         }
     }
 
-    async fn conclude(self, seen: Seen, name: &'static str) -> Attempt {
+    async fn conclude(self: Box<Self>, seen: Seen, name: &'static str) -> Attempt {
         let server = &self.server;
         let outcome = self.outcome.unwrap_or(Outcome::StreamEnded);
         // Like a turn of `opencode run`, a turn leaves nothing running: the server stays, its strays go.
-        super::turn::end_strays(server);
+        end_strays(server);
         let kill = match outcome {
             Outcome::ServerDied | Outcome::StreamEnded => true,
             // A server that ran into the sandbox's limit goes whoever else uses it; one that would not abort this
@@ -289,7 +290,7 @@ impl TurnEngine for ServerEngine {
         }
         Attempt::Finished(match outcome {
             Outcome::ServerDied | Outcome::StreamEnded | Outcome::KillServer => Err(Error::CliFailed {
-                message: super::turn::death(name, server.exit(), server.limit_hit(), outcome == Outcome::StreamEnded),
+                message: death(name, server.exit(), server.limit_hit(), outcome == Outcome::StreamEnded),
                 stderr_tail,
                 exit_code: server.exit().and_then(|exit| exit.code),
             }),
@@ -300,5 +301,167 @@ impl TurnEngine for ServerEngine {
                 }
             },
         })
+    }
+}
+
+/// How long the `/abort` request itself may take (it runs beside the turn, which never waits for it).
+const ABORT_CALL: Duration = Duration::from_millis(500);
+
+/// Asks OpenCode to abort the session's turn, in the background and bounded: the turn's own deadlines (the abort
+/// grace, then the kill) never wait on the answer.
+fn abort(client: &Client, ses: &str) {
+    let (client, path) = (client.clone(), format!("/session/{ses}/abort"));
+    tokio::spawn(async move {
+        if let Err(e) = client.call_within(ABORT_CALL, Method::POST, &path, None).await {
+            tracing::warn!("OpenCode's server did not take the abort: {e}");
+        }
+    });
+}
+
+/// Ends what the turn left running beside the server, unless another session's turn runs there now (its
+/// commands would be among them).
+fn end_strays(server: &super::Server) {
+    if !server.shared_now() {
+        server.end_strays();
+    }
+}
+
+/// A new OpenCode session whose parent is the turn's own or one of its subagents' (`children`): a subagent of the
+/// turn.
+fn child_session(event: &str, ours: &str, children: &[String]) -> Option<String> {
+    if !event.contains("\"session.created\"") {
+        return None;
+    }
+    let event: Value = serde_json::from_str(event).ok()?;
+    let info = &event["properties"]["info"];
+    let parent = info["parentID"].as_str()?;
+    (event["type"] == "session.created" && (parent == ours || children.iter().any(|child| child == parent)))
+        .then(|| info["id"].as_str().map(str::to_string))
+        .flatten()
+}
+
+/// A permission request of one of the turn's subagents (`children`: their own OpenCode sessions), which the
+/// translator does not show: asked with a card of its own naming what it wants. Requests of other sessions of a
+/// shared server are their own turns'.
+fn foreign_permission(event: &str, children: &[String]) -> Option<PermissionAsk> {
+    if !event.contains("\"permission.asked\"") {
+        return None;
+    }
+    let event: Value = serde_json::from_str(event).ok()?;
+    let properties = &event["properties"];
+    let session = properties["sessionID"].as_str()?;
+    if event["type"] != "permission.asked" || !children.iter().any(|child| child == session) {
+        return None;
+    }
+    let id = properties["id"].as_str()?.to_string();
+    let patterns: Vec<&str> = properties["patterns"].as_array()?.iter().filter_map(Value::as_str).collect();
+    let title = format!(
+        "A subagent asks for {}: {}",
+        properties["permission"].as_str().unwrap_or("a tool"),
+        patterns.join(", ")
+    );
+    let tool_call = agent_client_protocol::v1::schema::ToolCallUpdate::new(
+        id.clone(),
+        agent_client_protocol::v1::schema::ToolCallUpdateFields::new().title(title),
+    );
+    let always = properties["always"].as_array().into_iter().flatten().filter_map(Value::as_str).map(String::from);
+    let permission = properties["permission"].as_str().unwrap_or("").to_string();
+    let patterns = patterns.into_iter().map(String::from).collect();
+    Some(PermissionAsk { request_id: id, tool_call, always: always.collect(), permission, patterns })
+}
+
+/// Why a server ended during a turn, naming who ended it where that is known: the sandbox's limit (its cgroup
+/// counted an out-of-memory kill or a refused fork), a signal from elsewhere (the bridge only kills a server after
+/// the turn's own stop, which is not reported this way), its own exit, or its event stream closing.
+fn death(name: &str, exit: Option<crate::sandbox::ExitInfo>, limit: Option<String>, stream_closed: bool) -> String {
+    let signal_name = |signal: i32| {
+        nix::sys::signal::Signal::try_from(signal).map(|s| s.as_str().to_string()).unwrap_or_else(|_| "?".into())
+    };
+    // The sandbox's first process (and a shell) report a child killed by signal N as exit code 128 + N.
+    let exit = exit.map(|exit| match exit.code {
+        Some(code) if (129..=128 + 64).contains(&code) => {
+            crate::sandbox::ExitInfo { code: None, signal: Some(code - 128) }
+        }
+        _ => exit,
+    });
+    match (exit, limit) {
+        (Some(crate::sandbox::ExitInfo { signal: Some(signal), .. }), Some(hit)) => {
+            format!("{name}'s server was killed ({}, signal {signal}) during the turn: {hit}", signal_name(signal))
+        }
+        (Some(crate::sandbox::ExitInfo { signal: Some(signal), .. }), None) => format!(
+            "{name}'s server was killed ({}, signal {signal}) during the turn, not by acp-sandbox: by another \
+             process (one of the agent's own commands can signal it) or the kernel",
+            signal_name(signal)
+        ),
+        (Some(exit), Some(hit)) => format!("{name}'s server exited with {} during the turn: {hit}", exit.describe()),
+        (Some(exit), None) => format!("{name}'s server exited with {} during the turn", exit.describe()),
+        (None, Some(hit)) => format!("{name}'s server stopped during the turn: {hit}"),
+        (None, None) if stream_closed => format!("{name}'s server closed its event stream during the turn"),
+        (None, None) => format!("{name}'s server stopped answering during the turn"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_subagents_permission_request_is_asked_in_words_and_ours_is_left_to_the_translator() {
+        let event = json!({"type": "permission.asked", "properties": {
+            "id": "per_1", "sessionID": "ses_child", "permission": "bash", "patterns": ["rm -rf build"],
+            "metadata": {}, "always": []}})
+        .to_string();
+        let created = |id: &str, parent: &str| {
+            json!({"type": "session.created", "properties": {"sessionID": id, "info": {"id": id, "parentID": parent}}})
+                .to_string()
+        };
+        // The turn's own subagent, and that subagent's own: theirs to ask. Another editor session's (a shared
+        // server's), or a session without a parent: not this turn's.
+        let mut children = Vec::new();
+        children.extend(child_session(&created("ses_child", "ses_parent"), "ses_parent", &children));
+        children.extend(child_session(&created("ses_grandchild", "ses_child"), "ses_parent", &children));
+        assert_eq!(child_session(&created("ses_other_child", "ses_other"), "ses_parent", &children), None);
+        let top = json!({"type": "session.created", "properties": {"info": {"id": "ses_other"}}}).to_string();
+        assert_eq!(child_session(&top, "ses_parent", &children), None);
+        assert_eq!(children, ["ses_child", "ses_grandchild"]);
+        let ask = foreign_permission(&event, &children).unwrap();
+        assert_eq!(ask.request_id, "per_1");
+        let card = serde_json::to_value(&ask.tool_call).unwrap();
+        assert_eq!(card, json!({"toolCallId": "per_1", "title": "A subagent asks for bash: rm -rf build"}));
+        let others = event.replace("ses_child", "ses_other");
+        assert!(foreign_permission(&others, &children).is_none(), "another session's request was taken");
+        assert!(foreign_permission(&event, &[]).is_none());
+        let idle = r#"{"type":"session.idle","properties":{"sessionID":"ses_child"}}"#;
+        assert!(foreign_permission(idle, &children).is_none());
+        assert!(foreign_permission("not json \"permission.asked\"", &children).is_none());
+    }
+
+    #[test]
+    fn a_servers_death_names_its_cause() {
+        use crate::sandbox::ExitInfo;
+        let killed = Some(ExitInfo { code: None, signal: Some(9) });
+        let memory = Some("the sandbox hit its memory limit (256 MiB)".to_string());
+        assert_eq!(
+            death("OpenCode", killed, memory.clone(), false),
+            "OpenCode's server was killed (SIGKILL, signal 9) during the turn: the sandbox hit its memory limit (256 MiB)"
+        );
+        // Through the sandbox's first process, the same death is exit code 137.
+        assert_eq!(
+            death("OpenCode", Some(ExitInfo { code: Some(137), signal: None }), memory, false),
+            death("OpenCode", killed, Some("the sandbox hit its memory limit (256 MiB)".into()), false)
+        );
+        assert_eq!(
+            death("OpenCode", Some(ExitInfo { code: None, signal: Some(15) }), None, false),
+            "OpenCode's server was killed (SIGTERM, signal 15) during the turn, not by acp-sandbox: by another process \
+             (one of the agent's own commands can signal it) or the kernel"
+        );
+        assert_eq!(
+            death("OpenCode", Some(ExitInfo { code: Some(1), signal: None }), None, false),
+            "OpenCode's server exited with exit code 1 during the turn"
+        );
+        assert_eq!(death("OpenCode", None, None, true), "OpenCode's server closed its event stream during the turn");
+        assert_eq!(death("OpenCode", None, None, false), "OpenCode's server stopped answering during the turn");
     }
 }
