@@ -6,6 +6,7 @@
 
 pub mod amp;
 pub mod engine;
+pub mod host;
 pub mod opencode;
 pub mod options;
 #[cfg(debug_assertions)]
@@ -14,6 +15,7 @@ pub mod settings;
 pub mod tools;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use agent_client_protocol::v1::schema::SessionUpdate;
 use serde::Serialize;
@@ -184,6 +186,11 @@ pub trait Agent: Send + Sync + 'static {
     /// one CLI process per prompt.
     fn serves(&self, _settings: &AgentSettings) -> bool {
         false
+    }
+
+    /// What the agent keeps running for a bridge across turns, when [`Agent::serves`]: made once per bridge.
+    fn service(&self, _settings: &AgentSettings, _bounds: &host::ServiceSettings) -> Option<Arc<dyn host::Service>> {
+        None
     }
 
     /// `doctor`'s line on how the agent is driven, given the version its CLI printed and how a warm server would

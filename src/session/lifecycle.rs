@@ -20,7 +20,7 @@ use crate::store::{SessionRecord, TurnStatus, now_ms, rfc3339};
 use super::servers::is_shared_sandbox;
 use super::{
     Bridge, LIST_PAGE, PromptTicket, RunningGuard, SessionPage, SessionSummary, UpdateSink, normalize, note, options,
-    parse_cursor, serve, turn,
+    parse_cursor, turn,
 };
 
 impl Bridge {
@@ -243,10 +243,12 @@ impl Bridge {
                 _ => return Err(Error::DeleteWhileRunningElsewhere),
             },
         };
-        let server = self.warm.servers.of_session(id);
         self.close_session(id)?;
         // Its server holds the sandbox's files open: gone first (unless other sessions use it).
-        self.warm.servers.release(id).await;
+        let released = match &self.service {
+            Some(service) => Some(service.release(id).await),
+            None => None,
+        };
         let Some(record) = self.store.session(id).await? else {
             return Ok(());
         };
@@ -262,7 +264,9 @@ impl Bridge {
                 self.provider.destroy(sandbox_id).await?;
             } else {
                 // The other sessions' conversations live in the same OpenCode database: only this one goes.
-                self.forget_conversation(&record, server).await;
+                if let Some(released) = released {
+                    released.forget(&record).await;
+                }
             }
         }
         // A remote sandbox's mirror lives on this machine (a local sandbox's went with its state dir).
@@ -288,26 +292,6 @@ impl Bridge {
             .filter(|r| r.sandbox_id.as_deref() == Some(sandbox_id) && r.sandbox_provider == self.provider.name())
             .map(|r| r.id)
             .collect())
-    }
-
-    /// Deletes a deleted session's OpenCode conversation from the shared server it used, when that still runs
-    /// (else the conversation stays in the shared database, unlisted: nothing of ours names it any more).
-    pub(super) async fn forget_conversation(&self, record: &SessionRecord, server: Option<Arc<serve::Server>>) {
-        let Some(native) = &record.native_id else { return };
-        let Some(server) = server.filter(|server| server.alive()) else {
-            // Its sandbox's next server deletes it.
-            if let Some(state_dir) = &record.sandbox_id
-                && let Err(e) = serve::defer_delete(Path::new(state_dir), native)
-            {
-                tracing::warn!(session = %record.id, native, "could not note the conversation for deletion: {e}");
-            }
-            return;
-        };
-        let path = format!("/session/{native}");
-        match server.client.call_within(std::time::Duration::from_secs(5), hyper::Method::DELETE, &path, None).await {
-            Ok(_) => tracing::info!(session = %record.id, native, "deleted the conversation on the shared server"),
-            Err(e) => tracing::warn!(session = %record.id, native, "could not delete the conversation: {e}"),
-        }
     }
 
     /// Cancels the running turn of a session and every prompt of it that arrived before and has not started

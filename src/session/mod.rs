@@ -5,6 +5,7 @@
 
 mod catalog;
 mod cli;
+mod host;
 mod leftovers;
 mod lifecycle;
 pub mod options;
@@ -12,7 +13,6 @@ pub mod prompt;
 mod protected;
 mod remote;
 mod review;
-mod serve;
 mod servers;
 mod turn;
 mod versions;
@@ -35,47 +35,7 @@ use crate::store::{SessionRecord, Store, rfc3339};
 pub use self::cli::{check_cli, major_version};
 use self::cli::{cli_spec, run_once};
 
-/// Where a session's updates go: the editor's connection, or the terminal for `acp-sandbox prompt`.
-#[async_trait::async_trait]
-pub trait UpdateSink: Send + Sync {
-    /// Sends one update of one session. Must not block: it queues.
-    fn send(&self, session_id: &str, update: SessionUpdate);
-
-    /// Sends one update already serialized, as the store kept it (`update` is the JSON of a [`SessionUpdate`]): a
-    /// sink that writes JSON sends these bytes as they are, without serializing the update again.
-    fn send_json(&self, session_id: &str, update: String) {
-        match serde_json::from_str::<SessionUpdate>(&update) {
-            Ok(update) => self.send(session_id, update),
-            Err(e) => tracing::error!(session = session_id, "could not read back a serialized update: {e}"),
-        }
-    }
-
-    /// Sends a run of updates already serialized, in order, as [`UpdateSink::send_json`] would one by one: a sink
-    /// that writes JSON hands the whole run on at once.
-    fn send_json_run(&self, session_id: &str, updates: Vec<String>) {
-        for update in updates {
-            self.send_json(session_id, update);
-        }
-    }
-
-    /// Asks the user to allow a tool call (`session/request_permission`). `None` when nobody can answer (no
-    /// editor, or it went away): the caller treats it as a rejection.
-    async fn request_permission(
-        &self,
-        _request: agent_client_protocol::v1::schema::RequestPermissionRequest,
-    ) -> Option<agent_client_protocol::v1::schema::RequestPermissionOutcome> {
-        None
-    }
-
-    /// Hands a file's new text to the editor (`fs/write_text_file`), which shows it for review. `Err` with the
-    /// reason when the editor refused it or cannot be asked.
-    async fn write_text_file(
-        &self,
-        _request: agent_client_protocol::v1::schema::WriteTextFileRequest,
-    ) -> std::result::Result<(), String> {
-        Err("no editor is connected".into())
-    }
-}
+pub use crate::agents::host::UpdateSink;
 
 /// A session as listed in the history.
 #[derive(Clone, Debug)]
@@ -177,8 +137,8 @@ pub struct Bridge {
     shutdown: CancellationToken,
     /// The models OpenCode can use.
     catalog: Arc<catalog::ModelCatalog>,
-    /// The warm servers and what the bridge keeps about them.
-    warm: serve::Warm,
+    /// What the agent keeps running across turns (OpenCode's warm servers), if it does.
+    service: Option<Arc<dyn crate::agents::host::Service>>,
     /// What `--version` said, per executable file (see [`versions`]; also kept in the data dir).
     versions: Mutex<HashMap<VersionKey, Option<String>>>,
     version_probe: tokio::sync::Mutex<()>,
@@ -226,9 +186,13 @@ impl Bridge {
             crate::auth::provider_variables(&config),
         )?;
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), own_provider.clone()));
-        let servers = serve::Servers::new(config.server_idle_timeout, config.max_servers, config.data_dir.clone());
+        let bounds = crate::agents::host::ServiceSettings {
+            idle_timeout: config.server_idle_timeout,
+            max_running: config.max_servers,
+            data_dir: config.data_dir.clone(),
+        };
         Ok(Self {
-            warm: serve::Warm::new(servers),
+            service: config.agent.service(&config.agents, &bounds),
             versions: Mutex::default(),
             version_probe: tokio::sync::Mutex::const_new(()),
             gates: Mutex::default(),
@@ -340,10 +304,8 @@ impl Bridge {
             }
         };
         let servers = async {
-            if self.config.keep_warm.is_some() {
-                self.warm.servers.leave_all().await
-            } else {
-                self.warm.servers.stop_all().await
+            if let Some(service) = &self.service {
+                service.close(self.config.keep_warm.is_some()).await
             }
         };
         let ended = tokio::time::timeout(SHUTDOWN_GRACE, futures::future::join(turns, servers)).await;

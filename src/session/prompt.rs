@@ -5,16 +5,7 @@ use std::path::PathBuf;
 use agent_client_protocol::v1::schema::{ContentBlock, EmbeddedResourceResource};
 use base64::Engine;
 
-/// A prompt ready for a CLI.
-#[derive(Debug, Default, PartialEq)]
-pub struct RenderedPrompt {
-    /// Written to the CLI's stdin, then closed.
-    pub text: String,
-    /// Images to write into the sandbox and attach (`opencode run --file`): (file name, bytes).
-    pub images: Vec<(String, Vec<u8>)>,
-    /// Content the CLI cannot take, said in words for the log.
-    pub dropped: Vec<String>,
-}
+pub use crate::agents::host::RenderedPrompt;
 
 /// Renders prompt blocks. Text and links stay inline in their order (Zed splits "fix @a.rs now" into
 /// three blocks); embedded resources are referenced inline and their contents appended as context, so

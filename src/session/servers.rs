@@ -1,26 +1,23 @@
-//! The bridge's warm servers: which sessions are served by one, starting it ahead of the first prompt, the
-//! sandbox a workspace's sessions share, the key a server is known by, and the model list a server says.
+//! The bridge's side of what an agent keeps running (its service: OpenCode's warm servers): which sessions it
+//! serves, starting it ahead of the first prompt, the sandbox a workspace's sessions share, and telling the open
+//! sessions of a changed model list.
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use agent_client_protocol::v1::schema::SessionUpdate;
 
 use crate::agents::AgentKind;
-use crate::agents::opencode::permissions;
-use crate::agents::options as agent_options;
 use crate::config::Config;
 use crate::locate::installed_executable;
 use crate::store::{SessionRecord, Store};
 
-use super::{Bridge, LiveSession, UpdateSink, catalog, options, serve};
+use super::{Bridge, LiveSession, UpdateSink, catalog, options};
 
 impl Bridge {
-    /// Whether this session's prompts go to a warm OpenCode server.
+    /// Whether this session's prompts go to what the agent keeps running (OpenCode's warm server).
     pub(super) fn serves(&self, record: &SessionRecord) -> bool {
-        self.agent_of(record) == self.config.agent && self.config.agent.serves(&self.config.agents)
+        self.agent_of(record) == self.config.agent && self.service.is_some()
     }
 
     /// Whether sandboxes get a network namespace of their own (a server's port is then private to its sandbox).
@@ -28,11 +25,10 @@ impl Bridge {
         self.own_provider.private_network()
     }
 
-    /// Starts the session's OpenCode server in the background, so that its first prompt finds it warm. Does
-    /// nothing when the CLI is not installed yet (the first prompt installs it) or the server already runs.
+    /// Starts the session's server (the agent's service) in the background, so that its first prompt finds it warm.
+    /// Does nothing when the CLI is not installed yet (the first prompt installs it) or the server already runs.
     pub fn warm_server(self: &Arc<Self>, id: &str) {
-        if !self.config.agent.serves(&self.config.agents)
-            || self.warm.servers.of_session(id).is_some()
+        if self.service.as_ref().is_none_or(|service| service.serving(id))
             // A remote sandbox runs no warm server yet, and warming would resume a sandbox paused between turns.
             || !self.sessions_run_here()
         {
@@ -62,90 +58,15 @@ impl Bridge {
                     None => executable,
                 };
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
-                if agent_options::approvals(&record.config) == agent_options::APPROVALS_ASK
-                    && !crate::agents::opencode::project::agent_written(sandbox.state_dir()).is_empty()
-                {
-                    return Err("the agent wrote plugins or tools into its own OpenCode configuration".into());
-                }
-                let model = crate::agents::opencode::options::model(&record.config).map(str::to_string);
-                // Nobody is asked here, and the user may still choose `ask` before the first prompt: the workspace's
-                // own configuration (plugins, MCP servers) loads only with a turn that allows it, which restarts
-                // this server then.
-                let has_config = !crate::agents::opencode::project::loaders(Path::new(&record.cwd)).is_empty();
-                let profile = match bridge.server_profile(&record) {
-                    Ok(profile) if !has_config || profile.approvals == agent_options::APPROVALS_ASK => profile,
-                    _ => serve::Profile {
-                        approvals: agent_options::approvals(&record.config).to_string(),
-                        project_config: false,
-                    },
-                };
-                let key = bridge.server_key(&id, sandbox.as_ref(), &profile.key());
-                let warmed = bridge
-                    .warm
-                    .servers
-                    .warm(&key, &id, || {
-                        serve::start_server(
-                            &bridge,
-                            &id,
-                            &key,
-                            sandbox.clone(),
-                            &executable,
-                            None,
-                            model.as_deref(),
-                            &profile,
-                        )
-                    })
-                    .await
-                    .map_err(|e| e.to_string())?;
-                bridge.learn_models(warmed.client.clone());
-                serve::delete_pending(sandbox.state_dir(), &warmed.client).await;
-                // The conversation is made ahead too (OpenCode sets up its instance for the workspace then), so
-                // the first prompt does not wait for that. Its rules are not: only its turn writes them
-                // (`serve::turn::session_rules`).
-                if record.native_id.is_none()
-                    && let Err(e) =
-                        serve::conversation(&bridge, &id, &warmed.client).await.map_err(|e| e.to_string())?
-                {
-                    tracing::debug!(session = %id, "could not make the conversation ahead: {e}");
-                }
+                let Some(service) = &bridge.service else { return Ok(()) };
+                service.warm(bridge.as_ref(), &record, sandbox, executable).await?;
                 Ok::<(), String>(())
             };
             if let Err(e) = result.await {
-                tracing::info!(session = %id, "the OpenCode server was not started ahead of the first prompt: {e}");
+                let agent = bridge.config.agent.display_name();
+                tracing::info!(session = %id, "the {agent} server was not started ahead of the first prompt: {e}");
             }
         });
-    }
-
-    /// What the session's server is started for, when that needs nobody's answer: under `auto` (the sandbox is the
-    /// boundary) and for a workspace without OpenCode configuration of its own the workspace's configuration loads;
-    /// under `ask` it loads once the user allowed what it is now. Else `Err` with what it is, to ask about.
-    pub(super) fn server_profile(&self, record: &SessionRecord) -> std::result::Result<serve::Profile, Vec<String>> {
-        let approvals = agent_options::approvals(&record.config).to_string();
-        if approvals != agent_options::APPROVALS_ASK {
-            return Ok(serve::Profile { approvals, project_config: true });
-        }
-        let items = crate::agents::opencode::project::loaders(Path::new(&record.cwd));
-        if items.is_empty() {
-            return Ok(serve::Profile { approvals, project_config: true });
-        }
-        match self.warm.project_consent.lock().unwrap_or_else(|p| p.into_inner()).get(&record.id) {
-            Some((asked, allowed)) if *asked == items => Ok(serve::Profile { approvals, project_config: *allowed }),
-            _ => Err(items),
-        }
-    }
-
-    /// The rules the user's "always" answers of session `id` made.
-    pub(super) fn always_allowed(&self, id: &str) -> Vec<permissions::Rule> {
-        self.warm.always_rules.of(id)
-    }
-
-    /// Records the user's answer about the workspace's configuration `items`.
-    pub(super) fn consent_to_project(&self, session: &str, items: Vec<String>, allowed: bool) {
-        self.warm
-            .project_consent
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(session.to_string(), (items, allowed));
     }
 
     /// The sandbox a new session of `record` shares with the other new sessions of its workspace, where sessions
@@ -181,41 +102,9 @@ impl Bridge {
         Some(format!("{SHARED_SANDBOX}{}", digest.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect::<String>()))
     }
 
-    /// The key of the server a turn of `session` uses in `sandbox` for `profile`: one per shared sandbox and
-    /// profile, else the session's own.
-    pub(super) fn server_key(&self, session: &str, sandbox: &dyn crate::sandbox::Sandbox, profile: &str) -> String {
-        let shared = sandbox.state_dir().file_name().and_then(|n| n.to_str()).filter(|n| is_shared_sandbox(n));
-        match shared {
-            Some(shared) if self.config.server_scope == crate::config::ServerScope::Workspace => {
-                format!("{shared} {profile}")
-            }
-            _ => session.to_string(),
-        }
-    }
-
     /// Where updates that belong to no turn go (a changed model list); set by the server once the editor connected.
     pub fn set_notifier(&self, sink: Arc<dyn UpdateSink>) {
         *self.notifier.lock().unwrap_or_else(|p| p.into_inner()) = Some(sink);
-    }
-
-    /// Takes the model list from the first warm server (instead of a separate `opencode models` run competing with
-    /// the first prompt); when it differs from what sessions were offered, each open session gets the new options.
-    pub(super) fn learn_models(&self, client: serve::client::Client) {
-        if self.warm.models_from_server.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let announce = self.model_announcer();
-        tokio::spawn(async move {
-            let answer = match client.call(hyper::Method::GET, "/config/providers", None).await {
-                Ok(answer) => answer,
-                Err(e) => return tracing::warn!("could not ask the OpenCode server for its models: {e}"),
-            };
-            let models = crate::agents::opencode::catalog::parse_providers(&answer);
-            tracing::info!(count = models.len(), "OpenCode models from the server");
-            if announce.catalog.set(models) {
-                announce.announce().await;
-            }
-        });
     }
 
     /// What tells the open sessions about a changed model list, from a task of its own.
@@ -231,9 +120,9 @@ impl Bridge {
 
     /// Lets go of the session's warm server, in the background: it stops unless other sessions use it.
     pub(super) fn stop_server(&self, id: &str) {
-        let servers = self.warm.servers.clone();
+        let Some(service) = self.service.clone() else { return };
         let id = id.to_string();
-        tokio::spawn(async move { servers.release(&id).await });
+        tokio::spawn(async move { drop(service.release(&id).await) });
     }
 
     /// Lists OpenCode's models again in the background (when this bridge runs OpenCode and it is installed). With
@@ -264,7 +153,7 @@ pub(super) fn is_shared_sandbox(name: &str) -> bool {
 /// Tells every open OpenCode session its options again (`config_option_update`) once the model list changed, so
 /// that the editor's model picker shows what OpenCode listed.
 pub(super) struct ModelAnnouncer {
-    catalog: Arc<catalog::ModelCatalog>,
+    pub(super) catalog: Arc<catalog::ModelCatalog>,
     store: Arc<Store>,
     config: Config,
     notifier: Arc<Mutex<Option<Arc<dyn UpdateSink>>>>,

@@ -213,6 +213,14 @@ impl Agent for OpenCode {
         settings.opencode.opencode_backend == Backend::Serve
     }
 
+    fn service(
+        &self,
+        settings: &AgentSettings,
+        bounds: &crate::agents::host::ServiceSettings,
+    ) -> Option<std::sync::Arc<dyn crate::agents::host::Service>> {
+        self.serves(settings).then(|| std::sync::Arc::new(server::Warm::new(bounds)) as _)
+    }
+
     fn describe_backend(&self, settings: &AgentSettings, server: Result<&str, &str>) -> Option<String> {
         Some(match (settings.opencode.opencode_backend, server) {
             (Backend::Serve, Ok(how)) => format!("serve: a warm `opencode serve` per {how}"),

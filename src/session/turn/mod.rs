@@ -1,5 +1,5 @@
 //! One prompt turn: store it, prepare the sandbox and the CLI, run an attempt through an engine (`engine.rs`: the
-//! one loop; `process.rs`: a CLI per prompt; the warm server's in `serve/`), retry with a fresh conversation when
+//! one loop; `process.rs`: a CLI per prompt; an agent's own, e.g. OpenCode's warm server, through its service and `session/host.rs`), retry with a fresh conversation when
 //! the old one is gone, and record how it ended.
 
 use std::collections::BTreeSet;
@@ -280,16 +280,24 @@ impl Turn<'_> {
         // A session whose server could not start runs `run` for the rest of this bridge's life: every prompt
         // would otherwise wait for another failing start.
         // Under `ask` there is no falling back: `run` cannot ask.
-        let mut serve = self.bridge.serves(&self.record)
-            && (crate::agents::options::approvals(&self.record.config) == crate::agents::options::APPROVALS_ASK
-                || !self.bridge.warm.fallback_told.lock().unwrap_or_else(|p| p.into_inner()).contains(&self.record.id));
+        let service = self.bridge.service.as_ref().filter(|_| self.bridge.serves(&self.record));
+        let mut serve = service.is_some_and(|service| {
+            crate::agents::options::approvals(&self.record.config) == crate::agents::options::APPROVALS_ASK
+                || !service.fell_back(&self.record.id)
+        });
         loop {
             if self.cancel.is_cancelled() {
                 return Ok(StopReason::Cancelled);
             }
-            let attempt = if serve {
-                match self
-                    .serve_attempt(emit, &sandbox, &executable, native_id.as_deref(), command.as_deref(), &rendered)
+            let attempt = if let Some(service) = service.filter(|_| serve) {
+                let host = super::host::AttemptHost {
+                    turn: self,
+                    emit,
+                    sandbox: sandbox.as_ref(),
+                    review: self.review(sandbox.as_ref()),
+                };
+                match service
+                    .attempt(&host, &sandbox, &executable, native_id.as_deref(), command.as_deref(), &rendered)
                     .await?
                 {
                     Attempt::Unavailable(why) => {
@@ -309,14 +317,7 @@ impl Turn<'_> {
                         }
                         serve = false;
                         tracing::warn!(session = %self.record.id, "running `opencode run` instead of the server: {why}");
-                        let first = self
-                            .bridge
-                            .warm
-                            .fallback_told
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(self.record.id.clone());
-                        if first {
+                        if service.fall_back(&self.record.id) {
                             emit.send(note(&format!(
                                 "_OpenCode's server could not start here, so this session runs `opencode run` per prompt (no live output): {}_",
                                 crate::lines::first_text_line(&why)
@@ -370,14 +371,7 @@ impl Turn<'_> {
     /// Runs a step before the CLI starts: `None` when the turn is cancelled first (the step is dropped, which
     /// stops what it started) or the step says it was.
     pub(super) async fn unless_cancelled<T>(&self, step: impl Future<Output = Result<T>>) -> Result<Option<T>> {
-        tokio::select! {
-            biased;
-            _ = self.cancel.cancelled() => Ok(None),
-            result = step => match result {
-                Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)) => Ok(None),
-                other => other.map(Some),
-            },
-        }
+        crate::agents::host::unless_cancelled(&self.cancel, step).await
     }
 
     /// The CLI's executable on this machine: the override, PATH, the tools cache, or an install on first use; for

@@ -92,7 +92,7 @@ impl ServerEngine {
         command_call: Option<tokio::task::JoinHandle<Result<serde_json::Value, ClientError>>>,
         answer: Answer,
         name: &'static str,
-        config: &crate::config::Config,
+        (idle, turn_timeout): (Duration, Duration),
     ) -> Self {
         let server = lease.server().clone();
         Self {
@@ -107,8 +107,8 @@ impl ServerEngine {
             command_call,
             answer,
             name,
-            idle: config.idle_timeout,
-            turn_timeout: config.turn_timeout,
+            idle,
+            turn_timeout,
             pending: Vec::new(),
             children: Vec::new(),
             abort_deadline: None,

@@ -18,8 +18,10 @@ pub mod client;
 pub mod engine;
 pub mod events;
 pub mod guard;
+pub mod service;
 pub mod sse;
 pub mod translate;
+mod turn;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -32,6 +34,7 @@ use self::client::Client;
 use self::sse::SseEvent;
 use crate::sandbox::{ExitInfo, ProcessHandle, RunningProcess};
 
+pub use self::service::Warm;
 pub use self::translate::ServeTranslator;
 
 /// Where the server listens inside the sandbox. With a network namespace of its own any port is free; under
@@ -495,33 +498,6 @@ impl Drop for Place<'_> {
             *starting = starting.saturating_sub(1);
         }
         self.0.freed.notify_waiters();
-    }
-}
-
-/// What the bridge keeps about its warm servers: the pool, and what it learned of them per session.
-pub struct Warm {
-    /// The servers, one per key.
-    pub servers: Arc<Servers>,
-    /// Sessions told in this process that their server could not start.
-    pub fallback_told: Mutex<std::collections::HashSet<String>>,
-    /// Per session under `ask`: the workspace's OpenCode configuration the user was asked about, and the answer.
-    pub project_consent: Mutex<HashMap<String, (Vec<String>, bool)>>,
-    /// What the user allowed "always" in each session (its own rules carry it, never the server's instance).
-    pub always_rules: Arc<crate::agents::opencode::permissions::AlwaysAllowed>,
-    /// A server already reported its models in this process.
-    pub models_from_server: std::sync::atomic::AtomicBool,
-}
-
-impl Warm {
-    /// Nothing known yet, with the pool `servers`.
-    pub fn new(servers: Arc<Servers>) -> Self {
-        Self {
-            servers,
-            fallback_told: Mutex::default(),
-            project_consent: Mutex::default(),
-            always_rules: Arc::default(),
-            models_from_server: std::sync::atomic::AtomicBool::new(false),
-        }
     }
 }
 

@@ -1,7 +1,7 @@
-//! One turn through a warm OpenCode server: the conversation, the approvals rules, the prompt, the event stream
-//! through the translator, permissions, cancel and the outcome.
+//! One turn through a warm OpenCode server: the server it leases, the conversation, the approvals rules, the
+//! prompt, permissions; the bridge's turn loop drives the engine it makes (`engine.rs`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,20 +11,18 @@ use agent_client_protocol::v1::schema::{
 use hyper::Method;
 use serde_json::{Value, json};
 
+use super::ServeTranslator;
+use super::client::{Client, ClientError};
+use super::service::server_key;
+use super::{Profile, Servers, Started, Warm};
 use crate::agents::PermissionAsk;
 use crate::agents::engine::Attempt;
+use crate::agents::host::{BridgeHost, RenderedPrompt, TurnHost, UpdateSink, unless_cancelled};
 use crate::agents::opencode::options as opencode_options;
 use crate::agents::opencode::permissions::{self, Rule};
-use crate::agents::opencode::server::ServeTranslator;
-use crate::agents::opencode::server::client::{Client, ClientError};
-use crate::agents::opencode::server::{self as serve, Started};
-pub(super) use crate::agents::opencode::server::{Profile, Servers};
-pub(super) use crate::agents::opencode::server::{Server, Warm, client, defer_delete, delete_pending};
 use crate::agents::options;
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
-use crate::session::prompt::RenderedPrompt;
-use crate::session::turn::{Emitter, Turn, cli_environment};
 
 /// Under `ask`, no server starts while plugins or tools that a tool wrote into the agent's own OpenCode
 /// configuration are there: they would run inside the server unasked (and could answer its permission requests).
@@ -45,33 +43,13 @@ fn refuse_agent_written_config(state: &Path) -> Result<()> {
 /// How long any other request to the server may take: a stopped server accepts connections and never answers.
 const REQUEST_LIMIT: Duration = Duration::from_secs(30);
 
-impl Turn<'_> {
-    /// Starts the session's server in its sandbox (the pool calls this when none runs).
-    async fn start_server(
-        &self,
-        key: &str,
-        sandbox: Arc<dyn Sandbox>,
-        executable: PathBuf,
-        profile: &Profile,
-    ) -> std::result::Result<Started, serve::ServeError> {
-        start_server(
-            self.bridge,
-            &self.record.id,
-            key,
-            sandbox,
-            &executable,
-            self.credential.as_ref(),
-            self.model.as_ref().map(|m| m.id.as_str()),
-            profile,
-        )
-        .await
-    }
-
+impl Warm {
     /// What the session's server must be started for. Under `ask`, a workspace with OpenCode configuration of its
     /// own (plugins, custom tools, MCP servers: code the server would load) is asked about once, before anything
     /// of it loads; refused, the server starts without it and the user is told.
-    async fn profile(&self, emit: &Emitter) -> Result<Profile> {
-        let items = match self.bridge.server_profile(&self.record) {
+    async fn profile(&self, host: &dyn TurnHost) -> Result<Profile> {
+        let record = host.record();
+        let items = match self.profile_known(record) {
             Ok(profile) => return Ok(profile),
             Err(items) => items,
         };
@@ -84,32 +62,33 @@ impl Turn<'_> {
             PermissionOption::new("reject", "Start without it", PermissionOptionKind::RejectOnce),
         ];
         let card = agent_client_protocol::v1::schema::ToolCallUpdate::new(
-            format!("workspace-config-{}", emit.turn_id),
+            format!("workspace-config-{}", host.turn_id()),
             agent_client_protocol::v1::schema::ToolCallUpdateFields::new().title(title),
         );
-        let request = RequestPermissionRequest::new(self.record.id.clone(), card, options);
+        let request = RequestPermissionRequest::new(record.id.clone(), card, options);
         let allowed = matches!(
-            self.sink.request_permission(request).await,
+            host.sink().request_permission(request).await,
             Some(RequestPermissionOutcome::Selected(selected)) if selected.option_id.0.as_ref() == "once"
         );
-        tracing::info!(session = %self.record.id, allowed, items = ?items, "the workspace's OpenCode configuration");
+        tracing::info!(session = %record.id, allowed, items = ?items, "the workspace's OpenCode configuration");
         if !allowed {
-            emit.send(crate::session::note(&format!(
+            host.note(&format!(
                 "_OpenCode runs without this workspace's own configuration (`.opencode/`, `opencode.json`): {} \
                  {} not loaded, nor its commands and instructions. Approvals: Auto loads it._",
                 items.join("; "),
                 if items.len() == 1 { "is" } else { "are" }
-            )))
+            ))
             .await?;
         }
-        self.bridge.consent_to_project(&self.record.id, items, allowed);
-        Ok(Profile { approvals: options::approvals(&self.record.config).to_string(), project_config: allowed })
+        self.consent_to_project(&record.id, items, allowed);
+        Ok(Profile { approvals: options::approvals(&record.config).to_string(), project_config: allowed })
     }
 
     /// Under `ask`, a command whose template runs shell commands (`` !`…` ``, run by OpenCode as it expands the
     /// template, before any tool and without asking) runs only once the user allowed those commands; a command the
     /// server does not have is not sent at all. `false`: it must not be sent.
-    async fn command_allowed(&self, emit: &Emitter, client: &Client, name: &str, arguments: &str) -> Result<bool> {
+    async fn command_allowed(host: &dyn TurnHost, client: &Client, name: &str, arguments: &str) -> Result<bool> {
+        let record = host.record();
         let listed =
             client.call_within(REQUEST_LIMIT, Method::GET, "/command", None).await.map_err(|e| Error::CliFailed {
                 message: format!("OpenCode's server did not list its commands: {e}"),
@@ -118,14 +97,14 @@ impl Turn<'_> {
             })?;
         let Some(command) = listed.as_array().into_iter().flatten().find(|command| command["name"] == name) else {
             // OpenCode would never answer a command it does not have (one of the workspace's, not loaded).
-            emit.send(crate::session::note(&format!(
+            host.note(&format!(
                 "_/{name} is not one of OpenCode's commands here (the workspace's own configuration, where it \
                  comes from, was not loaded), so it was not run._"
-            )))
+            ))
             .await?;
             return Ok(false);
         };
-        if options::approvals(&self.record.config) != options::APPROVALS_ASK {
+        if options::approvals(&record.config) != options::APPROVALS_ASK {
             return Ok(true);
         }
         let template = command["template"].as_str().unwrap_or("");
@@ -142,44 +121,56 @@ impl Turn<'_> {
             PermissionOption::new("reject", "Reject", PermissionOptionKind::RejectOnce),
         ];
         let card = agent_client_protocol::v1::schema::ToolCallUpdate::new(
-            format!("command-shell-{}", emit.turn_id),
+            format!("command-shell-{}", host.turn_id()),
             agent_client_protocol::v1::schema::ToolCallUpdateFields::new().title(title),
         );
-        let request = RequestPermissionRequest::new(self.record.id.clone(), card, options);
+        let request = RequestPermissionRequest::new(record.id.clone(), card, options);
         let allowed = matches!(
-            self.sink.request_permission(request).await,
+            host.sink().request_permission(request).await,
             Some(RequestPermissionOutcome::Selected(selected)) if selected.option_id.0.as_ref() == "once"
         );
         if !allowed {
-            emit.send(crate::session::note(&format!("_/{name} was not run: its shell commands were rejected._")))
-                .await?;
+            host.note(&format!("_/{name} was not run: its shell commands were rejected._")).await?;
         }
         Ok(allowed)
     }
 
-    pub(in crate::session) async fn serve_attempt(
+    /// One attempt of a turn through the session's server (see [`crate::agents::host::Service::attempt`]).
+    pub(super) async fn attempt(
         &self,
-        emit: &Emitter,
+        host: &dyn TurnHost,
         sandbox: &Arc<dyn Sandbox>,
         executable: &Path,
         native_id: Option<&str>,
         command: Option<&str>,
         rendered: &RenderedPrompt,
     ) -> Result<Attempt> {
-        let servers: &Servers = &self.bridge.warm.servers;
-        if options::approvals(&self.record.config) == options::APPROVALS_ASK {
+        let record = host.record();
+        let servers: &Servers = &self.servers;
+        if options::approvals(&record.config) == options::APPROVALS_ASK {
             refuse_agent_written_config(sandbox.state_dir())?;
         }
-        let Some(profile) = self.unless_cancelled(self.profile(emit)).await? else {
+        let Some(profile) = unless_cancelled(host.cancel(), self.profile(host)).await? else {
             return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         };
         let profile_key = profile.key();
-        let key = self.bridge.server_key(&self.record.id, sandbox.as_ref(), &profile_key);
-        let start = || self.start_server(&key, sandbox.clone(), executable.to_path_buf(), &profile);
+        let key = server_key(host.bridge(), &record.id, sandbox.as_ref(), &profile_key);
+        let start = || {
+            start_server(
+                host.bridge(),
+                &record.id,
+                &key,
+                sandbox.clone(),
+                executable,
+                host.credential(),
+                host.model(),
+                &profile,
+            )
+        };
         let lease = tokio::select! {
             biased;
-            _ = self.cancel.cancelled() => return Ok(Attempt::Finished(Ok(StopReason::Cancelled))),
-            lease = servers.lease(&key, &self.record.id, &profile_key, start) => lease,
+            _ = host.cancel().cancelled() => return Ok(Attempt::Finished(Ok(StopReason::Cancelled))),
+            lease = servers.lease(&key, &record.id, &profile_key, start) => lease,
         };
         let lease = match lease {
             Ok(lease) => lease,
@@ -187,8 +178,8 @@ impl Turn<'_> {
         };
         let server = lease.server().clone();
         let client = &server.client;
-        self.bridge.learn_models(client.clone());
-        serve::delete_pending(sandbox.state_dir(), client).await;
+        self.learn_models(host.bridge(), client.clone());
+        super::delete_pending(sandbox.state_dir(), client).await;
         let failed = |e: ClientError| Error::CliFailed {
             message: format!("OpenCode's server failed: {e}"),
             stderr_tail: server.stderr_tail(),
@@ -205,36 +196,33 @@ impl Turn<'_> {
                 }
                 Err(e) => return Err(failed(e)),
             },
-            None => conversation(self.bridge, &self.record.id, client).await?.map_err(failed)?,
+            None => conversation(host.bridge(), &record.id, client).await?.map_err(failed)?,
         };
-        let approvals = options::approvals(&self.record.config);
-        let agent = session_rules(self.bridge, &self.record, &server, &ses).await?;
+        let approvals = options::approvals(&record.config);
+        let agent = session_rules(&self.always_rules.of(&record.id), record, &server, &ses).await?;
 
-        tracing::debug!(session = %self.record.id, "server turn: conversation and rules ready");
+        tracing::debug!(session = %record.id, "server turn: conversation and rules ready");
         // Review mode: the server works on the copy (bound where the workspace is, so a warm server sees each
         // sync), reviewed before the prompt, after each tool and at the end, as under `run`.
-        let review = self.review(sandbox.as_ref());
-        if let Some(review) = &review
-            && self.unless_cancelled(review.begin(emit)).await?.is_none()
-        {
+        if !host.begin_review().await? {
             return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         }
         let Some(events) = server.listen() else {
             return Err(failed(ClientError::Connect("the event stream ended".into())));
         };
-        let translator = ServeTranslator::new(self.translate_context(sandbox.as_ref(), emit), ses.clone());
+        let translator = ServeTranslator::new(host.translate_context(), ses.clone());
 
         let mut body = json!({ "parts": parts(rendered, command.is_some()) });
-        if let Some((provider, model)) = opencode_options::model(&self.record.config).and_then(|m| m.split_once('/')) {
+        if let Some((provider, model)) = opencode_options::model(&record.config).and_then(|m| m.split_once('/')) {
             body["model"] = json!({ "providerID": provider, "modelID": model });
         }
-        if let Some(variant) = opencode_options::variant(&self.record.config) {
+        if let Some(variant) = opencode_options::variant(&record.config) {
             body["variant"] = json!(variant);
         }
         // The agent whose rules the session's were composed with, also when the mode is OpenCode's default.
         body["agent"] = json!(agent);
         if let Some(name) = command {
-            match self.unless_cancelled(self.command_allowed(emit, client, name, &rendered.text)).await? {
+            match unless_cancelled(host.cancel(), Self::command_allowed(host, client, name, &rendered.text)).await? {
                 None => return Ok(Attempt::Finished(Ok(StopReason::Cancelled))),
                 Some(false) => return Ok(Attempt::Finished(Ok(StopReason::EndTurn))),
                 Some(true) => {}
@@ -261,44 +249,43 @@ impl Turn<'_> {
                 Some(tokio::spawn(async move { client.call(Method::POST, &path, Some(&request)).await }))
             }
             None => {
-                tracing::debug!(session = %self.record.id, "server turn: subscribed; prompting");
+                tracing::debug!(session = %record.id, "server turn: subscribed; prompting");
                 client
                     .call_within(REQUEST_LIMIT, Method::POST, &format!("/session/{ses}/prompt_async"), Some(&body))
                     .await
                     .map_err(failed)?;
-                tracing::debug!(session = %self.record.id, "server turn: prompted");
+                tracing::debug!(session = %record.id, "server turn: prompted");
                 None
             }
         };
 
-        let answer: serve::engine::Answer = {
-            let (session, sink, always) =
-                (self.record.id.clone(), self.sink.clone(), self.bridge.warm.always_rules.clone());
+        let answer: super::engine::Answer = {
+            let (session, sink, always) = (record.id.clone(), host.sink(), self.always_rules.clone());
             let asking = approvals == options::APPROVALS_ASK;
             Box::new(move |client, ask| {
                 answer_permission(session.clone(), sink.clone(), always.clone(), asking, client, ask)
             })
         };
-        let engine = serve::engine::ServerEngine::new(
+        let engine = super::engine::ServerEngine::new(
             lease,
-            self.bridge.warm.servers.clone(),
+            self.servers.clone(),
             key,
-            &self.record.id,
+            &record.id,
             ses,
             events,
             command_call,
             answer,
-            self.agent.display_name(),
-            self.bridge.config(),
+            crate::agents::opencode::AGENT.display_name(),
+            host.timeouts(),
         );
-        self.drive(Box::new(engine), Box::new(translator), emit, sandbox.as_ref(), review.as_ref(), None).await
+        host.drive(Box::new(engine), Box::new(translator)).await
     }
 }
 
 /// Answers one permission request of OpenCode: at once under `auto`, else by asking the editor.
 fn answer_permission(
     session: String,
-    sink: Arc<dyn crate::session::UpdateSink>,
+    sink: Arc<dyn UpdateSink>,
     always: Arc<crate::agents::opencode::permissions::AlwaysAllowed>,
     asking: bool,
     client: Client,
@@ -348,9 +335,9 @@ fn answer_permission(
 /// written since, and only the session's own turn (one at a time, across bridges) writes them, right before its
 /// prompt.
 async fn session_rules(
-    bridge: &crate::session::Bridge,
+    allowed: &[Rule],
     record: &crate::store::SessionRecord,
-    server: &serve::Server,
+    server: &super::Server,
     ses: &str,
 ) -> Result<String> {
     let client = &server.client;
@@ -361,7 +348,6 @@ async fn session_rules(
     };
     let approvals = options::approvals(&record.config);
     let mode = opencode_options::agent(&record.config);
-    let allowed = bridge.always_allowed(&record.id);
     let agents = client.call_within(REQUEST_LIMIT, Method::GET, "/agent", None).await.map_err(failed)?;
     let (agent, own) =
         agent_rules(&agents, mode).map_err(|why| failed(ClientError::Invalid { what: "GET /agent".into(), why }))?;
@@ -377,7 +363,7 @@ async fn session_rules(
             exit_code: None,
         });
     }
-    let ours = permissions::bridge_rules(approvals, mode == Some("plan"), &allowed);
+    let ours = permissions::bridge_rules(approvals, mode == Some("plan"), allowed);
     let rules = permissions::session_rules(&ours, &own);
     tracing::debug!(session = %record.id, agent = %agent, rules = rules.len(), "the session's rules");
     client
@@ -390,14 +376,14 @@ async fn session_rules(
 
 /// The session's OpenCode conversation: the stored one (the background start may have made it ahead), or a new
 /// one, stored. One at a time per session, so the warm start and the first prompt never make two.
-pub(in crate::session) async fn conversation(
-    bridge: &crate::session::Bridge,
+pub(super) async fn conversation(
+    bridge: &dyn BridgeHost,
     session: &str,
     client: &Client,
 ) -> Result<std::result::Result<String, ClientError>> {
     let gate = bridge.gate(session);
     let _one = gate.lock().await;
-    if let Some(native) = bridge.store.session(session).await?.and_then(|record| record.native_id) {
+    if let Some(native) = bridge.store().session(session).await?.and_then(|record| record.native_id) {
         return Ok(Ok(native));
     }
     let created = match client.call_within(REQUEST_LIMIT, Method::POST, "/session", Some(&json!({}))).await {
@@ -408,15 +394,15 @@ pub(in crate::session) async fn conversation(
         return Ok(Err(ClientError::Invalid { what: "POST /session".into(), why: "no id".into() }));
     };
     tracing::info!(session, native, "the CLI conversation id");
-    bridge.store.set_native_id(session, Some(native)).await?;
+    bridge.store().set_native_id(session, Some(native)).await?;
     Ok(Ok(native.to_string()))
 }
 
 /// Starts `opencode serve` in the session's sandbox: the same command, environment and isolation as a turn's
 /// `opencode run`, plus the server's password and its door.
 #[allow(clippy::too_many_arguments)]
-pub(in crate::session) async fn start_server(
-    bridge: &crate::session::Bridge,
+pub(super) async fn start_server(
+    bridge: &dyn BridgeHost,
     session: &str,
     key: &str,
     sandbox: Arc<dyn Sandbox>,
@@ -424,19 +410,18 @@ pub(in crate::session) async fn start_server(
     credential: Option<&(&'static str, String)>,
     model: Option<&str>,
     profile: &Profile,
-) -> std::result::Result<Started, serve::ServeError> {
+) -> std::result::Result<Started, super::ServeError> {
     let password = Servers::password();
-    let agent = crate::agents::opencode::AGENT;
-    let mut env = cli_environment(agent, sandbox.state_dir(), credential, &bridge.env_names(agent, model));
+    let mut env = bridge.cli_environment(sandbox.as_ref(), credential, model);
     env.retain(|(name, _)| name != "OPENCODE_SERVER_PASSWORD" && name != "OPENCODE_SERVER_USERNAME");
     env.push(("OPENCODE_SERVER_PASSWORD".into(), password.clone()));
     // The plugin that takes the password away from the server's tools (`guard.rs`), written afresh each time.
-    let guard = sandbox.state_dir().join(serve::guard::PLUGIN_PATH);
+    let guard = sandbox.state_dir().join(super::guard::PLUGIN_PATH);
     sandbox
-        .write_state_file(&guard, serve::guard::PLUGIN.as_bytes())
+        .write_state_file(&guard, super::guard::PLUGIN.as_bytes())
         .await
-        .map_err(|e| serve::ServeError::Start(format!("its guard plugin: {e}")))?;
-    serve::guard::add_plugin(&mut env, &guard).map_err(serve::ServeError::Start)?;
+        .map_err(|e| super::ServeError::Start(format!("its guard plugin: {e}")))?;
+    super::guard::add_plugin(&mut env, &guard).map_err(super::ServeError::Start)?;
     permissions::set_env(&mut env, "OPENCODE_PERMISSION", |user| {
         permissions::server_permission(&profile.approvals, user)
     });
@@ -444,7 +429,7 @@ pub(in crate::session) async fn start_server(
         permissions::set_env(&mut env, "OPENCODE_DISABLE_PROJECT_CONFIG", |_| Some("1".into()));
     }
     let port = Servers::port(bridge.private_network());
-    let keep_warm = bridge.config().keep_warm.map(|linger| crate::sandbox::local::warm::KeepWarm {
+    let keep_warm = bridge.keep_warm().map(|linger| crate::sandbox::local::warm::KeepWarm {
         key: key.to_string(),
         linger,
         secret: password.clone(),
@@ -452,21 +437,21 @@ pub(in crate::session) async fn start_server(
     let spec = crate::sandbox::ExecSpec {
         serve_port: Some(port),
         keep_warm,
-        ..crate::session::cli_spec(bridge.config(), agent, executable, sandbox.as_ref(), env, serve::server_args(port))
+        ..bridge.cli_spec(executable, sandbox.as_ref(), env, super::server_args(port))
     };
     tracing::info!(session, program = %spec.program.display(), args = ?spec.args, "starting the OpenCode server");
-    let mut process = sandbox.exec(spec.clone()).await.map_err(|e| serve::ServeError::Start(e.to_string()))?;
+    let mut process = sandbox.exec(spec.clone()).await.map_err(|e| super::ServeError::Start(e.to_string()))?;
     if let (Some(secret), Some(door)) = (process.adopted.clone(), process.door.clone()) {
         // Checked before use: its record is the bridge's own, but the server must still be there and take it.
-        if serve::client::Client::new(door, &secret).health(serve::HEALTH_LIMIT).await.is_some() {
+        if super::client::Client::new(door, &secret).health(super::HEALTH_LIMIT).await.is_some() {
             return Ok(Started { process, password: secret, profile: profile.key(), adopted: true });
         }
         tracing::warn!(session, key, "a kept-warm server did not answer with its password; starting a fresh one");
         process.handle.kill().await;
-        process = sandbox.exec(spec).await.map_err(|e| serve::ServeError::Start(e.to_string()))?;
+        process = sandbox.exec(spec).await.map_err(|e| super::ServeError::Start(e.to_string()))?;
         if process.adopted.is_some() {
             process.handle.kill().await;
-            return Err(serve::ServeError::Start("a kept-warm server could not be replaced".into()));
+            return Err(super::ServeError::Start("a kept-warm server could not be replaced".into()));
         }
     }
     Ok(Started { process, password, profile: profile.key(), adopted: false })
