@@ -4,6 +4,7 @@
 //! never held past its limit: its first `limit` bytes are kept, marked cut, and the rest is consumed as it arrives
 //! and dropped. The async reader and the blocking one cut alike, since both feed the same [`Cutter`].
 
+use std::collections::VecDeque;
 use std::io::{BufRead, ErrorKind};
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
@@ -154,6 +155,33 @@ pub(crate) fn first_text_line(text: &str) -> &str {
     &text[..first_line(text.as_bytes()).len()]
 }
 
+/// Lines of a CLI's stderr kept for error messages.
+const STDERR_TAIL_LINES: usize = 40;
+
+/// The longest line of a CLI's stderr that is read; the rest of a longer one is dropped as it arrives.
+const STDERR_LINE_LIMIT: usize = 64 * 1024;
+
+/// Reads a stream to its end, keeping only its last lines (bounded memory for chatty CLIs).
+pub(crate) async fn stderr_tail<R: AsyncRead + Unpin>(stream: R) -> String {
+    let mut lines: VecDeque<String> = VecDeque::new();
+    let mut reader = BoundedLines::new(stream, STDERR_LINE_LIMIT);
+    while let Ok(Some(line)) = reader.next_line().await {
+        let text = strip_ansi(String::from_utf8_lossy(&line.bytes).trim_end());
+        tracing::debug!(target: "acp_sandbox::cli_stderr", "{text}");
+        lines.push_back(text.chars().take(2000).collect());
+        if lines.len() > STDERR_TAIL_LINES {
+            lines.pop_front();
+        }
+    }
+    Vec::from(lines).join("\n")
+}
+
+/// Removes terminal escape sequences (OpenCode colours its errors even when not on a TTY). `anstream`'s stripper,
+/// not `strip-ansi-escapes`: that one drops tabs and carriage returns too, which a stack trace's lines begin with.
+pub(crate) fn strip_ansi(text: &str) -> String {
+    anstream::adapter::strip_str(text).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,5 +268,24 @@ mod tests {
         assert_eq!(first_text_line("failed \u{2713}\nstderr"), "failed \u{2713}");
         assert_eq!(first_text_line("one\rtwo"), "one");
         assert_eq!(first_text_line("\nsecond"), "");
+    }
+
+    #[test]
+    fn escape_sequences_go_and_whitespace_stays() {
+        assert_eq!(strip_ansi("\u{1b}[91mError:\u{1b}[0m gone"), "Error: gone");
+        assert_eq!(strip_ansi("\u{1b}[1;38;5;208mat\u{1b}[m\tf (a.js:1)\r"), "at\tf (a.js:1)\r");
+        assert_eq!(strip_ansi("\u{1b}]0;title\u{7}text \u{2713}"), "text \u{2713}", "a title is no text");
+    }
+
+    #[tokio::test]
+    async fn stderr_tail_keeps_the_last_lines() {
+        let text: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let tail = stderr_tail(Box::pin(std::io::Cursor::new(text.into_bytes()))).await;
+        assert!(tail.starts_with("line 60\n"));
+        assert!(tail.ends_with("line 99"));
+        // A line of any length costs at most the limit: its start is kept, its rest dropped as it arrives.
+        let long = [&[b'x'; 100_000][..], b"\n\x1b[31mlast"].concat();
+        let tail = stderr_tail(Box::pin(std::io::Cursor::new(long))).await;
+        assert_eq!(tail, format!("{}\nlast", "x".repeat(2000)));
     }
 }

@@ -155,6 +155,17 @@ pub trait Agent: Send + Sync + 'static {
         None
     }
 
+    /// How the CLI lists the models it can use (run in a small sandbox of the bridge's own, in the background),
+    /// when it can.
+    fn model_listing(&self) -> Option<ModelListing> {
+        None
+    }
+
+    /// The models the user's configuration of the agent names, offered beside what its CLI lists.
+    fn configured_models(&self, _settings: &AgentSettings) -> Vec<ModelInfo> {
+        Vec::new()
+    }
+
     /// The newest major version of the CLI the bridge can drive: a newer one found on PATH is replaced by the pinned
     /// install, and one named by the override is refused. `None`: any.
     fn newest_major(&self) -> Option<u64> {
@@ -216,6 +227,29 @@ pub struct SlashCommand {
     pub description: String,
     /// A hint for its arguments, if it takes any.
     pub hint: Option<String>,
+}
+
+/// The major version in a version line such as `1.18.33` or `opencode 2.0.23`, if it is one.
+pub fn major_version(line: &str) -> Option<u64> {
+    // A word like `1.18.33` or `v2.0.23`; anything else (a CLI that printed something else) is no version.
+    line.split_whitespace().find_map(|word| {
+        let word = word.trim_start_matches('v');
+        let looks = word.contains('.') && word.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '-');
+        looks.then(|| word.split('.').next()?.parse().ok()).flatten()
+    })
+}
+
+/// How an agent's CLI lists its models.
+#[derive(Clone, Copy)]
+pub struct ModelListing {
+    /// The argv after the executable.
+    pub args: &'static [&'static str],
+    /// Reads what it printed; what does not parse is skipped.
+    pub parse: fn(&str) -> Vec<ModelInfo>,
+    /// The variables the listing may need beyond the bridge's own (the providers' keys), given the settings.
+    pub env: fn(&AgentSettings) -> std::collections::BTreeSet<String>,
+    /// The file in the data dir where the last list is kept for the next start.
+    pub cache: &'static str,
 }
 
 /// How a person logs in to an agent (`acp-sandbox login`, the ACP auth methods).

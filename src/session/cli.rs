@@ -1,20 +1,22 @@
 //! The agent's CLI as the bridge runs it outside a turn: its version (probed once per executable file), the
 //! executable the bridge may drive, the variables it gets, and every command line of it (`cli_spec`, `run_once`).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::agents::AgentKind;
+use crate::agents::{AgentKind, major_version};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::lines::stderr_tail;
 use crate::locate::installed_executable;
 use crate::paths;
-use crate::sandbox::SandboxProvider;
 use crate::sandbox::local::LocalProvider;
+use crate::sandbox::{ExecSpec, Sandbox, SandboxProvider};
 
-use super::{Bridge, VersionKey, remote, turn, versions};
+use super::{Bridge, VersionKey, versions};
 
 impl Bridge {
     /// The version line `<cli> --version` prints, asked once per executable file (in a sandbox of the bridge's own),
@@ -182,13 +184,13 @@ pub(super) async fn run_once(
     let spec = crate::sandbox::SandboxSpec { session_id: sandbox.into(), workspace };
     let id = provider.create(&spec).await.map_err(|e| e.to_string())?;
     let sandbox = provider.connect(&id, &spec).await.map_err(|e| e.to_string())?.ok_or("the sandbox vanished")?;
-    let env = turn::cli_environment(agent, sandbox.state_dir(), None, env_names);
+    let env = cli_environment(agent, sandbox.state_dir(), None, env_names);
     let args = args.iter().map(|arg| arg.to_string()).collect();
     let mut process = sandbox
         .exec(cli_spec(config, agent, executable, sandbox.as_ref(), env, args))
         .await
         .map_err(|e| e.to_string())?;
-    let stderr = tokio::spawn(turn::stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
+    let stderr = tokio::spawn(stderr_tail(std::mem::replace(&mut process.stderr, Box::pin(tokio::io::empty()))));
     let mut output = Vec::new();
     // One byte more than allowed tells an output that is too long from one that just fits.
     let mut bounded = tokio::io::AsyncReadExt::take(&mut process.stdout, RUN_ONCE_OUTPUT_LIMIT + 1);
@@ -221,7 +223,7 @@ pub(super) fn cli_spec(
     args: Vec<String>,
 ) -> crate::sandbox::ExecSpec {
     if sandbox.remote_files().is_some() {
-        return remote::cli_spec(agent, executable, sandbox, env, args);
+        return remote_cli_spec(agent, executable, sandbox, env, args);
     }
     let real = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
     let tools_dir = std::fs::canonicalize(paths::tools_dir(&config.data_dir))
@@ -263,12 +265,94 @@ pub(super) fn cli_spec(
     }
 }
 
-/// The major version in a version line such as `1.18.33` or `opencode 2.0.23`, if it is one.
-pub fn major_version(line: &str) -> Option<u64> {
-    // A word like `1.18.33` or `v2.0.23`; anything else (a CLI that printed something else) is no version.
-    line.split_whitespace().find_map(|word| {
-        let word = word.trim_start_matches('v');
-        let looks = word.contains('.') && word.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '-');
-        looks.then(|| word.split('.').next()?.parse().ok()).flatten()
-    })
+/// Variables of the bridge's environment every CLI gets: what programs need to run and to reach the
+/// network (proxies, CA bundles). Everything else is dropped; each agent adds its own settings and keys.
+pub(super) const BASE_ENV: &[&str] = &[
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+];
+
+/// The CLI's environment: a cleared one plus the allow-list, its own settings and credentials, and
+/// HOME/XDG dirs in the sandbox's state dir (persisted across turns: OpenCode keeps its sessions there).
+/// `names` are the exact variables this CLI needs beyond its own namespace (its providers', `--pass-env`).
+pub(super) fn cli_environment(
+    agent: AgentKind,
+    state_dir: &std::path::Path,
+    credential: Option<&(&'static str, String)>,
+    names: &BTreeSet<String>,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(name, _)| {
+            BASE_ENV.contains(&name.as_str())
+                || name.starts_with("LC_")
+                || agent.passes_env(name)
+                || names.contains(name)
+        })
+        .collect();
+    for (name, sub) in [
+        ("HOME", "home"),
+        ("XDG_CONFIG_HOME", "config"),
+        ("XDG_DATA_HOME", "data"),
+        ("XDG_CACHE_HOME", "cache"),
+        ("XDG_STATE_HOME", "state"),
+    ] {
+        env.push((name.into(), state_dir.join(sub).display().to_string()));
+    }
+    env.push(("TERM".into(), "dumb".into()));
+    env.extend(agent.fixed_env());
+    if let Some((name, value)) = credential {
+        env.retain(|(existing, _)| existing != name);
+        env.push((name.to_string(), value.clone()));
+    }
+    env
+}
+
+/// Of the variables every CLI gets ([`BASE_ENV`]), the only ones a remote sandbox's CLI gets too: the others
+/// describe this machine (its PATH, user, proxies and CA files), and the sandbox's own apply instead.
+const KEPT_REMOTELY: &[&str] = &["LANG", "LANGUAGE", "TZ"];
+
+/// A command of a CLI in a remote sandbox: the executable as the sandbox has it, in its workspace, with the
+/// environment the bridge made minus what describes this machine, plus the user's stored logins of the CLI as
+/// variables (only this process gets them: nothing is written to the sandbox's disk).
+pub(super) fn remote_cli_spec(
+    agent: AgentKind,
+    executable: &Path,
+    sandbox: &dyn Sandbox,
+    env: Vec<(String, String)>,
+    args: Vec<String>,
+) -> ExecSpec {
+    let mut env: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(name, _)| !BASE_ENV.contains(&name.as_str()) || KEPT_REMOTELY.contains(&name.as_str()))
+        .collect();
+    for (name, value) in agent.credential_env(&crate::paths::user_data_dir()) {
+        // One the user set in the bridge's environment wins, as locally.
+        if !env.iter().any(|(existing, _)| *existing == name) {
+            env.push((name, value));
+        }
+    }
+    ExecSpec {
+        program: executable.to_path_buf(),
+        args,
+        env,
+        cwd: sandbox.workspace().to_path_buf(),
+        ..ExecSpec::default()
+    }
 }

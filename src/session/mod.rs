@@ -5,6 +5,7 @@
 
 mod catalog;
 mod cli;
+mod emitter;
 mod host;
 mod leftovers;
 mod lifecycle;
@@ -32,7 +33,7 @@ use crate::sandbox::SandboxProvider;
 use crate::sandbox::local::LocalProvider;
 use crate::store::{SessionRecord, Store, rfc3339};
 
-pub use self::cli::{check_cli, major_version};
+pub use self::cli::check_cli;
 use self::cli::{cli_spec, run_once};
 
 pub use crate::agents::host::UpdateSink;
@@ -371,6 +372,7 @@ mod tests {
 
     use super::cli::RUN_ONCE_OUTPUT_LIMIT;
     use super::*;
+    use crate::agents::major_version;
     use crate::sandbox::local::Isolation;
 
     #[test]

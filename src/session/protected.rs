@@ -1,8 +1,8 @@
 //! The thread's word on protected paths the agent created: what `Sandbox::sweep_protected` moved out of the
 //! workspace, said after each finished tool and at the end of the turn, by both backends' turn loops.
 
+use super::emitter::Emitter;
 use super::note;
-use super::turn::Emitter;
 use crate::error::Result;
 use crate::sandbox::Sandbox;
 use crate::sandbox::local::protect::Moved;

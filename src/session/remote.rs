@@ -4,20 +4,17 @@
 //! sandbox is suspended once a turn ended (`--remote-idle pause`).
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::turn::{BASE_ENV, Emitter, Turn};
+use super::emitter::Emitter;
+use super::turn::Turn;
 use super::{Bridge, LiveSession, note};
 use crate::agents::AgentKind;
 use crate::config::RemoteIdle;
 use crate::error::{Error, Result};
-use crate::sandbox::{ExecSpec, RemoteFiles, Sandbox, SandboxError, install};
-
-/// Of the variables every CLI gets ([`BASE_ENV`]), the only ones a remote sandbox's CLI gets too: the others
-/// describe this machine (its PATH, user, proxies and CA files), and the sandbox's own apply instead.
-const KEPT_REMOTELY: &[&str] = &["LANG", "LANGUAGE", "TZ"];
+use crate::sandbox::{RemoteFiles, Sandbox, SandboxError, install};
 
 /// A file of the user's CLI configuration larger than this is not staged (the log says so).
 const STAGE_FILE_LIMIT: u64 = 1024 * 1024;
@@ -148,35 +145,6 @@ fn hash(bytes: &[u8]) -> u64 {
     hasher.finish()
 }
 
-/// A command of a CLI in a remote sandbox: the executable as the sandbox has it, in its workspace, with the
-/// environment the bridge made minus what describes this machine, plus the user's stored logins of the CLI as
-/// variables (only this process gets them: nothing is written to the sandbox's disk).
-pub(super) fn cli_spec(
-    agent: AgentKind,
-    executable: &Path,
-    sandbox: &dyn Sandbox,
-    env: Vec<(String, String)>,
-    args: Vec<String>,
-) -> ExecSpec {
-    let mut env: Vec<(String, String)> = env
-        .into_iter()
-        .filter(|(name, _)| !BASE_ENV.contains(&name.as_str()) || KEPT_REMOTELY.contains(&name.as_str()))
-        .collect();
-    for (name, value) in agent.credential_env(&crate::paths::user_data_dir()) {
-        // One the user set in the bridge's environment wins, as locally.
-        if !env.iter().any(|(existing, _)| *existing == name) {
-            env.push((name, value));
-        }
-    }
-    ExecSpec {
-        program: executable.to_path_buf(),
-        args,
-        env,
-        cwd: sandbox.workspace().to_path_buf(),
-        ..ExecSpec::default()
-    }
-}
-
 impl Turn<'_> {
     /// Makes a remote sandbox ready for the CLI and answers its executable there: what an earlier, killed bridge
     /// left running is ended first (never two CLIs on one conversation), the user's configuration is staged, then
@@ -272,6 +240,10 @@ impl Drop for Counted {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
+
+    use crate::sandbox::ExecSpec;
+    use crate::session::cli::remote_cli_spec as cli_spec;
 
     #[test]
     fn staged_config_leaves_out_credentials_downloads_and_large_files() {

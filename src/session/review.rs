@@ -18,7 +18,7 @@ use agent_client_protocol::v1::schema::{
     WriteTextFileRequest,
 };
 
-use super::turn::Emitter;
+use super::emitter::Emitter;
 use super::{UpdateSink, note};
 use crate::error::{Error, Result};
 use crate::sandbox::remote::mirror::{Mirror, Pushed};

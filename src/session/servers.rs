@@ -44,7 +44,7 @@ impl Bridge {
                     return Ok(());
                 }
                 // A version the cache knows decides at once; an unknown one is not waited for: the server starts
-                // now and its health answer says its version (`serve::ready` refuses a 2.x), while the probe started
+                // now and its health answer says its version (OpenCode's refuses a 2.x), while the probe started
                 // with the bridge fills the cache for the turn, which does wait for it (it may fall back to `run`).
                 let key = bridge.version_key(&executable).await;
                 let executable = match bridge.known_version(&key).await {
@@ -125,11 +125,12 @@ impl Bridge {
         tokio::spawn(async move { drop(service.release(&id).await) });
     }
 
-    /// Lists OpenCode's models again in the background (when this bridge runs OpenCode and it is installed). With
-    /// the server backend the first warm server says them instead.
-    /// When the list changed, each open session gets the new options, as with [`Bridge::learn_models`].
+    /// Lists the agent's models again in the background (when it lists them and is installed). An agent with a
+    /// service (OpenCode's warm server) says them through it instead
+    /// ([`crate::agents::host::BridgeHost::learn_models`]).
+    /// When the list changed, each open session gets the new options.
     pub fn refresh_models(&self) {
-        if self.config.agent != crate::agents::opencode::AGENT || self.config.agent.serves(&self.config.agents) {
+        if self.config.agent.model_listing().is_none() || self.service.is_some() {
             return;
         }
         let Some(listing) = self.catalog.refresh() else { return };

@@ -213,6 +213,23 @@ impl Agent for OpenCode {
         settings.opencode.opencode_backend == Backend::Serve
     }
 
+    fn model_listing(&self) -> Option<crate::agents::ModelListing> {
+        Some(crate::agents::ModelListing {
+            args: catalog::LIST_ARGS,
+            parse: catalog::parse,
+            env: |settings| {
+                let mut names = settings.opencode.needs.env_names(std::iter::empty());
+                names.extend(providers::all_provider_env().into_iter().map(String::from));
+                names
+            },
+            cache: "opencode-models.json",
+        })
+    }
+
+    fn configured_models(&self, settings: &AgentSettings) -> Vec<ModelInfo> {
+        settings.opencode.models.clone()
+    }
+
     fn service(
         &self,
         settings: &AgentSettings,

@@ -9,11 +9,12 @@ use std::collections::VecDeque;
 
 use agent_client_protocol::v1::schema::{SessionUpdate, ToolCallStatus};
 
-use super::{Emitter, Turn};
+use super::Turn;
 use crate::agents::engine::{Attempt, Ended, Seen, Step, Stop, TurnEngine};
 use crate::agents::{Output, StreamEnd, Translator, TurnEnd};
 use crate::error::Result;
 use crate::sandbox::Sandbox;
+use crate::session::emitter::Emitter;
 use crate::session::note;
 use crate::session::review::Review;
 

@@ -2,7 +2,6 @@
 //! one loop; `process.rs`: a CLI per prompt; an agent's own, e.g. OpenCode's warm server, through its service and `session/host.rs`), retry with a fresh conversation when
 //! the old one is gone, and record how it ended.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -13,77 +12,19 @@ use agent_client_protocol::v1::schema::{
 use tokio_util::sync::CancellationToken;
 
 mod drive;
-mod emitter;
+mod host;
 mod process;
 
-pub(super) use self::emitter::{Emitter, bound_update};
+use super::cli::cli_environment;
+use super::emitter::Emitter;
+pub(super) use super::emitter::bound_update;
 
-pub(super) use self::process::stderr_tail;
 use super::{Bridge, UpdateSink, note, prompt};
 use crate::agents::engine::Attempt;
 use crate::agents::{AgentKind, ModelInfo, TranslateContext, TurnRequest};
 use crate::error::{Error, Result};
 use crate::sandbox::{ExecSpec, Sandbox, install};
 use crate::store::{SessionRecord, TurnStatus};
-
-/// Variables of the bridge's environment every CLI gets: what programs need to run and to reach the
-/// network (proxies, CA bundles). Everything else is dropped; each agent adds its own settings and keys.
-pub(super) const BASE_ENV: &[&str] = &[
-    "PATH",
-    "LANG",
-    "LANGUAGE",
-    "TZ",
-    "USER",
-    "LOGNAME",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "ALL_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "all_proxy",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "NODE_EXTRA_CA_CERTS",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-];
-
-/// The CLI's environment: a cleared one plus the allow-list, its own settings and credentials, and
-/// HOME/XDG dirs in the sandbox's state dir (persisted across turns: OpenCode keeps its sessions there).
-/// `names` are the exact variables this CLI needs beyond its own namespace (its providers', `--pass-env`).
-pub(super) fn cli_environment(
-    agent: AgentKind,
-    state_dir: &std::path::Path,
-    credential: Option<&(&'static str, String)>,
-    names: &BTreeSet<String>,
-) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = std::env::vars()
-        .filter(|(name, _)| {
-            BASE_ENV.contains(&name.as_str())
-                || name.starts_with("LC_")
-                || agent.passes_env(name)
-                || names.contains(name)
-        })
-        .collect();
-    for (name, sub) in [
-        ("HOME", "home"),
-        ("XDG_CONFIG_HOME", "config"),
-        ("XDG_DATA_HOME", "data"),
-        ("XDG_CACHE_HOME", "cache"),
-        ("XDG_STATE_HOME", "state"),
-    ] {
-        env.push((name.into(), state_dir.join(sub).display().to_string()));
-    }
-    env.push(("TERM".into(), "dumb".into()));
-    env.extend(agent.fixed_env());
-    if let Some((name, value)) = credential {
-        env.retain(|(existing, _)| existing != name);
-        env.push((name.to_string(), value.clone()));
-    }
-    env
-}
 
 /// At most this many characters of earlier turns are handed to a fresh CLI conversation.
 const TRANSCRIPT_LIMIT: usize = 24_000;
@@ -290,7 +231,7 @@ impl Turn<'_> {
                 return Ok(StopReason::Cancelled);
             }
             let attempt = if let Some(service) = service.filter(|_| serve) {
-                let host = super::host::AttemptHost {
+                let host = host::AttemptHost {
                     turn: self,
                     emit,
                     sandbox: sandbox.as_ref(),

@@ -9,14 +9,8 @@ use agent_client_protocol::v1::schema::StopReason;
 use crate::agents::engine::{Attempt, Ended, Seen, Step, Stop, TurnEngine, ended, sleep_until_or_never, stopped};
 use crate::agents::{AgentKind, TurnEnd};
 use crate::error::Error;
-use crate::lines::{BoundedLines, Line};
+use crate::lines::{BoundedLines, Line, stderr_tail, strip_ansi};
 use crate::sandbox::{ExitInfo, OutputStream, ProcessHandle, RunningProcess};
-
-/// Lines of stderr kept for error messages.
-const STDERR_TAIL_LINES: usize = 40;
-
-/// The longest line of a CLI's stderr that is read; the rest of a longer one is dropped as it arrives.
-const STDERR_LINE_LIMIT: usize = 64 * 1024;
 
 /// The longest line of a CLI's output that is kept whole; the rest of a longer one is read and dropped.
 pub(super) const LINE_LIMIT: usize = 16 * 1024 * 1024;
@@ -257,27 +251,6 @@ pub(super) fn crash_message(name: &str, exit: &str, stderr: &str, unparsed: &Vec
     }
 }
 
-/// Removes terminal escape sequences (OpenCode colours its errors even when not on a TTY). `anstream`'s stripper,
-/// not `strip-ansi-escapes`: that one drops tabs and carriage returns too, which a stack trace's lines begin with.
-pub(super) fn strip_ansi(text: &str) -> String {
-    anstream::adapter::strip_str(text).to_string()
-}
-
-/// Reads a stream to its end, keeping only its last lines (bounded memory for chatty CLIs).
-pub(in crate::session) async fn stderr_tail(stream: OutputStream) -> String {
-    let mut lines: VecDeque<String> = VecDeque::new();
-    let mut reader = BoundedLines::new(stream, STDERR_LINE_LIMIT);
-    while let Ok(Some(line)) = reader.next_line().await {
-        let text = strip_ansi(String::from_utf8_lossy(&line.bytes).trim_end());
-        tracing::debug!(target: "acp_sandbox::cli_stderr", "{text}");
-        lines.push_back(text.chars().take(2000).collect());
-        if lines.len() > STDERR_TAIL_LINES {
-            lines.pop_front();
-        }
-    }
-    Vec::from(lines).join("\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,24 +271,5 @@ mod tests {
     #[test]
     fn a_lines_text_is_lossy_and_without_its_ending() {
         assert_eq!(line_text(b"a\xffb\r\n".to_vec()), "a\u{fffd}b");
-    }
-
-    #[test]
-    fn escape_sequences_go_and_whitespace_stays() {
-        assert_eq!(strip_ansi("\u{1b}[91mError:\u{1b}[0m gone"), "Error: gone");
-        assert_eq!(strip_ansi("\u{1b}[1;38;5;208mat\u{1b}[m\tf (a.js:1)\r"), "at\tf (a.js:1)\r");
-        assert_eq!(strip_ansi("\u{1b}]0;title\u{7}text \u{2713}"), "text \u{2713}", "a title is no text");
-    }
-
-    #[tokio::test]
-    async fn stderr_tail_keeps_the_last_lines() {
-        let text: String = (0..100).map(|i| format!("line {i}\n")).collect();
-        let tail = stderr_tail(Box::pin(std::io::Cursor::new(text.into_bytes()))).await;
-        assert!(tail.starts_with("line 60\n"));
-        assert!(tail.ends_with("line 99"));
-        // A line of any length costs at most the limit: its start is kept, its rest dropped as it arrives.
-        let long = [&[b'x'; 100_000][..], b"\n\x1b[31mlast"].concat();
-        let tail = stderr_tail(Box::pin(std::io::Cursor::new(long))).await;
-        assert_eq!(tail, format!("{}\nlast", "x".repeat(2000)));
     }
 }

@@ -10,11 +10,12 @@ use agent_client_protocol::v1::schema::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{Emitter, Turn};
+use super::Turn;
 use crate::agents::engine::{Attempt, Ended, Seen, Step, Stop, TurnEngine, ended, stopped};
 use crate::agents::{Output, StreamEnd, Translator, TurnEnd};
 use crate::config::Config;
 use crate::error::Error;
+use crate::session::emitter::Emitter;
 use crate::session::{Bridge, UpdateSink};
 
 /// What the sink and the engine saw, in the order they saw it.

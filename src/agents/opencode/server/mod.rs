@@ -555,7 +555,7 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
         if let Some(version) = client.health(patience).await {
             tracing::debug!(after = ?started_at.elapsed(), "the server answered its health check");
             // A warm start does not wait for the version probe: the server's own answer is checked instead.
-            if crate::session::major_version(&version).is_some_and(|major| major >= 2) {
+            if crate::agents::major_version(&version).is_some_and(|major| major >= 2) {
                 let _ = kill.try_send(Control::Kill);
                 return Err(ServeError::Start(format!(
                     "it is OpenCode {version}, a major version acp-sandbox cannot drive yet"
