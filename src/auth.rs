@@ -351,22 +351,29 @@ mod tests {
     use super::*;
 
     fn config(dir: &Path) -> Config {
-        Config::new(crate::agents::amp::AGENT, dir.join("data"))
+        Config::new(crate::agents::AgentKind::parse("amp").unwrap(), dir.join("data"))
     }
 
     #[test]
     fn a_stored_token_is_a_0600_file_in_a_0700_folder_and_reads_back_trimmed() {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
-        let path = store_token(&config, crate::agents::amp::AGENT, "  sgamp_user_123 \n").unwrap();
+        let path =
+            store_token(&config, crate::agents::AgentKind::parse("amp").unwrap(), "  sgamp_user_123 \n").unwrap();
         assert_eq!(path, config.data_dir.join("credentials").join("amp"));
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "sgamp_user_123\n");
-        assert_eq!(stored_token(&config, crate::agents::amp::AGENT).as_deref(), Some("sgamp_user_123"));
+        assert_eq!(
+            stored_token(&config, crate::agents::AgentKind::parse("amp").unwrap()).as_deref(),
+            Some("sgamp_user_123")
+        );
         // A second login replaces the first, and leaves no staging file behind.
-        store_token(&config, crate::agents::amp::AGENT, "sgamp_user_456").unwrap();
-        assert_eq!(stored_token(&config, crate::agents::amp::AGENT).as_deref(), Some("sgamp_user_456"));
+        store_token(&config, crate::agents::AgentKind::parse("amp").unwrap(), "sgamp_user_456").unwrap();
+        assert_eq!(
+            stored_token(&config, crate::agents::AgentKind::parse("amp").unwrap()).as_deref(),
+            Some("sgamp_user_456")
+        );
         let names: Vec<_> =
             std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("amp")]);
@@ -376,26 +383,33 @@ mod tests {
     fn empty_multi_line_and_opencode_tokens_are_refused_and_nothing_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
-        assert!(matches!(store_token(&config, crate::agents::amp::AGENT, " \n"), Err(LoginError::Empty(_))));
-        assert!(matches!(store_token(&config, crate::agents::amp::AGENT, "a\nb"), Err(LoginError::Malformed)));
         assert!(matches!(
-            store_token(&config, crate::agents::opencode::AGENT, "x"),
+            store_token(&config, crate::agents::AgentKind::parse("amp").unwrap(), " \n"),
+            Err(LoginError::Empty(_))
+        ));
+        assert!(matches!(
+            store_token(&config, crate::agents::AgentKind::parse("amp").unwrap(), "a\nb"),
+            Err(LoginError::Malformed)
+        ));
+        assert!(matches!(
+            store_token(&config, crate::agents::AgentKind::parse("opencode").unwrap(), "x"),
             Err(LoginError::NotStored("OpenCode"))
         ));
-        assert!(!token_path(&config, crate::agents::amp::AGENT).exists());
+        assert!(!token_path(&config, crate::agents::AgentKind::parse("amp").unwrap()).exists());
     }
 
     #[test]
     fn amp_offers_a_check_always_and_the_terminal_login_only_to_clients_that_run_one() {
-        let plain = serde_json::to_value(auth_methods(crate::agents::amp::AGENT, false)).unwrap();
+        let plain = serde_json::to_value(auth_methods(crate::agents::AgentKind::parse("amp").unwrap(), false)).unwrap();
         assert_eq!(plain.as_array().unwrap().len(), 1);
         assert_eq!(plain[0]["id"], "amp-login");
         assert_eq!(plain[0].get("type"), None, "an agent method is the default type");
-        let both = serde_json::to_value(auth_methods(crate::agents::amp::AGENT, true)).unwrap();
+        let both = serde_json::to_value(auth_methods(crate::agents::AgentKind::parse("amp").unwrap(), true)).unwrap();
         assert_eq!(both[1]["type"], "terminal");
         assert_eq!(both[1]["id"], "amp-login-terminal");
         assert_eq!(both[1]["args"], serde_json::json!(["login", "--agent", "amp"]));
-        let opencode = serde_json::to_value(auth_methods(crate::agents::opencode::AGENT, true)).unwrap();
+        let opencode =
+            serde_json::to_value(auth_methods(crate::agents::AgentKind::parse("opencode").unwrap(), true)).unwrap();
         assert_eq!(opencode[1]["args"], serde_json::json!(["login", "--agent", "opencode"]));
     }
 
@@ -403,7 +417,7 @@ mod tests {
     fn an_unknown_method_is_invalid_params() {
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(
-            authenticate(&config(dir.path()), crate::agents::amp::AGENT, "nope"),
+            authenticate(&config(dir.path()), crate::agents::AgentKind::parse("amp").unwrap(), "nope"),
             Err(Error::InvalidParams(_))
         ));
     }

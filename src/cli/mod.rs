@@ -334,7 +334,7 @@ pub fn main() -> anyhow::Result<ExitCode> {
         None | Some(Command::Serve) => acp_sandbox::logging::init(&config.log_path(), "info", "info", false),
         Some(Command::Prompt { .. }) => acp_sandbox::logging::init(
             &config.log_path(),
-            "warn,acp_sandbox::session::turn=error,acp_sandbox::session::serve=error,acp_sandbox::agents::opencode::server::engine=error",
+            "warn,acp_sandbox::session::turn=error,acp_sandbox::agents=error",
             "info",
             true,
         ),

@@ -386,7 +386,7 @@ mod tests {
     #[tokio::test]
     async fn a_run_once_that_prints_more_than_its_limit_fails_instead_of_filling_memory() {
         let data = tempfile::tempdir().unwrap();
-        let config = Config::new(crate::agents::opencode::AGENT, data.path().to_path_buf());
+        let config = Config::new(crate::agents::AgentKind::parse("opencode").unwrap(), data.path().to_path_buf());
         let isolation = Isolation::None("a test".into());
         let mut settings = config.local_settings(isolation);
         // The test binary is no `acp-sandbox sandbox-init`: the command runs in a plain process group.
@@ -398,8 +398,16 @@ mod tests {
             let (config, provider) = (&config, &provider);
             async move {
                 let args = ["-c", count.as_str(), "/dev/zero"];
-                run_once(config, provider, "_test", crate::agents::opencode::AGENT, head, &args, &Default::default())
-                    .await
+                run_once(
+                    config,
+                    provider,
+                    "_test",
+                    crate::agents::AgentKind::parse("opencode").unwrap(),
+                    head,
+                    &args,
+                    &Default::default(),
+                )
+                .await
             }
         };
         assert_eq!(run(RUN_ONCE_OUTPUT_LIMIT).await.map(|out| out.len() as u64), Ok(RUN_ONCE_OUTPUT_LIMIT));
@@ -414,7 +422,7 @@ mod tests {
         let data = tempfile::tempdir().unwrap();
         let config = Config {
             sandbox: crate::sandbox::SandboxChoice::None,
-            ..Config::new(crate::agents::opencode::AGENT, data.path().to_path_buf())
+            ..Config::new(crate::agents::AgentKind::parse("opencode").unwrap(), data.path().to_path_buf())
         };
         let bridge = Bridge::open(config).await.unwrap();
         assert_eq!(bridge.client_abilities(), ClientAbilities::default());

@@ -95,13 +95,19 @@ pub fn apply(
     }
     let mut updated = if session_config.is_object() { session_config.clone() } else { json!({}) };
     updated[option] = json!(value);
-    if option == "model"
-        && let Some(variant) = stored(&updated, "variant")
-        && !model_info(agent, &updated, config, models).is_some_and(|info| info.variants.iter().any(|v| v == variant))
-        && let Some(object) = updated.as_object_mut()
-    {
-        // The new model has no such variant.
-        object.remove("variant");
+    // A choice the change takes away (a model's reasoning level the new model lacks) is forgotten, so that the agent
+    // gets its default instead of a value it would refuse; a value it never offered stays as it was.
+    let after = self::specs(agent, &updated, config, models);
+    for before in specs.iter().filter(|spec| spec.id != option) {
+        let Some(value) = stored(&updated, before.id) else { continue };
+        let offered = |spec: &OptionSpec| spec.choices.iter().any(|(choice, _)| choice == value);
+        let gone = match after.iter().find(|spec| spec.id == before.id) {
+            None => true,
+            Some(now) => offered(before) && !offered(now),
+        };
+        if gone && let Some(object) = updated.as_object_mut() {
+            object.remove(before.id);
+        }
     }
     Ok(updated)
 }
@@ -109,88 +115,89 @@ pub fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agents::opencode::options::{
-        agent as opencode_agent, model as opencode_model, variant as opencode_variant,
-    };
-    use crate::agents::options::{APPROVALS_ASK, approvals};
 
-    fn opencode() -> AgentKind {
-        AgentKind::parse("opencode").unwrap()
+    /// The test-only agent: a model choice over the models given, a mode, and a reasoning level where the chosen
+    /// model has levels.
+    fn scripted() -> AgentKind {
+        AgentKind::parse("scripted").unwrap()
     }
 
     fn config() -> Config {
-        Config::new(opencode(), "/tmp/x".into())
+        Config::new(scripted(), "/nonexistent/data".into())
     }
 
     fn models() -> Vec<ModelInfo> {
         let mut thinker = ModelInfo::named("fake/thinker");
         thinker.name = "Thinker".into();
         thinker.variants = vec!["low".into(), "high".into()];
-        vec![ModelInfo::named("fake/fake-model"), thinker]
+        let mut small = ModelInfo::named("fake/small");
+        small.variants = vec!["low".into()];
+        vec![ModelInfo::named("fake/fake-model"), thinker, small]
+    }
+
+    fn ids(options: &[SessionConfigOption]) -> Vec<String> {
+        options.iter().map(|o| serde_json::to_value(o).unwrap()["id"].as_str().unwrap().to_string()).collect()
     }
 
     #[test]
-    fn opencode_offers_default_and_the_models_it_can_use() {
-        let options = config_options(opencode(), &json!({}), &config(), &models());
-        let value = serde_json::to_value(&options).unwrap();
-        let ids: Vec<&str> = value.as_array().unwrap().iter().map(|o| o["id"].as_str().unwrap()).collect();
-        assert_eq!(ids, ["model", "mode", "approvals"], "no variants for the default model");
-        assert_eq!(value[1]["category"], "mode");
-        assert_eq!(value[1]["currentValue"], "build");
-        assert_eq!(value[2]["currentValue"], "auto");
-        assert!(value[2].get("category").is_none(), "{value}");
-        assert_eq!(value[0]["category"], "model");
-        assert_eq!(value[0]["currentValue"], "default");
-        assert_eq!(value[0]["options"][1]["value"], "fake/fake-model");
-        assert_eq!(value[0]["options"][2]["name"], "Thinker");
+    fn each_declared_option_is_rendered_as_a_select_with_its_category_current_value_and_choices() {
+        let value = serde_json::to_value(config_options(scripted(), &json!({}), &config(), &models())).unwrap();
+        assert_eq!(
+            value,
+            json!([
+                {"id": "model", "name": "Model", "category": "model", "type": "select", "currentValue": "default",
+                 "options": [{"value": "default", "name": "Default"}, {"value": "fake/fake-model", "name": "fake/fake-model"},
+                             {"value": "fake/thinker", "name": "Thinker"}, {"value": "fake/small", "name": "fake/small"}]},
+                {"id": "mode", "name": "Mode", "category": "mode", "type": "select", "currentValue": "fast",
+                 "options": [{"value": "fast", "name": "Fast"}, {"value": "careful", "name": "Careful"}]}
+            ])
+        );
     }
 
     #[test]
-    fn mode_and_approvals_are_stored_and_approvals_exist_only_with_the_server_backend() {
-        let (mut config, models) = (config(), models());
-        let session = apply(opencode(), &json!({}), "mode", "plan", &config, &models).unwrap();
-        assert_eq!(opencode_agent(&session), Some("plan"));
-        let session = apply(opencode(), &session, "approvals", "ask", &config, &models).unwrap();
-        assert_eq!(approvals(&session), APPROVALS_ASK);
-        assert!(apply(opencode(), &session, "mode", "yolo", &config, &models).is_err());
-        config.agents.opencode.opencode_backend = crate::agents::opencode::Backend::Run;
-        let ids: Vec<String> = config_options(opencode(), &session, &config, &models)
-            .iter()
-            .map(|o| serde_json::to_value(o).unwrap()["id"].as_str().unwrap().to_string())
-            .collect();
-        assert_eq!(ids, ["model", "mode"], "`run` cannot ask, so it offers no approvals");
+    fn a_stored_value_the_agent_does_not_offer_stays_selectable() {
+        let session = json!({"mode": "turbo"});
+        let value = serde_json::to_value(config_options(scripted(), &session, &config(), &models())).unwrap();
+        assert_eq!(value[1]["currentValue"], "turbo");
+        assert_eq!(value[1]["options"][2], json!({"value": "turbo", "name": "turbo"}));
     }
 
     #[test]
-    fn a_model_with_variants_offers_a_reasoning_option() {
+    fn apply_stores_an_offered_value_and_refuses_anything_else_in_words() {
         let (config, models) = (config(), models());
-        let session = apply(opencode(), &json!({}), "model", "fake/thinker", &config, &models).unwrap();
-        let value = serde_json::to_value(config_options(opencode(), &session, &config, &models)).unwrap();
-        assert_eq!(value[1]["id"], "variant");
-        assert_eq!(value[1]["category"], "thought_level");
-        let session = apply(opencode(), &session, "variant", "high", &config, &models).unwrap();
-        assert_eq!(opencode_variant(&session), Some("high"));
-        let session = apply(opencode(), &session, "model", "fake/fake-model", &config, &models).unwrap();
-        assert_eq!(opencode_variant(&session), None, "a variant the new model lacks is dropped");
+        let updated = apply(scripted(), &json!({}), "model", "fake/thinker", &config, &models).unwrap();
+        assert_eq!(updated, json!({"model": "fake/thinker"}));
+        assert_eq!(ids(&config_options(scripted(), &updated, &config, &models)), ["model", "mode", "variant"]);
+        let refused = |option, value| match apply(scripted(), &updated, option, value, &config, &models) {
+            Err(Error::InvalidParams(message)) => message,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refused("model", "nope/nope"), r#""nope/nope" is not a value of model"#);
+        assert_eq!(refused("speed", "x"), r#"Scripted has no config option "speed""#);
     }
 
     #[test]
-    fn the_default_model_is_the_users_configured_one() {
-        let mut config = config();
-        config.agents.opencode.default_model = Some("fake/thinker".into());
-        let value = serde_json::to_value(config_options(opencode(), &json!({}), &config, &models())).unwrap();
-        assert_eq!(value[1]["id"], "variant", "the default model's variants are offered");
-    }
-
-    #[test]
-    fn apply_validates_and_persists() {
+    fn a_choice_the_change_takes_away_is_forgotten_and_one_it_keeps_stays() {
         let (config, models) = (config(), models());
-        let updated = apply(opencode(), &json!({}), "model", "fake/fake-model", &config, &models).unwrap();
-        assert_eq!(opencode_model(&updated), Some("fake/fake-model"));
-        assert!(apply(opencode(), &json!({}), "model", "nope/nope", &config, &models).is_err());
-        assert!(apply(opencode(), &json!({}), "mode", "x", &config, &models).is_err());
-        let amp = AgentKind::parse("amp").unwrap();
-        let amp = apply(amp, &json!({}), "mode", "high", &config, &models).unwrap();
-        assert_eq!(stored(&amp, "mode"), Some("high"));
+        let session = json!({"model": "fake/thinker", "variant": "high", "mode": "careful"});
+        let kept = apply(scripted(), &session, "model", "fake/small", &config, &models).unwrap();
+        assert_eq!(kept, json!({"model": "fake/small", "mode": "careful"}), "fake/small has no `high`");
+        let session = json!({"model": "fake/thinker", "variant": "low"});
+        let kept = apply(scripted(), &session, "model", "fake/small", &config, &models).unwrap();
+        assert_eq!(kept, json!({"model": "fake/small", "variant": "low"}));
+        let gone = apply(scripted(), &kept, "model", "fake/fake-model", &config, &models).unwrap();
+        assert_eq!(gone, json!({"model": "fake/fake-model"}), "a model without levels offers no reasoning option");
+    }
+
+    #[test]
+    fn the_mode_option_is_also_said_as_session_modes_with_their_descriptions() {
+        let modes = session_modes(scripted(), &json!({"mode": "careful"}), &config(), &models()).unwrap();
+        assert_eq!(
+            serde_json::to_value(modes).unwrap(),
+            json!({"currentModeId": "careful", "availableModes": [
+                {"id": "fast", "name": "Fast", "description": "Answers at once"},
+                {"id": "careful", "name": "Careful", "description": "Thinks first"}
+            ]})
+        );
     }
 }

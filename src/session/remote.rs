@@ -265,7 +265,7 @@ mod tests {
             (auth, state.join("data/opencode/auth.json")),
             (dir.path().join("missing"), state.join("config/missing")),
         ];
-        let found = config_files(&pairs, crate::agents::opencode::AGENT.credential_files());
+        let found = config_files(&pairs, crate::agents::AgentKind::parse("opencode").unwrap().credential_files());
         assert_eq!(
             found,
             vec![
@@ -302,7 +302,13 @@ mod tests {
                 Ok(())
             }
         }
-        let spec = cli_spec(crate::agents::amp::AGENT, Path::new("/opt/amp"), &Remote, env, vec!["-x".into()]);
+        let spec = cli_spec(
+            crate::agents::AgentKind::parse("amp").unwrap(),
+            Path::new("/opt/amp"),
+            &Remote,
+            env,
+            vec!["-x".into()],
+        );
         assert_eq!(
             (spec.program, spec.args, spec.cwd, spec.env, spec.read_only, spec.tools),
             (

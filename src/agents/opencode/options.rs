@@ -72,3 +72,71 @@ pub fn specs(session_config: &Value, settings: &AgentSettings, models: &[ModelIn
     }
     specs
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn models() -> Vec<ModelInfo> {
+        let mut thinker = ModelInfo::named("fake/thinker");
+        thinker.name = "Thinker".into();
+        thinker.variants = vec!["low".into(), "high".into()];
+        vec![ModelInfo::named("fake/fake-model"), thinker]
+    }
+
+    /// Each option as (id, category, current value, choices' values).
+    fn shape(specs: &[OptionSpec]) -> Vec<(&str, Option<SessionConfigOptionCategory>, &str, Vec<&str>)> {
+        specs
+            .iter()
+            .map(|spec| {
+                let choices = spec.choices.iter().map(|(value, _)| value.as_str()).collect();
+                (spec.id, spec.category.clone(), spec.current.as_str(), choices)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_session_offers_the_default_and_the_listed_models_its_mode_and_with_the_server_approvals() {
+        let specs = specs(&json!({}), &AgentSettings::default(), &models());
+        assert_eq!(
+            shape(&specs),
+            [
+                (
+                    "model",
+                    Some(SessionConfigOptionCategory::Model),
+                    "default",
+                    vec!["default", "fake/fake-model", "fake/thinker"]
+                ),
+                ("mode", Some(SessionConfigOptionCategory::Mode), "build", vec!["build", "plan"]),
+                ("approvals", None, "auto", vec!["auto", "ask"]),
+            ]
+        );
+        assert_eq!(specs[0].choices[0].1, "OpenCode default");
+        assert_eq!(specs[0].choices[2].1, "Thinker");
+    }
+
+    #[test]
+    fn run_cannot_ask_so_it_offers_no_approvals() {
+        let mut settings = AgentSettings::default();
+        settings.opencode.opencode_backend = Backend::Run;
+        let ids: Vec<&str> = specs(&json!({"mode": "plan"}), &settings, &models()).iter().map(|s| s.id).collect();
+        assert_eq!(ids, ["model", "mode"]);
+    }
+
+    #[test]
+    fn a_model_with_variants_offers_its_reasoning_levels_and_so_does_the_configured_default() {
+        let settings = AgentSettings::default();
+        let chosen = specs(&json!({"model": "fake/thinker", "variant": "high"}), &settings, &models());
+        assert_eq!(
+            shape(&chosen)[1],
+            ("variant", Some(SessionConfigOptionCategory::ThoughtLevel), "high", vec!["default", "low", "high"])
+        );
+        let mut settings = AgentSettings::default();
+        settings.opencode.default_model = Some("fake/thinker".into());
+        let ids: Vec<&str> = specs(&json!({}), &settings, &models()).iter().map(|s| s.id).collect();
+        assert_eq!(ids, ["model", "variant", "mode", "approvals"]);
+        assert_eq!((agent(&json!({"mode": "plan"})), variant(&json!({"variant": "default"}))), (Some("plan"), None));
+    }
+}

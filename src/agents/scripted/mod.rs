@@ -8,10 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
-use agent_client_protocol::v1::schema::{ContentBlock, ContentChunk, SessionUpdate};
+use agent_client_protocol::v1::schema::{ContentBlock, ContentChunk, SessionConfigOptionCategory, SessionUpdate};
 use serde_json::Value;
 
-use super::options::OptionSpec;
+use super::options::{DEFAULT, OptionSpec, stored};
 use super::{
     Agent, AgentKind, AgentSettings, Login, ModelInfo, Output, StreamEnd, TranslateContext, Translator, TurnEnd,
     TurnRequest,
@@ -97,8 +97,51 @@ impl Agent for Scripted {
         Login::Own { args: &["login"] }
     }
 
-    fn options(&self, _session_config: &Value, _settings: &AgentSettings, _models: &[ModelInfo]) -> Vec<OptionSpec> {
-        Vec::new()
+    /// A model choice over the models given, a mode, and a reasoning level where the chosen model has levels: the
+    /// shapes the bridge renders for real agents, for its own tests.
+    fn options(&self, session_config: &Value, _settings: &AgentSettings, models: &[ModelInfo]) -> Vec<OptionSpec> {
+        let owned = |pairs: &[(&str, &str)]| pairs.iter().map(|(v, n)| (v.to_string(), n.to_string())).collect();
+        let model = stored(session_config, "model").unwrap_or(DEFAULT);
+        let mut choices: Vec<(String, String)> = owned(&[(DEFAULT, "Default")]);
+        choices.extend(models.iter().map(|m| (m.id.clone(), m.name.clone())));
+        let mut specs = vec![
+            OptionSpec {
+                id: "model",
+                name: "Model",
+                category: Some(SessionConfigOptionCategory::Model),
+                choices,
+                current: model.to_string(),
+            },
+            OptionSpec {
+                id: "mode",
+                name: "Mode",
+                category: Some(SessionConfigOptionCategory::Mode),
+                choices: owned(&[("fast", "Fast"), ("careful", "Careful")]),
+                current: stored(session_config, "mode").unwrap_or("fast").to_string(),
+            },
+        ];
+        if let Some(levels) = models.iter().find(|m| m.id == model).map(|m| &m.variants).filter(|v| !v.is_empty()) {
+            specs.push(OptionSpec {
+                id: "variant",
+                name: "Reasoning",
+                category: Some(SessionConfigOptionCategory::ThoughtLevel),
+                choices: levels.iter().map(|level| (level.clone(), level.clone())).collect(),
+                current: stored(session_config, "variant").unwrap_or(&levels[0]).to_string(),
+            });
+        }
+        specs
+    }
+
+    fn chosen_model<'a>(&self, session_config: &'a Value) -> Option<&'a str> {
+        stored(session_config, "model")
+    }
+
+    fn mode_description(&self, mode: &str) -> Option<&'static str> {
+        match mode {
+            "fast" => Some("Answers at once"),
+            "careful" => Some("Thinks first"),
+            _ => None,
+        }
     }
 
     fn default_option(&self) -> &'static str {

@@ -993,7 +993,7 @@ mod tests {
     use crate::sandbox::local::policy::Mount;
 
     fn test_config(dir: &Path) -> crate::config::Config {
-        crate::config::Config::new(crate::agents::opencode::AGENT, dir.to_path_buf())
+        crate::config::Config::new(crate::agents::AgentKind::parse("opencode").unwrap(), dir.to_path_buf())
     }
 
     fn sandbox(dir: &Path, isolation: Isolation) -> LocalSandbox {

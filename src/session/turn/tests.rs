@@ -162,7 +162,7 @@ impl World {
         let dirs = tempfile::tempdir().unwrap();
         let workspace = dirs.path().join("ws");
         std::fs::create_dir_all(&workspace).unwrap();
-        let mut config = Config::new(crate::agents::opencode::AGENT, dirs.path().join("data"));
+        let mut config = Config::new(crate::agents::AgentKind::parse("opencode").unwrap(), dirs.path().join("data"));
         config.sandbox = crate::sandbox::SandboxChoice::None;
         adjust(&mut config);
         let bridge = Bridge::open(config).await.unwrap();
@@ -198,7 +198,7 @@ impl World {
         let turn = Turn {
             bridge: &self.bridge,
             record,
-            agent: crate::agents::opencode::AGENT,
+            agent: crate::agents::AgentKind::parse("opencode").unwrap(),
             credential: None,
             blocks: Vec::new(),
             sink,
