@@ -9,6 +9,8 @@
 #![allow(clippy::disallowed_methods)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/fake_e2b.rs"]
+mod fake_e2b;
 #[path = "support/node_sdk.rs"]
 mod node_sdk;
 #[path = "e2b/npm_sdk.rs"]
@@ -26,9 +28,8 @@ mod lifecycle;
 #[path = "e2b/pulls.rs"]
 mod pulls;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -36,126 +37,10 @@ use acp_sandbox::sandbox::remote::e2b::{E2bProvider, E2bSandbox, E2bSettings, ST
 use acp_sandbox::sandbox::{
     ExecSpec, ExitInfo, RemoteFailure, RunningProcess, Sandbox, SandboxError, SandboxProvider, SandboxSpec,
 };
+use fake_e2b::{FakeE2b, KEY};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader as AsyncBufReader};
-
-const KEY: &str = "e2b_0123456789abcdef0123456789abcdef";
-
-/// `tests/fakes/fake_e2b.py` on two free ports; it ends (killing its sandboxes' processes) when dropped.
-struct FakeE2b {
-    child: Child,
-    _stdin: ChildStdin,
-    api: u16,
-    envd: u16,
-    record: PathBuf,
-    root: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl FakeE2b {
-    fn start() -> FakeE2b {
-        Self::start_with(&[])
-    }
-
-    /// With more arguments of the fake (`--templates`, `--template-path`).
-    fn start_with(args: &[&str]) -> FakeE2b {
-        let dir = support::temp_dir("e2b-fake");
-        let root = dir.path().join("sandboxes");
-        let record = dir.path().join("requests.jsonl");
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/fake_e2b.py");
-        let mut child = Command::new("python3")
-            .arg(&script)
-            .arg("--root")
-            .arg(&root)
-            .arg("--record")
-            .arg(&record)
-            .arg("--api-key")
-            .arg(KEY)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start python3 tests/fakes/fake_e2b.py");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let ports: Vec<u16> =
-            line.trim().strip_prefix("PORTS ").expect("PORTS line").split(' ').map(|p| p.parse().unwrap()).collect();
-        let stdin = child.stdin.take().unwrap();
-        FakeE2b { child, _stdin: stdin, api: ports[0], envd: ports[1], record, root, _dir: dir }
-    }
-
-    fn api_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.api)
-    }
-
-    fn sandbox_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.envd)
-    }
-
-    fn settings(&self, key: &str) -> E2bSettings {
-        let (api, envd) = (self.api_url(), self.sandbox_url());
-        E2bSettings::from_env(|name| match name {
-            "E2B_API_KEY" => Some(key.to_string()),
-            "E2B_API_URL" => Some(api.clone()),
-            "E2B_SANDBOX_URL" => Some(envd.clone()),
-            _ => None,
-        })
-        .unwrap()
-    }
-
-    fn provider(&self) -> E2bProvider {
-        E2bProvider::new(self.settings(KEY)).unwrap()
-    }
-
-    /// One request to the fake's test hooks (HTTP/1.1 by hand: the hooks answer small JSON and close).
-    fn hook(&self, method: &str, path: &str, body: Option<Value>) -> Value {
-        use std::io::{Read, Write};
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.api)).unwrap();
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        let (head, text) = answer.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 20"), "{method} {path}: {answer}");
-        if text.is_empty() { Value::Null } else { serde_json::from_str(text).unwrap() }
-    }
-
-    /// Every sandbox the fake holds, by id.
-    fn state(&self) -> Value {
-        self.hook("GET", "/_fake/state", None)
-    }
-
-    /// The next `count` control-plane requests fail with `status`.
-    fn fail_next(&self, status: u16, message: &str) {
-        self.hook("POST", "/_fake/fail", Some(json!({"status": status, "message": message, "count": 1})));
-    }
-
-    fn records(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.record)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    /// The host directory standing for `path` inside sandbox `id`.
-    fn host_path(&self, id: &str, path: &str) -> PathBuf {
-        self.root.join(id).join(path.trim_start_matches('/'))
-    }
-}
-
-impl Drop for FakeE2b {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn spec(session: &str) -> SandboxSpec {
     SandboxSpec { session_id: session.to_string(), workspace: PathBuf::from("/nonexistent-host-workspace") }
@@ -552,10 +437,6 @@ fn e2b_options(fake: &FakeE2b, dirs: &support::TestDirs) -> support::BridgeOptio
         .env("E2B_SANDBOX_URL", &fake.sandbox_url())
 }
 
-fn e2b_bridge(fake: &FakeE2b, dirs: &support::TestDirs) -> support::Bridge {
-    support::Bridge::start(e2b_options(fake, dirs))
-}
-
 /// The one sandbox the fake holds.
 fn only_sandbox(fake: &FakeE2b) -> (String, Value) {
     let state = fake.state();
@@ -563,118 +444,6 @@ fn only_sandbox(fake: &FakeE2b) -> (String, Value) {
     assert_eq!(sandboxes.len(), 1, "{state}");
     let (id, sandbox) = sandboxes.iter().next().unwrap();
     (id.clone(), sandbox.clone())
-}
-
-#[test]
-fn the_bridge_runs_a_session_in_its_own_e2b_sandbox_and_deletes_it_with_the_session() {
-    let fake = FakeE2b::start();
-    let dirs = support::TestDirs::new("e2b-bridge");
-    let ws = dirs.remote_workspace("ws");
-    let mut bridge = e2b_bridge(&fake, &dirs);
-    let sid = bridge.new_session(&ws);
-    let turn = bridge.prompt(&sid, "Say hello");
-    assert_eq!(turn.stop_reason(), "end_turn");
-    assert_eq!(turn.agent_text(), "Hello from the fake model. This is a plain text answer.");
-
-    let (id, sandbox) = only_sandbox(&fake);
-    assert_eq!(sandbox["metadata"], json!({"acp_session": sid}));
-    // The CLI ran inside the sandbox, in its workspace, with its state dir as HOME and without the E2B key.
-    let inside = fake.host_path(&id, WORKSPACE);
-    let runs = support::invocations(&inside);
-    assert_eq!(runs.len(), 1);
-    assert_eq!(runs[0].cwd(), Path::new(WORKSPACE));
-    assert_eq!(runs[0].env("HOME").as_deref().map(|h| h.starts_with(STATE_DIR)), Some(true));
-    assert_eq!(runs[0].env("E2B_API_KEY"), None);
-    assert_eq!(runs[0].stdin_text(), "Say hello");
-    assert!(support::invocations(&ws).is_empty(), "the CLI ran in the editor's workspace");
-
-    // A follow-up reconnects to the same sandbox, and the CLI continues its conversation.
-    let turn = bridge.prompt(&sid, "SCENARIO:followup and now?");
-    assert_eq!(turn.stop_reason(), "end_turn");
-    assert_eq!(only_sandbox(&fake).0, id);
-    let runs = support::invocations(&inside);
-    assert_eq!(runs.len(), 2);
-    assert!(runs[1].has_flag("--session"), "argv: {:?}", runs[1].argv());
-
-    // The key went only to the control plane: never to envd, the store or the bridge's log.
-    for record in fake.records().iter().filter(|r| r["port"] == "envd") {
-        assert!(!record.to_string().contains(KEY), "the key went to envd: {record}");
-    }
-    for file in ["acp-sandbox.sqlite3", "acp-sandbox.log"] {
-        let bytes = std::fs::read(dirs.data.join(file)).unwrap_or_default();
-        assert!(!String::from_utf8_lossy(&bytes).contains(KEY), "the key is in {file}");
-    }
-    assert!(!bridge.stderr().contains(KEY), "the key is in the bridge's stderr");
-
-    bridge.request("session/delete", json!({"sessionId": sid})).unwrap();
-    assert_eq!(fake.state(), json!({}));
-}
-
-#[test]
-fn cancel_kills_the_cli_in_the_e2b_sandbox() {
-    let fake = FakeE2b::start();
-    let dirs = support::TestDirs::new("e2b-cancel");
-    let ws = dirs.remote_workspace("ws");
-    let mut bridge = e2b_bridge(&fake, &dirs);
-    let sid = bridge.new_session(&ws);
-    let id = bridge.send_prompt(&sid, "SCENARIO:slow FAKE_COUNT=100000 FAKE_DELAY_MS=20 keep talking");
-    // Output arrives while the CLI still runs: the first chunk comes long before the last.
-    bridge.wait_update(&sid, "a streamed chunk", |u| u["sessionUpdate"] == "agent_message_chunk");
-    let (sandbox, _) = only_sandbox(&fake);
-    // No PID namespace in the fake: the pid the CLI recorded is the host's.
-    let cli = support::wait_invocations(&fake.host_path(&sandbox, WORKSPACE), 1)[0].0["pid"].as_i64().unwrap() as i32;
-    assert!(support::pid_alive(cli));
-
-    let cancelled = Instant::now();
-    bridge.cancel(&sid);
-    let turn = bridge.finish_turn(&sid, id);
-    eprintln!("cancel to answer: {:?}", cancelled.elapsed());
-    assert_eq!(turn.stop_reason(), "cancelled");
-    assert!(support::wait_until(support::RECV_TIMEOUT, || !support::pid_alive(cli)), "the CLI {cli} still runs");
-    assert_eq!(only_sandbox(&fake).1["processes"], json!([]));
-    let kills = fake.records().iter().filter(|r| r["path"] == "/process.Process/SendSignal").count();
-    assert_eq!(kills, 1);
-}
-
-#[test]
-fn a_restarted_bridge_reconnects_and_a_gone_sandbox_is_replaced() {
-    let fake = FakeE2b::start();
-    let dirs = support::TestDirs::new("e2b-restart");
-    let ws = dirs.remote_workspace("ws");
-    let mut bridge = e2b_bridge(&fake, &dirs);
-    let sid = bridge.new_session(&ws);
-    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
-    let (first, _) = only_sandbox(&fake);
-    bridge.close_stdin();
-    drop(bridge);
-
-    // Another bridge finds the session's sandbox by the id in the store, paused meanwhile, and resumes it.
-    let provider = fake.provider();
-    tokio::runtime::Runtime::new().unwrap().block_on(provider.suspend(&first)).unwrap();
-    let mut bridge = e2b_bridge(&fake, &dirs);
-    bridge.request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
-    assert_eq!(bridge.prompt(&sid, "SCENARIO:followup again").stop_reason(), "end_turn");
-    // (Paused again after the turn, in the background: its state is not looked at here.)
-    let (again, state) = only_sandbox(&fake);
-    assert_eq!((again.as_str(), &state["resumes"]), (first.as_str(), &json!(1)));
-    assert_eq!(support::invocations(&fake.host_path(&first, WORKSPACE)).len(), 2);
-
-    // Killed on E2B's side, it is replaced by a new sandbox on the next prompt.
-    tokio::runtime::Runtime::new().unwrap().block_on(provider.destroy(&first)).unwrap();
-    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
-    let (replaced, state) = only_sandbox(&fake);
-    assert_ne!(replaced, first);
-    assert_eq!(state["metadata"], json!({"acp_session": sid}));
-    // The new sandbox's CLI does not know the conversation: it starts a fresh one from the stored transcript.
-    let runs = support::invocations(&fake.host_path(&replaced, WORKSPACE));
-    assert_eq!(runs.len(), 2);
-    assert!(
-        runs[0].has_flag("--session") && !runs[1].has_flag("--session"),
-        "{:?} {:?}",
-        runs[0].argv(),
-        runs[1].argv()
-    );
-    assert!(runs[1].stdin_text().ends_with("Say hello"), "{}", runs[1].stdin_text());
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //! Dependencies are read from the paths in the code (`crate::x::…`, `super::…`, `self::…`, one level of braces),
 //! outside comments, strings and `#[cfg(test)]` modules: what `use` and inline paths name.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
