@@ -36,11 +36,30 @@ pub fn login_command(agent: AgentKind) -> String {
     format!("acp-sandbox login --agent {}", agent.as_str())
 }
 
+/// The whole command line of `acp-sandbox login` for Zed's older terminal login (`_meta["terminal-auth"]`), which
+/// runs it as it is instead of appending to the agent server's command: this executable, the data dir the token
+/// goes to and the agent's own executable, if the bridge was given one.
+pub fn login_launch(config: &Config, executable: &Path) -> (String, Vec<String>) {
+    let agent = config.agent;
+    let mut args = vec!["--data-dir".to_string(), config.data_dir.display().to_string()];
+    if let Some(bin) = agent.bin_override(&config.agents) {
+        args.extend([format!("--{}-bin", agent.as_str()), bin.display().to_string()]);
+    }
+    args.extend(["login", "--agent", agent.as_str()].map(String::from));
+    (executable.display().to_string(), args)
+}
+
 /// What `initialize` offers: always a method `authenticate` can answer (the ACP registry requires one of type
 /// `agent` or `terminal`, and its check does not advertise terminal auth), and the terminal login where the
-/// client can run one (`clientCapabilities.auth.terminal`). The terminal method's arguments are appended to
-/// (or, in older clients, replace) the agent server's own, so they name the agent themselves.
-pub fn auth_methods(agent: AgentKind, client_runs_terminal: bool) -> Vec<AuthMethod> {
+/// client can run one (`clientCapabilities.auth.terminal`, or Zed's `_meta["terminal-auth"]`: `launch`, the whole
+/// command line of [`login_launch`], is then on the method as `_meta["terminal-auth"]`, which Zed runs when it does
+/// not show typed terminal methods). The terminal method's arguments are appended to (or, in older clients,
+/// replace) the agent server's own, so they name the agent themselves.
+pub fn auth_methods(
+    agent: AgentKind,
+    client_runs_terminal: bool,
+    launch: Option<(String, Vec<String>)>,
+) -> Vec<AuthMethod> {
     let (login, name) = (login_command(agent), agent.display_name());
     let own = |args: &[&str]| format!("{} {}", agent.package().bin, args.join(" "));
     let description = match (agent.login(), agent.required_credential()) {
@@ -57,20 +76,23 @@ pub fn auth_methods(agent: AgentKind, client_runs_terminal: bool) -> Vec<AuthMet
         AuthMethodAgent::new(check_method_id(agent), format!("{} login", agent.display_name()))
             .description(description),
     )];
-    if client_runs_terminal {
+    if client_runs_terminal || launch.is_some() {
         let description = match agent.login() {
             Login::Token { .. } => {
                 format!("Asks for your {name} access token in a terminal and stores it for acp-sandbox")
             }
             Login::Own { args } => format!("Runs {name}'s own login (`{}`) in a terminal", own(args)),
         };
+        let label = format!("Log in to {name} in a terminal");
+        let meta = launch.map(|(command, args)| {
+            let launch = serde_json::json!({ "command": command, "args": args, "label": label });
+            serde_json::Map::from_iter([("terminal-auth".to_string(), launch)])
+        });
         methods.push(AuthMethod::Terminal(
-            AuthMethodTerminal::new(
-                terminal_method_id(agent),
-                format!("Log in to {} in a terminal", agent.display_name()),
-            )
-            .description(description)
-            .args(["login", "--agent", agent.as_str()].map(String::from).to_vec()),
+            AuthMethodTerminal::new(terminal_method_id(agent), label.clone())
+                .description(description)
+                .args(["login", "--agent", agent.as_str()].map(String::from).to_vec())
+                .meta(meta),
         ));
     }
     methods
@@ -122,6 +144,35 @@ pub fn source(config: &Config, agent: AgentKind) -> Option<Source> {
     match std::env::var(variable) {
         Ok(value) if !value.trim().is_empty() => Some(Source::Environment(variable)),
         _ => stored_token(config, agent).map(|_| Source::Stored(token_path(config, agent))),
+    }
+}
+
+/// Whether `logout` can log the agent out: it keeps a token for it (an agent with its own login keeps its own).
+pub fn can_log_out(agent: AgentKind) -> bool {
+    matches!(agent.login(), Login::Token { .. }) && agent.required_credential().is_some()
+}
+
+/// ACP `logout`: deletes the token `acp-sandbox login` stored for the agent, and nothing else. Refused in words when
+/// the agent keeps its own login, or when its variable in the agent server's environment would still log it in.
+pub fn logout(config: &Config, agent: AgentKind) -> Result<(), Error> {
+    let name = agent.display_name();
+    let Some(variable) = agent.required_credential().filter(|_| can_log_out(agent)) else {
+        return Err(Error::InvalidParams(format!(
+            "{name} keeps its own login, which acp-sandbox does not store: log out with {name} itself"
+        )));
+    };
+    let path = token_path(config, agent);
+    match std::fs::remove_file(&path) {
+        Ok(()) => tracing::info!(agent = agent.as_str(), path = %path.display(), "logged out: the stored token is deleted"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::LogoutFailed(format!("could not delete {}: {e}", path.display()))),
+    }
+    match std::env::var(variable) {
+        Ok(value) if !value.trim().is_empty() => Err(Error::LogoutFailed(format!(
+            "{variable} is set in the agent server's environment (the editor's settings of this agent), which \
+             acp-sandbox cannot unset: {name} stays logged in until it is removed there"
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -350,8 +401,16 @@ pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn W
 mod tests {
     use super::*;
 
+    fn amp() -> AgentKind {
+        AgentKind::parse("amp").unwrap()
+    }
+
+    fn opencode() -> AgentKind {
+        AgentKind::parse("opencode").unwrap()
+    }
+
     fn config(dir: &Path) -> Config {
-        Config::new(crate::agents::AgentKind::parse("amp").unwrap(), dir.join("data"))
+        Config::new(amp(), dir.join("data"))
     }
 
     #[test]
@@ -359,19 +418,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
         let path =
-            store_token(&config, crate::agents::AgentKind::parse("amp").unwrap(), "  sgamp_user_123 \n").unwrap();
+            store_token(&config, amp(), "  sgamp_user_123 \n").unwrap();
         assert_eq!(path, config.data_dir.join("credentials").join("amp"));
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "sgamp_user_123\n");
         assert_eq!(
-            stored_token(&config, crate::agents::AgentKind::parse("amp").unwrap()).as_deref(),
+            stored_token(&config, amp()).as_deref(),
             Some("sgamp_user_123")
         );
         // A second login replaces the first, and leaves no staging file behind.
-        store_token(&config, crate::agents::AgentKind::parse("amp").unwrap(), "sgamp_user_456").unwrap();
+        store_token(&config, amp(), "sgamp_user_456").unwrap();
         assert_eq!(
-            stored_token(&config, crate::agents::AgentKind::parse("amp").unwrap()).as_deref(),
+            stored_token(&config, amp()).as_deref(),
             Some("sgamp_user_456")
         );
         let names: Vec<_> =
@@ -384,32 +443,32 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
         assert!(matches!(
-            store_token(&config, crate::agents::AgentKind::parse("amp").unwrap(), " \n"),
+            store_token(&config, amp(), " \n"),
             Err(LoginError::Empty(_))
         ));
         assert!(matches!(
-            store_token(&config, crate::agents::AgentKind::parse("amp").unwrap(), "a\nb"),
+            store_token(&config, amp(), "a\nb"),
             Err(LoginError::Malformed)
         ));
         assert!(matches!(
-            store_token(&config, crate::agents::AgentKind::parse("opencode").unwrap(), "x"),
+            store_token(&config, opencode(), "x"),
             Err(LoginError::NotStored("OpenCode"))
         ));
-        assert!(!token_path(&config, crate::agents::AgentKind::parse("amp").unwrap()).exists());
+        assert!(!token_path(&config, amp()).exists());
     }
 
     #[test]
     fn amp_offers_a_check_always_and_the_terminal_login_only_to_clients_that_run_one() {
-        let plain = serde_json::to_value(auth_methods(crate::agents::AgentKind::parse("amp").unwrap(), false)).unwrap();
+        let plain = serde_json::to_value(auth_methods(amp(), false, None)).unwrap();
         assert_eq!(plain.as_array().unwrap().len(), 1);
         assert_eq!(plain[0]["id"], "amp-login");
         assert_eq!(plain[0].get("type"), None, "an agent method is the default type");
-        let both = serde_json::to_value(auth_methods(crate::agents::AgentKind::parse("amp").unwrap(), true)).unwrap();
+        let both = serde_json::to_value(auth_methods(amp(), true, None)).unwrap();
         assert_eq!(both[1]["type"], "terminal");
         assert_eq!(both[1]["id"], "amp-login-terminal");
         assert_eq!(both[1]["args"], serde_json::json!(["login", "--agent", "amp"]));
         let opencode =
-            serde_json::to_value(auth_methods(crate::agents::AgentKind::parse("opencode").unwrap(), true)).unwrap();
+            serde_json::to_value(auth_methods(opencode(), true, None)).unwrap();
         assert_eq!(opencode[1]["args"], serde_json::json!(["login", "--agent", "opencode"]));
     }
 
@@ -417,8 +476,59 @@ mod tests {
     fn an_unknown_method_is_invalid_params() {
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(
-            authenticate(&config(dir.path()), crate::agents::AgentKind::parse("amp").unwrap(), "nope"),
+            authenticate(&config(dir.path()), amp(), "nope"),
             Err(Error::InvalidParams(_))
         ));
+    }
+
+    #[test]
+    fn zeds_older_terminal_login_gets_the_whole_command_line_with_the_data_dir_and_the_agents_executable() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config(dir.path());
+        config.agents.amp.amp_bin = Some(PathBuf::from("/opt/amp/bin/amp"));
+        let launch = login_launch(&config, Path::new("/usr/local/bin/acp-sandbox"));
+        let data = config.data_dir.display().to_string();
+        let expected_args = ["--data-dir", &data, "--amp-bin", "/opt/amp/bin/amp", "login", "--agent", "amp"];
+        assert_eq!(launch, ("/usr/local/bin/acp-sandbox".to_string(), expected_args.map(String::from).to_vec()));
+        let methods = serde_json::to_value(auth_methods(amp(), false, Some(launch))).unwrap();
+        assert_eq!(
+            methods[1],
+            serde_json::json!({
+                "type": "terminal", "id": "amp-login-terminal", "name": "Log in to Amp in a terminal",
+                "description": "Asks for your Amp access token in a terminal and stores it for acp-sandbox",
+                "args": ["login", "--agent", "amp"],
+                "_meta": {"terminal-auth": {"command": "/usr/local/bin/acp-sandbox", "args": expected_args,
+                                            "label": "Log in to Amp in a terminal"}}
+            })
+        );
+    }
+
+    #[test]
+    fn logout_deletes_the_stored_token_only_and_an_agent_with_its_own_login_is_refused_in_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        let path = store_token(&config, amp(), "sgamp_user_123").unwrap();
+        let key = store_provider_key(&config, crate::sandbox::remote::named("e2b").unwrap(), "e2b_key").unwrap();
+        // AMP_API_KEY in this process's environment would still log Amp in: then logout says so (the e2e tests
+        // try both).
+        let in_env = std::env::var("AMP_API_KEY").is_ok_and(|value| !value.trim().is_empty());
+        let logged_out = |result: Result<(), Error>| match (result, in_env) {
+            (Ok(()), false) | (Err(Error::LogoutFailed(_)), true) => {}
+            (other, _) => panic!("{other:?} with AMP_API_KEY set: {in_env}"),
+        };
+        logged_out(logout(&config, amp()));
+        assert!(!path.exists());
+        assert!(key.exists(), "a provider's key is not the agent's login");
+        assert_eq!(stored_token(&config, amp()), None);
+        // Logged out already: nothing to delete, and that is no error.
+        logged_out(logout(&config, amp()));
+        assert_eq!((can_log_out(amp()), can_log_out(opencode())), (true, false));
+        match logout(&config, opencode()) {
+            Err(Error::InvalidParams(message)) => assert_eq!(
+                message,
+                "OpenCode keeps its own login, which acp-sandbox does not store: log out with OpenCode itself"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -40,6 +40,10 @@ pub enum Error {
     #[error("{0}")]
     NotLoggedIn(String),
 
+    /// `logout` could not log the agent out: the words say why and what to do.
+    #[error("{0}")]
+    LogoutFailed(String),
+
     /// The CLI's provider rejected the credentials (e.g. OpenCode's ProviderAuthError).
     #[error("{0}")]
     AuthRejected(String),
@@ -190,9 +194,11 @@ pub fn to_acp_error(error: &Error) -> agent_client_protocol::Error {
             }
             agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, message).data(data)
         }
-        Error::Stalled { .. } | Error::TurnTimeout { .. } | Error::CliUnavailable(_) | Error::Sandbox(_) => {
-            agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, message)
-        }
+        Error::Stalled { .. }
+        | Error::TurnTimeout { .. }
+        | Error::CliUnavailable(_)
+        | Error::Sandbox(_)
+        | Error::LogoutFailed(_) => agent_client_protocol::Error::new(ErrorCode::INTERNAL_ERROR, message),
     }
 }
 

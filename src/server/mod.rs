@@ -16,10 +16,10 @@ use futures::future::{BoxFuture, Shared};
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, AvailableCommandsUpdate, CancelNotification, CloseSessionRequest, CloseSessionResponse,
+    AgentAuthCapabilities, AgentCapabilities, AvailableCommandsUpdate, CancelNotification, CloseSessionRequest, CloseSessionResponse,
     ConfigOptionUpdate, CurrentModeUpdate, DeleteSessionRequest, DeleteSessionResponse, Implementation,
     InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse, LoadSessionRequest,
-    LoadSessionResponse, NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse,
+    LoadSessionResponse, LogoutCapabilities, NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse,
     ResumeSessionRequest, ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities,
     SessionDeleteCapabilities, SessionInfo, SessionListCapabilities, SessionNotification, SessionResumeCapabilities,
     SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest,
@@ -221,7 +221,26 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                                 .close(SessionCloseCapabilities::new())
                                 .delete(SessionDeleteCapabilities::new()),
                         );
-                    let auth_methods = crate::auth::auth_methods(agent, request.client_capabilities.auth.terminal);
+                    // Zed shows typed terminal methods only behind a flag; otherwise it runs the older
+                    // `_meta["terminal-auth"]` launch, when the client says it reads one.
+                    let legacy_terminal = request
+                        .client_capabilities
+                        .meta
+                        .as_ref()
+                        .and_then(|meta| meta.get("terminal-auth"))
+                        .and_then(|value| value.as_bool())
+                        .unwrap_or(false);
+                    let launch = legacy_terminal
+                        .then(std::env::current_exe)
+                        .and_then(|found| found.ok())
+                        .map(|executable| crate::auth::login_launch(bridge.config(), &executable));
+                    let auth_methods =
+                        crate::auth::auth_methods(agent, request.client_capabilities.auth.terminal, launch);
+                    let mut auth = AgentAuthCapabilities::new();
+                    if crate::auth::can_log_out(agent) {
+                        auth = auth.logout(LogoutCapabilities::new());
+                    }
+                    let capabilities = capabilities.auth(auth);
                     responder.respond(
                         InitializeResponse::new(ProtocolVersion::V1)
                             .agent_capabilities(capabilities)
@@ -245,6 +264,21 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     let config = bridge.config();
                     let result = crate::auth::authenticate(config, config.agent, &request.method_id.0)
                         .map(|()| agent_client_protocol::v1::schema::AuthenticateResponse::new());
+                    respond(responder, result)
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                // Deletes one small file: answered in the loop.
+                async move |_request: agent_client_protocol::v1::schema::LogoutRequest,
+                            responder: Responder<agent_client_protocol::v1::schema::LogoutResponse>,
+                            _cx| {
+                    let config = bridge.config();
+                    let result = crate::auth::logout(config, config.agent)
+                        .map(|()| agent_client_protocol::v1::schema::LogoutResponse::new());
                     respond(responder, result)
                 }
             },

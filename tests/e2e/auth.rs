@@ -247,3 +247,87 @@ fn a_token_typed_on_a_terminal_is_not_echoed() {
     assert!(shown.contains("Stored in "), "{shown:?}");
     assert_eq!(std::fs::read_to_string(dirs.data.join("credentials/amp")).unwrap(), "sgamp_typed_on_a_tty\n");
 }
+
+#[test]
+fn zeds_older_terminal_login_is_the_whole_command_line_and_it_logs_in() {
+    // Zed without its beta flag reads `_meta["terminal-auth"]` and runs that command as it is, in a terminal.
+    let dirs = TestDirs::new("auth-terminal-meta");
+    let options = BridgeOptions::new("amp", &dirs.data);
+    let amp_bin = options.env.iter().find(|(k, _)| k == "ACP_SANDBOX_AMP_BIN").unwrap().1.clone();
+    let mut bridge = Bridge::spawn(options);
+    let init = bridge
+        .request(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {"_meta": {"terminal-auth": true}},
+                   "clientInfo": {"name": "acp-sandbox-e2e", "version": "0.0.0"}}),
+        )
+        .unwrap();
+    let launch = &init["authMethods"][1]["_meta"]["terminal-auth"];
+    let command = std::fs::canonicalize(bridge_bin()).unwrap().display().to_string();
+    let data = dirs.data.display().to_string();
+    assert_eq!(
+        launch,
+        &json!({"command": command, "label": "Log in to Amp in a terminal",
+                "args": ["--data-dir", data, "--amp-bin", amp_bin, "login", "--agent", "amp"]})
+    );
+    assert_eq!(init["agentCapabilities"]["auth"], json!({"logout": {}}));
+
+    let args: Vec<String> = serde_json::from_value(launch["args"].clone()).unwrap();
+    let mut login = Command::new(launch["command"].as_str().unwrap())
+        .args(&args)
+        .env_remove("AMP_API_KEY")
+        .env_remove("ACP_SANDBOX_DATA_DIR")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    login.stdin.take().unwrap().write_all(b"sgamp_typed_in_zeds_terminal\n").unwrap();
+    let output = login.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(std::fs::read_to_string(dirs.data.join("credentials/amp")).unwrap(), "sgamp_typed_in_zeds_terminal\n");
+}
+
+#[test]
+fn logout_deletes_the_stored_token_and_the_next_prompt_asks_to_log_in_again() {
+    let dirs = TestDirs::new("auth-logout");
+    let (code, stderr) = run_cli(&dirs.data, &["login", "--agent", "amp"], "sgamp_to_log_out\n", &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let file = dirs.data.join("credentials/amp");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(BridgeOptions::new("amp", &dirs.data).without_env("AMP_API_KEY"));
+    let sid = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+
+    assert_eq!(bridge.request("logout", json!({})).unwrap(), json!({}));
+    assert!(!file.exists(), "the stored token is still there");
+    let error = bridge.prompt(&sid, "Say hello").result.unwrap_err();
+    assert_eq!(error.code, -32000, "{}", error.message);
+    assert_eq!(invocations(&ws).len(), 1, "Amp ran without a token");
+    // Nothing left to delete: logging out again is no error.
+    assert_eq!(bridge.request("logout", json!({})).unwrap(), json!({}));
+}
+
+#[test]
+fn logout_says_when_the_editors_environment_still_logs_the_agent_in_and_opencode_offers_none() {
+    let dirs = TestDirs::new("auth-logout-env");
+    let (code, stderr) = run_cli(&dirs.data, &["login", "--agent", "amp"], "sgamp_stored_too\n", &[]);
+    assert_eq!(code, 0, "{stderr}");
+    // The harness gives the bridge AMP_API_KEY, as an editor's settings would.
+    let mut bridge = Bridge::start(BridgeOptions::new("amp", &dirs.data));
+    let error = bridge.request("logout", json!({})).unwrap_err();
+    assert_eq!(
+        (error.code, error.message.as_str()),
+        (
+            -32603,
+            "AMP_API_KEY is set in the agent server's environment (the editor's settings of this agent), which \
+             acp-sandbox cannot unset: Amp stays logged in until it is removed there"
+        )
+    );
+    assert!(!dirs.data.join("credentials/amp").exists(), "the stored token goes all the same");
+
+    let mut bridge = Bridge::spawn(BridgeOptions::new("opencode", &dirs.data));
+    let init = initialize_with(&mut bridge, true);
+    assert_eq!(init["agentCapabilities"].get("auth"), Some(&json!({})), "{init}");
+}
+
