@@ -163,7 +163,9 @@ pub fn logout(config: &Config, agent: AgentKind) -> Result<(), Error> {
     };
     let path = token_path(config, agent);
     match std::fs::remove_file(&path) {
-        Ok(()) => tracing::info!(agent = agent.as_str(), path = %path.display(), "logged out: the stored token is deleted"),
+        Ok(()) => {
+            tracing::info!(agent = agent.as_str(), path = %path.display(), "logged out: the stored token is deleted")
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::LogoutFailed(format!("could not delete {}: {e}", path.display()))),
     }
@@ -347,6 +349,46 @@ impl Drop for EchoOff {
     }
 }
 
+/// `acp-sandbox logout`: deletes what `acp-sandbox login` stored, the agent's token or (`provider`) a provider's
+/// key, and says on `terminal` what it deleted and what still logs in. Answers the exit code: 1 when the agent
+/// keeps its own login (nothing of ours to delete) or the file could not be deleted.
+pub fn logout_command(config: &Config, provider: Option<&str>, terminal: &mut dyn Write) -> u8 {
+    let (path, variable) = match provider.map(crate::sandbox::remote::named) {
+        Some(Some(remote)) => (provider_key_path(config, remote.name()), remote.key_variable()),
+        Some(None) => {
+            let _ = writeln!(terminal, "acp-sandbox keeps no key of that provider");
+            return 1;
+        }
+        None => match config.agent.required_credential().filter(|_| can_log_out(config.agent)) {
+            Some(variable) => (token_path(config, config.agent), variable),
+            None => {
+                let name = config.agent.display_name();
+                let _ = writeln!(
+                    terminal,
+                    "{name} keeps its own login, which acp-sandbox does not store: log out with {name} itself"
+                );
+                return 1;
+            }
+        },
+    };
+    match std::fs::remove_file(&path) {
+        Ok(()) => {
+            let _ = writeln!(terminal, "Deleted {}.", path.display());
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let _ = writeln!(terminal, "Nothing stored: {} does not exist.", path.display());
+        }
+        Err(e) => {
+            let _ = writeln!(terminal, "Could not delete {}: {e}", path.display());
+            return 1;
+        }
+    }
+    if std::env::var(variable).is_ok_and(|value| !value.trim().is_empty()) {
+        let _ = writeln!(terminal, "{variable} is still set in this environment, and it logs in without the file.");
+    }
+    0
+}
+
 /// `acp-sandbox login`: for an agent that needs a token, asks for it and stores it; for one that keeps its own
 /// logins, runs its own login command on this terminal. Talks to the person on `terminal` (stderr); answers the exit code.
 pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn Write) -> Result<u8, LoginError> {
@@ -359,7 +401,7 @@ pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn W
         let path = store_provider_key(config, remote, &key)?;
         let _ = writeln!(
             terminal,
-            "Stored in {} (readable by you only). acp-sandbox uses it for `--sandbox {provider}` when {variable} is not in its environment; it never enters a sandbox. Delete the file to log out.",
+            "Stored in {} (readable by you only). acp-sandbox uses it for `--sandbox {provider}` when {variable} is not in its environment; it never enters a sandbox. `acp-sandbox logout --provider {provider}` deletes it.",
             path.display()
         );
         return Ok(0);
@@ -372,7 +414,7 @@ pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn W
             let path = store_token(config, agent, &token)?;
             let _ = writeln!(
                 terminal,
-                "Stored in {} (readable by you only). acp-sandbox passes it to {name} as {variable}; {variable} set in the agent server's environment wins. Delete the file to log out.",
+                "Stored in {} (readable by you only). acp-sandbox passes it to {name} as {variable}; {variable} set in the agent server's environment wins. `acp-sandbox logout` deletes it.",
                 path.display()
             );
             Ok(0)
@@ -417,22 +459,15 @@ mod tests {
     fn a_stored_token_is_a_0600_file_in_a_0700_folder_and_reads_back_trimmed() {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
-        let path =
-            store_token(&config, amp(), "  sgamp_user_123 \n").unwrap();
+        let path = store_token(&config, amp(), "  sgamp_user_123 \n").unwrap();
         assert_eq!(path, config.data_dir.join("credentials").join("amp"));
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "sgamp_user_123\n");
-        assert_eq!(
-            stored_token(&config, amp()).as_deref(),
-            Some("sgamp_user_123")
-        );
+        assert_eq!(stored_token(&config, amp()).as_deref(), Some("sgamp_user_123"));
         // A second login replaces the first, and leaves no staging file behind.
         store_token(&config, amp(), "sgamp_user_456").unwrap();
-        assert_eq!(
-            stored_token(&config, amp()).as_deref(),
-            Some("sgamp_user_456")
-        );
+        assert_eq!(stored_token(&config, amp()).as_deref(), Some("sgamp_user_456"));
         let names: Vec<_> =
             std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("amp")]);
@@ -442,18 +477,9 @@ mod tests {
     fn empty_multi_line_and_opencode_tokens_are_refused_and_nothing_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
-        assert!(matches!(
-            store_token(&config, amp(), " \n"),
-            Err(LoginError::Empty(_))
-        ));
-        assert!(matches!(
-            store_token(&config, amp(), "a\nb"),
-            Err(LoginError::Malformed)
-        ));
-        assert!(matches!(
-            store_token(&config, opencode(), "x"),
-            Err(LoginError::NotStored("OpenCode"))
-        ));
+        assert!(matches!(store_token(&config, amp(), " \n"), Err(LoginError::Empty(_))));
+        assert!(matches!(store_token(&config, amp(), "a\nb"), Err(LoginError::Malformed)));
+        assert!(matches!(store_token(&config, opencode(), "x"), Err(LoginError::NotStored("OpenCode"))));
         assert!(!token_path(&config, amp()).exists());
     }
 
@@ -467,18 +493,14 @@ mod tests {
         assert_eq!(both[1]["type"], "terminal");
         assert_eq!(both[1]["id"], "amp-login-terminal");
         assert_eq!(both[1]["args"], serde_json::json!(["login", "--agent", "amp"]));
-        let opencode =
-            serde_json::to_value(auth_methods(opencode(), true, None)).unwrap();
+        let opencode = serde_json::to_value(auth_methods(opencode(), true, None)).unwrap();
         assert_eq!(opencode[1]["args"], serde_json::json!(["login", "--agent", "opencode"]));
     }
 
     #[test]
     fn an_unknown_method_is_invalid_params() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(matches!(
-            authenticate(&config(dir.path()), amp(), "nope"),
-            Err(Error::InvalidParams(_))
-        ));
+        assert!(matches!(authenticate(&config(dir.path()), amp(), "nope"), Err(Error::InvalidParams(_))));
     }
 
     #[test]

@@ -261,7 +261,10 @@ fn no_source_file_is_too_long() {
 fn no_agent_is_named_outside_its_folder() {
     let agents: Vec<String> =
         children(&sources(), &["agents".to_string()]).into_iter().filter(|name| is_agent_folder(name)).collect();
-    assert!(["amp", "opencode"].iter().all(|agent| agents.iter().any(|found| found == agent)), "the agents: {agents:?}");
+    assert!(
+        ["amp", "opencode"].iter().all(|agent| agents.iter().any(|found| found == agent)),
+        "the agents: {agents:?}"
+    );
     let mut named = Vec::new();
     for source in sources().iter().filter(|s| s.module.first().is_none_or(|m| m != "agents")) {
         for path in named_paths(source) {

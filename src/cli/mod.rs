@@ -224,6 +224,15 @@ enum Command {
         ))]
         provider: Option<String>,
     },
+    /// Delete what `login` stored: the agent's token (Amp), or with `--provider` a provider's API key. The
+    /// variables of the environment are not touched.
+    Logout {
+        /// Delete this provider's stored API key instead.
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(
+            acp_sandbox::sandbox::remote::REMOTES.iter().map(|remote| remote.name())
+        ))]
+        provider: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -362,6 +371,11 @@ pub fn main() -> anyhow::Result<ExitCode> {
             Some(Command::Login { provider }) => Ok(ExitCode::from(
                 acp_sandbox::auth::login(&config, provider.as_deref(), &mut std::io::stderr()).await?,
             )),
+            Some(Command::Logout { provider }) => Ok(ExitCode::from(acp_sandbox::auth::logout_command(
+                &config,
+                provider.as_deref(),
+                &mut std::io::stderr(),
+            ))),
         }
     });
     // Dropping the tasks still running kills their processes; a blocking read of the store (waiting out a lock)

@@ -331,3 +331,34 @@ fn logout_says_when_the_editors_environment_still_logs_the_agent_in_and_opencode
     assert_eq!(init["agentCapabilities"].get("auth"), Some(&json!({})), "{init}");
 }
 
+#[test]
+fn the_logout_command_deletes_the_agents_token_or_a_providers_key_and_nothing_else() {
+    let dirs = TestDirs::new("auth-logout-cli");
+    assert_eq!(run_cli(&dirs.data, &["login", "--agent", "amp"], "sgamp_cli\n", &[]).0, 0);
+    assert_eq!(run_cli(&dirs.data, &["login", "--provider", "e2b"], "e2b_cli_key\n", &[]).0, 0);
+    let (token, key) = (dirs.data.join("credentials/amp"), dirs.data.join("credentials/e2b"));
+
+    let (code, stderr) = run_cli(&dirs.data, &["logout", "--agent", "amp"], "", &[]);
+    assert_eq!((code, stderr), (0, format!("Deleted {}.\n", token.display())));
+    assert!(!token.exists() && key.exists());
+    let (code, stderr) = run_cli(&dirs.data, &["logout", "--agent", "amp"], "", &[("AMP_API_KEY", "sgamp_env")]);
+    assert_eq!(
+        (code, stderr),
+        (
+            0,
+            format!(
+                "Nothing stored: {} does not exist.\nAMP_API_KEY is still set in this environment, and it logs in \
+                 without the file.\n",
+                token.display()
+            )
+        )
+    );
+    let (code, stderr) = run_cli(&dirs.data, &["logout", "--provider", "e2b"], "", &[]);
+    assert_eq!((code, stderr), (0, format!("Deleted {}.\n", key.display())));
+    assert!(!key.exists());
+    let (code, stderr) = run_cli(&dirs.data, &["logout", "--agent", "opencode"], "", &[]);
+    assert_eq!(
+        (code, stderr.as_str()),
+        (1, "OpenCode keeps its own login, which acp-sandbox does not store: log out with OpenCode itself\n")
+    );
+}
