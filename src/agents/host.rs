@@ -203,9 +203,12 @@ pub trait Service: Send + Sync {
     /// Whether something runs for `session` now.
     fn serving(&self, session: &str) -> bool;
 
-    /// Lets go of what runs for `session`: it stops unless other sessions use it. Answers what can still forget
-    /// the session's conversation there.
-    async fn release(&self, session: &str) -> Box<dyn Release>;
+    /// What runs for `session` now, kept to forget the session's conversation there once it is deleted (taken
+    /// before the session lets go of it).
+    fn held(&self, session: &str) -> Box<dyn Release>;
+
+    /// Lets go of what runs for `session`: it stops unless other sessions use it.
+    async fn release(&self, session: &str);
 
     /// Stops everything at the bridge's exit, or (`keep`) leaves it running for the next bridge.
     async fn close(&self, keep: bool);

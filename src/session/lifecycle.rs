@@ -243,12 +243,12 @@ impl Bridge {
                 _ => return Err(Error::DeleteWhileRunningElsewhere),
             },
         };
+        let held = self.service.as_ref().map(|service| service.held(id));
         self.close_session(id)?;
         // Its server holds the sandbox's files open: gone first (unless other sessions use it).
-        let released = match &self.service {
-            Some(service) => Some(service.release(id).await),
-            None => None,
-        };
+        if let Some(service) = &self.service {
+            service.release(id).await;
+        }
         let Some(record) = self.store.session(id).await? else {
             return Ok(());
         };
@@ -264,8 +264,8 @@ impl Bridge {
                 self.provider.destroy(sandbox_id).await?;
             } else {
                 // The other sessions' conversations live in the same OpenCode database: only this one goes.
-                if let Some(released) = released {
-                    released.forget(&record).await;
+                if let Some(held) = held {
+                    held.forget(&record).await;
                 }
             }
         }

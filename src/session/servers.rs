@@ -122,7 +122,7 @@ impl Bridge {
     pub(super) fn stop_server(&self, id: &str) {
         let Some(service) = self.service.clone() else { return };
         let id = id.to_string();
-        tokio::spawn(async move { drop(service.release(&id).await) });
+        tokio::spawn(async move { service.release(&id).await });
     }
 
     /// Lists the agent's models again in the background (when it lists them and is installed). An agent with a

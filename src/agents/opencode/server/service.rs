@@ -167,10 +167,12 @@ impl Service for Warm {
         self.servers.of_session(session).is_some()
     }
 
-    async fn release(&self, session: &str) -> Box<dyn Release> {
-        let server = self.servers.of_session(session);
+    fn held(&self, session: &str) -> Box<dyn Release> {
+        Box::new(Released(self.servers.of_session(session)))
+    }
+
+    async fn release(&self, session: &str) {
         self.servers.release(session).await;
-        Box::new(Released(server))
     }
 
     async fn close(&self, keep: bool) {
