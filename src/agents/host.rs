@@ -219,6 +219,12 @@ pub trait Service: Send + Sync {
 
     /// Whether `session` fell back.
     fn fell_back(&self, session: &str) -> bool;
+
+    /// What the user is told when a session falls back, `why` being what went wrong.
+    fn fallen_back(&self, why: &str) -> String;
+
+    /// Why a turn under `ask` is not run when the service could not start (the CLI per prompt cannot ask).
+    fn cannot_ask_without_it(&self, why: &str) -> String;
 }
 
 /// What is left of a released session's place in a service.

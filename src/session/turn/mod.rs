@@ -242,28 +242,22 @@ impl Turn<'_> {
                     .await?
                 {
                     Attempt::Unavailable(why) => {
+                        let why = crate::lines::first_text_line(&why);
                         if crate::agents::options::approvals(&self.record.config)
                             == crate::agents::options::APPROVALS_ASK
                         {
-                            // `opencode run` cannot ask: it would run every tool the user wanted to be asked about.
+                            // The CLI per prompt cannot ask: it would run every tool the user wanted to be asked
+                            // about.
                             return Err(Error::CliFailed {
-                                message: format!(
-                                    "OpenCode's server could not start, and `opencode run` cannot ask before a tool \
-                                     runs, so this prompt was not run (Approvals: Ask): {}",
-                                    crate::lines::first_text_line(&why)
-                                ),
+                                message: service.cannot_ask_without_it(why),
                                 stderr_tail: String::new(),
                                 exit_code: None,
                             });
                         }
                         serve = false;
-                        tracing::warn!(session = %self.record.id, "running `opencode run` instead of the server: {why}");
+                        tracing::warn!(session = %self.record.id, "running the CLI per prompt instead of the server: {why}");
                         if service.fall_back(&self.record.id) {
-                            emit.send(note(&format!(
-                                "_OpenCode's server could not start here, so this session runs `opencode run` per prompt (no live output): {}_",
-                                crate::lines::first_text_line(&why)
-                            )))
-                            .await?;
+                            emit.send(note(&format!("_{}_", service.fallen_back(why)))).await?;
                         }
                         continue;
                     }

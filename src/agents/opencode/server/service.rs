@@ -186,6 +186,20 @@ impl Service for Warm {
     fn fell_back(&self, session: &str) -> bool {
         self.fallback_told.lock().unwrap_or_else(|p| p.into_inner()).contains(session)
     }
+
+    fn fallen_back(&self, why: &str) -> String {
+        format!(
+            "OpenCode's server could not start here, so this session runs `opencode run` per prompt (no live output): \
+             {why}"
+        )
+    }
+
+    fn cannot_ask_without_it(&self, why: &str) -> String {
+        format!(
+            "OpenCode's server could not start, and `opencode run` cannot ask before a tool runs, so this prompt was \
+             not run (Approvals: Ask): {why}"
+        )
+    }
 }
 
 /// The server a released session used, if one ran.
