@@ -50,7 +50,7 @@ pub fn login_launch(config: &Config, executable: &Path) -> (String, Vec<String>)
 }
 
 /// What `initialize` offers: always a method `authenticate` can answer (the ACP registry requires one of type
-/// `agent` or `terminal`, and its check does not advertise terminal auth), and the terminal login where the
+/// `agent` or `terminal`, and its check may not run a terminal), and the terminal login where the
 /// client can run one (`clientCapabilities.auth.terminal`, or Zed's `_meta["terminal-auth"]`: `launch`, the whole
 /// command line of [`login_launch`], is then on the method as `_meta["terminal-auth"]`, which Zed runs when it does
 /// not show typed terminal methods). The terminal method's arguments are appended to (or, in older clients,

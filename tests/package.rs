@@ -147,7 +147,17 @@ fn the_packaged_host_build_unpacks_alone_checks_out_and_passes_the_registrys_lau
     assert_eq!(response["id"], 1);
     assert_eq!(response.get("error"), None, "{response}");
     let methods = registry_auth_types(&response["result"]);
-    assert_eq!(methods, [("opencode-login".to_string(), "agent".to_string())], "{response}");
+    // Its `_meta["terminal-auth"]` also gets the terminal login, whose launch is the unpacked binary itself.
+    assert_eq!(
+        methods,
+        [
+            ("opencode-login".to_string(), "agent".to_string()),
+            ("opencode-login-terminal".to_string(), "terminal".to_string())
+        ],
+        "{response}"
+    );
+    let launch = &response["result"]["authMethods"][1]["_meta"]["terminal-auth"];
+    assert_eq!(launch["command"], json!(std::fs::canonicalize(&binary).unwrap().display().to_string()), "{response}");
     assert!(methods.iter().any(|(_, kind)| kind == "agent" || kind == "terminal"));
 }
 
