@@ -119,13 +119,26 @@ pub fn credential(config: &Config, agent: AgentKind) -> Result<Option<(&'static 
     let Some(variable) = agent.required_credential() else {
         return Ok(None);
     };
-    match std::env::var(variable) {
-        Ok(value) if !value.trim().is_empty() => return Ok(Some((variable, value))),
-        _ => {}
+    if let Some(value) = env_value(variable) {
+        return Ok(Some((variable, value)));
     }
     match stored_token(config, agent) {
         Some(token) => Ok(Some((variable, token))),
         None => Err(Error::MissingCredential { agent: agent.display_name(), variable, login: login_command(agent) }),
+    }
+}
+
+/// A credential variable of the bridge's environment, unless it is unset or blank.
+fn env_value(variable: &str) -> Option<String> {
+    std::env::var(variable).ok().filter(|value| !value.trim().is_empty())
+}
+
+/// Deletes a stored secret: `true` when there was one.
+fn delete_secret(path: &Path) -> std::io::Result<bool> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -141,9 +154,9 @@ pub enum Source {
 /// Where the agent's credential would come from now, if it has one.
 pub fn source(config: &Config, agent: AgentKind) -> Option<Source> {
     let variable = agent.required_credential()?;
-    match std::env::var(variable) {
-        Ok(value) if !value.trim().is_empty() => Some(Source::Environment(variable)),
-        _ => stored_token(config, agent).map(|_| Source::Stored(token_path(config, agent))),
+    match env_value(variable) {
+        Some(_) => Some(Source::Environment(variable)),
+        None => stored_token(config, agent).map(|_| Source::Stored(token_path(config, agent))),
     }
 }
 
@@ -162,19 +175,19 @@ pub fn logout(config: &Config, agent: AgentKind) -> Result<(), Error> {
         )));
     };
     let path = token_path(config, agent);
-    match std::fs::remove_file(&path) {
-        Ok(()) => {
+    match delete_secret(&path) {
+        Ok(true) => {
             tracing::info!(agent = agent.as_str(), path = %path.display(), "logged out: the stored token is deleted")
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Ok(false) => {}
         Err(e) => return Err(Error::LogoutFailed(format!("could not delete {}: {e}", path.display()))),
     }
-    match std::env::var(variable) {
-        Ok(value) if !value.trim().is_empty() => Err(Error::LogoutFailed(format!(
+    match env_value(variable) {
+        Some(_) => Err(Error::LogoutFailed(format!(
             "{variable} is set in the agent server's environment (the editor's settings of this agent), which \
              acp-sandbox cannot unset: {name} stays logged in until it is removed there"
         ))),
-        _ => Ok(()),
+        None => Ok(()),
     }
 }
 
@@ -371,11 +384,11 @@ pub fn logout_command(config: &Config, provider: Option<&str>, terminal: &mut dy
             }
         },
     };
-    match std::fs::remove_file(&path) {
-        Ok(()) => {
+    match delete_secret(&path) {
+        Ok(true) => {
             let _ = writeln!(terminal, "Deleted {}.", path.display());
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        Ok(false) => {
             let _ = writeln!(terminal, "Nothing stored: {} does not exist.", path.display());
         }
         Err(e) => {
@@ -383,7 +396,7 @@ pub fn logout_command(config: &Config, provider: Option<&str>, terminal: &mut dy
             return 1;
         }
     }
-    if std::env::var(variable).is_ok_and(|value| !value.trim().is_empty()) {
+    if env_value(variable).is_some() {
         let _ = writeln!(terminal, "{variable} is still set in this environment, and it logs in without the file.");
     }
     0
