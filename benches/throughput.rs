@@ -84,6 +84,7 @@ fn bench_store() {
                 native_id: None,
                 title: None,
                 config: json!({}),
+                context: Default::default(),
                 created_at: 0,
                 updated_at: 0,
             })

@@ -303,6 +303,7 @@ mod tests {
             native_id: None,
             title: None,
             config: serde_json::json!({}),
+            context: Default::default(),
             created_at: 1,
             updated_at: 1,
         };

@@ -41,6 +41,7 @@ impl Bridge {
             native_id: None,
             title: None,
             config,
+            context: Default::default(),
             created_at: now,
             updated_at: now,
         };

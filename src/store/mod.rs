@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
@@ -253,10 +254,47 @@ pub struct SessionRecord {
     pub title: Option<String>,
     /// Session config (model, mode…) as a JSON object.
     pub config: Value,
+    /// What the editor gave the session beside its workspace.
+    pub context: SessionContext,
     /// Milliseconds since the Unix epoch.
     pub created_at: i64,
     /// Milliseconds since the Unix epoch.
     pub updated_at: i64,
+}
+
+/// What the editor gave a session beside its workspace, as stored: never a value of an MCP server's environment
+/// or headers (those live only in the bridge's memory, for as long as the editor has the session open).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SessionContext {
+    /// More workspace roots (absolute), writable in the sandbox like the workspace.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub additional_directories: Vec<String>,
+    /// Instructions the agent gets beside its own (ACP's `systemPrompt`, append mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    /// The editor's MCP servers as last given, without their secrets.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<McpServerShape>,
+}
+
+/// One MCP server the editor gave a session, as stored: what it is and the names (never the values) of what it
+/// was given, enough to tell on `session/load` whether the editor's set changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct McpServerShape {
+    /// The server's name, as the editor shows it.
+    pub name: String,
+    /// `stdio`, `http` or `sse`.
+    pub transport: String,
+    /// The command (stdio) or URL (http, sse).
+    pub target: String,
+    /// The command's arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// The names of the variables (stdio) or headers (http, sse) it was given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 /// How a turn ended, as stored.
@@ -507,8 +545,8 @@ impl Store {
         let record = record.clone();
         self.write(move |connection| {
             connection.execute(
-                "INSERT INTO sessions (id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                "INSERT INTO sessions (id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at, context)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 params![
                     record.id,
                     record.agent,
@@ -519,7 +557,8 @@ impl Store {
                     record.title,
                     record.config.to_string(),
                     record.created_at,
-                    record.updated_at
+                    record.updated_at,
+                    context_json(&record.context),
                 ],
             )?;
             Ok(())
@@ -533,7 +572,7 @@ impl Store {
         self.read(move |connection| {
             let record = connection
                 .query_row(
-                    "SELECT id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at
+                    "SELECT id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at, context
                      FROM sessions WHERE id = ?1",
                     params![id],
                     session_from_row,
@@ -561,7 +600,7 @@ impl Store {
         };
         self.read(move |connection| {
             let mut statement = connection.prepare_cached(
-                "SELECT id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at
+                "SELECT id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at, context
                  FROM sessions
                  WHERE (?1 IS NULL OR cwd = ?1)
                    AND (?2 IS NULL OR updated_at < ?2 OR (updated_at = ?2 AND id < ?3))
@@ -630,6 +669,16 @@ impl Store {
         let (id, title) = (id.to_string(), title.to_string());
         self.write(move |connection| {
             connection.execute("UPDATE sessions SET title = ?2 WHERE id = ?1", params![id, title])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Replaces what the editor gave the session beside its workspace.
+    pub async fn set_context(&self, id: &str, context: &SessionContext) -> Result<()> {
+        let (id, context) = (id.to_string(), context_json(context));
+        self.write(move |connection| {
+            connection.execute("UPDATE sessions SET context = ?2 WHERE id = ?1", params![id, context])?;
             Ok(())
         })
         .await
@@ -904,8 +953,17 @@ fn mark_orphaned(connection: &Connection, session_id: Option<&str>) -> std::resu
     Ok(marked)
 }
 
+fn context_json(context: &SessionContext) -> String {
+    serde_json::to_string(context).unwrap_or_else(|_| "{}".to_string())
+}
+
 fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<std::result::Result<SessionRecord, Failure>> {
     let config: String = row.get(7)?;
+    let context: String = row.get(10)?;
+    let context = match serde_json::from_str(&context) {
+        Ok(context) => context,
+        Err(e) => return Ok(Err(Failure::from(e))),
+    };
     Ok(serde_json::from_str(&config).map_err(Failure::from).map(|config| SessionRecord {
         id: row.get_unwrap(0),
         agent: row.get_unwrap(1),
@@ -915,6 +973,7 @@ fn session_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<std::result::Re
         native_id: row.get_unwrap(5),
         title: row.get_unwrap(6),
         config,
+        context,
         created_at: row.get_unwrap(8),
         updated_at: row.get_unwrap(9),
     }))

@@ -52,6 +52,8 @@ const MIGRATIONS: &[&str] = &[
     ",
     // 1 → 2: what each turn cost (the session's usage is the sum).
     "ALTER TABLE turns ADD COLUMN cost REAL NOT NULL DEFAULT 0;",
+    // 2 → 3: what the editor gave the session beside its workspace (extra roots, system prompt, MCP servers).
+    "ALTER TABLE sessions ADD COLUMN context TEXT NOT NULL DEFAULT '{}';",
 ];
 
 /// Why the schema could not be brought up to date.

@@ -14,6 +14,7 @@ fn record(id: &str, cwd: &str, updated_at: i64) -> SessionRecord {
         native_id: None,
         title: None,
         config: json!({}),
+        context: Default::default(),
         created_at: updated_at,
         updated_at,
     }
@@ -339,6 +340,7 @@ async fn every_earlier_schema_is_migrated_with_its_rows_and_takes_new_turns() {
             (Some("ses_old"), Some("An old one"), &json!({"model": "m"})),
             "{name}"
         );
+        assert_eq!(session.context, SessionContext::default(), "{name}");
         let history = store.history("old", usize::MAX).await.unwrap();
         assert_eq!(history.turns.len(), 1, "{name}");
         assert_eq!(history.turns[0].0.status, TurnStatus::Done, "{name}");
@@ -363,6 +365,37 @@ async fn every_earlier_schema_is_migrated_with_its_rows_and_takes_new_turns() {
         let store = Store::open(&path).unwrap();
         assert_eq!(store.history("old", usize::MAX).await.unwrap().turns.len(), 2, "{name}");
     }
+}
+
+#[tokio::test]
+async fn a_sessions_context_is_kept_as_given_and_replaced_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut first = record("s", "/w", 1);
+    first.context = SessionContext {
+        additional_directories: vec!["/other".into()],
+        system_prompt: Some("Answer in French.".into()),
+        mcp_servers: vec![McpServerShape {
+            name: "files".into(),
+            transport: "stdio".into(),
+            target: "/bin/files".into(),
+            args: vec!["--root".into(), "/w".into()],
+            secrets: vec!["TOKEN".into()],
+        }],
+    };
+    store.create_session(&first).await.unwrap();
+    assert_eq!(store.session("s").await.unwrap().unwrap(), first);
+    let text: String =
+        raw(store.path()).query_row("SELECT context FROM sessions WHERE id = 's'", [], |row| row.get(0)).unwrap();
+    assert_eq!(
+        text,
+        r#"{"additionalDirectories":["/other"],"systemPrompt":"Answer in French.","mcpServers":[{"name":"files","transport":"stdio","target":"/bin/files","args":["--root","/w"],"secrets":["TOKEN"]}]}"#
+    );
+    store.set_context("s", &SessionContext::default()).await.unwrap();
+    assert_eq!(store.session("s").await.unwrap().unwrap().context, SessionContext::default());
+    let text: String =
+        raw(store.path()).query_row("SELECT context FROM sessions WHERE id = 's'", [], |row| row.get(0)).unwrap();
+    assert_eq!(text, "{}");
 }
 
 #[tokio::test]
