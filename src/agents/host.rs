@@ -103,6 +103,9 @@ pub trait BridgeHost: Send + Sync {
     /// The name of `sandbox` when the sessions in it share what a service runs (`--server-scope workspace`).
     fn shared_sandbox(&self, sandbox: &dyn Sandbox) -> Option<String>;
 
+    /// The MCP servers the editor gave `session` here, secrets included (never stored).
+    fn mcp_servers(&self, session: &str) -> Vec<agent_client_protocol::v1::schema::McpServer>;
+
     /// Takes a model list the service learned (`listing`, run in the background); the open sessions are told
     /// when it changed what they were offered.
     fn learn_models(&self, listing: BoxFuture<'static, Option<Vec<ModelInfo>>>);

@@ -7,6 +7,7 @@
 pub mod amp;
 pub mod engine;
 pub mod host;
+pub mod mcp;
 pub mod opencode;
 pub mod options;
 #[cfg(debug_assertions)]
@@ -37,6 +38,18 @@ pub struct TurnRequest<'a> {
     pub files: &'a [PathBuf],
     /// A slash command of the CLI to run, the prompt being its arguments.
     pub command: Option<&'a str>,
+    /// What the editor gave the session that the agent is configured with.
+    pub extras: Extras<'a>,
+}
+
+/// What the editor gave a session that the agent is configured with, for one run or one server start: held in
+/// memory only (an MCP server's variables and headers are never stored).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extras<'a> {
+    /// Instructions beside the agent's own (ACP's `systemPrompt`, append mode).
+    pub system_prompt: Option<&'a str>,
+    /// The editor's MCP servers.
+    pub mcp_servers: &'a [agent_client_protocol::v1::schema::McpServer],
 }
 
 /// One coding agent, as the bridge drives it: everything about it that is not the same for every agent. The
@@ -77,8 +90,31 @@ pub trait Agent: Send + Sync + 'static {
         Vec::new()
     }
 
-    /// Sets what one CLI run of a turn needs in its environment for the session's choices.
-    fn turn_env(&self, _session_config: &Value, _env: &mut Vec<(String, String)>) {}
+    /// Sets what one CLI run of a turn needs in its environment for the session's choices and what the editor
+    /// gave it; `state_dir` is the session's state dir as the CLI sees it, where [`Agent::turn_files`] are.
+    fn turn_env(
+        &self,
+        _session_config: &Value,
+        _extras: &Extras<'_>,
+        _state_dir: &Path,
+        _env: &mut Vec<(String, String)>,
+    ) {
+    }
+
+    /// Files one CLI run needs in the session's state dir (paths relative to it), written before it starts.
+    fn turn_files(&self, _extras: &Extras<'_>) -> Vec<(PathBuf, Vec<u8>)> {
+        Vec::new()
+    }
+
+    /// Whether the agent takes instructions beside its own for a session (ACP's `systemPrompt`).
+    fn takes_system_prompt(&self) -> bool {
+        false
+    }
+
+    /// Whether the agent connects to the editor's MCP servers.
+    fn takes_mcp_servers(&self) -> bool {
+        false
+    }
 
     /// The domains of the CLI's own service and its model providers: reachable under `--network allow=…`.
     fn service_hosts(&self) -> &'static [&'static str];

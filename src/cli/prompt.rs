@@ -153,12 +153,12 @@ pub(super) async fn prompt(
     let bridge = Arc::new(Bridge::open(config).await.context("cannot start")?);
     let session_id = match session {
         Some(id) => {
-            bridge.resume_session(&id).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            bridge.resume_session(&id, &Default::default()).await.map_err(|e| anyhow::anyhow!("{e}"))?;
             id
         }
         None => {
             let cwd = std::env::current_dir()?;
-            bridge.new_session(&cwd).await.map_err(|e| anyhow::anyhow!("{e}"))?.0
+            bridge.new_session(&cwd, &Default::default()).await.map_err(|e| anyhow::anyhow!("{e}"))?.0
         }
     };
     let status = Arc::new(Status::new(agent, std::io::stderr().is_terminal()));

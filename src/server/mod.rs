@@ -19,17 +19,17 @@ use agent_client_protocol::v1::schema::{
     AgentAuthCapabilities, AgentCapabilities, AvailableCommandsUpdate, CancelNotification, CloseSessionRequest,
     CloseSessionResponse, ConfigOptionUpdate, CurrentModeUpdate, DeleteSessionRequest, DeleteSessionResponse,
     Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse,
-    LoadSessionRequest, LoadSessionResponse, LogoutCapabilities, NewSessionRequest, NewSessionResponse,
-    PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
+    LoadSessionRequest, LoadSessionResponse, LogoutCapabilities, McpCapabilities, NewSessionRequest,
+    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
     SessionCapabilities, SessionCloseCapabilities, SessionDeleteCapabilities, SessionInfo, SessionListCapabilities,
-    SessionNotification, SessionResumeCapabilities, SessionUpdate, SetSessionConfigOptionRequest,
-    SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse,
+    SessionNotification, SessionResumeCapabilities, SessionSystemPromptCapabilities, SessionUpdate,
+    SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client};
 
 use crate::error::to_acp_error;
-use crate::session::{Bridge, UpdateSink};
+use crate::session::{Bridge, Given, UpdateSink};
 
 /// `session/set_model`, the unstable method ACP dropped for the model config option (schema 0.13.5); clients
 /// such as acpc still call it to pick a model, so it sets the `model` option as `session/set_config_option` does.
@@ -209,18 +209,23 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     bridge.set_client_terminal_output(terminal_output);
                     bridge.set_client_capabilities(&request.client_capabilities);
                     let agent = bridge.config().agent;
-                    let capabilities = AgentCapabilities::new()
+                    let mut sessions = SessionCapabilities::new()
+                        .list(SessionListCapabilities::new())
+                        .resume(SessionResumeCapabilities::new())
+                        .close(SessionCloseCapabilities::new())
+                        .delete(SessionDeleteCapabilities::new());
+                    if agent.takes_system_prompt() {
+                        sessions = sessions.system_prompt(SessionSystemPromptCapabilities::new());
+                    }
+                    let mut capabilities = AgentCapabilities::new()
                         .load_session(true)
                         .prompt_capabilities(
                             PromptCapabilities::new().embedded_context(true).image(agent.accepts_images()),
                         )
-                        .session_capabilities(
-                            SessionCapabilities::new()
-                                .list(SessionListCapabilities::new())
-                                .resume(SessionResumeCapabilities::new())
-                                .close(SessionCloseCapabilities::new())
-                                .delete(SessionDeleteCapabilities::new()),
-                        );
+                        .session_capabilities(sessions);
+                    if agent.takes_mcp_servers() {
+                        capabilities = capabilities.mcp_capabilities(McpCapabilities::new().http(true).sse(true));
+                    }
                     // Zed shows typed terminal methods only behind a flag; otherwise it runs the older
                     // `_meta["terminal-auth"]` launch, when the client says it reads one.
                     let legacy_terminal = request
@@ -288,15 +293,14 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
             {
                 let bridge = bridge.clone();
                 async move |request: NewSessionRequest, responder: Responder<NewSessionResponse>, cx| {
-                    if !request.mcp_servers.is_empty() {
-                        tracing::info!(
-                            count = request.mcp_servers.len(),
-                            "the editor offered MCP servers; they are not passed into the sandbox"
-                        );
-                    }
                     let bridge = bridge.clone();
                     tokio::spawn(async move {
-                        let result = bridge.new_session(&request.cwd).await;
+                        let given = Given {
+                            additional_directories: request.additional_directories,
+                            system_prompt: request.system_prompt,
+                            mcp_servers: request.mcp_servers,
+                        };
+                        let result = bridge.new_session(&request.cwd, &given).await;
                         let id = result.as_ref().ok().map(|(id, _)| id.clone());
                         let modes = match &id {
                             Some(id) => bridge.session_modes(id).await.ok().flatten(),
@@ -337,7 +341,12 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         place.wait().await;
                         let sink = ConnectionSink { connection: cx };
                         let id = request.session_id.to_string();
-                        let options = bridge.load_session(&id, &sink).await?;
+                        let given = Given {
+                            additional_directories: request.additional_directories,
+                            system_prompt: request.system_prompt,
+                            mcp_servers: request.mcp_servers,
+                        };
+                        let options = bridge.load_session(&id, &given, &sink).await?;
                         bridge.warm_server(&id);
                         let modes = bridge.session_modes(&id).await?;
                         Ok(LoadSessionResponse::new().config_options(options).modes(modes))
@@ -357,7 +366,12 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     spawn_answer(responder, async move {
                         place.wait().await;
                         let id = request.session_id.to_string();
-                        let options = bridge.resume_session(&id).await?;
+                        let given = Given {
+                            additional_directories: request.additional_directories,
+                            system_prompt: request.system_prompt,
+                            mcp_servers: request.mcp_servers,
+                        };
+                        let options = bridge.resume_session(&id, &given).await?;
                         bridge.warm_server(&id);
                         let modes = bridge.session_modes(&id).await?;
                         Ok(ResumeSessionResponse::new().config_options(options).modes(modes))

@@ -58,6 +58,10 @@ impl BridgeHost for Bridge {
         (is_shared_sandbox(name) && self.config.server_scope == ServerScope::Workspace).then(|| name.to_string())
     }
 
+    fn mcp_servers(&self, session: &str) -> Vec<agent_client_protocol::v1::schema::McpServer> {
+        Bridge::mcp_servers(self, session)
+    }
+
     fn learn_models(&self, listing: BoxFuture<'static, Option<Vec<ModelInfo>>>) {
         let announce = self.model_announcer();
         tokio::spawn(async move {

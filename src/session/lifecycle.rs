@@ -15,18 +15,19 @@ use crate::agents::AgentKind;
 use crate::error::{Error, Result};
 use crate::paths;
 use crate::store::lock as turn_lock;
-use crate::store::{SessionRecord, TurnStatus, now_ms, rfc3339};
+use crate::store::{SessionContext, SessionRecord, TurnStatus, now_ms, rfc3339};
 
 use super::servers::is_shared_sandbox;
 use super::{
-    Bridge, LIST_PAGE, PromptTicket, RunningGuard, SessionPage, SessionSummary, UpdateSink, normalize, note, options,
-    parse_cursor, turn,
+    Bridge, Given, LIST_PAGE, PromptTicket, RunningGuard, SessionPage, SessionSummary, UpdateSink, given, normalize,
+    note, options, parse_cursor, turn,
 };
 
 impl Bridge {
     /// Creates a session. The sandbox is prepared on the first prompt, so this answers at once.
-    pub async fn new_session(&self, cwd: &Path) -> Result<(String, Vec<SessionConfigOption>)> {
+    pub async fn new_session(&self, cwd: &Path, given: &Given) -> Result<(String, Vec<SessionConfigOption>)> {
         self.check_workspace(cwd)?;
+        let context = given::context_after(self.config.agent, &SessionContext::default(), given)?;
         let now = now_ms();
         let mut config = json!({});
         if let Some(model) = &self.config.model {
@@ -41,14 +42,14 @@ impl Bridge {
             native_id: None,
             title: None,
             config,
-            context: Default::default(),
+            context,
             created_at: now,
             updated_at: now,
         };
         self.store.create_session(&record).await?;
         tracing::info!(session = %record.id, cwd = %record.cwd, agent = %record.agent, "new session");
         // Open from now on: a changed model list is announced to it.
-        self.live(&record.id);
+        self.take_mcp_servers(&record.id, given);
         let options =
             options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models());
         Ok((record.id, options))
@@ -65,15 +66,39 @@ impl Bridge {
         }
     }
 
+    /// What the editor gave a stored session on load or resume: kept when it changed (the agent is configured
+    /// with the new set from the next turn or server start on), and its MCP servers held for this process.
+    async fn take_given(&self, record: &SessionRecord, given: &Given) -> Result<()> {
+        let context = given::context_after(self.agent_of(record), &record.context, given)?;
+        if context != record.context {
+            tracing::info!(session = %record.id, "what the editor gives the session changed");
+            self.store.set_context(&record.id, &context).await?;
+        }
+        self.take_mcp_servers(&record.id, given);
+        Ok(())
+    }
+
+    /// Opens the session in this process with the editor's MCP servers.
+    fn take_mcp_servers(&self, id: &str, given: &Given) {
+        let live = self.live(id);
+        *live.mcp_servers.lock().unwrap_or_else(|p| p.into_inner()) = given.mcp_servers.clone();
+    }
+
     pub(super) fn agent_of(&self, record: &SessionRecord) -> AgentKind {
         AgentKind::parse(&record.agent).unwrap_or(self.config.agent)
     }
 
     /// Replays the whole conversation through `sink`, then returns its config options. The next prompt
     /// continues the same CLI conversation.
-    pub async fn load_session(&self, id: &str, sink: &dyn UpdateSink) -> Result<Vec<SessionConfigOption>> {
+    pub async fn load_session(
+        &self,
+        id: &str,
+        given: &Given,
+        sink: &dyn UpdateSink,
+    ) -> Result<Vec<SessionConfigOption>> {
         let record = self.record(id).await?;
         self.check_workspace(Path::new(&record.cwd))?;
+        self.take_given(&record, given).await?;
         self.store.mark_orphaned_turns(id).await?;
         // Planned first, then read page by page: a long turn is never in memory whole.
         let history = self.store.replay_plan(id, self.config.replay_limit).await?;
@@ -169,11 +194,11 @@ impl Bridge {
     }
 
     /// Reattaches a session without replay.
-    pub async fn resume_session(&self, id: &str) -> Result<Vec<SessionConfigOption>> {
+    pub async fn resume_session(&self, id: &str, given: &Given) -> Result<Vec<SessionConfigOption>> {
         let record = self.record(id).await?;
         self.check_workspace(Path::new(&record.cwd))?;
+        self.take_given(&record, given).await?;
         self.store.mark_orphaned_turns(id).await?;
-        self.live(id);
         Ok(options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
     }
 

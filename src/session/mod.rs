@@ -6,6 +6,7 @@
 mod catalog;
 mod cli;
 mod emitter;
+mod given;
 mod host;
 mod leftovers;
 mod lifecycle;
@@ -35,6 +36,7 @@ use crate::store::{SessionRecord, Store, rfc3339};
 
 pub use self::cli::check_cli;
 use self::cli::{cli_spec, run_once};
+pub use self::given::Given;
 
 pub use crate::agents::host::UpdateSink;
 
@@ -88,6 +90,8 @@ struct LiveSession {
     /// The prompts that arrived and hold a [`PromptTicket`]: queued, starting or running. A cancel cancels them
     /// all, so one sent right after its prompt is not lost before the turn registers in `running`.
     pending: Mutex<Vec<(u64, CancellationToken)>>,
+    /// The MCP servers the editor gave the session here (new, load, resume), secrets included: never stored.
+    mcp_servers: Mutex<Vec<agent_client_protocol::v1::schema::McpServer>>,
 }
 
 impl LiveSession {
@@ -264,6 +268,15 @@ impl Bridge {
     fn live(&self, id: &str) -> Arc<LiveSession> {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         live.entry(id.to_string()).or_default().clone()
+    }
+
+    /// The MCP servers the editor gave the session in this process (none for a session it did not open here).
+    pub(crate) fn mcp_servers(&self, id: &str) -> Vec<agent_client_protocol::v1::schema::McpServer> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        match live.get(id) {
+            Some(session) => session.mcp_servers.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            None => Vec::new(),
+        }
     }
 
     async fn record(&self, id: &str) -> Result<SessionRecord> {

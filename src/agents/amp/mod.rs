@@ -159,7 +159,36 @@ pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
     if let Some(mode) = stored(turn.options, "mode") {
         args.extend(["--mode".to_string(), mode.to_string()]);
     }
+    if !turn.extras.mcp_servers.is_empty() {
+        args.extend([crate::agents::mcp::CONFIG_FLAG.to_string(), mcp_config(turn.extras.mcp_servers).to_string()]);
+    }
     args
+}
+
+/// Amp's `--mcp-config` for the editor's servers (merged with the user's settings by Amp): a stdio server wrapped
+/// (`agents::mcp::stdio`) with the editor's variables as its `env`, an http or sse one by its URL and headers.
+fn mcp_config(servers: &[agent_client_protocol::v1::schema::McpServer]) -> Value {
+    use agent_client_protocol::v1::schema::McpServer;
+    let headers = |headers: &[agent_client_protocol::v1::schema::HttpHeader]| -> serde_json::Map<String, Value> {
+        headers.iter().map(|header| (header.name.clone(), Value::String(header.value.clone()))).collect()
+    };
+    let mut config = serde_json::Map::new();
+    for server in servers {
+        let (name, entry) = match server {
+            McpServer::Stdio(stdio) => {
+                let wrapped = crate::agents::mcp::stdio(stdio);
+                (&stdio.name, serde_json::json!({"command": wrapped.program, "args": wrapped.args, "env": wrapped.env}))
+            }
+            McpServer::Http(http) => {
+                (&http.name, serde_json::json!({"url": http.url, "headers": headers(&http.headers)}))
+            }
+            McpServer::Sse(sse) => (&sse.name, serde_json::json!({"url": sse.url, "headers": headers(&sse.headers)})),
+            #[allow(unreachable_patterns)]
+            _ => continue,
+        };
+        config.insert(name.clone(), entry);
+    }
+    Value::Object(config)
 }
 
 /// Whether a variable of the user's environment reaches Amp.
@@ -187,7 +216,13 @@ mod tests {
     #[test]
     fn first_turn_starts_an_unarchived_thread_and_later_turns_continue_it() {
         let options = serde_json::json!({"mode": "high"});
-        let first = args(&TurnRequest { native_id: None, options: &options, files: &[], command: None });
+        let first = args(&TurnRequest {
+            native_id: None,
+            options: &options,
+            files: &[],
+            command: None,
+            extras: Default::default(),
+        });
         assert_eq!(
             first,
             [
@@ -201,7 +236,13 @@ mod tests {
             ]
         );
         let none = serde_json::json!({});
-        let next = args(&TurnRequest { native_id: Some("T-1"), options: &none, files: &[], command: None });
+        let next = args(&TurnRequest {
+            native_id: Some("T-1"),
+            options: &none,
+            files: &[],
+            command: None,
+            extras: Default::default(),
+        });
         assert_eq!(next[..3], ["threads", "continue", "T-1"]);
         assert!(!next.contains(&"--no-archive-after-execute".to_string()));
     }

@@ -7,6 +7,7 @@
 pub mod catalog;
 pub mod config;
 pub mod events;
+pub mod mcp;
 pub mod options;
 pub mod permissions;
 pub mod project;
@@ -21,7 +22,7 @@ use serde_json::Value;
 use self::catalog::ModelInfo;
 use self::providers::ProviderNeeds;
 use super::{
-    Agent, AgentKind, AgentSettings, Login, OptionSpec, SlashCommand, TranslateContext, Translator, TurnRequest,
+    Agent, AgentKind, AgentSettings, Extras, Login, OptionSpec, SlashCommand, TranslateContext, Translator, TurnRequest,
 };
 use crate::sandbox::package::NpmPackage;
 
@@ -120,10 +121,26 @@ impl Agent for OpenCode {
         fixed_env()
     }
 
-    fn turn_env(&self, session_config: &Value, env: &mut Vec<(String, String)>) {
+    fn turn_env(&self, session_config: &Value, extras: &Extras<'_>, state_dir: &Path, env: &mut Vec<(String, String)>) {
         // `run` takes no session rules: plan mode's are the configuration's, for every agent of the turn.
         let plan = options::agent(session_config) == Some("plan");
         permissions::set_env(env, "OPENCODE_PERMISSION", |user| permissions::run_permission(plan, user));
+        if let Err(e) = mcp::run_env(extras, state_dir, env) {
+            // The user's own OPENCODE_CONFIG_CONTENT is not one OpenCode reads either: it says so when it starts.
+            tracing::warn!("the editor's MCP servers and system prompt are not given to OpenCode: {e}");
+        }
+    }
+
+    fn turn_files(&self, extras: &Extras<'_>) -> Vec<(PathBuf, Vec<u8>)> {
+        mcp::run_files(extras)
+    }
+
+    fn takes_system_prompt(&self) -> bool {
+        true
+    }
+
+    fn takes_mcp_servers(&self) -> bool {
+        true
     }
 
     fn service_hosts(&self) -> &'static [&'static str] {

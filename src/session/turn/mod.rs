@@ -21,7 +21,7 @@ pub(super) use super::emitter::bound_update;
 
 use super::{Bridge, UpdateSink, note, prompt};
 use crate::agents::engine::Attempt;
-use crate::agents::{AgentKind, ModelInfo, TranslateContext, TurnRequest};
+use crate::agents::{AgentKind, Extras, ModelInfo, TranslateContext, TurnRequest};
 use crate::error::{Error, Result};
 use crate::sandbox::{ExecSpec, Sandbox, install};
 use crate::store::{SessionRecord, TurnStatus};
@@ -432,22 +432,29 @@ impl Turn<'_> {
             }
         }
         let config = &self.record.config;
-        let request = TurnRequest { native_id, options: config, files: &files, command };
+        let mcp_servers =
+            if self.agent.takes_mcp_servers() { self.bridge.mcp_servers(&self.record.id) } else { Vec::new() };
+        let extras = Extras { system_prompt: self.record.context.system_prompt.as_deref(), mcp_servers: &mcp_servers };
+        for (path, bytes) in self.agent.turn_files(&extras) {
+            sandbox.write_state_file(&sandbox.state_dir().join(path), &bytes).await?;
+        }
+        let request = TurnRequest { native_id, options: config, files: &files, command, extras };
         let mut env = cli_environment(
             self.agent,
             sandbox.state_dir(),
             self.credential.as_ref(),
             &self.bridge.env_names(self.agent, self.model.as_ref().map(|m| m.id.as_str())),
         );
-        self.agent.turn_env(config, &mut env);
-        let spec = ExecSpec {
+        self.agent.turn_env(config, &extras, sandbox.state_dir(), &mut env);
+        let mut spec = ExecSpec {
             stdin: rendered.text.clone().into_bytes(),
             ..super::cli_spec(self.bridge.config(), self.agent, executable, sandbox, env, self.agent.args(&request))
         };
+        spec.net.endpoints.extend(crate::agents::mcp::endpoints(&mcp_servers));
         tracing::info!(
             session = %self.record.id,
             program = %spec.program.display(),
-            args = ?spec.args,
+            args = ?crate::agents::mcp::loggable(&spec.args),
             env = ?spec.env.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
             "running the CLI"
         );

@@ -167,7 +167,7 @@ impl World {
         adjust(&mut config);
         let bridge = Bridge::open(config).await.unwrap();
         bridge.set_client_capabilities(&serde_json::from_value(json!({"fs": {"writeTextFile": true}})).unwrap());
-        let (id, _) = bridge.new_session(&workspace).await.unwrap();
+        let (id, _) = bridge.new_session(&workspace, &Default::default()).await.unwrap();
         let log = Log::default();
         Self { _dirs: dirs, bridge, workspace, id, log, stops: Default::default(), abandoned: Default::default() }
     }

@@ -25,23 +25,14 @@ pub const PLUGIN_PATH: &str = "acp-sandbox/opencode-server-guard.js";
 
 /// Adds the plugin at `plugin` to `OPENCODE_CONFIG_CONTENT` in `env`, keeping whatever the user's own value says.
 pub fn add_plugin(env: &mut Vec<(String, String)>, plugin: &Path) -> Result<(), String> {
-    const NAME: &str = "OPENCODE_CONFIG_CONTENT";
-    let mut config = match env.iter().find(|(name, _)| name == NAME) {
-        Some((_, text)) => crate::agents::opencode::config::parse_opencode_config(text)
-            .map_err(|e| format!("{NAME} is not a JSON object OpenCode reads: {e}"))?,
-        None => serde_json::json!({}),
-    };
-    let Some(object) = config.as_object_mut() else {
-        return Err(format!("{NAME} is not a JSON object"));
-    };
-    let plugins = object.entry("plugin").or_insert_with(|| serde_json::json!([]));
-    let Some(plugins) = plugins.as_array_mut() else {
-        return Err(format!("the `plugin` of {NAME} is not a list"));
-    };
-    plugins.push(file_url(plugin).into());
-    env.retain(|(name, _)| name != NAME);
-    env.push((NAME.into(), config.to_string()));
-    Ok(())
+    crate::agents::opencode::mcp::edit_config_content(env, |config| {
+        let plugins = config.entry("plugin").or_insert_with(|| serde_json::json!([]));
+        let Some(plugins) = plugins.as_array_mut() else {
+            return Err("the `plugin` of OPENCODE_CONFIG_CONTENT is not a list".to_string());
+        };
+        plugins.push(file_url(plugin).into());
+        Ok(())
+    })
 }
 
 /// A `file://` URL of an absolute path, every byte but the unreserved ones and `/` percent-encoded.

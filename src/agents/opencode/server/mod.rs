@@ -201,12 +201,29 @@ pub struct Profile {
     pub approvals: String,
     /// Whether the workspace's configuration loads (`OPENCODE_DISABLE_PROJECT_CONFIG` when not).
     pub project_config: bool,
+    /// The editor's MCP servers for the session (in the server's configuration: a different set, another server).
+    pub mcp_servers: Vec<agent_client_protocol::v1::schema::McpServer>,
 }
 
 impl Profile {
+    /// A profile without the editor's MCP servers.
+    pub fn new(approvals: String, project_config: bool) -> Self {
+        Profile { approvals, project_config, mcp_servers: Vec::new() }
+    }
+
+    /// The same profile for these MCP servers.
+    pub fn with_mcp_servers(self, mcp_servers: Vec<agent_client_protocol::v1::schema::McpServer>) -> Self {
+        Profile { mcp_servers, ..self }
+    }
+
     /// How a running server's profile is compared.
     pub fn key(&self) -> String {
-        format!("{} {}", self.approvals, if self.project_config { "project" } else { "no-project" })
+        let mut key = format!("{} {}", self.approvals, if self.project_config { "project" } else { "no-project" });
+        if !self.mcp_servers.is_empty() {
+            key.push_str(" mcp-");
+            key.push_str(&crate::agents::mcp::digest(&self.mcp_servers));
+        }
+        key
     }
 }
 

@@ -50,14 +50,14 @@ impl Warm {
     pub(super) fn profile_known(&self, record: &SessionRecord) -> std::result::Result<Profile, Vec<String>> {
         let approvals = options::approvals(&record.config).to_string();
         if approvals != options::APPROVALS_ASK {
-            return Ok(Profile { approvals, project_config: true });
+            return Ok(Profile::new(approvals, true));
         }
         let items = project::loaders(Path::new(&record.cwd));
         if items.is_empty() {
-            return Ok(Profile { approvals, project_config: true });
+            return Ok(Profile::new(approvals, true));
         }
         match self.project_consent.lock().unwrap_or_else(|p| p.into_inner()).get(&record.id) {
-            Some((asked, allowed)) if *asked == items => Ok(Profile { approvals, project_config: *allowed }),
+            Some((asked, allowed)) if *asked == items => Ok(Profile::new(approvals, *allowed)),
             _ => Err(items),
         }
     }
@@ -132,8 +132,9 @@ impl Service for Warm {
         let has_config = !project::loaders(Path::new(&record.cwd)).is_empty();
         let profile = match self.profile_known(record) {
             Ok(profile) if !has_config || profile.approvals == options::APPROVALS_ASK => profile,
-            _ => Profile { approvals: options::approvals(&record.config).to_string(), project_config: false },
-        };
+            _ => Profile::new(options::approvals(&record.config).to_string(), false),
+        }
+        .with_mcp_servers(host.mcp_servers(id));
         let key = server_key(host, id, sandbox.as_ref(), &profile.key());
         let warmed = self
             .servers

@@ -81,7 +81,7 @@ impl Warm {
             .await?;
         }
         self.consent_to_project(&record.id, items, allowed);
-        Ok(Profile { approvals: options::approvals(&record.config).to_string(), project_config: allowed })
+        Ok(Profile::new(options::approvals(&record.config).to_string(), allowed))
     }
 
     /// Under `ask`, a command whose template runs shell commands (`` !`…` ``, run by OpenCode as it expands the
@@ -153,6 +153,7 @@ impl Warm {
         let Some(profile) = unless_cancelled(host.cancel(), self.profile(host)).await? else {
             return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         };
+        let profile = profile.with_mcp_servers(host.bridge().mcp_servers(&record.id));
         let profile_key = profile.key();
         let key = server_key(host.bridge(), &record.id, sandbox.as_ref(), &profile_key);
         let start = || {
@@ -221,6 +222,10 @@ impl Warm {
         }
         // The agent whose rules the session's were composed with, also when the mode is OpenCode's default.
         body["agent"] = json!(agent);
+        // With each message, not in the server's configuration: one server serves sessions with different prompts.
+        if let Some(system) = &record.context.system_prompt {
+            body["system"] = json!(system);
+        }
         if let Some(name) = command {
             match unless_cancelled(host.cancel(), Self::command_allowed(host, client, name, &rendered.text)).await? {
                 None => return Ok(Attempt::Finished(Ok(StopReason::Cancelled))),
@@ -428,17 +433,20 @@ pub(super) async fn start_server(
     if !profile.project_config {
         permissions::set_env(&mut env, "OPENCODE_DISABLE_PROJECT_CONFIG", |_| Some("1".into()));
     }
+    crate::agents::opencode::mcp::add_servers(&mut env, &profile.mcp_servers)
+        .map_err(|e| super::ServeError::Start(format!("the editor's MCP servers: {e}")))?;
     let port = Servers::port(bridge.private_network());
     let keep_warm = bridge.keep_warm().map(|linger| crate::sandbox::local::warm::KeepWarm {
         key: key.to_string(),
         linger,
         secret: password.clone(),
     });
-    let spec = crate::sandbox::ExecSpec {
+    let mut spec = crate::sandbox::ExecSpec {
         serve_port: Some(port),
         keep_warm,
         ..bridge.cli_spec(executable, sandbox.as_ref(), env, super::server_args(port))
     };
+    spec.net.endpoints.extend(crate::agents::mcp::endpoints(&profile.mcp_servers));
     tracing::info!(session, program = %spec.program.display(), args = ?spec.args, "starting the OpenCode server");
     let mut process = sandbox.exec(spec.clone()).await.map_err(|e| super::ServeError::Start(e.to_string()))?;
     if let (Some(secret), Some(door)) = (process.adopted.clone(), process.door.clone()) {
