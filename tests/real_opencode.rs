@@ -1463,3 +1463,6 @@ mod modes;
 
 #[path = "real_opencode/keep_warm.rs"]
 mod keep_warm;
+
+#[path = "real_opencode/editor_context.rs"]
+mod editor_context;

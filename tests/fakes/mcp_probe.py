@@ -2,8 +2,9 @@
 """A stdio MCP server for tests/real_opencode.rs: one tool, `look`, that says where the server runs.
 
 Usage: mcp_probe.py KEY_PATH
-`look` answers one line: `MCP-PROBE given=<$GIVEN> key=<readable|denied:<errno name>> init=<argv[0] of pid 1>
-pid=<its pid> env=<its variables' names, sorted, comma-separated>`. KEY_PATH is a file the sandbox must hide.
+`look` answers one line: `MCP-PROBE given=<$GIVEN reversed> key=<readable|denied:<errno name>> init=<argv[0] of pid 1>
+pid=<its pid> env=<its variables' names, sorted, comma-separated>`. KEY_PATH is a file the sandbox must hide. The
+variable is reversed so that its value itself is found nowhere the bridge must not keep it (store, log).
 Speaks newline-delimited JSON-RPC 2.0 on stdin/stdout (MCP's stdio transport); nothing else goes to stdout.
 """
 
@@ -26,7 +27,7 @@ def look():
     except OSError:
         init = "?"
     names = ",".join(sorted(os.environ))
-    return (f"MCP-PROBE given={os.environ.get('GIVEN', '')} key={readable} init={init} "
+    return (f"MCP-PROBE given={os.environ.get('GIVEN', '')[::-1]} key={readable} init={init} "
             f"pid={os.getpid()} env={names}")
 
 

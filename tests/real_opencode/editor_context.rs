@@ -1,0 +1,256 @@
+//! What the editor gives a session beside its workspace, through the real OpenCode: its MCP servers (a stdio one
+//! inside the sandbox, an http one through the proxy) and its system prompt, kept across a restart.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::{Value, json};
+
+use super::support::Bridge;
+use super::{World, assert_end_turn, bwrap_ok, of_kind, timed_prompt, tool_results};
+
+/// The stdio probe (`tests/fakes/mcp_probe.py`) copied into the workspace, where the sandbox surely shows it,
+/// and a planted private key in the user's home that it must not read.
+fn probe_server(world: &World, ws: &Path) -> (Value, PathBuf) {
+    let script = ws.join("tools/mcp_probe.py");
+    std::fs::create_dir_all(script.parent().unwrap()).unwrap();
+    std::fs::copy(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/mcp_probe.py"), &script).unwrap();
+    let key = world.home.join(".ssh/id_ed25519");
+    std::fs::create_dir_all(key.parent().unwrap()).unwrap();
+    std::fs::write(&key, "-----BEGIN OPENSSH PRIVATE KEY-----\nplanted\n").unwrap();
+    let server = json!({
+        "name": "probe",
+        "command": "/usr/bin/python3",
+        "args": [script.display().to_string(), key.display().to_string()],
+        "env": [{"name": "GIVEN", "value": "from-the-editor"}]
+    });
+    (server, key)
+}
+
+fn new_session_with(bridge: &mut Bridge, ws: &Path, params: Value) -> String {
+    let mut request = json!({"cwd": ws, "mcpServers": []});
+    request.as_object_mut().unwrap().extend(params.as_object().unwrap().clone());
+    let answer = bridge.request("session/new", request).unwrap_or_else(|e| bridge.fail(&format!("session/new: {e:?}")));
+    answer["sessionId"].as_str().unwrap().to_string()
+}
+
+/// The probe's one line, as the model received it as the tool's result.
+fn probe_line(world: &World) -> String {
+    let results = tool_results(&world.server, "mcp", 1);
+    results
+        .lines()
+        .find(|line| line.starts_with("MCP-PROBE"))
+        .unwrap_or_else(|| panic!("the probe's answer: {results:?}"))
+        .to_string()
+}
+
+fn field<'a>(line: &'a str, name: &str) -> &'a str {
+    line.split(' ')
+        .find_map(|part| part.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("{name} in {line:?}"))
+}
+
+fn stdio_server_inside_the_sandbox(sandbox: &str, backend: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let (server, _key) = probe_server(&world, &ws);
+    let mut bridge = world.start_with(world.backend_options(sandbox, backend));
+    let init = bridge.initialize();
+    assert_eq!(init["agentCapabilities"]["mcpCapabilities"], json!({"http": true, "sse": true}), "{init}");
+    let sid = new_session_with(&mut bridge, &ws, json!({"mcpServers": [server]}));
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:mcp:probe call the probe", "mcp");
+    assert_end_turn(&bridge, &turn);
+    let line = probe_line(&world);
+    // Exactly the editor's variable over the sandbox's plain base: no model key, no password, no OpenCode setting.
+    assert_eq!(field(&line, "given"), "rotide-eht-morf", "{line}");
+    let names: Vec<&str> = field(&line, "env").split(',').collect();
+    let allowed = [
+        "GIVEN",
+        "PATH",
+        "HOME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "USER",
+        "LOGNAME",
+        "TMPDIR",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
+        "XDG_CACHE_HOME",
+        "XDG_STATE_HOME",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "all_proxy",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "NODE_EXTRA_CA_CERTS",
+        // Python sets it for itself on start.
+        "LC_CTYPE",
+    ];
+    let extra: Vec<&&str> = names.iter().filter(|name| !allowed.contains(name)).collect();
+    assert!(extra.is_empty(), "the stdio server got more than the editor's env and the base: {extra:?} in {line}");
+    assert!(names.contains(&"GIVEN") && names.contains(&"PATH") && names.contains(&"HOME"), "{line}");
+    if sandbox == "bwrap" {
+        assert_eq!(field(&line, "key"), "denied:ENOENT", "the planted key is hidden from it: {line}");
+        assert_eq!(
+            field(&line, "init"),
+            "bwrap",
+            "it is in the sandbox's PID namespace (bubblewrap is its pid 1): {line}"
+        );
+    }
+    // Its result shows in the editor's tool card.
+    let calls = of_kind(&turn.updates, "tool_call");
+    assert_eq!(calls.len(), 1, "{:#?}", turn.updates);
+    let id = calls[0]["toolCallId"].as_str().unwrap();
+    let shown: String = of_kind(&turn.updates, "tool_call_update")
+        .iter()
+        .filter(|u| u["toolCallId"] == id)
+        .flat_map(|u| u["content"].as_array().into_iter().flatten())
+        .filter_map(|c| c["content"]["text"].as_str())
+        .collect();
+    assert!(shown.contains(&line), "the card shows the probe's line: {shown:?}");
+    // Nothing the editor gave in a variable is kept: not in the store, not in the bridge's log.
+    assert!(line.contains("rotide-eht-morf") && !line.contains("from-the-editor"), "{line}");
+    for file in ["acp-sandbox.sqlite3", "acp-sandbox.sqlite3-wal"] {
+        let bytes = std::fs::read(world.data.join(file)).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&bytes).contains("from-the-editor"), "{file} holds the variable's value");
+    }
+    let stored = std::fs::read(world.data.join("acp-sandbox.sqlite3")).unwrap_or_default();
+    let wal = std::fs::read(world.data.join("acp-sandbox.sqlite3-wal")).unwrap_or_default();
+    assert!(
+        String::from_utf8_lossy(&stored).contains("rotide-eht-morf")
+            || String::from_utf8_lossy(&wal).contains("rotide-eht-morf"),
+        "the check reads where the store keeps the turn's updates"
+    );
+    assert!(!bridge.stderr().contains("from-the-editor"), "the log holds the variable's value");
+}
+
+#[test]
+fn a_stdio_mcp_server_runs_inside_the_sandbox_with_only_the_editors_env_bwrap_serve() {
+    let test = "a_stdio_mcp_server_runs_inside_the_sandbox_with_only_the_editors_env_bwrap_serve";
+    if bwrap_ok(test) {
+        stdio_server_inside_the_sandbox("bwrap", "serve", test);
+    }
+}
+
+#[test]
+fn a_stdio_mcp_server_runs_inside_the_sandbox_with_only_the_editors_env_bwrap_run() {
+    let test = "a_stdio_mcp_server_runs_inside_the_sandbox_with_only_the_editors_env_bwrap_run";
+    if bwrap_ok(test) {
+        stdio_server_inside_the_sandbox("bwrap", "run", test);
+    }
+}
+
+#[test]
+fn a_stdio_mcp_server_gets_only_the_editors_env_none() {
+    stdio_server_inside_the_sandbox("none", "serve", "a_stdio_mcp_server_gets_only_the_editors_env_none");
+}
+
+/// `tests/fakes/mcp_http.py` on the host's 127.0.0.1; killed when dropped.
+struct HttpMcp {
+    child: Child,
+    port: u16,
+    record: PathBuf,
+}
+
+impl HttpMcp {
+    fn start(dir: &Path) -> HttpMcp {
+        let record = dir.join("mcp-http-requests.jsonl");
+        let mut child = Command::new("/usr/bin/python3")
+            .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/mcp_http.py"))
+            .arg(&record)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(dir.join("mcp-http.log")).unwrap()))
+            .spawn()
+            .expect("start tests/fakes/mcp_http.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().strip_prefix("PORT ").and_then(|p| p.parse().ok()).expect("its port");
+        HttpMcp { child, port, record }
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.record)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for HttpMcp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn an_http_mcp_server_is_reached_through_the_proxy_with_its_header_whatever_the_network_allows() {
+    let test = "an_http_mcp_server_is_reached_through_the_proxy_with_its_header_whatever_the_network_allows";
+    if !bwrap_ok(test) {
+        return;
+    }
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let http = HttpMcp::start(world.root.path());
+    let options = world.backend_options("bwrap", "serve").arg("--network").arg("allow=example.test");
+    let mut bridge = world.start_with(options);
+    let server = json!({
+        "type": "http",
+        "name": "web",
+        "url": format!("http://127.0.0.1:{}/mcp", http.port),
+        "headers": [{"name": "Authorization", "value": "Bearer editor-secret"}]
+    });
+    let sid = new_session_with(&mut bridge, &ws, json!({"mcpServers": [server]}));
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:mcp:web call the web server", "mcp http");
+    assert_end_turn(&bridge, &turn);
+    assert!(tool_results(&world.server, "mcp", 1).contains("MCP-HTTP-PROBE"), "{:#?}", world.server.chats("mcp"));
+    let calls: Vec<Value> = http.requests().into_iter().filter(|r| r["method"] == "tools/call").collect();
+    assert_eq!(calls, [json!({"method": "tools/call", "authorization": "Bearer editor-secret"})]);
+    assert!(!bridge.stderr().contains("editor-secret"), "the log holds the header");
+}
+
+#[test]
+fn the_system_prompt_reaches_the_model_and_survives_a_restart_serve() {
+    let test = "the_system_prompt_reaches_the_model_and_survives_a_restart_serve";
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let mut bridge = world.start_with(world.backend_options("none", "serve"));
+    let init = bridge.initialize();
+    assert_eq!(init["agentCapabilities"]["sessionCapabilities"]["systemPrompt"], json!({}), "{init}");
+    let system = json!({"mode": "append", "content": [{"type": "text", "text": "SYSTEM-MARKER-7 answer in haiku"}]});
+    let sid = new_session_with(&mut bridge, &ws, json!({"systemPrompt": system}));
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:system one", "system");
+    assert_end_turn(&bridge, &turn);
+    let systems = |world: &World| -> Vec<bool> {
+        world
+            .server
+            .chats("system")
+            .iter()
+            .map(|r| super::messages_text(r, "system").iter().any(|text| text.contains("SYSTEM-MARKER-7")))
+            .collect()
+    };
+    assert_eq!(systems(&world), [true], "{:#?}", world.server.chats("system"));
+    // An override is refused: the bridge cannot replace OpenCode's own instructions.
+    let refused = bridge
+        .request("session/new", json!({"cwd": ws, "mcpServers": [], "systemPrompt": {"mode": "override", "content": [{"type": "text", "text": "x"}]}}))
+        .unwrap_err();
+    assert_eq!(
+        (refused.code, refused.message.as_str()),
+        (-32602, "systemPrompt mode \"override\" is not supported: only append")
+    );
+    drop(bridge);
+
+    let mut bridge = world.start_with(world.backend_options("none", "serve"));
+    bridge.request("session/resume", json!({"sessionId": sid, "cwd": ws, "systemPrompt": system})).unwrap();
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:system two", "system again");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(systems(&world), [true, true]);
+}
