@@ -88,6 +88,17 @@ pub fn endpoints(servers: &[McpServer]) -> Vec<(String, u16)> {
         .collect()
 }
 
+/// The server's name, as the editor shows it.
+pub fn name(server: &McpServer) -> &str {
+    match server {
+        McpServer::Stdio(stdio) => &stdio.name,
+        McpServer::Http(http) => &http.name,
+        McpServer::Sse(sse) => &sse.name,
+        #[allow(unreachable_patterns)]
+        _ => "",
+    }
+}
+
 /// The flag of a CLI's argv whose value holds the editor's MCP servers, secrets included.
 pub const CONFIG_FLAG: &str = "--mcp-config";
 

@@ -254,3 +254,49 @@ fn the_system_prompt_reaches_the_model_and_survives_a_restart_serve() {
     assert_end_turn(&bridge, &turn);
     assert_eq!(systems(&world), [true, true]);
 }
+
+#[test]
+fn a_broken_mcp_server_is_a_note_and_after_a_restart_load_with_the_same_servers_brings_the_tool_back() {
+    let test = "a_broken_mcp_server_is_a_note_and_after_a_restart_load_with_the_same_servers_brings_the_tool_back";
+    if !bwrap_ok(test) {
+        return;
+    }
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let (probe, _key) = probe_server(&world, &ws);
+    let broken = json!({"name": "broken", "command": "/nonexistent/mcp-server", "args": [], "env": []});
+    let servers = json!([probe, broken]);
+    let mut bridge = world.start_with(world.backend_options("bwrap", "serve"));
+    let sid = new_session_with(&mut bridge, &ws, json!({"mcpServers": servers}));
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:mcp:probe first", "mcp with a broken one");
+    assert_end_turn(&bridge, &turn);
+    let notes: Vec<String> = of_kind(&turn.updates, "agent_message_chunk")
+        .iter()
+        .filter_map(|u| u["content"]["text"].as_str())
+        .filter(|text| text.contains("MCP server"))
+        .map(|text| text.trim().to_string())
+        .collect();
+    // OpenCode's own words for a server whose command is missing (the wrapper's `env` exits at once).
+    assert_eq!(
+        notes,
+        ["_The MCP server `broken` did not start, so its tools are missing: MCP error -32000: Connection closed._"]
+    );
+    assert_eq!(field(&probe_line(&world), "given"), "rotide-eht-morf");
+    drop(bridge);
+
+    // A new bridge knows the servers' shape, not their secrets: the editor's load brings them back.
+    let mut bridge = world.start_with(world.backend_options("bwrap", "serve"));
+    bridge
+        .request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": servers}))
+        .unwrap_or_else(|e| bridge.fail(&format!("session/load: {e:?}")));
+    bridge.take_updates(&sid);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:mcp:probe again", "mcp after load");
+    assert_end_turn(&bridge, &turn);
+    // The model's second call after the tool carries both turns' results: the probe answered again.
+    let after_tool: Vec<Value> = world.server.chats("mcp").into_iter().filter(|r| r["step"] == 1).collect();
+    assert_eq!(after_tool.len(), 2, "{after_tool:#?}");
+    let results = super::messages_text(&after_tool[1], "tool").join("\n");
+    let lines: Vec<&str> = results.lines().filter(|line| line.starts_with("MCP-PROBE")).collect();
+    assert_eq!(lines.len(), 2, "both turns called the probe: {results}");
+    assert_eq!(field(lines[1], "given"), "rotide-eht-morf");
+}

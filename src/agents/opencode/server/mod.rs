@@ -84,6 +84,8 @@ pub struct Server {
     /// The OpenCode sessions this server has given their rules: a known one needs no existence check. Never a reason
     /// to skip giving a turn its rules: another server or bridge may have written them since.
     pub served: Mutex<HashSet<String>>,
+    /// The editor's MCP servers whose failure to start a session was told of (`session` NUL `name`), once each.
+    pub mcp_noted: Mutex<HashSet<String>>,
     /// What it was started for ([`Profile::key`]): a turn that wants another starts a fresh server.
     profile: String,
     /// Where the server's event stream goes: every running turn's receiver (each picks its own session's events).
@@ -648,6 +650,7 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
         last_used: Mutex::new(Instant::now()),
         busy: 0.into(),
         served: Mutex::default(),
+        mcp_noted: Mutex::default(),
         profile,
         freed,
         hold: None,

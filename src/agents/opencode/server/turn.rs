@@ -202,6 +202,9 @@ impl Warm {
         let approvals = options::approvals(&record.config);
         let agent = session_rules(&self.always_rules.of(&record.id), record, &server, &ses).await?;
 
+        if !profile.mcp_servers.is_empty() {
+            note_mcp_failures(host, &server, &profile.mcp_servers).await?;
+        }
         tracing::debug!(session = %record.id, "server turn: conversation and rules ready");
         // Review mode: the server works on the copy (bound where the workspace is, so a warm server sees each
         // sync), reviewed before the prompt, after each tool and at the end, as under `run`.
@@ -285,6 +288,38 @@ impl Warm {
         );
         host.drive(Box::new(engine), Box::new(translator)).await
     }
+}
+
+/// Tells the session, once per server, of each of the editor's MCP servers OpenCode could not start (`GET /mcp`:
+/// by name, `{status, error}`): the turn goes on without its tools. OpenCode connects them before it answers.
+async fn note_mcp_failures(
+    host: &dyn TurnHost,
+    server: &super::Server,
+    servers: &[agent_client_protocol::v1::schema::McpServer],
+) -> Result<()> {
+    let status = match server.client.call_within(REQUEST_LIMIT, Method::GET, "/mcp", None).await {
+        Ok(status) => status,
+        Err(e) => {
+            tracing::warn!(session = %host.record().id, "could not ask OpenCode how the MCP servers started: {e}");
+            return Ok(());
+        }
+    };
+    let session = &host.record().id;
+    for name in servers.iter().map(|server| crate::agents::mcp::name(server).to_string()) {
+        let state = &status[name.as_str()];
+        let failed = match state["status"].as_str() {
+            Some("connected") => continue,
+            Some("failed") => state["error"].as_str().unwrap_or("it failed").to_string(),
+            Some(other) => format!("its status is {other}"),
+            None => "OpenCode does not list it".to_string(),
+        };
+        let first = server.mcp_noted.lock().unwrap_or_else(|p| p.into_inner()).insert(format!("{session}\0{name}"));
+        tracing::warn!(session = %session, server = %name, "an MCP server of the editor did not start: {failed}");
+        if first {
+            host.note(&format!("_The MCP server `{name}` did not start, so its tools are missing: {failed}._")).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Answers one permission request of OpenCode: at once under `auto`, else by asking the editor.
