@@ -138,3 +138,50 @@ fn amp_mode_chosen_with_set_config_option_reaches_amp() {
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
     assert_eq!(invocations(&ws)[0].flag_value("--mode").as_deref(), Some("high"), "{:?}", invocations(&ws)[0].argv());
 }
+
+#[test]
+fn amp_gets_the_editors_mcp_servers_as_its_mcp_config_and_takes_no_system_prompt() {
+    let dirs = TestDirs::new("amp-mcp");
+    let ws = dirs.workspace("ws");
+    let mut bridge = amp_bridge(&dirs);
+    let init = bridge.initialize();
+    assert_eq!(init["agentCapabilities"]["mcpCapabilities"], serde_json::json!({"http": true, "sse": true}));
+    assert_eq!(init["agentCapabilities"]["sessionCapabilities"].get("systemPrompt"), None, "{init}");
+    let servers = serde_json::json!([
+        {"name": "files", "command": "/opt/files", "args": ["--root", "/w"], "env": [{"name": "TOKEN", "value": "amp-mcp-secret"}]},
+        {"type": "http", "name": "web", "url": "http://127.0.0.1:7001/mcp", "headers": [{"name": "Authorization", "value": "Bearer amp-header-secret"}]}
+    ]);
+    let new = bridge.request("session/new", serde_json::json!({"cwd": ws, "mcpServers": servers})).unwrap();
+    let sid = new["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    let run = &invocations(&ws)[0];
+    let config: serde_json::Value =
+        serde_json::from_str(&run.flag_value("--mcp-config").expect("--mcp-config")).unwrap();
+    let files = &config["files"];
+    assert_eq!(files["command"], "/bin/sh");
+    assert_eq!(files["env"], serde_json::json!({"TOKEN": "amp-mcp-secret"}));
+    let args: Vec<&str> = files["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!((args[0], &args[2..]), ("-c", &["mcp-files", "/opt/files", "--root", "/w"][..]), "{args:?}");
+    assert!(args[1].starts_with("exec env -i ") && args[1].ends_with(r#" TOKEN="$TOKEN" "$@""#), "{args:?}");
+    assert_eq!(
+        config["web"],
+        serde_json::json!({"url": "http://127.0.0.1:7001/mcp", "headers": {"Authorization": "Bearer amp-header-secret"}})
+    );
+    assert_eq!(config.as_object().unwrap().len(), 2, "{config}");
+    let log = bridge.stderr();
+    assert!(!log.contains("amp-mcp-secret") && !log.contains("amp-header-secret"), "the log holds a secret");
+
+    // A system prompt is refused: Amp's CLI has no place for one.
+    let refused = bridge
+        .request(
+            "session/new",
+            serde_json::json!({"cwd": ws, "mcpServers": [], "systemPrompt": {"mode": "append", "content": [{"type": "text", "text": "x"}]}}),
+        )
+        .unwrap_err();
+    assert_eq!((refused.code, refused.message.as_str()), (-32602, "Amp takes no system prompt here"));
+
+    // Loaded again without servers: the next run gets none.
+    bridge.request("session/load", serde_json::json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
+    assert_eq!(bridge.prompt(&sid, "Again").stop_reason(), "end_turn");
+    assert_eq!(invocations(&ws)[1].flag_value("--mcp-config"), None);
+}

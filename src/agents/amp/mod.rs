@@ -128,6 +128,10 @@ impl Agent for Amp {
     fn default_option(&self) -> &'static str {
         "mode"
     }
+
+    fn takes_mcp_servers(&self) -> bool {
+        true
+    }
 }
 
 /// The pinned npm package installed on first use (a version whose platform binary exists).
