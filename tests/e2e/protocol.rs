@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::support::*;
 
@@ -201,13 +201,32 @@ fn every_kind_of_mcp_server_the_editor_offers_is_accepted() {
     let created = bridge.request("session/new", json!({"cwd": ws, "mcpServers": servers})).expect("session/new");
     let sid = created["sessionId"].as_str().unwrap().to_string();
     assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
-    // They stay out of the sandbox: the CLI is told of none of them, by argument, variable or config.
+    // They reach OpenCode's configuration, and only there: the editor's variable is the stdio server's, never the
+    // CLI's own, and the secrets are on no command line.
     let invocation = &invocations(&ws)[0];
     assert_eq!(invocation.env("K"), None);
-    assert_eq!(invocation.env("OPENCODE_CONFIG_CONTENT"), None);
-    assert_eq!(invocation.env("OPENCODE_CONFIG"), None);
+    let content: Value =
+        serde_json::from_str(&invocation.env("OPENCODE_CONFIG_CONTENT").expect("the config content")).expect("JSON");
+    let mcp = &content["mcp"];
+    assert_eq!(mcp.as_object().map(|m| m.len()), Some(3), "{content}");
+    assert_eq!(mcp["local tool"]["type"], "local");
+    assert_eq!(mcp["local tool"]["environment"], json!({"K": "V"}));
+    let command: Vec<&str> =
+        mcp["local tool"]["command"].as_array().unwrap().iter().map(|part| part.as_str().unwrap()).collect();
+    assert_eq!(
+        (command[0], command[1], &command[3..]),
+        ("/bin/sh", "-c", &["mcp-local tool", "/usr/bin/true", "--x"][..])
+    );
+    assert_eq!(
+        mcp["remote"],
+        json!({"type": "remote", "url": "http://127.0.0.1:9/mcp", "headers": {"A": "b"}, "oauth": false, "enabled": true})
+    );
+    assert_eq!(
+        mcp["old"],
+        json!({"type": "remote", "url": "http://127.0.0.1:9/sse", "headers": {}, "oauth": false, "enabled": true})
+    );
     let argv = invocation.argv().join(" ");
-    for server in ["local tool", "/usr/bin/true", "127.0.0.1:9", "mcp"] {
+    for server in ["local tool", "/usr/bin/true", "127.0.0.1:9"] {
         assert!(!argv.contains(server), "{server} in the CLI's argv: {argv}");
     }
 }
