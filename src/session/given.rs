@@ -135,6 +135,7 @@ pub fn context_after(agent: AgentKind, stored: &SessionContext, given: &Given) -
         additional_directories: stored.additional_directories.clone(),
         system_prompt,
         mcp_servers: given.mcp_servers.iter().map(shape).collect(),
+        forked_from: stored.forked_from.clone(),
     })
 }
 

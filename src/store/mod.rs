@@ -276,6 +276,21 @@ pub struct SessionContext {
     /// The editor's MCP servers as last given, without their secrets.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mcp_servers: Vec<McpServerShape>,
+    /// The session this one was forked from, until its agent has a conversation of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
+}
+
+/// Where a fork's conversation comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkedFrom {
+    /// The original session.
+    pub session: String,
+    /// The original's agent conversation, when the fork's agent can fork it where the fork runs (the same sandbox):
+    /// else the fork's first prompt starts a new one from the stored transcript.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native: Option<String>,
 }
 
 /// One MCP server the editor gave a session, as stored: what it is and the names (never the values) of what it
@@ -543,27 +558,7 @@ impl Store {
     /// Inserts a new session.
     pub async fn create_session(&self, record: &SessionRecord) -> Result<()> {
         let record = record.clone();
-        self.write(move |connection| {
-            connection.execute(
-                "INSERT INTO sessions (id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at, context)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                params![
-                    record.id,
-                    record.agent,
-                    record.cwd,
-                    record.sandbox_provider,
-                    record.sandbox_id,
-                    record.native_id,
-                    record.title,
-                    record.config.to_string(),
-                    record.created_at,
-                    record.updated_at,
-                    context_json(&record.context),
-                ],
-            )?;
-            Ok(())
-        })
-        .await
+        self.write(move |connection| Ok(insert_session(connection, &record)?)).await
     }
 
     /// Reads one session.
@@ -669,6 +664,40 @@ impl Store {
         let (id, title) = (id.to_string(), title.to_string());
         self.write(move |connection| {
             connection.execute("UPDATE sessions SET title = ?2 WHERE id = ?1", params![id, title])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Creates `fork` with a copy of `original`'s turns and their updates, in one transaction: the fork replays what
+    /// the original did, and what either does from now on is its own. A turn still running in the original is
+    /// copied as interrupted (the fork never ran it to its end).
+    pub async fn fork_session(&self, original: &str, fork: &SessionRecord) -> Result<()> {
+        let (original, fork) = (original.to_string(), fork.clone());
+        self.write(move |connection| {
+            insert_session(connection, &fork)?;
+            let turns: Vec<i64> = {
+                let mut statement =
+                    connection.prepare_cached("SELECT id FROM turns WHERE session_id = ?1 ORDER BY id")?;
+                let rows = statement.query_map(params![original], |row| row.get(0))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            for turn in turns {
+                connection.execute(
+                    "INSERT INTO turns (session_id, prompt, status, stop_reason, error, owner_pid, started_at, ended_at, cost)
+                     SELECT ?2, prompt, CASE status WHEN 'running' THEN 'interrupted' ELSE status END, stop_reason,
+                            CASE status WHEN 'running' THEN 'the session was forked during this turn' ELSE error END,
+                            owner_pid, started_at, COALESCE(ended_at, ?3), cost
+                     FROM turns WHERE id = ?1",
+                    params![turn, fork.id, now_ms()],
+                )?;
+                let copy = connection.last_insert_rowid();
+                connection.execute(
+                    "INSERT INTO events (session_id, turn_id, payload, created_at)
+                     SELECT ?2, ?3, payload, created_at FROM events WHERE turn_id = ?1 ORDER BY id",
+                    params![turn, fork.id, copy],
+                )?;
+            }
             Ok(())
         })
         .await
@@ -951,6 +980,27 @@ fn mark_orphaned(connection: &Connection, session_id: Option<&str>) -> std::resu
         )?;
     }
     Ok(marked)
+}
+
+fn insert_session(connection: &Connection, record: &SessionRecord) -> rusqlite::Result<()> {
+    connection.execute(
+        "INSERT INTO sessions (id, agent, cwd, sandbox_provider, sandbox_id, native_id, title, config, created_at, updated_at, context)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        params![
+            record.id,
+            record.agent,
+            record.cwd,
+            record.sandbox_provider,
+            record.sandbox_id,
+            record.native_id,
+            record.title,
+            record.config.to_string(),
+            record.created_at,
+            record.updated_at,
+            context_json(&record.context),
+        ],
+    )?;
+    Ok(())
 }
 
 fn context_json(context: &SessionContext) -> String {

@@ -382,6 +382,7 @@ async fn a_sessions_context_is_kept_as_given_and_replaced_whole() {
             args: vec!["--root".into(), "/w".into()],
             secrets: vec!["TOKEN".into()],
         }],
+        forked_from: None,
     };
     store.create_session(&first).await.unwrap();
     assert_eq!(store.session("s").await.unwrap().unwrap(), first);
@@ -396,6 +397,55 @@ async fn a_sessions_context_is_kept_as_given_and_replaced_whole() {
     let text: String =
         raw(store.path()).query_row("SELECT context FROM sessions WHERE id = 's'", [], |row| row.get(0)).unwrap();
     assert_eq!(text, "{}");
+}
+
+#[tokio::test]
+async fn a_fork_copies_every_turn_and_update_and_then_goes_its_own_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.create_session(&record("orig", "/w", 1)).await.unwrap();
+    let done = store.start_turn("orig", &json!([{"type": "text", "text": "one"}])).await.unwrap();
+    store.append_event("orig", done, &json!({"n": 1})).await.unwrap();
+    store.append_event("orig", done, &json!({"n": 2})).await.unwrap();
+    store.end_turn(done, TurnStatus::Done, Some("end_turn"), None, 0.5).await.unwrap();
+    let running = store.start_turn("orig", &json!([{"type": "text", "text": "two"}])).await.unwrap();
+    store.append_event("orig", running, &json!({"n": 3})).await.unwrap();
+
+    let mut fork = record("fork", "/w", 2);
+    fork.context.forked_from = Some(ForkedFrom { session: "orig".into(), native: Some("ses_1".into()) });
+    store.fork_session("orig", &fork).await.unwrap();
+    assert_eq!(store.session("fork").await.unwrap().unwrap(), fork);
+    let copied = store.history("fork", usize::MAX).await.unwrap();
+    let summary: Vec<(TurnStatus, Option<String>, Value, Vec<Value>)> = copied
+        .turns
+        .iter()
+        .map(|(turn, events)| (turn.status, turn.error.clone(), turn.prompt.clone(), events.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (TurnStatus::Done, None, json!([{"type": "text", "text": "one"}]), vec![json!({"n": 1}), json!({"n": 2})]),
+            (
+                TurnStatus::Interrupted,
+                Some("the session was forked during this turn".to_string()),
+                json!([{"type": "text", "text": "two"}]),
+                vec![json!({"n": 3})]
+            ),
+        ]
+    );
+    assert_eq!(store.session_cost("fork").await.unwrap(), 0.5);
+
+    // From now on each is its own: a turn of the fork is not the original's, and the original goes on.
+    let own = store.start_turn("fork", &json!([])).await.unwrap();
+    store.append_event("fork", own, &json!({"n": "fork"})).await.unwrap();
+    store.append_event("orig", running, &json!({"n": 4})).await.unwrap();
+    let original = store.history("orig", usize::MAX).await.unwrap();
+    assert_eq!(original.turns.len(), 2);
+    assert_eq!(original.turns[1].1, [json!({"n": 3}), json!({"n": 4})]);
+    assert_eq!(store.history("fork", usize::MAX).await.unwrap().turns.len(), 3);
+    // Deleting the original leaves the fork whole.
+    assert!(store.delete_session("orig").await.unwrap());
+    assert_eq!(store.history("fork", usize::MAX).await.unwrap().turns[0].1, [json!({"n": 1}), json!({"n": 2})]);
 }
 
 #[tokio::test]
