@@ -32,6 +32,8 @@ use crate::sandbox::package::NpmPackage;
 pub struct TurnRequest<'a> {
     /// The CLI conversation to continue (`ses_…`, `T-…`); `None` starts a new one.
     pub native_id: Option<&'a str>,
+    /// Without a conversation yet: the one to fork it from (a fork's first run, in the original's sandbox).
+    pub fork_of: Option<&'a str>,
     /// The session's stored option choices (model, mode, …: see [`Agent::options`]).
     pub options: &'a Value,
     /// Files attached to the prompt (images), as the CLI sees them.

@@ -18,12 +18,13 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AgentAuthCapabilities, AgentCapabilities, AvailableCommandsUpdate, CancelNotification, CloseSessionRequest,
     CloseSessionResponse, ConfigOptionUpdate, CurrentModeUpdate, DeleteSessionRequest, DeleteSessionResponse,
-    Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse,
-    LoadSessionRequest, LoadSessionResponse, LogoutCapabilities, McpCapabilities, NewSessionRequest,
-    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
-    SessionCapabilities, SessionCloseCapabilities, SessionDeleteCapabilities, SessionInfo, SessionListCapabilities,
-    SessionNotification, SessionResumeCapabilities, SessionSystemPromptCapabilities, SessionUpdate,
-    SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse,
+    ForkSessionRequest, ForkSessionResponse, Implementation, InitializeRequest, InitializeResponse,
+    ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, LogoutCapabilities,
+    McpCapabilities, NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse,
+    ResumeSessionRequest, ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities,
+    SessionDeleteCapabilities, SessionForkCapabilities, SessionInfo, SessionListCapabilities, SessionNotification,
+    SessionResumeCapabilities, SessionSystemPromptCapabilities, SessionUpdate, SetSessionConfigOptionRequest,
+    SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client};
@@ -213,7 +214,8 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         .list(SessionListCapabilities::new())
                         .resume(SessionResumeCapabilities::new())
                         .close(SessionCloseCapabilities::new())
-                        .delete(SessionDeleteCapabilities::new());
+                        .delete(SessionDeleteCapabilities::new())
+                        .fork(SessionForkCapabilities::new());
                     if agent.takes_system_prompt() {
                         sessions = sessions.system_prompt(SessionSystemPromptCapabilities::new());
                     }
@@ -375,6 +377,51 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         bridge.warm_server(&id);
                         let modes = bridge.session_modes(&id).await?;
                         Ok(ResumeSessionResponse::new().config_options(options).modes(modes))
+                    });
+                    Ok(())
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            {
+                let bridge = bridge.clone();
+                let order = order.clone();
+                async move |request: ForkSessionRequest, responder: Responder<ForkSessionResponse>, cx| {
+                    let bridge = bridge.clone();
+                    // After what came before it for the original: a fork sent right after a prompt's answer copies it.
+                    let mut place = order.enter(&request.session_id.to_string());
+                    tokio::spawn(async move {
+                        place.wait().await;
+                        let given = Given {
+                            additional_directories: request.additional_directories,
+                            system_prompt: request.system_prompt,
+                            mcp_servers: request.mcp_servers,
+                        };
+                        let result = bridge.fork_session(&request.session_id.to_string(), &request.cwd, &given).await;
+                        place.release();
+                        let id = result.as_ref().ok().map(|(id, _)| id.clone());
+                        let modes = match &id {
+                            Some(id) => bridge.session_modes(id).await.ok().flatten(),
+                            None => None,
+                        };
+                        let answer = result
+                            .map(|(id, options)| ForkSessionResponse::new(id).config_options(options).modes(modes));
+                        if respond(responder, answer).is_err() {
+                            return;
+                        }
+                        if let Some(id) = &id {
+                            bridge.warm_server(id);
+                        }
+                        if let Some(id) = id
+                            && let Ok(commands) = bridge.available_commands(&id).await
+                            && !commands.is_empty()
+                        {
+                            ConnectionSink { connection: cx }.send(
+                                &id,
+                                SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)),
+                            );
+                        }
                     });
                     Ok(())
                 }

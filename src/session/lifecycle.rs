@@ -79,7 +79,7 @@ impl Bridge {
     }
 
     /// Opens the session in this process with the editor's MCP servers.
-    fn take_mcp_servers(&self, id: &str, given: &Given) {
+    pub(super) fn take_mcp_servers(&self, id: &str, given: &Given) {
         let live = self.live(id);
         *live.mcp_servers.lock().unwrap_or_else(|p| p.into_inner()) = given.mcp_servers.clone();
     }

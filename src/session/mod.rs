@@ -6,6 +6,7 @@
 mod catalog;
 mod cli;
 mod emitter;
+mod fork;
 mod given;
 mod host;
 mod leftovers;

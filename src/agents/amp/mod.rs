@@ -222,6 +222,7 @@ mod tests {
         let options = serde_json::json!({"mode": "high"});
         let first = args(&TurnRequest {
             native_id: None,
+            fork_of: None,
             options: &options,
             files: &[],
             command: None,
@@ -242,6 +243,7 @@ mod tests {
         let none = serde_json::json!({});
         let next = args(&TurnRequest {
             native_id: Some("T-1"),
+            fork_of: None,
             options: &none,
             files: &[],
             command: None,

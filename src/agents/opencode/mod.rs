@@ -307,8 +307,11 @@ pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
     if let Some(agent) = super::options::stored(turn.options, "mode") {
         args.extend(["--agent".to_string(), agent.to_string()]);
     }
-    if let Some(session) = turn.native_id {
-        args.extend(["--session".to_string(), session.to_string()]);
+    match (turn.native_id, turn.fork_of) {
+        (Some(session), _) => args.extend(["--session".to_string(), session.to_string()]),
+        // A fork's first run forks the original's conversation (the same sandbox holds it).
+        (None, Some(original)) => args.extend(["--session".to_string(), original.to_string(), "--fork".to_string()]),
+        (None, None) => {}
     }
     if let Some(command) = turn.command {
         // The prompt on stdin becomes the command's arguments.

@@ -218,6 +218,26 @@ impl Turn<'_> {
             other => other?,
         };
         let mut native_id = self.record.native_id.clone();
+        // A fork whose agent cannot fork the conversation where the fork runs (its own sandbox, or an agent whose
+        // conversations are not in the sandbox) starts one from the transcript of the turns it copied, once: its
+        // first turn gives it a conversation of its own.
+        if native_id.is_none()
+            && let Some(forked) = &self.record.context.forked_from
+            && forked.native.is_none()
+        {
+            let history = self.bridge.store.history(&self.record.id, self.bridge.config().replay_limit).await?;
+            let earlier: Vec<_> = history.turns.into_iter().filter(|(turn, _)| turn.id != emit.turn_id).collect();
+            let transcript = prompt::transcript(&earlier, TRANSCRIPT_LIMIT);
+            if !transcript.is_empty() {
+                rendered.text = format!("{transcript}\n\n{}", rendered.text);
+                emit.send(note(&format!(
+                    "_This fork's {} conversation starts from a transcript of the earlier turns (tool details are \
+                     not in it)._",
+                    self.agent.display_name()
+                )))
+                .await?;
+            }
+        }
         // A session whose server could not start runs `run` for the rest of this bridge's life: every prompt
         // would otherwise wait for another failing start.
         // Under `ask` there is no falling back: `run` cannot ask.
@@ -438,7 +458,8 @@ impl Turn<'_> {
         for (path, bytes) in self.agent.turn_files(&extras) {
             sandbox.write_state_file(&sandbox.state_dir().join(path), &bytes).await?;
         }
-        let request = TurnRequest { native_id, options: config, files: &files, command, extras };
+        let fork_of = self.record.context.forked_from.as_ref().and_then(|forked| forked.native.as_deref());
+        let request = TurnRequest { native_id, fork_of, options: config, files: &files, command, extras };
         let mut env = cli_environment(
             self.agent,
             sandbox.state_dir(),

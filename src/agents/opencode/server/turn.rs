@@ -423,16 +423,24 @@ pub(super) async fn conversation(
 ) -> Result<std::result::Result<String, ClientError>> {
     let gate = bridge.gate(session);
     let _one = gate.lock().await;
-    if let Some(native) = bridge.store().session(session).await?.and_then(|record| record.native_id) {
+    let record = bridge.store().session(session).await?;
+    if let Some(native) = record.as_ref().and_then(|record| record.native_id.clone()) {
         return Ok(Ok(native));
     }
-    let created = match client.call_within(REQUEST_LIMIT, Method::POST, "/session", Some(&json!({}))).await {
+    // A fork in its original's sandbox forks the original's OpenCode session, everything of it.
+    let forked = record.as_ref().and_then(|record| record.context.forked_from.as_ref());
+    let (path, what) = match forked.and_then(|forked| forked.native.as_deref()) {
+        Some(original) => (format!("/session/{original}/fork"), "a fork of the original's conversation"),
+        None => ("/session".to_string(), "a new conversation"),
+    };
+    let created = match client.call_within(REQUEST_LIMIT, Method::POST, &path, Some(&json!({}))).await {
         Ok(created) => created,
         Err(e) => return Ok(Err(e)),
     };
     let Some(native) = created["id"].as_str() else {
-        return Ok(Err(ClientError::Invalid { what: "POST /session".into(), why: "no id".into() }));
+        return Ok(Err(ClientError::Invalid { what: format!("POST {path}"), why: "no id".into() }));
     };
+    tracing::debug!(session, native, "{what}");
     tracing::info!(session, native, "the CLI conversation id");
     bridge.store().set_native_id(session, Some(native)).await?;
     Ok(Ok(native.to_string()))
