@@ -16,6 +16,7 @@ mod e2e {
     mod cancel;
     mod commands;
     mod errors;
+    mod fork;
     mod persistence;
     mod protocol;
     mod review;

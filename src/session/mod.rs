@@ -370,6 +370,12 @@ fn note(text: &str) -> SessionUpdate {
     SessionUpdate::AgentMessageChunk(ContentChunk::new(ContentBlock::from(format!("\n\n{text}\n\n"))))
 }
 
+/// Whether a message chunk is one of the bridge's own notes ([`note`]: an italic paragraph of its own), which is
+/// not the agent's answer.
+fn is_note(text: &str) -> bool {
+    text.len() > 6 && text.starts_with("\n\n_") && text.ends_with("_\n\n")
+}
+
 /// A workspace path as stored and compared: `/a/b/` and `/a/./b` are `/a/b`.
 fn normalize(path: &Path) -> String {
     path.components().collect::<PathBuf>().display().to_string()

@@ -95,6 +95,7 @@ pub fn transcript(turns: &[(crate::store::TurnRecord, Vec<serde_json::Value>)], 
             .iter()
             .filter(|update| update["sessionUpdate"] == "agent_message_chunk")
             .filter_map(|update| update["content"]["text"].as_str())
+            .filter(|text| !super::is_note(text))
             .collect();
         parts.push(format!("User:\n{}\n\nAssistant:\n{}", asked.trim(), answered.trim()));
     }
@@ -232,6 +233,11 @@ mod tests {
         let cut = transcript(&turns, 30);
         assert!(!cut.contains("first question") && cut.contains("two"), "{cut}");
         assert_eq!(transcript(&[], 100), "");
+        // The bridge's own notes are not the agent's answer.
+        let mut noted = answer("the answer");
+        noted.insert(0, serde_json::json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "\n\n_Amp runs WITHOUT a sandbox here._\n\n"}}));
+        let text = transcript(&[(turn(1, "q"), noted)], 10_000);
+        assert!(text.contains("User:\nq\n\nAssistant:\nthe answer\n</earlier-conversation>"), "{text}");
     }
 
     #[test]
