@@ -51,6 +51,8 @@ pub struct SessionSummary {
     pub title: Option<String>,
     /// Last activity, RFC 3339.
     pub updated_at: String,
+    /// The workspace's other roots the session has.
+    pub additional_directories: Vec<String>,
 }
 
 /// A page of the history.
