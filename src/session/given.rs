@@ -246,7 +246,7 @@ mod tests {
         let given = [a.join("./"), cwd.clone(), b.clone(), a.clone(), b.join(".")];
         let show = |path: &Path| path.display().to_string();
         assert_eq!(check_roots(&cwd, &given, never).unwrap(), vec![show(&a), show(&b)]);
-        assert_eq!(check_roots(&cwd.join("."), &[cwd.clone()], never).unwrap(), Vec::<String>::new());
+        assert_eq!(check_roots(&cwd.join("."), std::slice::from_ref(&cwd), never).unwrap(), Vec::<String>::new());
         let refused =
             |roots: &[PathBuf], refusal: &dyn Fn(&Path) -> Option<String>| match check_roots(&cwd, roots, refusal) {
                 Err(Error::InvalidParams(why)) => why,
@@ -271,7 +271,7 @@ mod tests {
             refused(&["/".into()], &policy),
             "additionalDirectories: the whole filesystem (/) cannot be a workspace: open a project folder"
         );
-        assert!(refused(&[home.clone()], &policy).contains("is your home directory"));
+        assert!(refused(std::slice::from_ref(&home), &policy).contains("is your home directory"));
         assert!(refused(&["/etc".into()], &policy).contains("is a system directory"));
     }
 
