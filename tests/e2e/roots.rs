@@ -46,6 +46,9 @@ fn a_root_is_advertised_written_at_its_own_path_listed_and_kept_by_a_load_after_
     assert_eq!(turn.stop_reason(), "end_turn");
     assert_eq!(reads(&turn), format!("READ {}=written", target.display()));
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "one\n", "the write reached the host at its path");
+    // OpenCode is told the root is its project's: it does not ask about it as an outside directory.
+    let permission = invocations(&ws)[0].env("OPENCODE_PERMISSION").unwrap_or_default();
+    assert_eq!(permission, json!({"external_directory": {format!("{}/*", lib.display()): "allow"}}).to_string());
     drop(bridge);
 
     // A new bridge; Zed would send the roots again, a client that does not send them keeps them.
