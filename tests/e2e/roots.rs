@@ -168,3 +168,25 @@ fn under_bubblewrap_only_the_named_roots_are_writable_and_their_protected_paths_
     assert_eq!(moved.len(), 1, "{:?}", notes(&turn));
     assert!(moved[0].contains(&format!("`{}` → ", envrc.display())), "{}", moved[0]);
 }
+
+#[test]
+fn a_remote_sandbox_does_not_advertise_roots_and_refuses_them() {
+    let dirs = TestDirs::new("roots-remote");
+    let ws = dirs.workspace("ws");
+    let lib = dirs.workspace("lib");
+    // Nothing is asked of E2B before a prompt: a key and an address that answers nothing are enough.
+    let options = BridgeOptions::new("opencode", &dirs.data)
+        .sandbox("e2b")
+        .env("E2B_API_KEY", "e2b_0000000000000000000000000000000000000000")
+        .env("E2B_API_URL", "http://127.0.0.1:9");
+    let mut bridge = Bridge::spawn(options);
+    let init = bridge.initialize();
+    assert_eq!(init["agentCapabilities"]["sessionCapabilities"].get("additionalDirectories"), None, "{init}");
+    let error = new_with_roots(&mut bridge, &ws, &[&lib]).unwrap_err();
+    assert_eq!(
+        (error.code, error.message.as_str()),
+        (-32602, "additionalDirectories: a remote sandbox (e2b) takes one root, the workspace")
+    );
+    // Without roots the same request is a session.
+    assert!(new_with_roots(&mut bridge, &ws, &[]).is_ok());
+}
