@@ -49,7 +49,11 @@ mod pulls;
 mod secrets;
 
 fn spec(session: &str) -> SandboxSpec {
-    SandboxSpec { session_id: session.into(), workspace: PathBuf::from("/nonexistent/editor/workspace") }
+    SandboxSpec {
+        session_id: session.into(),
+        workspace: PathBuf::from("/nonexistent/editor/workspace"),
+        roots: Vec::new(),
+    }
 }
 
 async fn created(fake: &FakeDaytona, session: &str) -> (DaytonaProvider, String, Arc<dyn Sandbox>) {

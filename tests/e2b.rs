@@ -43,7 +43,11 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader as AsyncBufReader};
 
 fn spec(session: &str) -> SandboxSpec {
-    SandboxSpec { session_id: session.to_string(), workspace: PathBuf::from("/nonexistent-host-workspace") }
+    SandboxSpec {
+        session_id: session.to_string(),
+        workspace: PathBuf::from("/nonexistent-host-workspace"),
+        roots: Vec::new(),
+    }
 }
 
 fn sh(script: &str) -> ExecSpec {

@@ -20,6 +20,7 @@ mod e2e {
     mod persistence;
     mod protocol;
     mod review;
+    mod roots;
     mod sandbox;
     mod schemas;
     mod serve_faults;

@@ -149,6 +149,8 @@ mod tests {
         assert!(!wrapped.args.iter().any(|arg| arg.contains("s3cret")));
     }
 
+    // A test runs the wrapper itself to see what it passes on (tests may start processes).
+    #[allow(clippy::disallowed_methods)]
     #[test]
     fn the_wrapper_runs_the_command_with_exactly_those_variables() {
         let server = McpServerStdio::new("e", "env").env(vec![EnvVariable::new("GIVEN", "a b $c")]);

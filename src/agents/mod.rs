@@ -52,6 +52,8 @@ pub struct Extras<'a> {
     pub system_prompt: Option<&'a str>,
     /// The editor's MCP servers.
     pub mcp_servers: &'a [agent_client_protocol::v1::schema::McpServer],
+    /// The workspace's other roots (mounted like the workspace; the agent is told they are its project's too).
+    pub roots: &'a [String],
 }
 
 /// One coding agent, as the bridge drives it: everything about it that is not the same for every agent. The

@@ -260,6 +260,9 @@ pub struct SandboxSpec {
     pub session_id: String,
     /// The editor's workspace, writable by the CLI.
     pub workspace: PathBuf,
+    /// The workspace's other roots (ACP's `additionalDirectories`), checked and absolute: writable like the
+    /// workspace, with the same protected paths, at their own host paths. Only a local sandbox takes them.
+    pub roots: Vec<PathBuf>,
 }
 
 /// One command to run inside a sandbox.

@@ -21,10 +21,10 @@ use agent_client_protocol::v1::schema::{
     ForkSessionRequest, ForkSessionResponse, Implementation, InitializeRequest, InitializeResponse,
     ListSessionsRequest, ListSessionsResponse, LoadSessionRequest, LoadSessionResponse, LogoutCapabilities,
     McpCapabilities, NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse,
-    ResumeSessionRequest, ResumeSessionResponse, SessionCapabilities, SessionCloseCapabilities,
-    SessionDeleteCapabilities, SessionForkCapabilities, SessionInfo, SessionListCapabilities, SessionNotification,
-    SessionResumeCapabilities, SessionSystemPromptCapabilities, SessionUpdate, SetSessionConfigOptionRequest,
-    SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse,
+    ResumeSessionRequest, ResumeSessionResponse, SessionAdditionalDirectoriesCapabilities, SessionCapabilities,
+    SessionCloseCapabilities, SessionDeleteCapabilities, SessionForkCapabilities, SessionInfo, SessionListCapabilities,
+    SessionNotification, SessionResumeCapabilities, SessionSystemPromptCapabilities, SessionUpdate,
+    SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest, SetSessionModeResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client};
@@ -218,6 +218,11 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         .fork(SessionForkCapabilities::new());
                     if agent.takes_system_prompt() {
                         sessions = sessions.system_prompt(SessionSystemPromptCapabilities::new());
+                    }
+                    // Only where a session can have them: a local sandbox that binds each root (a remote one and
+                    // review mode refuse them, so a client must not be told to send them).
+                    if bridge.takes_roots() {
+                        sessions = sessions.additional_directories(SessionAdditionalDirectoriesCapabilities::new());
                     }
                     let mut capabilities = AgentCapabilities::new()
                         .load_session(true)
@@ -438,7 +443,14 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         let sessions = page
                             .sessions
                             .into_iter()
-                            .map(|s| SessionInfo::new(s.id, s.cwd).title(s.title).updated_at(s.updated_at))
+                            .map(|s| {
+                                SessionInfo::new(s.id, s.cwd)
+                                    .title(s.title)
+                                    .updated_at(s.updated_at)
+                                    .additional_directories(
+                                        s.additional_directories.into_iter().map(Into::into).collect(),
+                                    )
+                            })
                             .collect();
                         Ok(ListSessionsResponse::new(sessions).next_cursor(page.next_cursor))
                     });

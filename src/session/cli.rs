@@ -181,7 +181,7 @@ pub(super) async fn run_once(
     let command = format!("`{} {}`", agent.package().bin, args.join(" "));
     let workspace = config.data_dir.join(format!("{}-workspace", sandbox.trim_start_matches('_')));
     paths::create_private_dir(&workspace).map_err(|e| format!("create {}: {e}", workspace.display()))?;
-    let spec = crate::sandbox::SandboxSpec { session_id: sandbox.into(), workspace };
+    let spec = crate::sandbox::SandboxSpec { session_id: sandbox.into(), workspace, roots: Vec::new() };
     let id = provider.create(&spec).await.map_err(|e| e.to_string())?;
     let sandbox = provider.connect(&id, &spec).await.map_err(|e| e.to_string())?.ok_or("the sandbox vanished")?;
     let env = cli_environment(agent, sandbox.state_dir(), None, env_names);

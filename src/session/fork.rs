@@ -32,7 +32,8 @@ impl Bridge {
             )));
         }
         let agent = self.agent_of(&original);
-        let mut context = given::context_after(agent, &original.context, given)?;
+        let roots = self.check_roots(Path::new(&original.cwd), given)?;
+        let mut context = given::context_after(agent, &original.context, given, roots)?;
         let shared = original
             .sandbox_id
             .as_deref()

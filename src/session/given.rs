@@ -2,7 +2,7 @@
 //! system prompt and its MCP servers; checked, kept with the session (the MCP servers' secrets only in memory)
 //! and compared with what the session had.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::{ContentBlock, McpServer, SystemPrompt, SystemPromptMode};
 
@@ -123,16 +123,58 @@ pub fn check_mcp_servers(servers: &[McpServer]) -> Result<()> {
     Ok(())
 }
 
+/// The workspace's other roots as a session keeps them: each absolute, an existing directory, not one a workspace
+/// could not be either (`refusal`: the whole filesystem, the home, the bridge's data…), normalized like the cwd;
+/// the cwd itself and repeats left out, the editor's order kept.
+pub fn check_roots(cwd: &Path, roots: &[PathBuf], refusal: impl Fn(&Path) -> Option<String>) -> Result<Vec<String>> {
+    let cwd = super::normalize(cwd);
+    let mut kept: Vec<String> = Vec::new();
+    for root in roots {
+        if !root.is_absolute() {
+            return Err(Error::InvalidParams(format!(
+                "additionalDirectories must be absolute paths, got {}",
+                root.display()
+            )));
+        }
+        if let Some(why) = refusal(root) {
+            return Err(Error::InvalidParams(format!("additionalDirectories: {why}")));
+        }
+        if !std::fs::metadata(root).is_ok_and(|meta| meta.is_dir()) {
+            return Err(Error::InvalidParams(format!(
+                "additionalDirectories: {} is not an existing directory",
+                root.display()
+            )));
+        }
+        let root = super::normalize(root);
+        if root != cwd && !kept.contains(&root) {
+            kept.push(root);
+        }
+    }
+    Ok(kept)
+}
+
 /// The session's context after `given`: its system prompt and MCP servers as the editor gave them now (on load and
-/// resume a request without them means the session has none), its roots as before unless new ones were given.
-pub fn context_after(agent: AgentKind, stored: &SessionContext, given: &Given) -> Result<SessionContext> {
+/// resume a request without them means the session has none), its roots as before unless the request named some
+/// (`roots`: those, checked with [`check_roots`]). A request without roots keeps the stored ones rather than
+/// clearing them: a client that knows the capability sends them again each time (Zed does), and one that does not
+/// (`session/load` from the command line, an older client) must not take a session's roots away by leaving them out.
+pub fn context_after(
+    agent: AgentKind,
+    stored: &SessionContext,
+    given: &Given,
+    roots: Vec<String>,
+) -> Result<SessionContext> {
     check_mcp_servers(&given.mcp_servers)?;
     let system_prompt = match &given.system_prompt {
         Some(prompt) => Some(system_prompt_text(agent, prompt)?),
         None => None,
     };
     Ok(SessionContext {
-        additional_directories: stored.additional_directories.clone(),
+        additional_directories: if given.additional_directories.is_empty() {
+            stored.additional_directories.clone()
+        } else {
+            roots
+        },
         system_prompt,
         mcp_servers: given.mcp_servers.iter().map(shape).collect(),
         forked_from: stored.forked_from.clone(),
@@ -183,6 +225,7 @@ mod tests {
             opencode(),
             &SessionContext::default(),
             &Given { mcp_servers: vec![stdio, http], ..Given::default() },
+            Vec::new(),
         )
         .unwrap();
         let kept = serde_json::to_string(&context).unwrap();
@@ -190,6 +233,60 @@ mod tests {
             kept,
             r#"{"mcpServers":[{"name":"files","transport":"stdio","target":"/bin/files","args":["--root"],"secrets":["TOKEN"]},{"name":"web","transport":"http","target":"http://127.0.0.1:9/mcp","secrets":["Authorization"]}]}"#
         );
+    }
+
+    #[test]
+    fn roots_are_absolute_existing_directories_a_workspace_could_be_normalized_without_the_cwd_or_repeats() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cwd, a, b) = (dir.path().join("ws"), dir.path().join("a"), dir.path().join("b"));
+        for path in [&cwd, &a, &b] {
+            std::fs::create_dir(path).unwrap();
+        }
+        std::fs::write(dir.path().join("file"), "x").unwrap();
+        let never = |_: &Path| None;
+        let given = [a.join("./"), cwd.clone(), b.clone(), a.clone(), b.join(".")];
+        let show = |path: &Path| path.display().to_string();
+        assert_eq!(check_roots(&cwd, &given, never).unwrap(), vec![show(&a), show(&b)]);
+        assert_eq!(check_roots(&cwd.join("."), std::slice::from_ref(&cwd), never).unwrap(), Vec::<String>::new());
+        let refused =
+            |roots: &[PathBuf], refusal: &dyn Fn(&Path) -> Option<String>| match check_roots(&cwd, roots, refusal) {
+                Err(Error::InvalidParams(why)) => why,
+                other => panic!("{other:?}"),
+            };
+        assert_eq!(
+            refused(&[a.clone(), "rel/dir".into()], &never),
+            "additionalDirectories must be absolute paths, got rel/dir"
+        );
+        assert_eq!(
+            refused(&[dir.path().join("missing")], &never),
+            format!("additionalDirectories: {} is not an existing directory", dir.path().join("missing").display())
+        );
+        assert_eq!(
+            refused(&[dir.path().join("file")], &never),
+            format!("additionalDirectories: {} is not an existing directory", dir.path().join("file").display())
+        );
+        let home = dir.path().to_path_buf();
+        let data = dir.path().join("data");
+        let policy = |root: &Path| crate::sandbox::local::policy::workspace_refusal(root, &home, &data);
+        assert_eq!(
+            refused(&["/".into()], &policy),
+            "additionalDirectories: the whole filesystem (/) cannot be a workspace: open a project folder"
+        );
+        assert!(refused(std::slice::from_ref(&home), &policy).contains("is your home directory"));
+        assert!(refused(&["/etc".into()], &policy).contains("is a system directory"));
+    }
+
+    #[test]
+    fn named_roots_replace_the_stored_ones_and_none_keeps_them() {
+        let stored = SessionContext { additional_directories: vec!["/old".into()], ..SessionContext::default() };
+        let kept = context_after(opencode(), &stored, &Given::default(), Vec::new()).unwrap();
+        assert_eq!(kept.additional_directories, vec!["/old".to_string()]);
+        let named = Given { additional_directories: vec!["/new".into()], ..Given::default() };
+        let replaced = context_after(opencode(), &stored, &named, vec!["/new".into()]).unwrap();
+        assert_eq!(replaced.additional_directories, vec!["/new".to_string()]);
+        // Named, but each was the cwd: the session has no other roots any more.
+        let cleared = context_after(opencode(), &stored, &named, Vec::new()).unwrap();
+        assert_eq!(cleared.additional_directories, Vec::<String>::new());
     }
 
     #[test]

@@ -27,7 +27,8 @@ impl Bridge {
     /// Creates a session. The sandbox is prepared on the first prompt, so this answers at once.
     pub async fn new_session(&self, cwd: &Path, given: &Given) -> Result<(String, Vec<SessionConfigOption>)> {
         self.check_workspace(cwd)?;
-        let context = given::context_after(self.config.agent, &SessionContext::default(), given)?;
+        let roots = self.check_roots(cwd, given)?;
+        let context = given::context_after(self.config.agent, &SessionContext::default(), given, roots)?;
         let now = now_ms();
         let mut config = json!({});
         if let Some(model) = &self.config.model {
@@ -66,10 +67,59 @@ impl Bridge {
         }
     }
 
+    /// Whether a session may have more roots than its workspace: only in a local sandbox where the agent writes
+    /// the user's files (a remote sandbox holds one uploaded workspace; a review copy covers the workspace alone).
+    pub fn takes_roots(&self) -> bool {
+        self.provider.runs_here() && self.config.workspace == crate::sandbox::WorkspaceMode::Direct
+    }
+
+    /// The roots `given` names beside `cwd`, checked as the workspace is ([`given::check_roots`]); refused where
+    /// the session could not have them ([`Bridge::takes_roots`]).
+    pub(super) fn check_roots(&self, cwd: &Path, given: &Given) -> Result<Vec<String>> {
+        if given.additional_directories.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !self.provider.runs_here() {
+            return Err(Error::InvalidParams(format!(
+                "additionalDirectories: a remote sandbox ({}) takes one root, the workspace",
+                self.provider.name()
+            )));
+        }
+        if !self.takes_roots() {
+            return Err(Error::InvalidParams(
+                "additionalDirectories: review mode (--workspace review) takes one root, the workspace".into(),
+            ));
+        }
+        let (home, data_dir) = (paths::home(), &self.config.data_dir);
+        given::check_roots(cwd, &given.additional_directories, |root| {
+            crate::sandbox::local::policy::workspace_refusal(root, &home, data_dir)
+        })
+    }
+
+    /// The roots of a session its sandbox mounts now: the stored ones that are still directories a workspace could
+    /// be (the data dir may be another one since, a root may be gone), each one left out said in the log.
+    pub(super) fn live_roots(&self, context: &SessionContext) -> Vec<PathBuf> {
+        let home = paths::home();
+        context
+            .additional_directories
+            .iter()
+            .map(PathBuf::from)
+            .filter(|root| {
+                let why = crate::sandbox::local::policy::workspace_refusal(root, &home, &self.config.data_dir)
+                    .or_else(|| (!root.is_dir()).then(|| "it is no longer a directory".to_string()));
+                if let Some(why) = &why {
+                    tracing::warn!(root = %root.display(), "a root of the session is left out: {why}");
+                }
+                why.is_none()
+            })
+            .collect()
+    }
+
     /// What the editor gave a stored session on load or resume: kept when it changed (the agent is configured
     /// with the new set from the next turn or server start on), and its MCP servers held for this process.
     async fn take_given(&self, record: &SessionRecord, given: &Given) -> Result<()> {
-        let context = given::context_after(self.agent_of(record), &record.context, given)?;
+        let roots = self.check_roots(Path::new(&record.cwd), given)?;
+        let context = given::context_after(self.agent_of(record), &record.context, given, roots)?;
         if context != record.context {
             tracing::info!(session = %record.id, "what the editor gives the session changed");
             self.store.set_context(&record.id, &context).await?;
@@ -232,6 +282,7 @@ impl Bridge {
                     cwd: r.cwd.clone(),
                     title: r.title.clone(),
                     updated_at: rfc3339(r.updated_at),
+                    additional_directories: r.context.additional_directories.clone(),
                 })
                 .collect(),
             next_cursor,
@@ -448,7 +499,13 @@ impl Bridge {
         let current = self.store.session(&record.id).await?;
         let sandbox_id = current.as_ref().and_then(|r| r.sandbox_id.clone());
         let provider_name = current.as_ref().map(|r| r.sandbox_provider.clone()).unwrap_or_default();
-        let spec = |name: String| crate::sandbox::SandboxSpec { session_id: name, workspace: workspace.clone() };
+        // The roots as the store has them now: a load or resume that named others replaced them before this.
+        let roots = self.live_roots(&current.as_ref().unwrap_or(record).context);
+        let spec = |name: String| crate::sandbox::SandboxSpec {
+            session_id: name,
+            workspace: workspace.clone(),
+            roots: roots.clone(),
+        };
         if let Some(id) = &sandbox_id
             && provider_name == provider.name()
         {
@@ -458,7 +515,7 @@ impl Bridge {
             }
             tracing::warn!(session = %record.id, sandbox = %id, "the session's sandbox is gone; creating a new one");
         }
-        let spec = match self.shared_sandbox_name(record) {
+        let spec = match self.shared_sandbox_name(current.as_ref().unwrap_or(record)) {
             Some(shared) => {
                 // Two sessions of the workspace may make it at the same time: one creates, the other connects.
                 let gate = self.gate(&shared);

@@ -52,6 +52,8 @@ pub struct SessionSummary {
     pub title: Option<String>,
     /// Last activity, RFC 3339.
     pub updated_at: String,
+    /// The workspace's other roots the session has.
+    pub additional_directories: Vec<String>,
 }
 
 /// A page of the history.
@@ -435,6 +437,38 @@ mod tests {
             run(RUN_ONCE_OUTPUT_LIMIT + 1).await,
             Err(format!("`opencode -c {} /dev/zero` printed more than 16 MiB", RUN_ONCE_OUTPUT_LIMIT + 1))
         );
+    }
+
+    #[tokio::test]
+    async fn sessions_with_other_roots_never_share_a_sandbox() {
+        let data = tempfile::tempdir().unwrap();
+        let config = Config {
+            sandbox: crate::sandbox::SandboxChoice::None,
+            ..Config::new(crate::agents::AgentKind::parse("opencode").unwrap(), data.path().to_path_buf())
+        };
+        let bridge = Bridge::open(config).await.unwrap();
+        let record = |roots: &[&str]| crate::store::SessionRecord {
+            id: "sess_x".into(),
+            agent: "opencode".into(),
+            cwd: "/w/project".into(),
+            sandbox_provider: "local".into(),
+            sandbox_id: None,
+            native_id: None,
+            title: None,
+            config: json!({}),
+            context: crate::store::SessionContext {
+                additional_directories: roots.iter().map(|root| root.to_string()).collect(),
+                ..Default::default()
+            },
+            created_at: 0,
+            updated_at: 0,
+        };
+        let name = |roots: &[&str]| bridge.shared_sandbox_name(&record(roots)).expect("sessions share here");
+        assert_eq!(name(&[]), name(&[]));
+        assert_eq!(name(&["/w/lib"]), name(&["/w/lib"]));
+        assert_ne!(name(&[]), name(&["/w/lib"]));
+        assert_ne!(name(&["/w/lib"]), name(&["/w/other"]));
+        assert_ne!(name(&["/w/a", "/w/b"]), name(&["/w/ab"]));
     }
 
     #[tokio::test]

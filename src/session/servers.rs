@@ -71,8 +71,8 @@ impl Bridge {
 
     /// The sandbox a new session of `record` shares with the other new sessions of its workspace, where sessions
     /// share one (a local sandbox writing the workspace itself, OpenCode through its server, `--server-scope
-    /// workspace`): named after the agent, the workspace and everything of the bridge's settings that shapes a
-    /// sandbox, so that a bridge started with another policy gets a sandbox of its own.
+    /// workspace`): named after the agent, the workspace, its other roots and everything of the bridge's settings
+    /// that shapes a sandbox, so that a bridge started with another policy gets a sandbox of its own.
     pub(super) fn shared_sandbox_name(&self, record: &SessionRecord) -> Option<String> {
         let shares = self.serves(record)
             && self.config.server_scope == crate::config::ServerScope::Workspace
@@ -96,6 +96,13 @@ impl Bridge {
         let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
         for part in [self.agent_of(record).as_str(), record.cwd.as_str(), policy.as_str()] {
             hash.update(part.as_bytes());
+            hash.update(&[0]);
+        }
+        // The workspace's other roots are mounts of the sandbox: sessions with other roots get another one. Hashed
+        // only when there are some, so that the sandbox of a workspace without them keeps its name.
+        for root in &record.context.additional_directories {
+            hash.update(b"root\0");
+            hash.update(root.as_bytes());
             hash.update(&[0]);
         }
         let digest = hash.finish();

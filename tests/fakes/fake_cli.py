@@ -37,6 +37,7 @@ Scenarios (both agents unless noted):
 """
 
 import base64
+import errno
 import json
 import os
 import random
@@ -317,6 +318,17 @@ def run_file_ops(prompt, sid, msg, cwd):
                 f.write(data)
             content = op[2] if kind == "write" else f"<{len(data)} bytes>"
             events.append(oc_tool(sid, msg, "write", path, {"filePath": full, "content": content}, "Wrote file successfully."))
+        elif kind == "try-write":
+            # A write that may be refused (a path the sandbox keeps read-only): what happened is in the READ line,
+            # `written` or the errno's name.
+            try:
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                with open(full, "w", encoding="utf-8") as f:
+                    f.write(op[2])
+                reads.append(f"{path}=written")
+            except OSError as e:
+                reads.append(f"{path}={errno.errorcode.get(e.errno, e.errno)}")
+            events.append(oc_tool(sid, msg, "write", path, {"filePath": full, "content": op[2]}, "done"))
         elif kind == "flush":
             # The events so far are printed now: the bridge reviews while we go on.
             if not started:

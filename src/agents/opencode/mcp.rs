@@ -126,7 +126,7 @@ mod tests {
                 r#"{"mcp": {"mine": {"type": "local", "command": ["x"]}}, "model": "a/b"}"#.to_string(),
             ),
         ];
-        let extras = Extras { system_prompt: Some("Be brief."), mcp_servers: &servers };
+        let extras = Extras { system_prompt: Some("Be brief."), mcp_servers: &servers, roots: &[] };
         run_env(&extras, Path::new("/state"), &mut env).unwrap();
         let (_, content) = env.iter().find(|(name, _)| name == CONFIG_CONTENT).unwrap();
         let config: Value = serde_json::from_str(content).unwrap();

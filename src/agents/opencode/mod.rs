@@ -124,7 +124,7 @@ impl Agent for OpenCode {
     fn turn_env(&self, session_config: &Value, extras: &Extras<'_>, state_dir: &Path, env: &mut Vec<(String, String)>) {
         // `run` takes no session rules: plan mode's are the configuration's, for every agent of the turn.
         let plan = options::agent(session_config) == Some("plan");
-        permissions::set_env(env, "OPENCODE_PERMISSION", |user| permissions::run_permission(plan, user));
+        permissions::set_env(env, "OPENCODE_PERMISSION", |user| permissions::run_permission(plan, extras.roots, user));
         if let Err(e) = mcp::run_env(extras, state_dir, env) {
             // The user's own OPENCODE_CONFIG_CONTENT is not one OpenCode reads either: it says so when it starts.
             tracing::warn!("the editor's MCP servers and system prompt are not given to OpenCode: {e}");

@@ -178,6 +178,24 @@ fn server_rules() -> Vec<Rule> {
     rules
 }
 
+/// The session's other roots as `external_directory` rules, for after every other rule: OpenCode asks before a tool
+/// touches a path outside its project with the pattern `<dir>/*` (whose `*` runs over `/`), so `<root>/*` makes
+/// each root and everything below it as much the project's as the workspace (what a tool does there is still
+/// decided by that tool's own permission: plan mode still edits nothing). The agent's own `external_directory`
+/// denials (`agent`: its rules, or none under `run`, where the configuration's come after these) follow them
+/// again, so that they still win.
+pub fn root_rules(roots: &[String], agent: &[Rule]) -> Vec<Rule> {
+    if roots.is_empty() {
+        return Vec::new();
+    }
+    let mut rules: Vec<Rule> =
+        roots.iter().map(|root| Rule::new("external_directory", &format!("{root}/*"), "allow")).collect();
+    rules.extend(
+        agent.iter().filter(|rule| rule.action == "deny" && wildcard("external_directory", &rule.permission)).cloned(),
+    );
+    rules
+}
+
 /// What changes or runs something among OpenCode's own permissions.
 const ASKED: &[&str] = &["edit", "bash", "webfetch", "websearch", "external_directory"];
 
@@ -189,9 +207,12 @@ pub fn server_permission(approvals: &str, user: Option<&str>) -> Option<String> 
 }
 
 /// `OPENCODE_PERMISSION` for a turn of `opencode run` (no session rules there): in plan mode every agent gets the
-/// plan rules of `auto` (`run` has nobody to ask). `None`: the user's value, untouched.
-pub fn run_permission(plan: bool, user: Option<&str>) -> Option<String> {
-    plan.then(|| merged(user, &plan_rules(false)))
+/// plan rules of `auto` (`run` has nobody to ask), and the session's other roots are the project's
+/// ([`root_rules`]). `None`: the user's value, untouched.
+pub fn run_permission(plan: bool, roots: &[String], user: Option<&str>) -> Option<String> {
+    let mut rules = if plan { plan_rules(false) } else { Vec::new() };
+    rules.extend(root_rules(roots, &[]));
+    (!rules.is_empty()).then(|| merged(user, &rules))
 }
 
 /// Sets `name` in a command's environment to what `value` makes of the value it had (`None`: leaves it).
@@ -324,18 +345,43 @@ mod tests {
         assert_eq!(value["*"], json!({"**": "ask"}));
         assert_eq!(value["read"], json!({"**": "allow"}));
         let user = r#"{"bash": "deny", "edit": {"src/*": "deny", "**": "allow"}}"#;
-        let value: Value = serde_json::from_str(&run_permission(true, Some(user)).unwrap()).unwrap();
+        let value: Value = serde_json::from_str(&run_permission(true, &[], Some(user)).unwrap()).unwrap();
         assert_eq!(value["bash"], json!({"*": "deny", "**": "deny"}), "bash stays the user's, then ours");
         let edit: Vec<(&String, &Value)> = value["edit"].as_object().unwrap().iter().collect();
         assert_eq!(edit, [(&"src/*".to_string(), &json!("deny")), (&"**".to_string(), &json!("deny"))], "ours last");
         assert_eq!(value["*"], json!({"**": "deny"}));
         let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
         assert_eq!(keys[..2], ["bash", "edit"], "the user's keys keep their places: {keys:?}");
-        assert_eq!(run_permission(false, Some(user)), None);
+        assert_eq!(run_permission(false, &[], Some(user)), None);
         assert_eq!(
-            serde_json::from_str::<Value>(&run_permission(true, Some("not json")).unwrap()).unwrap()["*"]["**"],
+            serde_json::from_str::<Value>(&run_permission(true, &[], Some("not json")).unwrap()).unwrap()["*"]["**"],
             "deny"
         );
+    }
+
+    #[test]
+    fn the_roots_are_the_projects_for_every_tool_but_the_agents_denials_still_win() {
+        let roots = vec!["/home/u/lib".to_string()];
+        let agent = rules(&[("*", "*", "allow"), ("external_directory", "*", "ask")]);
+        for (approvals, plan) in [("auto", false), ("ask", false), ("auto", true), ("ask", true)] {
+            let mut session = agent.clone();
+            session.extend(session_rules(&bridge_rules(approvals, plan, &[]), &agent));
+            session.extend(root_rules(&roots, &agent));
+            assert_eq!(evaluate("external_directory", "/home/u/lib/*", &session), "allow", "{approvals} {plan}");
+            assert_eq!(evaluate("external_directory", "/home/u/lib/src/deep/*", &session), "allow");
+            assert_ne!(evaluate("external_directory", "/home/u/other/*", &session), "allow", "{approvals} {plan}");
+            if plan {
+                assert_eq!(evaluate("edit", "/home/u/lib/a.rs", &session), "deny");
+            }
+        }
+        let denying = rules(&[("*", "*", "allow"), ("external_directory", "/home/u/lib/secret/*", "deny")]);
+        let mut session = session_rules(&bridge_rules("auto", false, &[]), &denying);
+        session.extend(root_rules(&roots, &denying));
+        assert_eq!(evaluate("external_directory", "/home/u/lib/secret/*", &session), "deny");
+        assert_eq!(evaluate("external_directory", "/home/u/lib/*", &session), "allow");
+        assert_eq!(root_rules(&[], &denying), Vec::<Rule>::new());
+        assert_eq!(run_permission(false, &roots, None).unwrap(), r#"{"external_directory":{"/home/u/lib/*":"allow"}}"#);
+        assert_eq!(run_permission(false, &[], None), None);
     }
 
     #[test]

@@ -234,9 +234,13 @@ impl SandboxProvider for LocalProvider {
             (Some(copy), Isolation::None(_)) => copy.path(),
             _ => spec.workspace.clone(),
         };
+        // The review copy covers the workspace alone: with it, the other roots are never writable (the session
+        // refuses them in review mode; this keeps the copy's promise whatever asks).
+        let roots = if copy.is_some() { Vec::new() } else { spec.roots.clone() };
         Ok(Some(Arc::new(LocalSandbox {
             copy,
             workspace,
+            roots,
             state_dir,
             host_workspace: spec.workspace.clone(),
             session_id: spec.session_id.clone(),
@@ -322,6 +326,8 @@ pub struct LocalSandbox {
     state_dir: PathBuf,
     /// The user's workspace on the host.
     host_workspace: PathBuf,
+    /// The workspace's other roots, writable at their host paths and protected like the workspace.
+    roots: Vec<PathBuf>,
     session_id: String,
     settings: Arc<LocalSettings>,
     /// The connections its proxies may still open, shared by all of them.
@@ -489,7 +495,7 @@ impl Sandbox for LocalSandbox {
         if self.copy.is_some() {
             return Vec::new();
         }
-        protect::sweep(&self.host_workspace)
+        std::iter::once(&self.host_workspace).chain(&self.roots).flat_map(|root| protect::sweep(root)).collect()
     }
 
     fn isolation(&self) -> String {
@@ -510,7 +516,9 @@ impl Sandbox for LocalSandbox {
         }
         let kept = match (&spec.keep_warm, spec.serve_port) {
             (Some(keep), Some(_)) => {
-                let fingerprint = warm::fingerprint(&spec, &warm::settings_digest(&self.settings));
+                // The roots are mounts of the server's sandbox: a server kept with other roots is not this one.
+                let settings = format!("{} {:?}", warm::settings_digest(&self.settings), self.roots);
+                let fingerprint = warm::fingerprint(&spec, &settings);
                 if let Some(record) = warm::read(&self.settings.run_dir, &keep.key) {
                     if record.fingerprint == fingerprint && record.alive() && record.door.exists() {
                         return self.adopt(record, &spec).await;
@@ -536,15 +544,15 @@ impl Sandbox for LocalSandbox {
         // (its mount point would stay in the workspace) but watched, and moved out as soon as it appears.
         if self.copy.is_none() {
             let policy = &self.settings.policy;
-            protect::clear_old_placeholders(
-                &self.host_workspace,
-                &policy.protected_paths(&self.host_workspace, &RealDisk),
-            );
             state
                 .ensure_dir(&self.state_dir.join(protect::QUARANTINE))
                 .map_err(|e| SandboxError::io(format!("create {}", protect::QUARANTINE), e))?;
-            let missing = policy.missing_protected(&self.host_workspace, &RealDisk);
-            guards.watch = Some(protect::Watch::start(&self.host_workspace, missing, &self.state_dir));
+            // Each root is guarded like the workspace, with one watch of its own.
+            for root in std::iter::once(&self.host_workspace).chain(&self.roots) {
+                protect::clear_old_placeholders(root, &policy.protected_paths(root, &RealDisk));
+                let missing = policy.missing_protected(root, &RealDisk);
+                guards.watches.push(protect::Watch::start(root, missing, &self.state_dir));
+            }
         }
         let enforcement = limits::probe();
         let cgroup = match limits::SandboxCgroup::create(
@@ -579,6 +587,7 @@ impl Sandbox for LocalSandbox {
             Isolation::Bwrap(bwrap) => {
                 let subject = Subject {
                     workspace: self.host_workspace.clone(),
+                    roots: self.roots.clone(),
                     state_dir: self.state_dir.clone(),
                     tools: spec.tools.clone(),
                     private: self
@@ -772,7 +781,7 @@ struct ProcessGuards {
     /// The host end of a server's door (a socket file in the run dir), removed with the process.
     door: Option<PathBuf>,
     cgroup: Option<limits::SandboxCgroup>,
-    watch: Option<protect::Watch>,
+    watches: Vec<protect::Watch>,
     inherited: Vec<OwnedFd>,
 }
 
@@ -1004,6 +1013,7 @@ mod tests {
             workspace: dir.into(),
             state_dir: dir.into(),
             host_workspace: dir.into(),
+            roots: Vec::new(),
             session_id: "s1".into(),
             settings: Arc::new(settings),
             budget: ConnectionBudget::default(),
@@ -1172,7 +1182,7 @@ mod tests {
         );
         let ws = dir.path().join("ws");
         std::fs::create_dir_all(&ws).unwrap();
-        let spec = SandboxSpec { session_id: "s1".into(), workspace: ws };
+        let spec = SandboxSpec { session_id: "s1".into(), workspace: ws, roots: Vec::new() };
         let id = provider.create(&spec).await.unwrap();
         let review = Path::new(&id).join("review");
         std::fs::create_dir_all(review.join("copy")).unwrap();
@@ -1192,7 +1202,8 @@ mod tests {
         );
         let ws = dir.path().join("ws");
         std::fs::create_dir_all(&ws).unwrap();
-        let id = provider.create(&SandboxSpec { session_id: "s1".into(), workspace: ws }).await.unwrap();
+        let id =
+            provider.create(&SandboxSpec { session_id: "s1".into(), workspace: ws, roots: Vec::new() }).await.unwrap();
         std::fs::write(Path::new(&id).join("cache/plugin.js"), "x").unwrap();
         let mut running =
             std::process::Command::new("sleep").arg("30").env("HOME", Path::new(&id).join("home")).spawn().unwrap();

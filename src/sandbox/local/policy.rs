@@ -5,8 +5,8 @@
 //! an earlier one, so nothing that is shown or writable may be mounted over a hidden path after it is hidden. The
 //! plan is always: private `/tmp` and `/run`, the hidden home (strict), what is shown again (toolchains,
 //! `--allow-read`, the CLI's install), secrets hidden, the data dir hidden, a CLI installed in the data dir shown,
-//! the writable dirs, secrets inside the workspace hidden again, then the protected paths inside the workspace
-//! that exist. A protected path that does not exist is not mounted at all: bubblewrap would create its mount point
+//! the writable dirs (the workspace and its other roots), secrets inside them hidden again, then the protected paths
+//! inside each that exist. A protected path that does not exist is not mounted at all: bubblewrap would create its mount point
 //! in the user's workspace, where it stays after a SIGKILL; `protect.rs` guards it instead.
 
 use std::path::{Component, Path, PathBuf};
@@ -185,6 +185,8 @@ impl Disk for RealDisk {
 pub struct Subject {
     /// The editor's workspace (writable).
     pub workspace: PathBuf,
+    /// The workspace's other roots (writable, protected like it).
+    pub roots: Vec<PathBuf>,
     /// The session's state dir (writable).
     pub state_dir: PathBuf,
     /// Directories of the CLI's installation, shown read-only wherever they live (`/tmp`, the data dir).
@@ -292,10 +294,11 @@ impl Policy {
                 mounts.push(Mount::ReadOnly(dir));
             }
         }
-        // A secret inside the workspace (a workspace of `~/.config` holds `~/.config/gh`) is hidden again on top of
-        // the workspace's own mount, below.
+        // A secret inside the workspace or a root (a workspace of `~/.config` holds `~/.config/gh`) is hidden again
+        // on top of their own mounts, below.
+        let roots: Vec<&PathBuf> = std::iter::once(&subject.workspace).chain(&subject.roots).collect();
         let (secrets_in_workspace, secrets): (Vec<PathBuf>, Vec<PathBuf>) =
-            self.hidden_paths().into_iter().partition(|path| path.starts_with(&subject.workspace));
+            self.hidden_paths().into_iter().partition(|path| roots.iter().any(|root| path.starts_with(root)));
         let hide = |mounts: &mut Vec<Mount>, paths: Vec<PathBuf>| {
             for path in paths {
                 // A secret behind a symlink is hidden where it really is: bubblewrap follows the link.
@@ -319,23 +322,36 @@ impl Policy {
                 mounts.push(Mount::EmptyDir(dir.clone()));
             }
         }
-        mounts.push(Mount::Writable(subject.workspace.clone()));
+        // Every root is mounted before anything is hidden or protected in any of them: a root nested in another
+        // (or holding it) mounted later would cover what was protected there.
+        mounts.extend(roots.iter().map(|root| Mount::Writable((*root).clone())));
         hide(mounts, secrets_in_workspace);
-        let protected = self.protected_paths(&subject.workspace, disk);
-        // A directory between the workspace and a protected path is pinned (bound onto itself): a mount point
-        // cannot be renamed, so `.git` cannot be moved aside, rebuilt with a hostile config and moved back.
+        let protected: Vec<(&PathBuf, Vec<PathBuf>)> =
+            roots.iter().map(|root| (*root, self.protected_paths(root, disk))).collect();
+        // A directory between a root and a protected path is pinned (bound onto itself): a mount point cannot be
+        // renamed, so `.git` cannot be moved aside, rebuilt with a hostile config and moved back.
         let mut pins: Vec<PathBuf> = protected
             .iter()
-            .flat_map(|path| {
-                path.ancestors().skip(1).take_while(|dir| *dir != subject.workspace).map(Path::to_path_buf)
+            .flat_map(|(root, paths)| {
+                paths.iter().flat_map(move |path| {
+                    path.ancestors()
+                        .skip(1)
+                        .take_while(move |dir| dir != root)
+                        .filter(move |dir| dir.starts_with(root))
+                        .map(Path::to_path_buf)
+                })
             })
-            .filter(|dir| dir.starts_with(&subject.workspace) && disk.kind(dir) == Some(true))
+            .filter(|dir| disk.kind(dir) == Some(true))
             .collect();
-        pins.sort_by_key(|dir| dir.components().count());
+        // Outer before inner (a pin below another would be covered by it), and in one order so repeats are adjacent.
+        pins.sort_by(|a, b| (a.components().count(), a).cmp(&(b.components().count(), b)));
         pins.dedup();
         mounts.extend(pins.into_iter().map(Mount::Writable));
         // A protected path that does not exist gets no mount (its mount point would be made in the user's
         // workspace): `protect.rs` moves it out of the workspace when something creates it.
+        let mut protected: Vec<PathBuf> = protected.into_iter().flat_map(|(_, paths)| paths).collect();
+        protected.sort();
+        protected.dedup();
         mounts.extend(protected.into_iter().filter(|path| disk.kind(path).is_some()).map(Mount::ReadOnly));
         plan
     }
@@ -490,6 +506,7 @@ mod tests {
     fn subject() -> Subject {
         Subject {
             workspace: "/home/u/ws".into(),
+            roots: vec![],
             state_dir: "/home/u/.local/share/acp-sandbox/sessions/s1".into(),
             tools: vec!["/tmp/tools/opencode".into()],
             private: vec![],
@@ -529,6 +546,38 @@ mod tests {
                 Writable("/home/u/.local/share/acp-sandbox/sessions/s1".into()),
                 Writable("/home/u/ws".into()),
                 Writable("/home/u/ws/.git".into()),
+                ReadOnly("/home/u/ws/.git/config".into()),
+                ReadOnly("/home/u/ws/.git/hooks".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn every_root_is_writable_and_protected_like_the_workspace_whichever_holds_the_other() {
+        let mut disk = base_disk();
+        for (path, dir) in [
+            ("/home/u/lib", true),
+            ("/home/u/lib/.git", true),
+            ("/home/u/lib/.git/hooks", true),
+            ("/home/u/lib/.envrc", false),
+            ("/home/u/ws/inner", true),
+        ] {
+            disk.entries.insert(path.into(), dir);
+        }
+        // `/home/u/ws/inner` inside the workspace: mounted with the others, before the workspace's protected paths.
+        let subject = Subject { roots: vec!["/home/u/lib".into(), "/home/u/ws/inner".into()], ..subject() };
+        let mounts = policy().plan(&subject, &disk).mounts;
+        use Mount::*;
+        assert_eq!(
+            mounts[mounts.iter().position(|m| *m == Writable("/home/u/ws".into())).unwrap()..],
+            [
+                Writable("/home/u/ws".into()),
+                Writable("/home/u/lib".into()),
+                Writable("/home/u/ws/inner".into()),
+                Writable("/home/u/lib/.git".into()),
+                Writable("/home/u/ws/.git".into()),
+                ReadOnly("/home/u/lib/.envrc".into()),
+                ReadOnly("/home/u/lib/.git/hooks".into()),
                 ReadOnly("/home/u/ws/.git/config".into()),
                 ReadOnly("/home/u/ws/.git/hooks".into()),
             ]
@@ -577,6 +626,7 @@ mod tests {
         // A fake CLI next to the data dir, and a workspace that holds a secret.
         let subject = Subject {
             workspace: "/home/u/.config".into(),
+            roots: vec![],
             state_dir: "/home/u/.local/share/acp-sandbox/sessions/s1".into(),
             tools: vec!["/home/u/.local/share".into(), "/home/u/.local/share/acp-sandbox/tools/x".into()],
             private: vec![],

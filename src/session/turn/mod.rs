@@ -454,7 +454,11 @@ impl Turn<'_> {
         let config = &self.record.config;
         let mcp_servers =
             if self.agent.takes_mcp_servers() { self.bridge.mcp_servers(&self.record.id) } else { Vec::new() };
-        let extras = Extras { system_prompt: self.record.context.system_prompt.as_deref(), mcp_servers: &mcp_servers };
+        let extras = Extras {
+            system_prompt: self.record.context.system_prompt.as_deref(),
+            mcp_servers: &mcp_servers,
+            roots: &self.record.context.additional_directories,
+        };
         for (path, bytes) in self.agent.turn_files(&extras) {
             sandbox.write_state_file(&sandbox.state_dir().join(path), &bytes).await?;
         }

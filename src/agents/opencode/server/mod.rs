@@ -205,17 +205,25 @@ pub struct Profile {
     pub project_config: bool,
     /// The editor's MCP servers for the session (in the server's configuration: a different set, another server).
     pub mcp_servers: Vec<agent_client_protocol::v1::schema::McpServer>,
+    /// The session's other roots: mounts of the server's sandbox, so other roots (a load that changed them) are
+    /// another server, started with them.
+    pub roots: Vec<String>,
 }
 
 impl Profile {
-    /// A profile without the editor's MCP servers.
+    /// A profile without the editor's MCP servers or other roots.
     pub fn new(approvals: String, project_config: bool) -> Self {
-        Profile { approvals, project_config, mcp_servers: Vec::new() }
+        Profile { approvals, project_config, mcp_servers: Vec::new(), roots: Vec::new() }
     }
 
     /// The same profile for these MCP servers.
     pub fn with_mcp_servers(self, mcp_servers: Vec<agent_client_protocol::v1::schema::McpServer>) -> Self {
         Profile { mcp_servers, ..self }
+    }
+
+    /// The same profile for these other roots.
+    pub fn with_roots(self, roots: Vec<String>) -> Self {
+        Profile { roots, ..self }
     }
 
     /// How a running server's profile is compared.
@@ -225,8 +233,18 @@ impl Profile {
             key.push_str(" mcp-");
             key.push_str(&crate::agents::mcp::digest(&self.mcp_servers));
         }
+        if !self.roots.is_empty() {
+            key.push_str(" roots-");
+            key.push_str(&roots_digest(&self.roots));
+        }
         key
     }
+}
+
+/// A short digest of a session's other roots, for a profile's key.
+fn roots_digest(roots: &[String]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, roots.join("\0").as_bytes());
+    digest.as_ref()[..6].iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// The warm servers of one bridge.

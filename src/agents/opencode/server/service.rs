@@ -134,7 +134,8 @@ impl Service for Warm {
             Ok(profile) if !has_config || profile.approvals == options::APPROVALS_ASK => profile,
             _ => Profile::new(options::approvals(&record.config).to_string(), false),
         }
-        .with_mcp_servers(host.mcp_servers(id));
+        .with_mcp_servers(host.mcp_servers(id))
+        .with_roots(record.context.additional_directories.clone());
         let key = server_key(host, id, sandbox.as_ref(), &profile.key());
         let warmed = self
             .servers

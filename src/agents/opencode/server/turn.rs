@@ -153,7 +153,9 @@ impl Warm {
         let Some(profile) = unless_cancelled(host.cancel(), self.profile(host)).await? else {
             return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         };
-        let profile = profile.with_mcp_servers(host.bridge().mcp_servers(&record.id));
+        let profile = profile
+            .with_mcp_servers(host.bridge().mcp_servers(&record.id))
+            .with_roots(record.context.additional_directories.clone());
         let profile_key = profile.key();
         let key = server_key(host.bridge(), &record.id, sandbox.as_ref(), &profile_key);
         let start = || {
@@ -404,7 +406,8 @@ async fn session_rules(
         });
     }
     let ours = permissions::bridge_rules(approvals, mode == Some("plan"), allowed);
-    let rules = permissions::session_rules(&ours, &own);
+    let mut rules = permissions::session_rules(&ours, &own);
+    rules.extend(permissions::root_rules(&record.context.additional_directories, &own));
     tracing::debug!(session = %record.id, agent = %agent, rules = rules.len(), "the session's rules");
     client
         .call_within(REQUEST_LIMIT, Method::PATCH, &format!("/session/{ses}"), Some(&json!({ "permission": rules })))
