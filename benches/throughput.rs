@@ -5,15 +5,21 @@
 //! recorded stream, so they measure the bridge (spawn, sandbox, translate, persist, send), not a model.
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use acp_sandbox::agents::{AgentKind, TranslateContext, translate_all};
 use acp_sandbox::store::{SessionRecord, Store};
-use serde_json::{Value, json};
+use agent_client_protocol::v1::schema::{PermissionOptionKind, SessionId, StopReason};
+use serde_json::json;
 
+use acp_client::{AcpClient, Answers, Updates, agent_chunk};
+
+// The one ACP client of the bench and the integration tests: the official SDK's client role.
+#[path = "../tests/support/acp_client.rs"]
+mod acp_client;
 mod threads;
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -139,61 +145,24 @@ fn bench_store() {
     });
 }
 
-/// How every `session/update` line of the bridge starts.
-const NOTIFICATION: &str = r#"{"jsonrpc":"2.0","method":"session/update","#;
-
-/// A JSON-RPC client of the built binary, just enough to time turns.
-struct Bridge {
-    child: std::process::Child,
-    stdin: std::process::ChildStdin,
-    stdout: BufReader<std::process::ChildStdout>,
-    next_id: i64,
-    /// The `session/update`s read so far.
-    notifications: usize,
+/// The built bridge of the `turns`, `stream` and `latency` rows: OpenCode's `run` backend on `fake`, logging only
+/// warnings.
+fn bridge_command(data_dir: &Path, sandbox: &str, extra: &[&str], fake: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_acp-sandbox"));
+    command
+        .args(["--agent", "opencode", "--sandbox", sandbox, "--data-dir"])
+        .arg(data_dir)
+        .args(extra)
+        .env("ACP_SANDBOX_OPENCODE_BIN", fake)
+        // The fake prints a recorded `opencode run` stream: these rows measure the `run` backend.
+        .env("ACP_SANDBOX_OPENCODE_BACKEND", "run")
+        .env("RUST_LOG", "warn");
+    command
 }
 
-impl Bridge {
-    fn start(data_dir: &Path, sandbox: &str, extra: &[&str], fake: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_acp-sandbox"))
-            .args(["--agent", "opencode", "--sandbox", sandbox, "--data-dir"])
-            .arg(data_dir)
-            .args(extra)
-            .env("ACP_SANDBOX_OPENCODE_BIN", fake)
-            // The fake prints a recorded `opencode run` stream: these rows measure the `run` backend.
-            .env("ACP_SANDBOX_OPENCODE_BACKEND", "run")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Self { child, stdin, stdout, next_id: 0, notifications: 0 }
-    }
-
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        self.next_id += 1;
-        let id = self.next_id;
-        writeln!(self.stdin, "{}", json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).unwrap();
-        self.stdin.flush().unwrap();
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the bridge exited");
-            // A notification is not the answer: skipped by its prefix rather than parsed, so that the client's
-            // parsing does not take from the two cores the bridge is measured on. The bridge writes its lines
-            // compact, `jsonrpc` then `method` first (a line written otherwise is parsed, and still counts).
-            if line.starts_with(NOTIFICATION) {
-                self.notifications += 1;
-                continue;
-            }
-            let message: Value = serde_json::from_str(&line).unwrap();
-            if message["id"] == json!(id) {
-                return message;
-            }
-        }
-    }
+/// How the bench's client answers: every permission it is asked for allowed once, no file writes offered.
+fn allow_all() -> Answers {
+    Answers { permission: Some(PermissionOptionKind::AllowOnce), ..Answers::default() }
 }
 
 fn bench_turns() {
@@ -216,28 +185,22 @@ fn bench_turns() {
         }
         let data = root.join(format!("data-{label}"));
         let start = Instant::now();
-        let mut bridge = Bridge::start(&data, sandbox, extra, &fake);
-        bridge.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
+        let bridge = AcpClient::start(bridge_command(&data, sandbox, extra, &fake), allow_all());
         let startup = start.elapsed();
-        let session =
-            bridge.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
+        let session = bridge.new_session(&workspace);
         let turns: Vec<Duration> = (0..20)
             .map(|i| {
                 let start = Instant::now();
-                let answer = bridge.request(
-                    "session/prompt",
-                    json!({"sessionId": session, "prompt": [{"type": "text", "text": format!("turn {i}")}]}),
-                );
-                assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+                let turn = bridge.prompt(&session, &format!("turn {i}"));
+                assert_eq!(turn.stop_reason(), StopReason::EndTurn);
                 start.elapsed()
             })
             .collect();
         let load = measure(5, || {
-            bridge.request("session/load", json!({"sessionId": session, "cwd": workspace, "mcpServers": []}));
+            bridge.load_session(&session, &workspace).result.unwrap();
         });
-        let bridge_peak = peak_rss_kib_of(&format!("/proc/{}/status", bridge.child.id()));
-        drop(bridge.stdin);
-        let _ = bridge.child.wait();
+        let bridge_peak = peak_rss_kib_of(&format!("/proc/{}/status", bridge.pid()));
+        bridge.close();
         println!(
             "turn      {label:<10}  startup {:>6.1} ms  turn (16 updates) {:>6.1} ms  load (20 turns) {:>6.1} ms  bridge peak RSS {:>5.1} MiB",
             startup.as_secs_f64() * 1e3,
@@ -283,25 +246,25 @@ fn bench_stream() {
     std::fs::write(&fake, format!("#!/bin/sh\ncat >/dev/null\ncat '{}'\n", stream_path.display())).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut bridge = Bridge::start(&root.join("data"), "none", &["--replay-limit", "1000000"], &fake);
-    bridge.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-    let session =
-        bridge.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
-    let before = bridge.notifications;
-    let stat = format!("/proc/{}/stat", bridge.child.id());
+    // The updates are counted by their prefix, not decoded: what is measured is the bridge, not the client's
+    // decoding (which would take the bridge's other core). The rest of the conversation goes through the SDK.
+    let command = bridge_command(&root.join("data"), "none", &["--replay-limit", "1000000"], &fake);
+    let bridge = AcpClient::spawn_with(command, allow_all(), Updates::Counted);
+    bridge.initialize();
+    let session = bridge.new_session(&workspace);
+    let before = bridge.notifications();
+    let stat = format!("/proc/{}/stat", bridge.pid());
     let cpu_before = cpu_ms_of(&stat);
     let start = Instant::now();
-    let answer =
-        bridge.request("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": "stream"}]}));
+    let turn = bridge.prompt(&session, "stream");
     let elapsed = start.elapsed();
     let cpu = cpu_ms_of(&stat).zip(cpu_before).map(|(after, before)| after - before);
-    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
-    assert!(bridge.notifications - before >= count, "every update reached the client before the answer");
+    assert_eq!(turn.stop_reason(), StopReason::EndTurn);
+    assert!(bridge.notifications() - before >= count, "every update reached the client before the answer");
     let load = Instant::now();
-    bridge.request("session/load", json!({"sessionId": session, "cwd": workspace, "mcpServers": []}));
+    bridge.load_session(&session, &workspace).result.unwrap();
     let load = load.elapsed();
-    drop(bridge.stdin);
-    let _ = bridge.child.wait();
+    bridge.close();
     println!(
         "bridge    stream    {count:>6} updates {:>8.1} ms  {:>9.0} updates/s (CLI to editor, each stored first)  replay {:>8.1} ms  bridge CPU {:>6.0} ms",
         elapsed.as_secs_f64() * 1e3,
@@ -352,37 +315,22 @@ exec python3 '{}'
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut bridge = Bridge::start(&root.join("data"), "none", &[], &fake);
-    bridge.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-    let session =
-        bridge.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
-    bridge.next_id += 1;
-    let id = bridge.next_id;
-    let prompt = json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
-        "params": {"sessionId": session, "prompt": [{"type": "text", "text": "stream"}]}});
-    writeln!(bridge.stdin, "{prompt}").unwrap();
-    bridge.stdin.flush().unwrap();
-    let mut added = Vec::with_capacity(count);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(bridge.stdout.read_line(&mut line).unwrap() > 0, "the bridge exited");
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
-        let message: Value = serde_json::from_str(&line).unwrap();
-        if message["id"] == json!(id) {
-            assert_eq!(message["result"]["stopReason"], "end_turn", "{message}");
-            break;
-        }
-        if let Some(stamp) = message["params"]["update"]["content"]["text"]
-            .as_str()
-            .and_then(|text| text.strip_prefix("t="))
-            .and_then(|t| t.trim().parse::<f64>().ok())
-        {
-            added.push(Duration::from_secs_f64((now - stamp).max(0.0)));
-        }
-    }
-    drop(bridge.stdin);
-    let _ = bridge.child.wait();
+    let bridge = AcpClient::start(bridge_command(&root.join("data"), "none", &[], &fake), allow_all());
+    let session = bridge.new_session(&workspace);
+    let turn = bridge.prompt(&session, "stream");
+    assert_eq!(turn.stop_reason(), StopReason::EndTurn);
+    bridge.close();
+    // Each update's arrival is stamped by the client as the SDK dispatches it: the bridge's latency and the
+    // client's decoding, as an editor on the SDK sees it.
+    let mut added: Vec<Duration> = turn
+        .updates
+        .iter()
+        .filter_map(|received| {
+            let stamp: f64 = agent_chunk(&received.update)?.0.strip_prefix("t=")?.trim().parse().ok()?;
+            let at = received.wall.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+            Some(Duration::from_secs_f64((at - stamp).max(0.0)))
+        })
+        .collect();
     assert_eq!(added.len(), count, "every event arrived");
     added.sort();
     let at = |q: f64| added[((added.len() as f64 * q) as usize).min(added.len() - 1)];
@@ -407,76 +355,17 @@ fn real_opencode() -> Option<PathBuf> {
     path.exists().then_some(path)
 }
 
-/// An ACP client of any agent server over stdio that times the first agent text of each prompt and allows
-/// every permission it is asked for.
-struct Acp {
-    child: std::process::Child,
-    stdin: std::process::ChildStdin,
-    stdout: BufReader<std::process::ChildStdout>,
-    next_id: i64,
-}
-
-impl Acp {
-    fn start(mut command: Command) -> Self {
-        let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Self { child, stdin, stdout, next_id: 0 }
-    }
-
-    fn send(&mut self, method: &str, params: Value) -> i64 {
-        self.next_id += 1;
-        let message = json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params});
-        writeln!(self.stdin, "{message}").unwrap();
-        self.stdin.flush().unwrap();
-        self.next_id
-    }
-
-    /// Reads until the answer to `id`; returns it and when the first model text arrived (a chunk with a message
-    /// id: the bridge's own notes have none).
-    fn wait(&mut self, id: i64) -> (Value, Option<Instant>) {
-        let mut first_text = None;
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the agent server exited");
-            let Ok(message) = serde_json::from_str::<Value>(&line) else { continue };
-            if message["method"] == "session/update" {
-                let update = &message["params"]["update"];
-                if first_text.is_none()
-                    && update["sessionUpdate"] == "agent_message_chunk"
-                    && update["content"]["text"].as_str().is_some_and(|t| t.contains("tok0") || t.contains("Hello"))
-                {
-                    first_text = Some(Instant::now());
-                }
-            } else if message["method"] == "session/request_permission" {
-                let option = message["params"]["options"]
-                    .as_array()
-                    .and_then(|options| options.iter().find(|o| o["kind"] == "allow_once"))
-                    .map(|o| o["optionId"].clone())
-                    .unwrap_or(json!("allow"));
-                let answer = json!({"jsonrpc": "2.0", "id": message["id"], "result": {"outcome": {"outcome": "selected", "optionId": option}}});
-                writeln!(self.stdin, "{answer}").unwrap();
-                self.stdin.flush().unwrap();
-            } else if message["id"] == json!(id) {
-                return (message, first_text);
-            }
-        }
-    }
-
-    fn request(&mut self, method: &str, params: Value) -> Value {
-        let id = self.send(method, params);
-        self.wait(id).0
-    }
-
-    /// One prompt: (time to the first model text, time to the answer).
-    fn prompt(&mut self, session: &Value, text: &str) -> (Duration, Duration) {
-        let start = Instant::now();
-        let id = self.send("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]}));
-        let (answer, first) = self.wait(id);
-        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
-        (first.map(|at| at - start).unwrap_or(Duration::MAX), start.elapsed())
-    }
+/// One prompt through `client`: (time to the first model text, time to the answer). The first model text is the
+/// first agent chunk that says `tok0` (the fake model's first token) or `Hello`, stamped as it arrived.
+fn timed_prompt(client: &AcpClient, session: &SessionId, text: &str) -> (Duration, Duration) {
+    let start = Instant::now();
+    let turn = client.prompt(session, text);
+    let elapsed = start.elapsed();
+    assert_eq!(turn.stop_reason(), StopReason::EndTurn);
+    let first = turn.updates.iter().find(|received| {
+        agent_chunk(&received.update).is_some_and(|(text, _)| text.contains("tok0") || text.contains("Hello"))
+    });
+    (first.map(|received| received.at - start).unwrap_or(Duration::MAX), elapsed)
 }
 
 /// The resident memory of `root` and the processes below it whose command line contains `needle` (by parent links: a
@@ -603,20 +492,16 @@ fn bench_warm() {
         let (home, workspace) = (root.join(format!("home-{}", rows.len())), root.join(format!("ws-{}", rows.len())));
         let data = root.join(format!("data-{}", rows.len()));
         let command = agent_command(&name, &opencode, sandbox, &config, &home, &data, &workspace);
-        let mut client = Acp::start(command);
-        client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-        let created = client.request("session/new", json!({"cwd": workspace, "mcpServers": []}));
-        let session = created["result"]["sessionId"].clone();
-        assert!(session.is_string(), "{name}: {created}");
+        let client = AcpClient::start(command, allow_all());
+        let session = client.new_session(&workspace);
         // The editor is opened, the user types for a few seconds.
         std::thread::sleep(Duration::from_secs(3));
-        let (first, _) = client.prompt(&session, "SCENARIO:tokens:3 first prompt");
-        let follow_ups: Vec<Duration> =
-            (0..FOLLOW_UPS).map(|i| client.prompt(&session, &format!("SCENARIO:tokens:3 follow-up {i}")).0).collect();
-        let rss = rss_of_tree_matching(client.child.id(), if name.starts_with("acp") { " serve " } else { "opencode" });
-        drop(client.stdin);
-        let _ = client.child.kill();
-        let _ = client.child.wait();
+        let (first, _) = timed_prompt(&client, &session, "SCENARIO:tokens:3 first prompt");
+        let follow_ups: Vec<Duration> = (0..FOLLOW_UPS)
+            .map(|i| timed_prompt(&client, &session, &format!("SCENARIO:tokens:3 follow-up {i}")).0)
+            .collect();
+        let rss = rss_of_tree_matching(client.pid(), if name.starts_with("acp") { " serve " } else { "opencode" });
+        drop(client);
         rows.push((name, first, median(follow_ups), rss));
     }
     let _ = model.kill();
@@ -690,52 +575,31 @@ impl Drop for FakeCloud {
     }
 }
 
-impl Acp {
-    /// Reads until an agent text chunk of the model (one with a message id) whose text `pred` accepts.
-    fn wait_chunk(&mut self, id: i64, pred: impl Fn(&str) -> bool) {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "the agent server exited");
-            let Ok(message) = serde_json::from_str::<Value>(&line) else { continue };
-            assert!(message["id"] != json!(id), "the prompt ended before it streamed: {message}");
-            let update = &message["params"]["update"];
-            if message["method"] == "session/update"
-                && update["sessionUpdate"] == "agent_message_chunk"
-                && update["messageId"].is_string()
-                && update["content"]["text"].as_str().is_some_and(&pred)
-            {
-                return;
-            }
-        }
-    }
-
-    /// `runs` times: a prompt of `text`, its first model chunk that `streaming` accepts, then `before_cancel`;
-    /// the time from `session/cancel` sent to the prompt's answer, which must be `cancelled`.
-    fn cancel_times(
-        &mut self,
-        session: &Value,
-        text: &str,
-        streaming: impl Fn(&str) -> bool,
-        before_cancel: impl Fn(),
-    ) -> Vec<Duration> {
-        (0..CANCEL_RUNS)
-            .map(|_| {
-                let id = self
-                    .send("session/prompt", json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]}));
-                self.wait_chunk(id, &streaming);
-                before_cancel();
-                let cancel = json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}});
-                let start = Instant::now();
-                writeln!(self.stdin, "{cancel}").unwrap();
-                self.stdin.flush().unwrap();
-                let (answer, _) = self.wait(id);
-                let elapsed = start.elapsed();
-                assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
-                elapsed
-            })
-            .collect()
-    }
+/// `CANCEL_RUNS` times in `session`: a prompt of `text`, its first model chunk (one with a message id) that
+/// `streaming` accepts, then `before_cancel`; the time from `session/cancel` sent to the prompt's answer, which
+/// must be `cancelled`.
+fn cancel_times(
+    client: &AcpClient,
+    session: &SessionId,
+    text: &str,
+    streaming: impl Fn(&str) -> bool,
+    before_cancel: impl Fn(),
+) -> Vec<Duration> {
+    (0..CANCEL_RUNS)
+        .map(|_| {
+            let pending = client.send_prompt(session, text);
+            client.wait_update(session, &pending, |update| {
+                agent_chunk(update).is_some_and(|(text, model)| model && streaming(text))
+            });
+            before_cancel();
+            let start = Instant::now();
+            client.cancel(session);
+            let answer = client.wait(pending);
+            let elapsed = start.elapsed();
+            assert_eq!(answer.map(|response| response.stop_reason).ok(), Some(StopReason::Cancelled));
+            elapsed
+        })
+        .collect()
 }
 
 /// The built bridge for the `cancel` rows: the fake CLIs of `tests/fakes` as OpenCode, logging only warnings.
@@ -792,14 +656,12 @@ fn bench_cancel() {
             let workspace = root.join(format!("ws-serve-{fault}-{sandbox}"));
             std::fs::create_dir_all(&workspace).unwrap();
             let data = root.join(format!("data-serve-{fault}-{sandbox}"));
-            let mut client = Acp::start(cancel_bridge(&data, sandbox, "serve", &serve_env));
-            client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-            let session =
-                client.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"]
-                    .clone();
-            client.prompt(&session, "hello");
-            let bridge = client.child.id();
-            let samples = client.cancel_times(
+            let client = AcpClient::start(cancel_bridge(&data, sandbox, "serve", &serve_env), allow_all());
+            let session = client.new_session(&workspace);
+            assert_eq!(client.prompt(&session, "hello").stop_reason(), StopReason::EndTurn);
+            let bridge = client.pid();
+            let samples = cancel_times(
+                &client,
                 &session,
                 &format!("FAULT:{fault}"),
                 // `slow` streams `tick<n>` deltas; the others send one `working ` delta before their fault.
@@ -816,19 +678,16 @@ fn bench_cancel() {
                     }
                 },
             );
-            drop(client.stdin);
-            let _ = client.child.wait();
+            client.close();
             print_cancel_row(&format!("serve FAULT:{fault} ({sandbox})"), samples);
         }
         let workspace = root.join(format!("ws-run-{sandbox}"));
         std::fs::create_dir_all(&workspace).unwrap();
-        let mut client = Acp::start(cancel_bridge(&root.join(format!("data-run-{sandbox}")), sandbox, "run", &[]));
-        client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-        let session =
-            client.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
-        let samples = client.cancel_times(&session, slow, is_slow_chunk, || {});
-        drop(client.stdin);
-        let _ = client.child.wait();
+        let command = cancel_bridge(&root.join(format!("data-run-{sandbox}")), sandbox, "run", &[]);
+        let client = AcpClient::start(command, allow_all());
+        let session = client.new_session(&workspace);
+        let samples = cancel_times(&client, &session, slow, is_slow_chunk, || {});
+        client.close();
         print_cancel_row(&format!("run mid-stream ({sandbox})"), samples);
     }
 
@@ -860,13 +719,10 @@ fn bench_cancel() {
         std::fs::create_dir_all(&workspace).unwrap();
         // The fake CLI records its runs in its workspace: not part of what the bridge reviews.
         std::fs::write(workspace.join(".gitignore"), ".fake-cli/\n").unwrap();
-        let mut client = Acp::start(cancel_bridge(&dir.join("data"), provider, "run", &env));
-        client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-        let session =
-            client.request("session/new", json!({"cwd": workspace, "mcpServers": []}))["result"]["sessionId"].clone();
-        let samples = client.cancel_times(&session, slow, is_slow_chunk, || {});
-        drop(client.stdin);
-        let _ = client.child.wait();
+        let client = AcpClient::start(cancel_bridge(&dir.join("data"), provider, "run", &env), allow_all());
+        let session = client.new_session(&workspace);
+        let samples = cancel_times(&client, &session, slow, is_slow_chunk, || {});
+        client.close();
         drop(fake);
         print_cancel_row(&format!("run mid-stream ({label})"), samples);
     }

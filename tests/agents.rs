@@ -3,6 +3,9 @@
 //! (`serve`), and the test-only `scripted` agent (`src/agents/scripted/`, debug builds), which is what a third
 //! agent is: a folder, one line in `AGENTS`, one field of `AgentSettings`.
 //!
+//! The suite speaks well-formed ACP only, so it drives the bridge with the typed client of the official SDK
+//! (`support::acp_client`); what the wire must look like is `tests/e2e/`'s, on the raw client.
+//!
 //! `cargo test --test agents -- --list` lists the suite once per agent.
 // Tests start the bridge and fake CLIs themselves.
 #![allow(clippy::disallowed_methods)]
@@ -11,11 +14,11 @@
 
 mod support;
 
-use serde_json::json;
+use agent_client_protocol::v1::schema::{SessionUpdate, StopReason};
 
+use crate::support::acp_client::{AcpClient, Answers, Turn};
 use crate::support::{
-    Bridge, BridgeOptions, RECV_TIMEOUT, TestDirs, Turn, assert_no_processes_under, fakes_dir, processes_under,
-    text_of, wait_until,
+    BridgeOptions, RECV_TIMEOUT, TestDirs, assert_no_processes_under, fakes_dir, processes_under, wait_until,
 };
 
 /// An agent as the suite drives it.
@@ -156,42 +159,47 @@ fn reply(turn: &Turn) -> String {
     text.split("\n\n").filter(own).collect::<Vec<_>>().join("\n\n")
 }
 
+/// The bridge of `C` on its fake, initialized by a client that grants nothing (as the raw client of `tests/e2e/`).
+fn start<C: Case>(dirs: &TestDirs) -> AcpClient {
+    AcpClient::start(C::options(dirs).command(), Answers::default())
+}
+
 fn streams<C: Case>() {
     let dirs = TestDirs::new(&format!("agents-streams-{}", C::NAME.to_lowercase()));
     let ws = dirs.workspace("ws");
-    let mut bridge = Bridge::start(C::options(&dirs));
+    let bridge = start::<C>(&dirs);
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "Say hello");
-    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(turn.stop_reason(), StopReason::EndTurn);
     let first = reply(&turn);
     assert_eq!(first, C::answer(1, "Say hello", &first));
-    let chunks = turn.updates.iter().filter(|u| u["sessionUpdate"] == "agent_message_chunk").count();
+    let chunks = turn.count(|update| matches!(update, SessionUpdate::AgentMessageChunk(_)));
     assert!(chunks >= 1, "no message chunk streamed: {:?}", turn.updates);
 }
 
 fn continues<C: Case>() {
     let dirs = TestDirs::new(&format!("agents-continues-{}", C::NAME.to_lowercase()));
     let ws = dirs.workspace("ws");
-    let mut bridge = Bridge::start(C::options(&dirs));
+    let bridge = start::<C>(&dirs);
     let sid = bridge.new_session(&ws);
     let first = reply(&bridge.prompt(&sid, "Say hello"));
     let second = bridge.prompt(&sid, "Do you remember?");
-    assert_eq!(second.stop_reason(), "end_turn");
+    assert_eq!(second.stop_reason(), StopReason::EndTurn);
     assert_eq!(reply(&second), C::answer(2, "Do you remember?", &first), "the conversation was not continued");
 }
 
 fn cancels<C: Case>() {
     let dirs = TestDirs::new(&format!("agents-cancels-{}", C::NAME.to_lowercase()));
     let ws = dirs.workspace("ws");
-    let mut bridge = Bridge::start(C::options(&dirs));
+    let bridge = start::<C>(&dirs);
     let sid = bridge.new_session(&ws);
-    let id = bridge.send_prompt(&sid, C::HANG);
+    let pending = bridge.send_prompt(&sid, C::HANG);
     // Cancelled once the agent is at work: its process runs in the workspace.
     assert!(wait_until(RECV_TIMEOUT, || !processes_under(&ws).is_empty()), "the agent never started");
     bridge.cancel(&sid);
-    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "cancelled");
+    assert_eq!(bridge.finish_turn(&sid, pending).stop_reason(), StopReason::Cancelled);
     let after = bridge.prompt(&sid, "Say hello");
-    assert_eq!(after.stop_reason(), "end_turn", "the session must work after a cancel");
+    assert_eq!(after.stop_reason(), StopReason::EndTurn, "the session must work after a cancel");
     drop(bridge);
     assert_no_processes_under(&ws, "after the bridge ended");
 }
@@ -199,31 +207,30 @@ fn cancels<C: Case>() {
 fn crashes<C: Case>() {
     let dirs = TestDirs::new(&format!("agents-crashes-{}", C::NAME.to_lowercase()));
     let ws = dirs.workspace("ws");
-    let mut bridge = Bridge::start(C::options(&dirs));
+    let bridge = start::<C>(&dirs);
     let sid = bridge.new_session(&ws);
     let crashed = bridge.prompt(&sid, C::CRASH);
     let error = crashed.result.expect_err("a crashed agent's prompt must fail");
     assert_eq!(error.message, C::crashed());
     let after = bridge.prompt(&sid, "Say hello");
-    assert_eq!(after.stop_reason(), "end_turn", "the bridge must go on after the agent crashed");
+    assert_eq!(after.stop_reason(), StopReason::EndTurn, "the bridge must go on after the agent crashed");
 }
 
 fn replays<C: Case>() {
     let dirs = TestDirs::new(&format!("agents-replays-{}", C::NAME.to_lowercase()));
     let ws = dirs.workspace("ws");
-    let mut bridge = Bridge::start(C::options(&dirs));
+    let mut bridge = start::<C>(&dirs);
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "Say hello");
-    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(turn.stop_reason(), StopReason::EndTurn);
     bridge.kill9();
-    let mut again = Bridge::start(C::options(&dirs));
+    let again = start::<C>(&dirs);
     let loaded = again.load_session(&sid, &ws);
     loaded.result.as_ref().expect("the session loads after a SIGKILLed bridge");
-    assert_eq!(text_of(&loaded.updates, "user_message_chunk"), "Say hello");
-    assert_eq!(text_of(&loaded.updates, "agent_message_chunk"), turn.agent_text(), "the replay differs from the turn");
-    let next = again
-        .request("session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": "Do you remember?"}]}));
-    assert_eq!(next.unwrap()["stopReason"], "end_turn");
+    assert_eq!(loaded.user_text(), "Say hello");
+    assert_eq!(loaded.agent_text(), turn.agent_text(), "the replay differs from the turn");
+    let next = again.prompt(&sid, "Do you remember?");
+    assert_eq!(next.stop_reason(), StopReason::EndTurn);
 }
 
 macro_rules! suite {

@@ -16,9 +16,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use agent_client_protocol::v1::schema::SessionId;
 
-use super::{Acp, agent_command, fake_model, median, real_opencode};
+use super::acp_client::AcpClient;
+use super::{agent_command, allow_all, fake_model, median, real_opencode, timed_prompt};
 
 const RUNS: usize = 5;
 const THREADS: usize = 8;
@@ -98,38 +99,31 @@ pub fn bench_threads() {
 
 fn one_run(name: &str, opencode: &Path, sandbox: &str, config: &str, dir: &Path) -> Run {
     let (home, data, workspace) = (dir.join("home"), dir.join("data"), dir.join("ws"));
-    let start = || Acp::start(agent_command(name, opencode, sandbox, config, &home, &data, &workspace));
-    let new_session = |client: &mut Acp| {
-        let created = client.request("session/new", json!({"cwd": workspace, "mcpServers": []}));
-        let session = created["result"]["sessionId"].clone();
-        assert!(session.is_string(), "{name}: {created}");
-        session
+    // `start` includes `initialize`: the spawned-to-first-text rows count it, as before.
+    let start =
+        || AcpClient::start(agent_command(name, opencode, sandbox, config, &home, &data, &workspace), allow_all());
+    let prompt = |client: &AcpClient, session: &SessionId, text: &str| {
+        timed_prompt(client, session, &format!("SCENARIO:tokens:3 {text}")).0
     };
-    let prompt =
-        |client: &mut Acp, session: &Value, text: &str| client.prompt(session, &format!("SCENARIO:tokens:3 {text}")).0;
     let mut run = Run::default();
     let spawned = std::time::Instant::now();
-    let mut client = start();
-    client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-    let first = new_session(&mut client);
+    let client = start();
+    let first = client.new_session(&workspace);
     let before = spawned.elapsed();
-    run.cold_prompt = prompt(&mut client, &first, "cold");
+    run.cold_prompt = prompt(&client, &first, "cold");
     run.cold = before + run.cold_prompt;
-    let second = new_session(&mut client);
-    run.new_thread = prompt(&mut client, &second, "new thread");
+    let second = client.new_session(&workspace);
+    run.new_thread = prompt(&client, &second, "new thread");
     let mut threads = vec![first.clone(), second];
     while threads.len() < THREADS {
-        threads.push(new_session(&mut client));
+        threads.push(client.new_session(&workspace));
     }
-    let times: Vec<Duration> = threads
-        .iter()
-        .enumerate()
-        .map(|(i, session)| prompt(&mut client, session, &format!("round robin {i}")))
-        .collect();
+    let times: Vec<Duration> =
+        threads.iter().enumerate().map(|(i, session)| prompt(&client, session, &format!("round robin {i}"))).collect();
     run.round_robin = median(times);
-    run.pss_kib = tree_pss_kib(client.child.id());
+    run.pss_kib = tree_pss_kib(client.pid());
     let servers: Vec<(u32, String)> =
-        tree_processes(client.child.id()).into_iter().filter(|(_, cmd)| is_server(cmd)).collect();
+        tree_processes(client.pid()).into_iter().filter(|(_, cmd)| is_server(cmd)).collect();
     if servers.len() > 1 && name.starts_with("acp-sandbox") {
         // Which ones, to tell a second server of the workspace from a process OpenCode forked with its arguments.
         for (pid, cmd) in &servers {
@@ -139,21 +133,16 @@ fn one_run(name: &str, opencode: &Path, sandbox: &str, config: &str, dir: &Path)
         }
     }
     run.servers = servers.len();
-    drop(client.stdin);
-    let _ = client.child.kill();
-    let _ = client.child.wait();
+    drop(client);
     // The editor is reopened: a fresh process, the old thread loaded, then prompted.
     let spawned = std::time::Instant::now();
-    let mut client = start();
-    client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-    let loaded = client.request("session/load", json!({"sessionId": first, "cwd": workspace, "mcpServers": []}));
-    assert!(loaded.get("result").is_some(), "{name}: {loaded}");
+    let client = start();
+    let loaded = client.load_session(&first, &workspace);
+    assert!(loaded.result.is_ok(), "{name}: {:?}", loaded.result);
     let before = spawned.elapsed();
-    run.reopened_prompt = prompt(&mut client, &first, "reopened");
+    run.reopened_prompt = prompt(&client, &first, "reopened");
     run.reopened = before + run.reopened_prompt;
-    drop(client.stdin);
-    let _ = client.child.kill();
-    let _ = client.child.wait();
+    drop(client);
     if name.starts_with("acp-sandbox") {
         run.kept_warm = kept_warm(name, opencode, sandbox, config, dir, &first);
     }
@@ -163,34 +152,30 @@ fn one_run(name: &str, opencode: &Path, sandbox: &str, config: &str, dir: &Path)
 /// The reopened thread `session` with `--keep-warm`: a bridge warms its server and quits as an editor does (stdin
 /// closed, then it ends on its own); the next one is timed from its spawn to the first text; a last one, without
 /// `--keep-warm`, stops the kept server so that no run inherits it.
-fn kept_warm(name: &str, opencode: &Path, sandbox: &str, config: &str, dir: &Path, session: &Value) -> Duration {
+fn kept_warm(name: &str, opencode: &Path, sandbox: &str, config: &str, dir: &Path, session: &SessionId) -> Duration {
     let (home, data, workspace) = (dir.join("home"), dir.join("data"), dir.join("ws"));
     let start = |keep_warm: &str| {
         let mut command = agent_command(name, opencode, sandbox, config, &home, &data, &workspace);
         command.env("ACP_SANDBOX_KEEP_WARM", keep_warm);
-        let mut client = Acp::start(command);
-        client.request("initialize", json!({"protocolVersion": 1, "clientCapabilities": {}}));
-        client
+        AcpClient::start(command, allow_all())
     };
-    let quit = |client: Acp| {
-        let Acp { stdin, mut child, .. } = client;
-        drop(stdin);
-        let status = child.wait().unwrap();
+    let quit = |client: AcpClient| {
+        let status = client.close();
         assert!(status.success(), "{name} quit with {status}");
     };
-    let load = |client: &mut Acp| {
-        let loaded = client.request("session/load", json!({"sessionId": session, "cwd": workspace, "mcpServers": []}));
-        assert!(loaded.get("result").is_some(), "{name}: {loaded}");
+    let load = |client: &AcpClient| {
+        let loaded = client.load_session(session, &workspace);
+        assert!(loaded.result.is_ok(), "{name}: {:?}", loaded.result);
     };
-    let mut client = start("60s");
-    load(&mut client);
-    client.prompt(session, "SCENARIO:tokens:3 warming");
+    let client = start("60s");
+    load(&client);
+    timed_prompt(&client, session, "SCENARIO:tokens:3 warming");
     quit(client);
     let spawned = std::time::Instant::now();
-    let mut client = start("60s");
-    load(&mut client);
+    let client = start("60s");
+    load(&client);
     let before = spawned.elapsed();
-    let elapsed = before + client.prompt(session, "SCENARIO:tokens:3 kept warm").0;
+    let elapsed = before + timed_prompt(&client, session, "SCENARIO:tokens:3 kept warm").0;
     quit(client);
     quit(start("0"));
     elapsed

@@ -318,6 +318,46 @@ fn a_client_without_fs_writes_is_asked_and_nothing_is_written_unless_allowed() {
     assert_eq!(read(&ws.join("hello.txt")).as_deref(), Some("newer\n"));
     assert!(!ws.join("b.txt").exists(), "a held change is not offered again");
 }
+/// The same review through the official SDK's client role (`support::acp_client`), as an editor built on it: the
+/// bridge's `fs/write_text_file` and its permission card decode as the SDK's types, and what it answers is applied.
+#[test]
+fn an_editor_on_the_official_sdk_keeps_a_write_and_allows_a_card() {
+    use crate::support::acp_client::{self, AcpClient, Answers};
+    use agent_client_protocol::v1::schema::{PermissionOptionKind, StopReason};
+
+    let dirs = TestDirs::new("review-sdk");
+    let ws = dirs.workspace("ws");
+    std::fs::write(ws.join("hello.txt"), "old\n").unwrap();
+    let answers = Answers { permission: None, offer_writes: true, keep_writes: true };
+    let client = AcpClient::start(options(&dirs).command(), answers);
+    let sid = client.new_session(&ws);
+    let turn = client.prompt(&sid, &ops(json!([["write", "hello.txt", "new\n"]])));
+    assert_eq!(turn.stop_reason(), StopReason::EndTurn);
+    let writes: Vec<acp_client::FileWrite> =
+        client.file_writes().into_iter().filter(|w| !w.path.starts_with(ws.join(".fake-cli"))).collect();
+    let hello =
+        acp_client::FileWrite { path: ws.join("hello.txt"), content: "new\n".into(), before: Some("old\n".into()) };
+    assert_eq!(writes, [hello]);
+    assert_eq!(read(&ws.join("hello.txt")).as_deref(), Some("new\n"));
+    assert_eq!(client.permission_requests().len(), 0, "a text write the editor keeps needs no card");
+    drop(client);
+
+    // An editor without fs writes gets the change on a card; allowed once, it is applied.
+    let other = dirs.workspace("other");
+    std::fs::write(other.join("hello.txt"), "old\n").unwrap();
+    let answers = Answers { permission: Some(PermissionOptionKind::AllowOnce), ..Answers::default() };
+    let client = AcpClient::start(options(&dirs).command(), answers);
+    let sid = client.new_session(&other);
+    let turn = client.prompt(&sid, &ops(json!([["write", "hello.txt", "newer\n"]])));
+    assert_eq!(turn.stop_reason(), StopReason::EndTurn);
+    let requests = client.permission_requests();
+    assert_eq!(requests.len(), 1, "{requests:#?}");
+    assert_eq!(requests[0].session_id, sid);
+    assert!(requests[0].options.iter().any(|option| option.kind == PermissionOptionKind::AllowOnce));
+    assert_eq!(read(&other.join("hello.txt")).as_deref(), Some("newer\n"));
+    assert_eq!(client.file_writes(), [], "no fs/write_text_file to an editor that does not offer it");
+}
+
 #[test]
 fn each_finished_tool_is_reviewed_while_the_agent_still_runs() {
     let dirs = TestDirs::new("review-per-tool");

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)] // each test module uses a different part of the harness
 
+pub mod acp_client;
 pub mod schema;
 
 use std::collections::{HashMap, VecDeque};
@@ -195,6 +196,44 @@ impl BridgeOptions {
         }
     }
 
+    /// The bridge's command line and environment (its stdio is the caller's to set).
+    pub fn command(&self) -> Command {
+        let bin = self.bin.clone().unwrap_or_else(bridge_bin);
+        let mut command = match self.launcher.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(&bin);
+                command
+            }
+            None => Command::new(&bin),
+        };
+        if self.serve_subcommand {
+            command.arg("serve");
+        }
+        for key in &self.env_remove {
+            command.env_remove(key);
+        }
+        if self.config_via_env {
+            command
+                .env("ACP_SANDBOX_AGENT", &self.agent)
+                .env("ACP_SANDBOX_SANDBOX", &self.sandbox)
+                .env("ACP_SANDBOX_DATA_DIR", &self.data_dir);
+        } else {
+            command
+                .arg("--agent")
+                .arg(&self.agent)
+                .arg("--sandbox")
+                .arg(&self.sandbox)
+                .arg("--data-dir")
+                .arg(&self.data_dir);
+        }
+        command.args(&self.args);
+        for (key, value) in &self.env {
+            command.env(key, value);
+        }
+        command
+    }
+
     pub fn sandbox(mut self, sandbox: &str) -> Self {
         self.sandbox = sandbox.to_string();
         self
@@ -351,39 +390,8 @@ pub struct FileWrite {
 impl Bridge {
     /// Starts the bridge; does not initialize it.
     pub fn spawn(options: BridgeOptions) -> Bridge {
-        let bin = options.bin.clone().unwrap_or_else(bridge_bin);
-        let mut command = match options.launcher.split_first() {
-            Some((program, args)) => {
-                let mut command = Command::new(program);
-                command.args(args).arg(&bin);
-                command
-            }
-            None => Command::new(&bin),
-        };
-        if options.serve_subcommand {
-            command.arg("serve");
-        }
-        for key in &options.env_remove {
-            command.env_remove(key);
-        }
-        if options.config_via_env {
-            command
-                .env("ACP_SANDBOX_AGENT", &options.agent)
-                .env("ACP_SANDBOX_SANDBOX", &options.sandbox)
-                .env("ACP_SANDBOX_DATA_DIR", &options.data_dir);
-        } else {
-            command
-                .arg("--agent")
-                .arg(&options.agent)
-                .arg("--sandbox")
-                .arg(&options.sandbox)
-                .arg("--data-dir")
-                .arg(&options.data_dir);
-        }
-        command.args(&options.args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        for (key, value) in &options.env {
-            command.env(key, value);
-        }
+        let mut command = options.command();
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = command.spawn().expect("spawn acp-sandbox");
 
         let (tx, lines) = mpsc::channel();
