@@ -1,5 +1,6 @@
 //! What the editor gives a session beside its workspace, through the real OpenCode: its MCP servers (a stdio one
-//! inside the sandbox, an http one through the proxy) and its system prompt, kept across a restart.
+//! inside the sandbox, an http one through the proxy) and its system prompt, kept across a restart; and a fork,
+//! whose OpenCode session is a fork of the original's.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -299,4 +300,71 @@ fn a_broken_mcp_server_is_a_note_and_after_a_restart_load_with_the_same_servers_
     let lines: Vec<&str> = results.lines().filter(|line| line.starts_with("MCP-PROBE")).collect();
     assert_eq!(lines.len(), 2, "both turns called the probe: {results}");
     assert_eq!(field(lines[1], "given"), "rotide-eht-morf");
+}
+
+/// The user messages of the last chat request of `scenario`.
+fn last_user_messages(world: &World, scenario: &str) -> String {
+    let chats = world.server.chats(scenario);
+    let last = chats.last().unwrap_or_else(|| panic!("no {scenario} request"));
+    super::messages_text(last, "user").join("\n")
+}
+
+fn fork_in_the_shared_sandbox(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let mut bridge = world.start_with(world.backend_options(sandbox, "serve"));
+    let init = bridge.initialize();
+    assert_eq!(init["agentCapabilities"]["sessionCapabilities"]["fork"], json!({}), "{init}");
+    let original = bridge.new_session(&ws);
+    for text in ["SCENARIO:text FORK-ONE", "SCENARIO:text FORK-TWO"] {
+        let turn = timed_prompt(&mut bridge, &original, &ws, text, "before the fork");
+        assert_end_turn(&bridge, &turn);
+    }
+    let forked = bridge
+        .request("session/fork", json!({"sessionId": original, "cwd": ws, "mcpServers": []}))
+        .unwrap_or_else(|e| bridge.fail(&format!("session/fork: {e:?}")));
+    let fork = forked["sessionId"].as_str().unwrap().to_string();
+    let replay = bridge.load_session(&fork, &ws);
+    let asked: Vec<&str> =
+        of_kind(&replay.updates, "user_message_chunk").iter().map(|u| u["content"]["text"].as_str().unwrap()).collect();
+    assert_eq!(asked, ["SCENARIO:text FORK-ONE", "SCENARIO:text FORK-TWO"]);
+
+    // The fork's OpenCode session is a fork of the original's: the model sees both earlier turns as messages.
+    let turn = timed_prompt(&mut bridge, &fork, &ws, "SCENARIO:followup FORK-THREE", "in the fork");
+    assert_end_turn(&bridge, &turn);
+    let seen = last_user_messages(&world, "followup");
+    assert!(seen.contains("FORK-ONE") && seen.contains("FORK-TWO") && seen.contains("FORK-THREE"), "{seen}");
+    assert!(!seen.contains("<earlier-conversation>"), "a forked conversation, not a transcript: {seen}");
+    assert!(!turn.agent_text().contains("transcript"), "{:#?}", turn.updates);
+
+    // The original's next prompt does not see the fork's turn.
+    let turn = timed_prompt(&mut bridge, &original, &ws, "SCENARIO:followup ORIGINAL-FOUR", "back in the original");
+    assert_end_turn(&bridge, &turn);
+    let seen = last_user_messages(&world, "followup");
+    assert!(seen.contains("FORK-ONE") && seen.contains("ORIGINAL-FOUR"), "{seen}");
+    assert!(!seen.contains("FORK-THREE"), "the original saw the fork's turn: {seen}");
+
+    let listed = bridge.request("session/list", json!({"cwd": ws})).unwrap();
+    let mut ids: Vec<String> =
+        listed["sessions"].as_array().unwrap().iter().map(|s| s["sessionId"].as_str().unwrap().to_string()).collect();
+    ids.sort();
+    let mut expected = vec![original, fork];
+    expected.sort();
+    assert_eq!(ids, expected);
+}
+
+#[test]
+fn a_fork_continues_a_fork_of_the_opencode_session_and_the_original_never_sees_it_none() {
+    fork_in_the_shared_sandbox(
+        "none",
+        "a_fork_continues_a_fork_of_the_opencode_session_and_the_original_never_sees_it_none",
+    );
+}
+
+#[test]
+fn a_fork_continues_a_fork_of_the_opencode_session_and_the_original_never_sees_it_bwrap() {
+    let test = "a_fork_continues_a_fork_of_the_opencode_session_and_the_original_never_sees_it_bwrap";
+    if bwrap_ok(test) {
+        fork_in_the_shared_sandbox("bwrap", test);
+    }
 }
