@@ -98,6 +98,9 @@ pub trait TurnEngine: Send {
     /// The agent asks before it runs a tool.
     fn permission(&mut self, _ask: PermissionAsk) {}
 
+    /// The agent asks the user questions. Only an engine whose translator says [`Output::Question`] gets any.
+    fn question(&mut self, _ask: crate::agents::question::QuestionAsk) {}
+
     /// The agent says its turn is over (a server: the session went idle). `true`: the stream ends now; `false`: the
     /// engine still collects what belongs to the turn before it ends.
     fn idle(&mut self, _stopping: bool) -> bool {

@@ -56,6 +56,15 @@ pub trait UpdateSink: Send + Sync {
     ) -> std::result::Result<(), String> {
         Err("no editor is connected".into())
     }
+
+    /// Asks the user to fill in a form (`elicitation/create`). `None` when the editor offers no forms, did not
+    /// answer, or went away.
+    async fn elicit(
+        &self,
+        _request: agent_client_protocol::v1::schema::CreateElicitationRequest,
+    ) -> Option<agent_client_protocol::v1::schema::CreateElicitationResponse> {
+        None
+    }
 }
 
 /// A prompt ready for a CLI.
@@ -102,6 +111,9 @@ pub trait BridgeHost: Send + Sync {
 
     /// The name of `sandbox` when the sessions in it share what a service runs (`--server-scope workspace`).
     fn shared_sandbox(&self, sandbox: &dyn Sandbox) -> Option<String>;
+
+    /// Whether the editor fills in forms for the agent (`elicitation.form` of its capabilities).
+    fn client_fills_forms(&self) -> bool;
 
     /// The MCP servers the editor gave `session` here, secrets included (never stored).
     fn mcp_servers(&self, session: &str) -> Vec<agent_client_protocol::v1::schema::McpServer>;

@@ -10,6 +10,7 @@ pub mod host;
 pub mod mcp;
 pub mod opencode;
 pub mod options;
+pub mod question;
 #[cfg(debug_assertions)]
 pub mod scripted;
 pub mod settings;
@@ -482,6 +483,9 @@ pub enum Output {
     /// The agent asks before it runs a tool (OpenCode's `ask` permissions): the session asks the editor with
     /// `session/request_permission` and gives the answer back to the agent.
     Permission(PermissionAsk),
+    /// The agent asks the user questions (OpenCode's `question` tool): the session asks the editor with an
+    /// elicitation form where it offers them and gives the answers back, else the agent is told no answer came.
+    Question(question::QuestionAsk),
     /// The agent says the turn is over (OpenCode's server: the session went idle). A CLI run per turn says it by
     /// closing its stdout instead.
     Idle,

@@ -121,6 +121,20 @@ impl UpdateSink for ConnectionSink {
             Err(e) => Err(e.to_string()),
         }
     }
+
+    async fn elicit(
+        &self,
+        request: agent_client_protocol::v1::schema::CreateElicitationRequest,
+    ) -> Option<agent_client_protocol::v1::schema::CreateElicitationResponse> {
+        // Asked only of an editor that offers forms; turns run in tasks of their own, so waiting cannot deadlock.
+        match self.connection.send_request(request).block_task().await {
+            Ok(answer) => Some(answer),
+            Err(e) => {
+                tracing::warn!("the editor did not answer a question: {e}");
+                None
+            }
+        }
+    }
 }
 
 fn respond<T>(responder: Responder<T>, result: crate::error::Result<T>) -> Result<(), agent_client_protocol::Error>

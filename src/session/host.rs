@@ -58,6 +58,10 @@ impl BridgeHost for Bridge {
         (is_shared_sandbox(name) && self.config.server_scope == ServerScope::Workspace).then(|| name.to_string())
     }
 
+    fn client_fills_forms(&self) -> bool {
+        self.client_abilities().elicitation_form
+    }
+
     fn mcp_servers(&self, session: &str) -> Vec<agent_client_protocol::v1::schema::McpServer> {
         Bridge::mcp_servers(self, session)
     }

@@ -83,6 +83,8 @@ pub struct ClientAbilities {
     pub write_text_file: bool,
     /// `terminal`.
     pub terminal: bool,
+    /// `elicitation.form`: the editor fills in forms for the agent.
+    pub elicitation_form: bool,
 }
 
 /// The state of a session that this process has touched.
@@ -245,11 +247,13 @@ impl Bridge {
             read_text_file: offered.fs.read_text_file,
             write_text_file: offered.fs.write_text_file,
             terminal: offered.terminal,
+            elicitation_form: offered.elicitation.as_ref().is_some_and(|elicitation| elicitation.form.is_some()),
         };
         tracing::info!(
             read_text_file = abilities.read_text_file,
             write_text_file = abilities.write_text_file,
             terminal = abilities.terminal,
+            elicitation_form = abilities.elicitation_form,
             "the client's capabilities"
         );
         *self.client.abilities.lock().unwrap_or_else(|p| p.into_inner()) = abilities;
@@ -484,14 +488,18 @@ mod tests {
         bridge.set_client_capabilities(&serde_json::from_value(sent).unwrap());
         assert_eq!(
             bridge.client_abilities(),
-            ClientAbilities { read_text_file: true, write_text_file: false, terminal: true }
+            ClientAbilities { read_text_file: true, write_text_file: false, terminal: true, elicitation_form: false }
         );
-        let sent = json!({"fs": {"writeTextFile": true}});
+        let sent = json!({"fs": {"writeTextFile": true}, "elicitation": {"form": {}}});
         bridge.set_client_capabilities(&serde_json::from_value(sent).unwrap());
         assert_eq!(
             bridge.client_abilities(),
-            ClientAbilities { read_text_file: false, write_text_file: true, terminal: false }
+            ClientAbilities { read_text_file: false, write_text_file: true, terminal: false, elicitation_form: true }
         );
+        // A client that offers only URL elicitation fills in no forms.
+        let sent = json!({"elicitation": {"url": {}}});
+        bridge.set_client_capabilities(&serde_json::from_value(sent).unwrap());
+        assert!(!bridge.client_abilities().elicitation_form);
     }
 
     #[test]

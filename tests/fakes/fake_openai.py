@@ -9,7 +9,7 @@ Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until 
 Scenarios: text, followup, tools, review (edit, write, rm), hostilereview (NUL, invalid UTF-8, rm, mv, ln, setuid),
 linkfile:<1|2> (a link to the path in .victim, then a file in its place), planedit (write, edit, bash),
 subagent (a task whose subagent runs childbash), readback (read notes.txt), todo, reasoning, longbash:<n>, attack, error, tokens:<n> (n pieces 200 ms
-apart), livebash:<n> (a bash tool printing a line a second), mcp:<server> (its tool `look`), system. The script is picked by a marker `SCENARIO:<name>[:<arg>]` in the last user message; the step is the number of
+apart), livebash:<n> (a bash tool printing a line a second), mcp:<server> (its tool `look`), system, question. The script is picked by a marker `SCENARIO:<name>[:<arg>]` in the last user message; the step is the number of
 assistant messages after that user message, so a tool loop advances one step per model call. A request without
 `tools` is OpenCode's title generator and gets a fixed short title. Every request is appended to FILE as one JSON
 line: {"kind": "title"|"chat", "scenario", "arg", "step", "body"}.
@@ -164,6 +164,13 @@ def script(scenario, arg, step):
         return [say("MCP-DONE")]
     if scenario == "system":
         return [say("SYSTEM-OK")]
+    if scenario == "question":
+        # OpenCode's question tool: one question with two choices (free text allowed, OpenCode's default).
+        if step == 0:
+            return [tool("question", {"questions": [{
+                "question": "Which colour should the button be?", "header": "Colour",
+                "options": [{"label": "Red", "description": "Warm"}, {"label": "Blue", "description": "Cool"}]}]})]
+        return [say("QUESTION-DONE")]
     if scenario == "error":
         return ("http", 400, {"error": {"message": "FAKE-PROVIDER-400: the fake model rejects this request",
                                         "type": "invalid_request_error", "code": "fake_bad_request"}})

@@ -368,3 +368,89 @@ fn a_fork_continues_a_fork_of_the_opencode_session_and_the_original_never_sees_i
         fork_in_the_shared_sandbox("bwrap", test);
     }
 }
+
+fn question_turn(
+    sandbox: &str,
+    test: &str,
+    answer: Option<Value>,
+) -> Option<(World, super::support::Turn, Vec<Value>)> {
+    let world = World::new(test)?;
+    let ws = world.workspace("ws");
+    let mut bridge = Bridge::spawn(world.backend_options(sandbox, "serve"));
+    bridge.elicitation_answer = answer;
+    bridge.initialize();
+    let sid = bridge.new_session(&ws);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:question pick a colour", "question");
+    assert_end_turn(&bridge, &turn);
+    let elicitations = bridge.elicitations.clone();
+    Some((world, turn, elicitations))
+}
+
+#[test]
+fn a_question_of_opencode_is_answered_through_the_editors_form_and_the_model_gets_the_answer_bwrap() {
+    let test = "a_question_of_opencode_is_answered_through_the_editors_form_and_the_model_gets_the_answer_bwrap";
+    if !bwrap_ok(test) {
+        return;
+    }
+    let answer = json!({"action": "accept", "content": {"q0": "Blue"}});
+    let Some((world, turn, elicitations)) = question_turn("bwrap", test, Some(answer)) else { return };
+    assert_eq!(elicitations.len(), 1, "{elicitations:#?}");
+    let form = &elicitations[0];
+    assert_eq!(form["mode"], "form");
+    assert_eq!(form["message"], "OpenCode asks: Which colour should the button be?");
+    assert_eq!(form["toolCallId"], "call_fake_0_0", "{form}");
+    assert_eq!(
+        form["requestedSchema"]["properties"]["q0"]["oneOf"],
+        json!([{"const": "Red", "title": "Red", "description": "Warm"}, {"const": "Blue", "title": "Blue", "description": "Cool"}])
+    );
+    assert_eq!(form["requestedSchema"].get("required"), None, "an own answer may stand for the choice: {form}");
+    let result = tool_results(&world.server, "question", 1);
+    assert!(result.contains(r#""Which colour should the button be?"="Blue""#), "the model got: {result}");
+    assert!(turn.agent_text().contains("QUESTION-DONE"), "{:#?}", turn.updates);
+    assert!(!turn.agent_text().contains("dismissed"), "{:#?}", turn.updates);
+}
+
+#[test]
+fn a_question_an_editor_cannot_show_is_dismissed_with_a_note_none() {
+    let test = "a_question_an_editor_cannot_show_is_dismissed_with_a_note_none";
+    let Some((world, turn, elicitations)) = question_turn("none", test, None) else { return };
+    assert!(elicitations.is_empty());
+    let notes: Vec<String> = of_kind(&turn.updates, "agent_message_chunk")
+        .iter()
+        .filter_map(|u| u["content"]["text"].as_str())
+        .filter(|text| text.contains("dismissed"))
+        .map(|text| text.trim().to_string())
+        .collect();
+    assert_eq!(
+        notes,
+        [
+            "_OpenCode asked \"Which colour should the button be?\"; this editor cannot show questions, so it was told the question was dismissed._"
+        ]
+    );
+    assert_dismissed(&world, &turn);
+}
+
+/// OpenCode ends the turn on a dismissed question: its card fails saying so, and the model is not asked again.
+fn assert_dismissed(world: &World, turn: &super::support::Turn) {
+    let last =
+        of_kind(&turn.updates, "tool_call_update").into_iter().rfind(|u| u["toolCallId"] == "call_fake_0_0").cloned();
+    let last = last.unwrap_or_else(|| panic!("the question's card: {:#?}", turn.updates));
+    assert_eq!(last["status"], "failed", "{last}");
+    assert_eq!(last["content"][0]["content"]["text"], "```\nThe user dismissed this question\n```", "{last}");
+    assert_eq!(world.server.chats("question").len(), 1, "the model was asked again");
+}
+
+#[test]
+fn a_declined_question_is_dismissed_with_a_note_none() {
+    let test = "a_declined_question_is_dismissed_with_a_note_none";
+    let Some((world, turn, elicitations)) = question_turn("none", test, Some(json!({"action": "decline"}))) else {
+        return;
+    };
+    assert_eq!(elicitations.len(), 1);
+    assert!(
+        turn.agent_text().contains("no answer was given, so it was told the question was dismissed"),
+        "{:#?}",
+        turn.updates
+    );
+    assert_dismissed(&world, &turn);
+}

@@ -375,6 +375,11 @@ pub struct Bridge {
     pub refuse_writes: Option<String>,
     /// Every `fs/write_text_file` received, in order.
     pub file_writes: Vec<FileWrite>,
+    /// Offer `elicitation.form` in `initialize` and answer each `elicitation/create` with this result
+    /// (`{"action": "accept", "content": {…}}`, `{"action": "decline"}`).
+    pub elicitation_answer: Option<Value>,
+    /// Every `elicitation/create` received (its params), in order.
+    pub elicitations: Vec<Value>,
     pub options: BridgeOptions,
 }
 
@@ -439,6 +444,8 @@ impl Bridge {
             null_id_errors: VecDeque::new(),
             transcript: Vec::new(),
             permission_answer: None,
+            elicitation_answer: None,
+            elicitations: Vec::new(),
             permission_requests: Vec::new(),
             offer_writes: false,
             keep_writes: true,
@@ -469,11 +476,15 @@ impl Bridge {
     /// returns the result.
     pub fn initialize(&mut self) -> Value {
         let writes = self.offer_writes;
+        let mut capabilities = json!({"fs": {"readTextFile": false, "writeTextFile": writes}, "terminal": false});
+        if self.elicitation_answer.is_some() {
+            capabilities["elicitation"] = json!({"form": {}});
+        }
         self.request(
             "initialize",
             json!({
                 "protocolVersion": 1,
-                "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": writes}, "terminal": false},
+                "clientCapabilities": capabilities,
                 "clientInfo": {"name": "acp-sandbox-e2e", "title": "acp-sandbox e2e tests", "version": "0.0.0"}
             }),
         )
@@ -663,6 +674,15 @@ impl Bridge {
                 };
                 self.permission_requests.push(params);
                 self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": outcome}}).to_string());
+                return;
+            }
+            if method == "elicitation/create"
+                && let (Some(id), Some(answer)) = (message.get("id").cloned(), self.elicitation_answer.clone())
+            {
+                let params = message.get("params").cloned().unwrap_or(Value::Null);
+                check(self, "CreateElicitationRequest", &params);
+                self.elicitations.push(params);
+                self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "result": answer}).to_string());
                 return;
             }
             if method == "fs/write_text_file"

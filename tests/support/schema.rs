@@ -29,6 +29,7 @@ pub fn generate() -> Vec<(&'static str, Value)> {
         SessionNotification,
         RequestPermissionRequest,
         WriteTextFileRequest,
+        CreateElicitationRequest,
         // Responses to the client's requests.
         InitializeResponse,
         AuthenticateResponse,
@@ -41,6 +42,7 @@ pub fn generate() -> Vec<(&'static str, Value)> {
         SetSessionConfigOptionResponse,
         CloseSessionResponse,
         DeleteSessionResponse,
+        ForkSessionResponse,
         // The JSON-RPC error object.
         Error,
     ]
@@ -60,6 +62,7 @@ pub fn response_schema(method: &str) -> Option<&'static str> {
         "session/set_config_option" => "SetSessionConfigOptionResponse",
         "session/close" => "CloseSessionResponse",
         "session/delete" => "DeleteSessionResponse",
+        "session/fork" => "ForkSessionResponse",
         _ => return None,
     })
 }

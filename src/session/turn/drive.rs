@@ -202,6 +202,10 @@ impl Turn<'_> {
                 said.alive = true;
                 engine.permission(ask);
             }
+            Output::Question(ask) => {
+                said.alive = true;
+                engine.question(ask);
+            }
             Output::Idle => said.idle = true,
             Output::Unparsed { mut line } => {
                 // Kept for the error message and logged: an excerpt of a line that may be megabytes long.

@@ -43,8 +43,16 @@ enum Outcome {
     StreamEnded,
 }
 
-/// What answers a permission request of the server's session.
-pub type Answer = Box<dyn Fn(Client, PermissionAsk) -> tokio::task::JoinHandle<()> + Send + Sync>;
+/// What the server's session asks of the user: a permission, or the `question` tool's questions.
+pub enum Asked {
+    /// A tool waits for approval (boxed: its card is most of the enum's size).
+    Permission(Box<PermissionAsk>),
+    /// The model asks questions.
+    Question(crate::agents::question::QuestionAsk),
+}
+
+/// What answers what the server's session asks.
+pub type Answer = Box<dyn Fn(Client, Asked) -> tokio::task::JoinHandle<()> + Send + Sync>;
 
 /// One turn through a warm server.
 pub struct ServerEngine {
@@ -186,7 +194,7 @@ impl TurnEngine for ServerEngine {
                     }
                     if let Some(ask) = foreign_permission(&event, &self.children) {
                         // A subagent's own session asks: no card of ours shows it, so it is asked in words.
-                        let task = (self.answer)(self.client.clone(), ask);
+                        let task = (self.answer)(self.client.clone(), Asked::Permission(Box::new(ask)));
                         self.pending.push(task);
                         continue;
                     }
@@ -228,7 +236,13 @@ impl TurnEngine for ServerEngine {
 
     fn permission(&mut self, ask: PermissionAsk) {
         self.pending.retain(|task| !task.is_finished());
-        let task = (self.answer)(self.client.clone(), ask);
+        let task = (self.answer)(self.client.clone(), Asked::Permission(Box::new(ask)));
+        self.pending.push(task);
+    }
+
+    fn question(&mut self, ask: crate::agents::question::QuestionAsk) {
+        self.pending.retain(|task| !task.is_finished());
+        let task = (self.answer)(self.client.clone(), Asked::Question(ask));
         self.pending.push(task);
     }
 

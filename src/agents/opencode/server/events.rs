@@ -35,6 +35,8 @@ pub enum Event {
     Error(Option<ErrorInfo>),
     /// A tool waits for the user's approval (`permission.asked`).
     PermissionAsked(PermissionAsked),
+    /// The `question` tool waits for the user's answers (`question.asked`).
+    QuestionAsked(QuestionAsked),
     /// The session's todo list changed (`todo.updated`): the whole list.
     TodoUpdated(Value),
     /// Any other event (`session.updated`, `session.diff`, `file.edited`, `server.connected`…).
@@ -107,6 +109,7 @@ pub fn parse(line: &str) -> Result<Parsed, serde_json::Error> {
         "session.idle" => Event::Idle,
         "session.error" => Event::Error(field::<SessionError>(properties)?.error),
         "permission.asked" => Event::PermissionAsked(field(properties)?),
+        "question.asked" => Event::QuestionAsked(field(properties)?),
         "todo.updated" => Event::TodoUpdated(field::<TodoUpdated>(properties)?.todos),
         _ => Event::Other,
     };
@@ -249,6 +252,54 @@ pub struct PermissionTool {
     /// The model's call id: the same as the tool part's `callID`.
     #[serde(rename = "callID", default)]
     pub call_id: Option<String>,
+}
+
+/// A question of the `question` tool (`QuestionRequest` in the OpenAPI document).
+#[derive(Debug, Deserialize)]
+pub struct QuestionAsked {
+    /// `que_…`, answered with `POST /question/{id}/reply` or `/reject`.
+    pub id: String,
+    /// The questions, in order.
+    #[serde(default)]
+    pub questions: Vec<QuestionInfo>,
+    /// The tool call that asks.
+    #[serde(default)]
+    pub tool: Option<PermissionTool>,
+}
+
+/// One question.
+#[derive(Debug, Deserialize)]
+pub struct QuestionInfo {
+    /// The whole question.
+    #[serde(default)]
+    pub question: String,
+    /// A short label.
+    #[serde(default)]
+    pub header: String,
+    /// The choices.
+    #[serde(default)]
+    pub options: Vec<QuestionOption>,
+    /// Whether several may be chosen.
+    #[serde(default)]
+    pub multiple: bool,
+    /// Whether an answer of one's own may be typed (OpenCode's default).
+    #[serde(default = "yes")]
+    pub custom: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One choice of a question.
+#[derive(Debug, Deserialize)]
+pub struct QuestionOption {
+    /// What is shown and answered.
+    #[serde(default)]
+    pub label: String,
+    /// What it means.
+    #[serde(default)]
+    pub description: String,
 }
 
 #[derive(Debug, Deserialize)]

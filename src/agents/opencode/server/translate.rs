@@ -13,6 +13,8 @@ use agent_client_protocol::v1::schema::{
 };
 use serde_json::Value;
 
+use crate::agents::question::{Question, QuestionAsk};
+
 use super::events::{self, Event, MessageInfo, Part, PartDelta, PermissionAsked, Status, TextPart, ToolPart};
 use crate::agents::opencode::translate::{
     StepUsage, classify, closing_updates, error_end, finish_end, is_todo_tool, shell_final_output, tool_call_id,
@@ -570,6 +572,30 @@ impl Translator for ServeTranslator {
                 self.end(end)
             }
             Event::PermissionAsked(ask) => self.permission(ask),
+            Event::QuestionAsked(ask) => {
+                self.active = true;
+                let call_id = ask.tool.as_ref().and_then(|tool| tool.call_id.as_deref());
+                let card = tool_call_id(call_id, Some(&ask.id), "question");
+                vec![Output::Question(QuestionAsk {
+                    request_id: ask.id,
+                    tool_call_id: self.tools.contains_key(&card).then_some(card),
+                    questions: ask
+                        .questions
+                        .into_iter()
+                        .map(|question| Question {
+                            question: question.question,
+                            header: question.header,
+                            options: question
+                                .options
+                                .into_iter()
+                                .map(|option| (option.label, option.description))
+                                .collect(),
+                            multiple: question.multiple,
+                            custom: question.custom,
+                        })
+                        .collect(),
+                })]
+            }
             Event::TodoUpdated(todos) => plan_from_todos(&todos).map(Output::Update).into_iter().collect(),
             Event::Other => Vec::new(),
         }

@@ -359,6 +359,32 @@ fn a_permission_names_the_card_of_its_tool() {
 }
 
 #[test]
+fn a_question_names_its_tools_card_and_keeps_its_choices_in_order() {
+    let asked = |tool: &str| {
+        event(
+            "question.asked",
+            json!({"id": "que_1", "sessionID": SES, "tool": {"messageID": "msg_a", "callID": tool}, "questions": [
+                {"question": "Which colour?", "header": "Colour", "options": [
+                    {"label": "Red", "description": "Warm"}, {"label": "Blue", "description": "Cool"}]},
+                {"question": "Sizes?", "header": "Sizes", "multiple": true, "custom": false,
+                 "options": [{"label": "S", "description": ""}]}]}),
+        )
+    };
+    let out = run(&[tool("call_1", "question", json!({"status": "running", "input": {}})), asked("call_1")]);
+    assert_eq!(
+        out[1],
+        json!({"output": "question", "request_id": "que_1", "tool_call_id": "call_1", "questions": [
+            {"question": "Which colour?", "header": "Colour", "options": [["Red", "Warm"], ["Blue", "Cool"]],
+             "multiple": false, "custom": true},
+            {"question": "Sizes?", "header": "Sizes", "options": [["S", ""]], "multiple": true, "custom": false}]})
+    );
+    // Without a card the editor knows, the form is tied to no tool call; another session's question is not ours.
+    assert_eq!(run(&[asked("call_9")])[0]["tool_call_id"], Value::Null);
+    let other = event("question.asked", json!({"id": "que_2", "sessionID": "ses_other", "questions": []}));
+    assert_eq!(run(&[other]), Vec::<Value>::new());
+}
+
+#[test]
 fn a_permission_without_a_card_describes_itself() {
     let out = run(&[
         event(

@@ -272,8 +272,14 @@ impl Warm {
         let answer: super::engine::Answer = {
             let (session, sink, always) = (record.id.clone(), host.sink(), self.always_rules.clone());
             let asking = approvals == options::APPROVALS_ASK;
-            Box::new(move |client, ask| {
-                answer_permission(session.clone(), sink.clone(), always.clone(), asking, client, ask)
+            let forms = host.bridge().client_fills_forms();
+            Box::new(move |client, asked| match asked {
+                super::engine::Asked::Permission(ask) => {
+                    answer_permission(session.clone(), sink.clone(), always.clone(), asking, client, *ask)
+                }
+                super::engine::Asked::Question(ask) => {
+                    answer_question(session.clone(), sink.clone(), forms, client, ask)
+                }
             })
         };
         let engine = super::engine::ServerEngine::new(
@@ -322,6 +328,54 @@ async fn note_mcp_failures(
         }
     }
     Ok(())
+}
+
+/// Answers one question request of OpenCode's `question` tool through the editor's form (`elicitation/create`),
+/// or rejects it (OpenCode tells the model the user dismissed it) when the editor offers no forms, the user
+/// declined or cancelled, or nothing answered; a rejection is said in the thread.
+fn answer_question(
+    session: String,
+    sink: Arc<dyn UpdateSink>,
+    forms: bool,
+    client: Client,
+    ask: crate::agents::question::QuestionAsk,
+) -> tokio::task::JoinHandle<()> {
+    use agent_client_protocol::v1::schema::ElicitationAction;
+    tokio::spawn(async move {
+        let agent = crate::agents::opencode::AGENT.display_name();
+        let answer = match forms {
+            true => sink.elicit(crate::agents::question::elicitation(&session, agent, &ask)).await,
+            false => None,
+        };
+        let answers = match answer.map(|answer| answer.action) {
+            Some(ElicitationAction::Accept(accepted)) => {
+                Some(crate::agents::question::answers(&ask, &accepted.content.unwrap_or_default()))
+            }
+            _ => None,
+        };
+        let asked: Vec<&str> = ask.questions.iter().map(|question| question.question.as_str()).collect();
+        let (path, body) = match &answers {
+            Some(answers) => (format!("/question/{}/reply", ask.request_id), json!({ "answers": answers })),
+            None => (format!("/question/{}/reject", ask.request_id), json!({})),
+        };
+        tracing::info!(session = %session, request = %ask.request_id, answered = answers.is_some(), "answering OpenCode's question");
+        if answers.is_none() {
+            let why = if forms { "no answer was given" } else { "this editor cannot show questions" };
+            let text = format!(
+                "\n\n_{agent} asked \"{}\"; {why}, so it was told the question was dismissed._\n\n",
+                asked.join(" ")
+            );
+            sink.send(
+                &session,
+                agent_client_protocol::v1::schema::SessionUpdate::AgentMessageChunk(
+                    agent_client_protocol::v1::schema::ContentChunk::new(text.into()),
+                ),
+            );
+        }
+        if let Err(e) = client.call_within(REQUEST_LIMIT, Method::POST, &path, Some(&body)).await {
+            tracing::warn!(session = %session, "could not answer OpenCode's question: {e}");
+        }
+    })
 }
 
 /// Answers one permission request of OpenCode: at once under `auto`, else by asking the editor.
