@@ -9,7 +9,7 @@ Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until 
 Scenarios: text, followup, tools, review (edit, write, rm), hostilereview (NUL, invalid UTF-8, rm, mv, ln, setuid),
 linkfile:<1|2> (a link to the path in .victim, then a file in its place), planedit (write, edit, bash),
 subagent (a task whose subagent runs childbash), readback (read notes.txt), todo, reasoning, longbash:<n>, attack, error, tokens:<n> (n pieces 200 ms
-apart), livebash:<n> (a bash tool printing a line a second), mcp:<server> (its tool `look`), system, question. The script is picked by a marker `SCENARIO:<name>[:<arg>]` in the last user message; the step is the number of
+apart), livebash:<n> (a bash tool printing a line a second), mcp:<server> (its tool `look`), system, question, rootbash (ROOT=<dir>, OTHER=<dir> in the prompt). The script is picked by a marker `SCENARIO:<name>[:<arg>]` in the last user message; the step is the number of
 assistant messages after that user message, so a tool loop advances one step per model call. A request without
 `tools` is OpenCode's title generator and gets a fixed short title. Every request is appended to FILE as one JSON
 line: {"kind": "title"|"chat", "scenario", "arg", "step", "body"}.
@@ -64,7 +64,13 @@ def think(text):
     return ("reasoning", text)
 
 
-def script(scenario, arg, step):
+def last_user_text(messages):
+    """The text of the last user message."""
+    users = [m for m in messages if m.get("role") == "user"]
+    return text_of(users[-1].get("content")) if users else ""
+
+
+def script(scenario, arg, step, prompt=""):
     """What the model answers at `step` of `scenario`: a list of text/reasoning/tool items, or an HTTP error."""
     if scenario == "text":
         return [say("Hello from the fake model. "), say("PLAIN-ANSWER-OK")]
@@ -164,6 +170,17 @@ def script(scenario, arg, step):
         return [say("MCP-DONE")]
     if scenario == "system":
         return [say("SYSTEM-OK")]
+    if scenario == "rootbash":
+        # A bash tool writing into the directory named `ROOT=<path>` in the prompt, then into `OTHER=<path>`.
+        root = re.search(r"ROOT=(\S+)", prompt)
+        other = re.search(r"OTHER=(\S+)", prompt)
+        if step == 0 and root:
+            return [tool("bash", {"command": f"echo from-opencode > {root.group(1)}/made.txt && echo root-ok",
+                                  "description": "Write into the extra root"})]
+        if step == 1 and other:
+            return [tool("bash", {"command": f"echo nope > {other.group(1)}/made.txt; echo exit=$?",
+                                  "description": "Write outside the roots"})]
+        return [say("ROOTBASH-DONE")]
     if scenario == "question":
         # OpenCode's question tool: one question with two choices (free text allowed, OpenCode's default).
         if step == 0:
@@ -208,7 +225,7 @@ class Handler(BaseHTTPRequestHandler):
         if kind == "title":
             items = [say(TITLE)]
         else:
-            items = script(scenario, arg, step)
+            items = script(scenario, arg, step, last_user_text(messages))
         if isinstance(items, tuple) and items[0] == "http":
             self.send_json(items[1], items[2])
             return

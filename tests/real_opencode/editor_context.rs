@@ -454,3 +454,28 @@ fn a_declined_question_is_dismissed_with_a_note_none() {
     );
     assert_dismissed(&world, &turn);
 }
+
+#[test]
+fn opencodes_bash_writes_in_an_extra_root_and_not_in_a_directory_not_named_bwrap() {
+    let test = "opencodes_bash_writes_in_an_extra_root_and_not_in_a_directory_not_named_bwrap";
+    if !bwrap_ok(test) {
+        return;
+    }
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let root = world.workspace("lib");
+    let other = world.workspace("elsewhere");
+    let mut bridge = world.start_with(world.backend_options("bwrap", "serve"));
+    let init = bridge.initialize();
+    assert_eq!(init["agentCapabilities"]["sessionCapabilities"]["additionalDirectories"], json!({}), "{init}");
+    let sid = new_session_with(&mut bridge, &ws, json!({"additionalDirectories": [root]}));
+    let prompt = format!("SCENARIO:rootbash ROOT={} OTHER={}", root.display(), other.display());
+    let turn = timed_prompt(&mut bridge, &sid, &ws, &prompt, "bash in the extra root");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(std::fs::read_to_string(root.join("made.txt")).unwrap_or_default(), "from-opencode\n");
+    assert!(!other.join("made.txt").exists(), "a directory not named was written");
+    let first = tool_results(&world.server, "rootbash", 1);
+    assert!(first.contains("root-ok"), "{first}");
+    let second = tool_results(&world.server, "rootbash", 2);
+    assert!(second.contains("exit=1") || second.contains("exit=2"), "the write outside the roots: {second}");
+}
