@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use agent_client_protocol::v1::schema::McpServer;
 
-/// The variables of the agent's environment a stdio server keeps: what any program needs to run in the sandbox
-/// and reach its network, none of them a secret. Everything else (the model's key above all) is left behind.
+/// The variables of the agent's environment a stdio server keeps, with [`crate::sandbox::NETWORK_ENV`]: what any
+/// program needs to run in the sandbox and reach its network, none of them a secret. Everything else (the model's
+/// key above all) is left behind.
 const KEPT: &[&str] = &[
     "PATH",
     "HOME",
@@ -21,17 +22,6 @@ const KEPT: &[&str] = &[
     "XDG_DATA_HOME",
     "XDG_CACHE_HOME",
     "XDG_STATE_HOME",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "ALL_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "all_proxy",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "NODE_EXTRA_CA_CERTS",
 ];
 
 /// A stdio server as the agent starts it: `program` and `args` (a shell that clears the environment and keeps
@@ -64,6 +54,7 @@ pub fn stdio(server: &agent_client_protocol::v1::schema::McpServerStdio) -> Stdi
         .collect();
     let mut assignments: Vec<String> = KEPT
         .iter()
+        .chain(crate::sandbox::NETWORK_ENV)
         .filter(|name| !editor.contains_key(**name))
         .map(|name| format!("${{{name}+\"{name}=${name}\"}}"))
         .collect();

@@ -181,6 +181,24 @@ pub(crate) fn path_segment(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, UNRESERVED).to_string()
 }
 
+/// The variables that say how a program in a sandbox reaches the network: its proxies and CA bundles. Every CLI
+/// gets them from the bridge's environment, and a stdio MCP server keeps them from its agent's.
+pub const NETWORK_ENV: &[&str] = &[
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+];
+
 /// What a URL carries unencoded anywhere: RFC 3986's unreserved characters. Every other byte is encoded.
 pub(crate) const UNRESERVED: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');

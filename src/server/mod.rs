@@ -201,6 +201,39 @@ where
     });
 }
 
+/// Answers a request that made a session (new, fork) with `response`, then starts its server and tells the editor
+/// its slash commands: after the response, so the editor knows the session when the update arrives.
+async fn answer_made<T>(
+    bridge: &Arc<Bridge>,
+    cx: ConnectionTo<Client>,
+    responder: Responder<T>,
+    made: crate::error::Result<(String, Vec<agent_client_protocol::v1::schema::SessionConfigOption>)>,
+    response: impl FnOnce(
+        String,
+        Vec<agent_client_protocol::v1::schema::SessionConfigOption>,
+        Option<agent_client_protocol::v1::schema::SessionModeState>,
+    ) -> T,
+) where
+    T: agent_client_protocol::JsonRpcResponse + Send,
+{
+    let id = made.as_ref().ok().map(|(id, _)| id.clone());
+    let modes = match &id {
+        Some(id) => bridge.session_modes(id).await.ok().flatten(),
+        None => None,
+    };
+    if respond(responder, made.map(|(id, options)| response(id, options, modes))).is_err() {
+        return;
+    }
+    let Some(id) = id else { return };
+    bridge.warm_server(&id);
+    if let Ok(commands) = bridge.available_commands(&id).await
+        && !commands.is_empty()
+    {
+        ConnectionSink { connection: cx }
+            .send(&id, SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)));
+    }
+}
+
 /// Serves ACP on stdin/stdout until the editor closes stdin, then ends every running turn.
 pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Error> {
     let (channel, stdio) =
@@ -322,29 +355,10 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                             mcp_servers: request.mcp_servers,
                         };
                         let result = bridge.new_session(&request.cwd, &given).await;
-                        let id = result.as_ref().ok().map(|(id, _)| id.clone());
-                        let modes = match &id {
-                            Some(id) => bridge.session_modes(id).await.ok().flatten(),
-                            None => None,
-                        };
-                        let answer = result
-                            .map(|(id, options)| NewSessionResponse::new(id).config_options(options).modes(modes));
-                        if respond(responder, answer).is_err() {
-                            return;
-                        }
-                        if let Some(id) = &id {
-                            bridge.warm_server(id);
-                        }
-                        // After the response, so the editor knows the session when the update arrives.
-                        if let Some(id) = id
-                            && let Ok(commands) = bridge.available_commands(&id).await
-                            && !commands.is_empty()
-                        {
-                            ConnectionSink { connection: cx }.send(
-                                &id,
-                                SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)),
-                            );
-                        }
+                        answer_made(&bridge, cx, responder, result, |id, options, modes| {
+                            NewSessionResponse::new(id).config_options(options).modes(modes)
+                        })
+                        .await;
                     });
                     Ok(())
                 }
@@ -419,28 +433,10 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         };
                         let result = bridge.fork_session(&request.session_id.to_string(), &request.cwd, &given).await;
                         place.release();
-                        let id = result.as_ref().ok().map(|(id, _)| id.clone());
-                        let modes = match &id {
-                            Some(id) => bridge.session_modes(id).await.ok().flatten(),
-                            None => None,
-                        };
-                        let answer = result
-                            .map(|(id, options)| ForkSessionResponse::new(id).config_options(options).modes(modes));
-                        if respond(responder, answer).is_err() {
-                            return;
-                        }
-                        if let Some(id) = &id {
-                            bridge.warm_server(id);
-                        }
-                        if let Some(id) = id
-                            && let Ok(commands) = bridge.available_commands(&id).await
-                            && !commands.is_empty()
-                        {
-                            ConnectionSink { connection: cx }.send(
-                                &id,
-                                SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)),
-                            );
-                        }
+                        answer_made(&bridge, cx, responder, result, |id, options, modes| {
+                            ForkSessionResponse::new(id).config_options(options).modes(modes)
+                        })
+                        .await;
                     });
                     Ok(())
                 }

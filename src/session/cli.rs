@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::lines::stderr_tail;
 use crate::locate::installed_executable;
 use crate::paths;
+use crate::sandbox::NETWORK_ENV;
 use crate::sandbox::local::LocalProvider;
 use crate::sandbox::{ExecSpec, Sandbox, SandboxProvider};
 
@@ -265,29 +266,14 @@ pub(super) fn cli_spec(
     }
 }
 
-/// Variables of the bridge's environment every CLI gets: what programs need to run and to reach the
-/// network (proxies, CA bundles). Everything else is dropped; each agent adds its own settings and keys.
-pub(super) const BASE_ENV: &[&str] = &[
-    "PATH",
-    "LANG",
-    "LANGUAGE",
-    "TZ",
-    "USER",
-    "LOGNAME",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "ALL_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "all_proxy",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "NODE_EXTRA_CA_CERTS",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-];
+/// Variables of the bridge's environment every CLI gets: what programs need to run, and to reach the network
+/// ([`NETWORK_ENV`]: proxies, CA bundles). Everything else is dropped; each agent adds its own settings and keys.
+pub(super) const BASE_ENV: &[&str] = &["PATH", "LANG", "LANGUAGE", "TZ", "USER", "LOGNAME"];
+
+/// Whether a variable of the bridge's environment is one every CLI gets.
+fn in_base(name: &str) -> bool {
+    BASE_ENV.contains(&name) || NETWORK_ENV.contains(&name)
+}
 
 /// The CLI's environment: a cleared one plus the allow-list, its own settings and credentials, and
 /// HOME/XDG dirs in the sandbox's state dir (persisted across turns: OpenCode keeps its sessions there).
@@ -299,12 +285,7 @@ pub(super) fn cli_environment(
     names: &BTreeSet<String>,
 ) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = std::env::vars()
-        .filter(|(name, _)| {
-            BASE_ENV.contains(&name.as_str())
-                || name.starts_with("LC_")
-                || agent.passes_env(name)
-                || names.contains(name)
-        })
+        .filter(|(name, _)| in_base(name) || name.starts_with("LC_") || agent.passes_env(name) || names.contains(name))
         .collect();
     for (name, sub) in [
         ("HOME", "home"),
@@ -338,10 +319,8 @@ pub(super) fn remote_cli_spec(
     env: Vec<(String, String)>,
     args: Vec<String>,
 ) -> ExecSpec {
-    let mut env: Vec<(String, String)> = env
-        .into_iter()
-        .filter(|(name, _)| !BASE_ENV.contains(&name.as_str()) || KEPT_REMOTELY.contains(&name.as_str()))
-        .collect();
+    let mut env: Vec<(String, String)> =
+        env.into_iter().filter(|(name, _)| !in_base(name) || KEPT_REMOTELY.contains(&name.as_str())).collect();
     for (name, value) in agent.credential_env(&crate::paths::user_data_dir()) {
         // One the user set in the bridge's environment wins, as locally.
         if !env.iter().any(|(existing, _)| *existing == name) {
