@@ -944,7 +944,10 @@ fn end_orphans(home: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::local::policy::Mount;
+    #[cfg(linux_sandbox)]
+    use crate::sandbox::local::bwrap::NetSetup;
+    #[cfg(linux_sandbox)]
+    use crate::sandbox::local::policy::{Mount, Plan};
 
     fn test_config(dir: &Path) -> crate::config::Config {
         crate::config::Config::new(crate::agents::AgentKind::parse("opencode").unwrap(), dir.to_path_buf())
@@ -961,10 +964,12 @@ mod tests {
             roots: Vec::new(),
             session_id: "s1".into(),
             settings: Arc::new(settings),
+            #[cfg(linux_sandbox)]
             budget: ConnectionBudget::default(),
         }
     }
 
+    #[cfg(linux_sandbox)]
     #[test]
     fn in_review_mode_the_workspace_and_its_protected_paths_come_from_the_copy() {
         let mut sandbox = sandbox(Path::new("/tmp/ws"), Isolation::Bwrap("/usr/bin/bwrap".into()));
@@ -1000,6 +1005,7 @@ mod tests {
         assert!(args.contains("--remount-ro /tmp/data/sessions/s1/review"), "{args}");
     }
 
+    #[cfg(linux_sandbox)]
     #[test]
     fn bwrap_runs_the_cli_without_network_capabilities_or_namespaces_of_its_own() {
         let mut sandbox = sandbox(Path::new("/tmp/ws"), Isolation::Bwrap("/usr/bin/bwrap".into()));
@@ -1095,6 +1101,31 @@ mod tests {
         assert!(state.join(".gitignore").exists());
         // Nothing outside the state dir is ever a target.
         assert_eq!(expand_read_only_dirs(&sd, &[(host.clone(), dir.path().join("elsewhere"))]), vec![]);
+    }
+
+    // Compiled everywhere, run only where `cfg(linux_sandbox)` is off (macOS, BSDs): Linux CI never runs it; there
+    // `.ci/run`'s `ACP_SANDBOX_PORTABLE_CHECK=1 cargo check` proves that the rest compiles without the sandbox.
+    #[cfg(not(linux_sandbox))]
+    #[test]
+    fn off_linux_bwrap_is_refused_with_what_to_use_and_auto_runs_without_isolation() {
+        let refusal =
+            "the local sandbox (bubblewrap) needs Linux; use --sandbox e2b, --sandbox daytona, or --sandbox none";
+        let settings = |isolation| test_config(Path::new("/data")).local_settings(isolation);
+        match LocalProvider::choose("/data/sessions".into(), SandboxChoice::Bwrap, settings) {
+            Err(SandboxError::Unavailable(why)) => {
+                assert_eq!(why, format!("--sandbox bwrap cannot work here: {refusal}"))
+            }
+            Err(other) => panic!("not the refusal: {other}"),
+            Ok(_) => panic!("--sandbox bwrap was accepted"),
+        }
+        for choice in [SandboxChoice::Auto, SandboxChoice::None] {
+            let provider = LocalProvider::choose("/data/sessions".into(), choice, settings).unwrap();
+            assert!(matches!(provider.settings().isolation, Isolation::None(_)), "{choice:?}");
+            assert_eq!(provider.settings().init_program, None, "no sandbox-init off Linux");
+        }
+        let auto = LocalProvider::choose("/data/sessions".into(), SandboxChoice::Auto, settings).unwrap();
+        assert_eq!(auto.unconfined(), Some(refusal.to_string()));
+        assert!(!auto.private_network());
     }
 
     #[test]
