@@ -95,7 +95,8 @@ impl Config {
             network: self.network.clone(),
             limits: self.limits,
             run_dir: paths::run_dir(&self.data_dir),
-            init_program: std::env::current_exe().ok(),
+            // `sandbox-init` is Linux's (`local/init.rs`): elsewhere the CLI runs as the process group's leader.
+            init_program: if cfg!(linux_sandbox) { std::env::current_exe().ok() } else { None },
             workspace_mode: self.workspace,
         }
     }

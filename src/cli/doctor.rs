@@ -10,7 +10,8 @@ use acp_sandbox::config::ServerScope;
 use acp_sandbox::locate::Location;
 use acp_sandbox::sandbox::CheckLevel;
 use acp_sandbox::sandbox::local::Isolation;
-use acp_sandbox::sandbox::local::bwrap::probe_bwrap;
+#[cfg(linux_sandbox)]
+use acp_sandbox::sandbox::local::probe_bwrap;
 use acp_sandbox::sandbox::{SandboxChoice, WorkspaceMode};
 
 /// What `doctor` says about how the agent will be driven, given the version it printed; an error when it cannot be.
@@ -77,6 +78,7 @@ impl BinSource {
 }
 
 /// What to do when bubblewrap cannot run here: install it, or allow the user namespaces it needs.
+#[cfg(linux_sandbox)]
 fn bwrap_advice(installed: bool) -> &'static [&'static str] {
     if !installed {
         return &["install the `bubblewrap` package for isolation"];
@@ -146,6 +148,8 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
         Ok(isolation) => out!("sandbox     {} (--sandbox {})", isolation.describe(), config.sandbox.as_str()),
         Err(e) => out!("sandbox     {}", error(e.to_string())),
     }
+    // Off Linux the sandbox line says why there is no bubblewrap and what to use instead.
+    #[cfg(linux_sandbox)]
     if config.sandbox != SandboxChoice::None && probe_bwrap().is_err() {
         for line in bwrap_advice(which::which("bwrap").is_ok()) {
             out!("            {line}");

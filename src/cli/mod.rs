@@ -49,11 +49,13 @@ struct Cli {
 enum Invocation {
     #[command(flatten)]
     Command(Command),
-    /// Inside a sandbox: open its network doors to the bridge's proxy, then run PROGRAM (internal).
+    /// Inside a sandbox: open its network doors to the bridge's proxy, then run PROGRAM (internal; Linux only).
+    #[cfg(linux_sandbox)]
     #[command(hide = true)]
     SandboxInit(SandboxInit),
 }
 
+#[cfg(linux_sandbox)]
 #[derive(Args, Debug)]
 struct SandboxInit {
     /// The bridge's proxy socket, as mounted in the sandbox.
@@ -332,6 +334,7 @@ pub fn main() -> anyhow::Result<ExitCode> {
     let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let command = match cli.command {
         // Inside the sandbox the data dir is not visible: no config, no log file, no store.
+        #[cfg(linux_sandbox)]
         Some(Invocation::SandboxInit(init)) => return Ok(sandbox_init(init)),
         Some(Invocation::Command(command)) => Some(command),
         None => None,
@@ -396,6 +399,7 @@ fn broken_pipe(error: &anyhow::Error) -> bool {
         .any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
+#[cfg(linux_sandbox)]
 fn sandbox_init(init: SandboxInit) -> ExitCode {
     let mut command = init.command.into_iter();
     let program = command.next().unwrap_or_default().into();

@@ -100,6 +100,13 @@ pub enum WorkspaceMode {
     Review,
 }
 
+/// Why there is no local sandbox here (it is Linux's: `cfg(linux_sandbox)`), and what to choose instead: what
+/// `--sandbox bwrap`, `auto` and `doctor` say off Linux.
+pub fn needs_linux() -> String {
+    let remotes: Vec<String> = remote::REMOTES.iter().map(|remote| format!("--sandbox {}", remote.name())).collect();
+    format!("the local sandbox (bubblewrap) needs Linux; use {}, or --sandbox none", remotes.join(", "))
+}
+
 /// The provider of the sessions' sandboxes as `--sandbox` chose it: the one place that knows every provider.
 /// `local` serves `auto`, `bwrap` and `none`, and the bridge's own short commands whatever the choice.
 /// `var` reads the providers' settings (the environment, and a key `acp-sandbox login --provider` stored).

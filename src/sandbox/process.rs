@@ -55,7 +55,8 @@ fn freeze_and_kill(walk: impl Fn() -> Vec<i32>) -> Vec<i32> {
 
 /// Makes the bridge the reaper of its orphaned descendants: without bubblewrap, a daemon that left the CLI's tree
 /// (`setsid`, double fork) and outlived its supervisor is re-parented to the bridge instead of to init, so it can
-/// be found and ended.
+/// be found and ended. Linux only (`prctl`).
+#[cfg(linux_sandbox)]
 pub fn become_subreaper() {
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
         tracing::warn!("cannot become a subreaper: {e}");

@@ -32,7 +32,7 @@ impl LocalSandbox {
             pid: root,
             start: start_time(root)?,
             door: door.to_path_buf(),
-            proxy_socket: guards.proxy.is_some().then(|| warm::proxy_socket(&self.settings.run_dir, &keep.key)),
+            proxy_socket: guards.has_proxy().then(|| warm::proxy_socket(&self.settings.run_dir, &keep.key)),
             cgroups: guards.cgroup.as_ref().map(|cgroup| cgroup.dirs().to_vec()).unwrap_or_default(),
             secret: keep.secret,
             linger_secs: keep.linger.as_secs().max(MIN_LINGER_SECS),
@@ -51,11 +51,14 @@ impl LocalSandbox {
     }
 
     /// Takes over a server an earlier bridge kept warm: its proxy is served again where its sandbox looks for it.
+    // Off Linux no sandbox has a proxy (it is bubblewrap's): `spec` and `guards` serve only that.
+    #[cfg_attr(not(linux_sandbox), allow(unused_variables, unused_mut))]
     pub(super) async fn adopt(&self, record: warm::Record, spec: &ExecSpec) -> Result<RunningProcess, SandboxError> {
         if let Err(e) = record_owner(&self.settings.run_dir, &self.session_id) {
             tracing::warn!(session = %self.session_id, "could not record this bridge as the owner: {e}");
         }
         let mut guards = ProcessGuards::default();
+        #[cfg(linux_sandbox)]
         if record.proxy_socket.is_some() {
             let (proxy, _) = self.start_proxy(spec).await?;
             guards.proxy = Some(proxy);

@@ -7,18 +7,29 @@
 //! subreaper (`init.rs`), so every descendant, daemons included, ends with the turn.
 
 mod adopt;
+// What needs Linux (namespaces, Landlock, seccomp, `prctl`) is compiled under `cfg(linux_sandbox)`, which build.rs
+// sets for Linux targets; elsewhere the provider runs commands as a plain process group (`--sandbox none`).
+#[cfg(linux_sandbox)]
 pub mod bwrap;
+#[cfg(linux_sandbox)]
 mod describe;
+#[cfg(linux_sandbox)]
 pub mod guard;
+#[cfg(linux_sandbox)]
 pub mod init;
 pub mod limits;
 pub mod owners;
 pub mod policy;
 pub mod protect;
+#[cfg(linux_sandbox)]
 pub mod seccomp;
 pub mod warm;
+#[cfg(linux_sandbox)]
+mod wrap;
 
-use std::collections::{HashMap, HashSet};
+#[cfg(linux_sandbox)]
+use std::collections::HashMap;
+use std::collections::HashSet;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -31,11 +42,18 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
 use self::adopt::Warm;
-use self::bwrap::{NetSetup, bwrap_netns, bwrap_userns, open_low_ports, probe_bwrap};
+#[cfg(linux_sandbox)]
+use self::bwrap::open_low_ports;
+#[cfg(linux_sandbox)]
+pub use self::bwrap::probe_bwrap;
 use self::limits::Limits;
 use self::owners::record_owner;
-use self::policy::{Plan, Policy, RealDisk, Subject};
-use super::net::proxy::{ConnectionBudget, NetworkMode, Proxy, ProxyPolicy};
+use self::policy::{Policy, RealDisk};
+#[cfg(not(linux_sandbox))]
+use super::needs_linux;
+use super::net::proxy::NetworkMode;
+#[cfg(linux_sandbox)]
+use super::net::proxy::{ConnectionBudget, Proxy};
 use super::process::{descendant_pids, home_of, kill_tree, process_table};
 use super::{
     ExecSpec, ExitInfo, ProcessHandle, RunningProcess, Sandbox, SandboxChoice, SandboxError, SandboxProvider,
@@ -80,6 +98,21 @@ impl Isolation {
             ),
             Isolation::None(why) => format!("plain process group, NO isolation ({why})"),
         }
+    }
+}
+
+/// Off Linux there is no bubblewrap to probe: `--sandbox bwrap` is refused and `auto` runs without isolation.
+#[cfg(not(linux_sandbox))]
+pub fn probe_bwrap() -> Result<PathBuf, String> {
+    Err(needs_linux())
+}
+
+/// Off Linux the protections of `describe.rs` have nothing to stand on: one line says so.
+#[cfg(not(linux_sandbox))]
+impl LocalSettings {
+    /// One line for `doctor` and the log: nothing is isolated here.
+    pub fn describe(&self) -> Vec<(String, bool, String)> {
+        vec![("isolation".into(), false, format!("NOT isolated: {}", needs_linux()))]
     }
 }
 
@@ -128,13 +161,19 @@ pub struct LocalProvider {
     sessions_dir: PathBuf,
     settings: Arc<LocalSettings>,
     /// Each sandbox's proxy connections, by state dir name: one budget however often the sandbox is opened.
+    #[cfg(linux_sandbox)]
     budgets: std::sync::Mutex<HashMap<String, ConnectionBudget>>,
 }
 
 impl LocalProvider {
     /// A provider keeping state dirs under `sessions_dir`.
     pub fn new(sessions_dir: PathBuf, settings: Arc<LocalSettings>) -> Self {
-        Self { sessions_dir, settings, budgets: Default::default() }
+        Self {
+            sessions_dir,
+            settings,
+            #[cfg(linux_sandbox)]
+            budgets: Default::default(),
+        }
     }
 
     /// The provider of a bridge's local sandboxes for `--sandbox choice` (the bridge's own commands use it whatever
@@ -150,6 +189,8 @@ impl LocalProvider {
         if let Isolation::None(why) = &provider.settings.isolation {
             // Falling back silently would hide that the agent has the whole machine.
             tracing::warn!("CLIs run WITHOUT a sandbox: {why}");
+            // Off Linux there is no subreaper: only the CLI's process group ends with the turn.
+            #[cfg(linux_sandbox)]
             crate::sandbox::process::become_subreaper();
         }
         Ok(provider)
@@ -173,6 +214,7 @@ impl LocalProvider {
 
     /// The connection budget of the sandbox `session_id` (made on first use; a sandbox keeps its budget for the
     /// bridge's life, a few bytes each).
+    #[cfg(linux_sandbox)]
     fn budget(&self, session_id: &str) -> ConnectionBudget {
         let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
         budgets.entry(session_id.to_string()).or_default().clone()
@@ -245,6 +287,7 @@ impl SandboxProvider for LocalProvider {
             host_workspace: spec.workspace.clone(),
             session_id: spec.session_id.clone(),
             settings: self.settings.clone(),
+            #[cfg(linux_sandbox)]
             budget: self.budget(&spec.session_id),
         })))
     }
@@ -269,6 +312,8 @@ impl SandboxProvider for LocalProvider {
         true
     }
 
+    // The trait's `false` off Linux: only bubblewrap gives a sandbox a network of its own.
+    #[cfg(linux_sandbox)]
     fn private_network(&self) -> bool {
         matches!(self.settings.isolation, Isolation::Bwrap(_))
             && self.settings.network.uses_proxy()
@@ -331,36 +376,11 @@ pub struct LocalSandbox {
     session_id: String,
     settings: Arc<LocalSettings>,
     /// The connections its proxies may still open, shared by all of them.
+    #[cfg(linux_sandbox)]
     budget: ConnectionBudget,
 }
 
-/// The port of the proxy inside the sandbox.
-const PROXY_PORT: u16 = 3128;
-
 impl LocalSandbox {
-    /// The argv of bubblewrap around a command: [`bwrap::argv`] of what this sandbox is.
-    fn bwrap_args(
-        &self,
-        spec: &ExecSpec,
-        plan: &Plan,
-        net: Option<&NetSetup>,
-        seccomp_fd: Option<i32>,
-        watch: Option<Limits>,
-        door: Option<(i32, u16)>,
-    ) -> Vec<String> {
-        bwrap::argv(&bwrap::Wrap {
-            spec,
-            plan,
-            copy: self.copy.as_ref().map(|copy| (self.host_workspace.as_path(), copy.path())),
-            init_program: self.settings.init_program.as_deref(),
-            userns: bwrap_userns(),
-            net,
-            seccomp_fd,
-            watch,
-            door,
-        })
-    }
-
     /// Binds the bridge's end of a server's door in the bridge's run dir (mode 0700, never mounted into a
     /// sandbox) and hands its listening fd to the command; returns the fd number the command inherits.
     fn open_door(&self, guards: &mut ProcessGuards) -> Result<i32, SandboxError> {
@@ -377,49 +397,6 @@ impl LocalSandbox {
         guards.inherited.push(fd);
         guards.door = Some(path);
         Ok(raw)
-    }
-
-    /// Starts the proxy of one command and says how the sandbox reaches it: a kept-warm server's proxy serves its
-    /// socket in a directory of its own, at the same path whichever bridge serves it.
-    async fn start_proxy(&self, spec: &ExecSpec) -> Result<(Proxy, NetSetup), SandboxError> {
-        let run_dir = &self.settings.run_dir;
-        paths::create_private_dir(run_dir).map_err(|e| SandboxError::io(format!("create {}", run_dir.display()), e))?;
-        let socket = match &spec.keep_warm {
-            Some(keep) => {
-                let socket = warm::proxy_socket(run_dir, &keep.key);
-                if let Some(dir) = socket.parent() {
-                    paths::create_private_dir(dir)
-                        .map_err(|e| SandboxError::io(format!("create {}", dir.display()), e))?;
-                }
-                // What the bridge that served it before left (it was killed): replaced by this bridge's socket.
-                let _ = std::fs::remove_file(&socket);
-                socket
-            }
-            None => run_dir.join(format!("{}.sock", &uuid::Uuid::new_v4().simple().to_string()[..12])),
-        };
-        let expose: Vec<u16> = spec
-            .net
-            .endpoints
-            .iter()
-            .filter(|(host, _)| is_loopback_name(host))
-            .map(|(_, port)| *port)
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let port = (PROXY_PORT..).find(|port| !expose.contains(port)).unwrap_or(PROXY_PORT);
-        // The tunnel of an exposed port asks for 127.0.0.1, whatever loopback name the config used.
-        let mut endpoints = spec.net.endpoints.clone();
-        endpoints.extend(expose.iter().map(|port| ("127.0.0.1".to_string(), *port)));
-        let policy = ProxyPolicy {
-            mode: self.settings.network.clone(),
-            endpoints,
-            service_hosts: spec.net.service_hosts.clone(),
-        };
-        let proxy = Proxy::start(&socket, policy, self.session_id.clone(), self.budget.clone())
-            .await
-            .map_err(|e| SandboxError::Unavailable(format!("cannot start the network proxy: {e}")))?;
-        let in_dir = spec.keep_warm.is_some();
-        Ok((proxy, NetSetup { socket, port, expose, in_dir }))
     }
 }
 
@@ -456,25 +433,6 @@ fn watch_args(watch: Option<Limits>) -> Vec<String> {
         ],
         None => Vec::new(),
     }
-}
-
-/// Host names that mean the loopback of whoever resolves them.
-fn is_loopback_name(host: &str) -> bool {
-    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-/// The variables that send the CLI's traffic to the proxy inside the sandbox.
-fn proxy_env(port: u16) -> Vec<(String, String)> {
-    let url = format!("http://127.0.0.1:{port}");
-    let mut env = Vec::new();
-    for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
-        env.push((name.to_string(), url.clone()));
-        env.push((name.to_lowercase(), url.clone()));
-    }
-    for name in ["NO_PROXY", "no_proxy"] {
-        env.push((name.to_string(), "localhost,127.0.0.1,::1".to_string()));
-    }
-    env
 }
 
 #[async_trait]
@@ -568,6 +526,7 @@ impl Sandbox for LocalSandbox {
         };
         // Without a cgroup the sandbox's first process watches the limits itself.
         let watch = cgroup.is_none().then_some(self.settings.limits);
+        #[cfg(linux_sandbox)]
         if spec.serve_port.is_some()
             && matches!(self.settings.isolation, Isolation::Bwrap(_))
             && let Err(why) = guard::port_guard_available()
@@ -582,57 +541,18 @@ impl Sandbox for LocalSandbox {
             None => None,
         };
         // A model endpoint below port 1024 is opened in the sandbox's network namespace once it exists.
+        #[cfg(linux_sandbox)]
         let mut low_ports = false;
         let mut command = match &self.settings.isolation {
+            #[cfg(linux_sandbox)]
             Isolation::Bwrap(bwrap) => {
-                let subject = Subject {
-                    workspace: self.host_workspace.clone(),
-                    roots: self.roots.clone(),
-                    state_dir: self.state_dir.clone(),
-                    tools: spec.tools.clone(),
-                    private: self
-                        .copy
-                        .iter()
-                        .map(|copy| copy.review_dir().to_path_buf())
-                        .chain([self.state_dir.join(protect::QUARANTINE)])
-                        .collect(),
-                };
-                let plan = self.settings.policy.plan(&subject, &RealDisk);
-                let net = if !self.settings.network.uses_proxy() {
-                    None
-                } else if let Err(why) = bwrap_netns() {
-                    // The default degrades with a warning; a policy the user asked for is never dropped silently.
-                    if self.settings.network != NetworkMode::Open {
-                        return Err(SandboxError::Unavailable(format!(
-                            "--network {} needs a network namespace of the sandbox's own: {why}",
-                            self.settings.network
-                        )));
-                    }
-                    tracing::warn!(session = %self.session_id, "the sandbox shares the host's network: {why}");
-                    None
-                } else {
-                    let (proxy, net) = self.start_proxy(&spec).await?;
-                    guards.proxy = Some(proxy);
-                    spec.env.retain(|(name, _)| !name.to_ascii_lowercase().ends_with("_proxy"));
-                    spec.env.extend(proxy_env(net.port));
-                    Some(net)
-                };
-                let seccomp_fd = match seccomp::filter_fd() {
-                    Ok(fd) => {
-                        let raw = fd.as_raw_fd();
-                        guards.inherited.push(fd);
-                        Some(raw)
-                    }
-                    Err(e) => {
-                        tracing::warn!("running without a seccomp filter: {e}");
-                        None
-                    }
-                };
-                low_ports = net.as_ref().is_some_and(|net| net.expose.iter().any(|port| *port < 1024));
-                let mut command = Command::new(bwrap);
-                command.args(self.bwrap_args(&spec, &plan, net.as_ref(), seccomp_fd, watch, door));
+                let (command, low) = self.bwrap_command(bwrap, &mut spec, &mut guards, watch, door).await?;
+                low_ports = low;
                 command
             }
+            // Never chosen off Linux (`probe_bwrap` says why): settings made by hand get the same answer.
+            #[cfg(not(linux_sandbox))]
+            Isolation::Bwrap(_) => return Err(SandboxError::Unavailable(needs_linux())),
             Isolation::None(_) => {
                 // Without bubblewrap the user's config can't be mounted; link each entry instead.
                 for (host, target) in &spec.read_only {
@@ -674,6 +594,7 @@ impl Sandbox for LocalSandbox {
             && !nix::unistd::getuid().is_root())
         .then(|| limits::rlimit_pre_exec(&self.settings.limits));
         let inherited: Vec<i32> = guards.inherited.iter().map(|fd| fd.as_raw_fd()).collect();
+        #[cfg(linux_sandbox)]
         let init_dies_politely =
             matches!(self.settings.isolation, Isolation::None(_)) && self.settings.init_program.is_some();
         // A kept-warm server is not told of the bridge's death: it lingers, then ends itself.
@@ -685,7 +606,7 @@ impl Sandbox for LocalSandbox {
         unsafe {
             command.pre_exec(move || {
                 for fd in &inherited {
-                    seccomp::clear_cloexec(*fd)?;
+                    clear_cloexec(*fd)?;
                 }
                 if let Some(join) = join.as_mut() {
                     join()?;
@@ -693,11 +614,13 @@ impl Sandbox for LocalSandbox {
                 if let Some(rlimit) = rlimit.as_mut() {
                     rlimit()?;
                 }
-                if !dies_with_bridge {
-                    return Ok(());
+                // Off Linux there is no parent-death signal: `kill_on_drop` and the bridge's kills end it.
+                #[cfg(linux_sandbox)]
+                if dies_with_bridge {
+                    let signal = if init_dies_politely { Signal::SIGTERM } else { Signal::SIGKILL };
+                    nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)?;
                 }
-                let signal = if init_dies_politely { Signal::SIGTERM } else { Signal::SIGKILL };
-                nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)
+                Ok(())
             });
         }
         command
@@ -725,6 +648,7 @@ impl Sandbox for LocalSandbox {
         guards.inherited.clear();
         guards.cgroup = cgroup;
         let pid = child.id();
+        #[cfg(linux_sandbox)]
         if let (true, Some(bwrap)) = (low_ports, pid) {
             // sandbox-init waits for this before it binds the endpoint's port, and fails saying so without it.
             let session = self.session_id.clone();
@@ -777,12 +701,19 @@ impl Sandbox for LocalSandbox {
 /// to bubblewrap.
 #[derive(Default)]
 struct ProcessGuards {
+    #[cfg(linux_sandbox)]
     proxy: Option<Proxy>,
     /// The host end of a server's door (a socket file in the run dir), removed with the process.
     door: Option<PathBuf>,
     cgroup: Option<limits::SandboxCgroup>,
     watches: Vec<protect::Watch>,
     inherited: Vec<OwnedFd>,
+}
+
+/// Lets `fd` survive exec. Async-signal-safe (one `fcntl`), so it may run in a `pre_exec` closure.
+pub fn clear_cloexec(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    // SAFETY: F_SETFD only changes the flags of an fd number; no memory is passed.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
 /// Replaces each (host dir, target) pair by one pair per entry of the host dir, and makes the target a real
@@ -908,6 +839,20 @@ impl ProcessHandle for LocalProcess {
     }
 }
 
+impl ProcessGuards {
+    /// Whether the command has a proxy.
+    #[cfg(linux_sandbox)]
+    fn has_proxy(&self) -> bool {
+        self.proxy.is_some()
+    }
+
+    /// Off Linux no command has a proxy (only bubblewrap's sandboxes do).
+    #[cfg(not(linux_sandbox))]
+    fn has_proxy(&self) -> bool {
+        false
+    }
+}
+
 impl Drop for ProcessGuards {
     fn drop(&mut self) {
         if let Some(door) = self.door.take() {
@@ -999,7 +944,10 @@ fn end_orphans(home: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::local::policy::Mount;
+    #[cfg(linux_sandbox)]
+    use crate::sandbox::local::bwrap::NetSetup;
+    #[cfg(linux_sandbox)]
+    use crate::sandbox::local::policy::{Mount, Plan};
 
     fn test_config(dir: &Path) -> crate::config::Config {
         crate::config::Config::new(crate::agents::AgentKind::parse("opencode").unwrap(), dir.to_path_buf())
@@ -1016,10 +964,12 @@ mod tests {
             roots: Vec::new(),
             session_id: "s1".into(),
             settings: Arc::new(settings),
+            #[cfg(linux_sandbox)]
             budget: ConnectionBudget::default(),
         }
     }
 
+    #[cfg(linux_sandbox)]
     #[test]
     fn in_review_mode_the_workspace_and_its_protected_paths_come_from_the_copy() {
         let mut sandbox = sandbox(Path::new("/tmp/ws"), Isolation::Bwrap("/usr/bin/bwrap".into()));
@@ -1055,6 +1005,7 @@ mod tests {
         assert!(args.contains("--remount-ro /tmp/data/sessions/s1/review"), "{args}");
     }
 
+    #[cfg(linux_sandbox)]
     #[test]
     fn bwrap_runs_the_cli_without_network_capabilities_or_namespaces_of_its_own() {
         let mut sandbox = sandbox(Path::new("/tmp/ws"), Isolation::Bwrap("/usr/bin/bwrap".into()));
@@ -1150,6 +1101,31 @@ mod tests {
         assert!(state.join(".gitignore").exists());
         // Nothing outside the state dir is ever a target.
         assert_eq!(expand_read_only_dirs(&sd, &[(host.clone(), dir.path().join("elsewhere"))]), vec![]);
+    }
+
+    // Compiled everywhere, run only where `cfg(linux_sandbox)` is off (macOS, BSDs): Linux CI never runs it; there
+    // `.ci/run`'s `ACP_SANDBOX_PORTABLE_CHECK=1 cargo check` proves that the rest compiles without the sandbox.
+    #[cfg(not(linux_sandbox))]
+    #[test]
+    fn off_linux_bwrap_is_refused_with_what_to_use_and_auto_runs_without_isolation() {
+        let refusal =
+            "the local sandbox (bubblewrap) needs Linux; use --sandbox e2b, --sandbox daytona, or --sandbox none";
+        let settings = |isolation| test_config(Path::new("/data")).local_settings(isolation);
+        match LocalProvider::choose("/data/sessions".into(), SandboxChoice::Bwrap, settings) {
+            Err(SandboxError::Unavailable(why)) => {
+                assert_eq!(why, format!("--sandbox bwrap cannot work here: {refusal}"))
+            }
+            Err(other) => panic!("not the refusal: {other}"),
+            Ok(_) => panic!("--sandbox bwrap was accepted"),
+        }
+        for choice in [SandboxChoice::Auto, SandboxChoice::None] {
+            let provider = LocalProvider::choose("/data/sessions".into(), choice, settings).unwrap();
+            assert!(matches!(provider.settings().isolation, Isolation::None(_)), "{choice:?}");
+            assert_eq!(provider.settings().init_program, None, "no sandbox-init off Linux");
+        }
+        let auto = LocalProvider::choose("/data/sessions".into(), SandboxChoice::Auto, settings).unwrap();
+        assert_eq!(auto.unconfined(), Some(refusal.to_string()));
+        assert!(!auto.private_network());
     }
 
     #[test]

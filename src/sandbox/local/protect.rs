@@ -12,7 +12,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, RawFd};
+#[cfg(linux_sandbox)]
+use std::os::fd::RawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +22,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, MetadataExt};
+#[cfg(linux_sandbox)]
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+#[cfg(linux_sandbox)]
 use tokio::io::unix::AsyncFd;
 
 use crate::workspace::statedir::StateDir;
@@ -80,6 +84,7 @@ impl Watch {
             entry.last = None;
             entry.running.insert(id, guard.clone());
         }
+        #[cfg(linux_sandbox)]
         let task = match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
             Ok(inotify) if !guard.missing.is_empty() => Some(tokio::spawn(watch(inotify, guard))),
             Ok(_) => None,
@@ -89,6 +94,9 @@ impl Watch {
                 None
             }
         };
+        // Off Linux no inotify: the sweeps after each tool and at the end of the turn move what was created.
+        #[cfg(not(linux_sandbox))]
+        let task = None;
         Watch { id, workspace: workspace.to_path_buf(), task }
     }
 }
@@ -143,14 +151,17 @@ fn record(guard: &Guard, moved: Vec<Moved>) {
 }
 
 /// The inotify fd, readable through tokio.
+#[cfg(linux_sandbox)]
 struct WatchFd(Inotify);
 
+#[cfg(linux_sandbox)]
 impl AsRawFd for WatchFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_fd().as_raw_fd()
     }
 }
 
+#[cfg(linux_sandbox)]
 async fn watch(inotify: Inotify, guard: Guard) {
     // SAFETY: the inotify fd is owned by the `WatchFd` inside the `AsyncFd` and lives exactly as long as it.
     let fd = match unsafe { AsyncFd::register_with_interest(WatchFd(inotify), tokio::io::Interest::READABLE) } {
@@ -211,6 +222,7 @@ async fn watch(inotify: Inotify, guard: Guard) {
 }
 
 /// The workspace and every real directory on the way to a missing protected path.
+#[cfg(linux_sandbox)]
 fn dirs_to_watch(guard: &Guard) -> Vec<PathBuf> {
     let mut dirs = vec![guard.workspace.clone()];
     for path in &guard.missing {

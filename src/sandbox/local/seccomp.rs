@@ -30,7 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Seek, SeekFrom, Write};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
@@ -146,7 +146,7 @@ pub fn filter_bytes() -> Result<Vec<u8>, SeccompError> {
 }
 
 /// A memfd holding [`filter_bytes`], at offset 0. It is close-on-exec: the caller clears that in the child
-/// (e.g. with [`clear_cloexec`] in `pre_exec`) and passes `--seccomp <fd>`. bubblewrap reads it to EOF, so
+/// (e.g. with [`super::clear_cloexec`] in `pre_exec`) and passes `--seccomp <fd>`. bubblewrap reads it to EOF, so
 /// each run needs its own.
 pub fn filter_fd() -> Result<OwnedFd, SeccompError> {
     let bytes = filter_bytes()?;
@@ -188,12 +188,6 @@ pub fn install(program: &[sock_filter]) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// Lets `fd` survive exec. Async-signal-safe (one `fcntl`), so it may run in a `pre_exec` closure.
-pub fn clear_cloexec(fd: RawFd) -> std::io::Result<()> {
-    // SAFETY: F_SETFD only changes the flags of an fd number; no memory is passed.
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
 /// The whole program: the x32 guard, then the `EPERM` filter, then the `ENOSYS` one. seccompiler gives one
@@ -544,7 +538,7 @@ mod tests {
             command.args(["--seccomp", &raw.to_string()]);
             // SAFETY: one fcntl, async-signal-safe; `fd` outlives the spawn.
             unsafe {
-                command.pre_exec(move || clear_cloexec(raw));
+                command.pre_exec(move || crate::sandbox::local::clear_cloexec(raw));
             }
         }
         let output = command.arg("--").args(argv).stdin(Stdio::null()).output().unwrap();
