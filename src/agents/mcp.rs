@@ -9,7 +9,7 @@ use agent_client_protocol::v1::schema::McpServer;
 /// The variables of the agent's environment a stdio server keeps, with [`crate::sandbox::NETWORK_ENV`]: what any
 /// program needs to run in the sandbox and reach its network, none of them a secret. Everything else (the model's
 /// key above all) is left behind.
-const KEPT: &[&str] = &[
+pub const KEPT: &[&str] = &[
     "PATH",
     "HOME",
     "LANG",

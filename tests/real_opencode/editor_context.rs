@@ -66,34 +66,10 @@ fn stdio_server_inside_the_sandbox(sandbox: &str, backend: &str, test: &str) {
     // Exactly the editor's variable over the sandbox's plain base: no model key, no password, no OpenCode setting.
     assert_eq!(field(&line, "given"), "rotide-eht-morf", "{line}");
     let names: Vec<&str> = field(&line, "env").split(',').collect();
-    let allowed = [
-        "GIVEN",
-        "PATH",
-        "HOME",
-        "LANG",
-        "LANGUAGE",
-        "TZ",
-        "USER",
-        "LOGNAME",
-        "TMPDIR",
-        "XDG_CONFIG_HOME",
-        "XDG_DATA_HOME",
-        "XDG_CACHE_HOME",
-        "XDG_STATE_HOME",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "NO_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "no_proxy",
-        "all_proxy",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "NODE_EXTRA_CA_CERTS",
-        // Python sets it for itself on start.
-        "LC_CTYPE",
-    ];
+    // The editor's variable, the base the bridge keeps for any stdio server, and what Python sets for itself.
+    let mut allowed: Vec<&str> = vec!["GIVEN", "LC_CTYPE"];
+    allowed.extend(acp_sandbox::agents::mcp::KEPT);
+    allowed.extend(acp_sandbox::sandbox::NETWORK_ENV);
     let extra: Vec<&&str> = names.iter().filter(|name| !allowed.contains(name)).collect();
     assert!(extra.is_empty(), "the stdio server got more than the editor's env and the base: {extra:?} in {line}");
     assert!(names.contains(&"GIVEN") && names.contains(&"PATH") && names.contains(&"HOME"), "{line}");
