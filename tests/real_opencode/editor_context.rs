@@ -455,3 +455,45 @@ fn opencodes_bash_writes_in_an_extra_root_and_not_in_a_directory_not_named_bwrap
     let second = tool_results(&world.server, "rootbash", 2);
     assert!(second.contains("exit=1") || second.contains("exit=2"), "the write outside the roots: {second}");
 }
+
+#[test]
+fn a_question_pending_when_the_turn_is_cancelled_is_a_note_and_the_turn_answers_cancelled_none() {
+    let test = "a_question_pending_when_the_turn_is_cancelled_is_a_note_and_the_turn_answers_cancelled_none";
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let mut bridge = Bridge::spawn(world.backend_options("none", "serve"));
+    bridge.elicitation_answer = Some(Value::Null);
+    bridge.initialize();
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt(&sid, "SCENARIO:question nobody answers");
+    bridge.wait_elicitations(1, super::TURN_LIMIT);
+    bridge.cancel(&sid);
+    let turn = super::finish_served_turn(&mut bridge, &sid, id);
+    assert_eq!(
+        turn.result.as_ref().map(|r| r["stopReason"].clone()).ok(),
+        Some(json!("cancelled")),
+        "{:?}",
+        turn.result
+    );
+    let notes: Vec<String> = of_kind(&turn.updates, "agent_message_chunk")
+        .iter()
+        .filter_map(|u| u["content"]["text"].as_str())
+        .filter(|text| text.contains("asked"))
+        .map(|text| text.trim().to_string())
+        .collect();
+    assert_eq!(
+        notes,
+        ["_OpenCode asked \"Which colour should the button be?\"; the turn stopped before an answer came._"]
+    );
+    // The editor is told to take the form away.
+    assert_eq!(bridge.withdrawn, bridge.elicitation_ids, "the question's form was not withdrawn");
+    // Stored like every update: the replay shows it too.
+    let replay = bridge.load_session(&sid, &ws);
+    assert!(
+        replay.updates.iter().any(|u| u["content"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("the turn stopped before an answer came"))),
+        "{:#?}",
+        replay.updates
+    );
+}

@@ -376,10 +376,14 @@ pub struct Bridge {
     /// Every `fs/write_text_file` received, in order.
     pub file_writes: Vec<FileWrite>,
     /// Offer `elicitation.form` in `initialize` and answer each `elicitation/create` with this result
-    /// (`{"action": "accept", "content": {…}}`, `{"action": "decline"}`).
+    /// (`{"action": "accept", "content": {…}}`, `{"action": "decline"}`); `null` leaves it unanswered, as a user
+    /// who does not answer.
     pub elicitation_answer: Option<Value>,
     /// Every `elicitation/create` received (its params), in order.
     pub elicitations: Vec<Value>,
+    /// The ids of the bridge's own requests it withdrew (`$/cancel_request`), and of its elicitations, in order.
+    pub withdrawn: Vec<Value>,
+    pub elicitation_ids: Vec<Value>,
     pub options: BridgeOptions,
 }
 
@@ -446,6 +450,8 @@ impl Bridge {
             permission_answer: None,
             elicitation_answer: None,
             elicitations: Vec::new(),
+            withdrawn: Vec::new(),
+            elicitation_ids: Vec::new(),
             permission_requests: Vec::new(),
             offer_writes: false,
             keep_writes: true,
@@ -606,6 +612,18 @@ impl Bridge {
         }
     }
 
+    /// Waits until the bridge asked `count` `elicitation/create`s in all, failing after `timeout`.
+    pub fn wait_elicitations(&mut self, count: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.elicitations.len() < count {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.fail(&format!("no elicitation/create within {timeout:?}"));
+            }
+            self.pump(left);
+        }
+    }
+
     /// Reads and checks one message from the bridge, waiting at most `timeout`. Returns false on timeout.
     fn pump(&mut self, timeout: Duration) -> bool {
         if self.stdout_closed {
@@ -682,7 +700,10 @@ impl Bridge {
                 let params = message.get("params").cloned().unwrap_or(Value::Null);
                 check(self, "CreateElicitationRequest", &params);
                 self.elicitations.push(params);
-                self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "result": answer}).to_string());
+                self.elicitation_ids.push(id.clone());
+                if !answer.is_null() {
+                    self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "result": answer}).to_string());
+                }
                 return;
             }
             if method == "fs/write_text_file"
@@ -709,6 +730,10 @@ impl Bridge {
                 }
                 self.file_writes.push(FileWrite { path, content, before });
                 self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string());
+                return;
+            }
+            if method == "$/cancel_request" && message.get("id").is_none() {
+                self.withdrawn.push(message["params"]["requestId"].clone());
                 return;
             }
             if message.get("id").is_some() {

@@ -47,8 +47,9 @@ enum Outcome {
 pub enum Asked {
     /// A tool waits for approval (boxed: its card is most of the enum's size).
     Permission(Box<PermissionAsk>),
-    /// The model asks questions.
-    Question(crate::agents::question::QuestionAsk),
+    /// The model asks questions; what the thread should be told of them goes to the sender, which the engine
+    /// yields as notes (stored, then sent, like every update of the turn).
+    Question(crate::agents::question::QuestionAsk, mpsc::UnboundedSender<String>),
 }
 
 /// What answers what the server's session asks.
@@ -75,6 +76,10 @@ pub struct ServerEngine {
     turn_timeout: Duration,
     /// Permission answers under way.
     pending: Vec<tokio::task::JoinHandle<()>>,
+    /// Questions under way (their words, for the note when the turn stops first).
+    questions: Vec<(tokio::task::JoinHandle<()>, String)>,
+    /// Notes about questions, from their tasks: yielded by [`TurnEngine::next`].
+    notes: (mpsc::UnboundedSender<String>, mpsc::UnboundedReceiver<String>),
     /// The OpenCode sessions of this turn's subagents (a shared server also runs other editor sessions' turns,
     /// whose permission requests are theirs to answer).
     children: Vec<String>,
@@ -118,6 +123,8 @@ impl ServerEngine {
             idle,
             turn_timeout,
             pending: Vec::new(),
+            questions: Vec::new(),
+            notes: mpsc::unbounded_channel(),
             children: Vec::new(),
             abort_deadline: None,
             settle: None,
@@ -140,12 +147,25 @@ impl ServerEngine {
         for task in self.pending.drain(..) {
             task.abort();
         }
+        for (task, asked) in self.questions.drain(..) {
+            if !task.is_finished() {
+                task.abort();
+                let _ = self
+                    .notes
+                    .0
+                    .send(format!("_{} asked \"{asked}\"; the turn stopped before an answer came._", self.name));
+            }
+        }
     }
 }
 
 #[async_trait::async_trait]
 impl TurnEngine for ServerEngine {
     async fn next(&mut self) -> Step {
+        // A note about a question belongs to the turn, also when it is ending.
+        if let Ok(note) = self.notes.1.try_recv() {
+            return Step::Note(note);
+        }
         if let Some(outcome) = self.outcome {
             return self.end(outcome);
         }
@@ -153,6 +173,7 @@ impl TurnEngine for ServerEngine {
         loop {
             tokio::select! {
                 biased;
+                Some(note) = self.notes.1.recv() => return Step::Note(note),
                 _ = sleep_until_or_never(if self.settle.is_some() { None } else { self.abort_deadline }) => {
                     return self.end(Outcome::KillServer);
                 }
@@ -241,9 +262,10 @@ impl TurnEngine for ServerEngine {
     }
 
     fn question(&mut self, ask: crate::agents::question::QuestionAsk) {
-        self.pending.retain(|task| !task.is_finished());
-        let task = (self.answer)(self.client.clone(), Asked::Question(ask));
-        self.pending.push(task);
+        self.questions.retain(|(task, _)| !task.is_finished());
+        let asked = ask.questions.iter().map(|question| question.question.as_str()).collect::<Vec<_>>().join(" ");
+        let task = (self.answer)(self.client.clone(), Asked::Question(ask, self.notes.0.clone()));
+        self.questions.push((task, asked));
     }
 
     fn idle(&mut self, stopping: bool) -> bool {

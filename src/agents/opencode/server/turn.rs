@@ -277,8 +277,8 @@ impl Warm {
                 super::engine::Asked::Permission(ask) => {
                     answer_permission(session.clone(), sink.clone(), always.clone(), asking, client, *ask)
                 }
-                super::engine::Asked::Question(ask) => {
-                    answer_question(session.clone(), sink.clone(), forms, client, ask)
+                super::engine::Asked::Question(ask, notes) => {
+                    answer_question(session.clone(), sink.clone(), forms, client, ask, notes)
                 }
             })
         };
@@ -339,6 +339,7 @@ fn answer_question(
     forms: bool,
     client: Client,
     ask: crate::agents::question::QuestionAsk,
+    notes: tokio::sync::mpsc::UnboundedSender<String>,
 ) -> tokio::task::JoinHandle<()> {
     use agent_client_protocol::v1::schema::ElicitationAction;
     tokio::spawn(async move {
@@ -361,16 +362,11 @@ fn answer_question(
         tracing::info!(session = %session, request = %ask.request_id, answered = answers.is_some(), "answering OpenCode's question");
         if answers.is_none() {
             let why = if forms { "no answer was given" } else { "this editor cannot show questions" };
-            let text = format!(
-                "\n\n_{agent} asked \"{}\"; {why}, so it was told the question was dismissed._\n\n",
+            // Before the reply: OpenCode ends the turn on it, and the note must be in the turn.
+            let _ = notes.send(format!(
+                "_{agent} asked \"{}\"; {why}, so it was told the question was dismissed._",
                 asked.join(" ")
-            );
-            sink.send(
-                &session,
-                agent_client_protocol::v1::schema::SessionUpdate::AgentMessageChunk(
-                    agent_client_protocol::v1::schema::ContentChunk::new(text.into()),
-                ),
-            );
+            ));
         }
         if let Err(e) = client.call_within(REQUEST_LIMIT, Method::POST, &path, Some(&body)).await {
             tracing::warn!(session = %session, "could not answer OpenCode's question: {e}");
