@@ -497,3 +497,37 @@ fn a_question_pending_when_the_turn_is_cancelled_is_a_note_and_the_turn_answers_
         replay.updates
     );
 }
+
+/// Plan mode never edits: an MCP server's tool, which could, is refused like any tool plan mode does not allow
+/// (under `auto` nobody is asked, so it does not run).
+fn plan_mode_refuses_mcp_tools(backend: &str, test: &str) {
+    if !bwrap_ok(test) {
+        return;
+    }
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let (server, _key) = probe_server(&world, &ws);
+    let mut bridge = world.start_with(world.backend_options("bwrap", backend));
+    let sid = new_session_with(&mut bridge, &ws, json!({"mcpServers": [server]}));
+    bridge
+        .request("session/set_config_option", json!({"sessionId": sid, "configId": "mode", "value": "plan"}))
+        .unwrap_or_else(|e| bridge.fail(&format!("set mode: {e:?}")));
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:mcp:probe in plan mode", "mcp in plan mode");
+    assert_end_turn(&bridge, &turn);
+    let results = tool_results(&world.server, "mcp", 1);
+    assert!(!results.contains("MCP-PROBE"), "the MCP tool ran in plan mode: {results}");
+    let calls = of_kind(&turn.updates, "tool_call_update");
+    let last =
+        calls.iter().rfind(|u| u["toolCallId"] == "call_fake_0_0").unwrap_or_else(|| panic!("{:#?}", turn.updates));
+    assert_eq!(last["status"], "failed", "{last}");
+}
+
+#[test]
+fn plan_mode_refuses_an_mcp_servers_tool_serve() {
+    plan_mode_refuses_mcp_tools("serve", "plan_mode_refuses_an_mcp_servers_tool_serve");
+}
+
+#[test]
+fn plan_mode_refuses_an_mcp_servers_tool_run() {
+    plan_mode_refuses_mcp_tools("run", "plan_mode_refuses_an_mcp_servers_tool_run");
+}
