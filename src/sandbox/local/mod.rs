@@ -385,7 +385,13 @@ impl LocalSandbox {
     /// sandbox) and hands its listening fd to the command; returns the fd number the command inherits.
     fn open_door(&self, guards: &mut ProcessGuards) -> Result<i32, SandboxError> {
         if self.settings.init_program.is_none() {
-            return Err(SandboxError::Unavailable("a server in the sandbox needs the bridge's own binary".into()));
+            // Its door is spliced by `sandbox-init`, which only the Linux backend has.
+            let why = if cfg!(linux_sandbox) {
+                "a server in the sandbox needs the bridge's own binary (its executable could not be found)"
+            } else {
+                "a server in the sandbox needs the sandbox's first process, which only Linux has here"
+            };
+            return Err(SandboxError::Unavailable(why.into()));
         }
         paths::create_private_dir(&self.settings.run_dir)
             .map_err(|e| SandboxError::io(format!("create {}", self.settings.run_dir.display()), e))?;
