@@ -496,6 +496,35 @@ fn made_again_from_the_transcript<C: Case>() {
     case.after_turns(&bridge);
 }
 
+/// The editor's MCP servers reach the CLI wherever it runs, in its configuration only: a stdio server wrapped to get
+/// exactly the editor's variable, an http one with its header; neither value is in the bridge's log.
+fn the_editors_mcp_servers_reach_the_cli_there<C: Case>() {
+    let case = C::start("mcp");
+    let ws = case.workspace();
+    let mut bridge = Bridge::start(case.options());
+    let servers = json!([
+        {"name": "files", "command": "/usr/bin/true", "args": ["--x"], "env": [{"name": "TOKEN", "value": "mcp-env-secret"}]},
+        {"type": "http", "name": "web", "url": "http://127.0.0.1:9/mcp", "headers": [{"name": "A", "value": "mcp-header-secret"}]}
+    ]);
+    let created = bridge.request("session/new", json!({"cwd": ws, "mcpServers": servers})).unwrap();
+    let sid = created["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(bridge.prompt(&sid, "Say hello").stop_reason(), "end_turn");
+    let run = &runs(&case, &only_sandbox(&case))[0];
+    assert_eq!(run.env("TOKEN"), None, "the editor's variable is the server's, not the CLI's");
+    let content: Value =
+        serde_json::from_str(&run.env("OPENCODE_CONFIG_CONTENT").expect("the config content")).unwrap();
+    let files = &content["mcp"]["files"];
+    assert_eq!((&files["type"], &files["environment"]), (&json!("local"), &json!({"TOKEN": "mcp-env-secret"})));
+    let command: Vec<&str> = files["command"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!((command[0], &command[3..]), ("/bin/sh", &["mcp-files", "/usr/bin/true", "--x"][..]), "{command:?}");
+    assert_eq!(
+        content["mcp"]["web"],
+        json!({"type": "remote", "url": "http://127.0.0.1:9/mcp", "headers": {"A": "mcp-header-secret"}, "oauth": false, "enabled": true})
+    );
+    let log = bridge.stderr();
+    assert!(!log.contains("mcp-env-secret") && !log.contains("mcp-header-secret"), "a secret is in the log");
+}
+
 macro_rules! suite {
     ($($provider:ident: $case:ty),* $(,)?) => {$(
         mod $provider {
@@ -514,6 +543,11 @@ macro_rules! suite {
             #[test]
             fn a_new_bridge_finds_the_sandbox_and_one_gone_is_made_again_from_the_transcript() {
                 made_again_from_the_transcript::<$case>()
+            }
+
+            #[test]
+            fn the_editors_mcp_servers_reach_the_cli_in_its_sandbox() {
+                the_editors_mcp_servers_reach_the_cli_there::<$case>()
             }
         }
     )*};
