@@ -70,8 +70,7 @@ pub fn shape(server: &McpServer) -> McpServerShape {
             args: Vec::new(),
             secrets: sse.headers.iter().map(|header| header.name.clone()).collect(),
         },
-        // The schema's other transports are behind features this build does not enable.
-        #[allow(unreachable_patterns)]
+        // The schema's enum is non-exhaustive; its other transports are behind features this build does not enable.
         _ => McpServerShape {
             name: String::new(),
             transport: "unknown".into(),
@@ -82,8 +81,8 @@ pub fn shape(server: &McpServer) -> McpServerShape {
     }
 }
 
-/// Refuses a set of MCP servers the agent could not tell apart or reach: an empty or repeated name, a stdio
-/// command that is not absolute and has no name to look up, an http/sse URL that is not `http(s)://host[:port]…`.
+/// Refuses a set of MCP servers the agent could not tell apart or start: an empty or repeated name, a stdio server
+/// without a command or with a variable a shell cannot pass on, an http/sse URL that is not `http(s)://host…`.
 pub fn check_mcp_servers(servers: &[McpServer]) -> Result<()> {
     let mut names = std::collections::HashSet::new();
     for server in servers {

@@ -329,6 +329,7 @@ impl Bridge {
         let Some(record) = self.store.session(id).await? else {
             return Ok(());
         };
+        self.orphan_forks(&record).await?;
         if let Some(sandbox_id) = &record.sandbox_id
             && record.sandbox_provider == self.provider.name()
         {
@@ -358,6 +359,23 @@ impl Bridge {
             turn_lock::remove(&self.config.data_dir, id);
         }
         tracing::info!(session = id, "deleted session");
+        Ok(())
+    }
+
+    /// The forks of `original` that would still fork its agent conversation (none of their own yet): it goes with
+    /// `original`, so they start from the transcript of their copied turns instead.
+    async fn orphan_forks(&self, original: &SessionRecord) -> Result<()> {
+        let Some(native) = &original.native_id else { return Ok(()) };
+        for mut fork in self.store.list_sessions(None, None, None, usize::MAX).await? {
+            let waiting = fork.native_id.is_none();
+            let Some(forked) = fork.context.forked_from.as_mut() else { continue };
+            if !waiting || forked.session != original.id || forked.native.as_ref() != Some(native) {
+                continue;
+            }
+            forked.native = None;
+            tracing::info!(session = %fork.id, original = %original.id, "a fork will start from the transcript");
+            self.store.set_context(&fork.id, &fork.context).await?;
+        }
         Ok(())
     }
 

@@ -444,6 +444,51 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn deleting_a_session_turns_its_waiting_forks_into_transcript_forks() {
+        let data = tempfile::tempdir().unwrap();
+        let config = Config {
+            sandbox: crate::sandbox::SandboxChoice::None,
+            ..Config::new(crate::agents::AgentKind::parse("opencode").unwrap(), data.path().to_path_buf())
+        };
+        let bridge = Bridge::open(config).await.unwrap();
+        let record = |id: &str, native: Option<&str>, forked: Option<(&str, &str)>| crate::store::SessionRecord {
+            id: id.into(),
+            agent: "opencode".into(),
+            cwd: "/w/project".into(),
+            sandbox_provider: "local".into(),
+            sandbox_id: None,
+            native_id: native.map(String::from),
+            title: None,
+            config: json!({}),
+            context: crate::store::SessionContext {
+                forked_from: forked.map(|(session, native)| crate::store::ForkedFrom {
+                    session: session.into(),
+                    native: Some(native.into()),
+                }),
+                ..Default::default()
+            },
+            created_at: 0,
+            updated_at: 0,
+        };
+        for session in [
+            record("orig", Some("ses_1"), None),
+            record("waiting", None, Some(("orig", "ses_1"))),
+            record("started", Some("ses_2"), Some(("orig", "ses_1"))),
+            record("other", None, Some(("elsewhere", "ses_9"))),
+        ] {
+            bridge.store.create_session(&session).await.unwrap();
+        }
+        bridge.delete_session("orig").await.unwrap();
+        let mut natives = Vec::new();
+        for id in ["waiting", "started", "other"] {
+            let record = bridge.store.session(id).await.unwrap().unwrap();
+            natives.push(record.context.forked_from.and_then(|forked| forked.native));
+        }
+        // A waiting fork would fork a deleted conversation; one with its own, or of another session, is left alone.
+        assert_eq!(natives, [None, Some("ses_1".to_string()), Some("ses_9".to_string())]);
+    }
+
+    #[tokio::test]
     async fn sessions_with_other_roots_never_share_a_sandbox() {
         let data = tempfile::tempdir().unwrap();
         let config = Config {
