@@ -62,6 +62,9 @@ pub fn auth_methods(
 ) -> Vec<AuthMethod> {
     let (login, name) = (login_command(agent), agent.display_name());
     let own = |args: &[&str]| format!("{} {}", agent.package().bin, args.join(" "));
+    if agent.login() == Login::None {
+        return Vec::new();
+    }
     let description = match (agent.login(), agent.required_credential()) {
         (Login::Token { .. }, Some(variable)) => format!(
             "Checks for {name}'s access token: run `{login}` in a terminal (it stores the token for acp-sandbox), or set {variable} in the agent server's env"
@@ -71,6 +74,7 @@ pub fn auth_methods(
             "Checks for a login to {name}: run `{login}` ({name}'s own `{}`) in a terminal, or set your provider's API key in the agent server's env",
             own(args)
         ),
+        (Login::None, _) => return Vec::new(),
     };
     let mut methods = vec![AuthMethod::Agent(
         AuthMethodAgent::new(check_method_id(agent), format!("{} login", agent.display_name()))
@@ -82,6 +86,7 @@ pub fn auth_methods(
                 format!("Asks for your {name} access token in a terminal and stores it for acp-sandbox")
             }
             Login::Own { args } => format!("Runs {name}'s own login (`{}`) in a terminal", own(args)),
+            Login::None => return methods,
         };
         let label = format!("Log in to {name} in a terminal");
         let meta = launch.map(|(command, args)| {
@@ -305,7 +310,7 @@ fn store_secret(config: &Config, name: &str, token: &str, page: &'static str) ->
 fn token_page(agent: AgentKind) -> &'static str {
     match agent.login() {
         Login::Token { page } => page,
-        Login::Own { .. } => "your provider",
+        Login::Own { .. } | Login::None => "your provider",
     }
 }
 
@@ -432,7 +437,7 @@ pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn W
             );
             Ok(0)
         }
-        (Login::Token { .. }, None) => Err(LoginError::NotStored(name)),
+        (Login::Token { .. }, None) | (Login::None, _) => Err(LoginError::NotStored(name)),
         (Login::Own { args }, _) => {
             let executable = match crate::locate::installed_executable(config, agent) {
                 Some(path) => path,

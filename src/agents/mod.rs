@@ -4,6 +4,7 @@
 //! translation to ACP (`translate.rs`), its settings and its `impl Agent` (`mod.rs`). Adding an agent means adding
 //! a folder, one line in [`AGENTS`] and one field of [`AgentSettings`] for its flags.
 
+pub mod acp;
 pub mod amp;
 pub mod engine;
 pub mod host;
@@ -73,9 +74,20 @@ pub trait Agent: Send + Sync + 'static {
     /// The executable the user named to run instead of the installed one (`--<id>-bin`).
     fn bin_override<'a>(&self, settings: &'a AgentSettings) -> Option<&'a PathBuf>;
 
+    /// The setting that names the executable instead of `--<id>-bin`: (its clap id, its flag, its variable).
+    fn bin_setting(&self) -> Option<(&'static str, &'static str, &'static str)> {
+        None
+    }
+
     /// Whether the agent exists for the tests only (debug builds): hidden from `--help`.
     fn test_only(&self) -> bool {
         false
+    }
+
+    /// What is missing or wrong in the agent's settings for the bridge to run it at all (e.g. the custom agent's
+    /// command line): the bridge refuses to serve with these words.
+    fn settings_problem(&self, _settings: &AgentSettings) -> Option<String> {
+        None
     }
 
     /// The CLI's argv after the executable.
@@ -306,6 +318,8 @@ pub enum Login {
         /// The CLI's arguments that log in (e.g. `auth login`).
         args: &'static [&'static str],
     },
+    /// Nothing to log in to here: the agent takes what it needs from its environment (`--pass-env`).
+    None,
 }
 
 /// Which agent a session runs: a handle on its entry of [`AGENTS`]. The store keeps its [`Agent::id`].
@@ -316,6 +330,7 @@ pub struct AgentKind(&'static dyn Agent);
 pub static AGENTS: &[AgentKind] = &[
     opencode::AGENT,
     amp::AGENT,
+    acp::AGENT,
     #[cfg(debug_assertions)]
     scripted::AGENT,
 ];

@@ -10,6 +10,9 @@ pub struct AgentSettings {
     /// Amp's.
     #[command(flatten, next_help_heading = "Amp")]
     pub amp: super::amp::Settings,
+    /// The custom ACP agent's.
+    #[command(flatten, next_help_heading = "Any ACP agent (--agent custom)")]
+    pub acp: super::acp::Settings,
     /// The test-only agent's.
     #[cfg(debug_assertions)]
     #[command(flatten)]

@@ -63,16 +63,19 @@ pub(super) struct BinSource {
 impl BinSource {
     pub(super) fn of(matches: &clap::ArgMatches) -> Self {
         let from_env = |agent: &AgentKind| {
-            matches.value_source(&format!("{}_bin", agent.as_str())) == Some(clap::parser::ValueSource::EnvVariable)
+            let id = agent.bin_setting().map_or_else(|| format!("{}_bin", agent.as_str()), |(id, _, _)| id.to_string());
+            matches.value_source(&id) == Some(clap::parser::ValueSource::EnvVariable)
         };
         Self { from_env: AGENTS.iter().copied().filter(from_env).collect() }
     }
 
     /// Where the override of `agent`'s executable came from, in words.
     fn describe(&self, agent: AgentKind) -> String {
-        match self.from_env.contains(&agent) {
-            true => format!("from ACP_SANDBOX_{}_BIN", agent.as_str().to_uppercase()),
-            false => format!("from --{}-bin", agent.as_str()),
+        match (self.from_env.contains(&agent), agent.bin_setting()) {
+            (true, Some((_, _, variable))) => format!("from {variable}"),
+            (false, Some((_, flag, _))) => format!("from {flag}"),
+            (true, None) => format!("from ACP_SANDBOX_{}_BIN", agent.as_str().to_uppercase()),
+            (false, None) => format!("from --{}-bin", agent.as_str()),
         }
     }
 }

@@ -340,6 +340,11 @@ pub fn main() -> anyhow::Result<ExitCode> {
         None => None,
     };
     let config = cli.settings.config();
+    if matches!(command, None | Some(Command::Serve) | Some(Command::Prompt { .. }))
+        && let Some(problem) = config.agent.settings_problem(&config.agents)
+    {
+        anyhow::bail!("{problem}");
+    }
     let bins = BinSource::of(&matches);
     // A person reads short log lines on the terminal; a turn's own failure is said once, as the error.
     let _guard = match &command {

@@ -303,6 +303,9 @@ pub struct ExecSpec {
     pub cwd: PathBuf,
     /// Written to stdin, which is then closed: both CLIs read stdin to EOF and hang on an open pipe.
     pub stdin: Vec<u8>,
+    /// The command talks on its stdin for as long as it runs (an ACP agent): [`RunningProcess::stdin`] is its pipe,
+    /// and `stdin` above is not written. Only a local sandbox runs such a command.
+    pub interactive: bool,
     /// Host paths made visible read-only at a path inside the sandbox (the user's own CLI configuration).
     pub read_only: Vec<(PathBuf, PathBuf)>,
     /// Directories of the CLI's installation, shown read-only wherever they are (`/tmp`, the data dir).
@@ -382,6 +385,8 @@ impl Door for UnixDoor {
 
 /// A started command: its output streams and a handle to end it.
 pub struct RunningProcess {
+    /// With [`ExecSpec::interactive`]: the process's stdin, open until dropped.
+    pub stdin: Option<Pin<Box<dyn AsyncWrite + Send>>>,
     /// The process's stdout.
     pub stdout: OutputStream,
     /// The process's stderr.

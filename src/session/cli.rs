@@ -258,6 +258,7 @@ pub(super) fn cli_spec(
         env,
         cwd: sandbox.workspace().to_path_buf(),
         stdin: Vec::new(),
+        interactive: false,
         read_only,
         tools: vec![tool],
         net: crate::sandbox::NetAccess { endpoints, service_hosts },

@@ -67,6 +67,7 @@ impl LocalSandbox {
         let secret = record.secret.clone();
         let door = record.door.clone();
         Ok(RunningProcess {
+            stdin: None,
             stdout: Box::pin(tokio::io::empty()),
             stderr: Box::pin(tokio::io::empty()),
             handle: Box::new(Adopted {

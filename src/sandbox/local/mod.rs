@@ -670,12 +670,17 @@ impl Sandbox for LocalSandbox {
         let (Some(mut stdin), Some(stdout), Some(stderr)) = (stdin, stdout, stderr) else {
             return Err(SandboxError::Spawn { program, source: std::io::Error::other("missing stdio pipes") });
         };
-        let input = spec.stdin;
-        // Written from a task: a prompt larger than the pipe buffer must not block reading stdout.
-        tokio::spawn(async move {
-            let _ = stdin.write_all(&input).await;
-            let _ = stdin.shutdown().await;
-        });
+        let interactive: Option<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>> = if spec.interactive {
+            Some(Box::pin(stdin))
+        } else {
+            let input = spec.stdin;
+            // Written from a task: a prompt larger than the pipe buffer must not block reading stdout.
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&input).await;
+                let _ = stdin.shutdown().await;
+            });
+            None
+        };
         tracing::debug!(program = %program, pid = ?pid, isolation = %self.settings.isolation.describe(), "started");
         let door = guards.door.clone();
         let warm = match (kept, pid, &door) {
@@ -685,6 +690,7 @@ impl Sandbox for LocalSandbox {
             _ => None,
         };
         Ok(RunningProcess {
+            stdin: interactive,
             door: door.map(|path| Arc::new(crate::sandbox::UnixDoor(path)) as Arc<dyn crate::sandbox::Door>),
             stdout: Box::pin(stdout),
             stderr: Box::pin(stderr),

@@ -468,6 +468,13 @@ impl Sandbox for DaytonaSandbox {
     }
 
     async fn exec(&self, spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
+        if spec.interactive {
+            return Err(SandboxError::Unavailable(
+                "Daytona sandboxes do not run an ACP agent yet (it needs a stdin open for as long as it runs): use a \
+                 local sandbox"
+                    .to_string(),
+            ));
+        }
         if spec.serve_port.is_some() {
             return Err(SandboxError::Unavailable("a server inside a Daytona sandbox is not supported yet".into()));
         }
@@ -539,6 +546,7 @@ impl Sandbox for DaytonaSandbox {
             let _ = outcome_tx.send(Some(outcome));
         });
         Ok(RunningProcess {
+            stdin: None,
             stdout: Box::pin(stdout_read),
             stderr: Box::pin(stderr_read),
             handle: Box::new(DaytonaProcess {

@@ -376,6 +376,13 @@ impl Sandbox for E2bSandbox {
     }
 
     async fn exec(&self, mut spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
+        if spec.interactive {
+            return Err(SandboxError::Unavailable(
+                "E2B sandboxes do not run an ACP agent yet (it needs a stdin open for as long as it runs): use a \
+                 local sandbox"
+                    .to_string(),
+            ));
+        }
         if spec.serve_port.is_some() {
             return Err(SandboxError::Unavailable(
                 "E2B sandboxes do not run a warm server yet: use `--opencode-backend run`".to_string(),
@@ -486,6 +493,7 @@ impl E2bSandbox {
             });
         }
         Ok(RunningProcess {
+            stdin: None,
             stdout: Box::pin(stdout_reader),
             stderr: Box::pin(stderr_reader),
             handle: Box::new(E2bProcess { envd: self.envd.clone(), pid, mark, exit: exit_rx, killed }),

@@ -1,0 +1,365 @@
+//! One ACP agent process in a session's sandbox and the bridge's ACP connection to it (the official SDK's client
+//! role over the process's stdin and stdout): started, initialized, its session made or loaded, its updates routed
+//! to the turn that runs, its requests answered inside the sandbox's policy, and stopped.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, ClientCapabilities, FileSystemCapabilities, Implementation, InitializeRequest,
+    ReadTextFileRequest, ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, SessionNotification, WriteTextFileRequest, WriteTextFileResponse,
+};
+use agent_client_protocol::v1::{ConnectionTo, Responder};
+use agent_client_protocol::{Agent, Client, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::files::Files;
+use crate::sandbox::{ExecSpec, ExitInfo, OutputStream, ProcessHandle, Sandbox, SandboxError};
+
+/// The longest line the agent may send: one more ends the connection (a hostile agent cannot fill the bridge's
+/// memory with one message).
+const LINE_LIMIT: usize = 64 << 20;
+
+/// How much of the agent's stderr is kept, for its error messages.
+const STDERR_KEPT: usize = 16 << 10;
+
+/// How many of the running turn's messages wait for it at most: the agent waits when the turn falls behind.
+const ROUTE_DEPTH: usize = 256;
+
+/// What the agent says to the turn that runs.
+pub enum Event {
+    /// One `session/update` of its session, as JSON.
+    Update(String),
+    /// It asks the user to allow a tool call.
+    Permission(Box<(RequestPermissionRequest, Responder<RequestPermissionResponse>)>),
+}
+
+/// Why the agent could not be started or asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    /// The sandbox could not run it.
+    #[error("{0}")]
+    Sandbox(#[from] SandboxError),
+    /// It did not answer in time.
+    #[error("it did not answer {what} within {} s", .after.as_secs())]
+    Timeout {
+        /// The request.
+        what: &'static str,
+        /// How long it was given.
+        after: Duration,
+    },
+    /// Its connection ended, or it answered an error.
+    #[error("{0}")]
+    Protocol(String),
+}
+
+/// One running ACP agent and the bridge's connection to it.
+pub struct Connection {
+    /// Requests and notifications to the agent.
+    pub cx: ConnectionTo<Agent>,
+    /// What it said it can do.
+    pub capabilities: AgentCapabilities,
+    /// Its name and version, as it gave them.
+    pub info: Option<Implementation>,
+    /// The session's conversation in this process, once made or loaded.
+    pub session: Mutex<Option<String>>,
+    /// The turn that runs now: its conversation and where its messages go.
+    route: Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>>,
+    /// Cancelled when the connection ended (the agent exited, closed its stdout or broke the protocol).
+    pub closed: CancellationToken,
+    /// Ends the connection.
+    stop: CancellationToken,
+    process: tokio::sync::Mutex<Box<dyn ProcessHandle>>,
+    stderr: Arc<Mutex<VecDeque<u8>>>,
+    /// Killed (a cancel it did not answer, a stop): never used again.
+    dead: AtomicBool,
+}
+
+impl Connection {
+    /// Starts the agent (`spec`, with a stdin of its own) in `sandbox` and initializes it, within `limit`.
+    pub async fn start(
+        sandbox: Arc<dyn Sandbox>,
+        mut spec: ExecSpec,
+        roots: Vec<PathBuf>,
+        limit: Duration,
+    ) -> Result<Arc<Self>, ConnectionError> {
+        spec.interactive = true;
+        let files = Arc::new(Files::new(sandbox.clone(), &spec, roots));
+        let process = sandbox.exec(spec).await?;
+        let Some(stdin) = process.stdin else {
+            return Err(ConnectionError::Protocol("the sandbox gave the agent no stdin".into()));
+        };
+        let stderr = Arc::new(Mutex::new(VecDeque::new()));
+        keep_tail(process.stderr, stderr.clone());
+        let route: Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>> = Arc::default();
+        let (closed, stop) = (CancellationToken::new(), CancellationToken::new());
+        let (cx_tx, cx_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(run(transport(stdin, process.stdout), route.clone(), files, cx_tx, stop.clone(), closed.clone()));
+        let handle = process.handle;
+        let cx = match tokio::time::timeout(limit, cx_rx).await {
+            Ok(Ok(cx)) => cx,
+            _ => return Err(ConnectionError::Protocol("the connection to the agent did not start".into())),
+        };
+        let connection = |capabilities, info| Connection {
+            cx: cx.clone(),
+            capabilities,
+            info,
+            session: Mutex::new(None),
+            route: route.clone(),
+            closed: closed.clone(),
+            stop: stop.clone(),
+            process: tokio::sync::Mutex::new(handle),
+            stderr: stderr.clone(),
+            dead: AtomicBool::new(false),
+        };
+        let request = InitializeRequest::new(ProtocolVersion::V1)
+            .client_capabilities(
+                ClientCapabilities::new()
+                    .fs(FileSystemCapabilities::new().read_text_file(true).write_text_file(true))
+                    // Its own shell runs inside the sandbox already; the editor's terminals would not.
+                    .terminal(false),
+            )
+            .client_info(Implementation::new("acp-sandbox", env!("CARGO_PKG_VERSION")));
+        let answer = cx.send_request(request).block_task();
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(limit, answer) => answer,
+            _ = closed.cancelled() => Ok(Err(agent_client_protocol::Error::internal_error())),
+        };
+        let started = match answer {
+            Ok(Ok(answer)) => connection(answer.agent_capabilities, answer.agent_info),
+            Ok(Err(e)) => {
+                let connection = connection(AgentCapabilities::default(), None);
+                let why = connection.failure(&format!("it did not initialize: {}", e.message)).await;
+                connection.kill().await;
+                return Err(ConnectionError::Protocol(why));
+            }
+            Err(_) => {
+                let connection = connection(AgentCapabilities::default(), None);
+                connection.kill().await;
+                return Err(ConnectionError::Timeout { what: "initialize", after: limit });
+            }
+        };
+        Ok(Arc::new(started))
+    }
+
+    /// Whether the agent can still be used.
+    pub fn alive(&self) -> bool {
+        !self.dead.load(Ordering::SeqCst) && !self.closed.is_cancelled()
+    }
+
+    /// Sends the messages of `session` to a turn from now on: the receiver is the turn's.
+    pub fn route_to(&self, session: &str) -> mpsc::Receiver<Event> {
+        let (tx, rx) = mpsc::channel(ROUTE_DEPTH);
+        *self.route.lock().unwrap_or_else(|p| p.into_inner()) = Some((session.to_string(), tx));
+        rx
+    }
+
+    /// No turn runs: what the agent says now is not anyone's (a replay of `session/load`, a late update).
+    pub fn unroute(&self) {
+        self.route.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Ends the agent and everything it started, at once.
+    pub async fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        self.unroute();
+        self.stop.cancel();
+        self.process.lock().await.kill().await;
+    }
+
+    /// How the agent ended, once it did (waits a moment for its exit status).
+    pub async fn exit(&self) -> Option<ExitInfo> {
+        let mut process = self.process.lock().await;
+        tokio::time::timeout(Duration::from_secs(2), process.wait()).await.ok().and_then(Result::ok)
+    }
+
+    /// The end of the agent's stderr.
+    pub fn stderr_tail(&self) -> String {
+        let kept = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        let (a, b) = kept.as_slices();
+        let text = String::from_utf8_lossy(&[a, b].concat()).into_owned();
+        crate::lines::strip_ansi(text.trim())
+    }
+
+    /// `what`, with how the agent ended and the last line of its stderr when it did.
+    pub async fn failure(&self, what: &str) -> String {
+        let exit = if self.closed.is_cancelled() { self.exit().await } else { None };
+        let tail = self.stderr_tail();
+        let last = tail.lines().rev().find(|line| !line.trim().is_empty()).map(str::trim);
+        let mut said = what.to_string();
+        if let Some(exit) = exit {
+            said.push_str(&format!(" (it exited with {})", exit.describe()));
+        }
+        if let Some(last) = last {
+            said.push_str(&format!("; its last words: {last}"));
+        }
+        said
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Keeps the end of `stream` in `tail`.
+fn keep_tail(mut stream: OutputStream, tail: Arc<Mutex<VecDeque<u8>>>) {
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 8192];
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            let mut kept = tail.lock().unwrap_or_else(|p| p.into_inner());
+            kept.extend(&buf[..n]);
+            let over = kept.len().saturating_sub(STDERR_KEPT);
+            kept.drain(..over);
+        }
+    });
+}
+
+/// Newline-delimited JSON over the agent's pipes, as the SDK's `Lines` transport takes it; a line longer than
+/// [`LINE_LIMIT`] ends the stream with an error.
+fn transport(
+    stdin: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    stdout: OutputStream,
+) -> Lines<
+    impl futures::Sink<String, Error = std::io::Error> + Send + 'static,
+    impl futures::Stream<Item = std::io::Result<String>> + Send + 'static,
+> {
+    let outgoing = futures::sink::unfold(stdin, |mut stdin, line: String| async move {
+        stdin.write_all(line.as_bytes()).await?;
+        stdin.write_all(b"\n").await?;
+        stdin.flush().await?;
+        Ok::<_, std::io::Error>(stdin)
+    });
+    let reader = tokio::io::BufReader::new(stdout);
+    let incoming = futures::stream::unfold(Some(reader), |reader| async move {
+        let mut reader = reader?;
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match (&mut reader).take(LINE_LIMIT as u64 + 1).read_until(b'\n', &mut line).await {
+                Ok(0) => return None,
+                Ok(_) if line.len() > LINE_LIMIT => {
+                    let error = std::io::Error::other(format!("the agent sent a line longer than {LINE_LIMIT} bytes"));
+                    return Some((Err(error), None));
+                }
+                Ok(_) => {
+                    let text = String::from_utf8_lossy(&line);
+                    let text = text.trim_end_matches(['\n', '\r']);
+                    if text.trim().is_empty() {
+                        continue;
+                    }
+                    return Some((Ok(text.to_string()), Some(reader)));
+                }
+                Err(e) => return Some((Err(e), None)),
+            }
+        }
+    });
+    Lines::new(Box::pin(outgoing), Box::pin(incoming))
+}
+
+/// The bridge's side of the connection, until `stop` or the agent's end (then `closed` is cancelled).
+async fn run(
+    transport: impl agent_client_protocol::ConnectTo<Client> + 'static,
+    route: Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>>,
+    files: Arc<Files>,
+    cx_tx: tokio::sync::oneshot::Sender<ConnectionTo<Agent>>,
+    stop: CancellationToken,
+    closed: CancellationToken,
+) {
+    let (updates, permissions) = (route.clone(), route);
+    let (reads, writes) = (files.clone(), files);
+    let sender = move |route: &Mutex<Option<(String, mpsc::Sender<Event>)>>, session: &str| {
+        let route = route.lock().unwrap_or_else(|p| p.into_inner());
+        route.as_ref().filter(|(routed, _)| routed == session).map(|(_, tx)| tx.clone())
+    };
+    let result = Client
+        .v1()
+        .name("acp-sandbox")
+        .on_receive_notification(
+            async move |notification: SessionNotification, _cx| {
+                let Some(tx) = sender(&updates, &notification.session_id.0) else {
+                    tracing::debug!(session = %notification.session_id.0, "an update of the ACP agent outside a turn");
+                    return Ok(());
+                };
+                match serde_json::to_string(&notification.update) {
+                    // Awaited here, in the connection's order: the prompt's answer is routed only after it.
+                    Ok(json) => drop(tx.send(Event::Update(json)).await),
+                    Err(e) => tracing::warn!("an update of the ACP agent could not be serialized: {e}"),
+                }
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |request: RequestPermissionRequest, responder: Responder<RequestPermissionResponse>, _cx| {
+                let Some(tx) = sender(&permissions, &request.session_id.0) else {
+                    return responder.respond(RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled));
+                };
+                if let Err(mpsc::error::SendError(Event::Permission(asked))) =
+                    tx.send(Event::Permission(Box::new((request, responder)))).await
+                {
+                    let (_, responder) = *asked;
+                    return responder.respond(RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled));
+                }
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: ReadTextFileRequest, responder: Responder<ReadTextFileResponse>, cx| {
+                let files = reads.clone();
+                // A read runs a command in the sandbox: not while the connection's other messages wait.
+                cx.spawn(async move {
+                    match files.read(&request.path, request.line, request.limit).await {
+                        Ok(text) => responder.respond(ReadTextFileResponse::new(text)),
+                        Err(why) => {
+                            tracing::info!(path = %request.path.display(), "refused the ACP agent a read: {why}");
+                            responder.respond_with_error(agent_client_protocol::Error::new(agent_client_protocol::ErrorCode::INVALID_PARAMS, why))
+                        }
+                    }
+                })
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: WriteTextFileRequest, responder: Responder<WriteTextFileResponse>, cx| {
+                let files = writes.clone();
+                cx.spawn(async move {
+                    match files.write(&request.path, &request.content).await {
+                        Ok(()) => responder.respond(WriteTextFileResponse::new()),
+                        Err(why) => {
+                            tracing::info!(path = %request.path.display(), "refused the ACP agent a write: {why}");
+                            responder.respond_with_error(agent_client_protocol::Error::new(agent_client_protocol::ErrorCode::INVALID_PARAMS, why))
+                        }
+                    }
+                })
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
+            if cx_tx.send(cx.clone()).is_err() {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = cx.incoming_closed() => {}
+            }
+            Ok(())
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::info!("the connection to the ACP agent ended: {e}");
+    }
+    closed.cancel();
+}

@@ -1,0 +1,286 @@
+//! One turn of an ACP agent: its `session/prompt` sent, its updates yielded to the bridge's turn loop in the order
+//! it sent them, its permission requests asked of the editor, and a cancel forwarded (its tree killed when it has
+//! not answered within a second).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol::v1::Responder;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, PromptResponse, RequestPermissionOutcome, RequestPermissionResponse, StopReason,
+};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::connection::{Connection, Event};
+use crate::agents::engine::{Attempt, Ended, Seen, Step, Stop, TurnEngine, ended, sleep_until_or_never, stopped};
+use crate::agents::host::UpdateSink;
+use crate::agents::{Output, TurnEnd};
+use crate::error::Error;
+
+/// How long the agent has to answer a cancel before its tree is killed.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(1);
+
+/// The permission requests asked of the editor and not answered yet, by our key.
+type Asked = Arc<Mutex<HashMap<u64, Responder<RequestPermissionResponse>>>>;
+
+/// One turn through a running ACP agent.
+pub struct AcpEngine {
+    connection: Arc<Connection>,
+    /// The agent's session.
+    session: String,
+    /// Ours, as the editor knows it.
+    ours: String,
+    events: mpsc::Receiver<Event>,
+    prompt: Option<JoinHandle<Result<PromptResponse, agent_client_protocol::Error>>>,
+    queued: VecDeque<Step>,
+    sink: Arc<dyn UpdateSink>,
+    asked: Asked,
+    next_key: u64,
+    /// When a stop the agent has not answered kills it.
+    kill_at: Option<tokio::time::Instant>,
+    over: bool,
+    /// The turn's silence and its whole deadline, for the loop's own stops.
+    timeouts: (Duration, Duration),
+}
+
+impl AcpEngine {
+    /// The engine of a turn whose prompt `prompt` was sent to `session` of `connection`; `events` are its messages.
+    /// `native` is set when the session is new to the store: the loop keeps it first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        connection: Arc<Connection>,
+        session: String,
+        ours: String,
+        events: mpsc::Receiver<Event>,
+        prompt: JoinHandle<Result<PromptResponse, agent_client_protocol::Error>>,
+        sink: Arc<dyn UpdateSink>,
+        native: bool,
+        timeouts: (Duration, Duration),
+    ) -> Self {
+        let mut queued = VecDeque::new();
+        if native {
+            queued.push_back(Step::Output(Output::NativeSessionId { id: session.clone() }));
+        }
+        Self {
+            connection,
+            session,
+            ours,
+            events,
+            prompt: Some(prompt),
+            queued,
+            sink,
+            asked: Arc::default(),
+            next_key: 0,
+            kill_at: None,
+            over: false,
+            timeouts,
+        }
+    }
+
+    /// Acts on one message of the agent: an update for the loop, a permission request asked of the editor.
+    fn take(&mut self, event: Event) -> Option<Step> {
+        match event {
+            Event::Update(json) => Some(Step::Line { text: json, alive: true }),
+            Event::Permission(asked) => {
+                let (mut request, responder) = *asked;
+                if self.kill_at.is_some() || self.over {
+                    let _ = responder.respond(RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled));
+                    return None;
+                }
+                let key = self.next_key;
+                self.next_key += 1;
+                self.asked.lock().unwrap_or_else(|p| p.into_inner()).insert(key, responder);
+                request.session_id = self.ours.clone().into();
+                let (sink, asked) = (self.sink.clone(), self.asked.clone());
+                tokio::spawn(async move {
+                    let outcome = sink.request_permission(request).await.unwrap_or(RequestPermissionOutcome::Cancelled);
+                    if let Some(responder) = asked.lock().unwrap_or_else(|p| p.into_inner()).remove(&key) {
+                        let _ = responder.respond(RequestPermissionResponse::new(outcome));
+                    }
+                });
+                None
+            }
+        }
+    }
+
+    /// Every permission request still open is answered `cancelled` (ACP's rule for a cancelled turn).
+    fn withdraw_asks(&self) {
+        let open: Vec<_> = self.asked.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+        for (_, responder) in open {
+            let _ = responder.respond(RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled));
+        }
+    }
+
+    /// What the prompt's answer means, after every message the agent sent before it.
+    async fn answered(&mut self, answer: Result<PromptResponse, agent_client_protocol::Error>) -> Step {
+        while let Ok(event) = self.events.try_recv() {
+            if let Some(step) = self.take(event) {
+                self.queued.push_back(step);
+            }
+        }
+        self.over = true;
+        self.withdraw_asks();
+        let end = match answer {
+            Ok(response) => turn_end(response.stop_reason),
+            Err(_) if !self.connection.alive() || self.connection.closed.is_cancelled() => {
+                let why = self.connection.failure("the ACP agent stopped in the middle of the turn").await;
+                self.queued.push_back(Step::Ended(Ended::Failed(self.failed(why))));
+                return self.queued.pop_front().unwrap_or(Step::Ended(Ended::Done));
+            }
+            Err(e) => {
+                let message = said(&e);
+                if e.code == agent_client_protocol::ErrorCode::AUTH_REQUIRED {
+                    TurnEnd::AuthRequired { message }
+                } else {
+                    TurnEnd::Error { message }
+                }
+            }
+        };
+        self.queued.push_back(Step::Output(Output::End(end)));
+        self.queued.push_back(Step::Ended(Ended::Done));
+        self.queued.pop_front().unwrap_or(Step::Ended(Ended::Done))
+    }
+
+    fn failed(&self, message: String) -> Error {
+        Error::CliFailed { message, stderr_tail: self.connection.stderr_tail(), exit_code: None }
+    }
+}
+
+/// What woke a wait for the agent.
+enum Woke {
+    Event(Option<Event>),
+    Answer(Result<Result<PromptResponse, agent_client_protocol::Error>, tokio::task::JoinError>),
+    Kill,
+    Closed,
+}
+
+/// The prompt's answer, once it came (never, without a prompt). Cancel-safe.
+async fn answer_of(
+    prompt: &mut Option<JoinHandle<Result<PromptResponse, agent_client_protocol::Error>>>,
+) -> Result<Result<PromptResponse, agent_client_protocol::Error>, tokio::task::JoinError> {
+    match prompt {
+        Some(prompt) => prompt.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// An error the agent answered, in its words (its message, and its data when that is text).
+fn said(error: &agent_client_protocol::Error) -> String {
+    match error.data.as_ref() {
+        Some(serde_json::Value::String(data)) if !data.is_empty() => format!("{}: {data}", error.message),
+        Some(data) if !data.is_null() => format!("{}: {data}", error.message),
+        _ => error.message.clone(),
+    }
+}
+
+/// The end an ACP stop reason says.
+fn turn_end(stop: StopReason) -> TurnEnd {
+    match stop {
+        StopReason::MaxTokens => TurnEnd::MaxTokens,
+        StopReason::MaxTurnRequests => TurnEnd::MaxTurnRequests,
+        StopReason::Refusal => TurnEnd::Refusal,
+        StopReason::Cancelled => TurnEnd::Cancelled,
+        _ => TurnEnd::EndTurn,
+    }
+}
+
+#[async_trait::async_trait]
+impl TurnEngine for AcpEngine {
+    async fn next(&mut self) -> Step {
+        loop {
+            if let Some(step) = self.queued.pop_front() {
+                return step;
+            }
+            if self.over {
+                return Step::Ended(Ended::Done);
+            }
+            let pending = self.prompt.is_some();
+            let (events, prompt, connection, kill_at) =
+                (&mut self.events, &mut self.prompt, &self.connection, self.kill_at);
+            let woke = tokio::select! {
+                biased;
+                event = events.recv() => Woke::Event(event),
+                answer = answer_of(prompt), if pending => Woke::Answer(answer),
+                _ = sleep_until_or_never(kill_at) => Woke::Kill,
+                _ = connection.closed.cancelled(), if pending => Woke::Closed,
+            };
+            match woke {
+                Woke::Event(Some(event)) => {
+                    if let Some(step) = self.take(event) {
+                        return step;
+                    }
+                }
+                // The connection let go of this turn's route (it was killed): its answer says the rest.
+                Woke::Event(None) => {
+                    if self.prompt.is_none() {
+                        self.over = true;
+                    }
+                }
+                Woke::Answer(answer) => {
+                    self.prompt = None;
+                    let answer = answer.unwrap_or_else(|_| Err(agent_client_protocol::Error::internal_error()));
+                    return self.answered(answer).await;
+                }
+                Woke::Kill => {
+                    tracing::warn!(session = %self.ours, "the ACP agent did not answer the stop within {CANCEL_GRACE:?}: killed");
+                    self.connection.kill().await;
+                    self.kill_at = None;
+                    self.over = true;
+                    return Step::Ended(Ended::Done);
+                }
+                Woke::Closed => {
+                    // Its answer will not come: what it sent before it ended is still the turn's.
+                    self.prompt = None;
+                    return self.answered(Err(agent_client_protocol::Error::internal_error())).await;
+                }
+            }
+        }
+    }
+
+    fn stop(&mut self, why: &Stop) {
+        self.withdraw_asks();
+        if self.kill_at.is_some() || self.over {
+            return;
+        }
+        tracing::info!(session = %self.ours, why = ?why, "stopping the ACP agent's turn");
+        if let Err(e) = self.connection.cx.send_notification(CancelNotification::new(self.session.clone())) {
+            tracing::warn!(session = %self.ours, "could not send the cancel: {e}");
+        }
+        self.kill_at = Some(tokio::time::Instant::now() + CANCEL_GRACE);
+    }
+
+    fn limit_hit(&self) -> Option<String> {
+        None
+    }
+
+    async fn abandon(&mut self) {
+        self.withdraw_asks();
+        self.connection.kill().await;
+    }
+
+    async fn conclude(self: Box<Self>, seen: Seen, name: &'static str) -> Attempt {
+        self.connection.unroute();
+        let (idle, turn_timeout) = self.timeouts;
+        let failed = |message: String| Error::CliFailed {
+            message,
+            stderr_tail: self.connection.stderr_tail(),
+            exit_code: None,
+        };
+        if let Some(result) = stopped(&seen.stop, name, idle, turn_timeout, failed) {
+            return Attempt::Finished(result);
+        }
+        Attempt::Finished(match seen.end {
+            Some(end) => ended(end, failed),
+            None => Err(failed(format!("{name} ended the turn without saying how"))),
+        })
+    }
+}
+
+impl Drop for AcpEngine {
+    fn drop(&mut self) {
+        self.withdraw_asks();
+        self.connection.unroute();
+    }
+}

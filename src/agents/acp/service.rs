@@ -1,0 +1,416 @@
+//! The ACP agents of a bridge as its [`Service`]: one agent process per session, started in the session's sandbox
+//! ahead of its first prompt (or by it), its conversation made or loaded there, stopped after the idle timeout or
+//! when the session lets go, and at most `--max-servers` running (starting ones count).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol::v1::schema::{
+    ContentBlock, LoadSessionRequest, NewSessionRequest, PromptRequest, StopReason, SystemPrompt, TextContent,
+};
+use tokio::time::Instant;
+
+use super::connection::{Connection, ConnectionError};
+use super::engine::AcpEngine;
+use super::translate::AcpTranslator;
+use crate::agents::engine::Attempt;
+use crate::agents::host::{BridgeHost, Release, RenderedPrompt, Service, ServiceSettings, TurnHost, unless_cancelled};
+use crate::error::{Error, Result};
+use crate::sandbox::Sandbox;
+use crate::store::SessionRecord;
+
+/// How long an agent has to answer `initialize`.
+const INITIALIZE_LIMIT: Duration = Duration::from_secs(20);
+
+/// How long it has to make or load a session.
+const SESSION_LIMIT: Duration = Duration::from_secs(60);
+
+/// One session's agent.
+struct Entry {
+    connection: Arc<Connection>,
+    last_used: Instant,
+    /// A turn runs through it now.
+    in_turn: bool,
+}
+
+/// What the bridge keeps of its ACP agents.
+pub struct AcpService {
+    name: &'static str,
+    /// The agent's arguments after its executable.
+    args: Vec<String>,
+    idle_timeout: Duration,
+    max_running: usize,
+    running: Arc<Mutex<HashMap<String, Entry>>>,
+    /// Sessions whose agent is starting: they count against the cap.
+    starting: Mutex<HashMap<String, ()>>,
+    /// One start at a time per bridge, so that the cap is counted right.
+    start_lock: tokio::sync::Mutex<()>,
+    reaper: std::sync::Once,
+}
+
+impl AcpService {
+    /// No agent running yet.
+    pub fn new(name: &'static str, args: Vec<String>, bounds: &ServiceSettings) -> Self {
+        Self {
+            name,
+            args,
+            idle_timeout: bounds.idle_timeout,
+            max_running: bounds.max_running.max(1),
+            running: Arc::default(),
+            starting: Mutex::default(),
+            start_lock: tokio::sync::Mutex::new(()),
+            reaper: std::sync::Once::new(),
+        }
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops agents idle for longer than the idle timeout, from now on.
+    fn start_reaper(&self) {
+        self.reaper.call_once(|| {
+            let (running, idle) = (Arc::downgrade(&self.running), self.idle_timeout);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval((idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(30)));
+                loop {
+                    tick.tick().await;
+                    let Some(running) = running.upgrade() else { return };
+                    let idle: Vec<Arc<Connection>> = {
+                        let mut running = running.lock().unwrap_or_else(|p| p.into_inner());
+                        let gone: Vec<String> = running
+                            .iter()
+                            .filter(|(_, entry)| {
+                                !entry.connection.alive() || (!entry.in_turn && entry.last_used.elapsed() > idle)
+                            })
+                            .map(|(id, _)| id.clone())
+                            .collect();
+                        gone.iter().filter_map(|id| running.remove(id)).map(|entry| entry.connection).collect()
+                    };
+                    for connection in idle {
+                        tracing::info!("stopping an idle ACP agent");
+                        connection.kill().await;
+                    }
+                }
+            });
+        });
+    }
+
+    /// The session's running agent, started when none runs.
+    async fn connection(
+        &self,
+        bridge: &dyn BridgeHost,
+        record: &SessionRecord,
+        sandbox: &Arc<dyn Sandbox>,
+        executable: &Path,
+        credential: Option<&(&'static str, String)>,
+        model: Option<&str>,
+    ) -> Result<Arc<Connection>> {
+        if let Some(connection) = self.live(&record.id) {
+            return Ok(connection);
+        }
+        if sandbox.remote_files().is_some() || sandbox.review_copy().is_some() {
+            return Err(Error::CliUnavailable(format!(
+                "{} runs only in a local sandbox that writes the workspace for now (not in review mode, not in a \
+                 remote sandbox): start the bridge with --workspace direct and a local --sandbox",
+                self.name
+            )));
+        }
+        let _one = self.start_lock.lock().await;
+        if let Some(connection) = self.live(&record.id) {
+            return Ok(connection);
+        }
+        self.make_room().await?;
+        self.starting.lock().unwrap_or_else(|p| p.into_inner()).insert(record.id.clone(), ());
+        let started = self.start(bridge, record, sandbox, executable, credential, model).await;
+        self.starting.lock().unwrap_or_else(|p| p.into_inner()).remove(&record.id);
+        let connection = started?;
+        self.running().insert(
+            record.id.clone(),
+            Entry { connection: connection.clone(), last_used: Instant::now(), in_turn: false },
+        );
+        self.start_reaper();
+        Ok(connection)
+    }
+
+    /// The session's agent when it runs and can be used; a dead one is forgotten.
+    fn live(&self, session: &str) -> Option<Arc<Connection>> {
+        let mut running = self.running();
+        match running.get(session) {
+            Some(entry) if entry.connection.alive() => Some(entry.connection.clone()),
+            Some(_) => {
+                running.remove(session);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Stops the agent unused longest when the cap is reached; refuses when every one is in a turn.
+    async fn make_room(&self) -> Result<()> {
+        let evicted = {
+            let mut running = self.running();
+            running.retain(|_, entry| entry.connection.alive());
+            let starting = self.starting.lock().unwrap_or_else(|p| p.into_inner()).len();
+            if running.len() + starting < self.max_running {
+                return Ok(());
+            }
+            let oldest = running
+                .iter()
+                .filter(|(_, entry)| !entry.in_turn)
+                .min_by_key(|(_, entry)| entry.last_used)
+                .map(|(id, _)| id.clone());
+            match oldest {
+                Some(id) => running.remove(&id).map(|entry| entry.connection),
+                None => {
+                    return Err(Error::CliUnavailable(format!(
+                        "{} agents already run a turn each (--max-servers {}): wait for one to finish, or raise \
+                         --max-servers",
+                        self.max_running, self.max_running
+                    )));
+                }
+            }
+        };
+        if let Some(connection) = evicted {
+            tracing::info!("stopping the ACP agent unused longest: --max-servers {} reached", self.max_running);
+            connection.kill().await;
+        }
+        Ok(())
+    }
+
+    async fn start(
+        &self,
+        bridge: &dyn BridgeHost,
+        record: &SessionRecord,
+        sandbox: &Arc<dyn Sandbox>,
+        executable: &Path,
+        credential: Option<&(&'static str, String)>,
+        model: Option<&str>,
+    ) -> Result<Arc<Connection>> {
+        let env = bridge.cli_environment(sandbox.as_ref(), credential, model);
+        let mut spec = bridge.cli_spec(executable, sandbox.as_ref(), env, self.args.clone());
+        spec.net.endpoints.extend(crate::agents::mcp::endpoints(&bridge.mcp_servers(&record.id)));
+        let mut roots = vec![sandbox.workspace().to_path_buf()];
+        roots.extend(record.context.additional_directories.iter().map(PathBuf::from));
+        tracing::info!(session = %record.id, program = %spec.program.display(), "starting the ACP agent");
+        let connection =
+            Connection::start(sandbox.clone(), spec, roots, INITIALIZE_LIMIT).await.map_err(|e| self.unavailable(e))?;
+        let info = connection.info.as_ref().map(|info| format!("{} {}", info.name, info.version));
+        tracing::info!(session = %record.id, agent = ?info, load = connection.capabilities.load_session, "the ACP agent started");
+        Ok(connection)
+    }
+
+    fn unavailable(&self, error: ConnectionError) -> Error {
+        Error::CliFailed {
+            message: format!("{} could not be started: {error}", self.name),
+            stderr_tail: String::new(),
+            exit_code: None,
+        }
+    }
+
+    fn touch(&self, session: &str, in_turn: bool) {
+        if let Some(entry) = self.running().get_mut(session) {
+            entry.in_turn = in_turn;
+            entry.last_used = Instant::now();
+        }
+    }
+}
+
+/// Why the session's conversation could not be had in the agent.
+enum Conversation {
+    /// It is there (made or loaded): its id.
+    Here(String),
+    /// The one the store names is not (the agent cannot load it, or does not know it).
+    Missing,
+}
+
+/// The session's conversation in `connection`: the one this process already has, the store's loaded, or a new one.
+async fn conversation(
+    connection: &Connection,
+    bridge: &dyn BridgeHost,
+    record: &SessionRecord,
+    sandbox: &dyn Sandbox,
+    native_id: Option<&str>,
+    name: &str,
+) -> Result<Conversation> {
+    if let Some(session) = connection.session.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        return Ok(Conversation::Here(session));
+    }
+    let cwd = sandbox.workspace().to_path_buf();
+    let mcp_servers = bridge.mcp_servers(&record.id);
+    let capabilities = &connection.capabilities;
+    let roots: Vec<PathBuf> = if capabilities.session_capabilities.additional_directories.is_some() {
+        record.context.additional_directories.iter().map(PathBuf::from).collect()
+    } else {
+        Vec::new()
+    };
+    let system_prompt = record
+        .context
+        .system_prompt
+        .as_ref()
+        .filter(|_| capabilities.session_capabilities.system_prompt.is_some())
+        .map(|text| SystemPrompt::new(vec![ContentBlock::Text(TextContent::new(text.clone()))]));
+    let failed = |what: &str, e: agent_client_protocol::Error| Error::CliFailed {
+        message: format!("{name} could not {what}: {}", e.message),
+        stderr_tail: connection.stderr_tail(),
+        exit_code: None,
+    };
+    let made = if let Some(native) = native_id {
+        if !capabilities.load_session {
+            tracing::info!(session = %record.id, "the ACP agent cannot load a session: a fresh one from the transcript");
+            return Ok(Conversation::Missing);
+        }
+        let request = LoadSessionRequest::new(native.to_string(), cwd)
+            .mcp_servers(mcp_servers)
+            .additional_directories(roots)
+            .system_prompt(system_prompt);
+        match within(connection, connection.cx.send_request(request).block_task()).await {
+            Some(Ok(_)) => native.to_string(),
+            Some(Err(e)) => {
+                tracing::warn!(session = %record.id, native, "the ACP agent could not load its session: {}", e.message);
+                return Ok(Conversation::Missing);
+            }
+            None => return Err(timed_out(connection, name, "load its session").await),
+        }
+    } else {
+        let request = NewSessionRequest::new(cwd)
+            .mcp_servers(mcp_servers)
+            .additional_directories(roots)
+            .system_prompt(system_prompt);
+        match within(connection, connection.cx.send_request(request).block_task()).await {
+            Some(Ok(answer)) => answer.session_id.0.to_string(),
+            Some(Err(e)) => return Err(failed("make a session", e)),
+            None => return Err(timed_out(connection, name, "make a session").await),
+        }
+    };
+    *connection.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(made.clone());
+    Ok(Conversation::Here(made))
+}
+
+/// `request`'s answer within [`SESSION_LIMIT`], unless the agent ends first (`None` then too).
+async fn within<T>(
+    connection: &Connection,
+    request: impl std::future::Future<Output = std::result::Result<T, agent_client_protocol::Error>>,
+) -> Option<std::result::Result<T, agent_client_protocol::Error>> {
+    tokio::select! {
+        answer = tokio::time::timeout(SESSION_LIMIT, request) => answer.ok(),
+        _ = connection.closed.cancelled() => None,
+    }
+}
+
+/// The agent did not do `what` in time, or ended first: it is killed.
+async fn timed_out(connection: &Connection, name: &str, what: &str) -> Error {
+    let message = if connection.closed.is_cancelled() {
+        connection.failure(&format!("{name} ended before it could {what}")).await
+    } else {
+        format!("{name} did not {what} within {} s", SESSION_LIMIT.as_secs())
+    };
+    connection.kill().await;
+    Error::CliFailed { message, stderr_tail: connection.stderr_tail(), exit_code: None }
+}
+
+#[async_trait::async_trait]
+impl Service for AcpService {
+    async fn attempt(
+        &self,
+        host: &dyn TurnHost,
+        sandbox: &Arc<dyn Sandbox>,
+        executable: &Path,
+        native_id: Option<&str>,
+        _command: Option<&str>,
+        prompt: &RenderedPrompt,
+    ) -> Result<Attempt> {
+        let record = host.record();
+        let started =
+            self.connection(host.bridge(), record, sandbox, executable, host.credential(), host.model());
+        let Some(connection) = unless_cancelled(host.cancel(), started).await? else {
+            return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
+        };
+        let made = conversation(&connection, host.bridge(), record, sandbox.as_ref(), native_id, self.name);
+        let session = match unless_cancelled(host.cancel(), made).await? {
+            None => return Ok(Attempt::Finished(Ok(StopReason::Cancelled))),
+            Some(Conversation::Missing) => return Ok(Attempt::ConversationMissing),
+            Some(Conversation::Here(session)) => session,
+        };
+        self.touch(&record.id, true);
+        let events = connection.route_to(&session);
+        let request = PromptRequest::new(session.clone(), vec![ContentBlock::Text(TextContent::new(prompt.text.clone()))]);
+        let sent = connection.cx.send_request(request);
+        let answer = tokio::spawn(sent.block_task());
+        let engine = AcpEngine::new(
+            connection.clone(),
+            session.clone(),
+            record.id.clone(),
+            events,
+            answer,
+            host.sink(),
+            native_id != Some(session.as_str()),
+            host.timeouts(),
+        );
+        let translator = AcpTranslator::new(host.translate_context());
+        let result = host.drive(Box::new(engine), Box::new(translator)).await;
+        self.touch(&record.id, false);
+        result
+    }
+
+    async fn warm(
+        &self,
+        host: &dyn BridgeHost,
+        record: &SessionRecord,
+        sandbox: Arc<dyn Sandbox>,
+        executable: PathBuf,
+    ) -> std::result::Result<(), String> {
+        let connection =
+            self.connection(host, record, &sandbox, &executable, None, None).await.map_err(|e| e.to_string())?;
+        let made = conversation(&connection, host, record, sandbox.as_ref(), record.native_id.as_deref(), self.name);
+        made.await.map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    fn serving(&self, session: &str) -> bool {
+        self.live(session).is_some()
+    }
+
+    fn held(&self, _session: &str) -> Box<dyn Release> {
+        Box::new(Nothing)
+    }
+
+    async fn release(&self, session: &str) {
+        let entry = self.running().remove(session);
+        if let Some(entry) = entry {
+            entry.connection.kill().await;
+        }
+    }
+
+    async fn close(&self, _keep: bool) {
+        let all: Vec<Entry> = self.running().drain().map(|(_, entry)| entry).collect();
+        for entry in all {
+            entry.connection.kill().await;
+        }
+    }
+
+    fn fall_back(&self, _session: &str) -> bool {
+        false
+    }
+
+    fn fell_back(&self, _session: &str) -> bool {
+        false
+    }
+
+    fn fallen_back(&self, why: &str) -> String {
+        format!("{} could not start: {why}", self.name)
+    }
+
+    fn cannot_ask_without_it(&self, why: &str) -> String {
+        format!("{} could not start: {why}", self.name)
+    }
+}
+
+/// A session's agent holds nothing once it is stopped.
+struct Nothing;
+
+#[async_trait::async_trait]
+impl Release for Nothing {
+    async fn forget(self: Box<Self>, _record: &SessionRecord) {}
+}

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""A scripted ACP agent for the tests of `--agent custom` (stdlib only): it speaks ACP on stdin/stdout as an agent
+does, and does what the prompt's marker `SCENARIO:<name>[:<arg>]` says, hostile things included.
+
+Sessions are kept under $HOME/.fake-acp/<id>.json (the prompts and answers so far), so `session/load` works in a new
+process; a load replays them as updates first (which the bridge must not forward). Every message received is
+appended to $HOME/.fake-acp/received.jsonl.
+
+Scenarios (the agent answers in text what happened, one line per step):
+  text                    three chunks: "Hello", " from", " ACP"
+  history                 says the prompts this session had before this one
+  read:<path>             fs/read_text_file of <path>: "read ok <text>" or "read error <message>"
+  write:<path>            fs/write_text_file of "written by the agent" at <path>: "write ok" or "write error <message>"
+  shell:<command>         runs `sh -c <command>` itself (inside its sandbox): "shell <exit> <stdout>"
+  permission              a tool call, then session/request_permission: "permission <optionId or cancelled>"
+  sleep                   waits for session/cancel, then answers `cancelled`
+  hang                    ignores session/cancel and never answers
+  crash                   one chunk, then exits 3 with "fake agent crashed" on stderr
+  mcp                     says the MCP servers session/new or session/load gave it (name and command or url)
+  tool                    a tool call with a location in the workspace, left in progress, then end_turn
+Environment: FAKE_ACP_NO_LOAD=1 (no loadSession), FAKE_ACP_HANG_INIT=1 (never answers initialize),
+FAKE_ACP_GARBAGE=1 (prints a line that is not JSON-RPC first).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+HOME = os.environ.get("HOME", "/tmp")
+STATE = os.path.join(HOME, ".fake-acp")
+os.makedirs(STATE, exist_ok=True)
+WRITE_LOCK = threading.Lock()
+PENDING = {}
+PENDING_LOCK = threading.Lock()
+CANCELLED = {}
+NEXT_ID = [1000]
+MCP = {}
+
+
+def send(message):
+    with WRITE_LOCK:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+
+def record(message):
+    with open(os.path.join(STATE, "received.jsonl"), "a") as f:
+        f.write(json.dumps(message) + "\n")
+
+
+def request(method, params):
+    """Sends a request to the client and waits for its answer (a dict with result or error)."""
+    with PENDING_LOCK:
+        NEXT_ID[0] += 1
+        rid = NEXT_ID[0]
+        event = threading.Event()
+        PENDING[rid] = [event, None]
+    send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+    event.wait()
+    with PENDING_LOCK:
+        return PENDING.pop(rid)[1]
+
+
+def update(session, body):
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session, "update": body}})
+
+
+def say(session, text):
+    update(session, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}})
+
+
+def path_of(session):
+    return os.path.join(STATE, session + ".json")
+
+
+def load(session):
+    try:
+        with open(path_of(session)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def save(session, history):
+    with open(path_of(session), "w") as f:
+        json.dump(history, f)
+
+
+def prompt_text(params):
+    return "".join(b.get("text", "") for b in params.get("prompt", []) if b.get("type") == "text")
+
+
+def scenario(text):
+    marker = text.rfind("SCENARIO:")
+    if marker < 0:
+        return "text", ""
+    rest = text[marker + len("SCENARIO:"):].strip()
+    name, _, arg = rest.partition(":")
+    return name.split()[0] if name else "text", arg.strip()
+
+
+def run_prompt(rid, params):
+    session = params["sessionId"]
+    history = load(session)
+    if history is None:
+        send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32002, "message": f"no session {session}"}})
+        return
+    text = prompt_text(params)
+    name, arg = scenario(text)
+    answer = []
+
+    def line(t):
+        answer.append(t)
+        say(session, t + "\n")
+
+    stop = "end_turn"
+    if name == "text":
+        for piece in ["Hello", " from", " ACP"]:
+            say(session, piece)
+        answer.append("Hello from ACP")
+    elif name == "history":
+        line("history " + json.dumps([turn["prompt"] for turn in history]))
+    elif name == "read":
+        got = request("fs/read_text_file", {"sessionId": session, "path": arg})
+        if "result" in got:
+            line("read ok " + got["result"].get("content", ""))
+        else:
+            line("read error " + json.dumps(got.get("error")))
+    elif name == "write":
+        got = request("fs/write_text_file", {"sessionId": session, "path": arg, "content": "written by the agent"})
+        line("write ok" if "result" in got else "write error " + json.dumps(got.get("error")))
+    elif name == "shell":
+        done = subprocess.run(["sh", "-c", arg], capture_output=True, text=True)
+        line(f"shell {done.returncode} {done.stdout.strip()}")
+    elif name == "permission":
+        call = {"toolCallId": "perm-1", "title": "Delete everything", "kind": "delete", "status": "pending"}
+        update(session, dict(sessionUpdate="tool_call", **call))
+        options = [
+            {"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+            {"optionId": "no", "name": "Reject", "kind": "reject_once"},
+        ]
+        got = request("session/request_permission", {"sessionId": session, "toolCall": call, "options": options})
+        outcome = got.get("result", {}).get("outcome", {})
+        chosen = outcome.get("optionId") if outcome.get("outcome") == "selected" else "cancelled"
+        update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "perm-1", "status": "completed"})
+        line(f"permission {chosen}")
+    elif name == "sleep":
+        CANCELLED[session] = threading.Event()
+        say(session, "sleeping\n")
+        CANCELLED[session].wait()
+        stop = "cancelled"
+    elif name == "hang":
+        say(session, "hanging\n")
+        threading.Event().wait()
+    elif name == "crash":
+        say(session, "about to crash\n")
+        sys.stderr.write("fake agent crashed\n")
+        sys.stderr.flush()
+        os._exit(3)
+    elif name == "mcp":
+        line("mcp " + json.dumps(MCP.get(session, [])))
+    elif name == "tool":
+        where = os.path.join(os.getcwd(), "src/main.rs")
+        update(session, {"sessionUpdate": "tool_call", "toolCallId": "t-open", "title": "Read main",
+                         "kind": "read", "status": "in_progress", "locations": [{"path": where}]})
+        line("left a tool open")
+    history.append({"prompt": text, "answer": "".join(answer)})
+    save(session, history)
+    send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": stop}})
+
+
+def servers(params):
+    return [{"name": s.get("name"), "command": s.get("command"), "url": s.get("url")}
+            for s in params.get("mcpServers", [])]
+
+
+def main():
+    if "--version" in sys.argv:
+        print("fake-acp-agent 0.1.0")
+        return
+    if os.environ.get("FAKE_ACP_GARBAGE") == "1":
+        sys.stdout.write("this is not JSON-RPC\n")
+        sys.stdout.flush()
+    counter = [0]
+    for raw in sys.stdin:
+        raw = raw.strip()
+        if not raw:
+            continue
+        message = json.loads(raw)
+        record(message)
+        method, rid, params = message.get("method"), message.get("id"), message.get("params") or {}
+        if method is None:
+            with PENDING_LOCK:
+                if rid in PENDING:
+                    PENDING[rid][1] = message
+                    PENDING[rid][0].set()
+            continue
+        if method == "initialize":
+            if os.environ.get("FAKE_ACP_HANG_INIT") == "1":
+                continue
+            load_ok = os.environ.get("FAKE_ACP_NO_LOAD") != "1"
+            send({"jsonrpc": "2.0", "id": rid, "result": {
+                "protocolVersion": 1,
+                "agentCapabilities": {"loadSession": load_ok, "mcpCapabilities": {"http": True}},
+                "agentInfo": {"name": "fake-acp-agent", "version": "0.1.0"},
+                "authMethods": [],
+            }})
+        elif method == "session/new":
+            counter[0] += 1
+            session = f"fake-{os.getpid()}-{counter[0]}"
+            save(session, [])
+            MCP[session] = servers(params)
+            send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": session}})
+        elif method == "session/load":
+            session = params["sessionId"]
+            history = load(session)
+            if history is None:
+                send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32002, "message": f"no session {session}"}})
+                continue
+            MCP[session] = servers(params)
+            for turn in history:
+                update(session, {"sessionUpdate": "user_message_chunk",
+                                 "content": {"type": "text", "text": turn["prompt"]}})
+                say(session, "REPLAYED " + turn["answer"])
+            send({"jsonrpc": "2.0", "id": rid, "result": {}})
+        elif method == "session/prompt":
+            threading.Thread(target=run_prompt, args=(rid, params), daemon=True).start()
+        elif method == "session/cancel":
+            CANCELLED.setdefault(params.get("sessionId"), threading.Event()).set()
+        elif rid is not None:
+            send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": f"no method {method}"}})
+
+
+if __name__ == "__main__":
+    main()
