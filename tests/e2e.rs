@@ -11,6 +11,7 @@
 mod support;
 
 mod e2e {
+    mod acp_agents;
     mod amp;
     mod auth;
     mod cancel;

@@ -17,6 +17,7 @@ Scenarios (the agent answers in text what happened, one line per step):
   hang                    ignores session/cancel and never answers
   crash                   one chunk, then exits 3 with "fake agent crashed" on stderr
   mcp                     says the MCP servers session/new or session/load gave it (name and command or url)
+  whoami                  says this process's token (a new process has a new one)
   tool                    a tool call with a location in the workspace, left in progress, then end_turn
 Environment: FAKE_ACP_NO_LOAD=1 (no loadSession), FAKE_ACP_HANG_INIT=1 (never answers initialize),
 FAKE_ACP_GARBAGE=1 (prints a line that is not JSON-RPC first).
@@ -27,6 +28,7 @@ import os
 import subprocess
 import sys
 import threading
+import uuid
 
 HOME = os.environ.get("HOME", "/tmp")
 STATE = os.path.join(HOME, ".fake-acp")
@@ -37,6 +39,7 @@ PENDING_LOCK = threading.Lock()
 CANCELLED = {}
 NEXT_ID = [1000]
 MCP = {}
+TOKEN = uuid.uuid4().hex[:12]
 
 
 def send(message):
@@ -159,6 +162,8 @@ def run_prompt(rid, params):
         sys.stderr.write("fake agent crashed\n")
         sys.stderr.flush()
         os._exit(3)
+    elif name == "whoami":
+        line("process " + TOKEN)
     elif name == "mcp":
         line("mcp " + json.dumps(MCP.get(session, [])))
     elif name == "tool":

@@ -68,8 +68,9 @@ pub struct Connection {
     pub capabilities: AgentCapabilities,
     /// Its name and version, as it gave them.
     pub info: Option<Implementation>,
-    /// The session's conversation in this process, once made or loaded.
-    pub session: Mutex<Option<String>>,
+    /// The session's conversation in this process, once made or loaded; held while it is made, so that a warm start
+    /// and a turn never make two.
+    pub session: tokio::sync::Mutex<Option<String>>,
     /// The turn that runs now: its conversation and where its messages go.
     route: Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>>,
     /// Cancelled when the connection ended (the agent exited, closed its stdout or broke the protocol).
@@ -111,7 +112,7 @@ impl Connection {
             cx: cx.clone(),
             capabilities,
             info,
-            session: Mutex::new(None),
+            session: tokio::sync::Mutex::new(None),
             route: route.clone(),
             closed: closed.clone(),
             stop: stop.clone(),
@@ -188,19 +189,18 @@ impl Connection {
         crate::lines::strip_ansi(text.trim())
     }
 
-    /// `what`, with how the agent ended and the last line of its stderr when it did.
+    /// `what`, with how the agent ended when it did (its stderr goes with the error on its own).
     pub async fn failure(&self, what: &str) -> String {
-        let exit = if self.closed.is_cancelled() { self.exit().await } else { None };
-        let tail = self.stderr_tail();
-        let last = tail.lines().rev().find(|line| !line.trim().is_empty()).map(str::trim);
-        let mut said = what.to_string();
-        if let Some(exit) = exit {
-            said.push_str(&format!(" (it exited with {})", exit.describe()));
+        match if self.closed.is_cancelled() { self.exit().await } else { None } {
+            Some(exit) => format!("{what} (it exited with {})", exit.describe()),
+            None => what.to_string(),
         }
-        if let Some(last) = last {
-            said.push_str(&format!("; its last words: {last}"));
-        }
-        said
+    }
+
+    /// Whether the connection ends within a moment: an answer that failed because the agent went away may come
+    /// just before the connection says so.
+    pub async fn ending(&self) -> bool {
+        tokio::time::timeout(Duration::from_secs(1), self.closed.cancelled()).await.is_ok()
     }
 }
 

@@ -43,6 +43,8 @@ pub struct AcpEngine {
     over: bool,
     /// The turn's silence and its whole deadline, for the loop's own stops.
     timeouts: (Duration, Duration),
+    /// The agent's name, for messages.
+    name: &'static str,
 }
 
 impl AcpEngine {
@@ -58,6 +60,7 @@ impl AcpEngine {
         sink: Arc<dyn UpdateSink>,
         native: bool,
         timeouts: (Duration, Duration),
+        name: &'static str,
     ) -> Self {
         let mut queued = VecDeque::new();
         if native {
@@ -76,6 +79,7 @@ impl AcpEngine {
             kill_at: None,
             over: false,
             timeouts,
+            name,
         }
     }
 
@@ -124,8 +128,8 @@ impl AcpEngine {
         self.withdraw_asks();
         let end = match answer {
             Ok(response) => turn_end(response.stop_reason),
-            Err(_) if !self.connection.alive() || self.connection.closed.is_cancelled() => {
-                let why = self.connection.failure("the ACP agent stopped in the middle of the turn").await;
+            Err(_) if !self.connection.alive() || self.connection.ending().await => {
+                let why = self.connection.failure(&format!("{} stopped in the middle of the turn", self.name)).await;
                 self.queued.push_back(Step::Ended(Ended::Failed(self.failed(why))));
                 return self.queued.pop_front().unwrap_or(Step::Ended(Ended::Done));
             }

@@ -12,7 +12,7 @@ use agent_client_protocol::v1::schema::{
 };
 use tokio::time::Instant;
 
-use super::connection::{Connection, ConnectionError};
+use super::connection::Connection;
 use super::engine::AcpEngine;
 use super::translate::AcpTranslator;
 use crate::agents::engine::Attempt;
@@ -22,10 +22,13 @@ use crate::sandbox::Sandbox;
 use crate::store::SessionRecord;
 
 /// How long an agent has to answer `initialize`.
-const INITIALIZE_LIMIT: Duration = Duration::from_secs(20);
+const INITIALIZE_LIMIT: Duration = Duration::from_secs(10);
 
 /// How long it has to make or load a session.
 const SESSION_LIMIT: Duration = Duration::from_secs(60);
+
+/// A start under way, which every waiter shares.
+type Starting = futures::future::Shared<futures::future::BoxFuture<'static, std::result::Result<Arc<Connection>, String>>>;
 
 /// One session's agent.
 struct Entry {
@@ -43,9 +46,10 @@ pub struct AcpService {
     idle_timeout: Duration,
     max_running: usize,
     running: Arc<Mutex<HashMap<String, Entry>>>,
-    /// Sessions whose agent is starting: they count against the cap.
-    starting: Mutex<HashMap<String, ()>>,
-    /// One start at a time per bridge, so that the cap is counted right.
+    /// The starts under way, by session: they count against the cap, and a turn waits for the one its session's
+    /// opening began instead of starting another.
+    starting: Mutex<HashMap<String, Starting>>,
+    /// One cap check at a time, so that it is counted right.
     start_lock: tokio::sync::Mutex<()>,
     reaper: std::sync::Once,
 }
@@ -118,19 +122,34 @@ impl AcpService {
                 self.name
             )));
         }
-        let _one = self.start_lock.lock().await;
-        if let Some(connection) = self.live(&record.id) {
-            return Ok(connection);
-        }
-        self.make_room().await?;
-        self.starting.lock().unwrap_or_else(|p| p.into_inner()).insert(record.id.clone(), ());
-        let started = self.start(bridge, record, sandbox, executable, credential, model).await;
+        let start = {
+            let _one = self.start_lock.lock().await;
+            if let Some(connection) = self.live(&record.id) {
+                return Ok(connection);
+            }
+            let under_way = self.starting.lock().unwrap_or_else(|p| p.into_inner()).get(&record.id).cloned();
+            match under_way {
+                Some(start) => start,
+                None => {
+                    self.make_room().await?;
+                    let start = self.start(bridge, record, sandbox, executable, credential, model);
+                    self.starting.lock().unwrap_or_else(|p| p.into_inner()).insert(record.id.clone(), start.clone());
+                    start
+                }
+            }
+        };
+        let started = start.await;
         self.starting.lock().unwrap_or_else(|p| p.into_inner()).remove(&record.id);
-        let connection = started?;
-        self.running().insert(
-            record.id.clone(),
-            Entry { connection: connection.clone(), last_used: Instant::now(), in_turn: false },
-        );
+        let connection = started.map_err(|why| Error::CliFailed {
+            message: format!("{} could not be started: {why}", self.name),
+            stderr_tail: String::new(),
+            exit_code: None,
+        })?;
+        self.running().entry(record.id.clone()).or_insert_with(|| Entry {
+            connection: connection.clone(),
+            last_used: Instant::now(),
+            in_turn: false,
+        });
         self.start_reaper();
         Ok(connection)
     }
@@ -180,7 +199,8 @@ impl AcpService {
         Ok(())
     }
 
-    async fn start(
+    /// Starts the session's agent: a future every waiter shares.
+    fn start(
         &self,
         bridge: &dyn BridgeHost,
         record: &SessionRecord,
@@ -188,26 +208,24 @@ impl AcpService {
         executable: &Path,
         credential: Option<&(&'static str, String)>,
         model: Option<&str>,
-    ) -> Result<Arc<Connection>> {
+    ) -> Starting {
+        use futures::FutureExt;
         let env = bridge.cli_environment(sandbox.as_ref(), credential, model);
         let mut spec = bridge.cli_spec(executable, sandbox.as_ref(), env, self.args.clone());
         spec.net.endpoints.extend(crate::agents::mcp::endpoints(&bridge.mcp_servers(&record.id)));
         let mut roots = vec![sandbox.workspace().to_path_buf()];
         roots.extend(record.context.additional_directories.iter().map(PathBuf::from));
         tracing::info!(session = %record.id, program = %spec.program.display(), "starting the ACP agent");
-        let connection =
-            Connection::start(sandbox.clone(), spec, roots, INITIALIZE_LIMIT).await.map_err(|e| self.unavailable(e))?;
-        let info = connection.info.as_ref().map(|info| format!("{} {}", info.name, info.version));
-        tracing::info!(session = %record.id, agent = ?info, load = connection.capabilities.load_session, "the ACP agent started");
-        Ok(connection)
-    }
-
-    fn unavailable(&self, error: ConnectionError) -> Error {
-        Error::CliFailed {
-            message: format!("{} could not be started: {error}", self.name),
-            stderr_tail: String::new(),
-            exit_code: None,
-        }
+        let (sandbox, session) = (sandbox.clone(), record.id.clone());
+        // A task of its own: a turn cancelled while it waits does not stop the start its session's next turn uses.
+        let task = tokio::spawn(async move {
+            let connection =
+                Connection::start(sandbox, spec, roots, INITIALIZE_LIMIT).await.map_err(|e| e.to_string())?;
+            let info = connection.info.as_ref().map(|info| format!("{} {}", info.name, info.version));
+            tracing::info!(session = %session, agent = ?info, load = connection.capabilities.load_session, "the ACP agent started");
+            Ok(connection)
+        });
+        async move { task.await.unwrap_or_else(|e| Err(e.to_string())) }.boxed().shared()
     }
 
     fn touch(&self, session: &str, in_turn: bool) {
@@ -235,7 +253,8 @@ async fn conversation(
     native_id: Option<&str>,
     name: &str,
 ) -> Result<Conversation> {
-    if let Some(session) = connection.session.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+    let mut held = connection.session.lock().await;
+    if let Some(session) = held.clone() {
         return Ok(Conversation::Here(session));
     }
     let cwd = sandbox.workspace().to_path_buf();
@@ -285,7 +304,7 @@ async fn conversation(
             None => return Err(timed_out(connection, name, "make a session").await),
         }
     };
-    *connection.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(made.clone());
+    *held = Some(made.clone());
     Ok(Conversation::Here(made))
 }
 
@@ -348,6 +367,7 @@ impl Service for AcpService {
             host.sink(),
             native_id != Some(session.as_str()),
             host.timeouts(),
+            self.name,
         );
         let translator = AcpTranslator::new(host.translate_context());
         let result = host.drive(Box::new(engine), Box::new(translator)).await;
