@@ -61,7 +61,9 @@ def agent_env(agent, port, home):
         env.update(ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY=FAKE_KEY,
                    CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1",
                    DISABLE_ERROR_REPORTING="1", DISABLE_BUG_COMMAND="1", DISABLE_COST_WARNINGS="1",
-                   CLAUDE_CODE_DISABLE_TERMINAL_TITLE="1", CLAUDE_CODE_ENABLE_TELEMETRY="0")
+                   CLAUDE_CODE_DISABLE_TERMINAL_TITLE="1", CLAUDE_CODE_ENABLE_TELEMETRY="0", DISABLE_UPDATES="1",
+                   DISABLE_GROWTHBOOK="1", CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION="false",
+                   CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY="1", CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL="1")
         # Without a configured default, claude-agent-acp starts in mode "auto", which the CLI refuses as root
         # ("--dangerously-skip-permissions cannot be used with root/sudo", unless IS_SANDBOX=1). "default" asks the
         # client (session/request_permission) before each tool, which is what the driver checks.

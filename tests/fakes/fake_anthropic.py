@@ -20,8 +20,9 @@ messages too, and do not count):
   sleep[:s]  a Bash tool running `sleep s` (default 300), to cancel a turn during a tool call
   error      an HTTP 400 error answer
 The step is the number of assistant messages after that user message, so a tool loop advances one step per model
-call. A request that offers no tools (Claude Code's title / topic / quota side requests) gets a short fixed text
-and does not advance anything. Every request is appended to FILE as one JSON line:
+call. A request that offers no tools (Claude Code's session-title request, which asks for JSON {"title": ...} with
+output_config.format json_schema) or whose last user message is a "[SUGGESTION MODE: ..." prompt-suggestion request
+is a side request: it gets a short fixed text (or JSON when asked) and does not advance anything. Every request is appended to FILE as one JSON line:
 {"kind": "chat"|"side"|"count_tokens"|"other", "method", "path", "scenario", "step", "headers", "body", "time"}.
 """
 
@@ -110,6 +111,24 @@ def script(scenario, arg, step, body):
     return [say(f"unknown scenario {scenario!r} step {step}")]
 
 
+def is_side(messages):
+    """Claude Code's prompt-suggestion request: the normal tools, but a last user message in "SUGGESTION MODE"."""
+    users = [m for m in messages if m.get("role") == "user"]
+    return bool(users) and text_of(users[-1].get("content")).lstrip().startswith("[SUGGESTION MODE")
+
+
+def side_answer(body):
+    """A short text for a side request; a JSON object when it asks for one (the session title has a json_schema
+    output format {"title": string})."""
+    fmt = (body.get("output_config") or {}).get("format") or body.get("output_format") or {}
+    if fmt.get("type") == "json_schema":
+        schema = fmt.get("schema") or {}
+        props = schema.get("properties") or {}
+        value = {k: ("Fake session title" if (v or {}).get("type") == "string" else None) for k, v in props.items()}
+        return [say(json.dumps(value))]
+    return [say("Fake side answer")]
+
+
 def split(text):
     """A text in up to three deltas, to exercise streaming."""
     if len(text) < 8:
@@ -171,9 +190,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         messages = body.get("messages") or []
         scenario, arg, step = locate(messages)
-        kind = "chat" if body.get("tools") else "side"
+        kind = "chat" if body.get("tools") and not is_side(messages) else "side"
         self.record({"kind": kind, "scenario": scenario, "arg": arg, "step": step, "body": body})
-        items = script(scenario, arg, step, body) if kind == "chat" else [say("Fake session title")]
+        items = script(scenario, arg, step, body) if kind == "chat" else side_answer(body)
         if isinstance(items, tuple):
             self.send_json(items[1], items[2])
             return
