@@ -76,7 +76,19 @@ def agent_env(agent, port, home):
         os.makedirs(codex_home, exist_ok=True)
         with open(os.path.join(codex_home, "config.toml"), "w", encoding="utf-8") as f:
             f.write(codex_config(port))
-        env.update(CODEX_HOME=codex_home, FAKE_OPENAI_API_KEY=FAKE_KEY)
+        env.update(CODEX_HOME=codex_home, FAKE_OPENAI_API_KEY=FAKE_KEY, CODEX_ACP_PROMPT_SUGGESTIONS="false")
+        # codex-acp's mode (approval + sandbox preset) at session start: read-only, workspace-write, agent (its
+        # default: auto review, with Codex's own bubblewrap sandbox) or agent-full-access (no sandbox of its own,
+        # never asks). The default here is agent-full-access: inside the bridge's sandbox Codex needs none of its own.
+        env["INITIAL_AGENT_MODE"] = os.environ.get("ACP_DRIVE_CODEX_MODE") or "agent-full-access"
+        if os.environ.get("ACP_DRIVE_CODEX_SANDBOX_LINK"):
+            # Codex's own sandbox runs `bwrap ... -- codex-linux-sandbox ...` found on PATH: a link to the codex binary.
+            link_dir = os.path.join(home, "codex-bin")
+            os.makedirs(link_dir, exist_ok=True)
+            link = os.path.join(link_dir, "codex-linux-sandbox")
+            if not os.path.lexists(link):
+                os.symlink(os.environ["ACP_DRIVE_CODEX_SANDBOX_LINK"], link)
+            env["PATH"] = link_dir + os.pathsep + env.get("PATH", "")
     elif agent == "gemini":
         gemini_dir = os.path.join(home, ".gemini")
         os.makedirs(gemini_dir, exist_ok=True)
@@ -88,10 +100,9 @@ def agent_env(agent, port, home):
 
 def codex_config(port):
     return f"""# Written by tests/fakes/acp_drive.py: Codex against the fake Responses API on 127.0.0.1.
-model = "fake-model"
+# A model Codex knows, so it does not warn "Model metadata for `...` not found" into the first answer.
+model = "gpt-5.5"
 model_provider = "fake"
-approval_policy = "on-request"
-sandbox_mode = "workspace-write"
 check_for_update_on_startup = false
 
 [model_providers.fake]
@@ -110,6 +121,13 @@ enabled = false
 
 [otel]
 exporter = "none"
+
+# Without these Codex runs `git ls-remote https://github.com/openai/plugins.git HEAD` at start.
+[features]
+plugins = false
+plugin_discovery_prefetch = false
+remote_plugin = false
+apps = false
 """
 
 
