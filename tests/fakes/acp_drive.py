@@ -15,8 +15,8 @@ It says it has no fs and no terminal (clientCapabilities {fs: {readTextFile: fal
 terminal: false}); any fs/* or terminal/* request is answered with an error and reported. session/request_permission
 is answered with an allow option (allow_once first). Checks (--checks, comma-separated, default text,write,cancel):
   text    prompt `SCENARIO:text`: at least two agent_message_chunk updates, stopReason end_turn
-  write   prompt `SCENARIO:write`: a tool_call update, hello.txt in the workspace holds `hi from <agent>`,
-          stopReason end_turn
+  write   prompt `SCENARIO:write`: a tool call (a tool_call update or a session/request_permission naming it) that
+          completes, hello.txt in the workspace holds `hi from <agent>`, stopReason end_turn
   cancel  prompt `SCENARIO:slow`: session/cancel after the first chunk; the prompt must end with stopReason
           cancelled (reported, and a failure when it does not)
 Exits 0 when every check passed, 1 otherwise. The last line on stdout is `SUMMARY <json>` (also written to
@@ -311,17 +311,24 @@ def main():
                   f"{len(chunks)} agent_message_chunk, text={text!r}, stopReason={stop!r}, error={error}")
         if "write" in checks:
             target = os.path.join(workspace, "hello.txt")
+            asked_before = len(agent.client_requests)
             result, error, updates = prompt(agent, session_id, "SCENARIO:write Create hello.txt.", args.timeout)
             calls = [u for u in updates if u.get("sessionUpdate") == "tool_call"]
+            asked = [r["params"].get("toolCall") or {} for r in agent.client_requests[asked_before:]
+                     if r["method"] == "session/request_permission"]
+            # Gemini CLI announces a tool that needs approval only in session/request_permission (no tool_call
+            # update before it, only tool_call_update after): count both.
+            ids = {c.get("toolCallId") for c in calls} | {c.get("toolCallId") for c in asked}
+            finished = [u for u in updates if u.get("sessionUpdate") == "tool_call_update"
+                        and u.get("status") == "completed" and u.get("toolCallId") in ids]
             content = open(target, encoding="utf-8").read() if os.path.exists(target) else None
             stop = (result or {}).get("stopReason")
             want = f"hi from {args.agent}"
-            check("write", error is None and calls and content is not None and content.strip() == want
+            check("write", error is None and ids and finished and content is not None and content.strip() == want
                   and stop == "end_turn",
-                  f"{len(calls)} tool_call ({[c.get('title') for c in calls]}), hello.txt={content!r}, "
-                  f"stopReason={stop!r}, permission requests="
-                  f"{sum(1 for r in agent.client_requests if r['method'] == 'session/request_permission')}, "
-                  f"error={error}")
+                  f"{len(calls)} tool_call update(s) ({[c.get('title') for c in calls]}), {len(asked)} permission "
+                  f"request(s) ({[c.get('title') for c in asked]}), {len(finished)} completed, hello.txt={content!r}, "
+                  f"stopReason={stop!r}, error={error}")
         if "cancel" in checks:
             state = {"sent": None}
 
