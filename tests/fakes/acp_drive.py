@@ -18,7 +18,9 @@ is answered with an allow option (allow_once first). Checks (--checks, comma-sep
   write   prompt `SCENARIO:write`: a tool call (a tool_call update or a session/request_permission naming it) that
           completes, hello.txt in the workspace holds `hi from <agent>`, stopReason end_turn
   cancel  prompt `SCENARIO:slow`: session/cancel after the first chunk; the prompt must end with stopReason
-          cancelled (reported, and a failure when it does not)
+          cancelled
+  cancel-tool  (not in the default) prompt `SCENARIO:sleep:<n>`: session/cancel 2 s into the shell tool running
+          `sleep <n>`; the prompt must end cancelled and the sleep must be gone within 5 s
 Exits 0 when every check passed, 1 otherwise. The last line on stdout is `SUMMARY <json>` (also written to
 --summary FILE): the initialize answer, the session/new answer, the agent's requests to the client, each check's
 result and the files the agent left under HOME.
@@ -183,8 +185,10 @@ class Agent:
             if left <= 0:
                 raise TimeoutError(f"{method}: no answer in {timeout} s")
             try:
-                message = self.inbox.get(timeout=left)
+                message = self.inbox.get(timeout=min(left, 0.2))
             except queue.Empty:
+                if on_message:
+                    on_message({})  # a tick, so a caller can act on time (cancel a few seconds into a tool)
                 continue
             if message is None:
                 raise EOFError(f"{method}: the agent closed its stdout (exit {self.proc.poll()})")
@@ -246,6 +250,22 @@ def prompt(agent, session_id, text, timeout, on_message=None):
     result, error = agent.call("session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]},
                                timeout, keep)
     return result, error, updates_of(seen, session_id)
+
+
+def sleepers(seconds):
+    """The pids of processes running `sleep <seconds>`."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) >= 2 and os.path.basename(argv[0]) == b"sleep" and argv[1] == str(seconds).encode():
+            found.append(int(pid))
+    return found
 
 
 def files_under(root):
@@ -345,10 +365,52 @@ def main():
             chunks = [u for u in updates if u.get("sessionUpdate") == "agent_message_chunk"]
             check("cancel", error is None and stop == "cancelled",
                   f"stopReason={stop!r} {after} s after session/cancel, {len(chunks)} chunks in all, error={error}")
+        if "cancel-tool" in checks:
+            # A shell tool running `sleep <n>` (n unique to this run), cancelled 2 s after it starts: the prompt must
+            # end cancelled, and the sleep must be gone (the agent kills its tool's processes).
+            seconds = 3000 + os.getpid() % 1000
+            state = {"started": None, "sent": None}
+
+            def cancel_during_tool(message):
+                update = ((message.get("params") or {}).get("update") or {})
+                kind = update.get("sessionUpdate")
+                if state["started"] is None and (kind in ("tool_call", "tool_call_update")
+                                                 or message.get("method") == "session/request_permission"):
+                    state["started"] = time.time()
+                if state["started"] and state["sent"] is None and time.time() - state["started"] > 2:
+                    state["sent"] = time.time()
+                    state["alive_before"] = sleepers(seconds)
+                    agent.notify("session/cancel", {"sessionId": session_id})
+            result, error, updates = prompt(agent, session_id, f"SCENARIO:sleep:{seconds} Sleep.", args.timeout,
+                                            cancel_during_tool)
+            stop = (result or {}).get("stopReason")
+            after = round(time.time() - (state["sent"] or time.time()), 2)
+            for _ in range(25):
+                left = sleepers(seconds)
+                if not left:
+                    break
+                time.sleep(0.2)
+            statuses = [u.get("status") for u in updates if u.get("sessionUpdate") == "tool_call_update"
+                        and u.get("status")]
+            check("cancel-tool", error is None and stop == "cancelled" and not left,
+                  f"stopReason={stop!r} {after} s after session/cancel, `sleep {seconds}` running before the cancel: "
+                  f"{state.get('alive_before')}, left 5 s after the answer: {left}, tool statuses {statuses}, "
+                  f"error={error}")
+            state["left"] = left
     except (RuntimeError, TimeoutError, EOFError, OSError) as e:
         check("run", False, str(e))
     finally:
         agent.close()
+        if "cancel-tool" in summary["checks"]:
+            # What the agent left running is reported, then ended: only the sleep this run started (its duration).
+            after_exit = sleepers(3000 + os.getpid() % 1000)
+            summary["checks"]["cancel-tool"]["after_agent_exit"] = after_exit
+            print(f"# after the agent exited, `sleep` still running: {after_exit}", flush=True)
+            for pid in after_exit:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
         summary["client_requests"] = [r["method"] for r in agent.client_requests]
         summary["fs_or_terminal_requests"] = [r for r in agent.client_requests
                                               if r["method"].startswith(("fs/", "terminal/"))]

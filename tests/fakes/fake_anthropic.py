@@ -17,12 +17,14 @@ messages too, and do not count):
   write  a tool call that creates hello.txt holding `hi from claude` (the Bash tool, or Write when Bash is not
          offered), then a final text
   slow[:n]   n text pieces (default 40) 0.5 s apart, to cancel a turn while it streams
-  sleep[:s]  a Bash tool running `sleep s` (default 300), to cancel a turn during a tool call
+  sleep[:s]  a Bash tool running `echo started && sleep s && echo finished` (default 300),
+             to cancel a turn during a tool call
   error      an HTTP 400 error answer
 The step is the number of assistant messages after that user message, so a tool loop advances one step per model
 call. A request that offers no tools (Claude Code's session-title request, which asks for JSON {"title": ...} with
 output_config.format json_schema) or whose last user message is a "[SUGGESTION MODE: ..." prompt-suggestion request
-is a side request: it gets a short fixed text (or JSON when asked) and does not advance anything. Every request is appended to FILE as one JSON line:
+is a side request: it gets a short fixed text (or JSON when asked) and does not advance anything. Every request is
+appended to FILE as one JSON line:
 {"kind": "chat"|"side"|"count_tokens"|"other", "method", "path", "scenario", "step", "headers", "body", "time"}.
 """
 
@@ -103,7 +105,9 @@ def script(scenario, arg, step, body):
     if scenario == "sleep":
         # A Bash tool that sleeps for a long time (to cancel during a tool call).
         if step == 0:
-            return [tool("Bash", {"command": f"sleep {int(arg or '300')}", "description": "Sleep"})]
+            # (Claude Code refuses a standalone long `sleep`.)
+            return [tool("Bash", {"command": f"echo started && sleep {int(arg or '300')} && echo finished",
+                                  "description": "Sleep"})]
         return [say("SLEEP-DONE")]
     if scenario == "error":
         return ("http", 400, {"type": "error", "error": {"type": "invalid_request_error",
@@ -168,7 +172,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.record({"kind": "other"})
-        self.send_json(404, {"type": "error", "error": {"type": "not_found_error", "message": f"no route GET {self.path}"}})
+        self.send_json(404, {"type": "error", "error": {"type": "not_found_error",
+                                                        "message": f"no route GET {self.path}"}})
 
     def do_HEAD(self):
         self.record({"kind": "other"})

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""A scripted Gemini API (generativelanguage v1beta) server for the real Gemini CLI (`@google/gemini-cli`, `gemini --acp`).
+"""A scripted Gemini API (generativelanguage v1beta) server for the real Gemini CLI (`@google/gemini-cli`).
 
 Usage: fake_gemini.py --record FILE [--port 0]
 Prints `PORT <n>` on stdout once it listens on 127.0.0.1:<n>, then serves until killed (or until stdin closes).
-Point Gemini CLI at it with GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:<n> and any GEMINI_API_KEY (see
-tests/fakes/acp_drive.py for the whole environment and ~/.gemini/settings.json).
+Gemini CLI runs as an ACP agent with `gemini --acp`. Point it at this server with
+GOOGLE_GEMINI_BASE_URL=http://127.0.0.1:<n> and any GEMINI_API_KEY (see tests/fakes/acp_drive.py for the whole
+environment and ~/.gemini/settings.json).
 
 `POST /v1beta/models/<model>:streamGenerateContent?alt=sse` answers SSE `data:` chunks of GenerateContentResponse
 (candidates[0].content.parts with text pieces or a functionCall, the last chunk with finishReason STOP and
@@ -17,7 +18,8 @@ user contents too, and do not count):
   write      a tool call creating hello.txt holding `hi from gemini` (run_shell_command, or write_file when no shell
              tool is offered), then a final text
   slow[:n]   n text pieces (default 40) 0.5 s apart, to cancel a turn while it streams
-  sleep[:s]  a run_shell_command `sleep s` (default 300), to cancel a turn during a tool call
+  sleep[:s]  a run_shell_command `echo started && sleep s && echo finished` (default 300),
+             to cancel a turn during a tool call
   error      an HTTP 400 error answer
 The step is the number of model contents after that user content, so a tool loop advances one step per model
 call. A request without tools (Gemini CLI's side requests: model routing, next-speaker check, titles...) is a side
@@ -97,7 +99,8 @@ def script(scenario, arg, step, body):
         return [("timed", [f"slow{i} " for i in range(int(arg or "40"))], 0.5)]
     if scenario == "sleep":
         if step == 0:
-            return [tool("run_shell_command", {"command": f"sleep {int(arg or '300')}", "description": "Sleep"})]
+            return [tool("run_shell_command", {"command": f"echo started && sleep {int(arg or '300')} && echo finished",
+                                               "description": "Sleep"})]
         return [say("SLEEP-DONE")]
     if scenario == "error":
         return ("http", 400, {"error": {"code": 400, "message": "FAKE-PROVIDER-400: rejected",
@@ -189,7 +192,8 @@ class Handler(BaseHTTPRequestHandler):
         route = ROUTE.search(self.path.split("?")[0])
         if not route:
             self.record({"kind": "other", "body": body})
-            self.send_json(404, {"error": {"code": 404, "message": f"no route POST {self.path}", "status": "NOT_FOUND"}})
+            self.send_json(404, {"error": {"code": 404, "message": f"no route POST {self.path}",
+                                           "status": "NOT_FOUND"}})
             return
         model, method = route.groups()
         if method == "countTokens":

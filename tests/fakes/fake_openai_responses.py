@@ -23,7 +23,8 @@ Scenarios, picked by a marker `SCENARIO:<name>` in the last user message that ca
              exec_command, shell_command or shell; in Codex's sandboxed modes exec_command asks for
              sandbox_permissions require_escalated, so Codex asks the client for approval), then a final text
   slow[:n]   n text pieces (default 40) 0.5 s apart, to cancel a turn while it streams
-  sleep[:s]  a shell tool running `sleep s` (default 300), to cancel a turn during a tool call
+  sleep[:s]  a shell tool running `echo started && sleep s && echo finished` (default 300),
+             to cancel a turn during a tool call
   error      an HTTP 400 error answer
 The step is the number of model turns after that user message (runs of assistant-side items: message, reasoning,
 function_call, custom_tool_call), so a tool loop advances one step per model call. A request that offers no tools
@@ -141,7 +142,7 @@ def script(scenario, arg, step, body):
         return [("timed", [f"slow{i} " for i in range(int(arg or "40"))], 0.5)]
     if scenario == "sleep":
         if step == 0:
-            return [shell(body, f"sleep {int(arg or '300')}")]
+            return [shell(body, f"echo started && sleep {int(arg or '300')} && echo finished")]
         return [say("SLEEP-DONE")]
     if scenario == "error":
         return ("http", 400, {"error": {"message": "FAKE-PROVIDER-400: rejected", "type": "invalid_request_error",
