@@ -3,12 +3,17 @@
 
 Usage:
   acp_drive.py --agent claude|codex|gemini --port N --workspace DIR --home DIR [--bin PATH] [--checks LIST]
-               [--timeout SECONDS] [--summary FILE]
+               [--timeout SECONDS] [--summary FILE] [--plain] [--env NAME=VALUE ...]
 
 The fake model server must already listen on 127.0.0.1:N (tests/fakes/fake_anthropic.py for claude,
 fake_openai_responses.py for codex, fake_gemini.py for gemini). The agent runs with HOME=DIR (and its own config
 written there: $CODEX_HOME/config.toml for codex, ~/.gemini/settings.json for gemini), so nothing outside DIR and the
-workspace is touched. --bin defaults to the agent installed by .ci/install-acp-agents.sh.
+workspace is touched. --bin defaults to the agent installed by .ci/install-acp-agents.sh. The environment also turns
+off each agent's telemetry, update checks and other traffic the test does not need; --plain leaves those on, to see
+what an agent contacts by default. Env: ACP_DRIVE_CODEX_MODE (codex-acp's INITIAL_AGENT_MODE, default
+agent-full-access), ACP_DRIVE_CODEX_SANDBOX_LINK (the codex binary, linked as codex-linux-sandbox on PATH, which
+Codex's own sandbox needs when CODEX_HOME is under /tmp), ACP_DRIVE_CODEX_FEATURES (more `name = value` lines for
+config.toml's [features], comma-separated, e.g. `unified_exec = false`).
 
 The driver speaks ACP JSON-RPC (newline-delimited) and prints every message it sends (`->`) and receives (`<-`).
 It says it has no fs and no terminal (clientCapabilities {fs: {readTextFile: false, writeTextFile: false},
@@ -50,8 +55,9 @@ def agent_command(agent, binary):
     return [binary]
 
 
-def agent_env(agent, port, home):
-    """The environment an agent runs with: a temp HOME, the fake server, and no nonessential traffic."""
+def agent_env(agent, port, home, plain=False):
+    """The environment an agent runs with: a temp HOME, the fake server, and no nonessential traffic (unless `plain`:
+    then only what it needs to talk to the fake, to see what else it contacts)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ANTHROPIC_", "OPENAI_", "GEMINI_", "GOOGLE_", "CODEX_", "CLAUDE_"))
            and k != "IS_SANDBOX"}
@@ -60,12 +66,14 @@ def agent_env(agent, port, home):
                NO_COLOR="1")
     base = f"http://127.0.0.1:{port}"
     if agent == "claude":
-        env.update(ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY=FAKE_KEY,
-                   CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1",
-                   DISABLE_ERROR_REPORTING="1", DISABLE_BUG_COMMAND="1", DISABLE_COST_WARNINGS="1",
-                   CLAUDE_CODE_DISABLE_TERMINAL_TITLE="1", CLAUDE_CODE_ENABLE_TELEMETRY="0", DISABLE_UPDATES="1",
-                   DISABLE_GROWTHBOOK="1", CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION="false",
-                   CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY="1", CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL="1")
+        env.update(ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY=FAKE_KEY)
+        if not plain:
+            env.update(CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1",
+                       DISABLE_ERROR_REPORTING="1", DISABLE_BUG_COMMAND="1", DISABLE_COST_WARNINGS="1",
+                       CLAUDE_CODE_DISABLE_TERMINAL_TITLE="1", CLAUDE_CODE_ENABLE_TELEMETRY="0", DISABLE_UPDATES="1",
+                       DISABLE_GROWTHBOOK="1", CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION="false",
+                       CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY="1",
+                       CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL="1")
         # Without a configured default, claude-agent-acp starts in mode "auto", which the CLI refuses as root
         # ("--dangerously-skip-permissions cannot be used with root/sudo", unless IS_SANDBOX=1). "default" asks the
         # client (session/request_permission) before each tool, which is what the driver checks.
@@ -77,8 +85,10 @@ def agent_env(agent, port, home):
         codex_home = os.path.join(home, ".codex")
         os.makedirs(codex_home, exist_ok=True)
         with open(os.path.join(codex_home, "config.toml"), "w", encoding="utf-8") as f:
-            f.write(codex_config(port))
-        env.update(CODEX_HOME=codex_home, FAKE_OPENAI_API_KEY=FAKE_KEY, CODEX_ACP_PROMPT_SUGGESTIONS="false")
+            f.write(codex_config(port, plain))
+        env.update(CODEX_HOME=codex_home, FAKE_OPENAI_API_KEY=FAKE_KEY)
+        if not plain:
+            env.update(CODEX_ACP_PROMPT_SUGGESTIONS="false")
         # codex-acp's mode (approval + sandbox preset) at session start: read-only, workspace-write, agent (its
         # default: auto review, with Codex's own bubblewrap sandbox) or agent-full-access (no sandbox of its own,
         # never asks). The default here is agent-full-access: inside the bridge's sandbox Codex needs none of its own.
@@ -95,13 +105,13 @@ def agent_env(agent, port, home):
         gemini_dir = os.path.join(home, ".gemini")
         os.makedirs(gemini_dir, exist_ok=True)
         with open(os.path.join(gemini_dir, "settings.json"), "w", encoding="utf-8") as f:
-            json.dump(gemini_settings(), f, indent=2)
+            json.dump(gemini_settings(plain), f, indent=2)
         env.update(GEMINI_API_KEY=FAKE_KEY, GOOGLE_GEMINI_BASE_URL=base, GEMINI_CLI_NO_RELAUNCH="true")
     return env
 
 
-def codex_config(port):
-    return f"""# Written by tests/fakes/acp_drive.py: Codex against the fake Responses API on 127.0.0.1.
+def codex_config(port, plain=False):
+    config = f"""# Written by tests/fakes/acp_drive.py: Codex against the fake Responses API on 127.0.0.1.
 # A model Codex knows, so it does not warn "Model metadata for `...` not found" into the first answer.
 model = "gpt-5.5"
 model_provider = "fake"
@@ -114,7 +124,10 @@ wire_api = "responses"
 env_key = "FAKE_OPENAI_API_KEY"
 request_max_retries = 0
 stream_max_retries = 0
-
+"""
+    if plain:
+        return config
+    return config + """
 [analytics]
 enabled = false
 
@@ -130,15 +143,17 @@ plugins = false
 plugin_discovery_prefetch = false
 remote_plugin = false
 apps = false
-"""
+""" + "".join(f"{line.strip()}\n" for line in os.environ.get("ACP_DRIVE_CODEX_FEATURES", "").split(",") if line.strip())
 
 
-def gemini_settings():
+def gemini_settings(plain=False):
+    if plain:
+        return {"security": {"auth": {"selectedType": "gemini-api-key"}}}
     return {
         "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
-        "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+        "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
         "model": {"name": "gemini-2.5-flash"},
     }
 
@@ -288,12 +303,17 @@ def main():
     parser.add_argument("--checks", default="text,write,cancel")
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--summary")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="one more variable for the agent (after the driver's own), e.g. IS_SANDBOX=1")
+    parser.add_argument("--plain", action="store_true",
+                        help="only the settings an agent needs for the fake: no telemetry/update/traffic switches")
     args = parser.parse_args()
     workspace, home = os.path.abspath(args.workspace), os.path.abspath(args.home)
     os.makedirs(workspace, exist_ok=True)
     os.makedirs(home, exist_ok=True)
     binary = args.bin or os.path.join(CACHE, DEFAULT_BINS[args.agent])
-    env = agent_env(args.agent, args.port, home)
+    env = agent_env(args.agent, args.port, home, args.plain)
+    env.update(item.split("=", 1) for item in args.env)
     stderr_path = os.path.join(home, f"{args.agent}-acp.stderr")
     command = agent_command(args.agent, binary)
     print(f"# running {command} in {workspace} with HOME={home} (agent stderr in {stderr_path})", flush=True)

@@ -29,6 +29,7 @@ appended to FILE as one JSON line:
 """
 
 import argparse
+import itertools
 import json
 import re
 import sys
@@ -39,6 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 MODEL = "claude-fake-model"
 AGENT = "claude"
 RECORD_LOCK = threading.Lock()
+SERIAL = itertools.count(1)  # tool call ids are unique for the server's life
 MARKER = re.compile(r"SCENARIO:([A-Za-z0-9_-]+)(?::([A-Za-z0-9_.-]+))?")
 
 
@@ -214,8 +216,8 @@ class Handler(BaseHTTPRequestHandler):
             elif item[0] == "timed":
                 content.append({"type": "text", "text": "".join(item[1])})
             else:
-                content.append({"type": "tool_use", "id": f"toolu_fake_{step}_{calls}", "name": item[1],
-                                "input": item[2]})
+                content.append({"type": "tool_use", "id": f"toolu_fake_{next(SERIAL)}_{step}_{calls}",
+                                "name": item[1], "input": item[2]})
                 calls += 1
         return {"id": f"msg_fake_{int(time.time() * 1000)}_{step}", "type": "message", "role": "assistant",
                 "model": MODEL, "content": content, "stop_reason": "tool_use" if calls else "end_turn",
@@ -260,7 +262,8 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 _, name, args = item
                 event("content_block_start", {"index": index, "content_block": {
-                    "type": "tool_use", "id": f"toolu_fake_{step}_{calls}", "name": name, "input": {}}})
+                    "type": "tool_use", "id": f"toolu_fake_{next(SERIAL)}_{step}_{calls}", "name": name,
+                    "input": {}}})
                 encoded = json.dumps(args)
                 half = len(encoded) // 2
                 for piece in (encoded[:half], encoded[half:]):

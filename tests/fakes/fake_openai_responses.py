@@ -33,6 +33,7 @@ function_call, custom_tool_call), so a tool loop advances one step per model cal
 """
 
 import argparse
+import itertools
 import json
 import re
 import sys
@@ -43,6 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 MODEL = "fake-model"
 AGENT = "codex"
 RECORD_LOCK = threading.Lock()
+SERIAL = itertools.count(1)  # tool call ids are unique for the server's life
 MARKER = re.compile(r"SCENARIO:([A-Za-z0-9_-]+)(?::([A-Za-z0-9_.-]+))?")
 ASSISTANT_SIDE = {"reasoning", "function_call", "custom_tool_call", "local_shell_call", "web_search_call"}
 
@@ -278,7 +280,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 _, name, args = answer[i]
                 item_id = f"fc_fake_{stamp}_{step}_{index}"
-                call_id = f"call_fake_{step}_{calls}"
+                call_id = f"call_fake_{next(SERIAL)}_{step}_{calls}"
                 encoded = json.dumps(args)
                 event("response.output_item.added", {"output_index": index, "item": {
                     "type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": "",
