@@ -2,18 +2,19 @@
 """Drives a real ACP agent from npm (Claude Code, Codex, Gemini CLI) over its stdio against a fake model server.
 
 Usage:
-  acp_drive.py --agent claude|codex|gemini --port N --workspace DIR --home DIR [--bin PATH] [--checks LIST]
-               [--timeout SECONDS] [--summary FILE] [--plain] [--env NAME=VALUE ...]
+  acp_drive.py --agent claude|codex|gemini [--port N | --record FILE] --workspace DIR --home DIR [--bin PATH]
+               [--checks LIST] [--timeout SECONDS] [--summary FILE] [--plain] [--env NAME=VALUE ...]
 
-The fake model server must already listen on 127.0.0.1:N (tests/fakes/fake_anthropic.py for claude,
-fake_openai_responses.py for codex, fake_gemini.py for gemini). The agent runs with HOME=DIR (and its own config
-written there: $CODEX_HOME/config.toml for codex, ~/.gemini/settings.json for gemini), so nothing outside DIR and the
-workspace is touched. --bin defaults to the agent installed by .ci/install-acp-agents.sh. The environment also turns
-off each agent's telemetry, update checks and other traffic the test does not need; --plain leaves those on, to see
-what an agent contacts by default. Env: ACP_DRIVE_CODEX_MODE (codex-acp's INITIAL_AGENT_MODE, default
-agent-full-access), ACP_DRIVE_CODEX_SANDBOX_LINK (the codex binary, linked as codex-linux-sandbox on PATH, which
-Codex's own sandbox needs when CODEX_HOME is under /tmp), ACP_DRIVE_CODEX_FEATURES (more `name = value` lines for
-config.toml's [features], comma-separated, e.g. `unified_exec = false`).
+With --port the fake model server must already listen on 127.0.0.1:N (tests/fakes/fake_anthropic.py for claude,
+fake_openai_responses.py for codex, fake_gemini.py for gemini); without it the driver starts that fake itself. The
+agent runs with HOME=DIR (and its own config written there: $CODEX_HOME/config.toml for codex,
+~/.gemini/settings.json for gemini), so nothing outside DIR and the workspace is touched. --bin defaults to the
+agent installed by .ci/install-acp-agents.sh. The environment also turns off each agent's telemetry, update checks
+and other traffic the test does not need; --plain leaves those on, to see what an agent contacts by default. Env:
+ACP_DRIVE_CODEX_MODE (codex-acp's INITIAL_AGENT_MODE, default agent-full-access), ACP_DRIVE_CODEX_SANDBOX_LINK (the
+codex binary, linked as codex-linux-sandbox on PATH, which Codex's own sandbox needs when CODEX_HOME is under /tmp),
+ACP_DRIVE_CODEX_FEATURES (more `name = value` lines for config.toml's [features], comma-separated, e.g.
+`unified_exec = false`).
 
 The driver speaks ACP JSON-RPC (newline-delimited) and prints every message it sends (`->`) and receives (`<-`).
 It says it has no fs and no terminal (clientCapabilities {fs: {readTextFile: false, writeTextFile: false},
@@ -47,6 +48,7 @@ DEFAULT_BINS = {
     "gemini": "gemini-cli@0.61.0/node_modules/.bin/gemini",
 }
 FAKE_KEY = "fake-key-not-a-secret"
+FAKES = {"claude": "fake_anthropic.py", "codex": "fake_openai_responses.py", "gemini": "fake_gemini.py"}
 
 
 def agent_command(agent, binary):
@@ -296,7 +298,9 @@ def files_under(root):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agent", required=True, choices=sorted(DEFAULT_BINS))
-    parser.add_argument("--port", required=True, type=int)
+    parser.add_argument("--port", type=int,
+                        help="the fake model server's port; without it the driver starts the agent's fake itself")
+    parser.add_argument("--record", help="with no --port: the fake's request record (default HOME/../model.jsonl)")
     parser.add_argument("--workspace", required=True)
     parser.add_argument("--home", required=True)
     parser.add_argument("--bin")
@@ -312,6 +316,17 @@ def main():
     os.makedirs(workspace, exist_ok=True)
     os.makedirs(home, exist_ok=True)
     binary = args.bin or os.path.join(CACHE, DEFAULT_BINS[args.agent])
+    fake = None
+    if args.port is None:
+        record = os.path.abspath(args.record or os.path.join(os.path.dirname(home), "model.jsonl"))
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), FAKES[args.agent])
+        fake = subprocess.Popen([sys.executable, script, "--record", record], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        line = fake.stdout.readline().split()
+        if len(line) != 2 or line[0] != "PORT":
+            sys.exit(f"acp_drive: {FAKES[args.agent]} did not print its port")
+        args.port = int(line[1])
+        print(f"# started {FAKES[args.agent]} on 127.0.0.1:{args.port}, recording to {record}", flush=True)
     env = agent_env(args.agent, args.port, home, args.plain)
     env.update(item.split("=", 1) for item in args.env)
     stderr_path = os.path.join(home, f"{args.agent}-acp.stderr")
@@ -437,6 +452,9 @@ def main():
         summary["home_files"] = files_under(home)
         summary["workspace_files"] = files_under(workspace)
         summary["exit_code"] = agent.proc.returncode
+    if fake:
+        fake.stdin.close()  # the fake exits when its stdin closes
+        fake.wait(timeout=10)
     line = json.dumps(summary)
     if args.summary:
         with open(args.summary, "w", encoding="utf-8") as f:
