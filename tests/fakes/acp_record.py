@@ -114,7 +114,9 @@ class World:
         return [json.loads(l) for l in self.fake_record.read_text().splitlines() if l.strip()]
 
     def replacements(self):
+        # OpenCode also shows paths relative to `/` (a git-less workspace's "worktree"): without the leading slash.
         return [(str(self.ws), "/WORKSPACE"), (str(self.home), "/HOME"), (str(self.root), "/ROOT"),
+                (str(self.ws)[1:], "WORKSPACE"), (str(self.home)[1:], "HOME"), (str(self.root)[1:], "ROOT"),
                 (str(self.opencode.resolve().parent), "/OPENCODE"), (str(self.opencode.parent), "/OPENCODE"),
                 (str(REPO), "/REPO"), (f"127.0.0.1:{self.port}", "127.0.0.1:PORT")]
 
@@ -240,8 +242,11 @@ class Terminals:
 class Client:
     """How the driver answers OpenCode's requests."""
 
-    def __init__(self, reject=False, permission_delay=0.0):
+    def __init__(self, reject=False, permission_delay=0.0, always=False, fake_fs=False):
         self.reject = reject
+        self.always = always
+        # fake_fs: fs/write_text_file is answered {} but written to <path>.client-copy, to see who really writes.
+        self.fake_fs = fake_fs
         self.permission_delay = permission_delay
         self.terminals = Terminals()
         self.asked = []
@@ -251,7 +256,8 @@ class Client:
         if method == "session/request_permission":
             time.sleep(self.permission_delay)
             options = p.get("options") or []
-            want = ("reject_once", "reject_always") if self.reject else ("allow_once", "allow_always")
+            want = ("reject_once", "reject_always") if self.reject else (
+                ("allow_always", "allow_once") if self.always else ("allow_once", "allow_always"))
             pick = next((o for k in want for o in options if o.get("kind") == k), options[0] if options else None)
             if pick is None:
                 return {"outcome": {"outcome": "cancelled"}}
@@ -265,8 +271,9 @@ class Client:
                 text = "".join(lines[start:end])
             return {"content": text}
         if method == "fs/write_text_file":
-            Path(p["path"]).parent.mkdir(parents=True, exist_ok=True)
-            Path(p["path"]).write_text(p["content"])
+            path = Path(p["path"] + ".client-copy" if self.fake_fs else p["path"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(p["content"])
             return {}
         if method.startswith("terminal/"):
             fn = getattr(self.terminals, method.split("/", 1)[1], None)
@@ -361,10 +368,11 @@ class Agent:
 
     def settle(self, quiet=1.5, limit=10):
         """Waits until no notification has come for `quiet` seconds."""
-        end = time.monotonic() + limit
+        begun = time.monotonic()
+        end = begun + limit
         while time.monotonic() < end:
             with self.lock:
-                last = self.notes[-1][0] if self.notes else self.spawned
+                last = max(self.notes[-1][0] if self.notes else begun, begun)
             if time.monotonic() - last >= quiet:
                 return
             time.sleep(0.2)
@@ -471,10 +479,10 @@ def sc_text(opts):
         w.close()
 
 
-def run_tools(opts, name, caps, permission=None, reject=False, scenario="SCENARIO:tools write, run, read, edit"):
+def run_tools(opts, name, caps, permission=None, scenario="SCENARIO:tools write, run, read, edit", **client_opts):
     w = World(opts.opencode, permission=permission, keep=opts.keep)
     rec = Recorder(w, name)
-    client = Client(reject=reject)
+    client = Client(**client_opts)
     a = Agent(w, rec, client)
     try:
         init(a, caps)
@@ -485,6 +493,10 @@ def run_tools(opts, name, caps, permission=None, reject=False, scenario="SCENARI
         finding(f"{name}: client was asked {sorted(set(client.asked)) or 'nothing'}")
         hello = w.ws / "hello.txt"
         finding(f"{name}: hello.txt = {hello.read_text()!r}" if hello.exists() else f"{name}: no hello.txt")
+        copy = w.ws / "hello.txt.client-copy"
+        if copy.exists():
+            finding(f"{name}: hello.txt.client-copy = {copy.read_text()!r}")
+        finding(f"{name}: permission requests: {client.asked.count('session/request_permission')}")
         for r in w.requests():
             if r["kind"] == "chat" and r["step"] > 0:
                 last = r["body"]["messages"][-1]
@@ -507,6 +519,9 @@ def sc_permission(opts):
     run_tools(opts, "tools-permission-ask-allow", CAPS_ALL, permission=ask)
     run_tools(opts, "tools-permission-ask-reject", CAPS_ALL, permission=ask, reject=True)
     run_tools(opts, "tools-permission-allow", CAPS_ALL, permission={"edit": "allow", "bash": "allow"})
+    run_tools(opts, "tools-permission-ask-caps-none", CAPS_NONE, permission=ask)
+    run_tools(opts, "tools-permission-ask-always", CAPS_ALL, permission=ask, always=True)
+    run_tools(opts, "tools-permission-ask-fakefs", CAPS_ALL, permission=ask, fake_fs=True)
 
 
 def sc_cancel(opts):
