@@ -672,17 +672,22 @@ def sc_modes(opts):
         n = len(w.requests())
         prompt(a, sid, "SCENARIO:text after set_model")
         finding(f"modes: models asked after set_model: {[x['body'].get('model') for x in w.requests()[n:]]}")
-        for option in new.get("configOptions") or []:
-            values = [o.get("value") for o in option.get("options") or [] if isinstance(o, dict)]
-            other = next((v for v in values if v != option.get("currentValue")), None)
-            if other is None:
-                continue
-            r, e, _ = a.call("session/set_config_option", {"sessionId": sid, "configId": option["id"], "value": other})
-            finding(f"modes: set_config_option {option['id']}={other} -> {json.dumps(r if e is None else e)[:600]}")
+        # (Another model of the list, e.g. opencode/big-pickle, would reach for the network: avoid.)
+        for config_id, value in (("model", "fake/fake-model"), ("effort", "high"), ("mode", "plan")):
+            r, e, _ = a.call("session/set_config_option", {"sessionId": sid, "configId": config_id, "value": value})
+            current = {o["id"]: o.get("currentValue") for o in (r or {}).get("configOptions") or []}
+            finding(f"modes: set_config_option {config_id}={value} -> {current if e is None else e}")
             a.settle(1.0)
         n = len(w.requests())
         prompt(a, sid, "SCENARIO:text after set_config_option")
-        finding(f"modes: models asked after set_config_option: {[x['body'].get('model') for x in w.requests()[n:]]}")
+        for x in w.requests()[n:]:
+            body = {k: v for k, v in x["body"].items() if k not in ("messages", "tools")}
+            finding(f"modes: request after set_config_option ({x['kind']}): {json.dumps(body)[:400]}")
+        r, e, _ = a.call("session/set_config_option", {"sessionId": sid, "configId": "effort", "value": "bogus"})
+        finding(f"modes: set_config_option effort=bogus -> {r if e is None else e}")
+        r, e, _ = a.call("session/set_config_option", {"sessionId": sid, "configId": "nope", "value": "x"})
+        finding(f"modes: set_config_option nope=x -> {r if e is None else e}")
+        prompt(a, sid, "SCENARIO:error the provider fails")
         r, e, _ = a.call("session/set_mode", {"sessionId": sid, "modeId": "nonexistent"})
         finding(f"modes: set_mode nonexistent -> {r if e is None else e}")
         r, e, _ = a.call("session/set_model", {"sessionId": sid, "modelId": "nope/nope"})
