@@ -11,7 +11,7 @@ It answers what OpenCode asks the client: `session/request_permission` (an allow
 with subprocess). Anything else gets JSON-RPC error -32601.
 
 Usage: acp_record.py SCENARIO [--opencode BIN] [--out-dir DIR] [--keep]
-Scenarios: init, text, tools, permission, cancel, restart, modes, mcp, all (see SCENARIOS below).
+Scenarios: init, text, tools, permission, cancel, cancel-permission, restart, modes, mcp, livebash, misc, lifecycle, all (see SCENARIOS below).
 Each capture is written to DIR/<name>.jsonl (default tests/fixtures/acp/opencode), one line per JSON-RPC message:
 {"dir": "out" (client to agent) | "in" (agent to client), "msg": {...}} (a stdout line that is not JSON is kept as
 {"dir": "in", "raw": "..."}). Absolute temp paths are replaced by /WORKSPACE, /HOME, /ROOT, /REPO, /OPENCODE and the
@@ -569,6 +569,38 @@ def sc_cancel(opts):
         w.close()
 
 
+def sc_cancel_permission(opts):
+    """session/cancel while a session/request_permission is unanswered (the client answers it 4 s late, allowing)."""
+    w = World(opts.opencode, permission={"edit": "ask", "bash": "ask"}, keep=opts.keep)
+    rec = Recorder(w, "cancel-during-permission")
+    # fake_fs: to tell OpenCode's own write from the client's.
+    client = Client(permission_delay=4.0, fake_fs=True)
+    a = Agent(w, rec, client)
+    try:
+        init(a)
+        sid = new_session(a)["sessionId"]
+        a.settle(1.0)
+        rid, _ = a.start("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "SCENARIO:tools go"}]})
+        deadline = time.monotonic() + 30
+        while "session/request_permission" not in client.asked and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        cancel_at = time.monotonic()
+        a.notify("session/cancel", {"sessionId": sid})
+        at, msg = a.wait(rid, 30)
+        finding(f"cancel-permission: prompt answered {msg.get('result') or msg.get('error')} {at - cancel_at:.3f}s "
+                f"after cancel (the permission request was still unanswered)")
+        time.sleep(4.5)
+        a.settle(1.0)
+        finding(f"cancel-permission: hello.txt exists: {(w.ws / 'hello.txt').exists()}; hello.txt.client-copy exists: "
+                f"{(w.ws / 'hello.txt.client-copy').exists()}; client asked {client.asked}")
+        prompt(a, sid, "SCENARIO:text next turn")
+    finally:
+        a.stop()
+        rec.export(opts.out_dir)
+        w.close()
+
+
 def sc_restart(opts):
     """Two turns, kill OpenCode, a new process: session/load (replay?), a follow-up, session/resume, session/list."""
     w = World(opts.opencode, keep=opts.keep)
@@ -752,8 +784,83 @@ def sc_livebash(opts):
         w.close()
 
 
-SCENARIOS = {"init": sc_init, "text": sc_text, "tools": sc_tools, "permission": sc_permission, "cancel": sc_cancel,
-             "restart": sc_restart, "modes": sc_modes, "mcp": sc_mcp, "livebash": sc_livebash}
+def sc_misc(opts):
+    """todowrite (a `plan` update?) and OpenCode's question tool over ACP (how is the user asked?)."""
+    w = World(opts.opencode, keep=opts.keep)
+    rec = Recorder(w, "todo-question")
+    client = Client()
+    a = Agent(w, rec, client)
+    try:
+        init(a)
+        sid = new_session(a)["sessionId"]
+        a.settle(1.0)
+        t0 = time.monotonic()
+        prompt(a, sid, "SCENARIO:todo plan it")
+        finding(f"misc: todo updates: {update_kinds(a.updates(t0))}")
+        t0 = time.monotonic()
+        rid, _ = a.start("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "SCENARIO:question ask"}]})
+        try:
+            at, msg = a.wait(rid, 20)
+            finding(f"misc: question prompt answered {msg.get('result') or msg.get('error')}")
+        except TimeoutError:
+            finding("misc: question prompt still running after 20 s: cancelling")
+            a.notify("session/cancel", {"sessionId": sid})
+            at, msg = a.wait(rid, 20)
+            finding(f"misc: question prompt answered after cancel {msg.get('result') or msg.get('error')}")
+        finding(f"misc: question updates: {update_kinds(a.updates(t0))}; client asked {client.asked}")
+        a.settle(1.0)
+    finally:
+        a.stop()
+        rec.export(opts.out_dir)
+        w.close()
+
+
+def sc_lifecycle(opts):
+    """How `opencode acp` ends: stdin closed while idle; SIGTERM and SIGKILL during a long bash (what is left?)."""
+    w = World(opts.opencode, keep=opts.keep)
+    try:
+        rec = Recorder(w, "lifecycle-eof")
+        a = Agent(w, rec, Client())
+        init(a)
+        new_session(a)
+        a.settle(1.0)
+        t = time.monotonic()
+        a.proc.stdin.close()
+        try:
+            rc = a.proc.wait(timeout=20)
+            finding(f"lifecycle: stdin closed while idle: exited rc={rc} after {time.monotonic() - t:.2f}s")
+        except subprocess.TimeoutExpired:
+            finding("lifecycle: stdin closed while idle: still running after 20 s")
+        a.stop()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            rec = Recorder(w, f"lifecycle-{sig.name.lower()}")
+            a = Agent(w, rec, Client())
+            init(a)
+            sid = new_session(a)["sessionId"]
+            (w.ws / "longbash.started").unlink(missing_ok=True)
+            a.start("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "SCENARIO:longbash:40 z"}]})
+            deadline = time.monotonic() + 60
+            while not (w.ws / "longbash.started").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.0)
+            t = time.monotonic()
+            a.proc.send_signal(sig)
+            rc = a.proc.wait(timeout=20)
+            finding(f"lifecycle: {sig.name} during bash: exited rc={rc} after {time.monotonic() - t:.2f}s")
+            time.sleep(1.0)
+            finding(f"lifecycle: {sig.name}: left running: {processes_matching('sleep 4')}")
+            for pid, cmd in processes_matching("sleep 4"):
+                if cmd in ("sleep 40", "sleep 41") or cmd.startswith("/usr/bin/bash -c setsid sleep 41"):
+                    os.kill(pid, signal.SIGKILL)
+            a.stop()
+            rec.export(opts.out_dir)
+    finally:
+        w.close()
+
+
+SCENARIOS = {"init": sc_init, "text": sc_text, "tools": sc_tools, "permission": sc_permission, "cancel": sc_cancel, "cancel-permission": sc_cancel_permission,
+             "restart": sc_restart, "modes": sc_modes, "mcp": sc_mcp, "livebash": sc_livebash,
+             "misc": sc_misc, "lifecycle": sc_lifecycle}
 
 
 def main():
