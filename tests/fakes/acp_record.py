@@ -250,11 +250,15 @@ class Client:
         self.permission_delay = permission_delay
         self.terminals = Terminals()
         self.asked = []
+        # Set by the driver when it cancels the turn: a pending permission request then answers `cancelled`.
+        self.cancelled = threading.Event()
+        self.answer_cancelled = False
 
     def handle(self, method, p):
         self.asked.append(method)
         if method == "session/request_permission":
-            time.sleep(self.permission_delay)
+            if self.cancelled.wait(self.permission_delay) and self.answer_cancelled:
+                return {"outcome": {"outcome": "cancelled"}}
             options = p.get("options") or []
             want = ("reject_once", "reject_always") if self.reject else (
                 ("allow_always", "allow_once") if self.always else ("allow_once", "allow_always"))
@@ -570,35 +574,38 @@ def sc_cancel(opts):
 
 
 def sc_cancel_permission(opts):
-    """session/cancel while a session/request_permission is unanswered (the client answers it 4 s late, allowing)."""
-    w = World(opts.opencode, permission={"edit": "ask", "bash": "ask"}, keep=opts.keep)
-    rec = Recorder(w, "cancel-during-permission")
-    # fake_fs: to tell OpenCode's own write from the client's.
-    client = Client(permission_delay=4.0, fake_fs=True)
-    a = Agent(w, rec, client)
-    try:
-        init(a)
-        sid = new_session(a)["sessionId"]
-        a.settle(1.0)
-        rid, _ = a.start("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "SCENARIO:tools go"}]})
-        deadline = time.monotonic() + 30
-        while "session/request_permission" not in client.asked and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)
-        cancel_at = time.monotonic()
-        a.notify("session/cancel", {"sessionId": sid})
-        at, msg = a.wait(rid, 30)
-        finding(f"cancel-permission: prompt answered {msg.get('result') or msg.get('error')} {at - cancel_at:.3f}s "
-                f"after cancel (the permission request was still unanswered)")
-        time.sleep(4.5)
-        a.settle(1.0)
-        finding(f"cancel-permission: hello.txt exists: {(w.ws / 'hello.txt').exists()}; hello.txt.client-copy exists: "
-                f"{(w.ws / 'hello.txt.client-copy').exists()}; client asked {client.asked}")
-        prompt(a, sid, "SCENARIO:text next turn")
-    finally:
-        a.stop()
-        rec.export(opts.out_dir)
-        w.close()
+    """session/cancel while a session/request_permission is unanswered: answered 4 s late with allow, or at once with
+    the outcome `cancelled` (what ACP asks of a client)."""
+    for name, answer_cancelled in (("cancel-during-permission", False), ("cancel-during-permission-answer-cancelled", True)):
+        w = World(opts.opencode, permission={"edit": "ask", "bash": "ask"}, keep=opts.keep)
+        rec = Recorder(w, name)
+        # fake_fs: to tell OpenCode's own write from the client's.
+        client = Client(permission_delay=4.0, fake_fs=True)
+        client.answer_cancelled = answer_cancelled
+        a = Agent(w, rec, client)
+        try:
+            init(a)
+            sid = new_session(a)["sessionId"]
+            a.settle(1.0)
+            rid, _ = a.start("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "SCENARIO:tools go"}]})
+            deadline = time.monotonic() + 30
+            while "session/request_permission" not in client.asked and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            cancel_at = time.monotonic()
+            a.notify("session/cancel", {"sessionId": sid})
+            client.cancelled.set()
+            at, msg = a.wait(rid, 30)
+            finding(f"{name}: prompt answered {msg.get('result') or msg.get('error')} {at - cancel_at:.3f}s after cancel")
+            time.sleep(4.5)
+            a.settle(1.0)
+            finding(f"{name}: hello.txt exists: {(w.ws / 'hello.txt').exists()}; hello.txt.client-copy exists: "
+                    f"{(w.ws / 'hello.txt.client-copy').exists()}; client asked {client.asked}")
+            prompt(a, sid, "SCENARIO:text next turn")
+        finally:
+            a.stop()
+            rec.export(opts.out_dir)
+            w.close()
 
 
 def sc_restart(opts):
@@ -740,7 +747,7 @@ def sc_mcp(opts):
     a = Agent(w, rec, Client())
     try:
         init(a)
-        mcp = [{"name": "probe", "command": sys.executable, "args": [str(REPO / "tests/fakes/mcp_probe.py"), str(key)],
+        mcp = [{"name": "probe", "command": "python3", "args": [str(REPO / "tests/fakes/mcp_probe.py"), str(key)],
                 "env": [{"name": "GIVEN", "value": "olleh"}]}]
         sid = new_session(a, mcp)["sessionId"]
         a.settle(1.5)
