@@ -13,6 +13,17 @@ mod files;
 mod service;
 pub mod translate;
 
+/// The service of an agent that speaks ACP: `name` for messages, `args` after its executable. Every ACP agent's
+/// [`Agent::service`] is this, so that its folder says only what is its own (package, keys, configuration).
+pub fn service(name: &'static str, args: Vec<String>, bounds: &ServiceSettings) -> Arc<dyn Service> {
+    Arc::new(service::AcpService::new(name, args, bounds))
+}
+
+/// The translator of an ACP agent's updates, for its [`Agent::translator`].
+pub fn translator(context: TranslateContext) -> Box<dyn Translator> {
+    Box::new(translate::AcpTranslator::new(context))
+}
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -90,7 +101,7 @@ impl Agent for Custom {
     }
 
     fn translator(&self, context: TranslateContext) -> Box<dyn Translator> {
-        Box::new(translate::AcpTranslator::new(context))
+        translator(context)
     }
 
     fn session_missing(&self, _stderr: &str) -> bool {
@@ -136,7 +147,7 @@ impl Agent for Custom {
 
     fn service(&self, settings: &AgentSettings, bounds: &ServiceSettings) -> Option<Arc<dyn Service>> {
         let args = settings.acp.agent_command.as_ref().map(|command| command.args.clone()).unwrap_or_default();
-        Some(Arc::new(service::AcpService::new(self.name(), args, bounds)))
+        Some(service(self.name(), args, bounds))
     }
 
     fn describe_backend(&self, settings: &AgentSettings, _server: Result<&str, &str>) -> Option<String> {
