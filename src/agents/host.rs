@@ -118,6 +118,10 @@ pub trait BridgeHost: Send + Sync {
     /// The MCP servers the editor gave `session` here, secrets included (never stored).
     fn mcp_servers(&self, session: &str) -> Vec<agent_client_protocol::v1::schema::McpServer>;
 
+    /// Sends `session` an update outside any turn (its options changed), through the editor's connection once it
+    /// initialized; nothing otherwise.
+    fn notify(&self, session: &str, update: SessionUpdate);
+
     /// Takes a model list the service learned (`listing`, run in the background); the open sessions are told
     /// when it changed what they were offered.
     fn learn_models(&self, listing: BoxFuture<'static, Option<Vec<ModelInfo>>>);
@@ -240,6 +244,27 @@ pub trait Service: Send + Sync {
 
     /// Why a turn under `ask` is not run when the service could not start (the CLI per prompt cannot ask).
     fn cannot_ask_without_it(&self, why: &str) -> String;
+
+    /// The session's options as what the service runs announced them (an ACP agent's own), kept in its stored
+    /// config; `None`: the agent's [`crate::agents::Agent::options`] are the session's.
+    fn announced_options(
+        &self,
+        _session_config: &serde_json::Value,
+    ) -> Option<Vec<agent_client_protocol::v1::schema::SessionConfigOption>> {
+        None
+    }
+
+    /// Sets one of the [`Service::announced_options`] in what the service runs: the new options. `None`: the
+    /// service has no options of its own (the bridge sets the agent's).
+    async fn set_option(
+        &self,
+        _host: &dyn BridgeHost,
+        _record: &SessionRecord,
+        _option: &str,
+        _value: &str,
+    ) -> Option<Result<Vec<agent_client_protocol::v1::schema::SessionConfigOption>>> {
+        None
+    }
 }
 
 /// What is left of a released session's place in a service.

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::store::{ForkedFrom, SessionRecord, now_ms};
 
 use super::servers::is_shared_sandbox;
-use super::{Bridge, Given, given, options};
+use super::{Bridge, Given, given};
 
 impl Bridge {
     /// Forks `id`. The workspace is the original's. In the workspace's shared sandbox (OpenCode's warm server) the
@@ -60,7 +60,7 @@ impl Bridge {
         self.store.fork_session(&original.id, &fork).await?;
         tracing::info!(session = %fork.id, original = %original.id, shared, "forked a session");
         self.take_mcp_servers(&fork.id, given);
-        let options = options::config_options(agent, &fork.config, &self.config, &self.catalog.models());
+        let options = self.config_options_of(&fork);
         Ok((fork.id, options))
     }
 }

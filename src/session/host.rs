@@ -66,6 +66,13 @@ impl BridgeHost for Bridge {
         Bridge::mcp_servers(self, session)
     }
 
+    fn notify(&self, session: &str, update: agent_client_protocol::v1::schema::SessionUpdate) {
+        let notifier = self.notifier.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(notifier) = notifier {
+            notifier.send(session, update);
+        }
+    }
+
     fn learn_models(&self, listing: BoxFuture<'static, Option<Vec<ModelInfo>>>) {
         let announce = self.model_announcer();
         tokio::spawn(async move {

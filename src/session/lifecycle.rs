@@ -51,8 +51,7 @@ impl Bridge {
         tracing::info!(session = %record.id, cwd = %record.cwd, agent = %record.agent, "new session");
         // Open from now on: a changed model list is announced to it.
         self.take_mcp_servers(&record.id, given);
-        let options =
-            options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models());
+        let options = self.config_options_of(&record);
         Ok((record.id, options))
     }
 
@@ -225,7 +224,7 @@ impl Bridge {
             sink.send(id, SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)));
         }
         self.live(id);
-        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
+        Ok(self.config_options_of(&record))
     }
 
     /// The slash commands the session's CLI offers, for `available_commands_update`.
@@ -249,7 +248,7 @@ impl Bridge {
         self.check_workspace(Path::new(&record.cwd))?;
         self.take_given(&record, given).await?;
         self.store.mark_orphaned_turns(id).await?;
-        Ok(options::config_options(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
+        Ok(self.config_options_of(&record))
     }
 
     /// Lists this agent's sessions, newest first. The cursor is opaque to the client.
@@ -427,10 +426,24 @@ impl Bridge {
     pub async fn set_config_option(&self, id: &str, option: &str, value: &str) -> Result<Vec<SessionConfigOption>> {
         let record = self.record(id).await?;
         let agent = self.agent_of(&record);
+        if let Some(service) = self.service.as_ref().filter(|_| self.serves(&record))
+            && let Some(set) = service.set_option(self, &record, option, value).await
+        {
+            return set;
+        }
         let models = self.catalog.models();
         let config = options::apply(agent, &record.config, option, value, &self.config, &models)?;
         self.store.set_config(id, &config).await?;
         Ok(options::config_options(agent, &config, &self.config, &models))
+    }
+
+    /// The session's options: what its agent's service announced (an ACP agent's own), else the agent's.
+    pub(super) fn config_options_of(&self, record: &SessionRecord) -> Vec<SessionConfigOption> {
+        let announced = self.service.as_ref().filter(|_| self.serves(record));
+        match announced.and_then(|service| service.announced_options(&record.config)) {
+            Some(options) => options,
+            None => options::config_options(self.agent_of(record), &record.config, &self.config, &self.catalog.models()),
+        }
     }
 
     /// Runs one prompt turn to its end. Updates go to `sink` (and the store) as they happen; every one

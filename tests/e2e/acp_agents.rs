@@ -147,6 +147,13 @@ fn what_the_agent_asks_of_its_client_stays_inside_the_workspace() {
         )
     );
     assert_eq!(ask(&mut bridge, format!("write:{}", ws.join("out/made.txt").display())), "write ok");
+    // Its shell runs in the sandbox already: no terminal of the editor's (which runs on the host) is offered.
+    let touched = dirs.root().join("touched-by-a-terminal");
+    assert_eq!(
+        ask(&mut bridge, format!("terminal:cat {} > {}", secret.display(), touched.display())),
+        r#"terminal error {"code": -32601, "message": "Method not found", "data": "terminal/create"}"#
+    );
+    assert!(!touched.exists(), "a terminal ran on the host");
 
     assert_eq!(std::fs::read_to_string(ws.join("out/made.txt")).unwrap(), "written by the agent");
     assert_eq!(std::fs::read_to_string(&bashrc).unwrap(), "# the user's\n");
@@ -305,4 +312,30 @@ fn the_custom_agent_needs_its_command_line() {
         "Error: --agent custom runs the ACP agent that --agent-command (ACP_SANDBOX_AGENT_COMMAND) names: set it, \
          e.g. --agent-command 'my-agent --acp'"
     );
+}
+
+#[test]
+fn the_agents_config_options_are_the_sessions_and_setting_one_reaches_it() {
+    let dirs = TestDirs::new("acp-options");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(options(&dirs));
+    let sid = bridge.new_session(&ws);
+    // The agent starts with the session (in the background) and announces its options.
+    let announced = bridge.wait_update(&sid, "the agent's options", |u| u["sessionUpdate"] == "config_option_update");
+    let model = |options: &Value| options[0]["currentValue"].clone();
+    assert_eq!(announced["configOptions"][0]["id"], "model");
+    assert_eq!(model(&announced["configOptions"]), "fast");
+    let set = bridge.request("session/set_config_option", json!({"sessionId": sid, "configId": "model", "value": "smart"}));
+    assert_eq!(model(&set.unwrap()["configOptions"]), "smart");
+    assert_eq!(answer(&mut bridge, &sid, "options"), "model smart", "the choice reached the agent");
+    let refused = bridge
+        .request("session/set_config_option", json!({"sessionId": sid, "configId": "model", "value": "huge"}))
+        .unwrap_err();
+    assert_eq!((refused.code, refused.message.as_str()), (-32602, "The ACP agent refused it: no such value huge"));
+    bridge.kill9();
+
+    // A new bridge offers what the agent announced last before the agent runs again.
+    let mut bridge = Bridge::start(options(&dirs));
+    let loaded = bridge.request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
+    assert_eq!(model(&loaded["configOptions"]), "smart");
 }

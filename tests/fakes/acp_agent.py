@@ -11,12 +11,15 @@ Scenarios (the agent answers in text what happened, one line per step):
   history                 says the prompts this session had before this one
   read:<path>             fs/read_text_file of <path>: "read ok <text>" or "read error <message>"
   write:<path>            fs/write_text_file of "written by the agent" at <path>: "write ok" or "write error <message>"
+  terminal:<command>      terminal/create of `sh -c <command>` (the editor's terminal, on the host): "terminal ok <id>" or
+                          "terminal error <error>"
   shell:<command>         runs `sh -c <command>` itself (inside its sandbox): "shell <exit> <stdout>"
   permission              a tool call, then session/request_permission: "permission <optionId or cancelled>"
   sleep                   waits for session/cancel, then answers `cancelled`
   hang                    ignores session/cancel and never answers
   crash                   one chunk, then exits 3 with "fake agent crashed" on stderr
   mcp                     says the MCP servers session/new or session/load gave it (name and command or url)
+  options                 says its session's `model` option (`session/set_config_option` sets it)
   whoami                  says this process's token (a new process has a new one)
   tool                    a tool call with a location in the workspace, left in progress, then end_turn
 Environment: FAKE_ACP_NO_LOAD=1 (no loadSession), FAKE_ACP_HANG_INIT=1 (never answers initialize),
@@ -39,6 +42,7 @@ PENDING_LOCK = threading.Lock()
 CANCELLED = {}
 NEXT_ID = [1000]
 MCP = {}
+MODEL = {}
 TOKEN = uuid.uuid4().hex[:12]
 
 
@@ -134,6 +138,9 @@ def run_prompt(rid, params):
     elif name == "write":
         got = request("fs/write_text_file", {"sessionId": session, "path": arg, "content": "written by the agent"})
         line("write ok" if "result" in got else "write error " + json.dumps(got.get("error")))
+    elif name == "terminal":
+        got = request("terminal/create", {"sessionId": session, "command": "sh", "args": ["-c", arg]})
+        line("terminal ok " + got["result"]["terminalId"] if "result" in got else "terminal error " + json.dumps(got.get("error")))
     elif name == "shell":
         done = subprocess.run(["sh", "-c", arg], capture_output=True, text=True)
         line(f"shell {done.returncode} {done.stdout.strip()}")
@@ -162,6 +169,8 @@ def run_prompt(rid, params):
         sys.stderr.write("fake agent crashed\n")
         sys.stderr.flush()
         os._exit(3)
+    elif name == "options":
+        line("model " + MODEL.get(session, "fast"))
     elif name == "whoami":
         line("process " + TOKEN)
     elif name == "mcp":
@@ -174,6 +183,13 @@ def run_prompt(rid, params):
     history.append({"prompt": text, "answer": "".join(answer)})
     save(session, history)
     send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": stop}})
+
+
+def options(session):
+    """The session's config options: one select, `model`."""
+    return [{"id": "model", "name": "Model", "category": "model", "type": "select",
+             "currentValue": MODEL.get(session, "fast"),
+             "options": [{"value": "fast", "name": "Fast"}, {"value": "smart", "name": "Smart"}]}]
 
 
 def servers(params):
@@ -217,7 +233,7 @@ def main():
             session = f"fake-{os.getpid()}-{counter[0]}"
             save(session, [])
             MCP[session] = servers(params)
-            send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": session}})
+            send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": session, "configOptions": options(session)}})
         elif method == "session/load":
             session = params["sessionId"]
             history = load(session)
@@ -229,7 +245,14 @@ def main():
                 update(session, {"sessionUpdate": "user_message_chunk",
                                  "content": {"type": "text", "text": turn["prompt"]}})
                 say(session, "REPLAYED " + turn["answer"])
-            send({"jsonrpc": "2.0", "id": rid, "result": {}})
+            send({"jsonrpc": "2.0", "id": rid, "result": {"configOptions": options(session)}})
+        elif method == "session/set_config_option":
+            session, value = params["sessionId"], params.get("value")
+            if params.get("configId") != "model" or value not in ("fast", "smart"):
+                send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": f"no such value {value}"}})
+                continue
+            MODEL[session] = value
+            send({"jsonrpc": "2.0", "id": rid, "result": {"configOptions": options(session)}})
         elif method == "session/prompt":
             threading.Thread(target=run_prompt, args=(rid, params), daemon=True).start()
         elif method == "session/cancel":

@@ -12,7 +12,8 @@ use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, ClientCapabilities, FileSystemCapabilities, Implementation, InitializeRequest,
     ReadTextFileRequest, ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
-    RequestPermissionResponse, SessionNotification, WriteTextFileRequest, WriteTextFileResponse,
+    RequestPermissionResponse, SessionConfigOption, SessionNotification, SessionUpdate, WriteTextFileRequest,
+    WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, Lines};
@@ -71,6 +72,8 @@ pub struct Connection {
     /// The session's conversation in this process, once made or loaded; held while it is made, so that a warm start
     /// and a turn never make two.
     pub session: tokio::sync::Mutex<Option<String>>,
+    /// The options the agent announced last (`config_option_update`), not kept in the store yet.
+    announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>>,
     /// The turn that runs now: its conversation and where its messages go.
     route: Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>>,
     /// Cancelled when the connection ended (the agent exited, closed its stdout or broke the protocol).
@@ -100,9 +103,11 @@ impl Connection {
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
         keep_tail(process.stderr, stderr.clone());
         let route: Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>> = Arc::default();
+        let announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>> = Arc::default();
         let (closed, stop) = (CancellationToken::new(), CancellationToken::new());
         let (cx_tx, cx_rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(run(transport(stdin, process.stdout), route.clone(), files, cx_tx, stop.clone(), closed.clone()));
+        let handlers = Handlers { route: route.clone(), announced: announced.clone(), files };
+        tokio::spawn(run(transport(stdin, process.stdout), handlers, cx_tx, stop.clone(), closed.clone()));
         let handle = process.handle;
         let cx = match tokio::time::timeout(limit, cx_rx).await {
             Ok(Ok(cx)) => cx,
@@ -114,6 +119,7 @@ impl Connection {
             info,
             session: tokio::sync::Mutex::new(None),
             route: route.clone(),
+            announced: announced.clone(),
             closed: closed.clone(),
             stop: stop.clone(),
             process: tokio::sync::Mutex::new(handle),
@@ -160,6 +166,11 @@ impl Connection {
         let (tx, rx) = mpsc::channel(ROUTE_DEPTH);
         *self.route.lock().unwrap_or_else(|p| p.into_inner()) = Some((session.to_string(), tx));
         rx
+    }
+
+    /// The options the agent announced since this was last asked.
+    pub fn take_announced(&self) -> Option<Vec<SessionConfigOption>> {
+        self.announced.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// No turn runs: what the agent says now is not anyone's (a replay of `session/load`, a late update).
@@ -268,15 +279,22 @@ fn transport(
     Lines::new(Box::pin(outgoing), Box::pin(incoming))
 }
 
+/// What the connection's handlers share with the [`Connection`].
+struct Handlers {
+    route: Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>>,
+    announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>>,
+    files: Arc<Files>,
+}
+
 /// The bridge's side of the connection, until `stop` or the agent's end (then `closed` is cancelled).
 async fn run(
     transport: impl agent_client_protocol::ConnectTo<Client> + 'static,
-    route: Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>>,
-    files: Arc<Files>,
+    handlers: Handlers,
     cx_tx: tokio::sync::oneshot::Sender<ConnectionTo<Agent>>,
     stop: CancellationToken,
     closed: CancellationToken,
 ) {
+    let Handlers { route, announced, files } = handlers;
     let (updates, permissions) = (route.clone(), route);
     let (reads, writes) = (files.clone(), files);
     let sender = move |route: &Mutex<Option<(String, mpsc::Sender<Event>)>>, session: &str| {
@@ -288,6 +306,9 @@ async fn run(
         .name("acp-sandbox")
         .on_receive_notification(
             async move |notification: SessionNotification, _cx| {
+                if let SessionUpdate::ConfigOptionUpdate(update) = &notification.update {
+                    *announced.lock().unwrap_or_else(|p| p.into_inner()) = Some(update.config_options.clone());
+                }
                 let Some(tx) = sender(&updates, &notification.session_id.0) else {
                     tracing::debug!(session = %notification.session_id.0, "an update of the ACP agent outside a turn");
                     return Ok(());

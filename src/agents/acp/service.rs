@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_client_protocol::v1::schema::{
-    ContentBlock, LoadSessionRequest, NewSessionRequest, PromptRequest, StopReason, SystemPrompt, TextContent,
+    ConfigOptionUpdate, ContentBlock, LoadSessionRequest, NewSessionRequest, PromptRequest, SessionConfigOption,
+    SessionConfigOptionValue, SessionUpdate, SetSessionConfigOptionRequest, StopReason, SystemPrompt, TextContent,
 };
 use tokio::time::Instant;
 
@@ -20,6 +21,9 @@ use crate::agents::host::{BridgeHost, Release, RenderedPrompt, Service, ServiceS
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::store::SessionRecord;
+
+/// Where a session's stored config keeps the options its ACP agent announced.
+const OPTIONS_KEY: &str = "agent_options";
 
 /// How long an agent has to answer `initialize`.
 const INITIALIZE_LIMIT: Duration = Duration::from_secs(10);
@@ -286,7 +290,12 @@ async fn conversation(
             .additional_directories(roots)
             .system_prompt(system_prompt);
         match within(connection, connection.cx.send_request(request).block_task()).await {
-            Some(Ok(_)) => native.to_string(),
+            Some(Ok(answer)) => {
+                if let Some(options) = answer.config_options {
+                    keep_options(bridge, &record.id, options, true).await;
+                }
+                native.to_string()
+            }
             Some(Err(e)) => {
                 tracing::warn!(session = %record.id, native, "the ACP agent could not load its session: {}", e.message);
                 return Ok(Conversation::Missing);
@@ -299,13 +308,39 @@ async fn conversation(
             .additional_directories(roots)
             .system_prompt(system_prompt);
         match within(connection, connection.cx.send_request(request).block_task()).await {
-            Some(Ok(answer)) => answer.session_id.0.to_string(),
+            Some(Ok(answer)) => {
+                if let Some(options) = answer.config_options {
+                    keep_options(bridge, &record.id, options, true).await;
+                }
+                answer.session_id.0.to_string()
+            }
             Some(Err(e)) => return Err(failed("make a session", e)),
             None => return Err(timed_out(connection, name, "make a session").await),
         }
     };
     *held = Some(made.clone());
     Ok(Conversation::Here(made))
+}
+
+/// Keeps the options the agent announced for `session` in its stored config (the editor sees them on a load
+/// before the agent runs again), and tells the editor when they changed and `tell` (a turn forwarded them already).
+async fn keep_options(bridge: &dyn BridgeHost, session: &str, options: Vec<SessionConfigOption>, tell: bool) {
+    let Ok(value) = serde_json::to_value(&options) else { return };
+    let store = bridge.store();
+    let mut config = match store.session(session).await {
+        Ok(Some(record)) => record.config,
+        _ => return,
+    };
+    if config.get(OPTIONS_KEY) == Some(&value) {
+        return;
+    }
+    config[OPTIONS_KEY] = value;
+    if let Err(e) = store.set_config(session, &config).await {
+        tracing::warn!(session, "could not keep the ACP agent's options: {e}");
+    }
+    if tell {
+        bridge.notify(session, SessionUpdate::ConfigOptionUpdate(ConfigOptionUpdate::new(options)));
+    }
 }
 
 /// `request`'s answer within [`SESSION_LIMIT`], unless the agent ends first (`None` then too).
@@ -372,6 +407,9 @@ impl Service for AcpService {
         let translator = AcpTranslator::new(host.translate_context());
         let result = host.drive(Box::new(engine), Box::new(translator)).await;
         self.touch(&record.id, false);
+        if let Some(options) = connection.take_announced() {
+            keep_options(host.bridge(), &record.id, options, false).await;
+        }
         result
     }
 
@@ -425,6 +463,60 @@ impl Service for AcpService {
     fn cannot_ask_without_it(&self, why: &str) -> String {
         format!("{} could not start: {why}", self.name)
     }
+
+    fn announced_options(&self, session_config: &serde_json::Value) -> Option<Vec<SessionConfigOption>> {
+        // None announced yet (the agent has not run for the session): none to offer.
+        Some(session_config.get(OPTIONS_KEY).and_then(|value| serde_json::from_value(value.clone()).ok()).unwrap_or_default())
+    }
+
+    async fn set_option(
+        &self,
+        host: &dyn BridgeHost,
+        record: &SessionRecord,
+        option: &str,
+        value: &str,
+    ) -> Option<Result<Vec<SessionConfigOption>>> {
+        Some(self.set(host, record, option, value).await)
+    }
+}
+
+impl AcpService {
+    /// Sets an option of the agent's session in the running agent, and keeps what it answers.
+    async fn set(
+        &self,
+        host: &dyn BridgeHost,
+        record: &SessionRecord,
+        option: &str,
+        value: &str,
+    ) -> Result<Vec<SessionConfigOption>> {
+        let not_running = || {
+            Error::InvalidParams(format!(
+                "{} does not run for this session now, so its option {option:?} cannot be set: it starts with the \
+                 session's next prompt",
+                self.name
+            ))
+        };
+        let connection = self.live(&record.id).ok_or_else(not_running)?;
+        let session = connection.session.lock().await.clone().ok_or_else(not_running)?;
+        let value = match value {
+            "true" | "false" if is_boolean(&record.config, option) => SessionConfigOptionValue::boolean(value == "true"),
+            _ => SessionConfigOptionValue::value_id(value.to_string()),
+        };
+        let request = SetSessionConfigOptionRequest::new(session, option.to_string(), value);
+        let answer = match within(&connection, connection.cx.send_request(request).block_task()).await {
+            Some(Ok(answer)) => answer,
+            Some(Err(e)) => return Err(Error::InvalidParams(format!("{} refused it: {}", self.name, e.message))),
+            None => return Err(timed_out(&connection, self.name, "set the option").await),
+        };
+        keep_options(host, &record.id, answer.config_options.clone(), false).await;
+        Ok(answer.config_options)
+    }
+}
+
+/// Whether the stored options say `option` is a boolean one.
+fn is_boolean(session_config: &serde_json::Value, option: &str) -> bool {
+    let options = session_config.get(OPTIONS_KEY).and_then(serde_json::Value::as_array);
+    options.into_iter().flatten().any(|o| o["id"] == option && o["type"] == "boolean")
 }
 
 /// A session's agent holds nothing once it is stopped.

@@ -1,7 +1,7 @@
 //! An ACP agent's `session/update`s as the bridge's own (pure): each line is the JSON of one update the agent sent
 //! for its session. The update is the editor's as it is, but for what only the bridge may say: paths move from
-//! the sandbox's view to the editor's workspace, the agent's own config options and modes (which the bridge does
-//! not offer the editor) are left out, and a tool call still open when the stream ends is closed.
+//! the sandbox's view to the editor's workspace, the agent's own modes (which the bridge does not offer the editor:
+//! its config options are the session's) are left out, and a tool call still open when the stream ends is closed.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -83,8 +83,9 @@ impl Translator for AcpTranslator {
                     self.open.remove(call.tool_call_id.0.as_ref());
                 }
             }
-            // The agent's own options and modes are not the session's: the editor could not set them here.
-            SessionUpdate::ConfigOptionUpdate(_) | SessionUpdate::CurrentModeUpdate(_) => return Vec::new(),
+            // Its modes are not offered to the editor (its config options are, and say the same in the agents that
+            // have both): a mode the editor could pick would not reach it.
+            SessionUpdate::CurrentModeUpdate(_) => return Vec::new(),
             _ => {}
         }
         vec![Output::Update(update)]
