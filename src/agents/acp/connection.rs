@@ -186,6 +186,12 @@ impl Connection {
         self.process.lock().await.kill().await;
     }
 
+    /// Ends what the agent's tools left running beside it in the sandbox (a daemon that left their process group):
+    /// everything outside the agent's own process tree.
+    pub async fn end_strays(&self) {
+        self.process.lock().await.end_strays();
+    }
+
     /// How the agent ended, once it did (waits a moment for its exit status).
     pub async fn exit(&self) -> Option<ExitInfo> {
         let mut process = self.process.lock().await;

@@ -273,6 +273,18 @@ impl TurnEngine for AcpEngine {
             exit_code: None,
         };
         if let Some(result) = stopped(&seen.stop, name, idle, turn_timeout, failed) {
+            // What the stopped turn's tools started outside the agent's tree is ended now, and once more when the
+            // agent has had a moment to end its tools (whose daemons leave its tree only then).
+            if self.connection.alive() {
+                self.connection.end_strays().await;
+                let connection = self.connection.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(CANCEL_GRACE).await;
+                    if connection.alive() {
+                        connection.end_strays().await;
+                    }
+                });
+            }
             return Attempt::Finished(result);
         }
         Attempt::Finished(match seen.end {

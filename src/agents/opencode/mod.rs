@@ -39,7 +39,8 @@ pub struct Settings {
     /// Run this executable instead of the installed `opencode` (same argv, stdin and environment).
     #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BIN")]
     pub opencode_bin: Option<PathBuf>,
-    /// How OpenCode is driven: a warm `opencode serve` per session (serve), or `opencode run` per prompt (run).
+    /// How OpenCode is driven: a warm `opencode serve` per session (serve), `opencode run` per prompt (run), or
+    /// OpenCode's own ACP server per session, the bridge its client (acp).
     #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BACKEND", value_enum, default_value = "serve")]
     pub opencode_backend: Backend,
     /// Models named by the user's OpenCode config; `opencode models` adds what it can use.
@@ -82,6 +83,9 @@ pub enum Backend {
     Serve,
     /// One `opencode run --format json` per prompt.
     Run,
+    /// One `opencode acp` per session in its sandbox, the bridge its ACP client: OpenCode's own options, modes and
+    /// permissions, as its adapter has them.
+    Acp,
 }
 
 impl Agent for OpenCode {
@@ -227,7 +231,7 @@ impl Agent for OpenCode {
     }
 
     fn serves(&self, settings: &AgentSettings) -> bool {
-        settings.opencode.opencode_backend == Backend::Serve
+        matches!(settings.opencode.opencode_backend, Backend::Serve | Backend::Acp)
     }
 
     fn model_listing(&self) -> Option<crate::agents::ModelListing> {
@@ -252,7 +256,11 @@ impl Agent for OpenCode {
         settings: &AgentSettings,
         bounds: &crate::agents::host::ServiceSettings,
     ) -> Option<std::sync::Arc<dyn crate::agents::host::Service>> {
-        self.serves(settings).then(|| std::sync::Arc::new(server::Warm::new(bounds)) as _)
+        match settings.opencode.opencode_backend {
+            Backend::Serve => Some(std::sync::Arc::new(server::Warm::new(bounds))),
+            Backend::Acp => Some(crate::agents::acp::service(self.name(), vec!["acp".to_string()], bounds)),
+            Backend::Run => None,
+        }
     }
 
     fn describe_backend(&self, settings: &AgentSettings, server: Result<&str, &str>) -> Option<String> {
@@ -260,6 +268,9 @@ impl Agent for OpenCode {
             (Backend::Serve, Ok(how)) => format!("serve: a warm `opencode serve` per {how}"),
             (Backend::Serve, Err(why)) => format!("run: one `opencode run` per prompt (a warm `opencode serve` {why})"),
             (Backend::Run, _) => "run: one `opencode run` per prompt".to_string(),
+            (Backend::Acp, _) => {
+                "acp: one `opencode acp` per session in its sandbox, acp-sandbox its ACP client".to_string()
+            }
         })
     }
 

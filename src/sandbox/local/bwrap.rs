@@ -196,6 +196,11 @@ pub(super) fn argv(wrap: &Wrap) -> Vec<String> {
         args.extend(watch_args(wrap.watch));
         args.extend(door_args(wrap.door));
         args.extend(linger_args(wrap.spec));
+        if wrap.spec.interactive {
+            // A long-lived agent's sandbox lives across turns: what a stopped turn's tools left running (a `setsid`
+            // daemon) is adopted by sandbox-init, to be ended on SIGUSR1, not by bubblewrap, which cannot tell.
+            args.push("--reap".into());
+        }
         if wrap.door.is_some() {
             // Under bubblewrap a server's tools must never reach it (`guard.rs`); `exec` checked the kernel.
             args.push("--guard-door".into());

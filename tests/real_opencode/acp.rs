@@ -1,0 +1,133 @@
+//! The real OpenCode through its own ACP server (`--opencode-backend acp`: `opencode acp` in the session's sandbox,
+//! the bridge its client): streamed text, a file written by its tools, the user's key out of its shell's reach under
+//! bubblewrap, cancel of a long command with nothing left running, and a session that survives a killed bridge.
+
+use super::*;
+
+fn acp(world: &World, sandbox: &str) -> Bridge {
+    world.start_with(world.backend_options(sandbox, "acp"))
+}
+
+/// The model's text: the agent's chunks without the bridge's own notes.
+fn model_text(updates: &[Value]) -> Vec<String> {
+    of_kind(updates, "agent_message_chunk")
+        .into_iter()
+        .filter_map(|u| u["content"]["text"].as_str())
+        .filter(|text| !text.trim().starts_with('_'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// What `.attack.py` writes: whether the user's key could be read from the agent's own shell.
+const READ_THE_KEY: &str = r#"import os, sys
+try:
+    data = open(sys.argv[1]).read()
+    result = "READ " + data.strip()
+except Exception as e:
+    result = "UNREADABLE " + type(e).__name__
+open("key-attempt.txt", "w").write(result)
+"#;
+
+fn acp_turns(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let key = world.home.join(".ssh/id_ed25519");
+    std::fs::create_dir_all(key.parent().unwrap()).unwrap();
+    std::fs::write(&key, "USER-KEY-MATERIAL\n").unwrap();
+    let mut bridge = acp(&world, sandbox);
+    let sid = bridge.new_session(&ws);
+
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:tokens:5 stream", "acp tokens");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(model_text(&turn.updates), ["tok0 ", "tok1 ", "tok2 ", "tok3 ", "tok4 "], "{:#?}", turn.updates);
+
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:tools write and edit", "acp tools");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(std::fs::read_to_string(ws.join("hello.txt")).unwrap(), "hello EDITED by fake model\n");
+    let calls = of_kind(&turn.updates, "tool_call");
+    assert!(calls.iter().any(|call| call["kind"] == "execute"), "its bash ran as a tool call: {calls:#?}");
+
+    std::fs::write(ws.join(".attack.py"), READ_THE_KEY.replace("sys.argv[1]", &format!("{:?}", key.display().to_string())))
+        .unwrap();
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:attack read the key", "acp attack");
+    assert_end_turn(&bridge, &turn);
+    let attempt = std::fs::read_to_string(ws.join("key-attempt.txt")).unwrap();
+    if sandbox == "bwrap" {
+        assert_eq!(attempt, "UNREADABLE FileNotFoundError", "the agent's shell read the user's key");
+    } else {
+        // No sandbox: the agent has the user's rights, and the bridge said so in the first turn.
+        assert_eq!(attempt, "READ USER-KEY-MATERIAL");
+    }
+    let before: Vec<Value> = bridge.take_updates(&sid);
+    drop(before);
+    bridge.kill9();
+
+    // A new bridge replays the store, and OpenCode loads its own session for the follow-up.
+    let mut bridge = acp(&world, sandbox);
+    let loaded = bridge.load_session(&sid, &ws);
+    assert!(loaded.result.is_ok(), "{:?}", loaded.result);
+    assert_eq!(
+        text_of(&loaded.updates, "user_message_chunk"),
+        "SCENARIO:tokens:5 streamSCENARIO:tools write and editSCENARIO:attack read the key"
+    );
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:followup do you remember?", "acp follow-up");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(model_text(&turn.updates).concat(), "FOLLOWUP-OK: I remember the earlier turn.");
+    assert_continued(&world.server, "SCENARIO:tokens:5 stream", "tok4");
+}
+
+#[test]
+fn acp_backend_streams_writes_and_continues_after_a_killed_bridge_none() {
+    acp_turns("none", "acp_backend_streams_writes_and_continues_after_a_killed_bridge_none");
+}
+
+#[test]
+fn acp_backend_streams_writes_and_continues_after_a_killed_bridge_bwrap() {
+    if bwrap_ok("acp_backend_streams_writes_and_continues_after_a_killed_bridge_bwrap") {
+        acp_turns("bwrap", "acp_backend_streams_writes_and_continues_after_a_killed_bridge_bwrap");
+    }
+}
+
+fn acp_cancel(sandbox: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let mut bridge = acp(&world, sandbox);
+    let sid = bridge.new_session(&ws);
+    let n = 120_000 + u32::from(world.server.port) * 2 + u32::from(sandbox == "bwrap");
+    let (child_arg, grandchild_arg) = (n.to_string(), (n + 1).to_string());
+    let child_argv = ["sleep", child_arg.as_str()];
+    let grandchild_argv = ["sleep", grandchild_arg.as_str()];
+    let id = bridge.send_prompt(&sid, &format!("SCENARIO:longbash:{n} run something long"));
+    let started = wait_until(TURN_LIMIT, || {
+        !processes_with_argv(&child_argv).is_empty() && !processes_with_argv(&grandchild_argv).is_empty()
+    });
+    let leftovers = || [processes_with_argv(&child_argv), processes_with_argv(&grandchild_argv)].concat();
+    let _guards: Vec<KillOnDrop> = leftovers().into_iter().map(KillOnDrop).collect();
+    if !started {
+        bridge.fail("the long command did not start");
+    }
+    bridge.cancel(&sid);
+    let turn = finish_served_turn(&mut bridge, &sid, id);
+    match &turn.result {
+        Ok(result) if result["stopReason"] == "cancelled" => {}
+        other => bridge.fail(&format!("expected cancelled, got {other:?}")),
+    }
+    // OpenCode ends the command's group itself; the daemon it started with `setsid` is the bridge's to end.
+    let gone = wait_until(Duration::from_secs(10), || leftovers().is_empty());
+    assert!(gone, "the command and the daemon it started survived the cancel: {:?}", leftovers());
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:followup still there?", "acp after cancel");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(model_text(&turn.updates).concat(), "FOLLOWUP-OK: I remember the earlier turn.");
+}
+
+#[test]
+fn acp_backend_cancel_leaves_nothing_running_none() {
+    acp_cancel("none", "acp_backend_cancel_leaves_nothing_running_none");
+}
+
+#[test]
+fn acp_backend_cancel_leaves_nothing_running_bwrap() {
+    if bwrap_ok("acp_backend_cancel_leaves_nothing_running_bwrap") {
+        acp_cancel("bwrap", "acp_backend_cancel_leaves_nothing_running_bwrap");
+    }
+}
