@@ -277,7 +277,12 @@ fn finish_served_turn(bridge: &mut Bridge, sid: &str, id: i64) -> Turn {
 fn timed_prompt(bridge: &mut Bridge, sid: &str, ws: &Path, text: &str, label: &str) -> Turn {
     let started = Instant::now();
     let id = bridge.send_prompt(sid, text);
-    let turn = if bridge.options.env.iter().any(|(k, v)| k == "ACP_SANDBOX_OPENCODE_BACKEND" && (v == "serve" || v == "acp")) {
+    let turn = if bridge
+        .options
+        .env
+        .iter()
+        .any(|(k, v)| k == "ACP_SANDBOX_OPENCODE_BACKEND" && (v == "serve" || v == "acp"))
+    {
         finish_served_turn(bridge, sid, id)
     } else {
         finish_turn_patiently(bridge, sid, id, ws)

@@ -442,7 +442,9 @@ impl Bridge {
         let announced = self.service.as_ref().filter(|_| self.serves(record));
         match announced.and_then(|service| service.announced_options(&record.config)) {
             Some(options) => options,
-            None => options::config_options(self.agent_of(record), &record.config, &self.config, &self.catalog.models()),
+            None => {
+                options::config_options(self.agent_of(record), &record.config, &self.config, &self.catalog.models())
+            }
         }
     }
 

@@ -47,8 +47,11 @@ fn acp_turns(sandbox: &str, test: &str) {
     let calls = of_kind(&turn.updates, "tool_call");
     assert!(calls.iter().any(|call| call["kind"] == "execute"), "its bash ran as a tool call: {calls:#?}");
 
-    std::fs::write(ws.join(".attack.py"), READ_THE_KEY.replace("sys.argv[1]", &format!("{:?}", key.display().to_string())))
-        .unwrap();
+    std::fs::write(
+        ws.join(".attack.py"),
+        READ_THE_KEY.replace("sys.argv[1]", &format!("{:?}", key.display().to_string())),
+    )
+    .unwrap();
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:attack read the key", "acp attack");
     assert_end_turn(&bridge, &turn);
     let attempt = std::fs::read_to_string(ws.join("key-attempt.txt")).unwrap();

@@ -42,6 +42,9 @@ pub enum Event {
     Permission(Box<(RequestPermissionRequest, Responder<RequestPermissionResponse>)>),
 }
 
+/// Where the running turn's messages go: its conversation, and the turn's end of the channel.
+type Route = Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>>;
+
 /// Why the agent could not be started or asked.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectionError {
@@ -75,7 +78,7 @@ pub struct Connection {
     /// The options the agent announced last (`config_option_update`), not kept in the store yet.
     announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>>,
     /// The turn that runs now: its conversation and where its messages go.
-    route: Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>>,
+    route: Route,
     /// Cancelled when the connection ended (the agent exited, closed its stdout or broke the protocol).
     pub closed: CancellationToken,
     /// Ends the connection.
@@ -102,7 +105,7 @@ impl Connection {
         };
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
         keep_tail(process.stderr, stderr.clone());
-        let route: Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>> = Arc::default();
+        let route: Route = Arc::default();
         let announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>> = Arc::default();
         let (closed, stop) = (CancellationToken::new(), CancellationToken::new());
         let (cx_tx, cx_rx) = tokio::sync::oneshot::channel();
@@ -287,7 +290,7 @@ fn transport(
 
 /// What the connection's handlers share with the [`Connection`].
 struct Handlers {
-    route: Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>>,
+    route: Route,
     announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>>,
     files: Arc<Files>,
 }
@@ -352,7 +355,10 @@ async fn run(
                         Ok(text) => responder.respond(ReadTextFileResponse::new(text)),
                         Err(why) => {
                             tracing::info!(path = %request.path.display(), "refused the ACP agent a read: {why}");
-                            responder.respond_with_error(agent_client_protocol::Error::new(agent_client_protocol::ErrorCode::INVALID_PARAMS, why))
+                            responder.respond_with_error(agent_client_protocol::Error::new(
+                                agent_client_protocol::ErrorCode::INVALID_PARAMS,
+                                why,
+                            ))
                         }
                     }
                 })
@@ -367,7 +373,10 @@ async fn run(
                         Ok(()) => responder.respond(WriteTextFileResponse::new()),
                         Err(why) => {
                             tracing::info!(path = %request.path.display(), "refused the ACP agent a write: {why}");
-                            responder.respond_with_error(agent_client_protocol::Error::new(agent_client_protocol::ErrorCode::INVALID_PARAMS, why))
+                            responder.respond_with_error(agent_client_protocol::Error::new(
+                                agent_client_protocol::ErrorCode::INVALID_PARAMS,
+                                why,
+                            ))
                         }
                     }
                 })

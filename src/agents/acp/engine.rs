@@ -267,11 +267,8 @@ impl TurnEngine for AcpEngine {
     async fn conclude(self: Box<Self>, seen: Seen, name: &'static str) -> Attempt {
         self.connection.unroute();
         let (idle, turn_timeout) = self.timeouts;
-        let failed = |message: String| Error::CliFailed {
-            message,
-            stderr_tail: self.connection.stderr_tail(),
-            exit_code: None,
-        };
+        let failed =
+            |message: String| Error::CliFailed { message, stderr_tail: self.connection.stderr_tail(), exit_code: None };
         if let Some(result) = stopped(&seen.stop, name, idle, turn_timeout, failed) {
             // What the stopped turn's tools started outside the agent's tree is ended now, and once more when the
             // agent has had a moment to end its tools (whose daemons leave its tree only then).

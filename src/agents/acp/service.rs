@@ -32,7 +32,8 @@ const INITIALIZE_LIMIT: Duration = Duration::from_secs(10);
 const SESSION_LIMIT: Duration = Duration::from_secs(60);
 
 /// A start under way, which every waiter shares.
-type Starting = futures::future::Shared<futures::future::BoxFuture<'static, std::result::Result<Arc<Connection>, String>>>;
+type Starting =
+    futures::future::Shared<futures::future::BoxFuture<'static, std::result::Result<Arc<Connection>, String>>>;
 
 /// One session's agent.
 struct Entry {
@@ -377,8 +378,7 @@ impl Service for AcpService {
         prompt: &RenderedPrompt,
     ) -> Result<Attempt> {
         let record = host.record();
-        let started =
-            self.connection(host.bridge(), record, sandbox, executable, host.credential(), host.model());
+        let started = self.connection(host.bridge(), record, sandbox, executable, host.credential(), host.model());
         let Some(connection) = unless_cancelled(host.cancel(), started).await? else {
             return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         };
@@ -390,7 +390,8 @@ impl Service for AcpService {
         };
         self.touch(&record.id, true);
         let events = connection.route_to(&session);
-        let request = PromptRequest::new(session.clone(), vec![ContentBlock::Text(TextContent::new(prompt.text.clone()))]);
+        let request =
+            PromptRequest::new(session.clone(), vec![ContentBlock::Text(TextContent::new(prompt.text.clone()))]);
         let sent = connection.cx.send_request(request);
         let answer = tokio::spawn(sent.block_task());
         let engine = AcpEngine::new(
@@ -466,7 +467,12 @@ impl Service for AcpService {
 
     fn announced_options(&self, session_config: &serde_json::Value) -> Option<Vec<SessionConfigOption>> {
         // None announced yet (the agent has not run for the session): none to offer.
-        Some(session_config.get(OPTIONS_KEY).and_then(|value| serde_json::from_value(value.clone()).ok()).unwrap_or_default())
+        Some(
+            session_config
+                .get(OPTIONS_KEY)
+                .and_then(|value| serde_json::from_value(value.clone()).ok())
+                .unwrap_or_default(),
+        )
     }
 
     async fn set_option(
@@ -499,7 +505,9 @@ impl AcpService {
         let connection = self.live(&record.id).ok_or_else(not_running)?;
         let session = connection.session.lock().await.clone().ok_or_else(not_running)?;
         let value = match value {
-            "true" | "false" if is_boolean(&record.config, option) => SessionConfigOptionValue::boolean(value == "true"),
+            "true" | "false" if is_boolean(&record.config, option) => {
+                SessionConfigOptionValue::boolean(value == "true")
+            }
             _ => SessionConfigOptionValue::value_id(value.to_string()),
         };
         let request = SetSessionConfigOptionRequest::new(session, option.to_string(), value);
