@@ -258,7 +258,7 @@ fn a_crash_mid_turn_is_an_error_that_names_it_and_the_next_prompt_works() {
     let error = turn.result.expect_err("a crash fails the turn");
     assert_eq!(
         error.message,
-        "The ACP agent stopped in the middle of the turn (it exited with exit code 3)\n\nstderr:\nfake agent crashed"
+        "ACP agent stopped in the middle of the turn (it exited with exit code 3)\n\nstderr:\nfake agent crashed"
     );
     assert_eq!(said(&turn.updates), "about to crash", "what it said first was kept");
     let after = answer(&mut bridge, &sid, "history");
@@ -300,7 +300,7 @@ fn an_agent_that_never_answers_initialize_is_an_error_and_the_bridge_goes_on() {
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "SCENARIO:text");
     let error = turn.result.expect_err("no agent, no turn");
-    assert_eq!(error.message, "The ACP agent could not be started: it did not answer initialize within 10 s");
+    assert_eq!(error.message, "ACP agent could not be started: it did not answer initialize within 10 s");
     let listed = bridge.request("session/list", json!({})).unwrap();
     assert_eq!(listed["sessions"].as_array().map(Vec::len), Some(1), "the bridge still answers");
 }
@@ -336,7 +336,7 @@ fn the_agents_config_options_are_the_sessions_and_setting_one_reaches_it() {
     let refused = bridge
         .request("session/set_config_option", json!({"sessionId": sid, "configId": "model", "value": "huge"}))
         .unwrap_err();
-    assert_eq!((refused.code, refused.message.as_str()), (-32602, "The ACP agent refused it: no such value huge"));
+    assert_eq!((refused.code, refused.message.as_str()), (-32602, "ACP agent refused it: no such value huge"));
     bridge.kill9();
 
     // A new bridge offers what the agent announced last before the agent runs again.

@@ -72,7 +72,7 @@ impl Agent for Custom {
     }
 
     fn name(&self) -> &'static str {
-        "The ACP agent"
+        "ACP agent"
     }
 
     fn package(&self) -> NpmPackage {
