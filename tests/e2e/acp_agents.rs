@@ -208,6 +208,23 @@ fn its_permission_request_reaches_the_editor_and_the_answer_reaches_it() {
     );
 }
 
+#[test]
+fn its_forms_reach_the_editor_and_the_answers_reach_it() {
+    let dirs = TestDirs::new("acp-form");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::spawn(options(&dirs));
+    bridge.elicitation_answer = Some(json!({"action": "accept", "content": {"name": "Ada"}}));
+    bridge.initialize();
+    let sid = bridge.new_session(&ws);
+    assert_eq!(answer(&mut bridge, &sid, "form"), r#"form {"action": "accept", "content": {"name": "Ada"}}"#);
+    assert_eq!(bridge.elicitations.len(), 1);
+    let asked = &bridge.elicitations[0];
+    assert_eq!(asked["sessionId"], sid.as_str(), "asked in our session, not the agent's: {asked}");
+    assert_eq!(asked["message"], "Who are you?");
+    bridge.elicitation_answer = Some(json!({"action": "decline"}));
+    assert_eq!(answer(&mut bridge, &sid, "form"), r#"form {"action": "decline"}"#);
+}
+
 /// The fake agent's processes running in `ws`.
 fn agents_in(ws: &Path) -> Vec<i32> {
     processes_under(ws)

@@ -14,6 +14,7 @@ Scenarios (the agent answers in text what happened, one line per step):
   terminal:<command>      terminal/create of `sh -c <command>` (the editor's terminal, on the host): "terminal ok <id>" or
                           "terminal error <error>"
   shell:<command>         runs `sh -c <command>` itself (inside its sandbox): "shell <exit> <stdout>"
+  form                    elicitation/create of a form in its session (one text field, `name`): "form <result>"
   permission              a tool call, then session/request_permission: "permission <optionId or cancelled>"
   sleep                   waits for session/cancel, then answers `cancelled`
   hang                    ignores session/cancel and never answers
@@ -144,6 +145,11 @@ def run_prompt(rid, params):
     elif name == "shell":
         done = subprocess.run(["sh", "-c", arg], capture_output=True, text=True)
         line(f"shell {done.returncode} {done.stdout.strip()}")
+    elif name == "form":
+        schema = {"type": "object", "properties": {"name": {"type": "string", "title": "Your name"}}, "required": ["name"]}
+        got = request("elicitation/create", {"mode": "form", "sessionId": session, "requestedSchema": schema,
+                                             "message": "Who are you?"})
+        line("form " + json.dumps(got.get("result", got.get("error"))))
     elif name == "permission":
         call = {"toolCallId": "perm-1", "title": "Delete everything", "kind": "delete", "status": "pending"}
         update(session, dict(sessionUpdate="tool_call", **call))

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, ClientCapabilities, FileSystemCapabilities, Implementation, InitializeRequest,
-    ReadTextFileRequest, ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
-    RequestPermissionResponse, SessionConfigOption, SessionNotification, SessionUpdate, WriteTextFileRequest,
-    WriteTextFileResponse,
+    AgentCapabilities, ClientCapabilities, CreateElicitationRequest, CreateElicitationResponse, ElicitationAction,
+    ElicitationCapabilities, ElicitationFormCapabilities, ElicitationMode, ElicitationScope, FileSystemCapabilities,
+    Implementation, InitializeRequest, ReadTextFileRequest, ReadTextFileResponse, RequestPermissionOutcome,
+    RequestPermissionRequest, RequestPermissionResponse, SessionConfigOption, SessionNotification, SessionUpdate,
+    WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, Lines};
@@ -40,6 +41,8 @@ pub enum Event {
     Update(String),
     /// It asks the user to allow a tool call.
     Permission(Box<(RequestPermissionRequest, Responder<RequestPermissionResponse>)>),
+    /// It asks the user to fill in a form of its session.
+    Elicit(Box<(CreateElicitationRequest, Responder<CreateElicitationResponse>)>),
 }
 
 /// Where the running turn's messages go: its conversation, and the turn's end of the channel.
@@ -91,11 +94,13 @@ pub struct Connection {
 
 impl Connection {
     /// Starts the agent (`spec`, with a stdin of its own) in `sandbox` and initializes it, within `limit`.
+    /// `forms`: the editor fills in forms, so the agent is told it may ask for them.
     pub async fn start(
         sandbox: Arc<dyn Sandbox>,
         mut spec: ExecSpec,
         roots: Vec<PathBuf>,
         limit: Duration,
+        forms: bool,
     ) -> Result<Arc<Self>, ConnectionError> {
         spec.interactive = true;
         let files = Arc::new(Files::new(sandbox.clone(), &spec, roots));
@@ -134,7 +139,10 @@ impl Connection {
                 ClientCapabilities::new()
                     .fs(FileSystemCapabilities::new().read_text_file(true).write_text_file(true))
                     // Its own shell runs inside the sandbox already; the editor's terminals would not.
-                    .terminal(false),
+                    .terminal(false)
+                    .elicitation(
+                        forms.then(|| ElicitationCapabilities::new().form(ElicitationFormCapabilities::new())),
+                    ),
             )
             .client_info(Implementation::new("acp-sandbox", env!("CARGO_PKG_VERSION")));
         let answer = cx.send_request(request).block_task();
@@ -304,7 +312,7 @@ async fn run(
     closed: CancellationToken,
 ) {
     let Handlers { route, announced, files } = handlers;
-    let (updates, permissions) = (route.clone(), route);
+    let (updates, permissions, elicits) = (route.clone(), route.clone(), route);
     let (reads, writes) = (files.clone(), files);
     let sender = move |route: &Mutex<Option<(String, mpsc::Sender<Event>)>>, session: &str| {
         let route = route.lock().unwrap_or_else(|p| p.into_inner());
@@ -341,6 +349,30 @@ async fn run(
                 {
                     let (_, responder) = *asked;
                     return responder.respond(RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled));
+                }
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: CreateElicitationRequest, responder: Responder<CreateElicitationResponse>, _cx| {
+                // Only a form of one of its sessions (the editor shows it in that thread); a URL would send the user
+                // to a page the agent chose.
+                let session = match &request.mode {
+                    ElicitationMode::Form(form) => match &form.scope {
+                        ElicitationScope::Session(scope) => Some(scope.session_id.0.to_string()),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                let Some(tx) = session.and_then(|session| sender(&elicits, &session)) else {
+                    return responder.respond(CreateElicitationResponse::new(ElicitationAction::Decline));
+                };
+                if let Err(mpsc::error::SendError(Event::Elicit(asked))) =
+                    tx.send(Event::Elicit(Box::new((request, responder)))).await
+                {
+                    let (_, responder) = *asked;
+                    return responder.respond(CreateElicitationResponse::new(ElicitationAction::Cancel));
                 }
                 Ok(())
             },

@@ -1,5 +1,5 @@
 //! One turn of an ACP agent: its `session/prompt` sent, its updates yielded to the bridge's turn loop in the order
-//! it sent them, its permission requests asked of the editor, and a cancel forwarded (its tree killed when it has
+//! it sent them, its permission requests and forms asked of the editor, and a cancel forwarded (its tree killed when it has
 //! not answered within a second).
 
 use std::collections::{HashMap, VecDeque};
@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use agent_client_protocol::v1::Responder;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, PromptResponse, RequestPermissionOutcome, RequestPermissionResponse, StopReason,
+    CancelNotification, CreateElicitationResponse, ElicitationAction, ElicitationMode, ElicitationScope,
+    PromptResponse, RequestPermissionOutcome, RequestPermissionResponse, StopReason,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -22,8 +23,26 @@ use crate::error::Error;
 /// How long the agent has to answer a cancel before its tree is killed.
 pub const CANCEL_GRACE: Duration = Duration::from_secs(1);
 
-/// The permission requests asked of the editor and not answered yet, by our key.
-type Asked = Arc<Mutex<HashMap<u64, Responder<RequestPermissionResponse>>>>;
+/// What the agent asked of the editor and is not answered yet, by our key.
+enum Open {
+    Permission(Responder<RequestPermissionResponse>),
+    Form(Responder<CreateElicitationResponse>),
+}
+
+impl Open {
+    /// Answers that nobody will answer: `cancelled` (ACP's rule for a cancelled turn).
+    fn withdraw(self) {
+        let _ = match self {
+            Open::Permission(responder) => {
+                responder.respond(RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled))
+            }
+            Open::Form(responder) => responder.respond(CreateElicitationResponse::new(ElicitationAction::Cancel)),
+        };
+    }
+}
+
+/// The requests asked of the editor and not answered yet, by our key.
+type Asked = Arc<Mutex<HashMap<u64, Open>>>;
 
 /// One turn through a running ACP agent.
 pub struct AcpEngine {
@@ -89,19 +108,32 @@ impl AcpEngine {
             Event::Update(json) => Some(Step::Line { text: json, alive: true }),
             Event::Permission(asked) => {
                 let (mut request, responder) = *asked;
-                if self.kill_at.is_some() || self.over {
-                    let _ = responder.respond(RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled));
-                    return None;
-                }
-                let key = self.next_key;
-                self.next_key += 1;
-                self.asked.lock().unwrap_or_else(|p| p.into_inner()).insert(key, responder);
+                let Some(key) = self.open(Open::Permission(responder)) else { return None };
                 request.session_id = self.ours.clone().into();
                 let (sink, asked) = (self.sink.clone(), self.asked.clone());
                 tokio::spawn(async move {
                     let outcome = sink.request_permission(request).await.unwrap_or(RequestPermissionOutcome::Cancelled);
-                    if let Some(responder) = asked.lock().unwrap_or_else(|p| p.into_inner()).remove(&key) {
+                    if let Some(Open::Permission(responder)) = take(&asked, key) {
                         let _ = responder.respond(RequestPermissionResponse::new(outcome));
+                    }
+                });
+                None
+            }
+            Event::Elicit(asked) => {
+                let (mut request, responder) = *asked;
+                let Some(key) = self.open(Open::Form(responder)) else { return None };
+                if let ElicitationMode::Form(form) = &mut request.mode
+                    && let ElicitationScope::Session(scope) = &mut form.scope
+                {
+                    scope.session_id = self.ours.clone().into();
+                }
+                let (sink, asked) = (self.sink.clone(), self.asked.clone());
+                tokio::spawn(async move {
+                    let answer = sink.elicit(request).await;
+                    if let Some(Open::Form(responder)) = take(&asked, key) {
+                        let answer =
+                            answer.unwrap_or_else(|| CreateElicitationResponse::new(ElicitationAction::Cancel));
+                        let _ = responder.respond(answer);
                     }
                 });
                 None
@@ -109,11 +141,24 @@ impl AcpEngine {
         }
     }
 
+    /// Keeps what the agent asked until the editor answers: its key, or `None` when the turn is ending (it is
+    /// answered `cancelled` then).
+    fn open(&mut self, open: Open) -> Option<u64> {
+        if self.kill_at.is_some() || self.over {
+            open.withdraw();
+            return None;
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        self.asked.lock().unwrap_or_else(|p| p.into_inner()).insert(key, open);
+        Some(key)
+    }
+
     /// Every permission request still open is answered `cancelled` (ACP's rule for a cancelled turn).
     fn withdraw_asks(&self) {
         let open: Vec<_> = self.asked.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
-        for (_, responder) in open {
-            let _ = responder.respond(RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled));
+        for (_, open) in open {
+            open.withdraw();
         }
     }
 
@@ -150,6 +195,11 @@ impl AcpEngine {
     fn failed(&self, message: String) -> Error {
         Error::CliFailed { message, stderr_tail: self.connection.stderr_tail(), exit_code: None }
     }
+}
+
+/// What was asked under `key`, once: its answer is the editor's, or the withdrawal's.
+fn take(asked: &Asked, key: u64) -> Option<Open> {
+    asked.lock().unwrap_or_else(|p| p.into_inner()).remove(&key)
 }
 
 /// What woke a wait for the agent.

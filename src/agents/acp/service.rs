@@ -221,11 +221,11 @@ impl AcpService {
         let mut roots = vec![sandbox.workspace().to_path_buf()];
         roots.extend(record.context.additional_directories.iter().map(PathBuf::from));
         tracing::info!(session = %record.id, program = %spec.program.display(), "starting the ACP agent");
-        let (sandbox, session) = (sandbox.clone(), record.id.clone());
+        let (sandbox, session, forms) = (sandbox.clone(), record.id.clone(), bridge.client_fills_forms());
         // A task of its own: a turn cancelled while it waits does not stop the start its session's next turn uses.
         let task = tokio::spawn(async move {
             let connection =
-                Connection::start(sandbox, spec, roots, INITIALIZE_LIMIT).await.map_err(|e| e.to_string())?;
+                Connection::start(sandbox, spec, roots, INITIALIZE_LIMIT, forms).await.map_err(|e| e.to_string())?;
             let info = connection.info.as_ref().map(|info| format!("{} {}", info.name, info.version));
             tracing::info!(session = %session, agent = ?info, load = connection.capabilities.load_session, "the ACP agent started");
             Ok(connection)
