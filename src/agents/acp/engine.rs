@@ -108,7 +108,7 @@ impl AcpEngine {
             Event::Update(json) => Some(Step::Line { text: json, alive: true }),
             Event::Permission(asked) => {
                 let (mut request, responder) = *asked;
-                let Some(key) = self.open(Open::Permission(responder)) else { return None };
+                let key = self.open(Open::Permission(responder))?;
                 request.session_id = self.ours.clone().into();
                 let (sink, asked) = (self.sink.clone(), self.asked.clone());
                 tokio::spawn(async move {
@@ -121,7 +121,7 @@ impl AcpEngine {
             }
             Event::Elicit(asked) => {
                 let (mut request, responder) = *asked;
-                let Some(key) = self.open(Open::Form(responder)) else { return None };
+                let key = self.open(Open::Form(responder))?;
                 if let ElicitationMode::Form(form) = &mut request.mode
                     && let ElicitationScope::Session(scope) = &mut form.scope
                 {
