@@ -435,7 +435,7 @@ fn fake_model(root: &Path) -> (std::process::Child, String) {
 }
 
 /// The command of one agent server of a side-by-side row: acp-sandbox (its name starts so) with the `serve` backend
-/// under `sandbox`, or `opencode acp`, with its own home holding `config` (made unless there), its data dir and a
+/// (or `acp`, its name ending so) under `sandbox`, or `opencode acp`, with its own home holding `config` (made unless there), its data dir and a
 /// workspace (made too).
 fn agent_command(
     name: &str,
@@ -453,6 +453,9 @@ fn agent_command(
         let mut command = Command::new(env!("CARGO_BIN_EXE_acp-sandbox"));
         command.args(["--agent", "opencode", "--sandbox", sandbox, "--data-dir"]).arg(data);
         command.env("ACP_SANDBOX_OPENCODE_BIN", opencode).env("RUST_LOG", "warn");
+        if name.ends_with(", acp)") {
+            command.args(["--opencode-backend", "acp"]);
+        }
         command
     } else {
         let mut command = Command::new(opencode);
@@ -473,8 +476,8 @@ fn agent_command(
     command
 }
 
-/// Time to the first agent text through `acp-sandbox` (the server backend under bubblewrap) and through OpenCode's
-/// own ACP server (`opencode acp`), same OpenCode, same fake model server, same machine, in one run: the first
+/// Time to the first agent text through `acp-sandbox` (the server backend, and OpenCode's ACP server in the sandbox,
+/// under bubblewrap) and through OpenCode's own ACP server (`opencode acp`), same OpenCode, same fake model server, same machine, in one run: the first
 /// prompt of a session created a few seconds earlier, and follow-ups. Medians and their ratio.
 fn bench_warm() {
     let Some(opencode) = real_opencode() else {
@@ -488,7 +491,12 @@ fn bench_warm() {
     let sandbox = if acp_sandbox::sandbox::local::bwrap::probe_bwrap().is_ok() { "bwrap" } else { "none" };
     const FOLLOW_UPS: usize = 15;
     let mut rows = Vec::new();
-    for name in [format!("acp-sandbox ({sandbox}, serve)"), "opencode acp".to_string()] {
+    let names = [
+        format!("acp-sandbox ({sandbox}, serve)"),
+        format!("acp-sandbox ({sandbox}, acp)"),
+        "opencode acp".to_string(),
+    ];
+    for name in names {
         let (home, workspace) = (root.join(format!("home-{}", rows.len())), root.join(format!("ws-{}", rows.len())));
         let data = root.join(format!("data-{}", rows.len()));
         let command = agent_command(&name, &opencode, sandbox, &config, &home, &data, &workspace);
@@ -500,13 +508,13 @@ fn bench_warm() {
         let follow_ups: Vec<Duration> = (0..FOLLOW_UPS)
             .map(|i| timed_prompt(&client, &session, &format!("SCENARIO:tokens:3 follow-up {i}")).0)
             .collect();
-        let rss = rss_of_tree_matching(client.pid(), if name.starts_with("acp") { " serve " } else { "opencode" });
+        let rss = rss_of_tree_matching(client.pid(), if name.ends_with(", serve)") { " serve " } else { "opencode" });
         drop(client);
         rows.push((name, first, median(follow_ups), rss));
     }
     let _ = model.kill();
     let _ = model.wait();
-    let (_, anchor_first, anchor_follow, _) = rows[1].clone();
+    let (_, anchor_first, anchor_follow, _) = rows[rows.len() - 1].clone();
     for (name, first, follow, rss) in &rows {
         println!(
             "warm      {name:<26}  first prompt (session 3 s old) {:>7.0} ms ({:.2}x)  follow-up {:>6.0} ms ({:.2}x)  OpenCode RSS {:>5.0} MiB",
