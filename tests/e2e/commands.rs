@@ -543,6 +543,7 @@ fn help_shows_each_command_its_own_settings_and_the_defaults() {
             "--amp-bin",
             "--opencode-bin",
             "--opencode-backend",
+            "--agent-command",
         ],
         "{prompt}"
     );

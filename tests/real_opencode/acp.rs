@@ -8,7 +8,7 @@ fn acp(world: &World, sandbox: &str) -> Bridge {
     world.start_with(world.backend_options(sandbox, "acp"))
 }
 
-/// The model's text: the agent's chunks without the bridge's own notes.
+/// The model's text chunks: the agent's, without the bridge's own notes.
 fn model_text(updates: &[Value]) -> Vec<String> {
     of_kind(updates, "agent_message_chunk")
         .into_iter()
@@ -91,46 +91,14 @@ fn acp_backend_streams_writes_and_continues_after_a_killed_bridge_bwrap() {
     }
 }
 
-fn acp_cancel(sandbox: &str, test: &str) {
-    let Some(world) = World::new(test) else { return };
-    let ws = world.workspace("ws");
-    let mut bridge = acp(&world, sandbox);
-    let sid = bridge.new_session(&ws);
-    let n = 120_000 + u32::from(world.server.port) * 2 + u32::from(sandbox == "bwrap");
-    let (child_arg, grandchild_arg) = (n.to_string(), (n + 1).to_string());
-    let child_argv = ["sleep", child_arg.as_str()];
-    let grandchild_argv = ["sleep", grandchild_arg.as_str()];
-    let id = bridge.send_prompt(&sid, &format!("SCENARIO:longbash:{n} run something long"));
-    let started = wait_until(TURN_LIMIT, || {
-        !processes_with_argv(&child_argv).is_empty() && !processes_with_argv(&grandchild_argv).is_empty()
-    });
-    let leftovers = || [processes_with_argv(&child_argv), processes_with_argv(&grandchild_argv)].concat();
-    let _guards: Vec<KillOnDrop> = leftovers().into_iter().map(KillOnDrop).collect();
-    if !started {
-        bridge.fail("the long command did not start");
-    }
-    bridge.cancel(&sid);
-    let turn = finish_served_turn(&mut bridge, &sid, id);
-    match &turn.result {
-        Ok(result) if result["stopReason"] == "cancelled" => {}
-        other => bridge.fail(&format!("expected cancelled, got {other:?}")),
-    }
-    // OpenCode ends the command's group itself; the daemon it started with `setsid` is the bridge's to end.
-    let gone = wait_until(Duration::from_secs(10), || leftovers().is_empty());
-    assert!(gone, "the command and the daemon it started survived the cancel: {:?}", leftovers());
-    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:followup still there?", "acp after cancel");
-    assert_end_turn(&bridge, &turn);
-    assert_eq!(model_text(&turn.updates).concat(), "FOLLOWUP-OK: I remember the earlier turn.");
-}
-
 #[test]
 fn acp_backend_cancel_leaves_nothing_running_none() {
-    acp_cancel("none", "acp_backend_cancel_leaves_nothing_running_none");
+    super::serve::cancel_running_command("acp", "none", "acp_backend_cancel_leaves_nothing_running_none");
 }
 
 #[test]
 fn acp_backend_cancel_leaves_nothing_running_bwrap() {
     if bwrap_ok("acp_backend_cancel_leaves_nothing_running_bwrap") {
-        acp_cancel("bwrap", "acp_backend_cancel_leaves_nothing_running_bwrap");
+        super::serve::cancel_running_command("acp", "bwrap", "acp_backend_cancel_leaves_nothing_running_bwrap");
     }
 }
