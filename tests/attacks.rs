@@ -210,7 +210,7 @@ fn make_kit(dir: &Path) -> Result<Kit, String> {
     };
     let bridge = dir.join("acp-sandbox");
     copy(bridge_bin(), bridge.clone())?;
-    for name in ["hostile", "hostile.py"] {
+    for name in ["hostile", "hostile.py", "acp_agent.py"] {
         copy(fakes_dir().join(name), fakes.join(name))?;
     }
     Ok(Kit { bridge, fakes, labs, nobody: Ok(()) })
@@ -221,6 +221,7 @@ fn reachable_by_nobody(kit: &Kit) -> Result<(), String> {
     nobody_can_reach(&kit.labs, 0o001)?;
     nobody_can_reach(&kit.bridge, 0o001)?;
     nobody_can_reach(&kit.fakes.join("hostile"), 0o005)?;
+    nobody_can_reach(&kit.fakes.join("acp_agent.py"), 0o005)?;
     nobody_can_reach(&kit.fakes.join("hostile.py"), 0o004)
 }
 
@@ -2052,6 +2053,82 @@ fn host_unix_sockets_at_unusual_paths_are_unreachable() {
         checks.worked(&report, "socketpair");
         let own = report.entry("own_unix_socket").map(|e| e["errno"].clone()).unwrap_or_default();
         checks.check(own == "EACCES", || format!("expected EACCES: {}", report.detail("own_unix_socket")));
+        checks.finish();
+    });
+}
+
+// ---- an agent that speaks ACP --------------------------------------------------------------------------------
+
+/// The text an ACP agent's turn answered, without the bridge's notes.
+fn acp_said(bridge: &mut Bridge, sid: &str, scenario: &str) -> String {
+    let turn = bridge.prompt(sid, &format!("SCENARIO:{scenario}"));
+    if turn.stop_reason() != "end_turn" {
+        bridge.fail(&format!("the ACP agent's turn did not end: {turn:?}"));
+    }
+    let chunks = turn.updates.iter().filter(|u| u["sessionUpdate"] == "agent_message_chunk");
+    let texts = chunks.filter_map(|u| u["content"]["text"].as_str()).filter(|text| !text.trim().starts_with('_'));
+    texts.collect::<String>().trim().to_string()
+}
+
+#[test]
+fn an_acp_agents_requests_of_its_client_stay_inside_the_workspace() {
+    // `tests/fakes/acp_agent.py` asks its client (the bridge) for every secret of the home, through a link planted
+    // in the workspace too, and to write the user's .bashrc and the workspace's protected paths; its own shell reads
+    // the key. Nothing outside the workspace is read or written, no protected path is written, no canary reaches
+    // the editor; the agent's own writes in the workspace work.
+    let test = "an_acp_agents_requests_of_its_client_stay_inside_the_workspace";
+    for_each_variant(test, all_variants(test), |variant| {
+        let lab = Lab::new("acp-client", variant);
+        let mut options =
+            lab.options().arg("--agent-command").arg(&kit().fakes.join("acp_agent.py").display().to_string());
+        options.agent = "custom".into();
+        let key = lab.home.join(".ssh/id_ed25519");
+        std::os::unix::fs::symlink(&key, lab.ws.join("key")).unwrap();
+        let protected = [".git/hooks/pre-commit", ".git/config", ".envrc", ".vscode/tasks.json", ".zed/settings.json"];
+        let before = snapshot(&lab.ws);
+        let mut bridge = Bridge::start(options);
+        let sid = bridge.new_session(&lab.ws);
+        let mut checks = Checks::new();
+        let mut said = Vec::new();
+        for rel in SECRET_FILES {
+            let answer = acp_said(&mut bridge, &sid, &format!("read:{}", lab.home.join(rel).display()));
+            checks.check(answer.starts_with("read error "), || format!("the bridge read ~/{rel} for it: {answer}"));
+            said.push(answer);
+        }
+        let answer = acp_said(&mut bridge, &sid, &format!("read:{}", lab.ws.join("key").display()));
+        checks.check(answer.starts_with("read error "), || format!("a link led the bridge's read out: {answer}"));
+        said.push(answer);
+        let bashrc = lab.home.join(".bashrc");
+        let answer = acp_said(&mut bridge, &sid, &format!("write:{}", bashrc.display()));
+        checks.check(answer.starts_with("write error "), || format!("the bridge wrote ~/.bashrc for it: {answer}"));
+        for rel in protected {
+            let answer = acp_said(&mut bridge, &sid, &format!("write:{}", lab.ws.join(rel).display()));
+            checks.check(answer.starts_with("write error "), || format!("the bridge wrote {rel} for it: {answer}"));
+        }
+        let fine = lab.ws.join("src/fine.txt");
+        checks.check(acp_said(&mut bridge, &sid, &format!("write:{}", fine.display())) == "write ok", || {
+            "the agent's own write in the workspace failed".to_string()
+        });
+        if variant.bwrap() {
+            let answer = acp_said(&mut bridge, &sid, &format!("shell:cat {} 2>&1 | head -c 200", key.display()));
+            checks.check(!answer.contains("CANARY"), || format!("the agent's own shell read the key: {answer}"));
+            said.push(answer);
+        }
+        stop(bridge);
+        checks.check(std::fs::read_to_string(&bashrc).unwrap() == "# the user's own .bashrc\n", || {
+            "~/.bashrc changed".to_string()
+        });
+        let mut after = snapshot(&lab.ws);
+        let written = (after.remove("src").unwrap_or_default(), after.remove("src/fine.txt").unwrap_or_default());
+        checks.check(written == ("dir".to_string(), format!("file {:?}", "written by the agent")), || {
+            format!("the agent's write did not land: {written:?}")
+        });
+        after.retain(|path, _| !path.starts_with(".attack"));
+        let mut expected = before.clone();
+        expected.retain(|path, _| !path.starts_with(".attack"));
+        checks.check(after == expected, || format!("the workspace changed beyond the agent's file: {after:?}"));
+        let leaked: Vec<&String> = said.iter().filter(|text| text.contains("CANARY")).collect();
+        checks.check(leaked.is_empty(), || format!("a canary reached the editor: {leaked:?}"));
         checks.finish();
     });
 }

@@ -3,7 +3,7 @@
 //! session survives a killed bridge, what it asks of its client stays inside the workspace, its permission request
 //! reaches the editor, a cancel it ignores kills it, and a crash is an error naming it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -360,4 +360,67 @@ fn the_agents_config_options_are_the_sessions_and_setting_one_reaches_it() {
     let mut bridge = Bridge::start(options(&dirs));
     let loaded = bridge.request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
     assert_eq!(model(&loaded["configOptions"]), "smart");
+}
+
+#[test]
+fn in_review_mode_the_agents_writes_reach_the_users_files_only_through_the_editor() {
+    let dirs = TestDirs::new("acp-review");
+    let ws = dirs.workspace("ws");
+    std::fs::write(ws.join("notes.txt"), "the user's\n").unwrap();
+    let mut bridge = Bridge::start_reviewing(options(&dirs).arg("--workspace").arg("review"), false);
+    let sid = bridge.new_session(&ws);
+    // Through the bridge's fs/write_text_file, and with its own shell: both land in its copy.
+    assert_eq!(answer(&mut bridge, &sid, "write:./notes.txt"), "write ok");
+    assert_eq!(answer(&mut bridge, &sid, "shell:echo made > made.txt && echo done"), "shell 0 done");
+    let sent: Vec<(PathBuf, String, Option<String>)> =
+        bridge.file_writes.iter().map(|w| (w.path.clone(), w.content.clone(), w.before.clone())).collect();
+    assert_eq!(
+        sent,
+        [
+            (ws.join("notes.txt"), "written by the agent".to_string(), Some("the user's\n".to_string())),
+            (ws.join("made.txt"), "made\n".to_string(), None),
+        ]
+    );
+    // The editor refused both: the user's files are as they were.
+    assert_eq!(std::fs::read_to_string(ws.join("notes.txt")).unwrap(), "the user's\n");
+    assert!(!ws.join("made.txt").exists());
+    // The agent reads the user's file again (its copy follows the user's).
+    assert_eq!(answer(&mut bridge, &sid, "read:./notes.txt"), "read ok the user's");
+}
+
+#[test]
+fn an_agent_that_cannot_load_resumes_or_starts_afresh_from_the_transcript() {
+    for (resume, expected) in [
+        ("1", r#"history ["SCENARIO:text"]"#),
+        // Neither load nor resume: a fresh session of the agent's, whose prompt carries the transcript.
+        ("0", "history []"),
+    ] {
+        let dirs = TestDirs::new("acp-no-load");
+        let ws = dirs.workspace("ws");
+        let options = || {
+            options(&dirs)
+                .arg("--pass-env")
+                .arg("FAKE_ACP_NO_LOAD,FAKE_ACP_RESUME")
+                .env("FAKE_ACP_NO_LOAD", "1")
+                .env("FAKE_ACP_RESUME", resume)
+        };
+        let mut bridge = Bridge::start(options());
+        let sid = bridge.new_session(&ws);
+        assert_eq!(answer(&mut bridge, &sid, "text"), "Hello from ACP");
+        bridge.kill9();
+        let db = rusqlite::Connection::open(dirs.data.join("acp-sandbox.sqlite3")).unwrap();
+        let native: String =
+            db.query_row("SELECT native_id FROM sessions WHERE id = ?1", [&sid], |row| row.get(0)).unwrap();
+        let mut bridge = Bridge::start(options());
+        assert!(bridge.load_session(&sid, &ws).result.is_ok());
+        let turn = bridge.prompt(&sid, "SCENARIO:history");
+        assert_eq!(said(&turn.updates), expected, "FAKE_ACP_RESUME={resume}");
+        let fresh = format!(
+            "_The earlier ACP agent conversation ({native}) no longer exists in the sandbox, so this prompt starts a \
+             fresh one from a transcript of the earlier turns (tool details are not in it)._"
+        );
+        let expected_notes: Vec<String> =
+            notes(&turn).into_iter().filter(|note| !note.contains("WITHOUT a sandbox")).collect();
+        assert_eq!(expected_notes, if resume == "0" { vec![fresh] } else { vec![] }, "FAKE_ACP_RESUME={resume}");
+    }
 }

@@ -9,7 +9,7 @@ appended to $HOME/.fake-acp/received.jsonl.
 Scenarios (the agent answers in text what happened, one line per step):
   text                    three chunks: "Hello", " from", " ACP"
   history                 says the prompts this session had before this one
-  read:<path>             fs/read_text_file of <path>: "read ok <text>" or "read error <message>"
+  read:<path>             fs/read_text_file of <path> (`./x`: x in its own workspace): "read ok <text>" or "read error <message>"
   write:<path>            fs/write_text_file of "written by the agent" at <path>: "write ok" or "write error <message>"
   terminal:<command>      terminal/create of `sh -c <command>` (the editor's terminal, on the host): "terminal ok <id>" or
                           "terminal error <error>"
@@ -23,7 +23,8 @@ Scenarios (the agent answers in text what happened, one line per step):
   options                 says its session's `model` option (`session/set_config_option` sets it)
   whoami                  says this process's token (a new process has a new one)
   tool                    a tool call with a location in the workspace, left in progress, then end_turn
-Environment: FAKE_ACP_NO_LOAD=1 (no loadSession), FAKE_ACP_HANG_INIT=1 (never answers initialize),
+Environment: FAKE_ACP_NO_LOAD=1 (no loadSession), FAKE_ACP_RESUME=1 (sessionCapabilities.resume: session/resume
+continues a session without replaying it), FAKE_ACP_HANG_INIT=1 (never answers initialize),
 FAKE_ACP_GARBAGE=1 (prints a line that is not JSON-RPC first).
 """
 
@@ -117,6 +118,9 @@ def run_prompt(rid, params):
         return
     text = prompt_text(params)
     name, arg = scenario(text)
+    if arg.startswith("./"):
+        # A path in its own workspace, as it sees it (in review mode without bubblewrap: the copy's folder).
+        arg = os.path.join(os.getcwd(), arg[2:])
     answer = []
 
     def line(t):
@@ -228,9 +232,11 @@ def main():
             if os.environ.get("FAKE_ACP_HANG_INIT") == "1":
                 continue
             load_ok = os.environ.get("FAKE_ACP_NO_LOAD") != "1"
+            sessions = {"resume": {}} if os.environ.get("FAKE_ACP_RESUME") == "1" else {}
             send({"jsonrpc": "2.0", "id": rid, "result": {
                 "protocolVersion": 1,
-                "agentCapabilities": {"loadSession": load_ok, "mcpCapabilities": {"http": True}},
+                "agentCapabilities": {"loadSession": load_ok, "mcpCapabilities": {"http": True},
+                                      "sessionCapabilities": sessions},
                 "agentInfo": {"name": "fake-acp-agent", "version": "0.1.0"},
                 "authMethods": [],
             }})
@@ -251,6 +257,13 @@ def main():
                 update(session, {"sessionUpdate": "user_message_chunk",
                                  "content": {"type": "text", "text": turn["prompt"]}})
                 say(session, "REPLAYED " + turn["answer"])
+            send({"jsonrpc": "2.0", "id": rid, "result": {"configOptions": options(session)}})
+        elif method == "session/resume":
+            session = params["sessionId"]
+            if load(session) is None:
+                send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32002, "message": f"no session {session}"}})
+                continue
+            MCP[session] = servers(params)
             send({"jsonrpc": "2.0", "id": rid, "result": {"configOptions": options(session)}})
         elif method == "session/set_config_option":
             session, value = params["sessionId"], params.get("value")

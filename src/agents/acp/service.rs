@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_client_protocol::v1::schema::{
-    ConfigOptionUpdate, ContentBlock, LoadSessionRequest, NewSessionRequest, PromptRequest, SessionConfigOption,
-    SessionConfigOptionValue, SessionUpdate, SetSessionConfigOptionRequest, StopReason, SystemPrompt, TextContent,
+    ConfigOptionUpdate, ContentBlock, LoadSessionRequest, NewSessionRequest, PromptRequest, ResumeSessionRequest,
+    SessionConfigOption, SessionConfigOptionValue, SessionUpdate, SetSessionConfigOptionRequest, StopReason,
+    SystemPrompt, TextContent,
 };
 use tokio::time::Instant;
 
@@ -120,10 +121,10 @@ impl AcpService {
         if let Some(connection) = self.live(&record.id) {
             return Ok(connection);
         }
-        if sandbox.remote_files().is_some() || sandbox.review_copy().is_some() {
+        if sandbox.remote_files().is_some() {
             return Err(Error::CliUnavailable(format!(
-                "{} runs only in a local sandbox that writes the workspace for now (not in review mode, not in a \
-                 remote sandbox): start the bridge with --workspace direct and a local --sandbox",
+                "{} runs only in a local sandbox for now (a remote sandbox would need its stdin open for as long as it \
+                 runs): start the bridge with a local --sandbox",
                 self.name
             )));
         }
@@ -282,26 +283,40 @@ async fn conversation(
         exit_code: None,
     };
     let made = if let Some(native) = native_id {
-        if !capabilities.load_session {
-            tracing::info!(session = %record.id, "the ACP agent cannot load a session: a fresh one from the transcript");
+        // Its own `session/load` (which replays what this bridge already has: not forwarded), else `session/resume`
+        // (which does not replay), else a fresh one from the transcript.
+        let answer = if capabilities.load_session {
+            let request = LoadSessionRequest::new(native.to_string(), cwd)
+                .mcp_servers(mcp_servers)
+                .additional_directories(roots)
+                .system_prompt(system_prompt);
+            within(connection, connection.cx.send_request(request).block_task())
+                .await
+                .map(|answer| answer.map(|a| a.config_options))
+        } else if capabilities.session_capabilities.resume.is_some() {
+            let request = ResumeSessionRequest::new(native.to_string(), cwd)
+                .mcp_servers(mcp_servers)
+                .additional_directories(roots)
+                .system_prompt(system_prompt);
+            within(connection, connection.cx.send_request(request).block_task())
+                .await
+                .map(|answer| answer.map(|a| a.config_options))
+        } else {
+            tracing::info!(session = %record.id, "the ACP agent can neither load nor resume: a fresh one from the transcript");
             return Ok(Conversation::Missing);
-        }
-        let request = LoadSessionRequest::new(native.to_string(), cwd)
-            .mcp_servers(mcp_servers)
-            .additional_directories(roots)
-            .system_prompt(system_prompt);
-        match within(connection, connection.cx.send_request(request).block_task()).await {
-            Some(Ok(answer)) => {
-                if let Some(options) = answer.config_options {
+        };
+        match answer {
+            Some(Ok(options)) => {
+                if let Some(options) = options {
                     keep_options(bridge, &record.id, options, true).await;
                 }
                 native.to_string()
             }
             Some(Err(e)) => {
-                tracing::warn!(session = %record.id, native, "the ACP agent could not load its session: {}", e.message);
+                tracing::warn!(session = %record.id, native, "the ACP agent could not continue its session: {}", e.message);
                 return Ok(Conversation::Missing);
             }
-            None => return Err(timed_out(connection, name, "load its session").await),
+            None => return Err(timed_out(connection, name, "continue its session").await),
         }
     } else {
         let request = NewSessionRequest::new(cwd)
@@ -388,6 +403,12 @@ impl Service for AcpService {
             Some(Conversation::Missing) => return Ok(Attempt::ConversationMissing),
             Some(Conversation::Here(session)) => session,
         };
+        // Review mode: the agent's copy of the workspace is made current first; what it changes there (with its own
+        // tools, or through the bridge's `fs/write_text_file`, which writes inside the sandbox) goes to the editor
+        // after each finished tool and at the end of the turn.
+        if !host.begin_review().await? {
+            return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
+        }
         self.touch(&record.id, true);
         let events = connection.route_to(&session);
         let request =
