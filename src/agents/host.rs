@@ -120,7 +120,14 @@ pub trait BridgeHost: Send + Sync {
 
     /// Sends `session` an update outside any turn (its options changed), through the editor's connection once it
     /// initialized; nothing otherwise.
-    fn notify(&self, session: &str, update: SessionUpdate);
+    fn notify(&self, session: &str, update: SessionUpdate) {
+        if let Some(sink) = self.notifier() {
+            sink.send(session, update);
+        }
+    }
+
+    /// Where updates outside any turn go, once the editor's connection initialized.
+    fn notifier(&self) -> Option<Arc<dyn UpdateSink>>;
 
     /// Takes a model list the service learned (`listing`, run in the background); the open sessions are told
     /// when it changed what they were offered.

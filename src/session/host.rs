@@ -66,11 +66,8 @@ impl BridgeHost for Bridge {
         Bridge::mcp_servers(self, session)
     }
 
-    fn notify(&self, session: &str, update: agent_client_protocol::v1::schema::SessionUpdate) {
-        let notifier = self.notifier.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(notifier) = notifier {
-            notifier.send(session, update);
-        }
+    fn notifier(&self) -> Option<Arc<dyn crate::agents::host::UpdateSink>> {
+        self.notifier.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn learn_models(&self, listing: BoxFuture<'static, Option<Vec<ModelInfo>>>) {

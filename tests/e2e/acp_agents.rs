@@ -424,3 +424,40 @@ fn an_agent_that_cannot_load_resumes_or_starts_afresh_from_the_transcript() {
         assert_eq!(expected_notes, if resume == "0" { vec![fresh] } else { vec![] }, "FAKE_ACP_RESUME={resume}");
     }
 }
+
+#[test]
+fn its_slash_commands_reach_the_editor_when_it_starts() {
+    let dirs = TestDirs::new("acp-commands");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(options(&dirs));
+    let sid = bridge.new_session(&ws);
+    let commands = bridge.wait_update(&sid, "its commands", |u| u["sessionUpdate"] == "available_commands_update");
+    assert_eq!(
+        commands["availableCommands"],
+        json!([{"name": "greet", "description": "Says hello", "input": {"hint": "whom"}}])
+    );
+}
+
+#[test]
+fn an_idle_agent_is_stopped_and_the_cap_stops_the_one_unused_longest() {
+    let dirs = TestDirs::new("acp-idle");
+    let ws = dirs.workspace("ws");
+    let other = dirs.workspace("other");
+    let mut bridge = Bridge::start(options(&dirs).arg("--server-idle-timeout").arg("2").arg("--max-servers").arg("1"));
+    let first = bridge.new_session(&ws);
+    let token = answer(&mut bridge, &first, "whoami");
+    assert!(wait_until(Duration::from_secs(20), || agents_in(&ws).is_empty()), "the idle agent still runs");
+    let again = answer(&mut bridge, &first, "whoami");
+    assert_ne!(again, token, "a fresh agent after the idle stop");
+
+    // One at most: the other session's agent takes the first one's place.
+    let second = bridge.new_session(&other);
+    assert_eq!(answer(&mut bridge, &second, "text"), "Hello from ACP");
+    assert!(wait_until(Duration::from_secs(10), || agents_in(&ws).is_empty()), "two agents run under --max-servers 1");
+    assert!(!agents_in(&other).is_empty(), "the second session's agent runs");
+    assert_eq!(
+        answer(&mut bridge, &first, "history"),
+        r#"history ["SCENARIO:whoami", "SCENARIO:whoami"]"#,
+        "the first session goes on in a fresh agent"
+    );
+}

@@ -246,6 +246,8 @@ def main():
             save(session, [])
             MCP[session] = servers(params)
             send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": session, "configOptions": options(session)}})
+            update(session, {"sessionUpdate": "available_commands_update", "availableCommands": [
+                {"name": "greet", "description": "Says hello", "input": {"hint": "whom"}}]})
         elif method == "session/load":
             session = params["sessionId"]
             history = load(session)

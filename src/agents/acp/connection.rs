@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::files::Files;
+use crate::agents::host::UpdateSink;
 use crate::sandbox::{ExecSpec, ExitInfo, OutputStream, ProcessHandle, Sandbox, SandboxError};
 
 /// The longest line the agent may send: one more ends the connection (a hostile agent cannot fill the bridge's
@@ -94,13 +95,15 @@ pub struct Connection {
 
 impl Connection {
     /// Starts the agent (`spec`, with a stdin of its own) in `sandbox` and initializes it, within `limit`.
-    /// `forms`: the editor fills in forms, so the agent is told it may ask for them.
+    /// `forms`: the editor fills in forms, so the agent is told it may ask for them. `outside`: where what it says
+    /// of its session between turns goes (its commands, options and title; ours is the session's id there).
     pub async fn start(
         sandbox: Arc<dyn Sandbox>,
         mut spec: ExecSpec,
         roots: Vec<PathBuf>,
         limit: Duration,
         forms: bool,
+        outside: Option<(String, Arc<dyn UpdateSink>)>,
     ) -> Result<Arc<Self>, ConnectionError> {
         spec.interactive = true;
         let files = Arc::new(Files::new(sandbox.clone(), &spec, roots));
@@ -114,7 +117,7 @@ impl Connection {
         let announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>> = Arc::default();
         let (closed, stop) = (CancellationToken::new(), CancellationToken::new());
         let (cx_tx, cx_rx) = tokio::sync::oneshot::channel();
-        let handlers = Handlers { route: route.clone(), announced: announced.clone(), files };
+        let handlers = Handlers { route: route.clone(), announced: announced.clone(), files, outside };
         tokio::spawn(run(transport(stdin, process.stdout), handlers, cx_tx, stop.clone(), closed.clone()));
         let handle = process.handle;
         let cx = match tokio::time::timeout(limit, cx_rx).await {
@@ -301,6 +304,7 @@ struct Handlers {
     route: Route,
     announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>>,
     files: Arc<Files>,
+    outside: Option<(String, Arc<dyn UpdateSink>)>,
 }
 
 /// The bridge's side of the connection, until `stop` or the agent's end (then `closed` is cancelled).
@@ -311,7 +315,7 @@ async fn run(
     stop: CancellationToken,
     closed: CancellationToken,
 ) {
-    let Handlers { route, announced, files } = handlers;
+    let Handlers { route, announced, files, outside } = handlers;
     let (updates, permissions, elicits) = (route.clone(), route.clone(), route);
     let (reads, writes) = (files.clone(), files);
     let sender = move |route: &Mutex<Option<(String, mpsc::Sender<Event>)>>, session: &str| {
@@ -327,7 +331,17 @@ async fn run(
                     *announced.lock().unwrap_or_else(|p| p.into_inner()) = Some(update.config_options.clone());
                 }
                 let Some(tx) = sender(&updates, &notification.session_id.0) else {
-                    tracing::debug!(session = %notification.session_id.0, "an update of the ACP agent outside a turn");
+                    // Between turns only what describes the session reaches the editor (a load's replay does not).
+                    let describes = matches!(
+                        notification.update,
+                        SessionUpdate::AvailableCommandsUpdate(_)
+                            | SessionUpdate::ConfigOptionUpdate(_)
+                            | SessionUpdate::SessionInfoUpdate(_)
+                    );
+                    match &outside {
+                        Some((ours, sink)) if describes => sink.send(ours, notification.update),
+                        _ => tracing::debug!(session = %notification.session_id.0, "an update of the ACP agent outside a turn"),
+                    }
                     return Ok(());
                 };
                 match serde_json::to_string(&notification.update) {

@@ -223,10 +223,12 @@ impl AcpService {
         roots.extend(record.context.additional_directories.iter().map(PathBuf::from));
         tracing::info!(session = %record.id, program = %spec.program.display(), "starting the ACP agent");
         let (sandbox, session, forms) = (sandbox.clone(), record.id.clone(), bridge.client_fills_forms());
+        let outside = bridge.notifier().map(|sink| (record.id.clone(), sink));
         // A task of its own: a turn cancelled while it waits does not stop the start its session's next turn uses.
         let task = tokio::spawn(async move {
-            let connection =
-                Connection::start(sandbox, spec, roots, INITIALIZE_LIMIT, forms).await.map_err(|e| e.to_string())?;
+            let connection = Connection::start(sandbox, spec, roots, INITIALIZE_LIMIT, forms, outside)
+                .await
+                .map_err(|e| e.to_string())?;
             let info = connection.info.as_ref().map(|info| format!("{} {}", info.name, info.version));
             tracing::info!(session = %session, agent = ?info, load = connection.capabilities.load_session, "the ACP agent started");
             Ok(connection)
