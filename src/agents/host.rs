@@ -146,6 +146,9 @@ pub trait TurnHost: Send + Sync {
     /// The turn's id in the store.
     fn turn_id(&self) -> i64;
 
+    /// The prompt as the editor sent it (an agent that speaks ACP takes its images as they are).
+    fn prompt_blocks(&self) -> &[agent_client_protocol::v1::schema::ContentBlock];
+
     /// The credential the CLI gets, if the agent needs one.
     fn credential(&self) -> Option<&(&'static str, String)>;
 

@@ -461,3 +461,22 @@ fn an_idle_agent_is_stopped_and_the_cap_stops_the_one_unused_longest() {
         "the first session goes on in a fresh agent"
     );
 }
+
+#[test]
+fn its_prompt_carries_the_editors_images_as_they_are() {
+    let dirs = TestDirs::new("acp-images");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(options(&dirs));
+    let sid = bridge.new_session(&ws);
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+    let id = bridge.send_prompt_blocks(
+        &sid,
+        vec![
+            json!({"type": "text", "text": "SCENARIO:images"}),
+            json!({"type": "image", "mimeType": "image/png", "data": png}),
+        ],
+    );
+    let turn = bridge.finish_turn(&sid, id);
+    assert_eq!(turn.stop_reason(), "end_turn");
+    assert_eq!(said(&turn.updates), format!(r#"images [["image/png", {}]]"#, png.len()));
+}

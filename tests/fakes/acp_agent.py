@@ -21,6 +21,7 @@ Scenarios (the agent answers in text what happened, one line per step):
   crash                   one chunk, then exits 3 with "fake agent crashed" on stderr
   mcp                     says the MCP servers session/new or session/load gave it (name and command or url)
   options                 says its session's `model` option (`session/set_config_option` sets it)
+  images                  says the image blocks of its prompt (their MIME types and sizes)
   whoami                  says this process's token (a new process has a new one)
   tool                    a tool call with a location in the workspace, left in progress, then end_turn
 Environment: FAKE_ACP_NO_LOAD=1 (no loadSession), FAKE_ACP_RESUME=1 (sessionCapabilities.resume: session/resume
@@ -181,6 +182,9 @@ def run_prompt(rid, params):
         os._exit(3)
     elif name == "options":
         line("model " + MODEL.get(session, "fast"))
+    elif name == "images":
+        images = [b for b in params.get("prompt", []) if b.get("type") == "image"]
+        line("images " + json.dumps([[b.get("mimeType"), len(b.get("data", ""))] for b in images]))
     elif name == "whoami":
         line("process " + TOKEN)
     elif name == "mcp":
@@ -236,6 +240,7 @@ def main():
             send({"jsonrpc": "2.0", "id": rid, "result": {
                 "protocolVersion": 1,
                 "agentCapabilities": {"loadSession": load_ok, "mcpCapabilities": {"http": True},
+                                      "promptCapabilities": {"image": True},
                                       "sessionCapabilities": sessions},
                 "agentInfo": {"name": "fake-acp-agent", "version": "0.1.0"},
                 "authMethods": [],

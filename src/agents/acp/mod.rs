@@ -140,6 +140,12 @@ impl Agent for Custom {
         true
     }
 
+    fn accepts_images(&self) -> bool {
+        // Passed on as they are where the agent says it takes them (`promptCapabilities.image`), else left out with a
+        // note: the bridge learns which only once the agent started.
+        true
+    }
+
     fn takes_mcp_servers(&self) -> bool {
         true
     }

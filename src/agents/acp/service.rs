@@ -413,8 +413,15 @@ impl Service for AcpService {
         }
         self.touch(&record.id, true);
         let events = connection.route_to(&session);
-        let request =
-            PromptRequest::new(session.clone(), vec![ContentBlock::Text(TextContent::new(prompt.text.clone()))]);
+        let mut blocks = vec![ContentBlock::Text(TextContent::new(prompt.text.clone()))];
+        // Its images as the editor sent them, where it takes images (the text above holds the rest, rendered).
+        let images = host.prompt_blocks().iter().filter(|block| matches!(block, ContentBlock::Image(_)));
+        if connection.capabilities.prompt_capabilities.image {
+            blocks.extend(images.cloned());
+        } else if images.count() > 0 {
+            host.note(&format!("_{} cannot take images; they were left out of this prompt._", self.name)).await?;
+        }
+        let request = PromptRequest::new(session.clone(), blocks);
         let sent = connection.cx.send_request(request);
         let answer = tokio::spawn(sent.block_task());
         let engine = AcpEngine::new(

@@ -40,6 +40,10 @@ impl TurnHost for AttemptHost<'_> {
         self.emit.turn_id
     }
 
+    fn prompt_blocks(&self) -> &[agent_client_protocol::v1::schema::ContentBlock] {
+        &self.turn.blocks
+    }
+
     fn credential(&self) -> Option<&(&'static str, String)> {
         self.turn.credential.as_ref()
     }
