@@ -254,6 +254,9 @@ impl World {
             // A machine that says IS_SANDBOX=yes made Claude Code refuse to start as root: the bridge never
             // passes it on, which this proves.
             .env("IS_SANDBOX", "yes")
+            // Codex's default model gets its tools as JavaScript ("code mode"), which the fake cannot script; the
+            // notes' model gets them as functions.
+            .env("ACP_SANDBOX_CODEX_MODEL", "gpt-5.5")
             .env("RUST_LOG", &std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()))
     }
 }

@@ -49,6 +49,11 @@ pub const CREDENTIAL: &str = "OPENAI_API_KEY";
 /// The variable that points Codex at another OpenAI-compatible endpoint (a local one included).
 pub const BASE_URL: &str = "OPENAI_BASE_URL";
 
+/// The bridge's variable that names the model Codex starts with (Codex has none of its own, and the editor's model
+/// choice does not reach an ACP agent yet): read where [`fixed_env`] is made, which sees no flags, so a variable
+/// only. Without it Codex picks its own default.
+pub const MODEL: &str = "ACP_SANDBOX_CODEX_MODEL";
+
 /// OpenAI's API, and where its keys and ChatGPT logins are made.
 pub const SERVICE_HOSTS: &[&str] = &["api.openai.com", "auth.openai.com", "chatgpt.com"];
 
@@ -82,11 +87,12 @@ pub fn passes_env(name: &str) -> bool {
 }
 
 /// Codex's configuration for the adapter's `CODEX_CONFIG`: one provider, at `base_url` (OpenAI's when `None`), on
-/// the Responses API, with the key from [`CREDENTIAL`]; no update checks, analytics, feedback, telemetry or plugin
-/// and app fetches (without these it reaches chatgpt.com and github.com at every start).
-pub fn codex_config(base_url: Option<&str>) -> Value {
+/// the Responses API, with the key from [`CREDENTIAL`], and `model` when given; no update checks, analytics,
+/// feedback, telemetry or plugin and app fetches (without these it reaches chatgpt.com and github.com at every
+/// start).
+pub fn codex_config(base_url: Option<&str>, model: Option<&str>) -> Value {
     let base_url = base_url.map(str::trim).filter(|url| !url.is_empty()).unwrap_or(OPENAI_API);
-    json!({
+    let mut config = json!({
         "model_provider": PROVIDER,
         "model_providers": {
             PROVIDER: {
@@ -101,13 +107,17 @@ pub fn codex_config(base_url: Option<&str>) -> Value {
         "feedback": {"enabled": false},
         "otel": {"exporter": "none"},
         "features": {"plugins": false, "plugin_discovery_prefetch": false, "remote_plugin": false, "apps": false},
-    })
+    });
+    if let Some(model) = model.map(str::trim).filter(|model| !model.is_empty()) {
+        config["model"] = json!(model);
+    }
+    config
 }
 
-/// Fixed variables, given the user's [`BASE_URL`].
-pub fn fixed_env(base_url: Option<&str>) -> Vec<(String, String)> {
+/// Fixed variables, given the user's [`BASE_URL`] and [`MODEL`].
+pub fn fixed_env(base_url: Option<&str>, model: Option<&str>) -> Vec<(String, String)> {
     vec![
-        ("CODEX_CONFIG".into(), codex_config(base_url).to_string()),
+        ("CODEX_CONFIG".into(), codex_config(base_url, model).to_string()),
         ("INITIAL_AGENT_MODE".into(), INITIAL_MODE.into()),
         ("CODEX_ACP_PROMPT_SUGGESTIONS".into(), "false".into()),
         ("NO_BROWSER".into(), "1".into()),
@@ -127,9 +137,9 @@ fn users_codex_home() -> PathBuf {
         .unwrap_or_else(|| crate::paths::home().join(".codex"))
 }
 
-/// The user's [`BASE_URL`], when set.
-fn base_url() -> Option<String> {
-    std::env::var(BASE_URL).ok().filter(|url| !url.trim().is_empty())
+/// The bridge's variable `name`, when set to something.
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.trim().is_empty())
 }
 
 impl Agent for Codex {
@@ -166,7 +176,7 @@ impl Agent for Codex {
     }
 
     fn fixed_env(&self) -> Vec<(String, String)> {
-        fixed_env(base_url().as_deref())
+        fixed_env(var(BASE_URL).as_deref(), var(MODEL).as_deref())
     }
 
     fn takes_system_prompt(&self) -> bool {
@@ -223,16 +233,22 @@ impl Agent for Codex {
     }
 
     fn doctor_lines(&self, _settings: &AgentSettings, _cli_model: Option<&str>) -> Vec<String> {
-        doctor_lines(base_url().as_deref())
+        doctor_lines(var(BASE_URL).as_deref(), var(MODEL).as_deref())
     }
 }
 
-/// `doctor`'s line: where the model calls go.
-pub fn doctor_lines(base_url: Option<&str>) -> Vec<String> {
-    vec![match base_url {
-        Some(url) => format!("model API: {url} ({BASE_URL}, Responses API, key {CREDENTIAL})"),
-        None => format!("model API: {OPENAI_API} (set {BASE_URL} for another endpoint; key {CREDENTIAL})"),
-    }]
+/// `doctor`'s lines: where the model calls go, and which model Codex starts with.
+pub fn doctor_lines(base_url: Option<&str>, model: Option<&str>) -> Vec<String> {
+    vec![
+        match base_url {
+            Some(url) => format!("model API: {url} ({BASE_URL}, Responses API, key {CREDENTIAL})"),
+            None => format!("model API: {OPENAI_API} (set {BASE_URL} for another endpoint; key {CREDENTIAL})"),
+        },
+        match model {
+            Some(model) => format!("model: {model} ({MODEL})"),
+            None => format!("model: Codex's own default (set {MODEL} to choose)"),
+        },
+    ]
 }
 
 #[cfg(test)]
@@ -241,7 +257,8 @@ mod tests {
 
     #[test]
     fn a_base_url_becomes_the_provider_codex_uses() {
-        let config = codex_config(Some("http://127.0.0.1:8080/v1"));
+        let config = codex_config(Some("http://127.0.0.1:8080/v1"), Some("gpt-5.5"));
+        assert_eq!(config["model"], "gpt-5.5");
         assert_eq!(config["model_provider"], PROVIDER);
         assert_eq!(
             config["model_providers"][PROVIDER],
@@ -252,17 +269,18 @@ mod tests {
                 "env_key": "OPENAI_API_KEY",
             })
         );
-        assert_eq!(codex_config(None)["model_providers"][PROVIDER]["base_url"], OPENAI_API);
-        assert_eq!(codex_config(Some("  "))["model_providers"][PROVIDER]["base_url"], OPENAI_API);
+        assert_eq!(codex_config(None, None)["model_providers"][PROVIDER]["base_url"], OPENAI_API);
+        assert_eq!(codex_config(Some("  "), Some(" "))["model_providers"][PROVIDER]["base_url"], OPENAI_API);
+        assert!(codex_config(None, Some(" ")).get("model").is_none(), "a blank model is Codex's own choice");
         assert_eq!(config["features"]["plugins"], false);
     }
 
     #[test]
     fn the_environment_sets_the_mode_and_passes_only_the_key_and_endpoint() {
-        let env = fixed_env(None);
+        let env = fixed_env(None, None);
         assert!(env.contains(&("INITIAL_AGENT_MODE".into(), "agent-full-access".into())));
         let config = env.iter().find(|(name, _)| name == "CODEX_CONFIG").map(|(_, value)| value).unwrap();
-        assert_eq!(serde_json::from_str::<Value>(config).unwrap(), codex_config(None));
+        assert_eq!(serde_json::from_str::<Value>(config).unwrap(), codex_config(None, None));
         assert!(passes_env("OPENAI_API_KEY") && passes_env("OPENAI_BASE_URL"));
         for name in ["CODEX_HOME", "CODEX_CONFIG", "INITIAL_AGENT_MODE", "ANTHROPIC_API_KEY", "OPENAI_ORG"] {
             assert!(!passes_env(name), "{name}");
@@ -281,8 +299,11 @@ mod tests {
             .map(|(host, inside)| (PathBuf::from(host), PathBuf::from(inside)))
         );
         assert_eq!(
-            doctor_lines(None),
-            ["model API: https://api.openai.com/v1 (set OPENAI_BASE_URL for another endpoint; key OPENAI_API_KEY)"]
+            doctor_lines(None, Some("gpt-5.5")),
+            [
+                "model API: https://api.openai.com/v1 (set OPENAI_BASE_URL for another endpoint; key OPENAI_API_KEY)",
+                "model: gpt-5.5 (ACP_SANDBOX_CODEX_MODEL)"
+            ]
         );
     }
 }
