@@ -229,16 +229,12 @@ pub fn doctor_lines(home: &Path, base_url: Option<&str>) -> Vec<String> {
         Some(url) => format!("model API: {url} (ANTHROPIC_BASE_URL)"),
         None => "model API: api.anthropic.com".to_string(),
     };
-    let settings = home.join(".claude").join("settings.json");
-    let settings = if settings.exists() {
-        format!("settings: {} shown read-only in each session", settings.display())
+    let settings = if home.join(".claude").join("settings.json").exists() {
+        "settings: your ~/.claude/settings.json, shown read-only in each session"
     } else {
-        format!(
-            "settings: none in {}: each session gets permissions.defaultMode \"default\" (tools ask first)",
-            settings.display()
-        )
+        "settings: no ~/.claude/settings.json: each session gets permissions.defaultMode \"default\" (tools ask first)"
     };
-    vec![endpoint, settings]
+    vec![endpoint, settings.to_string()]
 }
 
 #[cfg(test)]
@@ -307,10 +303,13 @@ mod tests {
         assert_eq!(lines[0], "model API: http://127.0.0.1:9/ (ANTHROPIC_BASE_URL)");
         assert_eq!(
             lines[1],
-            format!(
-                "settings: none in {}: each session gets permissions.defaultMode \"default\" (tools ask first)",
-                dir.path().join(".claude/settings.json").display()
-            )
+            "settings: no ~/.claude/settings.json: each session gets permissions.defaultMode \"default\" (tools ask first)"
+        );
+        std::fs::create_dir_all(dir.path().join(".claude")).unwrap();
+        std::fs::write(dir.path().join(".claude/settings.json"), "{}").unwrap();
+        assert_eq!(
+            doctor_lines(dir.path(), None)[1],
+            "settings: your ~/.claude/settings.json, shown read-only in each session"
         );
         assert_eq!(doctor_lines(dir.path(), None)[0], "model API: api.anthropic.com");
     }
