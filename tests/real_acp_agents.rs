@@ -48,6 +48,8 @@ struct Real {
     /// Whether the agent announces its tool call with a `tool_call` before it asks (Gemini CLI does not: the first
     /// the client hears of it is the permission request, then its `tool_call_update`s).
     announces_tool: bool,
+    /// Checks what the bridge configured the agent with in the session's HOME, after a session's turns.
+    configured: fn(&Path),
 }
 
 const CLAUDE: Real = Real {
@@ -62,6 +64,13 @@ const CLAUDE: Real = Real {
     // Claude Code asks before its Bash tool runs (permissions.defaultMode "default", the bridge's default settings).
     write_asks: 1,
     announces_tool: true,
+    configured: |home| {
+        // The test's HOME has no settings: the session got the bridge's default, which made the write above ask.
+        let settings = std::fs::read_to_string(home.join(".claude/settings.json")).unwrap();
+        assert_eq!(settings, acp_sandbox::agents::claude::DEFAULT_SETTINGS);
+        // Claude Code kept the conversation there.
+        assert!(home.join(".claude/projects").is_dir(), "no transcripts in {}", home.display());
+    },
 };
 
 const CODEX: Real = Real {
@@ -76,6 +85,12 @@ const CODEX: Real = Real {
     // Full access (the bridge's mode for Codex: its own bubblewrap cannot run inside ours) never asks.
     write_asks: 0,
     announces_tool: true,
+    configured: |home| {
+        // CODEX_HOME is the session's `~/.codex`, where Codex keeps its threads: not under /tmp, so its own helpers
+        // would work, and it survives the agent.
+        assert!(home.join(".codex/sessions").is_dir(), "no Codex threads in {}", home.display());
+        assert!(!home.join(".codex/auth.json").exists(), "Codex stored a login: the key came by its variable");
+    },
 };
 
 const GEMINI: Real = Real {
@@ -90,6 +105,11 @@ const GEMINI: Real = Real {
     // Gemini CLI asks before run_shell_command (its "default" mode).
     write_asks: 1,
     announces_tool: false,
+    configured: |home| {
+        let settings: Value =
+            serde_json::from_str(&std::fs::read_to_string(home.join(".gemini/settings.json")).unwrap()).unwrap();
+        assert_eq!(settings, acp_sandbox::agents::gemini::settings());
+    },
 };
 
 /// The key every agent gets: a test fails when it shows up in the bridge's log or store.
@@ -370,6 +390,9 @@ fn real_agent(agent: &Real, sandbox: &str, test: &str) {
     let chats: Vec<Value> = ["text", "write"].iter().flat_map(|s| world.fake.chats(s)).collect();
     assert!(chats.len() >= 3, "the fake saw the text and the two write steps: {chats:#?}");
     assert!(chats.iter().all(|chat| chat["key_ok"] == true), "a model request lacked the key: {chats:#?}");
+    // What the bridge configured the agent with, in the session's HOME (the state dir, never /tmp).
+    let home = sandbox_state(&world.data, &sid).join("home");
+    (agent.configured)(&home);
     bridge.close_stdin();
     bridge.wait_exit(Duration::from_secs(20));
     assert!(!bridge.stderr().contains(KEY), "the key is in the bridge's log");
@@ -407,3 +430,49 @@ macro_rules! real {
 real!(claude_streams_and_writes_none, claude_streams_and_writes_bwrap, CLAUDE);
 real!(codex_streams_and_writes_none, codex_streams_and_writes_bwrap, CODEX);
 real!(gemini_streams_and_writes_none, gemini_streams_and_writes_bwrap, GEMINI);
+
+/// Claude Code with a user who has their own `~/.claude/settings.json` (every Bash command allowed) and a login in
+/// `~/.claude/.credentials.json`: the settings reach Claude Code (its write no longer asks), the login never does.
+fn claude_with_the_users_settings(sandbox: &str, test: &str) {
+    let Some(world) = World::new(&CLAUDE, test) else { return };
+    let ws = world.workspace();
+    let dot_claude = world.home.join(".claude");
+    std::fs::create_dir_all(&dot_claude).unwrap();
+    let settings = r#"{"permissions": {"defaultMode": "default", "allow": ["Bash"]}}"#;
+    std::fs::write(dot_claude.join("settings.json"), settings).unwrap();
+    std::fs::write(dot_claude.join(".credentials.json"), r#"{"claudeAiOauth": {"accessToken": "OAUTH-SECRET-1d2c"}}"#)
+        .unwrap();
+    let mut bridge = Bridge::start(world.options(&CLAUDE, sandbox));
+    let sid = bridge.new_session(&ws);
+    bridge.permission_answer = Some("reject_once".into());
+    let write = turn(&mut bridge, &sid, "SCENARIO:write Create hello.txt", "write");
+    assert_end_turn(&bridge, &write);
+    assert_eq!(std::fs::read_to_string(ws.join("hello.txt")).unwrap(), "hi from claude");
+    assert_eq!(bridge.permission_requests, Vec::<Value>::new(), "the user's allow rule did not reach Claude Code");
+    let state = sandbox_state(&world.data, &sid);
+    assert!(!state.join("home/.claude/.credentials.json").exists(), "the user's login was shown to Claude Code");
+    let mut dirs = vec![state];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let (path, kind) = (entry.path(), entry.file_type().unwrap());
+            if kind.is_dir() {
+                dirs.push(path);
+            } else if kind.is_file() {
+                let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default()).into_owned();
+                assert!(!text.contains("OAUTH-SECRET-1d2c"), "the user's login is in {}", path.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn claude_gets_the_users_settings_and_never_their_login_none() {
+    claude_with_the_users_settings("none", "claude_gets_the_users_settings_and_never_their_login_none");
+}
+
+#[test]
+fn claude_gets_the_users_settings_and_never_their_login_bwrap() {
+    if bwrap_ok("claude_gets_the_users_settings_and_never_their_login_bwrap") {
+        claude_with_the_users_settings("bwrap", "claude_gets_the_users_settings_and_never_their_login_bwrap");
+    }
+}
