@@ -503,9 +503,9 @@ fn a_stored_key_reaches_the_agent(agent: &Real, test: &str) {
 }
 
 #[test]
-#[ignore = "fails: acp::service's warm start (at session/new) starts the agent without the stored credential \
-            (Service::warm has none to give), and the turn reuses that process: Gemini CLI answers \
-            \"Gemini API key is missing or not configured\""]
+#[ignore = "fails: session/new begins the agent's start (Service::warm, which has no credential to give) and the \
+            first turn joins that start instead of its own, so the agent runs without the stored key: Gemini CLI \
+            answers \"Gemini API key is missing or not configured\" (src/agents/acp/service.rs)"]
 fn a_stored_key_reaches_gemini() {
     a_stored_key_reaches_the_agent(&GEMINI, "a_stored_key_reaches_gemini");
 }
