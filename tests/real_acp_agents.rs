@@ -482,14 +482,10 @@ fn a_stored_key_reaches_the_agent(agent: &Real, test: &str) {
     let Some(world) = World::new(agent, test) else { return };
     let ws = world.workspace();
     let options = world.options(agent, "none").without_env(agent.key_env);
-    let mut login = options.command();
-    let argv: Vec<String> = login.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
-    let mut login = Command::new(login.get_program());
-    login.arg("login").args(&argv).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    for (key, value) in &options.env {
-        login.env(key, value);
-    }
-    login.env_remove(agent.key_env);
+    let mut login = Command::new(bridge_bin());
+    login.args(["login", "--agent", agent.id, "--data-dir"]).arg(&world.data);
+    login.envs(options.env.iter().map(|(key, value)| (key, value))).env_remove(agent.key_env);
+    login.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = login.spawn().unwrap();
     std::io::Write::write_all(child.stdin.as_mut().unwrap(), format!("{KEY}\n").as_bytes()).unwrap();
     let output = child.wait_with_output().unwrap();
