@@ -103,7 +103,11 @@ fn what_the_agent_asks_of_its_client_stays_inside_the_workspace() {
         ask(&mut bridge, format!("read:{}", secret.display())),
         format!(
             "read error {}",
-            refused(format!("{} is outside the workspace: the agent's files are {}", secret.display(), ws.display()))
+            refused(format!(
+                "{} is outside the workspace: the agent's files are {}",
+                secret.display(),
+                ws.display()
+            ))
         )
     );
     let real_secret = std::fs::canonicalize(&secret).unwrap();
@@ -154,10 +158,7 @@ fn what_the_agent_asks_of_its_client_stays_inside_the_workspace() {
 fn under_bubblewrap_the_agents_own_shell_cannot_read_the_users_key() {
     if let Err(why) = bwrap_usable() {
         // A security test that cannot run fails, unless the person running it says bubblewrap is not there.
-        assert!(
-            std::env::var("ACP_SANDBOX_SKIP_BWRAP").is_ok_and(|v| v == "1"),
-            "bubblewrap does not work here: {why}"
-        );
+        assert!(std::env::var("ACP_SANDBOX_SKIP_BWRAP").is_ok_and(|v| v == "1"), "bubblewrap does not work here: {why}");
         eprintln!("SKIPPED under_bubblewrap_the_agents_own_shell_cannot_read_the_users_key: {why}");
         return;
     }
@@ -203,11 +204,7 @@ fn its_permission_request_reaches_the_editor_and_the_answer_reaches_it() {
 
 /// The fake agent's processes running in `ws`.
 fn agents_in(ws: &Path) -> Vec<i32> {
-    processes_under(ws)
-        .into_iter()
-        .filter(|(_, cmdline)| cmdline.contains("acp_agent.py"))
-        .map(|(pid, _)| pid)
-        .collect()
+    processes_under(ws).into_iter().filter(|(_, cmdline)| cmdline.contains("acp_agent.py")).map(|(pid, _)| pid).collect()
 }
 
 #[test]
@@ -263,8 +260,7 @@ fn the_editors_mcp_servers_reach_the_agents_session() {
     let dirs = TestDirs::new("acp-mcp");
     let ws = dirs.workspace("ws");
     let mut bridge = Bridge::start(options(&dirs));
-    let servers =
-        json!([{"name": "probe", "command": "/bin/echo", "args": ["x"], "env": [{"name": "TOKEN", "value": "t0ken"}]}]);
+    let servers = json!([{"name": "probe", "command": "/bin/echo", "args": ["x"], "env": [{"name": "TOKEN", "value": "t0ken"}]}]);
     let made = bridge.request("session/new", json!({"cwd": ws, "mcpServers": servers})).unwrap();
     let sid = made["sessionId"].as_str().unwrap().to_string();
     assert_eq!(answer(&mut bridge, &sid, "mcp"), r#"mcp [{"name": "probe", "command": "/bin/echo", "url": null}]"#);

@@ -325,10 +325,7 @@ async fn run(
                         Ok(text) => responder.respond(ReadTextFileResponse::new(text)),
                         Err(why) => {
                             tracing::info!(path = %request.path.display(), "refused the ACP agent a read: {why}");
-                            responder.respond_with_error(agent_client_protocol::Error::new(
-                                agent_client_protocol::ErrorCode::INVALID_PARAMS,
-                                why,
-                            ))
+                            responder.respond_with_error(agent_client_protocol::Error::new(agent_client_protocol::ErrorCode::INVALID_PARAMS, why))
                         }
                     }
                 })
@@ -343,10 +340,7 @@ async fn run(
                         Ok(()) => responder.respond(WriteTextFileResponse::new()),
                         Err(why) => {
                             tracing::info!(path = %request.path.display(), "refused the ACP agent a write: {why}");
-                            responder.respond_with_error(agent_client_protocol::Error::new(
-                                agent_client_protocol::ErrorCode::INVALID_PARAMS,
-                                why,
-                            ))
+                            responder.respond_with_error(agent_client_protocol::Error::new(agent_client_protocol::ErrorCode::INVALID_PARAMS, why))
                         }
                     }
                 })

@@ -267,8 +267,11 @@ impl TurnEngine for AcpEngine {
     async fn conclude(self: Box<Self>, seen: Seen, name: &'static str) -> Attempt {
         self.connection.unroute();
         let (idle, turn_timeout) = self.timeouts;
-        let failed =
-            |message: String| Error::CliFailed { message, stderr_tail: self.connection.stderr_tail(), exit_code: None };
+        let failed = |message: String| Error::CliFailed {
+            message,
+            stderr_tail: self.connection.stderr_tail(),
+            exit_code: None,
+        };
         if let Some(result) = stopped(&seen.stop, name, idle, turn_timeout, failed) {
             return Attempt::Finished(result);
         }

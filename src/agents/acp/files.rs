@@ -120,8 +120,7 @@ fn check_resolved(roots: &[PathBuf], path: &Path, writing: bool) -> Result<(), S
     let canonical: Vec<PathBuf> =
         roots.iter().map(|root| std::fs::canonicalize(root).unwrap_or_else(|_| root.clone())).collect();
     let Some(resolved) = resolve(path) else { return Ok(()) };
-    check(&canonical, &resolved, writing)
-        .map_err(|why| format!("{} leads to {}: {why}", path.display(), resolved.display()))
+    check(&canonical, &resolved, writing).map_err(|why| format!("{} leads to {}: {why}", path.display(), resolved.display()))
 }
 
 /// `path` with the links of its longest existing part resolved, the rest as it is.

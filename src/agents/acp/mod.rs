@@ -77,13 +77,7 @@ impl Agent for Custom {
 
     fn package(&self) -> NpmPackage {
         // Never installed: `--agent-command` names the agent, and the bridge refuses to start without it.
-        NpmPackage {
-            name: "acp-sandbox-custom-agent",
-            version: "0.0.0",
-            bin: "acp-agent",
-            postinstall: None,
-            companions: &[],
-        }
+        NpmPackage { name: "acp-sandbox-custom-agent", version: "0.0.0", bin: "acp-agent", postinstall: None, companions: &[] }
     }
 
     fn bin_override<'a>(&self, settings: &'a AgentSettings) -> Option<&'a PathBuf> {
@@ -123,12 +117,7 @@ impl Agent for Custom {
         &[]
     }
 
-    fn user_config(
-        &self,
-        _user_config_dir: &Path,
-        _user_data_dir: &Path,
-        _state_dir: &Path,
-    ) -> Vec<(PathBuf, PathBuf)> {
+    fn user_config(&self, _user_config_dir: &Path, _user_data_dir: &Path, _state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
         Vec::new()
     }
 

@@ -28,8 +28,7 @@ const INITIALIZE_LIMIT: Duration = Duration::from_secs(10);
 const SESSION_LIMIT: Duration = Duration::from_secs(60);
 
 /// A start under way, which every waiter shares.
-type Starting =
-    futures::future::Shared<futures::future::BoxFuture<'static, std::result::Result<Arc<Connection>, String>>>;
+type Starting = futures::future::Shared<futures::future::BoxFuture<'static, std::result::Result<Arc<Connection>, String>>>;
 
 /// One session's agent.
 struct Entry {
@@ -343,7 +342,8 @@ impl Service for AcpService {
         prompt: &RenderedPrompt,
     ) -> Result<Attempt> {
         let record = host.record();
-        let started = self.connection(host.bridge(), record, sandbox, executable, host.credential(), host.model());
+        let started =
+            self.connection(host.bridge(), record, sandbox, executable, host.credential(), host.model());
         let Some(connection) = unless_cancelled(host.cancel(), started).await? else {
             return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         };
@@ -355,8 +355,7 @@ impl Service for AcpService {
         };
         self.touch(&record.id, true);
         let events = connection.route_to(&session);
-        let request =
-            PromptRequest::new(session.clone(), vec![ContentBlock::Text(TextContent::new(prompt.text.clone()))]);
+        let request = PromptRequest::new(session.clone(), vec![ContentBlock::Text(TextContent::new(prompt.text.clone()))]);
         let sent = connection.cx.send_request(request);
         let answer = tokio::spawn(sent.block_task());
         let engine = AcpEngine::new(
