@@ -103,6 +103,10 @@ pub trait BridgeHost: Send + Sync {
         args: Vec<String>,
     ) -> ExecSpec;
 
+    /// The credential the bridge's agent gets (from its environment, or kept by `acp-sandbox login`), for what a
+    /// service starts before a turn brings one.
+    fn credential(&self) -> Option<(&'static str, String)>;
+
     /// Whether sandboxes get a network namespace of their own (a port inside is then private to its sandbox).
     fn private_network(&self) -> bool;
 

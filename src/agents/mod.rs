@@ -6,7 +6,10 @@
 
 pub mod acp;
 pub mod amp;
+pub mod claude;
+pub mod codex;
 pub mod engine;
+pub mod gemini;
 pub mod host;
 pub mod mcp;
 pub mod opencode;
@@ -331,6 +334,9 @@ pub static AGENTS: &[AgentKind] = &[
     opencode::AGENT,
     amp::AGENT,
     acp::AGENT,
+    claude::AGENT,
+    codex::AGENT,
+    gemini::AGENT,
     #[cfg(debug_assertions)]
     scripted::AGENT,
 ];

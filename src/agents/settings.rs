@@ -13,6 +13,15 @@ pub struct AgentSettings {
     /// The custom ACP agent's.
     #[command(flatten, next_help_heading = "Any ACP agent (--agent custom)")]
     pub acp: super::acp::Settings,
+    /// Claude Code's.
+    #[command(flatten, next_help_heading = "Claude Code")]
+    pub claude: super::claude::Settings,
+    /// Codex's.
+    #[command(flatten, next_help_heading = "Codex")]
+    pub codex: super::codex::Settings,
+    /// Gemini CLI's.
+    #[command(flatten, next_help_heading = "Gemini CLI")]
+    pub gemini: super::gemini::Settings,
     /// The test-only agent's.
     #[cfg(debug_assertions)]
     #[command(flatten)]

@@ -66,6 +66,10 @@ impl BridgeHost for Bridge {
         Bridge::mcp_servers(self, session)
     }
 
+    fn credential(&self) -> Option<(&'static str, String)> {
+        crate::auth::credential(&self.config, self.config.agent).ok().flatten()
+    }
+
     fn notifier(&self) -> Option<Arc<dyn crate::agents::host::UpdateSink>> {
         self.notifier.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

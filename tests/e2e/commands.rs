@@ -495,6 +495,16 @@ fn doctor_exits_non_zero_on_errors_and_gives_namespace_advice_when_bubblewrap_is
             "            providers: none found in your OpenCode config, its logins or the environment: run `opencode \
              auth login`, or set a provider's key (e.g. ANTHROPIC_API_KEY)",
             "            AMP_API_KEY: ERROR missing: set AMP_API_KEY or run `acp-sandbox login --agent amp`",
+            "            ANTHROPIC_API_KEY: missing: set ANTHROPIC_API_KEY or run `acp-sandbox login --agent claude`",
+            "            model API: api.anthropic.com",
+            "            settings: no ~/.claude/settings.json: each session gets permissions.defaultMode \"default\" \
+             (tools ask first)",
+            "            OPENAI_API_KEY: missing: set OPENAI_API_KEY or run `acp-sandbox login --agent codex`",
+            "            model API: https://api.openai.com/v1 (set OPENAI_BASE_URL for another endpoint; key \
+             OPENAI_API_KEY)",
+            "            model: Codex's own default (set ACP_SANDBOX_CODEX_MODEL to choose)",
+            "            GEMINI_API_KEY: missing: set GEMINI_API_KEY or run `acp-sandbox login --agent gemini`",
+            "            model API: generativelanguage.googleapis.com (key GEMINI_API_KEY)",
             "            install the `bubblewrap` package for isolation",
         ],
         "{out}"
@@ -544,6 +554,9 @@ fn help_shows_each_command_its_own_settings_and_the_defaults() {
             "--opencode-bin",
             "--opencode-backend",
             "--agent-command",
+            "--claude-bin",
+            "--codex-bin",
+            "--gemini-bin",
         ],
         "{prompt}"
     );

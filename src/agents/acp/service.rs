@@ -216,7 +216,9 @@ impl AcpService {
         model: Option<&str>,
     ) -> Starting {
         use futures::FutureExt;
-        let env = bridge.cli_environment(sandbox.as_ref(), credential, model);
+        // A start ahead of the first prompt (at the session's opening) has no turn to bring the key: the bridge's.
+        let kept = credential.is_none().then(|| bridge.credential()).flatten();
+        let env = bridge.cli_environment(sandbox.as_ref(), credential.or(kept.as_ref()), model);
         let mut spec = bridge.cli_spec(executable, sandbox.as_ref(), env, self.args.clone());
         spec.net.endpoints.extend(crate::agents::mcp::endpoints(&bridge.mcp_servers(&record.id)));
         let mut roots = vec![sandbox.workspace().to_path_buf()];

@@ -1,0 +1,515 @@
+//! acp-sandbox against the REAL ACP agents from npm — Claude Code (`@agentclientprotocol/claude-agent-acp`), Codex
+//! (`@agentclientprotocol/codex-acp` with `@openai/codex`) and Gemini CLI (`@google/gemini-cli`) — each talking to
+//! its scripted fake model on 127.0.0.1 (`tests/fakes/fake_anthropic.py`, `fake_openai_responses.py`,
+//! `fake_gemini.py`, run through `keyed_fake.py`, which notes whether each request carried the test's key).
+//! Nothing leaves the machine.
+//!
+//! For each agent, under `--sandbox bwrap` and `--sandbox none`, with a HOME of the test's own: one streamed answer
+//! (several `agent_message_chunk`s, `end_turn`), one tool call that creates `hello.txt` in the workspace (the
+//! permission request answered "allow once" where the agent asks), the key reached the model (the fake saw it) and
+//! is nowhere in the bridge's log or its store.
+//!
+//! Run: `.ci/install-acp-agents.sh && cargo test --test real_acp_agents -- --nocapture` (`TIMING` lines say how long
+//! each start and turn took). The tests look where `.ci/install-acp-agents.sh` installs
+//! (`${XDG_CACHE_HOME:-$HOME/.cache}/acp-sandbox`); `ACP_SANDBOX_TEST_ACP_AGENTS` names another such folder. When an
+//! agent is not there its tests FAIL and say to run the script; `ACP_SANDBOX_SKIP_REAL_ACP_AGENTS=1` skips them.
+// Tests start the bridge and the fake servers themselves.
+#![allow(clippy::disallowed_methods)]
+// A test fails by panicking: unwrap and expect say where.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::*;
+
+/// One real agent as these tests drive it.
+struct Real {
+    /// Its `--agent`.
+    id: &'static str,
+    /// Its prefix under the install script's folder, and its launcher there.
+    prefix: &'static str,
+    launcher: &'static str,
+    /// Its override variable of the bridge.
+    bin_env: &'static str,
+    /// Its fake model, the variable with its base URL and what goes after the port.
+    fake: &'static str,
+    base_url_env: &'static str,
+    base_path: &'static str,
+    /// Its key's variable.
+    key_env: &'static str,
+    /// What its fake calls its model in the text scenario's answer.
+    model_name: &'static str,
+    /// How many permission requests the write scenario makes.
+    write_asks: usize,
+    /// Whether the agent announces its tool call with a `tool_call` before it asks (Gemini CLI does not: the first
+    /// the client hears of it is the permission request, then its `tool_call_update`s).
+    announces_tool: bool,
+    /// Checks what the bridge configured the agent with in the session's HOME, after a session's turns.
+    configured: fn(&Path),
+}
+
+const CLAUDE: Real = Real {
+    id: "claude",
+    prefix: "claude-agent-acp@0.101.0",
+    launcher: "node_modules/.bin/claude-agent-acp",
+    bin_env: "ACP_SANDBOX_CLAUDE_BIN",
+    fake: "fake_anthropic.py",
+    model_name: "Anthropic",
+    base_url_env: "ANTHROPIC_BASE_URL",
+    base_path: "",
+    key_env: "ANTHROPIC_API_KEY",
+    // Claude Code asks before its Bash tool runs (permissions.defaultMode "default", the bridge's default settings).
+    write_asks: 1,
+    announces_tool: true,
+    configured: |home| {
+        // The test's HOME has no settings: the session got the bridge's default, which made the write above ask.
+        let settings = std::fs::read_to_string(home.join(".claude/settings.json")).unwrap();
+        assert_eq!(settings, acp_sandbox::agents::claude::DEFAULT_SETTINGS);
+        // Claude Code kept the conversation there.
+        assert!(home.join(".claude/projects").is_dir(), "no transcripts in {}", home.display());
+    },
+};
+
+const CODEX: Real = Real {
+    id: "codex",
+    prefix: "codex-acp@2.6.0",
+    launcher: "node_modules/.bin/codex-acp",
+    bin_env: "ACP_SANDBOX_CODEX_BIN",
+    fake: "fake_openai_responses.py",
+    model_name: "Responses",
+    base_url_env: "OPENAI_BASE_URL",
+    base_path: "/v1",
+    key_env: "OPENAI_API_KEY",
+    // Full access (the bridge's mode for Codex: its own bubblewrap cannot run inside ours) never asks.
+    write_asks: 0,
+    announces_tool: true,
+    configured: |home| {
+        // CODEX_HOME is the session's `~/.codex`, where Codex keeps its threads: not under /tmp, so its own helpers
+        // would work, and it survives the agent.
+        assert!(home.join(".codex/sessions").is_dir(), "no Codex threads in {}", home.display());
+        assert!(!home.join(".codex/auth.json").exists(), "Codex stored a login: the key came by its variable");
+    },
+};
+
+const GEMINI: Real = Real {
+    id: "gemini",
+    prefix: "gemini-cli@0.61.0",
+    launcher: "node_modules/.bin/gemini",
+    bin_env: "ACP_SANDBOX_GEMINI_BIN",
+    fake: "fake_gemini.py",
+    model_name: "Gemini",
+    base_url_env: "GOOGLE_GEMINI_BASE_URL",
+    base_path: "",
+    key_env: "GEMINI_API_KEY",
+    // Gemini CLI asks before run_shell_command (its "default" mode).
+    write_asks: 1,
+    announces_tool: false,
+    configured: |home| {
+        let settings: Value =
+            serde_json::from_str(&std::fs::read_to_string(home.join(".gemini/settings.json")).unwrap()).unwrap();
+        assert_eq!(settings, acp_sandbox::agents::gemini::settings());
+    },
+};
+
+/// The key every agent gets: a test fails when it shows up in the bridge's log or store.
+const KEY: &str = "acp-sandbox-real-agent-KEY-7f3a9c";
+
+/// Upper bound of one real turn (a cold start of a 300 MB native binary on a busy 2-core machine included).
+const TURN_LIMIT: Duration = Duration::from_secs(180);
+
+// ---- finding the agents --------------------------------------------------------------------------------------
+
+/// The agent's launcher, or `None` when the tests are told to skip. Panics with the install hint when missing.
+fn launcher(agent: &Real, test: &str) -> Option<PathBuf> {
+    if std::env::var("ACP_SANDBOX_SKIP_REAL_ACP_AGENTS").is_ok_and(|v| v == "1") {
+        eprintln!("SKIPPED {test}: ACP_SANDBOX_SKIP_REAL_ACP_AGENTS=1");
+        return None;
+    }
+    let hint = format!(
+        "run `.ci/install-acp-agents.sh {}` (it installs into ${{XDG_CACHE_HOME:-$HOME/.cache}}/acp-sandbox; \
+         ACP_SANDBOX_TEST_ACP_AGENTS names another such folder), or set ACP_SANDBOX_SKIP_REAL_ACP_AGENTS=1 to skip",
+        agent.id
+    );
+    let root = match std::env::var_os("ACP_SANDBOX_TEST_ACP_AGENTS").filter(|p| !p.is_empty()) {
+        Some(root) => PathBuf::from(root),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+            .expect("neither XDG_CACHE_HOME nor HOME is set")
+            .join("acp-sandbox"),
+    };
+    let path = root.join(agent.prefix).join(agent.launcher);
+    assert!(path.exists(), "{} is not installed (looked for {}): {hint}", agent.id, path.display());
+    Some(path)
+}
+
+/// Fails unless bubblewrap works here (it does on the CI image); `ACP_SANDBOX_SKIP_BWRAP=1` skips instead.
+fn bwrap_ok(test: &str) -> bool {
+    match bwrap_usable() {
+        Ok(()) => true,
+        Err(_) if std::env::var("ACP_SANDBOX_SKIP_BWRAP").is_ok_and(|v| v == "1") => {
+            eprintln!("SKIPPED {test}: ACP_SANDBOX_SKIP_BWRAP=1");
+            false
+        }
+        Err(why) => panic!("bubblewrap does not work here ({why}); set ACP_SANDBOX_SKIP_BWRAP=1 to skip"),
+    }
+}
+
+// ---- the fake model ------------------------------------------------------------------------------------------
+
+/// The agent's fake model on a free port of 127.0.0.1; killed when dropped.
+struct Fake {
+    child: Child,
+    port: u16,
+    record: PathBuf,
+}
+
+impl Fake {
+    fn start(agent: &Real, dir: &Path) -> Fake {
+        let record = dir.join("fake-model-requests.jsonl");
+        let fakes = fakes_dir();
+        let mut child = Command::new("python3")
+            .arg(fakes.join("keyed_fake.py"))
+            .arg(fakes.join(agent.fake))
+            .arg("--record")
+            .arg(&record)
+            .env("FAKE_EXPECTED_KEY", KEY)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(std::fs::File::create(dir.join("fake-model.log")).unwrap()))
+            .spawn()
+            .expect("start python3 tests/fakes/keyed_fake.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("read the fake's port");
+        let port = line
+            .strip_prefix("PORT ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the fake did not say its port: {line:?}"));
+        Fake { child, port, record }
+    }
+
+    /// Every request received so far: `{kind, scenario, step, key_ok, …}`.
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.record)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a recorded request is JSON"))
+            .collect()
+    }
+
+    /// The chat (not side) requests of `scenario`.
+    fn chats(&self, scenario: &str) -> Vec<Value> {
+        self.requests().into_iter().filter(|r| r["kind"] == "chat" && r["scenario"] == scenario).collect()
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---- one test's world ----------------------------------------------------------------------------------------
+
+/// Where a test's directories go: [`test_root`] unless it is inside a git checkout (it normally is: `target/` of
+/// this repository), since every one of these agents takes the nearest `.git` above its workspace for its project
+/// (Claude Code lists its files, Codex and Gemini CLI look for its root); then `/var/tmp`, which bubblewrap shows.
+fn world_parent() -> PathBuf {
+    let root = test_root();
+    if !root.ancestors().any(|dir| dir.join(".git").exists()) {
+        return root;
+    }
+    let uid = nix::unistd::getuid();
+    let parent = PathBuf::from(format!("/var/tmp/acp-sandbox-real-acp-agents-{uid}"));
+    std::fs::create_dir_all(&parent).unwrap();
+    assert!(!parent.ancestors().any(|dir| dir.join(".git").exists()), "{} is inside a git checkout", parent.display());
+    parent
+}
+
+/// A fake model, a HOME and data dir of the test's own, a workspace.
+struct World {
+    root: tempfile::TempDir,
+    fake: Fake,
+    launcher: PathBuf,
+    home: PathBuf,
+    data: PathBuf,
+}
+
+impl World {
+    fn new(agent: &Real, test: &str) -> Option<World> {
+        let launcher = launcher(agent, test)?;
+        let root = tempfile::Builder::new().prefix(&format!("{test}-")).tempdir_in(world_parent()).unwrap();
+        let fake = Fake::start(agent, root.path());
+        let home = root.path().join("home");
+        let data = root.path().join("data");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&data).unwrap();
+        Some(World { root, fake, launcher, home, data })
+    }
+
+    fn workspace(&self) -> PathBuf {
+        let path = self.root.path().join("ws");
+        std::fs::create_dir_all(&path).unwrap();
+        path.canonicalize().unwrap()
+    }
+
+    /// The bridge running the real agent against the fake, the key in its environment.
+    fn options(&self, agent: &Real, sandbox: &str) -> BridgeOptions {
+        // The override names the launcher inside the install script's prefix: the sandbox shows the launcher's own
+        // folder, and the prefix (the native programs beside it) is shown read-only here.
+        let prefix = self.launcher.ancestors().nth(3).unwrap().to_path_buf();
+        BridgeOptions::new(agent.id, &self.data)
+            .sandbox(sandbox)
+            .env(agent.bin_env, &self.launcher.display().to_string())
+            .env("ACP_SANDBOX_ALLOW_READ", &prefix.display().to_string())
+            .env("HOME", &self.home.display().to_string())
+            .env("XDG_CONFIG_HOME", &self.home.join(".config").display().to_string())
+            .env("XDG_DATA_HOME", &self.home.join(".local/share").display().to_string())
+            .env("XDG_CACHE_HOME", &self.home.join(".cache").display().to_string())
+            .env(agent.key_env, KEY)
+            .env(agent.base_url_env, &format!("http://127.0.0.1:{}{}", self.fake.port, agent.base_path))
+            // A machine that says IS_SANDBOX=yes made Claude Code refuse to start as root: the bridge never
+            // passes it on, which this proves.
+            .env("IS_SANDBOX", "yes")
+            // Codex's default model gets its tools as JavaScript ("code mode"), which the fake cannot script; the
+            // notes' model gets them as functions.
+            .env("ACP_SANDBOX_CODEX_MODEL", "gpt-5.5")
+            .env("RUST_LOG", &std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()))
+    }
+}
+
+impl Drop for World {
+    /// A failing test kills its bridge mid-turn; under `--sandbox none` the agent would live on.
+    fn drop(&mut self) {
+        for _ in 0..5 {
+            let left = processes_under(self.root.path());
+            if left.is_empty() {
+                break;
+            }
+            for (pid, _) in left {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+// ---- the checks ----------------------------------------------------------------------------------------------
+
+/// One prompt, waited for patiently (a real agent is silent while it starts cold or runs a tool).
+fn turn(bridge: &mut Bridge, sid: &str, text: &str, label: &str) -> Turn {
+    let started = Instant::now();
+    let id = bridge.send_prompt(sid, text);
+    let result = bridge
+        .wait_response_within(id, TURN_LIMIT)
+        .unwrap_or_else(|| bridge.fail(&format!("no answer to the {label} prompt within {TURN_LIMIT:?}")));
+    eprintln!("TIMING {label} ({}): {:?}", bridge.options.sandbox, started.elapsed());
+    Turn { result, updates: bridge.take_updates(sid) }
+}
+
+/// The agent's own text pieces (the bridge's notes, e.g. that `--sandbox none` runs without one, start with `_`).
+fn chunks(updates: &[Value]) -> Vec<String> {
+    updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .filter(|text| !text.trim().starts_with('_'))
+        .map(str::to_string)
+        .collect()
+}
+
+fn assert_end_turn(bridge: &Bridge, turn: &Turn) {
+    match &turn.result {
+        Ok(result) if result["stopReason"] == "end_turn" => {}
+        other => bridge.fail(&format!("expected end_turn, got {other:?}\nupdates: {:#?}", turn.updates)),
+    }
+}
+
+/// Every file of the bridge's own under its data dir (the store, its logs), without the sessions' state dirs,
+/// which are the agents' HOMEs.
+fn bridge_files(data: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![data.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() && path != data.join("sessions") {
+                dirs.push(path);
+            } else if kind.is_file() {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+fn real_agent(agent: &Real, sandbox: &str, test: &str) {
+    let Some(world) = World::new(agent, test) else { return };
+    let ws = world.workspace();
+    let started = Instant::now();
+    let mut bridge = Bridge::start(world.options(agent, sandbox));
+    let sid = bridge.new_session(&ws);
+    eprintln!("TIMING bridge start + session/new ({sandbox}): {:?}", started.elapsed());
+
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
+    assert_end_turn(&bridge, &answer);
+    let pieces = chunks(&answer.updates);
+    assert!(pieces.len() >= 2, "a streamed answer comes in pieces: {pieces:?}\n{:#?}", answer.updates);
+    assert_eq!(
+        pieces.concat(),
+        format!("Hello from the fake {} model. It streams in pieces. TEXT-ANSWER-OK", agent.model_name),
+        "{pieces:?}"
+    );
+
+    bridge.permission_answer = Some("allow_once".into());
+    let write = turn(&mut bridge, &sid, "SCENARIO:write Create hello.txt", "write");
+    assert_end_turn(&bridge, &write);
+    assert_eq!(
+        std::fs::read_to_string(ws.join("hello.txt")).unwrap_or_else(|e| bridge.fail(&format!("no hello.txt: {e}"))),
+        format!("hi from {}", agent.id),
+        "the tool ran in the workspace"
+    );
+    assert_eq!(bridge.permission_requests.len(), agent.write_asks, "{:#?}", bridge.permission_requests);
+    assert_eq!(
+        chunks(&write.updates).concat(),
+        "I will create the file.The file hello.txt is written. WRITE-DONE",
+        "{:#?}",
+        write.updates
+    );
+    // The tool's card: announced (where the agent does), then completed, under the id the permission asked about.
+    let completed: Vec<&Value> = write
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "tool_call_update" && u["status"] == "completed")
+        .collect();
+    assert_eq!(completed.len(), 1, "one tool finished: {:#?}", write.updates);
+    let id = &completed[0]["toolCallId"];
+    let announced = write.updates.iter().any(|u| u["sessionUpdate"] == "tool_call" && &u["toolCallId"] == id);
+    assert_eq!(announced, agent.announces_tool, "tool_call for {id}: {:#?}", write.updates);
+    if let Some(asked) = bridge.permission_requests.first() {
+        assert_eq!(&asked["toolCall"]["toolCallId"], id, "the permission asked about the tool that ran: {asked:#}");
+    }
+
+    // The key reached the model, through the agent, and only through it.
+    let chats: Vec<Value> = ["text", "write"].iter().flat_map(|s| world.fake.chats(s)).collect();
+    assert!(chats.len() >= 3, "the fake saw the text and the two write steps: {chats:#?}");
+    assert!(chats.iter().all(|chat| chat["key_ok"] == true), "a model request lacked the key: {chats:#?}");
+    // What the bridge configured the agent with, in the session's HOME (the state dir, never /tmp).
+    let home = sandbox_state(&world.data, &sid).join("home");
+    (agent.configured)(&home);
+    bridge.close_stdin();
+    bridge.wait_exit(Duration::from_secs(20));
+    assert!(!bridge.stderr().contains(KEY), "the key is in the bridge's log");
+    let files = bridge_files(&world.data);
+    let named = |prefix: &str| files.iter().any(|f| f.file_name().unwrap().to_string_lossy().starts_with(prefix));
+    assert!(named("acp-sandbox.sqlite3") && named("acp-sandbox.log"), "no store or log in {files:?}");
+    for file in files {
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            !bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes()),
+            "the key is in the bridge's {}",
+            file.display()
+        );
+    }
+}
+
+macro_rules! real {
+    ($none:ident, $bwrap:ident, $agent:expr) => {
+        #[test]
+        fn $none() {
+            real_agent(&$agent, "none", stringify!($none));
+        }
+
+        #[test]
+        fn $bwrap() {
+            if bwrap_ok(stringify!($bwrap)) {
+                real_agent(&$agent, "bwrap", stringify!($bwrap));
+            }
+        }
+    };
+}
+
+real!(claude_streams_and_writes_none, claude_streams_and_writes_bwrap, CLAUDE);
+real!(codex_streams_and_writes_none, codex_streams_and_writes_bwrap, CODEX);
+real!(gemini_streams_and_writes_none, gemini_streams_and_writes_bwrap, GEMINI);
+
+/// Claude Code with a user who has their own `~/.claude/settings.json` (every Bash command allowed) and a login in
+/// `~/.claude/.credentials.json`: the settings reach Claude Code (its write no longer asks), the login never does.
+fn claude_with_the_users_settings(sandbox: &str, test: &str) {
+    let Some(world) = World::new(&CLAUDE, test) else { return };
+    let ws = world.workspace();
+    let dot_claude = world.home.join(".claude");
+    std::fs::create_dir_all(&dot_claude).unwrap();
+    let settings = r#"{"permissions": {"defaultMode": "default", "allow": ["Bash"]}}"#;
+    std::fs::write(dot_claude.join("settings.json"), settings).unwrap();
+    std::fs::write(dot_claude.join(".credentials.json"), r#"{"claudeAiOauth": {"accessToken": "OAUTH-SECRET-1d2c"}}"#)
+        .unwrap();
+    let mut bridge = Bridge::start(world.options(&CLAUDE, sandbox));
+    let sid = bridge.new_session(&ws);
+    bridge.permission_answer = Some("reject_once".into());
+    let write = turn(&mut bridge, &sid, "SCENARIO:write Create hello.txt", "write");
+    assert_end_turn(&bridge, &write);
+    assert_eq!(std::fs::read_to_string(ws.join("hello.txt")).unwrap(), "hi from claude");
+    assert_eq!(bridge.permission_requests, Vec::<Value>::new(), "the user's allow rule did not reach Claude Code");
+    let state = sandbox_state(&world.data, &sid);
+    assert!(!state.join("home/.claude/.credentials.json").exists(), "the user's login was shown to Claude Code");
+    let mut dirs = vec![state];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let (path, kind) = (entry.path(), entry.file_type().unwrap());
+            if kind.is_dir() {
+                dirs.push(path);
+            } else if kind.is_file() {
+                let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default()).into_owned();
+                assert!(!text.contains("OAUTH-SECRET-1d2c"), "the user's login is in {}", path.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn claude_gets_the_users_settings_and_never_their_login_none() {
+    claude_with_the_users_settings("none", "claude_gets_the_users_settings_and_never_their_login_none");
+}
+
+#[test]
+fn claude_gets_the_users_settings_and_never_their_login_bwrap() {
+    if bwrap_ok("claude_gets_the_users_settings_and_never_their_login_bwrap") {
+        claude_with_the_users_settings("bwrap", "claude_gets_the_users_settings_and_never_their_login_bwrap");
+    }
+}
+
+/// A key kept by `acp-sandbox login` (none in the bridge's environment) reaches the agent just the same.
+fn a_stored_key_reaches_the_agent(agent: &Real, test: &str) {
+    let Some(world) = World::new(agent, test) else { return };
+    let ws = world.workspace();
+    let options = world.options(agent, "none").without_env(agent.key_env);
+    let mut login = Command::new(bridge_bin());
+    login.args(["login", "--agent", agent.id, "--data-dir"]).arg(&world.data);
+    login.envs(options.env.iter().map(|(key, value)| (key, value))).env_remove(agent.key_env);
+    login.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = login.spawn().unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), format!("{KEY}\n").as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "login: {}", String::from_utf8_lossy(&output.stderr));
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
+    assert_end_turn(&bridge, &answer);
+    let chats = world.fake.chats("text");
+    assert!(!chats.is_empty() && chats.iter().all(|chat| chat["key_ok"] == true), "{chats:#?}");
+}
+
+#[test]
+fn a_stored_key_reaches_gemini() {
+    a_stored_key_reaches_the_agent(&GEMINI, "a_stored_key_reaches_gemini");
+}
