@@ -1,13 +1,14 @@
 //! An ACP agent's `session/update`s as the bridge's own (pure): each line is the JSON of one update the agent sent
 //! for its session. The update is the editor's as it is, but for what only the bridge may say: paths move from
 //! the sandbox's view to the editor's workspace, the agent's own modes (which the bridge does not offer the editor:
-//! its config options are the session's) are left out, and a tool call still open when the stream ends is closed.
+//! its config options are the session's) are left out, the first update of a tool call never announced announces it,
+//! and a tool call still open when the stream ends is closed.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use agent_client_protocol::v1::schema::{
-    SessionUpdate, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields,
+    SessionUpdate, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields,
 };
 
 use crate::agents::{Output, StreamEnd, TranslateContext, Translator};
@@ -20,12 +21,14 @@ pub struct AcpTranslator {
     context: TranslateContext,
     /// The tool calls begun and not finished, by id: closed when the stream ends.
     open: BTreeSet<String>,
+    /// Every tool call announced this turn.
+    seen: BTreeSet<String>,
 }
 
 impl AcpTranslator {
     /// A translator for one turn.
     pub fn new(context: TranslateContext) -> Self {
-        Self { context, open: BTreeSet::new() }
+        Self { context, open: BTreeSet::new(), seen: BTreeSet::new() }
     }
 
     /// A path the agent reported, in the editor's workspace.
@@ -55,21 +58,28 @@ fn finished(status: ToolCallStatus) -> bool {
     matches!(status, ToolCallStatus::Completed | ToolCallStatus::Failed)
 }
 
-impl Translator for AcpTranslator {
-    fn line(&mut self, line: &str) -> Vec<Output> {
-        let mut update = match serde_json::from_str::<SessionUpdate>(line) {
-            Ok(update) => update,
-            Err(_) => return vec![Output::Unparsed { line: line.chars().take(EXCERPT).collect() }],
-        };
+impl AcpTranslator {
+    /// One update of the agent's, as the editor gets it.
+    fn update(&mut self, mut update: SessionUpdate) -> Vec<Output> {
         match &mut update {
             SessionUpdate::ToolCall(call) => {
                 self.locations(&mut call.locations);
                 self.content(&mut call.content);
                 let id = call.tool_call_id.0.to_string();
+                self.seen.insert(id.clone());
                 if finished(call.status) {
                     self.open.remove(&id);
                 } else {
                     self.open.insert(id);
+                }
+            }
+            // An update of a call never announced (Gemini CLI announces one that needs approval only in its
+            // permission request) is the announcement: an editor shows no card for an update of an unknown call.
+            SessionUpdate::ToolCallUpdate(call) if !self.seen.contains(call.tool_call_id.0.as_ref()) => {
+                let mut announced = call.clone();
+                announced.fields.title.get_or_insert_with(|| "Tool".to_string());
+                if let Ok(announced) = ToolCall::try_from(announced) {
+                    return self.update(SessionUpdate::ToolCall(announced));
                 }
             }
             SessionUpdate::ToolCallUpdate(call) => {
@@ -89,6 +99,15 @@ impl Translator for AcpTranslator {
             _ => {}
         }
         vec![Output::Update(update)]
+    }
+}
+
+impl Translator for AcpTranslator {
+    fn line(&mut self, line: &str) -> Vec<Output> {
+        match serde_json::from_str::<SessionUpdate>(line) {
+            Ok(update) => self.update(update),
+            Err(_) => vec![Output::Unparsed { line: line.chars().take(EXCERPT).collect() }],
+        }
     }
 
     fn finish(&mut self, end: StreamEnd) -> Vec<Output> {
@@ -134,6 +153,8 @@ mod tests {
             r#"{"sessionUpdate":"tool_call","toolCallId":"t2","title":"Run","kind":"execute","status":"pending"}"#,
             r#"{"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed","locations":[{"path":"/etc/hosts"}]}"#,
             r#"{"sessionUpdate":"current_mode_update","currentModeId":"plan"}"#,
+            r#"{"sessionUpdate":"tool_call_update","toolCallId":"g1","status":"in_progress","title":"Shell"}"#,
+            r#"{"sessionUpdate":"tool_call_update","toolCallId":"g1","status":"completed"}"#,
             "not json",
         ]
         .join("\n");
@@ -146,6 +167,9 @@ mod tests {
                 // `pending` is the default status, which the wire leaves out.
                 serde_json::json!({"output":"update","sessionUpdate":"tool_call","toolCallId":"t2","title":"Run","kind":"execute"}),
                 serde_json::json!({"output":"update","sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed","locations":[{"path":"/etc/hosts"}]}),
+                // Never announced: its first update is its announcement.
+                serde_json::json!({"output":"update","sessionUpdate":"tool_call","toolCallId":"g1","title":"Shell","status":"in_progress"}),
+                serde_json::json!({"output":"update","sessionUpdate":"tool_call_update","toolCallId":"g1","status":"completed"}),
                 serde_json::json!({"output":"unparsed","line":"not json"}),
                 serde_json::json!({"output":"update","sessionUpdate":"tool_call_update","toolCallId":"t2","status":"failed","content":[{"type":"content","content":{"type":"text","text":crate::agents::tools::TOOL_NEVER_FINISHED}}]}),
             ]
