@@ -224,7 +224,12 @@ pub trait Agent: Send + Sync + 'static {
 
     /// The newest major version of the CLI the bridge can drive: a newer one found on PATH is replaced by the pinned
     /// install, and one named by the override is refused. `None`: any.
-    fn newest_major(&self) -> Option<u64> {
+    fn newest_major(&self, _settings: &AgentSettings) -> Option<u64> {
+        None
+    }
+
+    /// How a newer major version than [`Agent::newest_major`] can still be driven, in words for its refusal.
+    fn newer_major_hint(&self) -> Option<&'static str> {
         None
     }
 

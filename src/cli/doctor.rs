@@ -17,7 +17,7 @@ use acp_sandbox::sandbox::{SandboxChoice, WorkspaceMode};
 /// What `doctor` says about how the agent will be driven, given the version it printed; an error when it cannot be.
 fn backend(config: &Config, agent: AgentKind, version: &str) -> Option<Result<String, String>> {
     let major = acp_sandbox::agents::major_version(version);
-    if let Some(newest) = agent.newest_major()
+    if let Some(newest) = agent.newest_major(&config.agents)
         && major.is_some_and(|major| major > newest)
     {
         let name = agent.display_name();

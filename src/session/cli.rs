@@ -90,7 +90,7 @@ impl Bridge {
         cancel: &CancellationToken,
     ) -> Result<(PathBuf, Option<String>)> {
         let version = self.cli_version(agent, found).await;
-        let Some(newest) = agent.newest_major() else { return Ok((found.to_path_buf(), version)) };
+        let Some(newest) = agent.newest_major(&self.config.agents) else { return Ok((found.to_path_buf(), version)) };
         match version.as_deref().and_then(major_version) {
             Some(major) if major > newest => {}
             _ => return Ok((found.to_path_buf(), version)),
@@ -99,12 +99,14 @@ impl Bridge {
         let (name, package) = (agent.display_name(), agent.package());
         if agent.bin_override(&self.config.agents).is_some() {
             return Err(Error::CliUnavailable(format!(
-                "{name} {shown} at {} is a major version acp-sandbox cannot drive yet (it supports {name} {newest}.x). \
-                 Point ACP_SANDBOX_{}_BIN (--{}-bin) at a {newest}.x of {name}, or unset it to use the pinned {}",
+                "{name} {shown} at {} is a major version acp-sandbox cannot drive yet this way (it supports {name} \
+                 {newest}.x). Point ACP_SANDBOX_{}_BIN (--{}-bin) at a {newest}.x of {name}, or unset it to use the \
+                 pinned {}{}",
                 found.display(),
                 agent.as_str().to_uppercase(),
                 agent.as_str(),
-                package.version
+                package.version,
+                agent.newer_major_hint().map(|hint| format!("; {hint}")).unwrap_or_default()
             )));
         }
         let tools = paths::tools_dir(&self.config.data_dir);
@@ -125,7 +127,7 @@ impl Bridge {
     /// Asks the agent's version in the background, so that the first session's server does not wait for it.
     pub fn probe_version(self: &Arc<Self>) {
         let agent = self.config.agent;
-        if agent.newest_major().is_none() {
+        if agent.newest_major(&self.config.agents).is_none() {
             return;
         }
         let Some(executable) = installed_executable(&self.config, agent) else { return };

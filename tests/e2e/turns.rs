@@ -693,9 +693,32 @@ fn an_opencode_2_named_by_opencode_bin_is_refused_naming_its_version_and_the_set
     assert_eq!(
         error.message,
         format!(
-            "OpenCode 2.0.23 at {} is a major version acp-sandbox cannot drive yet (it supports OpenCode 1.x). Point ACP_SANDBOX_OPENCODE_BIN (--opencode-bin) at a 1.x of OpenCode, or unset it to use the pinned 1.18.33",
+            "OpenCode 2.0.23 at {} is a major version acp-sandbox cannot drive yet this way (it supports OpenCode 1.x). Point ACP_SANDBOX_OPENCODE_BIN (--opencode-bin) at a 1.x of OpenCode, or unset it to use the pinned 1.18.33; or drive it through its own ACP server: --opencode-backend acp",
             bin.display()
         )
     );
     assert!(invocations(&ws).is_empty(), "nothing but `--version` ran: {:?}", invocations(&ws));
+}
+
+#[test]
+fn an_opencode_2_is_driven_through_its_own_acp_server() {
+    // The scripted ACP agent stands in for OpenCode 2 (whose ACP server is its stable surface).
+    let dirs = TestDirs::new("opencode-2-acp");
+    let ws = dirs.workspace("ws");
+    let options = BridgeOptions::new("opencode", &dirs.data)
+        .env("OPENCODE_FAKE_VERSION", "2.0.23")
+        .env("ACP_SANDBOX_OPENCODE_BACKEND", "acp")
+        .env("ACP_SANDBOX_OPENCODE_BIN", &fakes_dir().join("acp_agent.py").display().to_string());
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:text");
+    assert_eq!(turn.stop_reason(), "end_turn", "{turn:?}");
+    let text: String = turn
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .filter(|text| !text.trim().starts_with('_'))
+        .collect();
+    assert_eq!(text, "Hello from ACP");
 }

@@ -213,7 +213,8 @@ def servers(params):
 
 def main():
     if "--version" in sys.argv:
-        print("fake-acp-agent 0.1.0")
+        # Standing in for OpenCode (`--opencode-bin`), it prints the version the test gives it.
+        print(os.environ.get("OPENCODE_FAKE_VERSION") or "fake-acp-agent 0.1.0")
         return
     if os.environ.get("FAKE_ACP_GARBAGE") == "1":
         sys.stdout.write("this is not JSON-RPC\n")

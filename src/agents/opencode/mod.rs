@@ -208,10 +208,14 @@ impl Agent for OpenCode {
         settings.opencode.default_model.as_deref()
     }
 
-    fn newest_major(&self) -> Option<u64> {
+    fn newest_major(&self, settings: &AgentSettings) -> Option<u64> {
         // OpenCode 2 replaced the server API and moved `run` onto a server (which could run tools outside the
-        // sandbox).
-        Some(1)
+        // sandbox); its ACP server is its stable surface, which the `acp` backend drives whatever the version.
+        (settings.opencode.opencode_backend != Backend::Acp).then_some(1)
+    }
+
+    fn newer_major_hint(&self) -> Option<&'static str> {
+        Some("or drive it through its own ACP server: --opencode-backend acp")
     }
 
     fn provider_env(
