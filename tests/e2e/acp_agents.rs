@@ -480,3 +480,13 @@ fn its_prompt_carries_the_editors_images_as_they_are() {
     assert_eq!(turn.stop_reason(), "end_turn");
     assert_eq!(said(&turn.updates), format!(r#"images [["image/png", {}]]"#, png.len()));
 }
+
+#[test]
+fn a_line_of_the_agent_that_is_not_json_rpc_is_passed_over() {
+    let dirs = TestDirs::new("acp-garbage");
+    let ws = dirs.workspace("ws");
+    let mut bridge =
+        Bridge::start(options(&dirs).arg("--pass-env").arg("FAKE_ACP_GARBAGE").env("FAKE_ACP_GARBAGE", "1"));
+    let sid = bridge.new_session(&ws);
+    assert_eq!(answer(&mut bridge, &sid, "text"), "Hello from ACP");
+}
