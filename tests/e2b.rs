@@ -490,3 +490,49 @@ fn a_refused_e2b_key_answers_the_prompt_with_an_auth_error() {
     // The bridge goes on: the next prompt gets the same answer, not a dead connection.
     assert_eq!(bridge.prompt(&sid, "Say hello").result.unwrap_err().code, -32000);
 }
+
+/// The text of a turn's agent chunks without the bridge's notes.
+fn agent_said(turn: &support::Turn) -> String {
+    let chunks = turn.updates.iter().filter(|u| u["sessionUpdate"] == "agent_message_chunk");
+    let texts = chunks.filter_map(|u| u["content"]["text"].as_str()).filter(|text| !text.trim().starts_with('_'));
+    texts.collect::<String>().trim().to_string()
+}
+
+#[test]
+fn an_acp_agent_runs_in_an_e2b_sandbox_with_its_stdin_open_and_its_changes_reviewed() {
+    let fake = FakeE2b::start();
+    let dirs = support::TestDirs::new("e2b-acp");
+    let ws = dirs.remote_workspace("ws");
+    std::fs::write(ws.join("notes.txt"), "the user's\n").unwrap();
+    let mut options = e2b_options(&fake, &dirs)
+        .arg("--agent-command")
+        .arg(&support::fakes_dir().join("acp_agent.py").display().to_string());
+    options.agent = "custom".into();
+    let mut bridge = support::Bridge::start_reviewing(options, true);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:text");
+    assert_eq!(turn.stop_reason(), "end_turn", "{turn:?}");
+    assert_eq!(agent_said(&turn), "Hello from ACP");
+    // Its read of the uploaded workspace, and its write through the bridge, run in the E2B sandbox.
+    let turn = bridge.prompt(&sid, &format!("SCENARIO:read:{WORKSPACE}/notes.txt"));
+    assert_eq!(agent_said(&turn), "read ok the user's", "{turn:?}");
+    let turn = bridge.prompt(&sid, &format!("SCENARIO:write:{WORKSPACE}/made.txt"));
+    assert_eq!(agent_said(&turn), "write ok");
+    let (id, _) = only_sandbox(&fake);
+    assert_eq!(
+        std::fs::read_to_string(fake.host_path(&id, &format!("{WORKSPACE}/made.txt"))).unwrap(),
+        "written by the agent"
+    );
+    // What it changed there reached the user's files through the editor.
+    let sent: Vec<(PathBuf, String)> = bridge.file_writes.iter().map(|w| (w.path.clone(), w.content.clone())).collect();
+    assert_eq!(sent, [(ws.join("made.txt"), "written by the agent".to_string())]);
+    assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap(), "written by the agent");
+    // The sandbox slept between turns (its agent with it): each turn's agent continued the same conversation.
+    let turn = bridge.prompt(&sid, "SCENARIO:history");
+    assert_eq!(
+        agent_said(&turn),
+        format!(
+            r#"history ["SCENARIO:text", "SCENARIO:read:{WORKSPACE}/notes.txt", "SCENARIO:write:{WORKSPACE}/made.txt"]"#
+        )
+    );
+}

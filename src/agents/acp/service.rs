@@ -121,13 +121,6 @@ impl AcpService {
         if let Some(connection) = self.live(&record.id) {
             return Ok(connection);
         }
-        if sandbox.remote_files().is_some() {
-            return Err(Error::CliUnavailable(format!(
-                "{} runs only in a local sandbox for now (a remote sandbox would need its stdin open for as long as it \
-                 runs): start the bridge with a local --sandbox",
-                self.name
-            )));
-        }
         let start = {
             let _one = self.start_lock.lock().await;
             if let Some(connection) = self.live(&record.id) {
@@ -442,6 +435,11 @@ impl Service for AcpService {
         self.touch(&record.id, false);
         if let Some(options) = connection.take_announced() {
             keep_options(host.bridge(), &record.id, options, false).await;
+        }
+        // A remote sandbox sleeps between turns (E2B pauses it, which cuts the agent's streams): its agent is
+        // stopped with the turn, and the next turn starts it again on the same conversation (`session/load`).
+        if sandbox.remote_files().is_some() {
+            self.release(&record.id).await;
         }
         result
     }

@@ -471,7 +471,7 @@ impl Sandbox for DaytonaSandbox {
         if spec.interactive {
             return Err(SandboxError::Unavailable(
                 "Daytona sandboxes do not run an ACP agent yet (it needs a stdin open for as long as it runs): use a \
-                 local sandbox"
+                 local sandbox or --sandbox e2b"
                     .to_string(),
             ));
         }

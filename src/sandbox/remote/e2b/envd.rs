@@ -108,7 +108,7 @@ fn exit_info(end: &Value) -> ExitInfo {
 }
 
 /// The `StartRequest` of a command: its argv as it is (no shell), its whole environment, its cwd, and stdin
-/// only when there is something to write.
+/// only when there is something to write or the command talks on it.
 pub fn start_request(spec: &ExecSpec, tag: Option<&str>) -> Value {
     let envs: serde_json::Map<String, Value> =
         spec.env.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
@@ -120,7 +120,7 @@ pub fn start_request(spec: &ExecSpec, tag: Option<&str>) -> Value {
     if !spec.cwd.as_os_str().is_empty() {
         process["cwd"] = Value::String(spec.cwd.to_string_lossy().into_owned());
     }
-    let mut request = json!({ "process": process, "stdin": !spec.stdin.is_empty() });
+    let mut request = json!({ "process": process, "stdin": spec.interactive || !spec.stdin.is_empty() });
     if let Some(tag) = tag {
         request["tag"] = Value::String(tag.to_string());
     }
@@ -210,9 +210,19 @@ impl Envd {
     pub async fn feed_stdin(&self, pid: u32, bytes: &[u8]) -> Result<(), SandboxError> {
         // Each call carries one JSON body: pieces keep a large prompt's bodies small.
         for piece in bytes.chunks(1 << 20) {
-            let input = json!({ "process": { "pid": pid }, "input": { "stdin": B64.encode(piece) } });
-            self.unary("SendInput", &input).await?;
+            self.send_input(pid, piece).await?;
         }
+        self.close_stdin(pid).await
+    }
+
+    /// Writes `bytes` to a process's stdin.
+    pub async fn send_input(&self, pid: u32, bytes: &[u8]) -> Result<(), SandboxError> {
+        let input = json!({ "process": { "pid": pid }, "input": { "stdin": B64.encode(bytes) } });
+        self.unary("SendInput", &input).await.map(drop)
+    }
+
+    /// Closes a process's stdin.
+    pub async fn close_stdin(&self, pid: u32) -> Result<(), SandboxError> {
         self.unary("CloseStdin", &json!({ "process": { "pid": pid } })).await.map(drop)
     }
 

@@ -376,13 +376,6 @@ impl Sandbox for E2bSandbox {
     }
 
     async fn exec(&self, mut spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
-        if spec.interactive {
-            return Err(SandboxError::Unavailable(
-                "E2B sandboxes do not run an ACP agent yet (it needs a stdin open for as long as it runs): use a \
-                 local sandbox"
-                    .to_string(),
-            ));
-        }
         if spec.serve_port.is_some() {
             return Err(SandboxError::Unavailable(
                 "E2B sandboxes do not run a warm server yet: use `--opencode-backend run`".to_string(),
@@ -446,6 +439,32 @@ impl Sandbox for E2bSandbox {
 }
 
 impl E2bSandbox {
+    /// A stdin open for as long as the command runs (an ACP agent's): what is written reaches it in one `SendInput` a
+    /// read at a time, in order; dropping it closes the process's stdin.
+    fn interactive_stdin(&self, pid: u32) -> std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> {
+        let (writer, mut reader) = tokio::io::duplex(PIPE_BUFFER);
+        let envd = self.envd.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = vec![0u8; PIPE_BUFFER];
+            loop {
+                match reader.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if let Err(e) = envd.send_input(pid, &buf[..n]).await {
+                            tracing::warn!(provider = PROVIDER, pid, "could not write the command's stdin: {e}");
+                            return;
+                        }
+                    }
+                }
+            }
+            if let Err(e) = envd.close_stdin(pid).await {
+                tracing::debug!(provider = PROVIDER, pid, "could not close the command's stdin: {e}");
+            }
+        });
+        Box::pin(writer)
+    }
+
     /// Starts a command; with a tag, its leftovers are ended when it ends or is killed.
     async fn start(&self, spec: ExecSpec, tag: Option<String>) -> Result<RunningProcess, SandboxError> {
         let program = spec.program.to_string_lossy().into_owned();
@@ -482,7 +501,8 @@ impl E2bSandbox {
             exit: exit_tx,
         };
         tokio::spawn(pump.run(stream));
-        if !spec.stdin.is_empty() {
+        let interactive = spec.interactive.then(|| self.interactive_stdin(pid));
+        if !spec.stdin.is_empty() && !spec.interactive {
             let envd = self.envd.clone();
             let stdin = spec.stdin;
             // Output is read meanwhile, so a command that prints before it reads all its stdin cannot block us.
@@ -493,7 +513,7 @@ impl E2bSandbox {
             });
         }
         Ok(RunningProcess {
-            stdin: None,
+            stdin: interactive,
             stdout: Box::pin(stdout_reader),
             stderr: Box::pin(stderr_reader),
             handle: Box::new(E2bProcess { envd: self.envd.clone(), pid, mark, exit: exit_rx, killed }),
