@@ -82,15 +82,16 @@ impl Bridge {
     /// The agent's executable as this bridge may drive it: a major version it supports
     /// ([`crate::agents::Agent::newest_major`]). A newer one found on PATH is replaced by the pinned install of the
     /// tools cache (installed now when missing), and one named by the override is refused. Answers the executable
-    /// and its version line.
+    /// and, where a version gate asked for it, its version line.
     pub(super) async fn supported_executable(
         &self,
         agent: AgentKind,
         found: &Path,
         cancel: &CancellationToken,
     ) -> Result<(PathBuf, Option<String>)> {
+        // Without a version gate nothing waits for the probe (an ACP agent's first prompt would, a process start).
+        let Some(newest) = agent.newest_major(&self.config.agents) else { return Ok((found.to_path_buf(), None)) };
         let version = self.cli_version(agent, found).await;
-        let Some(newest) = agent.newest_major(&self.config.agents) else { return Ok((found.to_path_buf(), version)) };
         match version.as_deref().and_then(major_version) {
             Some(major) if major > newest => {}
             _ => return Ok((found.to_path_buf(), version)),
