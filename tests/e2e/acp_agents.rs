@@ -490,3 +490,15 @@ fn a_line_of_the_agent_that_is_not_json_rpc_is_passed_over() {
     let sid = bridge.new_session(&ws);
     assert_eq!(answer(&mut bridge, &sid, "text"), "Hello from ACP");
 }
+
+#[test]
+fn a_flood_of_file_requests_is_all_answered_and_the_agent_goes_on() {
+    let dirs = TestDirs::new("acp-flood");
+    let ws = dirs.workspace("ws");
+    std::fs::write(ws.join("notes.txt"), "n\n").unwrap();
+    let mut bridge = Bridge::start(options(&dirs));
+    let sid = bridge.new_session(&ws);
+    // Each request is a process in the sandbox: 200 at once wait behind a few (`files::AT_ONCE`), and all are answered.
+    assert_eq!(answer(&mut bridge, &sid, "flood:200"), "flood 200/200");
+    assert_eq!(answer(&mut bridge, &sid, "text"), "Hello from ACP");
+}

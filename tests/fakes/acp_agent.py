@@ -10,6 +10,7 @@ Scenarios (the agent answers in text what happened, one line per step):
   text                    three chunks: "Hello", " from", " ACP"
   history                 says the prompts this session had before this one
   read:<path>             fs/read_text_file of <path> (`./x`: x in its own workspace): "read ok <text>" or "read error <message>"
+  flood:<n>               <n> fs/read_text_file of ./notes.txt at once: "flood <answered ok>/<n>"
   write:<path>            fs/write_text_file of "written by the agent" at <path>: "write ok" or "write error <message>"
   terminal:<command>      terminal/create of `sh -c <command>` (the editor's terminal, on the host): "terminal ok <id>" or
                           "terminal error <error>"
@@ -141,6 +142,20 @@ def run_prompt(rid, params):
             line("read ok " + got["result"].get("content", ""))
         else:
             line("read error " + json.dumps(got.get("error")))
+    elif name == "flood":
+        n = int(arg or "100")
+        results = []
+        where = os.path.join(os.getcwd(), "notes.txt")
+
+        def one():
+            got = request("fs/read_text_file", {"sessionId": session, "path": where})
+            results.append("result" in got)
+        threads = [threading.Thread(target=one) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        line(f"flood {sum(results)}/{n}")
     elif name == "write":
         got = request("fs/write_text_file", {"sessionId": session, "path": arg, "content": "written by the agent"})
         line("write ok" if "result" in got else "write error " + json.dumps(got.get("error")))

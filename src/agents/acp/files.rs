@@ -14,6 +14,10 @@ use crate::sandbox::{ExecSpec, Sandbox};
 /// The largest file the agent may read through the bridge.
 pub const READ_LIMIT: usize = 16 << 20;
 
+/// How many of its requests run at once: each is a process in the sandbox, and an agent that sends thousands at
+/// once must not start thousands (the others wait their turn).
+const AT_ONCE: usize = 4;
+
 /// What the agent's file requests may reach, and where they run.
 pub struct Files {
     sandbox: Arc<dyn Sandbox>,
@@ -21,6 +25,7 @@ pub struct Files {
     template: ExecSpec,
     /// The workspace and its other roots, as the agent sees them.
     roots: Vec<PathBuf>,
+    running: tokio::sync::Semaphore,
 }
 
 impl Files {
@@ -35,7 +40,7 @@ impl Files {
             tools: template.tools.clone(),
             ..ExecSpec::default()
         };
-        Self { sandbox, template, roots }
+        Self { sandbox, template, roots, running: tokio::sync::Semaphore::new(AT_ONCE) }
     }
 
     /// The text of the file at `path` (from line `line`, 1-based, at most `limit` lines), or why not.
@@ -62,6 +67,7 @@ impl Files {
     /// Runs `script` with `path` as `$1` in the sandbox: its stdout (at most a byte past the read limit), or its
     /// error in words.
     async fn run(&self, script: &str, path: &Path, stdin: Vec<u8>) -> Result<(Vec<u8>, String), String> {
+        let _turn = self.running.acquire().await.map_err(|e| e.to_string())?;
         let mut spec = self.template.clone();
         spec.args = vec!["-c".into(), script.into(), "sh".into(), path.display().to_string()];
         spec.stdin = stdin;
