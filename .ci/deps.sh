@@ -28,3 +28,8 @@ fi
 if [ -x .ci/install-node-sdk.sh ]; then
   .ci/install-node-sdk.sh >/dev/null
 fi
+# The real ACP agents from npm (Claude Code, Codex, Gemini CLI: about 960 MB, 40 s from an empty cache, nothing when
+# installed) for tests/real_acp_agents.rs, which finds them in the script's prefix.
+if [ -x .ci/install-acp-agents.sh ]; then
+  .ci/install-acp-agents.sh >/dev/null
+fi
