@@ -502,3 +502,21 @@ fn a_flood_of_file_requests_is_all_answered_and_the_agent_goes_on() {
     assert_eq!(answer(&mut bridge, &sid, "flood:200"), "flood 200/200");
     assert_eq!(answer(&mut bridge, &sid, "text"), "Hello from ACP");
 }
+
+#[test]
+fn the_agents_end_with_the_bridge_whether_it_exits_or_is_killed() {
+    let dirs = TestDirs::new("acp-exit");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(options(&dirs));
+    let sid = bridge.new_session(&ws);
+    assert_eq!(answer(&mut bridge, &sid, "text"), "Hello from ACP");
+    bridge.close_stdin();
+    assert!(bridge.wait_exit(Duration::from_secs(20)).is_some(), "the bridge did not exit");
+    assert!(wait_until(Duration::from_secs(10), || agents_in(&ws).is_empty()), "left running: {:?}", agents_in(&ws));
+
+    let mut bridge = Bridge::start(options(&dirs));
+    let sid = bridge.new_session(&ws);
+    assert_eq!(answer(&mut bridge, &sid, "text"), "Hello from ACP");
+    bridge.kill9();
+    assert!(wait_until(Duration::from_secs(10), || agents_in(&ws).is_empty()), "left running: {:?}", agents_in(&ws));
+}
