@@ -93,14 +93,18 @@ pub trait Agent: Send + Sync + 'static {
         None
     }
 
-    /// The CLI's argv after the executable.
-    fn args(&self, turn: &TurnRequest<'_>) -> Vec<String>;
+    /// The CLI's argv after the executable (none: an agent that speaks ACP gets its arguments from its service).
+    fn args(&self, _turn: &TurnRequest<'_>) -> Vec<String> {
+        Vec::new()
+    }
 
     /// A fresh translator for one turn of this agent.
     fn translator(&self, context: TranslateContext) -> Box<dyn Translator>;
 
     /// Whether the CLI's stderr says the conversation we asked it to continue no longer exists.
-    fn session_missing(&self, stderr: &str) -> bool;
+    fn session_missing(&self, _stderr: &str) -> bool {
+        false
+    }
 
     /// Whether a variable of the bridge's environment reaches the CLI by its name (its own settings).
     fn passes_env(&self, name: &str) -> bool;
@@ -190,11 +194,15 @@ pub trait Agent: Send + Sync + 'static {
     }
 
     /// The session's config options (model, mode, …) in display order, given its stored choices and the models
-    /// it can use.
-    fn options(&self, session_config: &Value, settings: &AgentSettings, models: &[ModelInfo]) -> Vec<OptionSpec>;
+    /// it can use. None: an agent that speaks ACP announces its own.
+    fn options(&self, _session_config: &Value, _settings: &AgentSettings, _models: &[ModelInfo]) -> Vec<OptionSpec> {
+        Vec::new()
+    }
 
     /// The config option `--model` sets for a new session.
-    fn default_option(&self) -> &'static str;
+    fn default_option(&self) -> &'static str {
+        "model"
+    }
 
     /// What a mode of the session's mode option does, for ACP session modes.
     fn mode_description(&self, _mode: &str) -> Option<&'static str> {

@@ -27,10 +27,8 @@ pub fn translator(context: TranslateContext) -> Box<dyn Translator> {
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::Value;
-
 use super::host::{Service, ServiceSettings};
-use super::{Agent, AgentKind, AgentSettings, Login, ModelInfo, OptionSpec, TranslateContext, Translator, TurnRequest};
+use super::{Agent, AgentKind, AgentSettings, Login, TranslateContext, Translator};
 use crate::sandbox::package::NpmPackage;
 
 /// Any ACP agent, named by its command line.
@@ -102,16 +100,8 @@ impl Agent for Custom {
         })
     }
 
-    fn args(&self, _turn: &TurnRequest<'_>) -> Vec<String> {
-        Vec::new()
-    }
-
     fn translator(&self, context: TranslateContext) -> Box<dyn Translator> {
         translator(context)
-    }
-
-    fn session_missing(&self, _stderr: &str) -> bool {
-        false
     }
 
     fn passes_env(&self, _name: &str) -> bool {
@@ -148,14 +138,6 @@ impl Agent for Custom {
 
     fn takes_mcp_servers(&self) -> bool {
         true
-    }
-
-    fn options(&self, _session_config: &Value, _settings: &AgentSettings, _models: &[ModelInfo]) -> Vec<OptionSpec> {
-        Vec::new()
-    }
-
-    fn default_option(&self) -> &'static str {
-        "model"
     }
 
     fn serves(&self, _settings: &AgentSettings) -> bool {

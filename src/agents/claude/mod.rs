@@ -10,10 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::Value;
-
 use super::host::{Service, ServiceSettings};
-use super::{Agent, AgentKind, AgentSettings, Login, ModelInfo, OptionSpec, TranslateContext, Translator, TurnRequest};
+use super::{Agent, AgentKind, AgentSettings, Login, TranslateContext, Translator};
 use crate::sandbox::package::NpmPackage;
 
 /// Claude Code, as the bridge drives it.
@@ -141,16 +139,8 @@ impl Agent for Claude {
         settings.claude.claude_bin.as_ref()
     }
 
-    fn args(&self, _turn: &TurnRequest<'_>) -> Vec<String> {
-        Vec::new()
-    }
-
     fn translator(&self, context: TranslateContext) -> Box<dyn Translator> {
         super::acp::translator(context)
-    }
-
-    fn session_missing(&self, _stderr: &str) -> bool {
-        false
     }
 
     fn passes_env(&self, name: &str) -> bool {
@@ -192,15 +182,6 @@ impl Agent for Claude {
 
     fn login(&self) -> Login {
         Login::Token { page: "https://console.anthropic.com/settings/keys" }
-    }
-
-    fn options(&self, _session_config: &Value, _settings: &AgentSettings, _models: &[ModelInfo]) -> Vec<OptionSpec> {
-        // Claude Code offers its own modes and models over ACP.
-        Vec::new()
-    }
-
-    fn default_option(&self) -> &'static str {
-        "model"
     }
 
     fn serves(&self, _settings: &AgentSettings) -> bool {
@@ -285,7 +266,7 @@ mod tests {
         write_default_settings(&home, &state);
         assert_eq!(std::fs::read_to_string(state.join("home/.claude/settings.json")).unwrap(), DEFAULT_SETTINGS);
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "mine");
-        let parsed: Value = serde_json::from_str(DEFAULT_SETTINGS).unwrap();
+        let parsed: serde_json::Value = serde_json::from_str(DEFAULT_SETTINGS).unwrap();
         assert_eq!(parsed["permissions"]["defaultMode"], "default");
 
         // With the user's own, nothing is written: theirs is shown instead.

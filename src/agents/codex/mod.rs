@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::host::{Service, ServiceSettings};
-use super::{Agent, AgentKind, AgentSettings, Login, ModelInfo, OptionSpec, TranslateContext, Translator, TurnRequest};
+use super::{Agent, AgentKind, AgentSettings, Login, TranslateContext, Translator};
 use crate::sandbox::package::NpmPackage;
 
 /// Codex, as the bridge drives it.
@@ -159,16 +159,8 @@ impl Agent for Codex {
         settings.codex.codex_bin.as_ref()
     }
 
-    fn args(&self, _turn: &TurnRequest<'_>) -> Vec<String> {
-        Vec::new()
-    }
-
     fn translator(&self, context: TranslateContext) -> Box<dyn Translator> {
         super::acp::translator(context)
-    }
-
-    fn session_missing(&self, _stderr: &str) -> bool {
-        false
     }
 
     fn passes_env(&self, name: &str) -> bool {
@@ -205,15 +197,6 @@ impl Agent for Codex {
 
     fn login(&self) -> Login {
         Login::Token { page: "https://platform.openai.com/api-keys" }
-    }
-
-    fn options(&self, _session_config: &Value, _settings: &AgentSettings, _models: &[ModelInfo]) -> Vec<OptionSpec> {
-        // Codex offers its own modes and models over ACP.
-        Vec::new()
-    }
-
-    fn default_option(&self) -> &'static str {
-        "model"
     }
 
     fn serves(&self, _settings: &AgentSettings) -> bool {

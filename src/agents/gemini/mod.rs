@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::host::{Service, ServiceSettings};
-use super::{Agent, AgentKind, AgentSettings, Login, ModelInfo, OptionSpec, TranslateContext, Translator, TurnRequest};
+use super::{Agent, AgentKind, AgentSettings, Login, TranslateContext, Translator, TurnRequest};
 use crate::sandbox::package::NpmPackage;
 
 /// Gemini CLI, as the bridge drives it.
@@ -126,10 +126,6 @@ impl Agent for Gemini {
         super::acp::translator(context)
     }
 
-    fn session_missing(&self, _stderr: &str) -> bool {
-        false
-    }
-
     fn passes_env(&self, name: &str) -> bool {
         passes_env(name)
     }
@@ -169,15 +165,6 @@ impl Agent for Gemini {
 
     fn login(&self) -> Login {
         Login::Token { page: "https://aistudio.google.com/apikey" }
-    }
-
-    fn options(&self, _session_config: &Value, _settings: &AgentSettings, _models: &[ModelInfo]) -> Vec<OptionSpec> {
-        // Gemini CLI offers its own modes and models over ACP.
-        Vec::new()
-    }
-
-    fn default_option(&self) -> &'static str {
-        "model"
     }
 
     fn serves(&self, _settings: &AgentSettings) -> bool {
