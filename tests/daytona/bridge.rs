@@ -154,3 +154,43 @@ fn the_cli_is_installed_in_the_daytona_sandbox_on_first_use_and_found_there_late
     assert_eq!(std::fs::read_to_string(&npm_log).unwrap().lines().count(), 1, "npm ran again");
     assert_eq!(support::invocations(&workspace_of(&fake, &id)).len(), 2);
 }
+
+/// The text of a turn's agent chunks without the bridge's notes.
+fn agent_said(turn: &support::Turn) -> String {
+    let chunks = turn.updates.iter().filter(|u| u["sessionUpdate"] == "agent_message_chunk");
+    let texts = chunks.filter_map(|u| u["content"]["text"].as_str()).filter(|text| !text.trim().starts_with('_'));
+    texts.collect::<String>().trim().to_string()
+}
+
+#[test]
+fn an_acp_agent_runs_in_a_daytona_sandbox_through_its_input_pipe_and_its_changes_are_reviewed() {
+    let dir = test_dir("bridge-acp");
+    let fake = FakeDaytona::start(&dir);
+    let dirs = support::TestDirs::new("daytona-acp");
+    let ws = dirs.remote_workspace("ws");
+    std::fs::write(ws.join("notes.txt"), "the user's\n").unwrap();
+    let mut options = daytona_options(&fake, &dirs)
+        .arg("--agent-command")
+        .arg(&support::fakes_dir().join("acp_agent.py").display().to_string());
+    options.agent = "custom".into();
+    let mut bridge = support::Bridge::start_reviewing(options, true);
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:text");
+    assert_eq!(turn.stop_reason(), "end_turn", "{turn:?}");
+    assert_eq!(agent_said(&turn), "Hello from ACP");
+    let turn = bridge.prompt(&sid, "SCENARIO:read:./notes.txt");
+    assert_eq!(agent_said(&turn), "read ok the user's", "{turn:?}");
+    let turn = bridge.prompt(&sid, "SCENARIO:write:./made.txt");
+    assert_eq!(agent_said(&turn), "write ok", "{turn:?}");
+    let id = only_sandbox(&fake);
+    assert_eq!(std::fs::read_to_string(workspace_of(&fake, &id).join("made.txt")).unwrap(), "written by the agent");
+    let sent: Vec<(PathBuf, String)> = bridge.file_writes.iter().map(|w| (w.path.clone(), w.content.clone())).collect();
+    assert_eq!(sent, [(ws.join("made.txt"), "written by the agent".to_string())]);
+    assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap(), "written by the agent");
+    // The sandbox stopped between turns (its agent with it): each turn's agent continued the same conversation.
+    let turn = bridge.prompt(&sid, "SCENARIO:history");
+    assert_eq!(
+        agent_said(&turn),
+        r#"history ["SCENARIO:text", "SCENARIO:read:./notes.txt", "SCENARIO:write:./made.txt"]"#
+    );
+}

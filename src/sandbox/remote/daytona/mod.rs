@@ -468,13 +468,6 @@ impl Sandbox for DaytonaSandbox {
     }
 
     async fn exec(&self, spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
-        if spec.interactive {
-            return Err(SandboxError::Unavailable(
-                "Daytona sandboxes do not run an ACP agent yet (it needs a stdin open for as long as it runs): use a \
-                 local sandbox or --sandbox e2b"
-                    .to_string(),
-            ));
-        }
         if spec.serve_port.is_some() {
             return Err(SandboxError::Unavailable("a server inside a Daytona sandbox is not supported yet".into()));
         }
@@ -507,7 +500,7 @@ impl Sandbox for DaytonaSandbox {
                 self.daemon_version.as_deref().unwrap_or("?")
             )));
         }
-        let line = process::command_line(&spec, lines, stdin_len);
+        let line = process::command_line(&spec, lines, (!spec.interactive).then_some(stdin_len));
         // Until the command has its input, failing (or being dropped by a cancel) deletes its session: a command
         // that never got its input would wait for it for as long as the sandbox runs.
         let mut guard = process::SessionGuard::new(self.toolbox.clone(), session.clone());
@@ -545,8 +538,11 @@ impl Sandbox for DaytonaSandbox {
             drop(sinks);
             let _ = outcome_tx.send(Some(outcome));
         });
+        let stdin = spec
+            .interactive
+            .then(|| process::interactive_stdin(self.toolbox.clone(), session.clone(), command.clone()));
         Ok(RunningProcess {
-            stdin: None,
+            stdin,
             stdout: Box::pin(stdout_read),
             stderr: Box::pin(stderr_read),
             handle: Box::new(DaytonaProcess {

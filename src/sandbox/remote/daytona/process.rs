@@ -74,13 +74,15 @@ pub fn scrub_env(env: Vec<(String, String)>, api_key: &str) -> (Vec<(String, Str
 
 /// The line the session runs: a clean `sh` reads `lines` lines of exports from its stdin (the input pipe; `read`
 /// takes one byte at a time from a pipe, so nothing after them is consumed), evaluates them, enters the working
-/// directory and runs the program with the next `stdin_len` bytes as its whole stdin (none: `/dev/null`). The
-/// line holds names and paths only, never a value.
-pub fn command_line(spec: &ExecSpec, lines: usize, stdin_len: usize) -> String {
+/// directory and runs the program with the next `stdin_len` bytes as its whole stdin (none: `/dev/null`; `None`: the
+/// rest of the input pipe, for as long as it runs, as an ACP agent talks). The line holds names and paths only, never
+/// a value.
+pub fn command_line(spec: &ExecSpec, lines: usize, stdin_len: Option<usize>) -> String {
     let script = concat!(
         r#"n=$1; e=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; e="$e$l"#,
         "\n",
         r#""; n=$((n-1)); done; c=$2; d=$3; shift 3; eval "$e" && cd -- "$d" || exit 125; "#,
+        r#"if [ "$c" = - ]; then exec "$@"; fi; "#,
         r#"if [ "$c" -eq 0 ]; then exec "$@" < /dev/null; fi; command -p head -c "$c" | "$@""#
     );
     let mut words = vec![
@@ -94,7 +96,7 @@ pub fn command_line(spec: &ExecSpec, lines: usize, stdin_len: usize) -> String {
         quote(script),
         "acp-sandbox".to_string(),
         lines.to_string(),
-        stdin_len.to_string(),
+        stdin_len.map_or_else(|| "-".to_string(), |len| len.to_string()),
         quote(&spec.cwd.display().to_string()),
         quote(&spec.program.display().to_string()),
     ];
@@ -135,6 +137,37 @@ pub async fn send_input(toolbox: &Toolbox, session: &str, command: &str, data: &
             other => return other,
         }
     }
+}
+
+/// A stdin open for as long as the command runs (an ACP agent's), through the command's input pipe: whole lines
+/// only, since the daemon ends a piece of input without a newline with one, and all the lines a read brought in one
+/// request. The daemon holds the pipe open while the command runs; dropping this sends nothing more.
+pub fn interactive_stdin(
+    toolbox: Toolbox,
+    session: String,
+    command: String,
+) -> std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> {
+    let (writer, mut reader) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut pending: Vec<u8> = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            pending.extend_from_slice(&buf[..n]);
+            let Some(end) = pending.iter().rposition(|b| *b == b'\n') else { continue };
+            let lines: Vec<u8> = pending.drain(..=end).collect();
+            let data = String::from_utf8_lossy(&lines).into_owned();
+            if let Err(e) = send_input(&toolbox, &session, &command, &data).await {
+                tracing::warn!(daytona_session = %session, "could not write the command's stdin: {e}");
+                return;
+            }
+        }
+    });
+    Box::pin(writer)
 }
 
 /// Deletes a command's session when dropped armed: a command that failed to start, or whose start was given up.
@@ -432,9 +465,14 @@ mod tests {
             ..ExecSpec::default()
         };
         assert_eq!(
-            command_line(&spec, 3, 42),
+            command_line(&spec, 3, Some(42)),
             r#"env -i "PATH=$PATH" /bin/sh -c 'n=$1; e=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 125; e="$e$l
-"; n=$((n-1)); done; c=$2; d=$3; shift 3; eval "$e" && cd -- "$d" || exit 125; if [ "$c" -eq 0 ]; then exec "$@" < /dev/null; fi; command -p head -c "$c" | "$@"' acp-sandbox 3 42 '/home/daytona/workspace' 'opencode' 'run' 'it'\''s'"#
+"; n=$((n-1)); done; c=$2; d=$3; shift 3; eval "$e" && cd -- "$d" || exit 125; if [ "$c" = - ]; then exec "$@"; fi; if [ "$c" -eq 0 ]; then exec "$@" < /dev/null; fi; command -p head -c "$c" | "$@"' acp-sandbox 3 42 '/home/daytona/workspace' 'opencode' 'run' 'it'\''s'"#
+        );
+        // An ACP agent keeps the input pipe for its life.
+        assert_eq!(
+            command_line(&spec, 3, None),
+            command_line(&spec, 3, Some(42)).replace(" acp-sandbox 3 42 ", " acp-sandbox 3 - ")
         );
     }
 
