@@ -236,6 +236,12 @@ pub trait Agent: Send + Sync + 'static {
         None
     }
 
+    /// Settles the settings the user left open so that `major`, newer than [`Agent::newest_major`] and named by the
+    /// override, is driven after all: answers in words how, or `None` (it is refused).
+    fn drive_newer_major(&self, _settings: &mut AgentSettings, _major: u64) -> Option<String> {
+        None
+    }
+
     /// How a newer major version than [`Agent::newest_major`] can still be driven, in words for its refusal.
     fn newer_major_hint(&self) -> Option<&'static str> {
         None

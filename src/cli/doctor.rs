@@ -21,6 +21,12 @@ fn backend(config: &Config, agent: AgentKind, version: &str) -> Option<Result<St
         && major.is_some_and(|major| major > newest)
     {
         let name = agent.display_name();
+        let mut settled = config.agents.clone();
+        if let (Some(_), Some(major)) = (agent.bin_override(&config.agents), major)
+            && let Some(how) = agent.drive_newer_major(&mut settled, major)
+        {
+            return agent.describe_backend(&settled, Ok("session")).map(|backend| Ok(format!("{backend}; {how}")));
+        }
         return Some(match agent.bin_override(&config.agents) {
             Some(_) => Err(format!(
                 "{name} {version} is a major version acp-sandbox cannot drive yet; point --{}-bin at a {newest}.x",

@@ -125,6 +125,28 @@ impl Bridge {
         Ok((pinned, version))
     }
 
+    /// Where the override names a newer major version than the agent drives and the user left open how it is
+    /// driven, lets the agent settle that (OpenCode 2: its ACP server) before the bridge makes anything of its
+    /// settings. Costs a `--version` only when the agent could settle and the data dir's cache does not know the file.
+    /// Answers whether the settings changed.
+    pub(super) async fn settle_newer_major(&mut self) -> bool {
+        let agent = self.config.agent;
+        let Some(newest) = agent.newest_major(&self.config.agents) else { return false };
+        if agent.bin_override(&self.config.agents).is_none()
+            || agent.drive_newer_major(&mut self.config.agents.clone(), newest + 1).is_none()
+        {
+            return false;
+        }
+        let Some(executable) = installed_executable(&self.config, agent) else { return false };
+        let version = self.cli_version(agent, &executable).await;
+        let Some(major) = version.as_deref().and_then(major_version).filter(|major| *major > newest) else {
+            return false;
+        };
+        let Some(how) = agent.drive_newer_major(&mut self.config.agents, major) else { return false };
+        tracing::info!(executable = %executable.display(), version = ?version, "{how}");
+        true
+    }
+
     /// Asks the agent's version in the background, so that the first session's server does not wait for it.
     pub fn probe_version(self: &Arc<Self>) {
         let agent = self.config.agent;

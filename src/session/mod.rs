@@ -195,14 +195,15 @@ impl Bridge {
             own_provider.clone(),
             crate::auth::provider_variables(&config),
         )?;
+        // Made again if the agent's settings are settled otherwise (below).
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), own_provider.clone()));
         let bounds = crate::agents::host::ServiceSettings {
             idle_timeout: config.server_idle_timeout,
             max_running: config.max_servers,
             data_dir: config.data_dir.clone(),
         };
-        Ok(Self {
-            service: config.agent.service(&config.agents, &bounds),
+        let mut bridge = Self {
+            service: None,
             versions: Mutex::default(),
             version_probe: tokio::sync::Mutex::const_new(()),
             gates: Mutex::default(),
@@ -218,7 +219,12 @@ impl Bridge {
             live: Arc::default(),
             client: ClientInfo::default(),
             shutdown: CancellationToken::new(),
-        })
+        };
+        if bridge.settle_newer_major().await {
+            bridge.catalog = Arc::new(catalog::ModelCatalog::new(bridge.config.clone(), bridge.own_provider.clone()));
+        }
+        bridge.service = bridge.config.agent.service(&bridge.config.agents, &bounds);
+        Ok(bridge)
     }
 
     /// The settings this bridge runs with.

@@ -684,7 +684,11 @@ fn with_ask_approvals_an_opencode_server_that_cannot_start_fails_the_prompt_inst
 fn an_opencode_2_named_by_opencode_bin_is_refused_naming_its_version_and_the_setting() {
     let dirs = TestDirs::new("opencode-2");
     let ws = dirs.workspace("ws");
-    let mut bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data).env("OPENCODE_FAKE_VERSION", "2.0.23"));
+    // The warm server chosen in so many words: OpenCode 2 has no such API (unset, the backend would be `acp`).
+    let options = BridgeOptions::new("opencode", &dirs.data)
+        .env("OPENCODE_FAKE_VERSION", "2.0.23")
+        .env("ACP_SANDBOX_OPENCODE_BACKEND", "serve");
+    let mut bridge = Bridge::start(options);
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "Say hello");
     let error = turn.result.expect_err("OpenCode 2 must not be driven");
@@ -701,24 +705,29 @@ fn an_opencode_2_named_by_opencode_bin_is_refused_naming_its_version_and_the_set
 }
 
 #[test]
-fn an_opencode_2_is_driven_through_its_own_acp_server() {
+fn an_opencode_2_is_driven_through_its_own_acp_server_when_chosen_and_by_default() {
     // The scripted ACP agent stands in for OpenCode 2 (whose ACP server is its stable surface).
-    let dirs = TestDirs::new("opencode-2-acp");
-    let ws = dirs.workspace("ws");
-    let options = BridgeOptions::new("opencode", &dirs.data)
-        .env("OPENCODE_FAKE_VERSION", "2.0.23")
-        .env("ACP_SANDBOX_OPENCODE_BACKEND", "acp")
-        .env("ACP_SANDBOX_OPENCODE_BIN", &fakes_dir().join("acp_agent.py").display().to_string());
-    let mut bridge = Bridge::start(options);
-    let sid = bridge.new_session(&ws);
-    let turn = bridge.prompt(&sid, "SCENARIO:text");
-    assert_eq!(turn.stop_reason(), "end_turn", "{turn:?}");
-    let text: String = turn
-        .updates
-        .iter()
-        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
-        .filter_map(|u| u["content"]["text"].as_str())
-        .filter(|text| !text.trim().starts_with('_'))
-        .collect();
-    assert_eq!(text, "Hello from ACP");
+    for backend in [Some("acp"), None] {
+        let dirs = TestDirs::new(&format!("opencode-2-acp-{}", backend.unwrap_or("unset")));
+        let ws = dirs.workspace("ws");
+        let mut options = BridgeOptions::new("opencode", &dirs.data)
+            .env("OPENCODE_FAKE_VERSION", "2.0.23")
+            .env("ACP_SANDBOX_OPENCODE_BIN", &fakes_dir().join("acp_agent.py").display().to_string());
+        options.env.retain(|(name, _)| name != "ACP_SANDBOX_OPENCODE_BACKEND");
+        if let Some(backend) = backend {
+            options = options.env("ACP_SANDBOX_OPENCODE_BACKEND", backend);
+        }
+        let mut bridge = Bridge::start(options);
+        let sid = bridge.new_session(&ws);
+        let turn = bridge.prompt(&sid, "SCENARIO:text");
+        assert_eq!(turn.stop_reason(), "end_turn", "{backend:?}: {turn:?}");
+        let text: String = turn
+            .updates
+            .iter()
+            .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+            .filter_map(|u| u["content"]["text"].as_str())
+            .filter(|text| !text.trim().starts_with('_'))
+            .collect();
+        assert_eq!(text, "Hello from ACP", "{backend:?}");
+    }
 }

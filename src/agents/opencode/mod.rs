@@ -33,16 +33,17 @@ pub struct OpenCode;
 pub const AGENT: AgentKind = AgentKind::of(&OpenCode);
 
 /// OpenCode's own settings of the bridge.
-#[derive(clap::Args, Clone, Debug)]
+#[derive(clap::Args, Clone, Debug, Default)]
 #[group(skip)]
 pub struct Settings {
     /// Run this executable instead of the installed `opencode` (same argv, stdin and environment).
     #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BIN")]
     pub opencode_bin: Option<PathBuf>,
     /// How OpenCode is driven: a warm `opencode serve` per session (serve), `opencode run` per prompt (run), or
-    /// OpenCode's own ACP server per session, the bridge its client (acp).
-    #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BACKEND", value_enum, default_value = "serve")]
-    pub opencode_backend: Backend,
+    /// OpenCode's own ACP server per session, the bridge its client (acp). Unset: serve, or acp when
+    /// --opencode-bin is an OpenCode 2 (whose ACP server is its only stable surface).
+    #[arg(long, global = true, env = "ACP_SANDBOX_OPENCODE_BACKEND", value_enum)]
+    pub opencode_backend: Option<Backend>,
     /// Models named by the user's OpenCode config; `opencode models` adds what it can use.
     #[arg(skip)]
     pub models: Vec<ModelInfo>,
@@ -54,19 +55,12 @@ pub struct Settings {
     pub needs: ProviderNeeds,
 }
 
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            opencode_bin: None,
-            opencode_backend: Backend::Serve,
-            models: Vec::new(),
-            default_model: None,
-            needs: ProviderNeeds::default(),
-        }
-    }
-}
-
 impl Settings {
+    /// How OpenCode is driven: as chosen, else the warm server.
+    pub fn backend(&self) -> Backend {
+        self.opencode_backend.unwrap_or(Backend::Serve)
+    }
+
     /// Adds what the user's OpenCode config (in `user_config_dir`) says: its models, default model and needs.
     pub fn read_user_config(&mut self, user_config_dir: &Path) {
         let found = config::OpenCodeModels::read(user_config_dir);
@@ -211,7 +205,17 @@ impl Agent for OpenCode {
     fn newest_major(&self, settings: &AgentSettings) -> Option<u64> {
         // OpenCode 2 replaced the server API and moved `run` onto a server (which could run tools outside the
         // sandbox); its ACP server is its stable surface, which the `acp` backend drives whatever the version.
-        (settings.opencode.opencode_backend != Backend::Acp).then_some(1)
+        (settings.opencode.backend() != Backend::Acp).then_some(1)
+    }
+
+    fn drive_newer_major(&self, settings: &mut AgentSettings, major: u64) -> Option<String> {
+        if settings.opencode.opencode_backend.is_some() {
+            return None;
+        }
+        settings.opencode.opencode_backend = Some(Backend::Acp);
+        Some(format!(
+            "OpenCode {major}.x is driven through its own ACP server (`opencode acp`), its only stable surface"
+        ))
     }
 
     fn newer_major_hint(&self) -> Option<&'static str> {
@@ -235,7 +239,7 @@ impl Agent for OpenCode {
     }
 
     fn serves(&self, settings: &AgentSettings) -> bool {
-        matches!(settings.opencode.opencode_backend, Backend::Serve | Backend::Acp)
+        matches!(settings.opencode.backend(), Backend::Serve | Backend::Acp)
     }
 
     fn model_listing(&self) -> Option<crate::agents::ModelListing> {
@@ -260,7 +264,7 @@ impl Agent for OpenCode {
         settings: &AgentSettings,
         bounds: &crate::agents::host::ServiceSettings,
     ) -> Option<std::sync::Arc<dyn crate::agents::host::Service>> {
-        match settings.opencode.opencode_backend {
+        match settings.opencode.backend() {
             Backend::Serve => Some(std::sync::Arc::new(server::Warm::new(bounds))),
             Backend::Acp => Some(crate::agents::acp::service(self.name(), vec!["acp".to_string()], bounds)),
             Backend::Run => None,
@@ -268,7 +272,7 @@ impl Agent for OpenCode {
     }
 
     fn describe_backend(&self, settings: &AgentSettings, server: Result<&str, &str>) -> Option<String> {
-        Some(match (settings.opencode.opencode_backend, server) {
+        Some(match (settings.opencode.backend(), server) {
             (Backend::Serve, Ok(how)) => format!("serve: a warm `opencode serve` per {how}"),
             (Backend::Serve, Err(why)) => format!("run: one `opencode run` per prompt (a warm `opencode serve` {why})"),
             (Backend::Run, _) => "run: one `opencode run` per prompt".to_string(),

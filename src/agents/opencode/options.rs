@@ -67,7 +67,7 @@ pub fn specs(session_config: &Value, settings: &AgentSettings, models: &[ModelIn
         choices: MODES.iter().map(|(id, name, _)| (id.to_string(), name.to_string())).collect(),
         current: stored(session_config, "mode").unwrap_or(MODES[0].0).to_string(),
     });
-    if settings.opencode.opencode_backend == Backend::Serve {
+    if settings.opencode.backend() == Backend::Serve {
         specs.push(approvals_option(session_config));
     }
     specs
@@ -120,7 +120,7 @@ mod tests {
     #[test]
     fn run_cannot_ask_so_it_offers_no_approvals() {
         let mut settings = AgentSettings::default();
-        settings.opencode.opencode_backend = Backend::Run;
+        settings.opencode.opencode_backend = Some(Backend::Run);
         let ids: Vec<&str> = specs(&json!({"mode": "plan"}), &settings, &models()).iter().map(|s| s.id).collect();
         assert_eq!(ids, ["model", "mode"]);
     }
