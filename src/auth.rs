@@ -124,13 +124,19 @@ pub fn credential(config: &Config, agent: AgentKind) -> Result<Option<(&'static 
     let Some(variable) = agent.required_credential() else {
         return Ok(None);
     };
-    if let Some(value) = env_value(variable) {
-        return Ok(Some((variable, value)));
+    if let Some((name, value)) = env_credential(agent) {
+        return Ok(Some((name, value)));
     }
     match stored_token(config, agent) {
-        Some(token) => Ok(Some((variable, token))),
+        Some(token) => Ok(Some((agent.credential_variable(&token).unwrap_or(variable), token))),
         None => Err(Error::MissingCredential { agent: agent.display_name(), variable, login: login_command(agent) }),
     }
+}
+
+/// The first of the agent's credential variables set in the bridge's environment, with its value.
+fn env_credential(agent: AgentKind) -> Option<(&'static str, String)> {
+    let names = agent.required_credential().into_iter().chain(agent.other_credentials().iter().copied());
+    names.into_iter().find_map(|name| env_value(name).map(|value| (name, value)))
 }
 
 /// A credential variable of the bridge's environment, unless it is unset or blank.
@@ -158,9 +164,9 @@ pub enum Source {
 
 /// Where the agent's credential would come from now, if it has one.
 pub fn source(config: &Config, agent: AgentKind) -> Option<Source> {
-    let variable = agent.required_credential()?;
-    match env_value(variable) {
-        Some(_) => Some(Source::Environment(variable)),
+    agent.required_credential()?;
+    match env_credential(agent) {
+        Some((variable, _)) => Some(Source::Environment(variable)),
         None => stored_token(config, agent).map(|_| Source::Stored(token_path(config, agent))),
     }
 }
@@ -174,11 +180,11 @@ pub fn can_log_out(agent: AgentKind) -> bool {
 /// the agent keeps its own login, or when its variable in the agent server's environment would still log it in.
 pub fn logout(config: &Config, agent: AgentKind) -> Result<(), Error> {
     let name = agent.display_name();
-    let Some(variable) = agent.required_credential().filter(|_| can_log_out(agent)) else {
+    if !can_log_out(agent) {
         return Err(Error::InvalidParams(format!(
             "{name} keeps its own login, which acp-sandbox does not store: log out with {name} itself"
         )));
-    };
+    }
     let path = token_path(config, agent);
     match delete_secret(&path) {
         Ok(true) => {
@@ -187,8 +193,8 @@ pub fn logout(config: &Config, agent: AgentKind) -> Result<(), Error> {
         Ok(false) => {}
         Err(e) => return Err(Error::LogoutFailed(format!("could not delete {}: {e}", path.display()))),
     }
-    match env_value(variable) {
-        Some(_) => Err(Error::LogoutFailed(format!(
+    match env_credential(agent) {
+        Some((variable, _)) => Err(Error::LogoutFailed(format!(
             "{variable} is set in the agent server's environment (the editor's settings of this agent), which \
              acp-sandbox cannot unset: {name} stays logged in until it is removed there"
         ))),
@@ -430,9 +436,10 @@ pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn W
         (Login::Token { page }, Some(variable)) => {
             let token = read_token(&format!("{name} access token (from {page}; the input is not shown): "), terminal)?;
             let path = store_token(config, agent, &token)?;
+            let passed = agent.credential_variable(token.trim()).unwrap_or(variable);
             let _ = writeln!(
                 terminal,
-                "Stored in {} (readable by you only). acp-sandbox passes it to {name} as {variable}; {variable} set in the agent server's environment wins. `acp-sandbox logout` deletes it.",
+                "Stored in {} (readable by you only). acp-sandbox passes it to {name} as {passed}; {variable} set in the agent server's environment wins. `acp-sandbox logout` deletes it.",
                 path.display()
             );
             Ok(0)

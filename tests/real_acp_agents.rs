@@ -487,19 +487,25 @@ fn claude_gets_the_users_settings_and_never_their_login_bwrap() {
     }
 }
 
-/// A key kept by `acp-sandbox login` (none in the bridge's environment) reaches the agent just the same.
-fn a_stored_key_reaches_the_agent(agent: &Real, test: &str) {
-    let Some(world) = World::new(agent, test) else { return };
-    let ws = world.workspace();
-    let options = world.options(agent, "none").without_env(agent.key_env);
+/// `acp-sandbox login --agent <agent>` with `token` typed in; answers what it printed.
+fn log_in(world: &World, agent: &Real, options: &BridgeOptions, token: &str) -> String {
     let mut login = Command::new(bridge_bin());
     login.args(["login", "--agent", agent.id, "--data-dir"]).arg(&world.data);
     login.envs(options.env.iter().map(|(key, value)| (key, value))).env_remove(agent.key_env);
     login.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = login.spawn().unwrap();
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), format!("{KEY}\n").as_bytes()).unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), format!("{token}\n").as_bytes()).unwrap();
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "login: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
+}
+
+/// A key kept by `acp-sandbox login` (none in the bridge's environment) reaches the agent just the same.
+fn a_stored_key_reaches_the_agent(agent: &Real, test: &str) {
+    let Some(world) = World::new(agent, test) else { return };
+    let ws = world.workspace();
+    let options = world.options(agent, "none").without_env(agent.key_env);
+    log_in(&world, agent, &options, KEY);
     let mut bridge = Bridge::start(options);
     let sid = bridge.new_session(&ws);
     let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
@@ -511,4 +517,53 @@ fn a_stored_key_reaches_the_agent(agent: &Real, test: &str) {
 #[test]
 fn a_stored_key_reaches_gemini() {
     a_stored_key_reaches_the_agent(&GEMINI, "a_stored_key_reaches_gemini");
+}
+
+/// A Claude subscription: the token `claude setup-token` prints, kept by `acp-sandbox login`, reaches Claude Code as
+/// `CLAUDE_CODE_OAUTH_TOKEN`, which it sends as a bearer token with its OAuth beta (no API key at all), under
+/// bubblewrap where it runs.
+#[test]
+fn a_claude_subscription_token_reaches_claude_code_as_its_oauth_token() {
+    let test = "a_claude_subscription_token_reaches_claude_code_as_its_oauth_token";
+    let Some(world) = World::new(&CLAUDE, test) else { return };
+    let sandbox = if bwrap_ok(test) { "bwrap" } else { "none" };
+    let ws = world.workspace();
+    let token = format!("sk-ant-oat01-{KEY}");
+    let options = world.options(&CLAUDE, sandbox).without_env(CLAUDE.key_env);
+    let said = log_in(&world, &CLAUDE, &options, &token);
+    assert!(said.contains("acp-sandbox passes it to Claude Code as CLAUDE_CODE_OAUTH_TOKEN;"), "{said}");
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
+    assert_end_turn(&bridge, &answer);
+    let chats = world.fake.chats("text");
+    assert!(!chats.is_empty(), "no model request");
+    for chat in &chats {
+        assert_eq!(chat["headers"]["authorization"], format!("Bearer {token}"), "{chat:#}");
+        let betas: Vec<&str> = chat["headers"]["anthropic-beta"].as_str().unwrap_or("").split(',').collect();
+        assert!(betas.contains(&"oauth-2025-04-20"), "not sent as a subscription's token: {betas:?}");
+        assert_eq!(chat["key_ok"], false, "an API key was sent too: {chat:#}");
+    }
+    bridge.close_stdin();
+    bridge.wait_exit(Duration::from_secs(20));
+    assert!(!bridge.stderr().contains(&token), "the token is in the bridge's log");
+
+    // The same token in the agent server's environment instead (the login deleted): it logs Claude Code in alike.
+    let logout = Command::new(bridge_bin())
+        .args(["logout", "--agent", "claude", "--data-dir"])
+        .arg(&world.data)
+        .envs(world.options(&CLAUDE, sandbox).without_env(CLAUDE.key_env).env.iter().map(|(k, v)| (k, v)))
+        .env_remove(CLAUDE.key_env)
+        .output()
+        .unwrap();
+    assert!(logout.status.success(), "logout: {}", String::from_utf8_lossy(&logout.stderr));
+    let from_env = format!("sk-ant-oat01-env-{KEY}");
+    let options = world.options(&CLAUDE, sandbox).without_env(CLAUDE.key_env).env("CLAUDE_CODE_OAUTH_TOKEN", &from_env);
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello again", "text");
+    assert_end_turn(&bridge, &answer);
+    let sent: Vec<Value> =
+        world.fake.chats("text").iter().map(|chat| chat["headers"]["authorization"].clone()).collect();
+    assert_eq!(sent.last(), Some(&Value::from(format!("Bearer {from_env}"))), "{sent:?}");
 }

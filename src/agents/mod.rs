@@ -162,6 +162,18 @@ pub trait Agent: Send + Sync + 'static {
         None
     }
 
+    /// Other variables of the bridge's environment that log the CLI in instead of [`Agent::required_credential`]
+    /// (Claude Code: `CLAUDE_CODE_OAUTH_TOKEN`, a subscription's token), looked at after it, in this order.
+    fn other_credentials(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The variable that carries a token kept by `acp-sandbox login` to the CLI: [`Agent::required_credential`],
+    /// unless the token is one of the [`Agent::other_credentials`] by its form.
+    fn credential_variable(&self, _token: &str) -> Option<&'static str> {
+        self.required_credential()
+    }
+
     /// Names of files in the user's configuration of the CLI ([`Agent::user_config`]) that hold credentials:
     /// never copied into a remote sandbox, whose CLI gets them through its environment ([`Agent::credential_env`]).
     fn credential_files(&self) -> &'static [&'static str] {

@@ -42,6 +42,12 @@ pub const PACKAGE: NpmPackage = NpmPackage {
 /// The credential Claude Code cannot work without here (its own OAuth login lives in files we never show).
 pub const CREDENTIAL: &str = "ANTHROPIC_API_KEY";
 
+/// Where a Claude subscription's token goes (`claude setup-token` makes one; Claude Code sends it as a bearer token).
+pub const OAUTH_TOKEN: &str = "CLAUDE_CODE_OAUTH_TOKEN";
+
+/// How a subscription's token from `claude setup-token` begins (an API key begins `sk-ant-api`).
+const OAUTH_TOKEN_PREFIX: &str = "sk-ant-oat";
+
 /// The user's variables that reach Claude Code by name, beside the key.
 const PASSED: &[&str] = &["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_MODEL"];
 
@@ -176,12 +182,22 @@ impl Agent for Claude {
         Some(CREDENTIAL)
     }
 
+    fn other_credentials(&self) -> &'static [&'static str] {
+        &[OAUTH_TOKEN]
+    }
+
+    fn credential_variable(&self, token: &str) -> Option<&'static str> {
+        Some(if token.starts_with(OAUTH_TOKEN_PREFIX) { OAUTH_TOKEN } else { CREDENTIAL })
+    }
+
     fn credential_files(&self) -> &'static [&'static str] {
         CREDENTIAL_FILES
     }
 
     fn login(&self) -> Login {
-        Login::Token { page: "https://console.anthropic.com/settings/keys" }
+        Login::Token {
+            page: "https://console.anthropic.com/settings/keys, or `claude setup-token` for your Claude subscription",
+        }
     }
 
     fn serves(&self, _settings: &AgentSettings) -> bool {
@@ -221,6 +237,14 @@ pub fn doctor_lines(home: &Path, base_url: Option<&str>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subscription_token_goes_to_its_own_variable_and_a_key_to_the_key_s() {
+        assert_eq!(Claude.credential_variable("sk-ant-oat01-abc"), Some("CLAUDE_CODE_OAUTH_TOKEN"));
+        assert_eq!(Claude.credential_variable("sk-ant-api03-abc"), Some("ANTHROPIC_API_KEY"));
+        assert_eq!(Claude.credential_variable("anything-else"), Some("ANTHROPIC_API_KEY"));
+        assert_eq!(Claude.other_credentials(), ["CLAUDE_CODE_OAUTH_TOKEN"]);
+    }
 
     #[test]
     fn only_claudes_variables_reach_it_and_never_is_sandbox() {
