@@ -135,8 +135,8 @@ pub fn credential(config: &Config, agent: AgentKind) -> Result<Option<(&'static 
 
 /// The first of the agent's credential variables set in the bridge's environment, with its value.
 fn env_credential(agent: AgentKind) -> Option<(&'static str, String)> {
-    let names = agent.required_credential().into_iter().chain(agent.other_credentials().iter().copied());
-    names.into_iter().find_map(|name| env_value(name).map(|value| (name, value)))
+    let mut names = agent.required_credential().into_iter().chain(agent.other_credentials().iter().copied());
+    names.find_map(|name| env_value(name).map(|value| (name, value)))
 }
 
 /// A credential variable of the bridge's environment, unless it is unset or blank.

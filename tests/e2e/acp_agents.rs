@@ -54,14 +54,7 @@ fn an_acp_agent_streams_its_answer_and_its_session_continues_after_a_killed_brid
     let sid = bridge.new_session(&ws);
     let turn = bridge.prompt(&sid, "SCENARIO:text");
     assert_eq!(turn.stop_reason(), "end_turn");
-    let chunks: Vec<&str> = turn
-        .updates
-        .iter()
-        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
-        .filter_map(|u| u["content"]["text"].as_str())
-        .filter(|text| !text.trim().starts_with('_'))
-        .collect();
-    assert_eq!(chunks, ["Hello", " from", " ACP"]);
+    assert_eq!(turn.agent_chunks(), ["Hello", " from", " ACP"]);
     let after = answer(&mut bridge, &sid, "history");
     assert_eq!(after, r#"history ["SCENARIO:text"]"#, "{}", bridge.stderr());
     bridge.kill9();

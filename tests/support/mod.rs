@@ -304,6 +304,16 @@ impl Turn {
     pub fn agent_text(&self) -> String {
         text_of(&self.updates, "agent_message_chunk")
     }
+
+    /// The agent's own text chunks, in order: the bridge's notes (a `_…_` line) left out.
+    pub fn agent_chunks(&self) -> Vec<&str> {
+        self.updates
+            .iter()
+            .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+            .filter_map(|u| u["content"]["text"].as_str())
+            .filter(|text| !text.trim().starts_with('_'))
+            .collect()
+    }
 }
 
 /// A prompt of the fake OpenCode's `files` scenario: the ops of `list`, done in its working directory.
