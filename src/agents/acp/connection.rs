@@ -89,6 +89,8 @@ pub struct Connection {
     stop: CancellationToken,
     process: tokio::sync::Mutex<Box<dyn ProcessHandle>>,
     stderr: Arc<Mutex<VecDeque<u8>>>,
+    /// Cancelled when the agent's stderr was read to its end.
+    stderr_read: CancellationToken,
     /// Killed (a cancel it did not answer, a stop): never used again.
     dead: AtomicBool,
 }
@@ -112,7 +114,8 @@ impl Connection {
             return Err(ConnectionError::Protocol("the sandbox gave the agent no stdin".into()));
         };
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
-        keep_tail(process.stderr, stderr.clone());
+        let stderr_read = CancellationToken::new();
+        keep_tail(process.stderr, stderr.clone(), stderr_read.clone());
         let route: Route = Arc::default();
         let announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>> = Arc::default();
         let (closed, stop) = (CancellationToken::new(), CancellationToken::new());
@@ -135,6 +138,7 @@ impl Connection {
             stop: stop.clone(),
             process: tokio::sync::Mutex::new(handle),
             stderr: stderr.clone(),
+            stderr_read: stderr_read.clone(),
             dead: AtomicBool::new(false),
         };
         let request = InitializeRequest::new(ProtocolVersion::V1)
@@ -220,10 +224,14 @@ impl Connection {
         crate::lines::strip_ansi(text.trim())
     }
 
-    /// `what`, with how the agent ended when it did (its stderr goes with the error on its own).
+    /// `what`, with how the agent ended when it did (its stderr goes with the error on its own: what it wrote last
+    /// is read first, unless something it left running holds the pipe open).
     pub async fn failure(&self, what: &str) -> String {
         match if self.closed.is_cancelled() { self.exit().await } else { None } {
-            Some(exit) => format!("{what} (it exited with {})", exit.describe()),
+            Some(exit) => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), self.stderr_read.cancelled()).await;
+                format!("{what} (it exited with {})", exit.describe())
+            }
             None => what.to_string(),
         }
     }
@@ -241,9 +249,10 @@ impl Drop for Connection {
     }
 }
 
-/// Keeps the end of `stream` in `tail`.
-fn keep_tail(mut stream: OutputStream, tail: Arc<Mutex<VecDeque<u8>>>) {
+/// Keeps the end of `stream` in `tail`; `read` is cancelled at its end.
+fn keep_tail(mut stream: OutputStream, tail: Arc<Mutex<VecDeque<u8>>>, read: CancellationToken) {
     tokio::spawn(async move {
+        let _read = read.drop_guard();
         let mut buf = vec![0u8; 8192];
         while let Ok(n) = stream.read(&mut buf).await {
             if n == 0 {
