@@ -2074,8 +2074,8 @@ fn acp_said(bridge: &mut Bridge, sid: &str, scenario: &str) -> String {
 fn an_acp_agents_requests_of_its_client_stay_inside_the_workspace() {
     // `tests/fakes/acp_agent.py` asks its client (the bridge) for every secret of the home, through a link planted
     // in the workspace too, and to write the user's .bashrc and the workspace's protected paths; its own shell reads
-    // the key. Nothing outside the workspace is read or written, no protected path is written, no canary reaches
-    // the editor; the agent's own writes in the workspace work.
+    // the key, and so do its terminals (under bubblewrap). Nothing outside the workspace is read or written, no
+    // protected path is written, no canary reaches the editor; the agent's own writes in the workspace work.
     let test = "an_acp_agents_requests_of_its_client_stay_inside_the_workspace";
     for_each_variant(test, all_variants(test), |variant| {
         let lab = Lab::new("acp-client", variant);
@@ -2113,6 +2113,24 @@ fn an_acp_agents_requests_of_its_client_stay_inside_the_workspace() {
             let answer = acp_said(&mut bridge, &sid, &format!("shell:cat {} 2>&1 | head -c 200", key.display()));
             checks.check(!answer.contains("CANARY"), || format!("the agent's own shell read the key: {answer}"));
             said.push(answer);
+            // Its terminals run in the same sandbox, not on the host as an editor's would.
+            for rel in SECRET_FILES {
+                let path = lab.home.join(rel);
+                let answer =
+                    acp_said(&mut bridge, &sid, &format!("terminal:cat {} 2>&1 | head -c 200", path.display()));
+                checks.check(!answer.contains("CANARY"), || format!("a terminal read ~/{rel}: {answer}"));
+                said.push(answer);
+            }
+            let mut writes = vec![format!("echo pwned >> {}", bashrc.display())];
+            for rel in protected {
+                let path = lab.ws.join(rel);
+                writes.push(format!("mkdir -p {}; echo pwned > {}", path.parent().unwrap().display(), path.display()));
+            }
+            for script in writes {
+                let answer = acp_said(&mut bridge, &sid, &format!("terminal:{script}"));
+                let refused = answer.starts_with("terminal 2 sh: 1: cannot create ");
+                checks.check(refused, || format!("a terminal's write was not refused: {script}: {answer}"));
+            }
         }
         stop(bridge);
         checks.check(std::fs::read_to_string(&bashrc).unwrap() == "# the user's own .bashrc\n", || {

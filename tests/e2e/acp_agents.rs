@@ -136,13 +136,14 @@ fn what_the_agent_asks_of_its_client_stays_inside_the_workspace() {
         )
     );
     assert_eq!(ask(&mut bridge, format!("write:{}", ws.join("out/made.txt").display())), "write ok");
-    // Its shell runs in the sandbox already: no terminal of the editor's (which runs on the host) is offered.
-    let touched = dirs.root().join("touched-by-a-terminal");
+    // Its terminals are the bridge's, in its sandbox, and start only inside the workspace.
     assert_eq!(
-        ask(&mut bridge, format!("terminal:cat {} > {}", secret.display(), touched.display())),
-        r#"terminal error {"code": -32601, "message": "Method not found", "data": "terminal/create"}"#
+        ask(&mut bridge, format!("terminal-at:{}", home.display())),
+        format!(
+            "terminal error {}",
+            refused(format!("{} is outside the workspace: the agent's files are {}", home.display(), ws.display()))
+        )
     );
-    assert!(!touched.exists(), "a terminal ran on the host");
 
     assert_eq!(std::fs::read_to_string(ws.join("out/made.txt")).unwrap(), "written by the agent");
     assert_eq!(std::fs::read_to_string(&bashrc).unwrap(), "# the user's\n");
@@ -173,7 +174,55 @@ fn under_bubblewrap_the_agents_own_shell_cannot_read_the_users_key() {
     assert_ne!(said, "shell 0 0", "the agent's shell wrote the user's .bashrc");
     assert_eq!(std::fs::read_to_string(home.join(".bashrc")).unwrap(), "# the user's\n");
     assert_eq!(answer(&mut bridge, &sid, "shell:echo made > made.txt && cat made.txt"), "shell 0 made");
+    // Its terminals run in the same sandbox.
+    assert_eq!(
+        answer(&mut bridge, &sid, &format!("terminal:cat {} 2>/dev/null; echo done", key.display())),
+        "terminal 0 done\nafter release \"no terminal term-1 in this session\""
+    );
+    let said =
+        answer(&mut bridge, &sid, &format!("terminal:echo hi > {}/.bashrc 2>/dev/null; echo $?", home.display()));
+    assert_ne!(said.lines().next(), Some("terminal 0 0"), "the agent's terminal wrote the user's .bashrc");
     assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap(), "made\n");
+}
+
+#[test]
+fn its_terminals_run_in_its_sandbox_and_their_output_is_shown_in_its_tool_call_as_it_grows() {
+    let dirs = TestDirs::new("acp-terminal");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(options(&dirs));
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:terminal:echo one; sleep 1; echo two >&2; echo made > made.txt; exit 3");
+    assert_eq!(turn.stop_reason(), "end_turn", "{turn:?}");
+    assert_eq!(said(&turn.updates), "terminal 3 one\ntwo\nafter release \"no terminal term-1 in this session\"");
+    assert_eq!(std::fs::read_to_string(ws.join("made.txt")).unwrap(), "made\n", "it ran in the workspace");
+    // The editor has no terminal of that id: the call shows its output instead, as it grows.
+    let shown: Vec<Vec<String>> = turn
+        .updates
+        .iter()
+        .filter(|u| u["toolCallId"] == "term-call")
+        .map(|u| {
+            u["content"].as_array().unwrap().iter().map(|c| c["content"]["text"].as_str().unwrap().into()).collect()
+        })
+        .collect();
+    assert!(shown.iter().all(|content| content[0] == "running:"), "{shown:?}");
+    assert!(shown.iter().any(|content| content[1] == "```console\none\n```"), "no update while it ran: {shown:?}");
+    assert_eq!(shown.last().unwrap()[1], "```console\none\ntwo\n```\n\nexit code 3");
+    let statuses: Vec<&Value> =
+        turn.updates.iter().filter(|u| u["toolCallId"] == "term-call").map(|u| &u["status"]).collect();
+    assert_eq!(statuses.first().unwrap().as_str(), Some("in_progress"));
+    assert!(statuses.iter().any(|status| status.as_str() == Some("completed")), "{statuses:?}");
+
+    // A kill ends its command (and nothing of it is left), and says how it ended.
+    let killed = answer(&mut bridge, &sid, "terminal-kill");
+    assert_eq!(
+        killed,
+        r#"terminal-kill {"signal": "SIGKILL"} {"output": "", "truncated": false, "exitStatus": {"signal": "SIGKILL"}}"#
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || !processes_under(&ws).iter().any(|(_, cmd)| cmd.contains("sleep 30"))),
+        "left running: {:?}",
+        processes_under(&ws)
+    );
 }
 
 #[test]

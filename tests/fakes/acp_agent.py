@@ -12,8 +12,12 @@ Scenarios (the agent answers in text what happened, one line per step):
   read:<path>             fs/read_text_file of <path> (`./x`: x in its own workspace): "read ok <text>" or "read error <message>"
   flood:<n>               <n> fs/read_text_file of ./notes.txt at once: "flood <answered ok>/<n>"
   write:<path>            fs/write_text_file of "written by the agent" at <path>: "write ok" or "write error <message>"
-  terminal:<command>      terminal/create of `sh -c <command>` (the editor's terminal, on the host): "terminal ok <id>" or
-                          "terminal error <error>"
+  terminal:<command>      terminal/create of `sh -c <command>` in its workspace, shown in a tool call (`term-call`),
+                          then terminal/wait_for_exit, terminal/output and terminal/release: "terminal <exit code>
+                          <output, trimmed>" or "terminal error <error>"
+  terminal-at:<dir>       terminal/create of `pwd` with cwd <dir>: as `terminal`
+  terminal-kill           terminal/create of `sleep 30`, then terminal/kill: "terminal-kill <exit status> <output
+                          of its output request afterwards, as JSON>"
   shell:<command>         runs `sh -c <command>` itself (inside its sandbox): "shell <exit> <stdout>"
   form                    elicitation/create of a form in its session (one text field, `name`): "form <result>"
   permission              a tool call, then session/request_permission: "permission <optionId or cancelled>"
@@ -159,9 +163,33 @@ def run_prompt(rid, params):
     elif name == "write":
         got = request("fs/write_text_file", {"sessionId": session, "path": arg, "content": "written by the agent"})
         line("write ok" if "result" in got else "write error " + json.dumps(got.get("error")))
-    elif name == "terminal":
-        got = request("terminal/create", {"sessionId": session, "command": "sh", "args": ["-c", arg]})
-        line("terminal ok " + got["result"]["terminalId"] if "result" in got else "terminal error " + json.dumps(got.get("error")))
+    elif name in ("terminal", "terminal-at"):
+        made = {"sessionId": session, "command": "sh", "args": ["-c", arg], "outputByteLimit": 4096}
+        if name == "terminal-at":
+            made = {"sessionId": session, "command": "pwd", "cwd": arg}
+        got = request("terminal/create", made)
+        if "result" not in got:
+            line("terminal error " + json.dumps(got.get("error")))
+        else:
+            tid = got["result"]["terminalId"]
+            shown = [{"type": "content", "content": {"type": "text", "text": "running:"}},
+                     {"type": "terminal", "terminalId": tid}]
+            update(session, {"sessionUpdate": "tool_call", "toolCallId": "term-call", "title": "Run", "kind": "execute",
+                             "status": "in_progress", "content": shown})
+            waited = request("terminal/wait_for_exit", {"sessionId": session, "terminalId": tid})
+            output = request("terminal/output", {"sessionId": session, "terminalId": tid})
+            update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "term-call", "status": "completed",
+                             "content": shown})
+            request("terminal/release", {"sessionId": session, "terminalId": tid})
+            again = request("terminal/output", {"sessionId": session, "terminalId": tid})
+            line(f"terminal {waited['result'].get('exitCode')} {output['result']['output'].strip()}")
+            line("after release " + json.dumps(again.get("error", {}).get("message")))
+    elif name == "terminal-kill":
+        tid = request("terminal/create", {"sessionId": session, "command": "sleep 30"})["result"]["terminalId"]
+        request("terminal/kill", {"sessionId": session, "terminalId": tid})
+        waited = request("terminal/wait_for_exit", {"sessionId": session, "terminalId": tid})["result"]
+        output = request("terminal/output", {"sessionId": session, "terminalId": tid})["result"]
+        line(f"terminal-kill {json.dumps(waited)} {json.dumps(output)}")
     elif name == "shell":
         done = subprocess.run(["sh", "-c", arg], capture_output=True, text=True)
         line(f"shell {done.returncode} {done.stdout.strip()}")

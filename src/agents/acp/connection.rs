@@ -10,11 +10,13 @@ use std::time::Duration;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, ClientCapabilities, CreateElicitationRequest, CreateElicitationResponse, ElicitationAction,
-    ElicitationCapabilities, ElicitationFormCapabilities, ElicitationMode, ElicitationScope, FileSystemCapabilities,
-    Implementation, InitializeRequest, ReadTextFileRequest, ReadTextFileResponse, RequestPermissionOutcome,
-    RequestPermissionRequest, RequestPermissionResponse, SessionConfigOption, SessionNotification, SessionUpdate,
-    WriteTextFileRequest, WriteTextFileResponse,
+    AgentCapabilities, ClientCapabilities, CreateElicitationRequest, CreateElicitationResponse, CreateTerminalRequest,
+    CreateTerminalResponse, ElicitationAction, ElicitationCapabilities, ElicitationFormCapabilities, ElicitationMode,
+    ElicitationScope, FileSystemCapabilities, Implementation, InitializeRequest, KillTerminalRequest,
+    KillTerminalResponse, ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest, ReleaseTerminalResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse, SessionConfigOption,
+    SessionNotification, SessionUpdate, TerminalOutputRequest, TerminalOutputResponse, WaitForTerminalExitRequest,
+    WaitForTerminalExitResponse, WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, Lines};
@@ -23,6 +25,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::files::Files;
+use super::route::{Event, Route, sender};
+use super::terminals::Terminals;
 use crate::agents::host::UpdateSink;
 use crate::sandbox::{ExecSpec, ExitInfo, OutputStream, ProcessHandle, Sandbox, SandboxError};
 
@@ -35,19 +39,6 @@ const STDERR_KEPT: usize = 16 << 10;
 
 /// How many of the running turn's messages wait for it at most: the agent waits when the turn falls behind.
 const ROUTE_DEPTH: usize = 256;
-
-/// What the agent says to the turn that runs.
-pub enum Event {
-    /// One `session/update` of its session, as JSON.
-    Update(String),
-    /// It asks the user to allow a tool call.
-    Permission(Box<(RequestPermissionRequest, Responder<RequestPermissionResponse>)>),
-    /// It asks the user to fill in a form of its session.
-    Elicit(Box<(CreateElicitationRequest, Responder<CreateElicitationResponse>)>),
-}
-
-/// Where the running turn's messages go: its conversation, and the turn's end of the channel.
-type Route = Arc<Mutex<Option<(String, mpsc::Sender<Event>)>>>;
 
 /// Why the agent could not be started or asked.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +82,8 @@ pub struct Connection {
     stderr: Arc<Mutex<VecDeque<u8>>>,
     /// Cancelled when the agent's stderr was read to its end.
     stderr_read: CancellationToken,
+    /// The commands it runs through `terminal/*`.
+    terminals: Arc<Terminals>,
     /// Killed (a cancel it did not answer, a stop): never used again.
     dead: AtomicBool,
 }
@@ -108,7 +101,9 @@ impl Connection {
         outside: Option<(String, Arc<dyn UpdateSink>)>,
     ) -> Result<Arc<Self>, ConnectionError> {
         spec.interactive = true;
-        let files = Arc::new(Files::new(sandbox.clone(), &spec, roots));
+        let files = Arc::new(Files::new(sandbox.clone(), &spec, roots.clone()));
+        let route: Route = Arc::default();
+        let terminals = Arc::new(Terminals::new(sandbox.clone(), &spec, roots, route.clone()));
         let process = sandbox.exec(spec).await?;
         let Some(stdin) = process.stdin else {
             return Err(ConnectionError::Protocol("the sandbox gave the agent no stdin".into()));
@@ -116,11 +111,16 @@ impl Connection {
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
         let stderr_read = CancellationToken::new();
         keep_tail(process.stderr, stderr.clone(), stderr_read.clone());
-        let route: Route = Arc::default();
         let announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>> = Arc::default();
         let (closed, stop) = (CancellationToken::new(), CancellationToken::new());
         let (cx_tx, cx_rx) = tokio::sync::oneshot::channel();
-        let handlers = Handlers { route: route.clone(), announced: announced.clone(), files, outside };
+        let handlers = Handlers {
+            route: route.clone(),
+            announced: announced.clone(),
+            files,
+            terminals: terminals.clone(),
+            outside,
+        };
         tokio::spawn(run(transport(stdin, process.stdout), handlers, cx_tx, stop.clone(), closed.clone()));
         let handle = process.handle;
         let cx = match tokio::time::timeout(limit, cx_rx).await {
@@ -139,14 +139,15 @@ impl Connection {
             process: tokio::sync::Mutex::new(handle),
             stderr: stderr.clone(),
             stderr_read: stderr_read.clone(),
+            terminals: terminals.clone(),
             dead: AtomicBool::new(false),
         };
         let request = InitializeRequest::new(ProtocolVersion::V1)
             .client_capabilities(
                 ClientCapabilities::new()
                     .fs(FileSystemCapabilities::new().read_text_file(true).write_text_file(true))
-                    // Its own shell runs inside the sandbox already; the editor's terminals would not.
-                    .terminal(false)
+                    // Ours, which run in its sandbox: the editor's would run on the host.
+                    .terminal(true)
                     .elicitation(
                         forms.then(|| ElicitationCapabilities::new().form(ElicitationFormCapabilities::new())),
                     ),
@@ -201,6 +202,7 @@ impl Connection {
         self.dead.store(true, Ordering::SeqCst);
         self.unroute();
         self.stop.cancel();
+        self.terminals.end_all();
         self.process.lock().await.kill().await;
     }
 
@@ -246,7 +248,13 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         self.stop.cancel();
+        self.terminals.end_all();
     }
+}
+
+/// A request of the agent's the bridge does not carry out, and why.
+fn refused(why: String) -> agent_client_protocol::Error {
+    agent_client_protocol::Error::new(agent_client_protocol::ErrorCode::INVALID_PARAMS, why)
 }
 
 /// Keeps the end of `stream` in `tail`; `read` is cancelled at its end.
@@ -313,6 +321,7 @@ struct Handlers {
     route: Route,
     announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>>,
     files: Arc<Files>,
+    terminals: Arc<Terminals>,
     outside: Option<(String, Arc<dyn UpdateSink>)>,
 }
 
@@ -324,18 +333,23 @@ async fn run(
     stop: CancellationToken,
     closed: CancellationToken,
 ) {
-    let Handlers { route, announced, files, outside } = handlers;
+    let Handlers { route, announced, files, terminals, outside } = handlers;
     let (updates, permissions, elicits) = (route.clone(), route.clone(), route);
     let (reads, writes) = (files.clone(), files);
-    let sender = move |route: &Mutex<Option<(String, mpsc::Sender<Event>)>>, session: &str| {
-        let route = route.lock().unwrap_or_else(|p| p.into_inner());
-        route.as_ref().filter(|(routed, _)| routed == session).map(|(_, tx)| tx.clone())
-    };
+    let (shown, made, outputs, waits, kills, releases) = (
+        terminals.clone(),
+        terminals.clone(),
+        terminals.clone(),
+        terminals.clone(),
+        terminals.clone(),
+        terminals.clone(),
+    );
     let result = Client
         .v1()
         .name("acp-sandbox")
         .on_receive_notification(
-            async move |notification: SessionNotification, _cx| {
+            async move |mut notification: SessionNotification, _cx| {
+                shown.show(&mut notification.update);
                 if let SessionUpdate::ConfigOptionUpdate(update) = &notification.update {
                     *announced.lock().unwrap_or_else(|p| p.into_inner()) = Some(update.config_options.clone());
                 }
@@ -438,6 +452,61 @@ async fn run(
             },
             agent_client_protocol::on_receive_request!(),
         )
+        .on_receive_request(
+            async move |request: CreateTerminalRequest, responder: Responder<CreateTerminalResponse>, cx| {
+                let terminals = made.clone();
+                cx.spawn(async move {
+                    let command = request.command.clone();
+                    match terminals.create(request).await {
+                        Ok(id) => responder.respond(CreateTerminalResponse::new(id)),
+                        Err(why) => {
+                            tracing::info!(%command, "refused the ACP agent a terminal: {why}");
+                            responder.respond_with_error(refused(why))
+                        }
+                    }
+                })
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: TerminalOutputRequest, responder: Responder<TerminalOutputResponse>, _cx| {
+                match outputs.output(&request.session_id.0, &request.terminal_id.0) {
+                    Ok(output) => responder.respond(output),
+                    Err(why) => responder.respond_with_error(refused(why)),
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: WaitForTerminalExitRequest, responder: Responder<WaitForTerminalExitResponse>, cx| {
+                let terminals = waits.clone();
+                cx.spawn(async move {
+                    match terminals.wait(&request.session_id.0, &request.terminal_id.0).await {
+                        Ok(status) => responder.respond(WaitForTerminalExitResponse::new(status)),
+                        Err(why) => responder.respond_with_error(refused(why)),
+                    }
+                })
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: KillTerminalRequest, responder: Responder<KillTerminalResponse>, _cx| {
+                match kills.kill(&request.session_id.0, &request.terminal_id.0) {
+                    Ok(()) => responder.respond(KillTerminalResponse::new()),
+                    Err(why) => responder.respond_with_error(refused(why)),
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: ReleaseTerminalRequest, responder: Responder<ReleaseTerminalResponse>, _cx| {
+                match releases.release(&request.session_id.0, &request.terminal_id.0) {
+                    Ok(()) => responder.respond(ReleaseTerminalResponse::new()),
+                    Err(why) => responder.respond_with_error(refused(why)),
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
         .connect_with(transport, async move |cx: ConnectionTo<Agent>| {
             if cx_tx.send(cx.clone()).is_err() {
                 return Ok(());
@@ -452,5 +521,6 @@ async fn run(
     if let Err(e) = result {
         tracing::info!("the connection to the ACP agent ended: {e}");
     }
+    terminals.end_all();
     closed.cancel();
 }

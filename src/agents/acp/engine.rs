@@ -14,7 +14,8 @@ use agent_client_protocol::v1::schema::{
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::connection::{Connection, Event};
+use super::connection::Connection;
+use super::route::Event;
 use crate::agents::engine::{Attempt, Ended, Seen, Step, Stop, TurnEngine, ended, sleep_until_or_never, stopped};
 use crate::agents::host::UpdateSink;
 use crate::agents::{Output, TurnEnd};

@@ -92,7 +92,7 @@ impl Files {
 
 /// Whether the agent may touch `path`: absolute, without `..`, inside one of `roots`, and (to write) outside the
 /// protected paths of that root.
-fn check(roots: &[PathBuf], path: &Path, writing: bool) -> Result<(), String> {
+pub fn check(roots: &[PathBuf], path: &Path, writing: bool) -> Result<(), String> {
     if !path.is_absolute() || path.components().any(|c| matches!(c, Component::ParentDir | Component::CurDir)) {
         return Err(format!("{} is not an absolute path without `..`", path.display()));
     }
@@ -122,7 +122,7 @@ fn check(roots: &[PathBuf], path: &Path, writing: bool) -> Result<(), String> {
 
 /// [`check`] again with the links on the way resolved, on this machine: a link in the workspace that leads out of
 /// it (or into a protected path) is refused even where no sandbox would stop the command (`--sandbox none`).
-fn check_resolved(roots: &[PathBuf], path: &Path, writing: bool) -> Result<(), String> {
+pub fn check_resolved(roots: &[PathBuf], path: &Path, writing: bool) -> Result<(), String> {
     let canonical: Vec<PathBuf> =
         roots.iter().map(|root| std::fs::canonicalize(root).unwrap_or_else(|_| root.clone())).collect();
     let Some(resolved) = resolve(path) else { return Ok(()) };

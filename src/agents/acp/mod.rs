@@ -3,14 +3,17 @@
 //!
 //! `connection.rs` starts one such process and holds its connection (the official SDK's client role), `service.rs`
 //! keeps one per session across turns (the bridge's [`crate::agents::host::Service`]), `engine.rs` drives one turn
-//! through it, `files.rs` answers the agent's `fs/*` requests inside the sandbox's view, and `translate.rs` is the
+//! through it, `files.rs` answers the agent's `fs/*` requests inside the sandbox's view, `terminals.rs` runs its
+//! `terminal/*` commands in its sandbox, `route.rs` takes what it says to the turn that runs, and `translate.rs` is the
 //! pure translation of its `session/update`s to ours. What the agent asks of its client is answered here, inside
 //! the sandbox's policy, and never passed to the editor as it is: the editor would act with the user's full rights.
 
 mod connection;
 mod engine;
 mod files;
+mod route;
 mod service;
+mod terminals;
 pub mod translate;
 
 /// The service of an agent that speaks ACP: `name` for messages, `args` after its executable. Every ACP agent's
