@@ -129,7 +129,12 @@ pub fn credential(config: &Config, agent: AgentKind) -> Result<Option<(&'static 
     }
     match stored_token(config, agent) {
         Some(token) => Ok(Some((agent.credential_variable(&token).unwrap_or(variable), token))),
-        None => Err(Error::MissingCredential { agent: agent.display_name(), variable, login: login_command(agent) }),
+        None => Err(Error::MissingCredential {
+            agent: agent.display_name(),
+            variable,
+            login: login_command(agent),
+            others: agent.other_credentials().iter().map(|other| format!(" (or {other})")).collect(),
+        }),
     }
 }
 

@@ -25,7 +25,7 @@ pub enum Error {
     /// The agent needs a credential that is neither in the bridge's environment nor stored by `acp-sandbox
     /// login`; the CLI was not started.
     #[error(
-        "{agent} needs an access token: run `{login}` in a terminal (it stores the token for acp-sandbox), or set {variable} in the agent server's \"env\" in the editor's settings (e.g. Zed's agent_servers) and restart the agent; in a shell, `export {variable}=…`"
+        "{agent} needs an access token: run `{login}` in a terminal (it stores the token for acp-sandbox), or set {variable}{others} in the agent server's \"env\" in the editor's settings (e.g. Zed's agent_servers) and restart the agent; in a shell, `export {variable}=…`"
     )]
     MissingCredential {
         /// The agent's display name.
@@ -34,6 +34,8 @@ pub enum Error {
         variable: &'static str,
         /// The command that stores it.
         login: String,
+        /// The other variables that would log it in instead, as words after the variable ("" when none).
+        others: String,
     },
 
     /// `authenticate` found no login for an agent that keeps its own (OpenCode): the words say what to do.

@@ -172,6 +172,19 @@ fn authenticate_without_a_credential_is_32000_naming_the_login_and_the_variable(
     assert_eq!(error.code, -32602, "a method this server does not offer: {error}");
 }
 
+#[test]
+fn a_missing_claude_login_names_both_of_its_variables() {
+    let dirs = TestDirs::new("auth-claude-missing");
+    let options = BridgeOptions::new("claude", &dirs.data).without_env("ANTHROPIC_API_KEY");
+    let mut bridge = Bridge::start(options.without_env("CLAUDE_CODE_OAUTH_TOKEN"));
+    let error = bridge.request("authenticate", json!({"methodId": "claude-login"})).unwrap_err();
+    assert_eq!(error.code, -32000, "{error}");
+    assert_eq!(
+        error.message,
+        "Claude Code needs an access token: run `acp-sandbox login --agent claude` in a terminal (it stores the token for acp-sandbox), or set ANTHROPIC_API_KEY (or CLAUDE_CODE_OAUTH_TOKEN) in the agent server's \"env\" in the editor's settings (e.g. Zed's agent_servers) and restart the agent; in a shell, `export ANTHROPIC_API_KEY=…`"
+    );
+}
+
 /// A fake `opencode` that records its arguments and exits with 7.
 fn recording_opencode(dir: &Path) -> PathBuf {
     let script = dir.join("opencode");
