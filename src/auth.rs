@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::{AuthMethod, AuthMethodAgent, AuthMethodTerminal};
 
-use crate::agents::{AgentKind, Login};
+use crate::agents::{AgentKind, Login, OwnLogin};
 use crate::config::Config;
 use crate::error::Error;
 use crate::paths;
@@ -31,6 +31,11 @@ pub fn terminal_method_id(agent: AgentKind) -> String {
     format!("{}-login-terminal", agent.as_str())
 }
 
+/// The id of the terminal-type method that runs the agent's own sign-in ([`OwnLogin`]).
+pub fn own_method_id(agent: AgentKind) -> String {
+    format!("{}-login-own-terminal", agent.as_str())
+}
+
 /// The command a person runs to log in, as the error messages and `doctor` name it.
 pub fn login_command(agent: AgentKind) -> String {
     format!("acp-sandbox login --agent {}", agent.as_str())
@@ -40,12 +45,17 @@ pub fn login_command(agent: AgentKind) -> String {
 /// runs it as it is instead of appending to the agent server's command: this executable, the data dir the token
 /// goes to and the agent's own executable, if the bridge was given one.
 pub fn login_launch(config: &Config, executable: &Path) -> (String, Vec<String>) {
+    launch_with(config, executable, &[])
+}
+
+/// [`login_launch`] with `extra` arguments after the login's own.
+fn launch_with(config: &Config, executable: &Path, extra: &[&str]) -> (String, Vec<String>) {
     let agent = config.agent;
     let mut args = vec!["--data-dir".to_string(), config.data_dir.display().to_string()];
     if let Some(bin) = agent.bin_override(&config.agents) {
         args.extend([format!("--{}-bin", agent.as_str()), bin.display().to_string()]);
     }
-    args.extend(["login", "--agent", agent.as_str()].map(String::from));
+    args.extend(["login", "--agent", agent.as_str()].iter().chain(extra).map(|arg| arg.to_string()));
     (executable.display().to_string(), args)
 }
 
@@ -88,24 +98,38 @@ pub fn auth_methods(
             Login::Own { args } => format!("Runs {name}'s own login (`{}`) in a terminal", own(args)),
             Login::None => return methods,
         };
-        let label = format!("Log in to {name} in a terminal");
-        let meta = launch.map(|(command, args)| {
-            let launch = serde_json::json!({ "command": command, "args": args, "label": label });
-            serde_json::Map::from_iter([("terminal-auth".to_string(), launch)])
-        });
-        methods.push(AuthMethod::Terminal(
-            AuthMethodTerminal::new(terminal_method_id(agent), label.clone())
-                .description(description)
-                .args(["login", "--agent", agent.as_str()].map(String::from).to_vec())
-                .meta(meta),
-        ));
+        let terminal = |id: String, label: String, description: String, extra: &[&str]| {
+            let meta = launch.clone().map(|(command, mut args)| {
+                args.extend(extra.iter().map(|arg| arg.to_string()));
+                let launch = serde_json::json!({ "command": command, "args": args, "label": label });
+                serde_json::Map::from_iter([("terminal-auth".to_string(), launch)])
+            });
+            let args: Vec<String> =
+                ["login", "--agent", agent.as_str()].iter().chain(extra).map(|arg| arg.to_string()).collect();
+            AuthMethod::Terminal(AuthMethodTerminal::new(id, label).description(description).args(args).meta(meta))
+        };
+        methods.push(terminal(terminal_method_id(agent), format!("Log in to {name} in a terminal"), description, &[]));
+        if let Some(own) = agent.own_login() {
+            let description = format!(
+                "Runs {name}'s own sign-in with {} (`{} {}`) in a terminal; sessions on this machine use it instead of a key",
+                own.with,
+                own.program,
+                own.args.join(" ")
+            );
+            let label = format!("Sign in to {name} with {} in a terminal", own.with);
+            methods.push(terminal(own_method_id(agent), label, description, &["--own"]));
+        }
     }
     methods
 }
 
 /// `authenticate`: answers `Ok` when the agent's credential is there now, else the `-32000` that says what to do.
 pub fn authenticate(config: &Config, agent: AgentKind, method_id: &str) -> Result<(), Error> {
-    if method_id != check_method_id(agent) && method_id != terminal_method_id(agent) {
+    let own = agent.own_login().map(|_| own_method_id(agent));
+    if method_id != check_method_id(agent)
+        && method_id != terminal_method_id(agent)
+        && own.as_deref() != Some(method_id)
+    {
         return Err(Error::InvalidParams(format!(
             "Unknown authentication method {method_id:?}; this agent server offers {:?}",
             check_method_id(agent)
@@ -127,8 +151,19 @@ pub fn credential(config: &Config, agent: AgentKind) -> Result<Option<(&'static 
     if let Some((name, value)) = env_credential(agent) {
         return Ok(Some((name, value)));
     }
-    match stored_token(config, agent) {
-        Some(token) => Ok(Some((agent.credential_variable(&token).unwrap_or(variable), token))),
+    if let Some(token) = stored_token(config, agent) {
+        return Ok(Some((agent.credential_variable(&token).unwrap_or(variable), token)));
+    }
+    match own_login(config, agent) {
+        // The session's sandbox shows the login's file ([`own_login_file`]); a remote one would need it on its disk.
+        Some((own, _)) if config.sandbox.is_remote() => Err(Error::NotLoggedIn(format!(
+            "{name}'s {with} sign-in is used only in a sandbox on this machine (a remote sandbox would keep the login \
+             on its disk): set {variable} in the agent server's env, or run `{login}` to store a key",
+            name = agent.display_name(),
+            with = own.with,
+            login = login_command(agent),
+        ))),
+        Some(_) => Ok(None),
         None => Err(Error::MissingCredential {
             agent: agent.display_name(),
             variable,
@@ -136,6 +171,38 @@ pub fn credential(config: &Config, agent: AgentKind) -> Result<Option<(&'static 
             others: agent.other_credentials().iter().map(|other| format!(" (or {other})")).collect(),
         }),
     }
+}
+
+/// The agent's own sign-in and the file it keeps the login in (`<data dir>/logins/<agent>/<file>`), when there is
+/// a login there.
+pub fn own_login(config: &Config, agent: AgentKind) -> Option<(OwnLogin, PathBuf)> {
+    let own = agent.own_login()?;
+    let path = own_login_dir(config, agent).join(own.file);
+    std::fs::metadata(&path).is_ok_and(|meta| meta.is_file() && meta.len() > 0).then_some((own, path))
+}
+
+/// The agent's own sign-in's home: its CLI's home while it signs in, in the data dir (which no sandbox sees).
+pub fn own_login_dir(config: &Config, agent: AgentKind) -> PathBuf {
+    config.data_dir.join("logins").join(agent.as_str())
+}
+
+/// How a command uses the agent's own login.
+pub struct SignedIn {
+    /// The login's file and where the command sees it (writable).
+    pub shown: (PathBuf, PathBuf),
+    /// The variables that make the CLI use it, in place of the fixed ones of the same names.
+    pub env: Vec<(String, String)>,
+}
+
+/// For a command that is given no key of the agent's, the agent's own login if there is one, its file shown at its
+/// place in the session's HOME (`home`). Local sandboxes only.
+pub fn own_login_for(config: &Config, agent: AgentKind, env: &[(String, String)], home: &Path) -> Option<SignedIn> {
+    let keyed = env.iter().any(|(name, _)| Some(name.as_str()) == agent.required_credential());
+    if keyed || config.sandbox.is_remote() {
+        return None;
+    }
+    let (own, path) = own_login(config, agent)?;
+    Some(SignedIn { shown: (path, home.join(own.inside)), env: own.env })
 }
 
 /// The first of the agent's credential variables set in the bridge's environment, with its value.
@@ -165,6 +232,8 @@ pub enum Source {
     Environment(&'static str),
     /// The file `acp-sandbox login` wrote.
     Stored(PathBuf),
+    /// The agent's own sign-in (`acp-sandbox login --own`): what it signed in with, and its file.
+    Own(&'static str, PathBuf),
 }
 
 /// Where the agent's credential would come from now, if it has one.
@@ -172,7 +241,10 @@ pub fn source(config: &Config, agent: AgentKind) -> Option<Source> {
     agent.required_credential()?;
     match env_credential(agent) {
         Some((variable, _)) => Some(Source::Environment(variable)),
-        None => stored_token(config, agent).map(|_| Source::Stored(token_path(config, agent))),
+        None => match stored_token(config, agent) {
+            Some(_) => Some(Source::Stored(token_path(config, agent))),
+            None => own_login(config, agent).map(|(own, path)| Source::Own(own.with, path)),
+        },
     }
 }
 
@@ -190,13 +262,14 @@ pub fn logout(config: &Config, agent: AgentKind) -> Result<(), Error> {
             "{name} keeps its own login, which acp-sandbox does not store: log out with {name} itself"
         )));
     }
-    let path = token_path(config, agent);
-    match delete_secret(&path) {
-        Ok(true) => {
-            tracing::info!(agent = agent.as_str(), path = %path.display(), "logged out: the stored token is deleted")
+    for path in login_files(config, agent) {
+        match delete_secret(&path) {
+            Ok(true) => {
+                tracing::info!(agent = agent.as_str(), path = %path.display(), "logged out: the stored login is deleted")
+            }
+            Ok(false) => {}
+            Err(e) => return Err(Error::LogoutFailed(format!("could not delete {}: {e}", path.display()))),
         }
-        Ok(false) => {}
-        Err(e) => return Err(Error::LogoutFailed(format!("could not delete {}: {e}", path.display()))),
     }
     match env_credential(agent) {
         Some((variable, _)) => Err(Error::LogoutFailed(format!(
@@ -205,6 +278,12 @@ pub fn logout(config: &Config, agent: AgentKind) -> Result<(), Error> {
         ))),
         None => Ok(()),
     }
+}
+
+/// The files that log the agent in which `acp-sandbox login` wrote: its token's, and its own sign-in's.
+fn login_files(config: &Config, agent: AgentKind) -> Vec<PathBuf> {
+    let own = agent.own_login().map(|own| own_login_dir(config, agent).join(own.file));
+    std::iter::once(token_path(config, agent)).chain(own).collect()
 }
 
 /// The file a stored token lives in.
@@ -267,6 +346,9 @@ pub enum LoginError {
         /// Why.
         source: std::io::Error,
     },
+    /// `--own` for an agent without a sign-in of its own.
+    #[error("{0} has no sign-in of its own that acp-sandbox runs: `acp-sandbox login` without --own stores its key")]
+    NoOwnLogin(&'static str),
     /// The CLI's own login could not be run.
     #[error("{0}")]
     Cli(String),
@@ -382,14 +464,14 @@ impl Drop for EchoOff {
 /// key, and says on `terminal` what it deleted and what still logs in. Answers the exit code: 1 when the agent
 /// keeps its own login (nothing of ours to delete) or the file could not be deleted.
 pub fn logout_command(config: &Config, provider: Option<&str>, terminal: &mut dyn Write) -> u8 {
-    let (path, variable) = match provider.map(crate::sandbox::remote::named) {
-        Some(Some(remote)) => (provider_key_path(config, remote.name()), remote.key_variable()),
+    let (paths, variable) = match provider.map(crate::sandbox::remote::named) {
+        Some(Some(remote)) => (vec![provider_key_path(config, remote.name())], remote.key_variable()),
         Some(None) => {
             let _ = writeln!(terminal, "acp-sandbox keeps no key of that provider");
             return 1;
         }
         None => match config.agent.required_credential().filter(|_| can_log_out(config.agent)) {
-            Some(variable) => (token_path(config, config.agent), variable),
+            Some(variable) => (login_files(config, config.agent), variable),
             None => {
                 let name = config.agent.display_name();
                 let _ = writeln!(
@@ -400,17 +482,23 @@ pub fn logout_command(config: &Config, provider: Option<&str>, terminal: &mut dy
             }
         },
     };
-    match delete_secret(&path) {
-        Ok(true) => {
-            let _ = writeln!(terminal, "Deleted {}.", path.display());
+    let mut deleted = false;
+    for path in &paths {
+        match delete_secret(path) {
+            Ok(true) => {
+                deleted = true;
+                let _ = writeln!(terminal, "Deleted {}.", path.display());
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let _ = writeln!(terminal, "Could not delete {}: {e}", path.display());
+                return 1;
+            }
         }
-        Ok(false) => {
-            let _ = writeln!(terminal, "Nothing stored: {} does not exist.", path.display());
-        }
-        Err(e) => {
-            let _ = writeln!(terminal, "Could not delete {}: {e}", path.display());
-            return 1;
-        }
+    }
+    if !deleted {
+        let names: Vec<String> = paths.iter().map(|path| path.display().to_string()).collect();
+        let _ = writeln!(terminal, "Nothing stored: {} does not exist.", names.join(" or "));
     }
     if env_value(variable).is_some() {
         let _ = writeln!(terminal, "{variable} is still set in this environment, and it logs in without the file.");
@@ -420,7 +508,15 @@ pub fn logout_command(config: &Config, provider: Option<&str>, terminal: &mut dy
 
 /// `acp-sandbox login`: for an agent that needs a token, asks for it and stores it; for one that keeps its own
 /// logins, runs its own login command on this terminal. Talks to the person on `terminal` (stderr); answers the exit code.
-pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn Write) -> Result<u8, LoginError> {
+pub async fn login(
+    config: &Config,
+    provider: Option<&str>,
+    own: bool,
+    terminal: &mut dyn Write,
+) -> Result<u8, LoginError> {
+    if own {
+        return own_sign_in(config, config.agent, terminal).await;
+    }
     if let Some(provider) = provider {
         let Some(remote) = crate::sandbox::remote::named(provider) else {
             return Err(LoginError::NotStored("that provider"));
@@ -436,11 +532,16 @@ pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn W
         return Ok(0);
     }
     let agent = config.agent;
-    let (name, package) = (agent.display_name(), agent.package());
+    let name = agent.display_name();
     match (agent.login(), agent.required_credential()) {
         (Login::Token { page }, Some(variable)) => {
             let token = read_token(&format!("{name} access token (from {page}; the input is not shown): "), terminal)?;
             let path = store_token(config, agent, &token)?;
+            if let Some((own, signed_in)) = own_login(config, agent) {
+                // One login at a time, the last one made.
+                delete_secret(&signed_in).map_err(|source| LoginError::Io { path: signed_in.clone(), source })?;
+                let _ = writeln!(terminal, "Deleted the {} sign-in kept in {}.", own.with, signed_in.display());
+            }
             let passed = agent.credential_variable(token.trim()).unwrap_or(variable);
             let _ = writeln!(
                 terminal,
@@ -451,22 +552,83 @@ pub async fn login(config: &Config, provider: Option<&str>, terminal: &mut dyn W
         }
         (Login::Token { .. }, None) | (Login::None, _) => Err(LoginError::NotStored(name)),
         (Login::Own { args }, _) => {
-            let executable = match crate::locate::installed_executable(config, agent) {
-                Some(path) => path,
-                None => {
-                    let _ = writeln!(terminal, "Installing {name} {} (first use)…", package.version);
-                    let cancel = tokio_util::sync::CancellationToken::new();
-                    crate::sandbox::install::install(package, &paths::tools_dir(&config.data_dir), &cancel)
-                        .await
-                        .map_err(|e| LoginError::Cli(format!("{name} is not installed and could not be: {e}")))?
-                }
-            };
-            let status = crate::sandbox::host::run_interactive(&executable, args).await.map_err(|e| {
+            let executable = executable(config, agent, terminal).await?;
+            let status = crate::sandbox::host::run_interactive(&executable, args, &[]).await.map_err(|e| {
                 LoginError::Cli(format!("cannot run `{} {}`: {e}", executable.display(), args.join(" ")))
             })?;
-            Ok(status.code().and_then(|code| u8::try_from(code).ok()).unwrap_or(1))
+            Ok(exit_code(status))
         }
     }
+}
+
+/// The agent's executable, installed first when it is not there yet.
+async fn executable(config: &Config, agent: AgentKind, terminal: &mut dyn Write) -> Result<PathBuf, LoginError> {
+    if let Some(path) = crate::locate::installed_executable(config, agent) {
+        return Ok(path);
+    }
+    let (name, package) = (agent.display_name(), agent.package());
+    let _ = writeln!(terminal, "Installing {name} {} (first use)…", package.version);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    crate::sandbox::install::install(package, &paths::tools_dir(&config.data_dir), &cancel)
+        .await
+        .map_err(|e| LoginError::Cli(format!("{name} is not installed and could not be: {e}")))
+}
+
+fn exit_code(status: std::process::ExitStatus) -> u8 {
+    status.code().and_then(|code| u8::try_from(code).ok()).unwrap_or(1)
+}
+
+/// `acp-sandbox login --own`: the agent's own sign-in ([`OwnLogin`]) on this terminal, with its home in the data
+/// dir. Once it signed in, a key stored before is deleted: one login at a time, the last one made.
+async fn own_sign_in(config: &Config, agent: AgentKind, terminal: &mut dyn Write) -> Result<u8, LoginError> {
+    let name = agent.display_name();
+    let Some(own) = agent.own_login() else {
+        return Err(LoginError::NoOwnLogin(name));
+    };
+    let executable = executable(config, agent, terminal).await?;
+    // Beside the agent's own executable, in its install (npm's `.bin`) or wherever it was found.
+    let program = executable.with_file_name(own.program);
+    if !program.exists() {
+        return Err(LoginError::Cli(format!(
+            "{name}'s sign-in needs `{}` beside {}, and it is not there",
+            own.program,
+            executable.display()
+        )));
+    }
+    let dir = own_login_dir(config, agent);
+    let io = |source| LoginError::Io { path: dir.clone(), source };
+    for dir in [&config.data_dir, &config.data_dir.join("logins"), &dir] {
+        paths::create_private_dir(dir).map_err(io)?;
+    }
+    let env = [(own.home_variable, dir.as_path()), ("HOME", dir.as_path())];
+    let status = crate::sandbox::host::run_interactive(&program, &own.args, &env)
+        .await
+        .map_err(|e| LoginError::Cli(format!("cannot run `{} {}`: {e}", program.display(), own.args.join(" "))))?;
+    if !status.success() {
+        return Ok(exit_code(status));
+    }
+    let Some((_, path)) = own_login(config, agent) else {
+        return Err(LoginError::Cli(format!(
+            "{name} said it signed in, but wrote no login to {}",
+            dir.join(own.file).display()
+        )));
+    };
+    let key = token_path(config, agent);
+    if delete_secret(&key).map_err(|source| LoginError::Io { path: key.clone(), source })? {
+        let _ =
+            writeln!(terminal, "Deleted the key stored before in {}: sessions use this sign-in now.", key.display());
+    }
+    let variable = agent.required_credential().unwrap_or("its key");
+    let _ = writeln!(
+        terminal,
+        "Signed in with {with}: the login is kept in {} (readable by you only) and each session on this machine sees it \
+         as its ~/{inside}, where {name} refreshes it. {variable} set in the agent server's environment wins. \
+         `acp-sandbox logout` deletes it.",
+        path.display(),
+        with = own.with,
+        inside = own.inside,
+    );
+    Ok(0)
 }
 
 #[cfg(test)]
@@ -525,6 +687,79 @@ mod tests {
         assert_eq!(both[1]["args"], serde_json::json!(["login", "--agent", "amp"]));
         let opencode = serde_json::to_value(auth_methods(opencode(), true, None)).unwrap();
         assert_eq!(opencode[1]["args"], serde_json::json!(["login", "--agent", "opencode"]));
+    }
+
+    fn codex() -> AgentKind {
+        AgentKind::parse("codex").unwrap()
+    }
+
+    #[test]
+    fn codex_offers_its_own_chatgpt_sign_in_as_a_terminal_login_beside_the_key() {
+        let methods = serde_json::to_value(auth_methods(codex(), true, None)).unwrap();
+        let ids: Vec<&str> = methods.as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+        assert_eq!(ids, ["codex-login", "codex-login-terminal", "codex-login-own-terminal"]);
+        assert_eq!(methods[2]["type"], "terminal");
+        assert_eq!(methods[2]["name"], "Sign in to Codex with ChatGPT in a terminal");
+        assert_eq!(methods[2]["args"], serde_json::json!(["login", "--agent", "codex", "--own"]));
+        let launch = ("/bin/acp-sandbox".to_string(), vec!["login".to_string(), "--agent".into(), "codex".into()]);
+        let legacy = serde_json::to_value(auth_methods(codex(), false, Some(launch))).unwrap();
+        assert_eq!(
+            legacy[2]["_meta"]["terminal-auth"]["args"],
+            serde_json::json!(["login", "--agent", "codex", "--own"])
+        );
+        assert_eq!(serde_json::to_value(auth_methods(amp(), true, None)).unwrap().as_array().unwrap().len(), 2);
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::new(codex(), dir.path().join("data"));
+        if env_credential(codex()).is_none() {
+            assert!(matches!(
+                authenticate(&config, codex(), "codex-login-own-terminal"),
+                Err(Error::MissingCredential { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn a_chatgpt_sign_in_logs_codex_in_on_this_machine_only_and_logout_deletes_it_with_the_key() {
+        if env_credential(codex()).is_some() {
+            return; // OPENAI_API_KEY in this process's environment wins over every login
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::new(codex(), dir.path().join("data"));
+        let file = own_login_dir(&config, codex()).join("auth.json");
+        assert!(matches!(credential(&config, codex()), Err(Error::MissingCredential { .. })));
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "").unwrap();
+        assert!(
+            matches!(credential(&config, codex()), Err(Error::MissingCredential { .. })),
+            "an empty file is no login"
+        );
+        std::fs::write(&file, r#"{"auth_mode": "chatgpt"}"#).unwrap();
+        assert_eq!(credential(&config, codex()).unwrap(), None, "signed in: no key to pass");
+        assert_eq!(source(&config, codex()), Some(Source::Own("ChatGPT", file.clone())));
+        let home = Path::new("/s/home");
+        let signed_in = own_login_for(&config, codex(), &[], home).unwrap();
+        assert_eq!(signed_in.shown, (file.clone(), home.join(".codex/auth.json")));
+        assert_eq!(signed_in.env, codex().own_login().unwrap().env);
+        let keyed = [("OPENAI_API_KEY".to_string(), "sk-1".to_string())];
+        assert!(own_login_for(&config, codex(), &keyed, home).is_none(), "a key given wins");
+        // A stored key wins too (a login replaces the other, so both are there only by hand).
+        store_token(&config, codex(), "sk-stored").unwrap();
+        assert_eq!(credential(&config, codex()).unwrap(), Some(("OPENAI_API_KEY", "sk-stored".to_string())));
+        std::fs::remove_file(token_path(&config, codex())).unwrap();
+        config.sandbox = crate::sandbox::SandboxChoice::Remote(crate::sandbox::remote::named("e2b").unwrap());
+        match credential(&config, codex()) {
+            Err(Error::NotLoggedIn(message)) => assert_eq!(
+                message,
+                "Codex's ChatGPT sign-in is used only in a sandbox on this machine (a remote sandbox would keep the \
+                 login on its disk): set OPENAI_API_KEY in the agent server's env, or run `acp-sandbox login --agent \
+                 codex` to store a key"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(own_login_for(&config, codex(), &[], home).is_none());
+        store_token(&config, codex(), "sk-stored").unwrap();
+        logout(&config, codex()).unwrap();
+        assert!(!file.exists() && !token_path(&config, codex()).exists(), "logout deletes the sign-in and the key");
     }
 
     #[test]

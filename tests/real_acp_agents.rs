@@ -567,3 +567,140 @@ fn a_claude_subscription_token_reaches_claude_code_as_its_oauth_token() {
         world.fake.chats("text").iter().map(|chat| chat["headers"]["authorization"].clone()).collect();
     assert_eq!(sent.last(), Some(&Value::from(format!("Bearer {from_env}"))), "{sent:?}");
 }
+
+/// OpenAI's login server faked (`tests/fakes/fake_openai_auth.py`): a device code, two polls before the person
+/// "entered" it, then the tokens of a ChatGPT Plus account.
+struct FakeLogin {
+    child: Child,
+    port: u16,
+}
+
+impl FakeLogin {
+    fn start(dir: &Path) -> FakeLogin {
+        let mut child = Command::new("python3")
+            .arg(fakes_dir().join("fake_openai_auth.py"))
+            .args(["--pending", "2", "--record"])
+            .arg(dir.join("fake-login-requests.jsonl"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start python3 tests/fakes/fake_openai_auth.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("read the fake's port");
+        let port = line.strip_prefix("PORT ").and_then(|p| p.trim().parse().ok()).expect("the login fake's port");
+        FakeLogin { child, port }
+    }
+}
+
+impl Drop for FakeLogin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Codex's own ChatGPT sign-in: `acp-sandbox login --agent codex --own` runs Codex's device-code login with its
+/// home in the data dir (the key stored before is deleted: one login at a time); a session given no key sees the
+/// login as its `~/.codex/auth.json` and its model requests carry the login's access token and account; `logout`
+/// deletes it, and the next prompt asks for a login again.
+fn codex_signs_in_with_chatgpt(sandbox: &str, test: &str) {
+    let Some(world) = World::new(&CODEX, test) else { return };
+    let ws = world.workspace();
+    let login_server = FakeLogin::start(world.root.path());
+    let options = world
+        .options(&CODEX, sandbox)
+        .without_env(CODEX.key_env)
+        .env("ACP_SANDBOX_CODEX_ISSUER", &format!("http://127.0.0.1:{}", login_server.port));
+    log_in(&world, &CODEX, &options, "sk-stored-before-the-sign-in");
+    let key_file = world.data.join("credentials/codex");
+    assert!(key_file.exists());
+
+    let signed_in = Command::new(bridge_bin())
+        .args(["login", "--agent", "codex", "--own", "--data-dir"])
+        .arg(&world.data)
+        .envs(options.env.iter().map(|(key, value)| (key, value)))
+        .env_remove(CODEX.key_env)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&signed_in.stderr).into_owned() + &String::from_utf8_lossy(&signed_in.stdout);
+    assert!(signed_in.status.success(), "login --own: {said}");
+    // Codex's own words show the code to enter; ours say where the login went.
+    assert!(said.contains("FAKE-CODE1"), "the device code was not shown: {said}");
+    let login = world.data.join("logins/codex/auth.json");
+    let ours = String::from_utf8_lossy(&signed_in.stderr);
+    let lines: Vec<&str> = ours.lines().rev().take(2).collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "Signed in with ChatGPT: the login is kept in {} (readable by you only) and each session on this \
+                 machine sees it as its ~/.codex/auth.json, where Codex refreshes it. OPENAI_API_KEY set in the agent \
+                 server's environment wins. `acp-sandbox logout` deletes it.",
+                login.display()
+            ),
+            format!("Deleted the key stored before in {}: sessions use this sign-in now.", key_file.display()),
+        ],
+        "{said}"
+    );
+    assert!(!key_file.exists(), "the key stored before is gone");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&login).unwrap().permissions().mode() & 0o077, 0, "the login is the user's only");
+    let auth: Value = serde_json::from_str(&std::fs::read_to_string(&login).unwrap()).unwrap();
+    assert_eq!(auth["auth_mode"], "chatgpt", "{auth:#}");
+    assert!(!world.home.join(".codex/auth.json").exists(), "the sign-in wrote to the user's own ~/.codex");
+
+    let mut bridge = Bridge::start(options.clone());
+    let sid = bridge.new_session(&ws);
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
+    assert_end_turn(&bridge, &answer);
+    assert_eq!(
+        chunks(&answer.updates).concat(),
+        "Hello from the fake Responses model. It streams in pieces. TEXT-ANSWER-OK",
+        "{:#?}",
+        answer.updates
+    );
+    let chats = world.fake.chats("text");
+    assert!(!chats.is_empty(), "no model request");
+    for chat in &chats {
+        assert_eq!(chat["bearer_jwt"]["tag"], "fake-chatgpt-access-1", "not the login's access token: {chat:#}");
+        assert_eq!(chat["headers"]["chatgpt-account-id"], "acct-fake-1", "{chat:#}");
+        assert_eq!(chat["key_ok"], false, "an API key was sent: {chat:#}");
+    }
+    // The session's `~/.codex/auth.json` is the login itself: a link without a sandbox, and under bubblewrap an
+    // empty mount point on the session's disk (the login was only ever in the data dir).
+    let shown = sandbox_state(&world.data, &sid).join("home/.codex/auth.json");
+    match sandbox {
+        "none" => assert_eq!(std::fs::read_link(&shown).unwrap(), login),
+        _ => assert_eq!(std::fs::read(&shown).unwrap(), b""),
+    }
+
+    let logout = Command::new(bridge_bin())
+        .args(["logout", "--agent", "codex", "--data-dir"])
+        .arg(&world.data)
+        .envs(options.env.iter().map(|(key, value)| (key, value)))
+        .env_remove(CODEX.key_env)
+        .output()
+        .unwrap();
+    assert!(logout.status.success(), "logout: {}", String::from_utf8_lossy(&logout.stderr));
+    assert_eq!(String::from_utf8_lossy(&logout.stderr), format!("Deleted {}.\n", login.display()));
+    let id = bridge.send_prompt(&sid, "SCENARIO:text Say hello again");
+    match bridge.wait_response_within(id, TURN_LIMIT) {
+        Some(Err(error)) => {
+            assert_eq!((error.code, error.data.unwrap()["variable"].clone()), (-32000, "OPENAI_API_KEY".into()))
+        }
+        other => bridge.fail(&format!("a prompt after the logout was answered {other:?}")),
+    }
+}
+
+#[test]
+fn codex_signs_in_with_chatgpt_none() {
+    codex_signs_in_with_chatgpt("none", "codex_signs_in_with_chatgpt_none");
+}
+
+#[test]
+fn codex_signs_in_with_chatgpt_bwrap() {
+    if bwrap_ok("codex_signs_in_with_chatgpt_bwrap") {
+        codex_signs_in_with_chatgpt("bwrap", "codex_signs_in_with_chatgpt_bwrap");
+    }
+}

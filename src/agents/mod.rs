@@ -189,6 +189,12 @@ pub trait Agent: Send + Sync + 'static {
     /// How a person logs in to this agent.
     fn login(&self) -> Login;
 
+    /// The agent's own sign-in, which `acp-sandbox login --own` runs instead of storing a key (Codex: ChatGPT),
+    /// if it has one that works from a terminal.
+    fn own_login(&self) -> Option<OwnLogin> {
+        None
+    }
+
     /// Whether the agent has what it needs to log in to its models now, for `authenticate` of an agent that keeps
     /// its own logins; the error says what to do. An agent with a [`Agent::required_credential`] is checked by it.
     fn logged_in(&self, _settings: &AgentSettings, _login_command: &str) -> Result<(), String> {
@@ -337,6 +343,27 @@ pub struct ModelListing {
     pub env: fn(&AgentSettings) -> std::collections::BTreeSet<String>,
     /// The file in the data dir where the last list is kept for the next start.
     pub cache: &'static str,
+}
+
+/// An agent's own sign-in (`acp-sandbox login --own`): its CLI runs on the person's terminal with its home in the
+/// data dir, where it writes its login file; a session that is given no key sees that file in its own home,
+/// writable (the CLI refreshes the login in it), and runs with [`OwnLogin::env`] over the agent's fixed variables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnLogin {
+    /// What it signs in with, for people: "ChatGPT".
+    pub with: &'static str,
+    /// The CLI that signs in: an executable beside the agent's own in its npm install (`.bin/<name>`).
+    pub program: &'static str,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// The variable that tells it where its home is (`CODEX_HOME`), set to the login's folder.
+    pub home_variable: &'static str,
+    /// The file the login is kept in, in that folder.
+    pub file: &'static str,
+    /// Where a session sees the file, relative to the session's HOME.
+    pub inside: &'static str,
+    /// Variables a session that uses the login gets instead of the fixed ones of the same name.
+    pub env: Vec<(String, String)>,
 }
 
 /// How a person logs in to an agent (`acp-sandbox login`, the ACP auth methods).

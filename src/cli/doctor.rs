@@ -131,6 +131,9 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
             let state = match acp_sandbox::auth::source(&config, agent) {
                 Some(acp_sandbox::auth::Source::Environment(_)) => "set".to_string(),
                 Some(acp_sandbox::auth::Source::Stored(path)) => format!("stored by login in {}", path.display()),
+                Some(acp_sandbox::auth::Source::Own(with, path)) => {
+                    format!("not needed: signed in with {with} (login in {})", path.display())
+                }
                 None => {
                     let missing =
                         format!("missing: set {variable} or run `{}`", acp_sandbox::auth::login_command(agent));

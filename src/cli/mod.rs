@@ -217,14 +217,19 @@ enum Command {
     },
     /// Say which CLIs are found, which sandbox is used and why, and which credentials are missing.
     Doctor,
-    /// Log in for the agent: Amp asks for its access token and stores it (mode 0600); OpenCode runs its own
-    /// `opencode auth login`. With `--provider`, stores a remote sandbox provider's API key instead.
+    /// Log in for the agent: Amp, Claude Code, Codex and Gemini ask for a key and store it (mode 0600); OpenCode
+    /// runs its own `opencode auth login`; `--own` runs Codex's ChatGPT sign-in. With `--provider`, stores a remote
+    /// sandbox provider's API key instead.
     Login {
         /// Store this provider's API key (E2B_API_KEY, DAYTONA_API_KEY), used when it is not in the environment.
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(
             acp_sandbox::sandbox::remote::REMOTES.iter().map(|remote| remote.name())
         ))]
         provider: Option<String>,
+        /// Run the agent's own sign-in instead of storing a key (Codex: ChatGPT, by a code entered at a URL); the
+        /// login is kept in the data dir and used by sessions on this machine.
+        #[arg(long, conflicts_with = "provider")]
+        own: bool,
     },
     /// Delete what `login` stored: the agent's token (Amp), or with `--provider` a provider's API key. The
     /// variables of the environment are not touched.
@@ -376,8 +381,8 @@ pub fn main() -> anyhow::Result<ExitCode> {
             Some(Command::Prompt { text, json, session }) => prompt(config, text, json, session).await,
             Some(Command::Sessions { command }) => sessions(config, command).await,
             Some(Command::Doctor) => doctor(config, bins).await,
-            Some(Command::Login { provider }) => Ok(ExitCode::from(
-                acp_sandbox::auth::login(&config, provider.as_deref(), &mut std::io::stderr()).await?,
+            Some(Command::Login { provider, own }) => Ok(ExitCode::from(
+                acp_sandbox::auth::login(&config, provider.as_deref(), own, &mut std::io::stderr()).await?,
             )),
             Some(Command::Logout { provider }) => Ok(ExitCode::from(acp_sandbox::auth::logout_command(
                 &config,

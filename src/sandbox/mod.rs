@@ -308,6 +308,9 @@ pub struct ExecSpec {
     pub interactive: bool,
     /// Host paths made visible read-only at a path inside the sandbox (the user's own CLI configuration).
     pub read_only: Vec<(PathBuf, PathBuf)>,
+    /// Host files shown read-write at a path inside the sandbox (a login the CLI refreshes: Codex's `auth.json`).
+    /// Only a local sandbox takes them.
+    pub writable: Vec<(PathBuf, PathBuf)>,
     /// Directories of the CLI's installation, shown read-only wherever they are (`/tmp`, the data dir).
     pub tools: Vec<PathBuf>,
     /// Where the CLI must be able to connect whatever the network policy.

@@ -277,6 +277,13 @@ pub(super) fn cli_spec(
         agent.shipped_config(&real, &user_config, sandbox.state_dir()),
     ]
     .concat();
+    // A command given no key of the agent's uses its own sign-in, if one was made (`login --own`).
+    let (mut env, mut writable) = (env, Vec::new());
+    if let Some(signed_in) = crate::auth::own_login_for(config, agent, &env, &sandbox.state_dir().join("home")) {
+        env.retain(|(name, _)| !signed_in.env.iter().any(|(own, _)| own == name));
+        env.extend(signed_in.env);
+        writable.push(signed_in.shown);
+    }
     crate::sandbox::ExecSpec {
         program: real,
         args,
@@ -285,6 +292,7 @@ pub(super) fn cli_spec(
         stdin: Vec::new(),
         interactive: false,
         read_only,
+        writable,
         tools: vec![tool],
         net: crate::sandbox::NetAccess { endpoints, service_hosts },
         serve_port: None,

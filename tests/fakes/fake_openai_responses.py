@@ -29,10 +29,13 @@ Scenarios, picked by a marker `SCENARIO:<name>` in the last user message that ca
 The step is the number of model turns after that user message (runs of assistant-side items: message, reasoning,
 function_call, custom_tool_call), so a tool loop advances one step per model call. A request that offers no tools
 (a title or summary side request) gets a short fixed text. Every request is appended to FILE as one JSON line:
-{"kind": "chat"|"side"|"models"|"other", "method", "path", "scenario", "arg", "step", "headers", "body", "time"}.
+{"kind": "chat"|"side"|"models"|"other", "method", "path", "scenario", "arg", "step", "headers", "body", "time",
+"bearer_jwt"}: the headers without `authorization`, and `bearer_jwt` the claims of a bearer token that is a JWT (a
+ChatGPT login's access token, e.g. from fake_openai_auth.py; an API key never is), else null.
 """
 
 import argparse
+import base64
 import itertools
 import json
 import re
@@ -170,6 +173,18 @@ def split(text):
     return [text[:third], text[third:2 * third], text[2 * third:]]
 
 
+def jwt_claims(authorization):
+    """The claims of a bearer token that is a JWT (a ChatGPT login's access token; an API key never is), else None."""
+    token = authorization.removeprefix("Bearer ").strip()
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        return json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except ValueError:
+        return None
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     record_path = None
@@ -189,7 +204,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def record(self, entry):
         entry.update(method=self.command, path=self.path, time=time.time(),
-                     headers={k.lower(): v for k, v in self.headers.items() if k.lower() != "authorization"})
+                     headers={k.lower(): v for k, v in self.headers.items() if k.lower() != "authorization"},
+                     bearer_jwt=jwt_claims(self.headers.get("Authorization", "")))
         with RECORD_LOCK, open(self.record_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::host::{Service, ServiceSettings};
-use super::{Agent, AgentKind, AgentSettings, Login, TranslateContext, Translator};
+use super::{Agent, AgentKind, AgentSettings, Login, OwnLogin, TranslateContext, Translator};
 use crate::sandbox::package::NpmPackage;
 
 /// Codex, as the bridge drives it.
@@ -53,6 +53,10 @@ pub const BASE_URL: &str = "OPENAI_BASE_URL";
 /// choice does not reach an ACP agent yet): read where [`fixed_env`] is made, which sees no flags, so a variable
 /// only. Without it Codex picks its own default.
 pub const MODEL: &str = "ACP_SANDBOX_CODEX_MODEL";
+
+/// The bridge's variable that sends Codex's ChatGPT sign-in to another login server (its `--experimental_issuer`,
+/// e.g. a test's fake of auth.openai.com).
+pub const ISSUER: &str = "ACP_SANDBOX_CODEX_ISSUER";
 
 /// OpenAI's API, and where its keys and ChatGPT logins are made.
 pub const SERVICE_HOSTS: &[&str] = &["api.openai.com", "auth.openai.com", "chatgpt.com"];
@@ -112,6 +116,47 @@ pub fn codex_config(base_url: Option<&str>, model: Option<&str>) -> Value {
         config["model"] = json!(model);
     }
     config
+}
+
+/// Codex's configuration for a session signed in with ChatGPT ([`own_login`]): its own OpenAI provider, which
+/// sends the login's token to ChatGPT's backend (and finds the account's workspace there); with a `base_url`, a
+/// provider there that takes the same login (`requires_openai_auth`: a proxy of ChatGPT's Codex API, or a test's
+/// fake). The login is read from and refreshed in `auth.json`, never a keyring (there is none in a sandbox).
+pub fn chatgpt_config(base_url: Option<&str>, model: Option<&str>) -> Value {
+    let mut config = codex_config(base_url, model);
+    match base_url.map(str::trim).filter(|url| !url.is_empty()) {
+        Some(_) => {
+            let provider = &mut config["model_providers"][PROVIDER];
+            provider["name"] = json!("ChatGPT (through acp-sandbox)");
+            provider.as_object_mut().map(|provider| provider.remove("env_key"));
+            provider["requires_openai_auth"] = json!(true);
+        }
+        None => {
+            config.as_object_mut().map(|config| config.remove("model_providers"));
+            config["model_provider"] = json!("openai");
+        }
+    }
+    config["forced_login_method"] = json!("chatgpt");
+    config["cli_auth_credentials_store"] = json!("file");
+    config
+}
+
+/// Codex's own ChatGPT sign-in by device code (`codex login --device-auth`: a code to enter at a URL, no redirect
+/// to a local port), through `issuer` when given; sessions then run with [`chatgpt_config`].
+pub fn own_login(issuer: Option<&str>, base_url: Option<&str>, model: Option<&str>) -> OwnLogin {
+    let mut args = vec!["login".to_string(), "--device-auth".to_string()];
+    if let Some(issuer) = issuer.map(str::trim).filter(|issuer| !issuer.is_empty()) {
+        args.extend(["--experimental_issuer".to_string(), issuer.to_string()]);
+    }
+    OwnLogin {
+        with: "ChatGPT",
+        program: "codex",
+        args,
+        home_variable: "CODEX_HOME",
+        file: "auth.json",
+        inside: ".codex/auth.json",
+        env: vec![("CODEX_CONFIG".into(), chatgpt_config(base_url, model).to_string())],
+    }
 }
 
 /// Fixed variables, given the user's [`BASE_URL`] and [`MODEL`].
@@ -199,6 +244,10 @@ impl Agent for Codex {
         Login::Token { page: "https://platform.openai.com/api-keys" }
     }
 
+    fn own_login(&self) -> Option<OwnLogin> {
+        Some(own_login(var(ISSUER).as_deref(), var(BASE_URL).as_deref(), var(MODEL).as_deref()))
+    }
+
     fn serves(&self, _settings: &AgentSettings) -> bool {
         true
     }
@@ -256,6 +305,34 @@ mod tests {
         assert_eq!(codex_config(Some("  "), Some(" "))["model_providers"][PROVIDER]["base_url"], OPENAI_API);
         assert!(codex_config(None, Some(" ")).get("model").is_none(), "a blank model is Codex's own choice");
         assert_eq!(config["features"]["plugins"], false);
+    }
+
+    #[test]
+    fn a_chatgpt_login_uses_codexs_own_provider_or_one_at_the_base_url_that_takes_the_login() {
+        let own = chatgpt_config(None, None);
+        assert_eq!(own["model_provider"], "openai");
+        assert_eq!(own.get("model_providers"), None, "no provider of ours asks for a key");
+        assert_eq!(
+            (&own["forced_login_method"], &own["cli_auth_credentials_store"]),
+            (&json!("chatgpt"), &json!("file"))
+        );
+        let proxy = chatgpt_config(Some("http://127.0.0.1:9/v1"), Some("gpt-5.5"));
+        assert_eq!(proxy["model_provider"], PROVIDER);
+        assert_eq!(proxy["model"], "gpt-5.5");
+        assert_eq!(
+            proxy["model_providers"][PROVIDER],
+            json!({
+                "name": "ChatGPT (through acp-sandbox)",
+                "base_url": "http://127.0.0.1:9/v1",
+                "wire_api": "responses",
+                "requires_openai_auth": true,
+            })
+        );
+        assert_eq!(proxy["features"], codex_config(None, None)["features"], "the same quiet start");
+        let login = own_login(Some("http://127.0.0.1:7"), None, None);
+        assert_eq!(login.args, ["login", "--device-auth", "--experimental_issuer", "http://127.0.0.1:7"]);
+        assert_eq!(own_login(Some(" "), None, None).args, ["login", "--device-auth"]);
+        assert_eq!(login.env, [("CODEX_CONFIG".to_string(), chatgpt_config(None, None).to_string())]);
     }
 
     #[test]

@@ -159,6 +159,9 @@ pub(super) fn argv(wrap: &Wrap) -> Vec<String> {
     for (host, target) in &wrap.spec.read_only {
         push(&["--ro-bind-try", &host.display().to_string(), &target.display().to_string()]);
     }
+    for (host, target) in &wrap.spec.writable {
+        push(&["--bind", &host.display().to_string(), &target.display().to_string()]);
+    }
     let init = wrap.init_program.map(|program| program.display().to_string());
     if let Some(init) = &init {
         push(&["--ro-bind", init, INSIDE_INIT]);
