@@ -649,6 +649,20 @@ fn codex_signs_in_with_chatgpt(sandbox: &str, test: &str) {
     let auth: Value = serde_json::from_str(&std::fs::read_to_string(&login).unwrap()).unwrap();
     assert_eq!(auth["auth_mode"], "chatgpt", "{auth:#}");
     assert!(!world.home.join(".codex/auth.json").exists(), "the sign-in wrote to the user's own ~/.codex");
+    let doctor = Command::new(bridge_bin())
+        .args(["doctor", "--agent", "codex", "--data-dir"])
+        .arg(&world.data)
+        .envs(options.env.iter().map(|(key, value)| (key, value)))
+        .env_remove(CODEX.key_env)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    let key_line: Vec<&str> = report.lines().filter(|line| line.trim_start().starts_with("OPENAI_API_KEY:")).collect();
+    assert_eq!(
+        key_line,
+        [format!("            OPENAI_API_KEY: not needed: signed in with ChatGPT (login in {})", login.display())],
+        "{report}"
+    );
 
     let mut bridge = Bridge::start(options.clone());
     let sid = bridge.new_session(&ws);

@@ -135,8 +135,9 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
                     format!("not needed: signed in with {with} (login in {})", path.display())
                 }
                 None => {
-                    let missing =
-                        format!("missing: set {variable} or run `{}`", acp_sandbox::auth::login_command(agent));
+                    let login = acp_sandbox::auth::login_command(agent);
+                    let own = agent.own_login().map(|own| format!(" (with `--own`: sign in with {})", own.with));
+                    let missing = format!("missing: set {variable} or run `{login}`{}", own.unwrap_or_default());
                     if used { error(missing) } else { missing }
                 }
             };

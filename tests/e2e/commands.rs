@@ -499,9 +499,10 @@ fn doctor_exits_non_zero_on_errors_and_gives_namespace_advice_when_bubblewrap_is
             "            model API: api.anthropic.com",
             "            settings: no ~/.claude/settings.json: each session gets permissions.defaultMode \"default\" \
              (tools ask first)",
-            "            OPENAI_API_KEY: missing: set OPENAI_API_KEY or run `acp-sandbox login --agent codex`",
-            "            model API: https://api.openai.com/v1 (set OPENAI_BASE_URL for another endpoint; key \
-             OPENAI_API_KEY)",
+            "            OPENAI_API_KEY: missing: set OPENAI_API_KEY or run `acp-sandbox login --agent codex` (with \
+             `--own`: sign in with ChatGPT)",
+            "            model API: https://api.openai.com/v1 with a key, ChatGPT's backend when signed in with ChatGPT \
+             (set OPENAI_BASE_URL for another endpoint; key OPENAI_API_KEY)",
             "            model: Codex's own default (set ACP_SANDBOX_CODEX_MODEL to choose)",
             "            GEMINI_API_KEY: missing: set GEMINI_API_KEY or run `acp-sandbox login --agent gemini`",
             "            model API: generativelanguage.googleapis.com (key GEMINI_API_KEY)",

@@ -274,7 +274,10 @@ pub fn doctor_lines(base_url: Option<&str>, model: Option<&str>) -> Vec<String> 
     vec![
         match base_url {
             Some(url) => format!("model API: {url} ({BASE_URL}, Responses API, key {CREDENTIAL})"),
-            None => format!("model API: {OPENAI_API} (set {BASE_URL} for another endpoint; key {CREDENTIAL})"),
+            None => format!(
+                "model API: {OPENAI_API} with a key, ChatGPT's backend when signed in with ChatGPT (set {BASE_URL} \
+                 for another endpoint; key {CREDENTIAL})"
+            ),
         },
         match model {
             Some(model) => format!("model: {model} ({MODEL})"),
@@ -361,7 +364,8 @@ mod tests {
         assert_eq!(
             doctor_lines(None, Some("gpt-5.5")),
             [
-                "model API: https://api.openai.com/v1 (set OPENAI_BASE_URL for another endpoint; key OPENAI_API_KEY)",
+                "model API: https://api.openai.com/v1 with a key, ChatGPT's backend when signed in with ChatGPT (set \
+                 OPENAI_BASE_URL for another endpoint; key OPENAI_API_KEY)",
                 "model: gpt-5.5 (ACP_SANDBOX_CODEX_MODEL)"
             ]
         );
