@@ -207,6 +207,8 @@ pub struct ServiceSettings {
     pub max_running: usize,
     /// The bridge's data dir (locks, records).
     pub data_dir: PathBuf,
+    /// A remote sandbox is left running between turns (`--remote-idle keep`), so what runs in it may stay too.
+    pub remote_keeps_running: bool,
 }
 
 /// What an agent keeps running for a bridge across turns (OpenCode: its warm servers), and how a turn uses it.

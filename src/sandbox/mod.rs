@@ -443,6 +443,11 @@ pub trait Sandbox: Send + Sync {
     fn review_copy(&self) -> Option<Arc<crate::workspace::review::WorkspaceCopy>> {
         None
     }
+    /// This connection to the sandbox found it asleep and woke it (E2B's resume of a pause): what was started
+    /// through an earlier connection lost its streams, and is not reached through this one.
+    fn woke(&self) -> bool {
+        false
+    }
     /// A remote sandbox (its workspace is on its own disk, not the user's): its files, through which the session
     /// uploads the workspace, brings the agent's changes back for review and stages what a turn needs. `None` for
     /// a sandbox that sees the user's files where they are.

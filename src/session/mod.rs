@@ -201,6 +201,7 @@ impl Bridge {
             idle_timeout: config.server_idle_timeout,
             max_running: config.max_servers,
             data_dir: config.data_dir.clone(),
+            remote_keeps_running: config.remote_idle == crate::config::RemoteIdle::Keep,
         };
         let mut bridge = Self {
             service: None,

@@ -86,6 +86,8 @@ pub struct Connection {
     terminals: Arc<Terminals>,
     /// Killed (a cancel it did not answer, a stop): never used again.
     dead: AtomicBool,
+    /// The connection to the sandbox it was started through.
+    pub sandbox: Arc<dyn Sandbox>,
 }
 
 impl Connection {
@@ -141,6 +143,7 @@ impl Connection {
             stderr_read: stderr_read.clone(),
             terminals: terminals.clone(),
             dead: AtomicBool::new(false),
+            sandbox: sandbox.clone(),
         };
         let request = InitializeRequest::new(ProtocolVersion::V1)
             .client_capabilities(

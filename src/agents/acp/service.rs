@@ -51,6 +51,8 @@ pub struct AcpService {
     args: Vec<String>,
     idle_timeout: Duration,
     max_running: usize,
+    /// `--remote-idle keep`: an agent in a remote sandbox stays across turns like a local one.
+    remote_keeps_running: bool,
     running: Arc<Mutex<HashMap<String, Entry>>>,
     /// The starts under way, by session: they count against the cap, and a turn waits for the one its session's
     /// opening began instead of starting another.
@@ -68,6 +70,7 @@ impl AcpService {
             args,
             idle_timeout: bounds.idle_timeout,
             max_running: bounds.max_running.max(1),
+            remote_keeps_running: bounds.remote_keeps_running,
             running: Arc::default(),
             starting: Mutex::default(),
             start_lock: tokio::sync::Mutex::new(()),
@@ -118,6 +121,13 @@ impl AcpService {
         credential: Option<&(&'static str, String)>,
         model: Option<&str>,
     ) -> Result<Arc<Connection>> {
+        if sandbox.woke()
+            && let Some(connection) = self.live(&record.id)
+            && !Arc::ptr_eq(&connection.sandbox, sandbox)
+        {
+            tracing::info!(session = %record.id, "the sandbox slept since its ACP agent started, which cut the agent's streams: starting it again");
+            self.release(&record.id).await;
+        }
         if let Some(connection) = self.live(&record.id) {
             return Ok(connection);
         }
@@ -438,7 +448,9 @@ impl Service for AcpService {
         }
         // A remote sandbox sleeps between turns (E2B pauses it, which cuts the agent's streams): its agent is
         // stopped with the turn, and the next turn starts it again on the same conversation (`session/load`).
-        if sandbox.remote_files().is_some() {
+        // Left running (`--remote-idle keep`), it keeps its agent; a provider's own timeout that pauses it later
+        // cuts the streams, and the next turn finds the agent gone and starts it again the same way.
+        if sandbox.remote_files().is_some() && !self.remote_keeps_running {
             self.release(&record.id).await;
         }
         result

@@ -237,7 +237,7 @@ impl E2bProvider {
         Ok(E2bProvider { settings, http, api, instance })
     }
 
-    fn open(&self, info: SandboxInfo, session_id: &str) -> Result<Arc<E2bSandbox>, SandboxError> {
+    fn open(&self, info: SandboxInfo, session_id: &str, woke: bool) -> Result<Arc<E2bSandbox>, SandboxError> {
         let domain = info.domain.clone().unwrap_or_else(|| self.settings.domain.clone());
         let base = envd::envd_url(self.settings.sandbox_url.as_ref(), &domain, &info.sandbox_id)?;
         let envd = Envd::new(self.http.clone(), base, &info.sandbox_id, info.envd_access_token.as_deref())?;
@@ -251,6 +251,7 @@ impl E2bProvider {
             api: self.api.clone(),
             workspace: PathBuf::from(WORKSPACE),
             state_dir: PathBuf::from(STATE_DIR),
+            woke,
         }))
     }
 
@@ -260,7 +261,7 @@ impl E2bProvider {
             None => Ok(None),
             Some((info, resumed)) => {
                 tracing::info!(provider = PROVIDER, sandbox = id, resumed, "connected");
-                self.open(info, &spec.session_id).map(Some)
+                self.open(info, &spec.session_id, resumed).map(Some)
             }
         }
     }
@@ -284,7 +285,7 @@ impl SandboxProvider for E2bProvider {
         let info = self.api.create(&body).await?;
         let id = info.sandbox_id.clone();
         tracing::info!(provider = PROVIDER, sandbox = %id, template = %self.settings.template, "created");
-        let sandbox = self.open(info, &spec.session_id)?;
+        let sandbox = self.open(info, &spec.session_id, false)?;
         // Commands start in the workspace: it must exist before the first one.
         if let Err(e) = sandbox.make_dirs().await {
             if let Err(kill) = self.api.kill(&id).await {
@@ -324,6 +325,8 @@ pub struct E2bSandbox {
     api: Arc<ControlPlane>,
     workspace: PathBuf,
     state_dir: PathBuf,
+    /// This connection resumed the sandbox from a pause.
+    woke: bool,
 }
 
 impl E2bSandbox {
@@ -431,6 +434,10 @@ impl Sandbox for E2bSandbox {
             ));
         }
         self.upload(path, bytes).await
+    }
+
+    fn woke(&self) -> bool {
+        self.woke
     }
 
     fn remote_files(&self) -> Option<&dyn crate::sandbox::RemoteFiles> {
