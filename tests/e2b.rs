@@ -536,34 +536,3 @@ fn an_acp_agent_runs_in_an_e2b_sandbox_with_its_stdin_open_and_its_changes_revie
         )
     );
 }
-
-/// `--remote-idle keep`: the sandbox is left running between turns, and its ACP agent with it (the same process
-/// answers each turn). When E2B pauses the sandbox on its own later, which cuts the agent's streams, the next turn
-/// finds the agent gone and starts it again on the same conversation.
-#[test]
-fn an_acp_agent_stays_across_turns_while_its_e2b_sandbox_is_kept_running() {
-    let fake = FakeE2b::start();
-    let dirs = support::TestDirs::new("e2b-acp-keep");
-    let ws = dirs.remote_workspace("ws");
-    let mut options = e2b_options(&fake, &dirs)
-        .env("ACP_SANDBOX_REMOTE_IDLE", "keep")
-        .arg("--agent-command")
-        .arg(&support::fakes_dir().join("acp_agent.py").display().to_string());
-    options.agent = "custom".into();
-    let mut bridge = support::Bridge::start_reviewing(options, true);
-    let sid = bridge.new_session(&ws);
-    let first = agent_said(&bridge.prompt(&sid, "SCENARIO:whoami"));
-    assert!(first.starts_with("process "), "{first}");
-    assert_eq!(agent_said(&bridge.prompt(&sid, "SCENARIO:whoami")), first, "another agent answered the second turn");
-    let (id, state) = only_sandbox(&fake);
-    assert_eq!((&state["state"], &state["pauses"]), (&json!("running"), &json!(0)));
-
-    fake.pause(&id);
-    let turn = bridge.prompt(&sid, "SCENARIO:whoami");
-    let third = agent_said(&turn);
-    assert!(third.starts_with("process ") && third != first, "{third} after {first}");
-    assert_eq!(
-        agent_said(&bridge.prompt(&sid, "SCENARIO:history")),
-        r#"history ["SCENARIO:whoami", "SCENARIO:whoami", "SCENARIO:whoami"]"#
-    );
-}

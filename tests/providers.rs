@@ -525,6 +525,42 @@ fn the_editors_mcp_servers_reach_the_cli_there<C: Case>() {
     assert!(!log.contains("mcp-env-secret") && !log.contains("mcp-header-secret"), "a secret is in the log");
 }
 
+/// An ACP agent kept across turns (`--remote-idle keep`; a local sandbox always keeps it): the same process answers
+/// each turn. Once a remote sandbox is suspended behind the bridge's back (E2B's pause when its timeout ends, which
+/// cuts the agent's streams; Daytona's auto-stop, which ends it), the next turn starts the agent again on the same
+/// conversation.
+fn an_acp_agent_stays_across_turns_while_its_sandbox_runs<C: Case>() {
+    let case = C::start("acp-keep");
+    let ws = case.workspace();
+    let mut options = case
+        .options()
+        .env("ACP_SANDBOX_REMOTE_IDLE", "keep")
+        .arg("--agent-command")
+        .arg(&support::fakes_dir().join("acp_agent.py").display().to_string());
+    options.agent = "custom".into();
+    let mut bridge = Bridge::start_reviewing(options, true);
+    let sid = bridge.new_session(&ws);
+    let said = |turn: support::Turn| -> String {
+        let chunks = turn.updates.iter().filter(|u| u["sessionUpdate"] == "agent_message_chunk");
+        let text: String =
+            chunks.filter_map(|u| u["content"]["text"].as_str()).filter(|text| !text.trim().starts_with('_')).collect();
+        text.trim().to_string()
+    };
+    let first = said(bridge.prompt(&sid, "SCENARIO:whoami"));
+    assert!(first.starts_with("process "), "{first}");
+    assert_eq!(said(bridge.prompt(&sid, "SCENARIO:whoami")), first, "another agent answered the second turn");
+    let sandboxes = case.sandboxes();
+    assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
+    case.suspend(&sandboxes[0]);
+    let third = said(bridge.prompt(&sid, "SCENARIO:whoami"));
+    assert!(third.starts_with("process "), "{third}");
+    assert_eq!(third == first, !case.remote(), "{third} after {first}: started again only where the sandbox slept");
+    assert_eq!(
+        said(bridge.prompt(&sid, "SCENARIO:history")),
+        r#"history ["SCENARIO:whoami", "SCENARIO:whoami", "SCENARIO:whoami"]"#
+    );
+}
+
 macro_rules! suite {
     ($($provider:ident: $case:ty),* $(,)?) => {$(
         mod $provider {
@@ -548,6 +584,11 @@ macro_rules! suite {
             #[test]
             fn the_editors_mcp_servers_reach_the_cli_in_its_sandbox() {
                 the_editors_mcp_servers_reach_the_cli_there::<$case>()
+            }
+
+            #[test]
+            fn an_acp_agent_stays_across_turns_while_its_sandbox_runs() {
+                super::an_acp_agent_stays_across_turns_while_its_sandbox_runs::<$case>()
             }
         }
     )*};

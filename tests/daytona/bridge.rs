@@ -194,34 +194,3 @@ fn an_acp_agent_runs_in_a_daytona_sandbox_through_its_input_pipe_and_its_changes
         r#"history ["SCENARIO:text", "SCENARIO:read:./notes.txt", "SCENARIO:write:./made.txt"]"#
     );
 }
-
-/// `--remote-idle keep`: the sandbox is left running between turns, and its ACP agent with it (the same process
-/// answers each turn). When Daytona stops the sandbox on its own later (its auto-stop), the agent goes with it, and
-/// the next turn starts the sandbox and the agent again on the same conversation.
-#[test]
-fn an_acp_agent_stays_across_turns_while_its_daytona_sandbox_is_kept_running() {
-    let dir = test_dir("bridge-acp-keep");
-    let fake = FakeDaytona::start(&dir);
-    let dirs = support::TestDirs::new("daytona-acp-keep");
-    let ws = dirs.remote_workspace("ws");
-    let mut options = daytona_options(&fake, &dirs)
-        .env("ACP_SANDBOX_REMOTE_IDLE", "keep")
-        .arg("--agent-command")
-        .arg(&support::fakes_dir().join("acp_agent.py").display().to_string());
-    options.agent = "custom".into();
-    let mut bridge = support::Bridge::start_reviewing(options, true);
-    let sid = bridge.new_session(&ws);
-    let first = agent_said(&bridge.prompt(&sid, "SCENARIO:whoami"));
-    assert!(first.starts_with("process "), "{first}");
-    assert_eq!(agent_said(&bridge.prompt(&sid, "SCENARIO:whoami")), first, "another agent answered the second turn");
-
-    let id = only_sandbox(&fake);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(fake.provider(KEY).suspend(&id)).unwrap();
-    let third = agent_said(&bridge.prompt(&sid, "SCENARIO:whoami"));
-    assert!(third.starts_with("process ") && third != first, "{third} after {first}");
-    assert_eq!(
-        agent_said(&bridge.prompt(&sid, "SCENARIO:history")),
-        r#"history ["SCENARIO:whoami", "SCENARIO:whoami", "SCENARIO:whoami"]"#
-    );
-}

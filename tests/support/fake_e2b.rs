@@ -81,22 +81,12 @@ impl FakeE2b {
 
     /// One request to the fake's test hooks (HTTP/1.1 by hand: the hooks answer small JSON and close).
     pub fn hook(&self, method: &str, path: &str, body: Option<Value>) -> Value {
-        self.call(method, path, body, "")
-    }
-
-    /// What E2B does on its own when a sandbox's timeout ends (created with `autoPause`): pauses it, through its
-    /// control plane, which cuts every open stream of the sandbox.
-    pub fn pause(&self, id: &str) {
-        self.call("POST", &format!("/sandboxes/{id}/pause"), None, &format!("X-API-Key: {KEY}\r\n"));
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<Value>, headers: &str) -> Value {
         use std::io::{Read, Write};
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.api)).unwrap();
         write!(
             stream,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
         .unwrap();

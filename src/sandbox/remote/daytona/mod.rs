@@ -248,6 +248,7 @@ impl DaytonaProvider {
             tags: Tags::new(session_id, &self.instance),
             echo_suppressed: process::suppresses_input_echo(info.daemon_version.as_deref()),
             daemon_version: info.daemon_version.clone(),
+            woke: false,
         })
     }
 }
@@ -282,6 +283,7 @@ impl SandboxProvider for DaytonaProvider {
             Err(e) if e.is_not_found() => return Ok(None),
             Err(e) => return Err(e.into()),
         };
+        let woke = info.state() != "started";
         let info = match info.state() {
             "started" => info,
             "destroyed" | "destroying" => return Ok(None),
@@ -306,7 +308,9 @@ impl SandboxProvider for DaytonaProvider {
                 self.wait_for(id, &["started"]).await?
             }
         };
-        Ok(Some(Arc::new(self.open(&info, &spec.session_id).await?)))
+        let mut sandbox = self.open(&info, &spec.session_id).await?;
+        sandbox.woke = woke;
+        Ok(Some(Arc::new(sandbox)))
     }
 
     async fn suspend(&self, id: &str) -> Result<(), SandboxError> {
@@ -358,6 +362,8 @@ pub struct DaytonaSandbox {
     /// Whether its daemon keeps a command's input out of the on-disk log (commands are refused otherwise).
     echo_suppressed: bool,
     daemon_version: Option<String>,
+    /// This connection started the sandbox (it was stopped, which ended its processes).
+    woke: bool,
 }
 
 /// A path below a directory: absolute inside it (as the session names attachments), or relative; never with `..`.
@@ -437,6 +443,10 @@ impl Sandbox for DaytonaSandbox {
     async fn write_state_file(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError> {
         let target = below(&self.state_dir, path)?;
         self.upload(&target, bytes.to_vec()).await
+    }
+
+    fn woke(&self) -> bool {
+        self.woke
     }
 
     fn remote_files(&self) -> Option<&dyn RemoteFiles> {
