@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use agent_client_protocol::v1::schema::{AuthMethod, AuthMethodAgent, AuthMethodTerminal};
 
-use crate::agents::{AgentKind, Login, OwnLogin};
+use crate::agents::{AgentKind, Keeps, Login, LoginFile, OwnLogin};
 use crate::config::Config;
 use crate::error::Error;
 use crate::paths;
@@ -110,10 +110,14 @@ pub fn auth_methods(
         };
         methods.push(terminal(terminal_method_id(agent), format!("Log in to {name} in a terminal"), description, &[]));
         if let Some(own) = agent.own_login() {
+            let kept = match own.keeps {
+                Keeps::File(_) => "sessions on this machine use its login instead of a key",
+                Keeps::PrintedToken => "the token it prints, pasted there, is kept for acp-sandbox",
+            };
             let description = format!(
-                "Runs {name}'s own sign-in with {} (`{} {}`) in a terminal; sessions on this machine use it instead of a key",
+                "Runs {name}'s own sign-in with {} (`{} {}`) in a terminal; {kept}",
                 own.with,
-                own.program,
+                own.program.unwrap_or(agent.package().bin),
                 own.args.join(" ")
             );
             let label = format!("Sign in to {name} with {} in a terminal", own.with);
@@ -154,13 +158,12 @@ pub fn credential(config: &Config, agent: AgentKind) -> Result<Option<(&'static 
     if let Some(token) = stored_token(config, agent) {
         return Ok(Some((agent.credential_variable(&token).unwrap_or(variable), token)));
     }
-    match own_login(config, agent) {
-        // The session's sandbox shows the login's file ([`own_login_file`]); a remote one would need it on its disk.
-        Some((own, _)) if config.sandbox.is_remote() => Err(Error::NotLoggedIn(format!(
+    match login_file(config, agent) {
+        // The session's sandbox shows the login's file ([`own_login_for`]); a remote one would need it on its disk.
+        Some((with, ..)) if config.sandbox.is_remote() => Err(Error::NotLoggedIn(format!(
             "{name}'s {with} sign-in is used only in a sandbox on this machine (a remote sandbox would keep the login \
              on its disk): set {variable} in the agent server's env, or run `{login}` to store a key",
             name = agent.display_name(),
-            with = own.with,
             login = login_command(agent),
         ))),
         Some(_) => Ok(None),
@@ -173,12 +176,18 @@ pub fn credential(config: &Config, agent: AgentKind) -> Result<Option<(&'static 
     }
 }
 
-/// The agent's own sign-in and the file it keeps the login in (`<data dir>/logins/<agent>/<file>`), when there is
-/// a login there.
-pub fn own_login(config: &Config, agent: AgentKind) -> Option<(OwnLogin, PathBuf)> {
-    let own = agent.own_login()?;
-    let path = own_login_dir(config, agent).join(own.file);
-    std::fs::metadata(&path).is_ok_and(|meta| meta.is_file() && meta.len() > 0).then_some((own, path))
+/// The file of the agent's own sign-in that keeps one ([`Keeps::File`]): where it is (`<data dir>/logins/<agent>/
+/// <file>`), whether or not there is a login in it.
+fn login_file_path(config: &Config, agent: AgentKind) -> Option<(&'static str, LoginFile, PathBuf)> {
+    let OwnLogin { with, keeps: Keeps::File(file), .. } = agent.own_login()? else { return None };
+    let path = own_login_dir(config, agent).join(file.file);
+    Some((with, file, path))
+}
+
+/// [`login_file_path`] when there is a login in it: what it signed in with, the file's description, its path.
+pub fn login_file(config: &Config, agent: AgentKind) -> Option<(&'static str, LoginFile, PathBuf)> {
+    let (with, file, path) = login_file_path(config, agent)?;
+    std::fs::metadata(&path).is_ok_and(|meta| meta.is_file() && meta.len() > 0).then_some((with, file, path))
 }
 
 /// The agent's own sign-in's home: its CLI's home while it signs in, in the data dir (which no sandbox sees).
@@ -201,8 +210,8 @@ pub fn own_login_for(config: &Config, agent: AgentKind, env: &[(String, String)]
     if keyed || config.sandbox.is_remote() {
         return None;
     }
-    let (own, path) = own_login(config, agent)?;
-    Some(SignedIn { shown: (path, home.join(own.inside)), env: own.env })
+    let (_, file, path) = login_file(config, agent)?;
+    Some(SignedIn { shown: (path, home.join(file.inside)), env: file.env })
 }
 
 /// The first of the agent's credential variables set in the bridge's environment, with its value.
@@ -243,7 +252,7 @@ pub fn source(config: &Config, agent: AgentKind) -> Option<Source> {
         Some((variable, _)) => Some(Source::Environment(variable)),
         None => match stored_token(config, agent) {
             Some(_) => Some(Source::Stored(token_path(config, agent))),
-            None => own_login(config, agent).map(|(own, path)| Source::Own(own.with, path)),
+            None => login_file(config, agent).map(|(with, _, path)| Source::Own(with, path)),
         },
     }
 }
@@ -282,7 +291,7 @@ pub fn logout(config: &Config, agent: AgentKind) -> Result<(), Error> {
 
 /// The files that log the agent in which `acp-sandbox login` wrote: its token's, and its own sign-in's.
 fn login_files(config: &Config, agent: AgentKind) -> Vec<PathBuf> {
-    let own = agent.own_login().map(|own| own_login_dir(config, agent).join(own.file));
+    let own = login_file_path(config, agent).map(|(.., path)| path);
     std::iter::once(token_path(config, agent)).chain(own).collect()
 }
 
@@ -534,21 +543,9 @@ pub async fn login(
     let agent = config.agent;
     let name = agent.display_name();
     match (agent.login(), agent.required_credential()) {
-        (Login::Token { page }, Some(variable)) => {
+        (Login::Token { page }, Some(_)) => {
             let token = read_token(&format!("{name} access token (from {page}; the input is not shown): "), terminal)?;
-            let path = store_token(config, agent, &token)?;
-            if let Some((own, signed_in)) = own_login(config, agent) {
-                // One login at a time, the last one made.
-                delete_secret(&signed_in).map_err(|source| LoginError::Io { path: signed_in.clone(), source })?;
-                let _ = writeln!(terminal, "Deleted the {} sign-in kept in {}.", own.with, signed_in.display());
-            }
-            let passed = agent.credential_variable(token.trim()).unwrap_or(variable);
-            let _ = writeln!(
-                terminal,
-                "Stored in {} (readable by you only). acp-sandbox passes it to {name} as {passed}; {variable} set in the agent server's environment wins. `acp-sandbox logout` deletes it.",
-                path.display()
-            );
-            Ok(0)
+            store_and_say(config, agent, &token, terminal)
         }
         (Login::Token { .. }, None) | (Login::None, _) => Err(LoginError::NotStored(name)),
         (Login::Own { args }, _) => {
@@ -579,7 +576,7 @@ fn exit_code(status: std::process::ExitStatus) -> u8 {
 }
 
 /// `acp-sandbox login --own`: the agent's own sign-in ([`OwnLogin`]) on this terminal, with its home in the data
-/// dir. Once it signed in, a key stored before is deleted: one login at a time, the last one made.
+/// dir. What it makes replaces what was kept before: one login at a time, the last one made.
 async fn own_sign_in(config: &Config, agent: AgentKind, terminal: &mut dyn Write) -> Result<u8, LoginError> {
     let name = agent.display_name();
     let Some(own) = agent.own_login() else {
@@ -587,11 +584,14 @@ async fn own_sign_in(config: &Config, agent: AgentKind, terminal: &mut dyn Write
     };
     let executable = executable(config, agent, terminal).await?;
     // Beside the agent's own executable, in its install (npm's `.bin`) or wherever it was found.
-    let program = executable.with_file_name(own.program);
+    let program = match own.program {
+        Some(program) => executable.with_file_name(program),
+        None => executable.clone(),
+    };
     if !program.exists() {
         return Err(LoginError::Cli(format!(
             "{name}'s sign-in needs `{}` beside {}, and it is not there",
-            own.program,
+            own.program.unwrap_or_default(),
             executable.display()
         )));
     }
@@ -600,17 +600,24 @@ async fn own_sign_in(config: &Config, agent: AgentKind, terminal: &mut dyn Write
     for dir in [&config.data_dir, &config.data_dir.join("logins"), &dir] {
         paths::create_private_dir(dir).map_err(io)?;
     }
-    let env = [(own.home_variable, dir.as_path()), ("HOME", dir.as_path())];
+    let mut env = vec![("HOME", dir.as_path())];
+    if let Keeps::File(file) = &own.keeps {
+        env.push((file.home_variable, dir.as_path()));
+    }
     let status = crate::sandbox::host::run_interactive(&program, &own.args, &env)
         .await
         .map_err(|e| LoginError::Cli(format!("cannot run `{} {}`: {e}", program.display(), own.args.join(" "))))?;
     if !status.success() {
         return Ok(exit_code(status));
     }
-    let Some((_, path)) = own_login(config, agent) else {
+    let Keeps::File(file) = own.keeps else {
+        let token = read_token(&format!("Paste the token {name} printed (the input is not shown): "), terminal)?;
+        return store_and_say(config, agent, &token, terminal);
+    };
+    let Some((.., path)) = login_file(config, agent) else {
         return Err(LoginError::Cli(format!(
             "{name} said it signed in, but wrote no login to {}",
-            dir.join(own.file).display()
+            dir.join(file.file).display()
         )));
     };
     let key = token_path(config, agent);
@@ -626,7 +633,24 @@ async fn own_sign_in(config: &Config, agent: AgentKind, terminal: &mut dyn Write
          `acp-sandbox logout` deletes it.",
         path.display(),
         with = own.with,
-        inside = own.inside,
+        inside = file.inside,
+    );
+    Ok(0)
+}
+
+/// Stores the agent's token (a login file of its own sign-in goes: one login at a time) and says where it went.
+fn store_and_say(config: &Config, agent: AgentKind, token: &str, terminal: &mut dyn Write) -> Result<u8, LoginError> {
+    let (name, variable) = (agent.display_name(), agent.required_credential().unwrap_or("its key"));
+    let path = store_token(config, agent, token)?;
+    if let Some((with, _, signed_in)) = login_file(config, agent) {
+        delete_secret(&signed_in).map_err(|source| LoginError::Io { path: signed_in.clone(), source })?;
+        let _ = writeln!(terminal, "Deleted the {with} sign-in kept in {}.", signed_in.display());
+    }
+    let passed = agent.credential_variable(token.trim()).unwrap_or(variable);
+    let _ = writeln!(
+        terminal,
+        "Stored in {} (readable by you only). acp-sandbox passes it to {name} as {passed}; {variable} set in the agent server's environment wins. `acp-sandbox logout` deletes it.",
+        path.display()
     );
     Ok(0)
 }
@@ -701,6 +725,22 @@ mod tests {
         assert_eq!(methods[2]["type"], "terminal");
         assert_eq!(methods[2]["name"], "Sign in to Codex with ChatGPT in a terminal");
         assert_eq!(methods[2]["args"], serde_json::json!(["login", "--agent", "codex", "--own"]));
+        assert_eq!(
+            methods[2]["description"],
+            "Runs Codex's own sign-in with ChatGPT (`codex login --device-auth`) in a terminal; sessions on this \
+             machine use its login instead of a key"
+        );
+        let claude = serde_json::to_value(auth_methods(AgentKind::parse("claude").unwrap(), true, None)).unwrap();
+        assert_eq!(
+            (&claude[2]["name"], &claude[2]["description"]),
+            (
+                &serde_json::json!("Sign in to Claude Code with a Claude subscription in a terminal"),
+                &serde_json::json!(
+                    "Runs Claude Code's own sign-in with a Claude subscription (`claude-agent-acp --cli setup-token`) \
+                     in a terminal; the token it prints, pasted there, is kept for acp-sandbox"
+                )
+            )
+        );
         let launch = ("/bin/acp-sandbox".to_string(), vec!["login".to_string(), "--agent".into(), "codex".into()]);
         let legacy = serde_json::to_value(auth_methods(codex(), false, Some(launch))).unwrap();
         assert_eq!(
@@ -739,7 +779,8 @@ mod tests {
         let home = Path::new("/s/home");
         let signed_in = own_login_for(&config, codex(), &[], home).unwrap();
         assert_eq!(signed_in.shown, (file.clone(), home.join(".codex/auth.json")));
-        assert_eq!(signed_in.env, codex().own_login().unwrap().env);
+        let Some(OwnLogin { keeps: Keeps::File(login), .. }) = codex().own_login() else { panic!("no login file") };
+        assert_eq!(signed_in.env, login.env);
         let keyed = [("OPENAI_API_KEY".to_string(), "sk-1".to_string())];
         assert!(own_login_for(&config, codex(), &keyed, home).is_none(), "a key given wins");
         // A stored key wins too (a login replaces the other, so both are there only by hand).

@@ -345,18 +345,35 @@ pub struct ModelListing {
     pub cache: &'static str,
 }
 
-/// An agent's own sign-in (`acp-sandbox login --own`): its CLI runs on the person's terminal with its home in the
-/// data dir, where it writes its login file; a session that is given no key sees that file in its own home,
-/// writable (the CLI refreshes the login in it), and runs with [`OwnLogin::env`] over the agent's fixed variables.
+/// An agent's own sign-in (`acp-sandbox login --own`): its CLI runs on the person's terminal, with its home in the
+/// data dir, and what it makes is kept as [`OwnLogin::keeps`] says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OwnLogin {
     /// What it signs in with, for people: "ChatGPT".
     pub with: &'static str,
-    /// The CLI that signs in: an executable beside the agent's own in its npm install (`.bin/<name>`).
-    pub program: &'static str,
+    /// The CLI that signs in: an executable beside the agent's own in its npm install (`.bin/<name>`), or the
+    /// agent's own executable when `None`.
+    pub program: Option<&'static str>,
     /// Its arguments.
     pub args: Vec<String>,
-    /// The variable that tells it where its home is (`CODEX_HOME`), set to the login's folder.
+    /// What it makes, and how sessions get it.
+    pub keeps: Keeps,
+}
+
+/// What an agent's own sign-in makes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Keeps {
+    /// A login file in its home (Codex's `auth.json`), which a session given no key sees in its own home.
+    File(LoginFile),
+    /// A token it prints (Claude Code's `setup-token`): the person pastes it, and it is kept as a key is.
+    PrintedToken,
+}
+
+/// A login the agent's CLI keeps in a file: a session that is given no key sees that file in its own home,
+/// writable (the CLI refreshes the login in it), and runs with [`LoginFile::env`] over the agent's fixed variables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoginFile {
+    /// The variable that tells the CLI where its home is (`CODEX_HOME`), set to the login's folder.
     pub home_variable: &'static str,
     /// The file the login is kept in, in that folder.
     pub file: &'static str,

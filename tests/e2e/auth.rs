@@ -375,3 +375,57 @@ fn the_logout_command_deletes_the_agents_token_or_a_providers_key_and_nothing_el
         (1, "OpenCode keeps its own login, which acp-sandbox does not store: log out with OpenCode itself\n")
     );
 }
+
+/// A fake `claude-agent-acp` whose `--cli setup-token` says what Claude Code's does (on stderr here) and records its
+/// arguments and HOME; it exits with `code`.
+fn setup_token_agent(dir: &Path, code: i32) -> PathBuf {
+    let script = dir.join(format!("claude-agent-acp-{code}"));
+    let record = dir.join("setup-token");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$* HOME=$HOME\" > '{}'\necho 'Your OAuth token (valid for 1 year): sk-ant-oat01-FAKE' >&2\nexit {code}\n",
+            record.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+/// `login --agent claude --own` runs Claude Code's own `setup-token` (through the adapter's `--cli`, with a HOME of
+/// its own in the data dir, never the user's), then keeps the token it printed, pasted by the person, as the
+/// subscription's token; a sign-in that failed stores nothing and answers its exit code.
+#[test]
+fn claude_signs_in_with_its_own_setup_token_and_the_pasted_token_is_kept() {
+    let dirs = TestDirs::new("auth-claude-own");
+    let failing = setup_token_agent(dirs.root(), 3);
+    let args =
+        |bin: &Path| ["login", "--agent", "claude", "--own", "--claude-bin", bin.to_str().unwrap()].map(String::from);
+    let (code, stderr) = run_cli(&dirs.data, &args(&failing).each_ref().map(String::as_str), "", &[]);
+    assert_eq!(code, 3, "{stderr}");
+    let token_file = dirs.data.join("credentials/claude");
+    assert!(!token_file.exists(), "a failed sign-in stored something");
+
+    let agent = setup_token_agent(dirs.root(), 0);
+    let (code, stderr) = run_cli(&dirs.data, &args(&agent).each_ref().map(String::as_str), "sk-ant-oat01-FAKE\n", &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let home = dirs.data.join("logins/claude");
+    assert_eq!(
+        std::fs::read_to_string(dirs.root().join("setup-token")).unwrap(),
+        format!("--cli setup-token HOME={}\n", home.display())
+    );
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [
+            "Your OAuth token (valid for 1 year): sk-ant-oat01-FAKE",
+            &format!(
+                "Stored in {} (readable by you only). acp-sandbox passes it to Claude Code as CLAUDE_CODE_OAUTH_TOKEN; \
+                 ANTHROPIC_API_KEY set in the agent server's environment wins. `acp-sandbox logout` deletes it.",
+                token_file.display()
+            ),
+        ]
+    );
+    assert_eq!(std::fs::read_to_string(&token_file).unwrap(), "sk-ant-oat01-FAKE\n");
+    assert_eq!(std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777, 0o600);
+}

@@ -495,7 +495,8 @@ fn doctor_exits_non_zero_on_errors_and_gives_namespace_advice_when_bubblewrap_is
             "            providers: none found in your OpenCode config, its logins or the environment: run `opencode \
              auth login`, or set a provider's key (e.g. ANTHROPIC_API_KEY)",
             "            AMP_API_KEY: ERROR missing: set AMP_API_KEY or run `acp-sandbox login --agent amp`",
-            "            ANTHROPIC_API_KEY: missing: set ANTHROPIC_API_KEY or run `acp-sandbox login --agent claude`",
+            "            ANTHROPIC_API_KEY: missing: set ANTHROPIC_API_KEY or run `acp-sandbox login --agent claude` \
+             (with `--own`: sign in with a Claude subscription)",
             "            model API: api.anthropic.com",
             "            settings: no ~/.claude/settings.json: each session gets permissions.defaultMode \"default\" \
              (tools ask first)",

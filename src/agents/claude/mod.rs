@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::host::{Service, ServiceSettings};
-use super::{Agent, AgentKind, AgentSettings, Login, TranslateContext, Translator};
+use super::{Agent, AgentKind, AgentSettings, Keeps, Login, OwnLogin, TranslateContext, Translator};
 use crate::sandbox::package::NpmPackage;
 
 /// Claude Code, as the bridge drives it.
@@ -198,6 +198,19 @@ impl Agent for Claude {
         Login::Token {
             page: "https://console.anthropic.com/settings/keys, or `claude setup-token` for your Claude subscription",
         }
+    }
+
+    /// Claude Code's `setup-token` (through the adapter's `--cli`, the Claude Code it brings): a browser sign-in to
+    /// the subscription that prints a long-lived token for inference, which is kept like a key and reaches Claude
+    /// Code as `CLAUDE_CODE_OAUTH_TOKEN`. Not its `/login`, whose refreshable login file every command of the
+    /// session could read and write.
+    fn own_login(&self) -> Option<OwnLogin> {
+        Some(OwnLogin {
+            with: "a Claude subscription",
+            program: None,
+            args: vec!["--cli".into(), "setup-token".into()],
+            keeps: Keeps::PrintedToken,
+        })
     }
 
     fn serves(&self, _settings: &AgentSettings) -> bool {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::host::{Service, ServiceSettings};
-use super::{Agent, AgentKind, AgentSettings, Login, OwnLogin, TranslateContext, Translator};
+use super::{Agent, AgentKind, AgentSettings, Keeps, Login, LoginFile, OwnLogin, TranslateContext, Translator};
 use crate::sandbox::package::NpmPackage;
 
 /// Codex, as the bridge drives it.
@@ -150,12 +150,14 @@ pub fn own_login(issuer: Option<&str>, base_url: Option<&str>, model: Option<&st
     }
     OwnLogin {
         with: "ChatGPT",
-        program: "codex",
+        program: Some("codex"),
         args,
-        home_variable: "CODEX_HOME",
-        file: "auth.json",
-        inside: ".codex/auth.json",
-        env: vec![("CODEX_CONFIG".into(), chatgpt_config(base_url, model).to_string())],
+        keeps: Keeps::File(LoginFile {
+            home_variable: "CODEX_HOME",
+            file: "auth.json",
+            inside: ".codex/auth.json",
+            env: vec![("CODEX_CONFIG".into(), chatgpt_config(base_url, model).to_string())],
+        }),
     }
 }
 
@@ -335,7 +337,8 @@ mod tests {
         let login = own_login(Some("http://127.0.0.1:7"), None, None);
         assert_eq!(login.args, ["login", "--device-auth", "--experimental_issuer", "http://127.0.0.1:7"]);
         assert_eq!(own_login(Some(" "), None, None).args, ["login", "--device-auth"]);
-        assert_eq!(login.env, [("CODEX_CONFIG".to_string(), chatgpt_config(None, None).to_string())]);
+        let Keeps::File(file) = login.keeps else { panic!("{:?}", login.keeps) };
+        assert_eq!(file.env, [("CODEX_CONFIG".to_string(), chatgpt_config(None, None).to_string())]);
     }
 
     #[test]
