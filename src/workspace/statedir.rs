@@ -75,6 +75,17 @@ impl StateDir {
         io::Write::write_all(&mut file, bytes)
     }
 
+    /// Makes `path` an empty regular file, to mount a file on: one there already is left as it is (another sandbox
+    /// of the state dir may have its file mounted on it, and replacing it would take that mount away), anything
+    /// else is replaced.
+    pub fn place_mount_point(&self, path: &Path) -> io::Result<()> {
+        let rel = self.relative(path)?;
+        match self.dir.symlink_metadata(rel) {
+            Ok(meta) if meta.is_file() && meta.len() == 0 => Ok(()),
+            _ => self.write_file(path, b""),
+        }
+    }
+
     /// Moves the file `name` of `from` (a directory on the same filesystem) to `path` (its parents made real
     /// directories) in one rename: whatever was at `path` is replaced, never written through.
     pub fn move_file_in(&self, from: &Dir, name: &Path, path: &Path) -> io::Result<()> {
@@ -174,6 +185,30 @@ mod tests {
         assert_eq!(std::fs::read_to_string(victim.join("keep")).unwrap(), "precious");
         assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 1);
         assert!(sd.empty_dir(Path::new("../victim")).is_err());
+    }
+
+    #[test]
+    fn a_mount_point_is_an_empty_file_left_in_place_and_anything_else_there_is_replaced() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (state, victim) = (dir.path().join("state"), dir.path().join("victim"));
+        std::fs::create_dir_all(state.join("home/.codex")).unwrap();
+        std::fs::write(&victim, "precious").unwrap();
+        let sd = StateDir::open(&state).unwrap();
+        let point = state.join("home/.codex/auth.json");
+        sd.place_mount_point(&point).unwrap();
+        let first = std::fs::metadata(&point).unwrap();
+        assert_eq!((first.is_file(), first.len()), (true, 0));
+        sd.place_mount_point(&point).unwrap();
+        assert_eq!(std::fs::metadata(&point).unwrap().ino(), first.ino(), "an empty file there stays");
+        std::fs::write(&point, "planted").unwrap();
+        sd.place_mount_point(&point).unwrap();
+        assert_eq!(std::fs::read(&point).unwrap(), b"");
+        std::fs::remove_file(&point).unwrap();
+        std::os::unix::fs::symlink(&victim, &point).unwrap();
+        sd.place_mount_point(&point).unwrap();
+        assert!(!std::fs::symlink_metadata(&point).unwrap().is_symlink(), "a planted link is replaced");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     }
 
     #[test]

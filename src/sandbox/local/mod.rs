@@ -500,12 +500,12 @@ impl Sandbox for LocalSandbox {
         // add files next to them (OpenCode creates `.gitignore` in its config dir and fails on a read-only one),
         // and those land in the session's state, never in the user's own directory.
         spec.read_only = expand_read_only_dirs(&state, &spec.read_only);
-        // A file shown writable gets its place in the state dir made anew (what was there replaced, never written
+        // A file shown writable gets its place in the state dir (what else was there replaced, never written
         // through): an empty mount point under bubblewrap, a link to the file without it.
         for (host, target) in &spec.writable {
             let placed = match self.settings.isolation {
                 Isolation::None(_) => state.symlink(host, target),
-                Isolation::Bwrap(_) => state.write_file(target, b""),
+                Isolation::Bwrap(_) => state.place_mount_point(target),
             };
             placed.map_err(|e| SandboxError::io(format!("place {}", target.display()), e))?;
         }
