@@ -2084,6 +2084,10 @@ fn an_acp_agents_requests_of_its_client_stay_inside_the_workspace() {
         options.agent = "custom".into();
         let key = lab.home.join(".ssh/id_ed25519");
         std::os::unix::fs::symlink(&key, lab.ws.join("key")).unwrap();
+        // Codex's ChatGPT login (`login --agent codex --own`) is in the data dir: shown to a Codex session only.
+        let login = lab.data.join("logins/codex/auth.json");
+        std::fs::create_dir_all(login.parent().unwrap()).unwrap();
+        std::fs::write(&login, format!("{{\"tokens\": \"CANARY-login-{}\"}}", lab.nonce)).unwrap();
         let protected = [".git/hooks/pre-commit", ".git/config", ".envrc", ".vscode/tasks.json", ".zed/settings.json"];
         let before = snapshot(&lab.ws);
         let mut bridge = Bridge::start(options);
@@ -2097,6 +2101,9 @@ fn an_acp_agents_requests_of_its_client_stay_inside_the_workspace() {
         }
         let answer = acp_said(&mut bridge, &sid, &format!("read:{}", lab.ws.join("key").display()));
         checks.check(answer.starts_with("read error "), || format!("a link led the bridge's read out: {answer}"));
+        said.push(answer);
+        let answer = acp_said(&mut bridge, &sid, &format!("read:{}", login.display()));
+        checks.check(answer.starts_with("read error "), || format!("the bridge read Codex's login for it: {answer}"));
         said.push(answer);
         let bashrc = lab.home.join(".bashrc");
         let answer = acp_said(&mut bridge, &sid, &format!("write:{}", bashrc.display()));
@@ -2113,7 +2120,13 @@ fn an_acp_agents_requests_of_its_client_stay_inside_the_workspace() {
             let answer = acp_said(&mut bridge, &sid, &format!("shell:cat {} 2>&1 | head -c 200", key.display()));
             checks.check(!answer.contains("CANARY"), || format!("the agent's own shell read the key: {answer}"));
             said.push(answer);
+            let answer = acp_said(&mut bridge, &sid, &format!("shell:cat {} 2>&1 | head -c 200", login.display()));
+            checks.check(!answer.contains("CANARY"), || format!("the agent's own shell read Codex's login: {answer}"));
+            said.push(answer);
             // Its terminals run in the same sandbox, not on the host as an editor's would.
+            let answer = acp_said(&mut bridge, &sid, &format!("terminal:cat {} 2>&1 | head -c 200", login.display()));
+            checks.check(!answer.contains("CANARY"), || format!("a terminal read Codex's login: {answer}"));
+            said.push(answer);
             for rel in SECRET_FILES {
                 let path = lab.home.join(rel);
                 let answer =
