@@ -7,7 +7,9 @@
 //! CLI's environment: never into the store, a log line or a sandbox's files. OpenCode keeps its own logins
 //! (`opencode auth login` writes `auth.json`, shown read-only in the sandbox), so its login runs that command.
 //! A remote provider's key (`login --provider e2b|daytona`) is kept the same way, and read only for the bridge's
-//! own requests to that provider.
+//! own requests to that provider. `login --own` runs an agent's own sign-in with its HOME in `<data
+//! dir>/logins/<agent>`: Codex's ChatGPT login file stays there and is shown to its local sessions given no key;
+//! the token Claude Code's `setup-token` prints is kept like a key. One login of an agent at a time.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -45,17 +47,12 @@ pub fn login_command(agent: AgentKind) -> String {
 /// runs it as it is instead of appending to the agent server's command: this executable, the data dir the token
 /// goes to and the agent's own executable, if the bridge was given one.
 pub fn login_launch(config: &Config, executable: &Path) -> (String, Vec<String>) {
-    launch_with(config, executable, &[])
-}
-
-/// [`login_launch`] with `extra` arguments after the login's own.
-fn launch_with(config: &Config, executable: &Path, extra: &[&str]) -> (String, Vec<String>) {
     let agent = config.agent;
     let mut args = vec!["--data-dir".to_string(), config.data_dir.display().to_string()];
     if let Some(bin) = agent.bin_override(&config.agents) {
         args.extend([format!("--{}-bin", agent.as_str()), bin.display().to_string()]);
     }
-    args.extend(["login", "--agent", agent.as_str()].iter().chain(extra).map(|arg| arg.to_string()));
+    args.extend(["login", "--agent", agent.as_str()].map(String::from));
     (executable.display().to_string(), args)
 }
 
