@@ -420,6 +420,10 @@ impl Bridge {
     /// The session's modes (its mode option, as ACP session modes).
     pub async fn session_modes(&self, id: &str) -> Result<Option<agent_client_protocol::v1::schema::SessionModeState>> {
         let record = self.record(id).await?;
+        let announced = self.service.as_ref().filter(|_| self.serves(&record));
+        if let Some(options) = announced.and_then(|service| service.announced_options(&record.config)) {
+            return Ok(options::modes_of(&options));
+        }
         Ok(options::session_modes(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
     }
 

@@ -77,6 +77,26 @@ pub fn session_modes(
     Some(SessionModeState::new(spec.current, modes))
 }
 
+/// Session modes said as an option (an ACP agent's own options, its modes among them): the option of the mode
+/// category as ACP session modes, for the clients that read only those.
+pub fn modes_of(options: &[SessionConfigOption]) -> Option<agent_client_protocol::v1::schema::SessionModeState> {
+    use agent_client_protocol::v1::schema::{
+        SessionConfigKind, SessionConfigOptionCategory, SessionConfigSelectOptions, SessionMode, SessionModeState,
+    };
+    let option = options.iter().find(|o| o.category == Some(SessionConfigOptionCategory::Mode))?;
+    let SessionConfigKind::Select(select) = &option.kind else { return None };
+    let choices = match &select.options {
+        SessionConfigSelectOptions::Ungrouped(choices) => choices.clone(),
+        SessionConfigSelectOptions::Grouped(groups) => groups.iter().flat_map(|g| g.options.clone()).collect(),
+        _ => return None,
+    };
+    let modes = choices
+        .into_iter()
+        .map(|choice| SessionMode::new(choice.value.to_string(), choice.name).description(choice.description))
+        .collect();
+    Some(SessionModeState::new(select.current_value.to_string(), modes))
+}
+
 /// Applies a change, returning the new session config. Unknown options or values are invalid params.
 pub fn apply(
     agent: AgentKind,
@@ -187,6 +207,22 @@ mod tests {
         assert_eq!(kept, json!({"model": "fake/small", "variant": "low"}));
         let gone = apply(scripted(), &kept, "model", "fake/fake-model", &config, &models).unwrap();
         assert_eq!(gone, json!({"model": "fake/fake-model"}), "a model without levels offers no reasoning option");
+    }
+
+    #[test]
+    fn an_agents_own_mode_option_is_said_as_session_modes_whatever_its_id() {
+        let options: Vec<SessionConfigOption> = serde_json::from_value(json!([
+            {"id": "fast", "name": "Fast", "type": "boolean", "currentValue": false},
+            {"id": "permission", "name": "Mode", "category": "mode", "type": "select", "currentValue": "plan",
+             "options": [{"value": "default", "name": "Ask", "description": "Asks first"}, {"value": "plan", "name": "Plan"}]}
+        ]))
+        .unwrap();
+        assert_eq!(
+            serde_json::to_value(modes_of(&options)).unwrap(),
+            json!({"currentModeId": "plan", "availableModes": [
+                {"id": "default", "name": "Ask", "description": "Asks first"}, {"id": "plan", "name": "Plan"}]})
+        );
+        assert_eq!(modes_of(&options[..1]), None);
     }
 
     #[test]

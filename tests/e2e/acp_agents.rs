@@ -395,13 +395,90 @@ fn the_agents_config_options_are_the_sessions_and_setting_one_reaches_it() {
     let refused = bridge
         .request("session/set_config_option", json!({"sessionId": sid, "configId": "model", "value": "huge"}))
         .unwrap_err();
-    assert_eq!((refused.code, refused.message.as_str()), (-32602, "ACP agent refused it: no such value huge"));
+    assert_eq!(
+        (refused.code, refused.message.as_str()),
+        (-32602, "\"huge\" is not a value of ACP agent's option \"model\"")
+    );
     bridge.kill9();
 
-    // A new bridge offers what the agent announced last before the agent runs again.
+    // A new bridge offers what the agent announced last before the agent runs again, and the new agent process
+    // (which starts at its default, `fast`) is given the user's choice.
     let mut bridge = Bridge::start(options(&dirs));
     let loaded = bridge.request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
     assert_eq!(model(&loaded["configOptions"]), "smart");
+    assert_eq!(answer(&mut bridge, &sid, "options"), "model smart", "the new agent was given the choice");
+}
+
+/// The options of the agent that says modes and models the older way (FAKE_ACP_MODES: Gemini CLI's way).
+fn old_style_options(mode: &str, model: &str) -> Value {
+    json!([
+        {"id": "mode", "name": "Mode", "category": "mode", "type": "select", "currentValue": mode, "options": [
+            {"value": "ask", "name": "Ask", "description": "Asks before it acts"},
+            {"value": "code", "name": "Code"},
+            {"value": "plan", "name": "Plan", "description": "Reads only"}]},
+        {"id": "model", "name": "Model", "category": "model", "type": "select", "currentValue": model, "options": [
+            {"value": "fast", "name": "Fast"}, {"value": "smart", "name": "Smart"}]}
+    ])
+}
+
+#[test]
+fn its_modes_and_models_are_the_sessions_options_and_every_new_process_of_it_is_given_the_users_choices() {
+    let dirs = TestDirs::new("acp-modes");
+    let ws = dirs.workspace("ws");
+    let options = || {
+        options(&dirs)
+            .arg("--pass-env")
+            .arg("FAKE_ACP_MODES")
+            .env("FAKE_ACP_MODES", "1")
+            .arg("--server-idle-timeout")
+            .arg("2")
+    };
+    let mut bridge = Bridge::start(options());
+    let sid = bridge.new_session(&ws);
+    let announced = bridge.wait_update(&sid, "the agent's options", |u| u["sessionUpdate"] == "config_option_update");
+    assert_eq!(announced["configOptions"], old_style_options("ask", "fast"));
+
+    // session/set_mode reaches it as session/set_mode, the model option as session/set_model.
+    bridge.request("session/set_mode", json!({"sessionId": sid, "modeId": "plan"})).unwrap();
+    let set = bridge
+        .request("session/set_config_option", json!({"sessionId": sid, "configId": "model", "value": "smart"}))
+        .unwrap();
+    assert_eq!(set["configOptions"], old_style_options("plan", "smart"));
+    assert_eq!(answer(&mut bridge, &sid, "settings"), "mode plan model smart");
+    let refused = bridge.request("session/set_mode", json!({"sessionId": sid, "modeId": "yolo"})).unwrap_err();
+    assert_eq!(
+        (refused.code, refused.message.as_str()),
+        (-32602, "\"yolo\" is not a value of ACP agent's option \"mode\"")
+    );
+
+    // It changes its own mode: the editor sees the option change, and that is where its next process starts.
+    let turn = bridge.prompt(&sid, "SCENARIO:switch-mode:code");
+    let changed: Vec<&Value> = turn.updates.iter().filter(|u| u["sessionUpdate"] == "config_option_update").collect();
+    assert_eq!(changed.len(), 1, "{:#?}", turn.updates);
+    assert_eq!(changed[0]["configOptions"], old_style_options("code", "smart"));
+    assert!(!turn.updates.iter().any(|u| u["sessionUpdate"] == "current_mode_update"), "{:#?}", turn.updates);
+
+    // Stopped when idle, it is set all the same: the choice is given to its next process.
+    assert!(wait_until(Duration::from_secs(20), || agents_in(&ws).is_empty()), "the idle agent still runs");
+    let set = bridge
+        .request("session/set_config_option", json!({"sessionId": sid, "configId": "model", "value": "fast"}))
+        .unwrap();
+    assert_eq!(set["configOptions"], old_style_options("code", "fast"));
+    assert_eq!(answer(&mut bridge, &sid, "settings"), "mode code model fast");
+    bridge.kill9();
+
+    // A new bridge says them as options and as modes before the agent runs, and its agent is given them.
+    let mut bridge = Bridge::start(options());
+    let loaded = bridge.request("session/load", json!({"sessionId": sid, "cwd": ws, "mcpServers": []})).unwrap();
+    assert_eq!(loaded["configOptions"], old_style_options("code", "fast"));
+    assert_eq!(
+        loaded["modes"],
+        json!({"currentModeId": "code", "availableModes": [
+            {"id": "ask", "name": "Ask", "description": "Asks before it acts"},
+            {"id": "code", "name": "Code"},
+            {"id": "plan", "name": "Plan", "description": "Reads only"}]})
+    );
+    assert_eq!(answer(&mut bridge, &sid, "settings"), "mode code model fast");
 }
 
 #[test]

@@ -26,12 +26,16 @@ Scenarios (the agent answers in text what happened, one line per step):
   crash                   one chunk, then exits 3 with "fake agent crashed" on stderr
   mcp                     says the MCP servers session/new or session/load gave it (name and command or url)
   options                 says its session's `model` option (`session/set_config_option` sets it)
+  settings                with FAKE_ACP_MODES=1: says its session's mode and model ("mode <id> model <id>")
+  switch-mode:<id>        changes its own mode (current_mode_update), as an agent leaving plan mode does
   images                  says the image blocks of its prompt (their MIME types and sizes)
   whoami                  says this process's token (a new process has a new one)
   tool                    a tool call with a location in the workspace, left in progress, then end_turn
 Environment: FAKE_ACP_NO_LOAD=1 (no loadSession), FAKE_ACP_RESUME=1 (sessionCapabilities.resume: session/resume
 continues a session without replaying it), FAKE_ACP_HANG_INIT=1 (never answers initialize),
-FAKE_ACP_GARBAGE=1 (prints a line that is not JSON-RPC first).
+FAKE_ACP_GARBAGE=1 (prints a line that is not JSON-RPC first), FAKE_ACP_MODES=1 (no config options: its modes and
+models said the older way, `modes` and `models` of session/new, set by session/set_mode and session/set_model, as
+Gemini CLI does; each new process starts at mode `ask` and model `fast`).
 """
 
 import json
@@ -51,6 +55,8 @@ CANCELLED = {}
 NEXT_ID = [1000]
 MCP = {}
 MODEL = {}
+MODE = {}
+OLD_STYLE = os.environ.get("FAKE_ACP_MODES") == "1"
 TOKEN = uuid.uuid4().hex[:12]
 
 
@@ -225,6 +231,12 @@ def run_prompt(rid, params):
         os._exit(3)
     elif name == "options":
         line("model " + MODEL.get(session, "fast"))
+    elif name == "settings":
+        line("mode " + MODE.get(session, "ask") + " model " + MODEL.get(session, "fast"))
+    elif name == "switch-mode":
+        MODE[session] = arg
+        update(session, {"sessionUpdate": "current_mode_update", "currentModeId": arg})
+        line("switched to " + arg)
     elif name == "images":
         images = [b for b in params.get("prompt", []) if b.get("type") == "image"]
         line("images " + json.dumps([[b.get("mimeType"), len(b.get("data", ""))] for b in images]))
@@ -243,10 +255,25 @@ def run_prompt(rid, params):
 
 
 def options(session):
-    """The session's config options: one select, `model`."""
+    """The session's config options: one select, `model` (none with FAKE_ACP_MODES=1)."""
+    if OLD_STYLE:
+        return None
     return [{"id": "model", "name": "Model", "category": "model", "type": "select",
              "currentValue": MODEL.get(session, "fast"),
              "options": [{"value": "fast", "name": "Fast"}, {"value": "smart", "name": "Smart"}]}]
+
+
+def settings(session, result):
+    """`result` with the session's modes and models, the older way, where FAKE_ACP_MODES=1 says so."""
+    if OLD_STYLE:
+        result["modes"] = {"currentModeId": MODE.get(session, "ask"), "availableModes": [
+            {"id": "ask", "name": "Ask", "description": "Asks before it acts"},
+            {"id": "code", "name": "Code"}, {"id": "plan", "name": "Plan", "description": "Reads only"}]}
+        result["models"] = {"currentModelId": MODEL.get(session, "fast"), "availableModels": [
+            {"modelId": "fast", "name": "Fast"}, {"modelId": "smart", "name": "Smart"}]}
+    else:
+        result["configOptions"] = options(session)
+    return result
 
 
 def servers(params):
@@ -294,7 +321,7 @@ def main():
             session = f"fake-{os.getpid()}-{counter[0]}"
             save(session, [])
             MCP[session] = servers(params)
-            send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": session, "configOptions": options(session)}})
+            send({"jsonrpc": "2.0", "id": rid, "result": settings(session, {"sessionId": session})})
             update(session, {"sessionUpdate": "available_commands_update", "availableCommands": [
                 {"name": "greet", "description": "Says hello", "input": {"hint": "whom"}}]})
         elif method == "session/load":
@@ -308,14 +335,26 @@ def main():
                 update(session, {"sessionUpdate": "user_message_chunk",
                                  "content": {"type": "text", "text": turn["prompt"]}})
                 say(session, "REPLAYED " + turn["answer"])
-            send({"jsonrpc": "2.0", "id": rid, "result": {"configOptions": options(session)}})
+            send({"jsonrpc": "2.0", "id": rid, "result": settings(session, {})})
         elif method == "session/resume":
             session = params["sessionId"]
             if load(session) is None:
                 send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32002, "message": f"no session {session}"}})
                 continue
             MCP[session] = servers(params)
-            send({"jsonrpc": "2.0", "id": rid, "result": {"configOptions": options(session)}})
+            send({"jsonrpc": "2.0", "id": rid, "result": settings(session, {})})
+        elif method == "session/set_mode" and OLD_STYLE:
+            if params.get("modeId") not in ("ask", "code", "plan"):
+                send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": "no such mode"}})
+                continue
+            MODE[params["sessionId"]] = params["modeId"]
+            send({"jsonrpc": "2.0", "id": rid, "result": {}})
+        elif method == "session/set_model" and OLD_STYLE:
+            if params.get("modelId") not in ("fast", "smart"):
+                send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": "no such model"}})
+                continue
+            MODEL[params["sessionId"]] = params["modelId"]
+            send({"jsonrpc": "2.0", "id": rid, "result": {}})
         elif method == "session/set_config_option":
             session, value = params["sessionId"], params.get("value")
             if params.get("configId") != "model" or value not in ("fast", "smart"):

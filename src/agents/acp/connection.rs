@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, ClientCapabilities, CreateElicitationRequest, CreateElicitationResponse, CreateTerminalRequest,
-    CreateTerminalResponse, ElicitationAction, ElicitationCapabilities, ElicitationFormCapabilities, ElicitationMode,
-    ElicitationScope, FileSystemCapabilities, Implementation, InitializeRequest, KillTerminalRequest,
-    KillTerminalResponse, ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest, ReleaseTerminalResponse,
-    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse, SessionConfigOption,
-    SessionNotification, SessionUpdate, TerminalOutputRequest, TerminalOutputResponse, WaitForTerminalExitRequest,
-    WaitForTerminalExitResponse, WriteTextFileRequest, WriteTextFileResponse,
+    AgentCapabilities, ClientCapabilities, ConfigOptionUpdate, CreateElicitationRequest, CreateElicitationResponse,
+    CreateTerminalRequest, CreateTerminalResponse, ElicitationAction, ElicitationCapabilities,
+    ElicitationFormCapabilities, ElicitationMode, ElicitationScope, FileSystemCapabilities, Implementation,
+    InitializeRequest, KillTerminalRequest, KillTerminalResponse, ReadTextFileRequest, ReadTextFileResponse,
+    ReleaseTerminalRequest, ReleaseTerminalResponse, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, SessionNotification, SessionUpdate, TerminalOutputRequest, TerminalOutputResponse,
+    WaitForTerminalExitRequest, WaitForTerminalExitResponse, WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, Lines};
@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::files::Files;
+use super::options::{MODE, Selectors};
 use super::route::{Event, Route, sender};
 use super::terminals::Terminals;
 use crate::agents::host::UpdateSink;
@@ -70,8 +71,8 @@ pub struct Connection {
     /// The session's conversation in this process, once made or loaded; held while it is made, so that a warm start
     /// and a turn never make two.
     pub session: tokio::sync::Mutex<Option<String>>,
-    /// The options the agent announced last (`config_option_update`), not kept in the store yet.
-    announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>>,
+    /// What the agent says of its session's settings.
+    announced: Arc<Mutex<Announced>>,
     /// The turn that runs now: its conversation and where its messages go.
     route: Route,
     /// Cancelled when the connection ended (the agent exited, closed its stdout or broke the protocol).
@@ -113,7 +114,7 @@ impl Connection {
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
         let stderr_read = CancellationToken::new();
         keep_tail(process.stderr, stderr.clone(), stderr_read.clone());
-        let announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>> = Arc::default();
+        let announced: Arc<Mutex<Announced>> = Arc::default();
         let (closed, stop) = (CancellationToken::new(), CancellationToken::new());
         let (cx_tx, cx_rx) = tokio::sync::oneshot::channel();
         let handlers = Handlers {
@@ -190,9 +191,20 @@ impl Connection {
         rx
     }
 
-    /// The options the agent announced since this was last asked.
-    pub fn take_announced(&self) -> Option<Vec<SessionConfigOption>> {
-        self.announced.lock().unwrap_or_else(|p| p.into_inner()).take()
+    /// What the agent said of its session's settings, when it changed them since this was last asked.
+    pub fn take_announced(&self) -> Option<Selectors> {
+        let mut announced = self.announced.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut announced.unkept).then(|| announced.now.clone())
+    }
+
+    /// What the agent said of its session's settings.
+    pub fn selectors(&self) -> Selectors {
+        self.announced.lock().unwrap_or_else(|p| p.into_inner()).now.clone()
+    }
+
+    /// What the agent says of its session's settings now (it opened the session, or took a choice), kept.
+    pub fn set_selectors(&self, selectors: Selectors) {
+        *self.announced.lock().unwrap_or_else(|p| p.into_inner()) = Announced { now: selectors, unkept: false };
     }
 
     /// No turn runs: what the agent says now is not anyone's (a replay of `session/load`, a late update).
@@ -319,10 +331,47 @@ fn transport(
     Lines::new(Box::pin(outgoing), Box::pin(incoming))
 }
 
+/// What the agent said of its session's settings in this process.
+#[derive(Default)]
+struct Announced {
+    now: Selectors,
+    /// It changed them on its own since they were last kept in the store.
+    unkept: bool,
+}
+
+impl Announced {
+    /// `update` as the editor sees it: a change of the agent's options, or of its mode, is the session's whole option
+    /// list (its modes and models said the older way are options there, so a list of its own options alone would
+    /// take them away); `None`: it changes nothing the editor is shown.
+    fn seen(&mut self, update: SessionUpdate) -> Option<SessionUpdate> {
+        match update {
+            SessionUpdate::ConfigOptionUpdate(update) => {
+                self.now.options = Some(update.config_options);
+            }
+            SessionUpdate::CurrentModeUpdate(update) => {
+                let mode = update.current_mode_id.to_string();
+                let before = self.now.clone();
+                if let Some(modes) = &mut self.now.modes {
+                    modes.current_mode_id = update.current_mode_id;
+                }
+                if self.now.check("", MODE, &mode).is_ok() {
+                    self.now.select(MODE, &mode);
+                }
+                if self.now == before {
+                    return None;
+                }
+            }
+            update => return Some(update),
+        }
+        self.unkept = true;
+        Some(SessionUpdate::ConfigOptionUpdate(ConfigOptionUpdate::new(self.now.offered())))
+    }
+}
+
 /// What the connection's handlers share with the [`Connection`].
 struct Handlers {
     route: Route,
-    announced: Arc<Mutex<Option<Vec<SessionConfigOption>>>>,
+    announced: Arc<Mutex<Announced>>,
     files: Arc<Files>,
     terminals: Arc<Terminals>,
     outside: Option<(String, Arc<dyn UpdateSink>)>,
@@ -353,9 +402,9 @@ async fn run(
         .on_receive_notification(
             async move |mut notification: SessionNotification, _cx| {
                 shown.show(&mut notification.update);
-                if let SessionUpdate::ConfigOptionUpdate(update) = &notification.update {
-                    *announced.lock().unwrap_or_else(|p| p.into_inner()) = Some(update.config_options.clone());
-                }
+                let seen = announced.lock().unwrap_or_else(|p| p.into_inner()).seen(notification.update);
+                let Some(update) = seen else { return Ok(()) };
+                notification.update = update;
                 let Some(tx) = sender(&updates, &notification.session_id.0) else {
                     // Between turns only what describes the session reaches the editor (a load's replay does not).
                     let describes = matches!(

@@ -11,10 +11,12 @@
 mod connection;
 mod engine;
 mod files;
+pub mod options;
 mod route;
 mod service;
 mod terminals;
 pub mod translate;
+mod wire;
 
 /// The service of an agent that speaks ACP: `name` for messages, `args` after its executable. Every ACP agent's
 /// [`Agent::service`] is this, so that its folder says only what is its own (package, keys, configuration).

@@ -9,22 +9,21 @@ use std::time::Duration;
 
 use agent_client_protocol::v1::schema::{
     ConfigOptionUpdate, ContentBlock, LoadSessionRequest, NewSessionRequest, PromptRequest, ResumeSessionRequest,
-    SessionConfigOption, SessionConfigOptionValue, SessionUpdate, SetSessionConfigOptionRequest, StopReason,
-    SystemPrompt, TextContent,
+    SessionConfigOption, SessionConfigOptionValue, SessionUpdate, SetSessionConfigOptionRequest, SetSessionModeRequest,
+    StopReason, SystemPrompt, TextContent,
 };
 use tokio::time::Instant;
 
 use super::connection::Connection;
 use super::engine::AcpEngine;
+use super::options::{MODE, MODEL, Selectors, Via, choices, choose};
 use super::translate::AcpTranslator;
+use super::wire;
 use crate::agents::engine::Attempt;
 use crate::agents::host::{BridgeHost, Release, RenderedPrompt, Service, ServiceSettings, TurnHost, unless_cancelled};
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::store::SessionRecord;
-
-/// Where a session's stored config keeps the options its ACP agent announced.
-const OPTIONS_KEY: &str = "agent_options";
 
 /// How long an agent has to answer `initialize`.
 const INITIALIZE_LIMIT: Duration = Duration::from_secs(10);
@@ -297,26 +296,20 @@ async fn conversation(
                 .mcp_servers(mcp_servers)
                 .additional_directories(roots)
                 .system_prompt(system_prompt);
-            within(connection, connection.cx.send_request(request).block_task())
-                .await
-                .map(|answer| answer.map(|a| a.config_options))
+            within(connection, connection.cx.send_request(wire::Load(request)).block_task()).await
         } else if capabilities.session_capabilities.resume.is_some() {
             let request = ResumeSessionRequest::new(native.to_string(), cwd)
                 .mcp_servers(mcp_servers)
                 .additional_directories(roots)
                 .system_prompt(system_prompt);
-            within(connection, connection.cx.send_request(request).block_task())
-                .await
-                .map(|answer| answer.map(|a| a.config_options))
+            within(connection, connection.cx.send_request(wire::Resume(request)).block_task()).await
         } else {
             tracing::info!(session = %record.id, "the ACP agent can neither load nor resume: a fresh one from the transcript");
             return Ok(Conversation::Missing);
         };
         match answer {
-            Some(Ok(options)) => {
-                if let Some(options) = options {
-                    keep_options(bridge, &record.id, options, true).await;
-                }
+            Some(Ok(opened)) => {
+                opened_with(connection, bridge, &record.id, opened.selectors()).await;
                 native.to_string()
             }
             Some(Err(e)) => {
@@ -330,40 +323,146 @@ async fn conversation(
             .mcp_servers(mcp_servers)
             .additional_directories(roots)
             .system_prompt(system_prompt);
-        match within(connection, connection.cx.send_request(request).block_task()).await {
-            Some(Ok(answer)) => {
-                if let Some(options) = answer.config_options {
-                    keep_options(bridge, &record.id, options, true).await;
-                }
-                answer.session_id.0.to_string()
+        match within(connection, connection.cx.send_request(wire::New(request)).block_task()).await {
+            Some(Ok(opened)) => {
+                let Some(made) = opened.session_id.clone().filter(|id| !id.is_empty()) else {
+                    return Err(failed(
+                        "make a session",
+                        agent_client_protocol::Error::new(
+                            agent_client_protocol::ErrorCode::INVALID_PARAMS,
+                            "its answer to session/new has no sessionId".to_string(),
+                        ),
+                    ));
+                };
+                opened_with(connection, bridge, &record.id, opened.selectors()).await;
+                made
             }
             Some(Err(e)) => return Err(failed("make a session", e)),
             None => return Err(timed_out(connection, name, "make a session").await),
         }
     };
     *held = Some(made.clone());
+    give_choices(connection, bridge, &record.id, &made, name).await;
     Ok(Conversation::Here(made))
 }
 
-/// Keeps the options the agent announced for `session` in its stored config (the editor sees them on a load
-/// before the agent runs again), and tells the editor when they changed and `tell` (a turn forwarded them already).
-async fn keep_options(bridge: &dyn BridgeHost, session: &str, options: Vec<SessionConfigOption>, tell: bool) {
-    let Ok(value) = serde_json::to_value(&options) else { return };
+/// The agent opened its session saying `selectors`: they are the session's now (the editor is told).
+async fn opened_with(connection: &Connection, bridge: &dyn BridgeHost, session: &str, selectors: Selectors) {
+    connection.set_selectors(selectors.clone());
+    keep(bridge, session, &selectors, true).await;
+}
+
+/// Gives a new process of the agent the choices the user made in the session where it says otherwise: it starts at
+/// its defaults, or at what its own session kept. A choice it no longer offers or refuses is forgotten.
+async fn give_choices(connection: &Connection, bridge: &dyn BridgeHost, session: &str, native: &str, name: &str) {
+    let Ok(Some(record)) = bridge.store().session(session).await else { return };
+    let mut changed = false;
+    for (option, value) in choices(&record.config) {
+        let now = connection.selectors();
+        if now.value(&option).as_deref() == Some(value.as_str()) {
+            continue;
+        }
+        let given = match now.check(name, &option, &value) {
+            Ok(()) => send_choice(connection, native, &now, &option, &value).await,
+            Err(why) => Err(Refusal::Refused(why)),
+        };
+        match given {
+            Ok(after) => {
+                connection.set_selectors(after);
+                changed = true;
+            }
+            Err(why) => {
+                tracing::warn!(session, option, value, "the ACP agent did not take the session's choice: {why}");
+                edit_config(bridge, session, |config| choose(config, &option, None)).await;
+                if matches!(why, Refusal::Gone) {
+                    return;
+                }
+            }
+        }
+    }
+    if changed {
+        keep(bridge, session, &connection.selectors(), true).await;
+    }
+}
+
+/// Why the agent did not take a choice.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    /// It answered an error.
+    #[error("{0}")]
+    Refused(String),
+    /// It did not answer in time, or ended.
+    #[error("it did not answer")]
+    Gone,
+}
+
+/// Gives the agent's session `native` the choice of `value` for the option `option`, the way it takes it; what it
+/// says of its settings afterwards.
+async fn send_choice(
+    connection: &Connection,
+    native: &str,
+    selectors: &Selectors,
+    option: &str,
+    value: &str,
+) -> std::result::Result<Selectors, Refusal> {
+    let mut after = selectors.clone();
+    let answered = match selectors.via(option) {
+        Some(Via::Option(own)) => {
+            let value = if selectors.is_boolean(option) {
+                SessionConfigOptionValue::boolean(value == "true")
+            } else {
+                SessionConfigOptionValue::value_id(value.to_string())
+            };
+            let request = SetSessionConfigOptionRequest::new(native.to_string(), own, value);
+            within(connection, connection.cx.send_request(request).block_task())
+                .await
+                .map(|answer| answer.map(|answer| after.options = Some(answer.config_options)))
+        }
+        Some(Via::Mode) => {
+            let request = SetSessionModeRequest::new(native.to_string(), value.to_string());
+            within(connection, connection.cx.send_request(request).block_task())
+                .await
+                .map(|answer| answer.map(|_| after.select(MODE, value)))
+        }
+        Some(Via::Model) => {
+            let request = wire::SetModel { session_id: native.to_string(), model_id: value.to_string() };
+            within(connection, connection.cx.send_request(request).block_task())
+                .await
+                .map(|answer| answer.map(|_| after.select(MODEL, value)))
+        }
+        None => return Err(Refusal::Refused(format!("no option {option:?}"))),
+    };
+    match answered {
+        Some(Ok(())) => Ok(after),
+        Some(Err(e)) => Err(Refusal::Refused(e.message)),
+        None => Err(Refusal::Gone),
+    }
+}
+
+/// Keeps what the agent says of its settings in `session`'s stored config (the editor sees it on a load before the
+/// agent runs again), and tells the editor when it changed and `tell` (a turn forwarded it already).
+async fn keep(bridge: &dyn BridgeHost, session: &str, selectors: &Selectors, tell: bool) {
+    if edit_config(bridge, session, |config| selectors.keep(config)).await && tell {
+        bridge.notify(session, SessionUpdate::ConfigOptionUpdate(ConfigOptionUpdate::new(selectors.offered())));
+    }
+}
+
+/// Changes `session`'s stored config with `edit`: whether that changed it.
+async fn edit_config(bridge: &dyn BridgeHost, session: &str, edit: impl FnOnce(&mut serde_json::Value)) -> bool {
     let store = bridge.store();
     let mut config = match store.session(session).await {
         Ok(Some(record)) => record.config,
-        _ => return,
+        _ => return false,
     };
-    if config.get(OPTIONS_KEY) == Some(&value) {
-        return;
+    let before = config.clone();
+    edit(&mut config);
+    if config == before {
+        return false;
     }
-    config[OPTIONS_KEY] = value;
     if let Err(e) = store.set_config(session, &config).await {
-        tracing::warn!(session, "could not keep the ACP agent's options: {e}");
+        tracing::warn!(session, "could not keep the ACP agent's settings: {e}");
     }
-    if tell {
-        bridge.notify(session, SessionUpdate::ConfigOptionUpdate(ConfigOptionUpdate::new(options)));
-    }
+    true
 }
 
 /// `request`'s answer within [`SESSION_LIMIT`], unless the agent ends first (`None` then too).
@@ -443,8 +542,17 @@ impl Service for AcpService {
         let translator = AcpTranslator::new(host.translate_context());
         let result = host.drive(Box::new(engine), Box::new(translator)).await;
         self.touch(&record.id, false);
-        if let Some(options) = connection.take_announced() {
-            keep_options(host.bridge(), &record.id, options, false).await;
+        if let Some(selectors) = connection.take_announced() {
+            // What it changed on its own (it left plan mode) is where it is now: its next process is given that.
+            edit_config(host.bridge(), &record.id, |config| {
+                selectors.keep(config);
+                for (option, chosen) in choices(config) {
+                    if let Some(now) = selectors.value(&option).filter(|now| *now != chosen) {
+                        choose(config, &option, Some(&now));
+                    }
+                }
+            })
+            .await;
         }
         // A remote sandbox sleeps between turns (E2B pauses it, which cuts the agent's streams): its agent is
         // stopped with the turn, and the next turn starts it again on the same conversation (`session/load`).
@@ -509,12 +617,7 @@ impl Service for AcpService {
 
     fn announced_options(&self, session_config: &serde_json::Value) -> Option<Vec<SessionConfigOption>> {
         // None announced yet (the agent has not run for the session): none to offer.
-        Some(
-            session_config
-                .get(OPTIONS_KEY)
-                .and_then(|value| serde_json::from_value(value.clone()).ok())
-                .unwrap_or_default(),
-        )
+        Some(Selectors::stored(session_config).offered())
     }
 
     async fn set_option(
@@ -529,7 +632,8 @@ impl Service for AcpService {
 }
 
 impl AcpService {
-    /// Sets an option of the agent's session in the running agent, and keeps what it answers.
+    /// Sets an option of the agent's session: in the running agent, which answers; else kept for it, as the user's
+    /// choices are, and given to it when it next starts.
     async fn set(
         &self,
         host: &dyn BridgeHost,
@@ -537,36 +641,50 @@ impl AcpService {
         option: &str,
         value: &str,
     ) -> Result<Vec<SessionConfigOption>> {
-        let not_running = || {
-            Error::InvalidParams(format!(
-                "{} does not run for this session now, so its option {option:?} cannot be set: it starts with the \
-                 session's next prompt",
-                self.name
-            ))
-        };
-        let connection = self.live(&record.id).ok_or_else(not_running)?;
-        let session = connection.session.lock().await.clone().ok_or_else(not_running)?;
-        let value = match value {
-            "true" | "false" if is_boolean(&record.config, option) => {
-                SessionConfigOptionValue::boolean(value == "true")
+        let running = match self.live(&record.id) {
+            Some(connection) => {
+                let session = connection.session.lock().await.clone();
+                session.map(|session| (connection, session))
             }
-            _ => SessionConfigOptionValue::value_id(value.to_string()),
+            None => None,
         };
-        let request = SetSessionConfigOptionRequest::new(session, option.to_string(), value);
-        let answer = match within(&connection, connection.cx.send_request(request).block_task()).await {
-            Some(Ok(answer)) => answer,
-            Some(Err(e)) => return Err(Error::InvalidParams(format!("{} refused it: {}", self.name, e.message))),
-            None => return Err(timed_out(&connection, self.name, "set the option").await),
+        let Some((connection, session)) = running else {
+            let mut offered = Vec::new();
+            let mut refused = None;
+            edit_config(host, &record.id, |config| {
+                let mut selectors = Selectors::stored(config);
+                if let Err(why) = selectors.check(self.name, option, value) {
+                    refused = Some(why);
+                    return;
+                }
+                selectors.select(option, value);
+                selectors.keep(config);
+                choose(config, option, Some(value));
+                offered = selectors.offered();
+            })
+            .await;
+            return match refused {
+                Some(why) => Err(Error::InvalidParams(why)),
+                None => Ok(offered),
+            };
         };
-        keep_options(host, &record.id, answer.config_options.clone(), false).await;
-        Ok(answer.config_options)
+        let now = connection.selectors();
+        now.check(self.name, option, value).map_err(Error::InvalidParams)?;
+        let after = match send_choice(&connection, &session, &now, option, value).await {
+            Ok(after) => after,
+            Err(Refusal::Refused(why)) => {
+                return Err(Error::InvalidParams(format!("{} refused it: {why}", self.name)));
+            }
+            Err(Refusal::Gone) => return Err(timed_out(&connection, self.name, "set the option").await),
+        };
+        connection.set_selectors(after.clone());
+        edit_config(host, &record.id, |config| {
+            after.keep(config);
+            choose(config, option, Some(value));
+        })
+        .await;
+        Ok(after.offered())
     }
-}
-
-/// Whether the stored options say `option` is a boolean one.
-fn is_boolean(session_config: &serde_json::Value, option: &str) -> bool {
-    let options = session_config.get(OPTIONS_KEY).and_then(serde_json::Value::as_array);
-    options.into_iter().flatten().any(|o| o["id"] == option && o["type"] == "boolean")
 }
 
 /// A session's agent holds nothing once it is stopped.

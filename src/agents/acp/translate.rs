@@ -93,8 +93,8 @@ impl AcpTranslator {
                     self.open.remove(call.tool_call_id.0.as_ref());
                 }
             }
-            // Its modes are not offered to the editor (its config options are, and say the same in the agents that
-            // have both): a mode the editor could pick would not reach it.
+            // Its mode is one of the session's options: the connection says a change of it as the whole option list
+            // (`config_option_update`) before it gets here, so a mode update of its own is never the editor's.
             SessionUpdate::CurrentModeUpdate(_) => return Vec::new(),
             _ => {}
         }
