@@ -49,6 +49,8 @@ struct Real {
     write_asks: usize,
     /// Checks what the bridge configured the agent with in the session's HOME, after a session's turns.
     configured: fn(&Path),
+    /// A mode it offers besides the one it starts in, which `session/set_mode` picks.
+    other_mode: &'static str,
 }
 
 const CLAUDE: Real = Real {
@@ -70,6 +72,7 @@ const CLAUDE: Real = Real {
         // Claude Code kept the conversation there.
         assert!(home.join(".claude/projects").is_dir(), "no transcripts in {}", home.display());
     },
+    other_mode: "acceptEdits",
 };
 
 const CODEX: Real = Real {
@@ -90,6 +93,7 @@ const CODEX: Real = Real {
         assert!(home.join(".codex/sessions").is_dir(), "no Codex threads in {}", home.display());
         assert!(!home.join(".codex/auth.json").exists(), "Codex stored a login: the key came by its variable");
     },
+    other_mode: "read-only",
 };
 
 const GEMINI: Real = Real {
@@ -109,6 +113,8 @@ const GEMINI: Real = Real {
             serde_json::from_str(&std::fs::read_to_string(home.join(".gemini/settings.json")).unwrap()).unwrap();
         assert_eq!(settings, acp_sandbox::agents::gemini::settings());
     },
+    // Gemini CLI says its modes and models only the older way (`modes`, `models`): the bridge offers them as options.
+    other_mode: "autoEdit",
 };
 
 /// The key every agent gets: a test fails when it shows up in the bridge's log or store.
@@ -397,6 +403,29 @@ fn real_agent(agent: &Real, sandbox: &str, test: &str) {
     if let Some(asked) = bridge.permission_requests.first() {
         assert_eq!(&asked["toolCall"]["toolCallId"], id, "the permission asked about the tool that ran: {asked:#}");
     }
+
+    // Its modes and models are the session's options (announced when it started); session/set_mode reaches it.
+    let announced = answer.updates.iter().rev().find(|u| u["sessionUpdate"] == "config_option_update");
+    let options = announced.unwrap_or_else(|| bridge.fail("no config_option_update"))["configOptions"].clone();
+    let of = |options: &Value, category: &str| -> Value {
+        let found = options.as_array().into_iter().flatten().find(|o| o["category"] == category).cloned();
+        found.unwrap_or_else(|| panic!("no {category} option in {options:#}"))
+    };
+    let modes: Vec<String> = of(&options, "mode")["options"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|choice| choice["value"].as_str().map(str::to_string))
+        .collect();
+    assert!(modes.iter().any(|m| m == agent.other_mode), "{} offers no mode {}: {modes:?}", agent.id, agent.other_mode);
+    assert_ne!(of(&options, "mode")["currentValue"], agent.other_mode);
+    assert!(of(&options, "model")["options"].as_array().is_some_and(|models| !models.is_empty()), "{options:#}");
+    bridge
+        .request("session/set_mode", serde_json::json!({"sessionId": sid, "modeId": agent.other_mode}))
+        .unwrap_or_else(|e| bridge.fail(&format!("set_mode: {e:?}")));
+    let changed =
+        bridge.wait_update(&sid, "the options after set_mode", |u| u["sessionUpdate"] == "config_option_update");
+    assert_eq!(of(&changed["configOptions"], "mode")["currentValue"], agent.other_mode, "{changed:#}");
 
     // The key reached the model, through the agent, and only through it.
     let chats: Vec<Value> = ["text", "write"].iter().flat_map(|s| world.fake.chats(s)).collect();
