@@ -18,6 +18,12 @@ fn model_text(updates: &[Value]) -> Vec<String> {
         .collect()
 }
 
+/// Whether `update` belongs to a turn: what describes the session (its options, its commands) is said again with
+/// each opening and when it changes, not replayed as part of a turn.
+fn of_the_turn(update: &Value) -> bool {
+    !["config_option_update", "available_commands_update"].contains(&update["sessionUpdate"].as_str().unwrap_or(""))
+}
+
 /// What `.attack.py` writes: whether the user's key could be read from the agent's own shell.
 const READ_THE_KEY: &str = r#"import os, sys
 try:
@@ -36,12 +42,22 @@ fn acp_turns(sandbox: &str, test: &str) {
     std::fs::write(&key, "USER-KEY-MATERIAL\n").unwrap();
     let mut bridge = acp(&world, sandbox);
     let sid = bridge.new_session(&ws);
+    // What each turn sent the editor, prompt first, as a replay says it.
+    let mut sent: Vec<Value> = Vec::new();
+    let mut keep = |prompt: &str, turn: &Turn| {
+        sent.push(
+            serde_json::json!({"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": prompt}}),
+        );
+        sent.extend(turn.updates.iter().filter(|u| of_the_turn(u)).cloned());
+    };
 
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:tokens:5 stream", "acp tokens");
+    keep("SCENARIO:tokens:5 stream", &turn);
     assert_end_turn(&bridge, &turn);
     assert_eq!(model_text(&turn.updates), ["tok0 ", "tok1 ", "tok2 ", "tok3 ", "tok4 "], "{:#?}", turn.updates);
 
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:tools write and edit", "acp tools");
+    keep("SCENARIO:tools write and edit", &turn);
     assert_end_turn(&bridge, &turn);
     assert_eq!(std::fs::read_to_string(ws.join("hello.txt")).unwrap(), "hello EDITED by fake model\n");
     let calls = of_kind(&turn.updates, "tool_call");
@@ -53,6 +69,7 @@ fn acp_turns(sandbox: &str, test: &str) {
     )
     .unwrap();
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:attack read the key", "acp attack");
+    keep("SCENARIO:attack read the key", &turn);
     assert_end_turn(&bridge, &turn);
     let attempt = std::fs::read_to_string(ws.join("key-attempt.txt")).unwrap();
     if sandbox == "bwrap" {
@@ -61,18 +78,20 @@ fn acp_turns(sandbox: &str, test: &str) {
         // No sandbox: the agent has the user's rights, and the bridge said so in the first turn.
         assert_eq!(attempt, "READ USER-KEY-MATERIAL");
     }
-    let before: Vec<Value> = bridge.take_updates(&sid);
-    drop(before);
     bridge.kill9();
 
     // A new bridge replays the store, and OpenCode loads its own session for the follow-up.
     let mut bridge = acp(&world, sandbox);
     let loaded = bridge.load_session(&sid, &ws);
     assert!(loaded.result.is_ok(), "{:?}", loaded.result);
+    let replayed: Vec<Value> = loaded.updates.iter().filter(|u| of_the_turn(u)).cloned().collect();
+    // The replay, then the session's title as every opening says it.
+    let (title, replayed) = replayed.split_last().unwrap();
     assert_eq!(
-        text_of(&loaded.updates, "user_message_chunk"),
-        "SCENARIO:tokens:5 streamSCENARIO:tools write and editSCENARIO:attack read the key"
+        *title,
+        serde_json::json!({"sessionUpdate": "session_info_update", "title": "SCENARIO:tokens:5 stream"})
     );
+    assert_eq!(replayed, sent, "the replay is what the editor was sent, prompts included");
     let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:followup do you remember?", "acp follow-up");
     assert_end_turn(&bridge, &turn);
     assert_eq!(model_text(&turn.updates).concat(), "FOLLOWUP-OK: I remember the earlier turn.");
