@@ -491,6 +491,7 @@ fn bench_warm() {
     let sandbox = if acp_sandbox::sandbox::local::bwrap::probe_bwrap().is_ok() { "bwrap" } else { "none" };
     const FOLLOW_UPS: usize = 15;
     let mut rows = Vec::new();
+    let mut cancel_rows = Vec::new();
     let names = [
         format!("acp-sandbox ({sandbox}, serve)"),
         format!("acp-sandbox ({sandbox}, acp)"),
@@ -509,11 +510,25 @@ fn bench_warm() {
             .map(|i| timed_prompt(&client, &session, &format!("SCENARIO:tokens:3 follow-up {i}")).0)
             .collect();
         let rss = rss_of_tree_matching(client.pid(), if name.ends_with(", serve)") { " serve " } else { "opencode" });
+        let cancels: Vec<Duration> =
+            (0..CANCEL_RUNS).map(|run| cancel_long_command(&client, &session, &workspace, 40_000 + run * 2)).collect();
         drop(client);
         rows.push((name, first, median(follow_ups), rss));
+        cancel_rows.push(cancels);
     }
     let _ = model.kill();
     let _ = model.wait();
+    let anchor_cancel = median(cancel_rows[cancel_rows.len() - 1].clone());
+    for ((name, ..), samples) in rows.iter().zip(cancel_rows) {
+        let (median, max) = (median(samples.clone()), *samples.iter().max().unwrap());
+        println!(
+            "warm      {name:<26}  cancel of `sleep` in its bash: median {:>5.0} ms ({:.2}x)  max {:>5.0} ms  within 1 s: {}",
+            median.as_secs_f64() * 1e3,
+            median.as_secs_f64() / anchor_cancel.as_secs_f64(),
+            max.as_secs_f64() * 1e3,
+            if max <= CANCEL_BOUND { "yes" } else { "NO" }
+        );
+    }
     let (_, anchor_first, anchor_follow, _) = rows[rows.len() - 1].clone();
     for (name, first, follow, rss) in &rows {
         println!(
@@ -525,6 +540,25 @@ fn bench_warm() {
             rss.unwrap_or(0) as f64 / 1024.0
         );
     }
+}
+
+/// The time from `session/cancel` to the prompt's `cancelled` answer while the agent's bash tool runs `sleep <n>`
+/// (the fake model's `longbash`, which marks its start with `longbash.started` in the workspace).
+fn cancel_long_command(client: &AcpClient, session: &SessionId, workspace: &Path, n: usize) -> Duration {
+    let started = workspace.join("longbash.started");
+    let _ = std::fs::remove_file(&started);
+    let pending = client.send_prompt(session, &format!("SCENARIO:longbash:{n} run something long"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "the long command did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let start = Instant::now();
+    client.cancel(session);
+    let answer = client.wait(pending);
+    let elapsed = start.elapsed();
+    assert_eq!(answer.map(|response| response.stop_reason).ok(), Some(StopReason::Cancelled));
+    elapsed
 }
 
 /// Runs of each `cancel` row: its median and its maximum are printed.
@@ -583,21 +617,21 @@ impl Drop for FakeCloud {
     }
 }
 
-/// `CANCEL_RUNS` times in `session`: a prompt of `text`, its first model chunk (one with a message id) that
-/// `streaming` accepts, then `before_cancel`; the time from `session/cancel` sent to the prompt's answer, which
-/// must be `cancelled`.
+/// `CANCEL_RUNS` times in `session`: a prompt of `text`, its first agent chunk that `streaming` accepts (given its
+/// text and whether it carries a message id, as a model's text does), then `before_cancel`; the time from
+/// `session/cancel` sent to the prompt's answer, which must be `cancelled`.
 fn cancel_times(
     client: &AcpClient,
     session: &SessionId,
     text: &str,
-    streaming: impl Fn(&str) -> bool,
+    streaming: impl Fn(&str, bool) -> bool,
     before_cancel: impl Fn(),
 ) -> Vec<Duration> {
     (0..CANCEL_RUNS)
         .map(|_| {
             let pending = client.send_prompt(session, text);
             client.wait_update(session, &pending, |update| {
-                agent_chunk(update).is_some_and(|(text, model)| model && streaming(text))
+                agent_chunk(update).is_some_and(|(text, model)| streaming(text, model))
             });
             before_cancel();
             let start = Instant::now();
@@ -651,7 +685,7 @@ fn bench_cancel() {
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
     let slow = "SCENARIO:slow FAKE_COUNT=100000 FAKE_DELAY_MS=20 keep talking";
-    let is_slow_chunk = |text: &str| text.starts_with("slow chunk ");
+    let is_slow_chunk = |text: &str, model: bool| model && text.starts_with("slow chunk ");
     let serve_env = [("OPENCODE_FAKE_SERVE", "1".to_string())];
     let mut sandboxes = vec!["none"];
     if acp_sandbox::sandbox::local::bwrap::probe_bwrap().is_ok() {
@@ -673,7 +707,7 @@ fn bench_cancel() {
                 &session,
                 &format!("FAULT:{fault}"),
                 // `slow` streams `tick<n>` deltas; the others send one `working ` delta before their fault.
-                |text| text.starts_with("working") || text.starts_with("tick"),
+                |text, model| model && (text.starts_with("working") || text.starts_with("tick")),
                 || {
                     if fault != "stop" {
                         return;
@@ -697,6 +731,26 @@ fn bench_cancel() {
         let samples = cancel_times(&client, &session, slow, is_slow_chunk, || {});
         client.close();
         print_cancel_row(&format!("run mid-stream ({sandbox})"), samples);
+
+        // An ACP agent in the sandbox (`tests/fakes/acp_agent.py`) that answers the cancel, and one that ignores it
+        // (killed after the grace, with everything it started).
+        for (scenario, label) in [("sleep", "answers"), ("hang", "ignores it")] {
+            let workspace = root.join(format!("ws-acp-{scenario}-{sandbox}"));
+            std::fs::create_dir_all(&workspace).unwrap();
+            let mut command = Command::new(env!("CARGO_BIN_EXE_acp-sandbox"));
+            command
+                .args(["--agent", "custom", "--sandbox", sandbox, "--data-dir"])
+                .arg(root.join(format!("data-acp-{scenario}-{sandbox}")))
+                .arg("--agent-command")
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/acp_agent.py"))
+                .env("RUST_LOG", "warn");
+            let client = AcpClient::start(command, allow_all());
+            let session = client.new_session(&workspace);
+            let started = |text: &str, _: bool| text == "sleeping\n" || text == "hanging\n";
+            let samples = cancel_times(&client, &session, &format!("SCENARIO:{scenario}"), started, || {});
+            client.close();
+            print_cancel_row(&format!("ACP agent {label} ({sandbox})"), samples);
+        }
     }
 
     const DAYTONA_KEY: &str = "dtn_fake_key_0123456789";

@@ -21,8 +21,9 @@ use crate::agents::host::UpdateSink;
 use crate::agents::{Output, TurnEnd};
 use crate::error::Error;
 
-/// How long the agent has to answer a cancel before its tree is killed.
-pub const CANCEL_GRACE: Duration = Duration::from_secs(1);
+/// How long the agent has to answer a cancel before its tree is killed: short enough that Stop is answered within a
+/// second whatever the agent does (as the warm OpenCode server's abort grace is).
+pub const CANCEL_GRACE: Duration = Duration::from_millis(600);
 
 /// What the agent asked of the editor and is not answered yet, by our key.
 enum Open {
