@@ -116,9 +116,25 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
         let package = agent.package();
         let used = agent == config.agent;
         let found = match acp_sandbox::locate::locate(&config, agent) {
+            // A bare name is looked up on PATH when the agent starts, as a shell would.
+            Some(Location::Override(path))
+                if !path.exists() && (path.components().count() > 1 || which::which(&path).is_err()) =>
+            {
+                let missing = format!("{} not found ({})", path.display(), bins.describe(agent));
+                if used { error(missing) } else { missing }
+            }
             Some(Location::Override(path)) => format!("{} ({})", path.display(), bins.describe(agent)),
             Some(Location::OnPath(path)) => format!("{} (on PATH)", path.display()),
             Some(Location::Installed(path)) => format!("{} (installed by acp-sandbox)", path.display()),
+            // Nothing to install: the agent is named by a setting that is not given (`--agent custom` without its
+            // `--agent-command`).
+            None if let Some(problem) = agent.settings_problem(&config.agents) => {
+                if used {
+                    error(problem)
+                } else {
+                    format!("not set up: {problem}")
+                }
+            }
             None if which::which("npm").is_ok() => {
                 to_install |= used;
                 format!("not installed: {}@{} will be installed from npm on first use", package.name, package.version)
@@ -126,7 +142,7 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
             None if used => error("not found, and npm is missing to install it".to_string()),
             None => "not found, and npm is missing to install it".to_string(),
         };
-        out!("{:<10}  {found}", agent.display_name());
+        out!("{:<11} {found}", agent.display_name());
         if let Some(variable) = agent.required_credential() {
             let state = match acp_sandbox::auth::source(&config, agent) {
                 Some(acp_sandbox::auth::Source::Environment(_)) => "set".to_string(),
@@ -141,10 +157,10 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
                     if used { error(missing) } else { missing }
                 }
             };
-            out!("{:<10}  {variable}: {state}", "");
+            out!("{:<11} {variable}: {state}", "");
         }
         for line in agent.doctor_lines(&config.agents, config.model.as_deref()) {
-            out!("{:<10}  {line}", "");
+            out!("{:<11} {line}", "");
         }
     }
     out!();

@@ -35,7 +35,8 @@ use doctor::{BinSource, doctor};
 use prompt::prompt;
 use sessions::sessions;
 
-/// Run the Amp or OpenCode coding agent in a sandbox, for editors that speak the Agent Client Protocol.
+/// Run a coding agent (OpenCode, Amp, Claude Code, Codex, Gemini CLI, or any agent that speaks ACP) in a sandbox, for
+/// editors that speak the Agent Client Protocol.
 #[derive(Parser, Debug)]
 #[command(name = "acp-sandbox", version, about)]
 struct Cli {
@@ -218,21 +219,22 @@ enum Command {
     /// Say which CLIs are found, which sandbox is used and why, and which credentials are missing.
     Doctor,
     /// Log in for the agent: Amp, Claude Code, Codex and Gemini ask for a key and store it (mode 0600); OpenCode
-    /// runs its own `opencode auth login`; `--own` runs Codex's ChatGPT sign-in. With `--provider`, stores a remote
-    /// sandbox provider's API key instead.
+    /// runs its own `opencode auth login`; `--own` runs the agent's own sign-in (Codex: ChatGPT; Claude Code: a Claude
+    /// subscription's token). With `--provider`, stores a remote sandbox provider's API key instead.
     Login {
         /// Store this provider's API key (E2B_API_KEY, DAYTONA_API_KEY), used when it is not in the environment.
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(
             acp_sandbox::sandbox::remote::REMOTES.iter().map(|remote| remote.name())
         ))]
         provider: Option<String>,
-        /// Run the agent's own sign-in instead of storing a key (Codex: ChatGPT, by a code entered at a URL); the
-        /// login is kept in the data dir and used by sessions on this machine.
+        /// Run the agent's own sign-in instead of storing a key (Codex: ChatGPT, by a code entered at a URL, its login
+        /// kept in the data dir; Claude Code: `claude setup-token`, whose printed token is kept like a key), used by
+        /// sessions on this machine.
         #[arg(long, conflicts_with = "provider")]
         own: bool,
     },
-    /// Delete what `login` stored: the agent's token (Amp), or with `--provider` a provider's API key. The
-    /// variables of the environment are not touched.
+    /// Delete what `login` stored: the agent's key or token, or its own sign-in's login, or with `--provider` a
+    /// provider's API key. The variables of the environment are not touched.
     Logout {
         /// Delete this provider's stored API key instead.
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(

@@ -365,6 +365,29 @@ fn an_agent_that_never_answers_initialize_is_an_error_and_the_bridge_goes_on() {
 }
 
 #[test]
+fn doctor_says_whether_the_custom_agents_command_is_there() {
+    let dirs = TestDirs::new("acp-doctor");
+    let line = |args: &[&str]| {
+        let (code, out, _) = doctor_with(&dirs.data, &[&["--sandbox", "none"], args].concat(), &[]);
+        (code, out.lines().find(|line| line.starts_with("ACP agent ")).unwrap_or_default().to_string())
+    };
+    let missing = "--agent custom runs the ACP agent that --agent-command (ACP_SANDBOX_AGENT_COMMAND) names: set it, \
+                   e.g. --agent-command 'my-agent --acp'";
+    assert_eq!(line(&[]), (Some(0), format!("ACP agent   not set up: {missing}")));
+    assert_eq!(line(&["--agent", "custom"]), (Some(1), format!("ACP agent   ERROR {missing}")));
+    let gone = dirs.root().join("no-such-agent");
+    assert_eq!(
+        line(&["--agent", "custom", "--agent-command", &format!("{} --acp", gone.display())]),
+        (Some(1), format!("ACP agent   ERROR {} not found (from --agent-command)", gone.display()))
+    );
+    let fake = fakes_dir().join("acp_agent.py");
+    assert_eq!(
+        line(&["--agent", "custom", "--agent-command", &fake.display().to_string()]),
+        (Some(0), format!("ACP agent   {} (from --agent-command)", fake.display()))
+    );
+}
+
+#[test]
 fn the_custom_agent_needs_its_command_line() {
     let dirs = TestDirs::new("acp-no-command");
     let output = BridgeOptions::new("custom", &dirs.data).command().env("RUST_BACKTRACE", "0").output().unwrap();
