@@ -388,6 +388,29 @@ fn doctor_says_whether_the_custom_agents_command_is_there() {
 }
 
 #[test]
+fn an_agent_that_wants_a_login_says_so_as_auth_required_and_the_bridge_goes_on() {
+    let dirs = TestDirs::new("acp-auth");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(options(&dirs).arg("--pass-env").arg("FAKE_ACP_AUTH").env("FAKE_ACP_AUTH", "1"));
+    let sid = bridge.new_session(&ws);
+    let turn = bridge.prompt(&sid, "SCENARIO:text");
+    let error = turn.result.unwrap_err();
+    assert_eq!(
+        (error.code, error.message.as_str()),
+        (
+            -32000,
+            "ACP agent could not make a session without a login: Authentication required (it offers: Fake sign-in). \
+             It runs in the sandbox, whose HOME is the session's own, with only the variables acp-sandbox passes it: \
+             give it its key as a variable (for --agent custom, named by --pass-env and set in the agent server's \
+             \"env\")"
+        )
+    );
+    // The same again on the next prompt, and the bridge still serves.
+    assert_eq!(bridge.prompt(&sid, "SCENARIO:text").result.unwrap_err().code, -32000);
+    assert!(bridge.request("session/list", json!({})).is_ok());
+}
+
+#[test]
 fn the_custom_agent_needs_its_command_line() {
     let dirs = TestDirs::new("acp-no-command");
     let output = BridgeOptions::new("custom", &dirs.data).command().env("RUST_BACKTRACE", "0").output().unwrap();

@@ -35,7 +35,8 @@ Environment: FAKE_ACP_NO_LOAD=1 (no loadSession), FAKE_ACP_RESUME=1 (sessionCapa
 continues a session without replaying it), FAKE_ACP_HANG_INIT=1 (never answers initialize),
 FAKE_ACP_GARBAGE=1 (prints a line that is not JSON-RPC first), FAKE_ACP_MODES=1 (no config options: its modes and
 models said the older way, `modes` and `models` of session/new, set by session/set_mode and session/set_model, as
-Gemini CLI does; each new process starts at mode `ask` and model `fast`).
+Gemini CLI does; each new process starts at mode `ask` and model `fast`), FAKE_ACP_AUTH=1 (offers a login method and
+refuses session/new and session/load with -32000, as an agent that is not logged in does).
 """
 
 import json
@@ -314,8 +315,11 @@ def main():
                                       "promptCapabilities": {"image": True},
                                       "sessionCapabilities": sessions},
                 "agentInfo": {"name": "fake-acp-agent", "version": "0.1.0"},
-                "authMethods": [],
+                "authMethods": [{"id": "fake-login", "name": "Fake sign-in", "description": "Signs in"}]
+                if os.environ.get("FAKE_ACP_AUTH") == "1" else [],
             }})
+        elif method in ("session/new", "session/load") and os.environ.get("FAKE_ACP_AUTH") == "1":
+            send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32000, "message": "Authentication required"}})
         elif method == "session/new":
             counter[0] += 1
             session = f"fake-{os.getpid()}-{counter[0]}"

@@ -68,6 +68,8 @@ pub struct Connection {
     pub capabilities: AgentCapabilities,
     /// Its name and version, as it gave them.
     pub info: Option<Implementation>,
+    /// The names of the ways it says it can be logged in (for the words of an error that asks for one).
+    pub auth_methods: Vec<String>,
     /// The session's conversation in this process, once made or loaded; held while it is made, so that a warm start
     /// and a turn never make two.
     pub session: tokio::sync::Mutex<Option<String>>,
@@ -130,10 +132,11 @@ impl Connection {
             Ok(Ok(cx)) => cx,
             _ => return Err(ConnectionError::Protocol("the connection to the agent did not start".into())),
         };
-        let connection = |capabilities, info| Connection {
+        let connection = |capabilities, info, auth_methods| Connection {
             cx: cx.clone(),
             capabilities,
             info,
+            auth_methods,
             session: tokio::sync::Mutex::new(None),
             route: route.clone(),
             announced: announced.clone(),
@@ -163,15 +166,18 @@ impl Connection {
             _ = closed.cancelled() => Ok(Err(agent_client_protocol::Error::internal_error())),
         };
         let started = match answer {
-            Ok(Ok(answer)) => connection(answer.agent_capabilities, answer.agent_info),
+            Ok(Ok(answer)) => {
+                let methods = answer.auth_methods.iter().map(|method| method.name().to_string()).collect();
+                connection(answer.agent_capabilities, answer.agent_info, methods)
+            }
             Ok(Err(e)) => {
-                let connection = connection(AgentCapabilities::default(), None);
+                let connection = connection(AgentCapabilities::default(), None, Vec::new());
                 let why = connection.failure(&format!("it did not initialize: {}", e.message)).await;
                 connection.kill().await;
                 return Err(ConnectionError::Protocol(why));
             }
             Err(_) => {
-                let connection = connection(AgentCapabilities::default(), None);
+                let connection = connection(AgentCapabilities::default(), None, Vec::new());
                 connection.kill().await;
                 return Err(ConnectionError::Timeout { what: "initialize", after: limit });
             }

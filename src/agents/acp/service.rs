@@ -283,10 +283,15 @@ async fn conversation(
         .as_ref()
         .filter(|_| capabilities.session_capabilities.system_prompt.is_some())
         .map(|text| SystemPrompt::new(vec![ContentBlock::Text(TextContent::new(text.clone()))]));
-    let failed = |what: &str, e: agent_client_protocol::Error| Error::CliFailed {
-        message: format!("{name} could not {what}: {}", e.message),
-        stderr_tail: connection.stderr_tail(),
-        exit_code: None,
+    let failed = |what: &str, e: agent_client_protocol::Error| {
+        if e.code == agent_client_protocol::ErrorCode::AUTH_REQUIRED {
+            return Error::AuthRejected(needs_login(name, what, &e.message, &connection.auth_methods));
+        }
+        Error::CliFailed {
+            message: format!("{name} could not {what}: {}", e.message),
+            stderr_tail: connection.stderr_tail(),
+            exit_code: None,
+        }
     };
     let made = if let Some(native) = native_id {
         // Its own `session/load` (which replays what this bridge already has: not forwarded), else `session/resume`
@@ -344,6 +349,16 @@ async fn conversation(
     *held = Some(made.clone());
     give_choices(connection, bridge, &record.id, &made, name).await;
     Ok(Conversation::Here(made))
+}
+
+/// The words of an agent's refusal to `what` until it is logged in (`said`), with the ways it named at its start.
+fn needs_login(name: &str, what: &str, said: &str, methods: &[String]) -> String {
+    let offered = if methods.is_empty() { String::new() } else { format!(" (it offers: {})", methods.join(", ")) };
+    format!(
+        "{name} could not {what} without a login: {said}{offered}. It runs in the sandbox, whose HOME is the \
+         session's own, with only the variables acp-sandbox passes it: give it its key as a variable (for --agent \
+         custom, named by --pass-env and set in the agent server's \"env\")"
+    )
 }
 
 /// The agent opened its session saying `selectors`: they are the session's now (the editor is told).
