@@ -104,14 +104,7 @@ impl Selectors {
         if let Some(modes) = &self.modes
             && self.own(MODE, &SessionConfigOptionCategory::Mode).is_none()
         {
-            let choices = modes
-                .available_modes
-                .iter()
-                .map(|mode| {
-                    SessionConfigSelectOption::new(mode.id.to_string(), mode.name.clone())
-                        .description(mode.description.clone())
-                })
-                .collect::<Vec<_>>();
+            let choices = modes.available_modes.iter().map(|m| (m.id.to_string(), &m.name, &m.description));
             offered.push(select(
                 MODE,
                 "Mode",
@@ -123,14 +116,7 @@ impl Selectors {
         if let Some(models) = &self.models
             && self.own(MODEL, &SessionConfigOptionCategory::Model).is_none()
         {
-            let choices = models
-                .available_models
-                .iter()
-                .map(|model| {
-                    SessionConfigSelectOption::new(model.model_id.clone(), model.name.clone())
-                        .description(model.description.clone())
-                })
-                .collect::<Vec<_>>();
+            let choices = models.available_models.iter().map(|m| (m.model_id.clone(), &m.name, &m.description));
             offered.push(select(
                 MODEL,
                 "Model",
@@ -222,14 +208,19 @@ impl Selectors {
     }
 }
 
-/// A select option.
-fn select(
+/// A select option of `choices` (value, name, description).
+fn select<'a>(
     id: &str,
     name: &str,
     category: SessionConfigOptionCategory,
     current: String,
-    choices: Vec<SessionConfigSelectOption>,
+    choices: impl Iterator<Item = (String, &'a String, &'a Option<String>)>,
 ) -> SessionConfigOption {
+    let choices: Vec<SessionConfigSelectOption> = choices
+        .map(|(value, name, description)| {
+            SessionConfigSelectOption::new(value, name.clone()).description(description.clone())
+        })
+        .collect();
     SessionConfigOption::new(
         id.to_string(),
         name,
