@@ -602,3 +602,41 @@ fn doctor_on_a_fresh_machine_is_not_an_error_when_the_cli_is_still_to_be_install
         "{out}"
     );
 }
+
+#[test]
+fn every_ready_editor_config_starts_an_agent_server_that_initializes() {
+    use std::io::{BufRead, BufReader, Write};
+    let dirs = TestDirs::new("editor-configs");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut names = Vec::new();
+    for config in ["editors/zed/settings.json", "editors/jetbrains/acp.json"] {
+        let text = std::fs::read_to_string(root.join(config)).unwrap();
+        let servers: Value = serde_json::from_str(&text).unwrap();
+        for (name, server) in servers["agent_servers"].as_object().unwrap() {
+            assert_eq!(server["command"], "acp-sandbox", "{config}: {name}");
+            let args: Vec<&str> = server["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+            let mut command = acp(&args, &dirs.data, dirs.root());
+            for (key, value) in server["env"].as_object().into_iter().flatten() {
+                command.env(key, value.as_str().unwrap());
+            }
+            let mut child = command
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                    "params": {"protocolVersion": 1, "clientCapabilities": {}}});
+            writeln!(child.stdin.as_mut().unwrap(), "{initialize}").unwrap();
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+            drop(child.stdin.take());
+            let _ = child.wait();
+            let answer: Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("{config}: {name}: {e}: {line:?}"));
+            assert_eq!(answer["result"]["agentInfo"]["name"], "acp-sandbox", "{config}: {name}: {answer}");
+            names.push(format!("{config}: {name}"));
+        }
+    }
+    assert_eq!(names.len(), 14, "{names:#?}");
+}
