@@ -426,6 +426,20 @@ fn real_agent(agent: &Real, sandbox: &str, test: &str) {
     let changed =
         bridge.wait_update(&sid, "the options after set_mode", |u| u["sessionUpdate"] == "config_option_update");
     assert_eq!(of(&changed["configOptions"], "mode")["currentValue"], agent.other_mode, "{changed:#}");
+    // Another of its models, through the model option (Gemini CLI's through session/set_model).
+    let model = of(&changed["configOptions"], "model");
+    let other = model["options"].as_array().into_iter().flatten().find_map(|choice| {
+        let value = choice["value"].as_str()?;
+        (value != model["currentValue"]).then(|| value.to_string())
+    });
+    let other = other.unwrap_or_else(|| panic!("one model only: {model:#}"));
+    let set = bridge
+        .request(
+            "session/set_config_option",
+            serde_json::json!({"sessionId": sid, "configId": model["id"], "value": other}),
+        )
+        .unwrap_or_else(|e| bridge.fail(&format!("set the model {other}: {e:?}")));
+    assert_eq!(of(&set["configOptions"], "model")["currentValue"], other.as_str(), "{set:#}");
 
     // The key reached the model, through the agent, and only through it.
     let chats: Vec<Value> = ["text", "write"].iter().flat_map(|s| world.fake.chats(s)).collect();
