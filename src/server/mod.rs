@@ -356,6 +356,9 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         };
                         let result = bridge.new_session(&request.cwd, &given).await;
                         answer_made(&bridge, cx, responder, result, |id, options, modes| {
+                            // The options as a list even when it is empty (an ACP agent says its own once it has
+                            // started): Zed takes a later `config_option_update` only for a session that began
+                            // with a list.
                             NewSessionResponse::new(id).config_options(options).modes(modes)
                         })
                         .await;

@@ -480,7 +480,11 @@ fn its_modes_and_models_are_the_sessions_options_and_every_new_process_of_it_is_
             .arg("2")
     };
     let mut bridge = Bridge::start(options());
-    let sid = bridge.new_session(&ws);
+    let made = bridge.request("session/new", json!({"cwd": ws, "mcpServers": []})).unwrap();
+    let sid = made["sessionId"].as_str().unwrap().to_string();
+    // Before the agent has started: an empty list, which its options then replace (Zed takes a later update only
+    // for a session that began with a list).
+    assert_eq!(made, json!({"sessionId": sid, "configOptions": []}));
     let announced = bridge.wait_update(&sid, "the agent's options", |u| u["sessionUpdate"] == "config_option_update");
     assert_eq!(announced["configOptions"], old_style_options("ask", "fast"));
 
