@@ -357,7 +357,10 @@ impl Announced {
             SessionUpdate::CurrentModeUpdate(update) => {
                 let mode = update.current_mode_id.to_string();
                 let before = self.now.clone();
-                if let Some(modes) = &mut self.now.modes {
+                // A mode it never offered is not one the editor could show.
+                if let Some(modes) = &mut self.now.modes
+                    && modes.available_modes.iter().any(|offered| offered.id == update.current_mode_id)
+                {
                     modes.current_mode_id = update.current_mode_id;
                 }
                 if self.now.check("", MODE, &mode).is_ok() {
@@ -581,4 +584,57 @@ async fn run(
     }
     terminals.end_all();
     closed.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_client_protocol::v1::schema::{CurrentModeUpdate, SessionConfigOption, SessionMode, SessionModeState};
+    use serde_json::json;
+
+    use super::*;
+
+    fn gemini_like() -> Announced {
+        let modes = SessionModeState::new(
+            "default",
+            vec![SessionMode::new("default", "Default"), SessionMode::new("plan", "Plan")],
+        );
+        Announced { now: Selectors { options: None, modes: Some(modes), models: None }, unkept: false }
+    }
+
+    fn current_mode(update: Option<SessionUpdate>) -> Option<serde_json::Value> {
+        match update? {
+            SessionUpdate::ConfigOptionUpdate(update) => {
+                let options = serde_json::to_value(update.config_options).unwrap();
+                options.as_array()?.iter().find(|o| o["id"] == "mode").map(|o| o["currentValue"].clone())
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_mode_the_agent_changes_is_said_as_the_option_list_and_a_mode_it_never_offered_is_not() {
+        let mut announced = gemini_like();
+        let switched = announced.seen(SessionUpdate::CurrentModeUpdate(CurrentModeUpdate::new("plan")));
+        assert_eq!(current_mode(switched), Some(json!("plan")));
+        assert!(std::mem::take(&mut announced.unkept), "to be kept in the store");
+        assert_eq!(announced.seen(SessionUpdate::CurrentModeUpdate(CurrentModeUpdate::new("plan"))), None);
+        assert_eq!(announced.seen(SessionUpdate::CurrentModeUpdate(CurrentModeUpdate::new("yolo"))), None);
+        assert_eq!(announced.now.value(MODE).as_deref(), Some("plan"));
+        assert!(!announced.unkept);
+    }
+
+    #[test]
+    fn the_agents_own_options_changed_keep_its_modes_in_the_list() {
+        let mut announced = gemini_like();
+        let options: Vec<SessionConfigOption> = serde_json::from_value(json!([
+            {"id": "effort", "name": "Effort", "type": "select", "currentValue": "low",
+             "options": [{"value": "low", "name": "Low"}, {"value": "high", "name": "High"}]}
+        ]))
+        .unwrap();
+        let seen = announced.seen(SessionUpdate::ConfigOptionUpdate(ConfigOptionUpdate::new(options)));
+        let Some(SessionUpdate::ConfigOptionUpdate(update)) = seen else { panic!("{seen:?}") };
+        let ids: Vec<String> = update.config_options.iter().map(|o| o.id.to_string()).collect();
+        assert_eq!(ids, ["effort", "mode"]);
+        assert!(announced.unkept);
+    }
 }
