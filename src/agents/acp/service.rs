@@ -386,12 +386,11 @@ async fn give_choices(connection: &Connection, bridge: &dyn BridgeHost, session:
                 connection.set_selectors(after);
                 changed = true;
             }
-            Err(why) => {
+            // Gone, it keeps the choice for its next process.
+            Err(Refusal::Gone) => return,
+            Err(Refusal::Refused(why)) => {
                 tracing::warn!(session, option, value, "the ACP agent did not take the session's choice: {why}");
                 edit_config(bridge, session, |config| choose(config, &option, None)).await;
-                if matches!(why, Refusal::Gone) {
-                    return;
-                }
             }
         }
     }
