@@ -261,6 +261,18 @@ pub trait Service: Send + Sync {
     /// Why a turn under `ask` is not run when the service could not start (the CLI per prompt cannot ask).
     fn cannot_ask_without_it(&self, why: &str) -> String;
 
+    /// What a new session of `agent` (run by `executable`) keeps in its config from the start: an ACP agent's
+    /// options as a fresh session of the same agent announced them last, so that the editor has them (and applies
+    /// its own defaults to them) before the agent has started and says its own.
+    async fn seeded_config(
+        &self,
+        _host: &dyn BridgeHost,
+        _agent: &str,
+        _executable: &std::path::Path,
+    ) -> Option<serde_json::Value> {
+        None
+    }
+
     /// The session's options as what the service runs announced them (an ACP agent's own), kept in its stored
     /// config; `None`: the agent's [`crate::agents::Agent::options`] are the session's.
     fn announced_options(

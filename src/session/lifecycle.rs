@@ -34,6 +34,13 @@ impl Bridge {
         if let Some(model) = &self.config.model {
             config[self.config.agent.default_option()] = json!(model);
         }
+        if let Some(service) = self.service.as_ref()
+            && let Some(executable) = crate::locate::installed_executable(&self.config, self.config.agent)
+            && let Some(seeded) = service.seeded_config(self, self.config.agent.as_str(), &executable).await
+            && let (Some(config), Some(seeded)) = (config.as_object_mut(), seeded.as_object())
+        {
+            config.extend(seeded.clone());
+        }
         let record = SessionRecord {
             id: format!("sess_{}", uuid::Uuid::new_v4().simple()),
             agent: self.config.agent.as_str().to_string(),

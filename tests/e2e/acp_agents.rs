@@ -455,6 +455,38 @@ fn the_agents_config_options_are_the_sessions_and_setting_one_reaches_it() {
     assert_eq!(answer(&mut bridge, &sid, "options"), "model smart", "the new agent was given the choice");
 }
 
+#[test]
+fn a_new_session_has_the_options_its_agent_said_last_time_and_a_choice_made_before_it_starts_reaches_it() {
+    let dirs = TestDirs::new("acp-seed");
+    let ws = dirs.workspace("ws");
+    let options = || options(&dirs).arg("--pass-env").arg("FAKE_ACP_MODES").env("FAKE_ACP_MODES", "1");
+    let mut bridge = Bridge::start(options());
+    let first = bridge.new_session(&ws);
+    assert_eq!(answer(&mut bridge, &first, "settings"), "mode ask model fast");
+    bridge.request("session/set_mode", json!({"sessionId": first, "modeId": "plan"})).unwrap();
+
+    // The next session of the same agent has its options at once (as it said them when it made its session, not
+    // the first session's choices), so that an editor can apply its own defaults right away, as Zed does.
+    let made = bridge.request("session/new", json!({"cwd": ws, "mcpServers": []})).unwrap();
+    let second = made["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(made["configOptions"], old_style_options("ask", "fast"));
+    let set = bridge
+        .request("session/set_config_option", json!({"sessionId": second, "configId": "model", "value": "smart"}))
+        .unwrap();
+    assert_eq!(set["configOptions"], old_style_options("ask", "smart"));
+    assert_eq!(answer(&mut bridge, &second, "settings"), "mode ask model smart", "the choice reached its agent");
+
+    // Another agent (another command line) starts with none.
+    let mut other = Bridge::start(
+        BridgeOptions::new("custom", &dirs.data)
+            .arg("--agent-command")
+            .arg(&format!("{} --other", fakes_dir().join("acp_agent.py").display()))
+            .env("HOME", &dirs.root().join("home").display().to_string()),
+    );
+    let made = other.request("session/new", json!({"cwd": ws, "mcpServers": []})).unwrap();
+    assert_eq!(made["configOptions"], json!([]));
+}
+
 /// The options of the agent that says modes and models the older way (FAKE_ACP_MODES: Gemini CLI's way).
 fn old_style_options(mode: &str, model: &str) -> Value {
     json!([

@@ -70,6 +70,8 @@ pub struct Connection {
     pub info: Option<Implementation>,
     /// The names of the ways it says it can be logged in (for the words of an error that asks for one).
     pub auth_methods: Vec<String>,
+    /// Which agent this is: its command line (what a later session of the same agent may take from this one).
+    pub identity: String,
     /// The session's conversation in this process, once made or loaded; held while it is made, so that a warm start
     /// and a turn never make two.
     pub session: tokio::sync::Mutex<Option<String>>,
@@ -99,6 +101,7 @@ impl Connection {
     /// of its session between turns goes (its commands, options and title; ours is the session's id there).
     pub async fn start(
         sandbox: Arc<dyn Sandbox>,
+        identity: String,
         mut spec: ExecSpec,
         roots: Vec<PathBuf>,
         limit: Duration,
@@ -137,6 +140,7 @@ impl Connection {
             capabilities,
             info,
             auth_methods,
+            identity: identity.clone(),
             session: tokio::sync::Mutex::new(None),
             route: route.clone(),
             announced: announced.clone(),

@@ -17,6 +17,9 @@ const MODES: &str = "agent_modes";
 const MODELS: &str = "agent_models";
 /// What the user chose, by option: given to each new process of the agent, which would start at its defaults.
 const CHOICES: &str = "agent_choices";
+/// What the agent said when it made the session, before any choice, and which agent said it: what the next new
+/// session of the same agent starts with.
+const DEFAULTS: &str = "agent_defaults";
 
 /// The option offered for an agent's session modes, and the one for its models.
 pub const MODE: &str = "mode";
@@ -240,6 +243,25 @@ fn values(select: &SessionConfigSelect) -> Vec<String> {
     }
 }
 
+/// Keeps `selectors` as what the agent named `identity` says of a session it has just made.
+pub fn keep_defaults(config: &mut Value, identity: &str, selectors: &Selectors) {
+    let mut kept = serde_json::json!({"identity": identity});
+    selectors.keep(&mut kept);
+    if !config.is_object() {
+        *config = Value::Object(Default::default());
+    }
+    config[DEFAULTS] = kept;
+}
+
+/// The config a new session of the agent named `identity` starts with, from the stored config of an earlier one:
+/// what that agent said when it made its session, as if this session's agent had said it.
+pub fn seeded(earlier: &Value, identity: &str) -> Option<Value> {
+    let defaults = earlier.get(DEFAULTS).filter(|defaults| defaults["identity"] == identity)?;
+    let mut config = serde_json::json!({});
+    Selectors::stored(defaults).keep(&mut config);
+    Some(config)
+}
+
 /// The choices the user made in a session, in the order made.
 pub fn choices(config: &Value) -> Vec<(String, String)> {
     let Some(kept) = config.get(CHOICES).and_then(Value::as_array) else { return Vec::new() };
@@ -333,6 +355,17 @@ mod tests {
         claude.select("fast", "true");
         assert_eq!(claude.value("permission").as_deref(), Some("plan"));
         assert_eq!(claude.value("fast").as_deref(), Some("true"));
+    }
+
+    #[test]
+    fn a_new_session_starts_with_what_the_same_agent_said_of_a_session_it_made() {
+        let mut earlier = json!({"agent_choices": [["mode", "plan"]]});
+        keep_defaults(&mut earlier, "/opt/gemini --acp", &gemini());
+        let seeded = seeded(&earlier, "/opt/gemini --acp").unwrap();
+        assert_eq!(Selectors::stored(&seeded), gemini());
+        assert_eq!(choices(&seeded), [], "the choices of the earlier session are its own");
+        assert_eq!(super::seeded(&earlier, "/opt/other-agent"), None);
+        assert_eq!(super::seeded(&json!({}), "/opt/gemini --acp"), None);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::connection::Connection;
 use super::engine::AcpEngine;
-use super::options::{MODE, MODEL, Selectors, Via, choices, choose};
+use super::options::{MODE, MODEL, Selectors, Via, choices, choose, keep_defaults, seeded};
 use super::translate::AcpTranslator;
 use super::wire;
 use crate::agents::engine::Attempt;
@@ -27,6 +27,9 @@ use crate::store::SessionRecord;
 
 /// How long an agent has to answer `initialize`.
 const INITIALIZE_LIMIT: Duration = Duration::from_secs(10);
+
+/// How many of the newest sessions of the agent a new one looks through for the options it starts with.
+const SEED_FROM: usize = 20;
 
 /// How long it has to make or load a session.
 const SESSION_LIMIT: Duration = Duration::from_secs(60);
@@ -75,6 +78,12 @@ impl AcpService {
             start_lock: tokio::sync::Mutex::new(()),
             reaper: std::sync::Once::new(),
         }
+    }
+
+    /// Which agent `executable` runs with this service's arguments: a later session takes the options it announced
+    /// only from a session of the same one.
+    fn identity(&self, executable: &Path) -> String {
+        std::iter::once(executable.display().to_string()).chain(self.args.iter().cloned()).collect::<Vec<_>>().join(" ")
     }
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
@@ -227,10 +236,11 @@ impl AcpService {
         roots.extend(record.context.additional_directories.iter().map(PathBuf::from));
         tracing::info!(session = %record.id, program = %spec.program.display(), "starting the ACP agent");
         let (sandbox, session, forms) = (sandbox.clone(), record.id.clone(), bridge.client_fills_forms());
+        let identity = self.identity(executable);
         let outside = bridge.notifier().map(|sink| (record.id.clone(), sink));
         // A task of its own: a turn cancelled while it waits does not stop the start its session's next turn uses.
         let task = tokio::spawn(async move {
-            let connection = Connection::start(sandbox, spec, roots, INITIALIZE_LIMIT, forms, outside)
+            let connection = Connection::start(sandbox, identity, spec, roots, INITIALIZE_LIMIT, forms, outside)
                 .await
                 .map_err(|e| e.to_string())?;
             let info = connection.info.as_ref().map(|info| format!("{} {}", info.name, info.version));
@@ -314,7 +324,7 @@ async fn conversation(
         };
         match answer {
             Some(Ok(opened)) => {
-                opened_with(connection, bridge, &record.id, opened.selectors()).await;
+                connection.set_selectors(opened.selectors());
                 native.to_string()
             }
             Some(Err(e)) => {
@@ -339,7 +349,9 @@ async fn conversation(
                         ),
                     ));
                 };
-                opened_with(connection, bridge, &record.id, opened.selectors()).await;
+                let selectors = opened.selectors();
+                connection.set_selectors(selectors.clone());
+                edit_config(bridge, &record.id, |config| keep_defaults(config, &connection.identity, &selectors)).await;
                 made
             }
             Some(Err(e)) => return Err(failed("make a session", e)),
@@ -347,7 +359,9 @@ async fn conversation(
         }
     };
     *held = Some(made.clone());
+    // What the editor is told, once: the agent's settings with the user's choices given.
     give_choices(connection, bridge, &record.id, &made, name).await;
+    keep(bridge, &record.id, &connection.selectors(), true).await;
     Ok(Conversation::Here(made))
 }
 
@@ -361,17 +375,10 @@ fn needs_login(name: &str, what: &str, said: &str, methods: &[String]) -> String
     )
 }
 
-/// The agent opened its session saying `selectors`: they are the session's now (the editor is told).
-async fn opened_with(connection: &Connection, bridge: &dyn BridgeHost, session: &str, selectors: Selectors) {
-    connection.set_selectors(selectors.clone());
-    keep(bridge, session, &selectors, true).await;
-}
-
 /// Gives a new process of the agent the choices the user made in the session where it says otherwise: it starts at
 /// its defaults, or at what its own session kept. A choice it no longer offers or refuses is forgotten.
 async fn give_choices(connection: &Connection, bridge: &dyn BridgeHost, session: &str, native: &str, name: &str) {
     let Ok(Some(record)) = bridge.store().session(session).await else { return };
-    let mut changed = false;
     for (option, value) in choices(&record.config) {
         let now = connection.selectors();
         if now.value(&option).as_deref() == Some(value.as_str()) {
@@ -382,10 +389,7 @@ async fn give_choices(connection: &Connection, bridge: &dyn BridgeHost, session:
             Err(why) => Err(Refusal::Refused(why)),
         };
         match given {
-            Ok(after) => {
-                connection.set_selectors(after);
-                changed = true;
-            }
+            Ok(after) => connection.set_selectors(after),
             // Gone, it keeps the choice for its next process.
             Err(Refusal::Gone) => return,
             Err(Refusal::Refused(why)) => {
@@ -393,9 +397,6 @@ async fn give_choices(connection: &Connection, bridge: &dyn BridgeHost, session:
                 edit_config(bridge, session, |config| choose(config, &option, None)).await;
             }
         }
-    }
-    if changed {
-        keep(bridge, session, &connection.selectors(), true).await;
     }
 }
 
@@ -627,6 +628,12 @@ impl Service for AcpService {
 
     fn cannot_ask_without_it(&self, why: &str) -> String {
         format!("{} could not start: {why}", self.name)
+    }
+
+    async fn seeded_config(&self, host: &dyn BridgeHost, agent: &str, executable: &Path) -> Option<serde_json::Value> {
+        let identity = self.identity(executable);
+        let recent = host.store().list_sessions(Some(agent), None, None, SEED_FROM).await.ok()?;
+        recent.iter().find_map(|earlier| seeded(&earlier.config, &identity))
     }
 
     fn announced_options(&self, session_config: &serde_json::Value) -> Option<Vec<SessionConfigOption>> {
