@@ -1,7 +1,9 @@
 //! A session's config options as an agent declares them (ACP `configOptions`): each a select with its choices and
 //! the current value, read from the session's stored choices. `session::options` renders and validates them.
 
-use agent_client_protocol::v1::schema::SessionConfigOptionCategory;
+use agent_client_protocol::v1::schema::{
+    SessionConfigOptionCategory, SessionConfigSelect, SessionConfigSelectOption, SessionConfigSelectOptions,
+};
 use serde_json::Value;
 
 /// The value meaning "let the CLI use its own default".
@@ -20,6 +22,15 @@ pub struct OptionSpec {
     pub choices: Vec<(String, String)>,
     /// The value now in force.
     pub current: String,
+}
+
+/// Every choice a select offers, its groups flattened.
+pub fn select_choices(select: &SessionConfigSelect) -> Vec<SessionConfigSelectOption> {
+    match &select.options {
+        SessionConfigSelectOptions::Ungrouped(choices) => choices.clone(),
+        SessionConfigSelectOptions::Grouped(groups) => groups.iter().flat_map(|g| g.options.clone()).collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The stored value of one option of the session.

@@ -427,8 +427,7 @@ impl Bridge {
     /// The session's modes (its mode option, as ACP session modes).
     pub async fn session_modes(&self, id: &str) -> Result<Option<agent_client_protocol::v1::schema::SessionModeState>> {
         let record = self.record(id).await?;
-        let announced = self.service.as_ref().filter(|_| self.serves(&record));
-        if let Some(options) = announced.and_then(|service| service.announced_options(&record.config)) {
+        if let Some(options) = self.announced_options_of(&record) {
             return Ok(options::modes_of(&options));
         }
         Ok(options::session_modes(self.agent_of(&record), &record.config, &self.config, &self.catalog.models()))
@@ -450,13 +449,18 @@ impl Bridge {
 
     /// The session's options: what its agent's service announced (an ACP agent's own), else the agent's.
     pub(super) fn config_options_of(&self, record: &SessionRecord) -> Vec<SessionConfigOption> {
-        let announced = self.service.as_ref().filter(|_| self.serves(record));
-        match announced.and_then(|service| service.announced_options(&record.config)) {
+        match self.announced_options_of(record) {
             Some(options) => options,
             None => {
                 options::config_options(self.agent_of(record), &record.config, &self.config, &self.catalog.models())
             }
         }
+    }
+
+    /// The session's options as its agent's service announced them (an ACP agent's own), if it does.
+    fn announced_options_of(&self, record: &SessionRecord) -> Option<Vec<SessionConfigOption>> {
+        let service = self.service.as_ref().filter(|_| self.serves(record))?;
+        service.announced_options(&record.config)
     }
 
     /// Runs one prompt turn to its end. Updates go to `sink` (and the store) as they happen; every one

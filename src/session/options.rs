@@ -81,16 +81,11 @@ pub fn session_modes(
 /// category as ACP session modes, for the clients that read only those.
 pub fn modes_of(options: &[SessionConfigOption]) -> Option<agent_client_protocol::v1::schema::SessionModeState> {
     use agent_client_protocol::v1::schema::{
-        SessionConfigKind, SessionConfigOptionCategory, SessionConfigSelectOptions, SessionMode, SessionModeState,
+        SessionConfigKind, SessionConfigOptionCategory, SessionMode, SessionModeState,
     };
     let option = options.iter().find(|o| o.category == Some(SessionConfigOptionCategory::Mode))?;
     let SessionConfigKind::Select(select) = &option.kind else { return None };
-    let choices = match &select.options {
-        SessionConfigSelectOptions::Ungrouped(choices) => choices.clone(),
-        SessionConfigSelectOptions::Grouped(groups) => groups.iter().flat_map(|g| g.options.clone()).collect(),
-        _ => return None,
-    };
-    let modes = choices
+    let modes = crate::agents::options::select_choices(select)
         .into_iter()
         .map(|choice| SessionMode::new(choice.value.to_string(), choice.name).description(choice.description))
         .collect();

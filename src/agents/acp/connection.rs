@@ -360,19 +360,11 @@ impl Announced {
             }
             SessionUpdate::CurrentModeUpdate(update) => {
                 let mode = update.current_mode_id.to_string();
-                let before = self.now.clone();
-                // A mode it never offered is not one the editor could show.
-                if let Some(modes) = &mut self.now.modes
-                    && modes.available_modes.iter().any(|offered| offered.id == update.current_mode_id)
-                {
-                    modes.current_mode_id = update.current_mode_id;
-                }
-                if self.now.check("", MODE, &mode).is_ok() {
-                    self.now.select(MODE, &mode);
-                }
-                if self.now == before {
+                // A mode it never offered is not one the editor could show; the one it has already is no change.
+                if !self.now.offers(MODE, &mode) || self.now.value(MODE).as_deref() == Some(mode.as_str()) {
                     return None;
                 }
+                self.now.select(MODE, &mode);
             }
             update => return Some(update),
         }

@@ -4,10 +4,12 @@
 
 use agent_client_protocol::v1::schema::{
     SessionConfigKind, SessionConfigOption, SessionConfigOptionCategory, SessionConfigSelect,
-    SessionConfigSelectOption, SessionConfigSelectOptions, SessionModeState,
+    SessionConfigSelectOption, SessionModeState,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::agents::options::select_choices;
 
 /// Where a session's stored config keeps the agent's own config options, as it announced them last.
 const OPTIONS: &str = "agent_options";
@@ -83,10 +85,7 @@ impl Selectors {
 
     /// Keeps these in a session's stored config.
     pub fn keep(&self, config: &mut Value) {
-        if !config.is_object() {
-            *config = Value::Object(Default::default());
-        }
-        let Some(object) = config.as_object_mut() else { return };
+        let object = object(config);
         let mut put = |key: &str, value: Option<Value>| match value {
             Some(value) => {
                 object.insert(key.to_string(), value);
@@ -105,7 +104,7 @@ impl Selectors {
     pub fn offered(&self) -> Vec<SessionConfigOption> {
         let mut offered = self.options.clone().unwrap_or_default();
         if let Some(modes) = &self.modes
-            && self.own(MODE, &SessionConfigOptionCategory::Mode).is_none()
+            && self.own(MODE).is_none()
         {
             let choices = modes.available_modes.iter().map(|m| (m.id.to_string(), &m.name, &m.description));
             offered.push(select(
@@ -117,7 +116,7 @@ impl Selectors {
             ));
         }
         if let Some(models) = &self.models
-            && self.own(MODEL, &SessionConfigOptionCategory::Model).is_none()
+            && self.own(MODEL).is_none()
         {
             let choices = models.available_models.iter().map(|m| (m.model_id.clone(), &m.name, &m.description));
             offered.push(select(
@@ -133,17 +132,21 @@ impl Selectors {
 
     /// The agent's own option that `id` names: the option of that id, else for [`MODE`] and [`MODEL`] its option of
     /// that category (ACP's `session/set_mode` means the mode option, whatever the agent calls it).
-    fn own(&self, id: &str, category: &SessionConfigOptionCategory) -> Option<&SessionConfigOption> {
+    fn own(&self, id: &str) -> Option<&SessionConfigOption> {
         let own = self.options.as_deref().unwrap_or_default();
-        own.iter().find(|o| o.id.to_string() == id).or_else(|| {
-            [MODE, MODEL].contains(&id).then(|| own.iter().find(|o| o.category.as_ref() == Some(category))).flatten()
-        })
+        let category = match id {
+            MODE => Some(SessionConfigOptionCategory::Mode),
+            MODEL => Some(SessionConfigOptionCategory::Model),
+            _ => None,
+        };
+        own.iter()
+            .find(|o| o.id.to_string() == id)
+            .or_else(|| own.iter().find(|o| category.is_some() && o.category == category))
     }
 
     /// How a choice of the offered option `id` reaches the agent; `None`: no such option.
     pub fn via(&self, id: &str) -> Option<Via> {
-        let category = if id == MODEL { SessionConfigOptionCategory::Model } else { SessionConfigOptionCategory::Mode };
-        if let Some(own) = self.own(id, &category) {
+        if let Some(own) = self.own(id) {
             return Some(Via::Option(own.id.to_string()));
         }
         match id {
@@ -159,15 +162,24 @@ impl Selectors {
         self.offered().into_iter().find(|o| self.via(&o.id.to_string()).as_ref() == Some(&via))
     }
 
-    /// Whether `value` is one the option `id` offers: an error that says why not.
-    pub fn check(&self, name: &str, id: &str, value: &str) -> Result<(), String> {
-        let Some(option) = self.offered_option(id) else { return Err(format!("{name} has no option {id:?}")) };
-        let offered = match &option.kind {
+    /// Whether the option `id` offers `value`.
+    pub fn offers(&self, id: &str, value: &str) -> bool {
+        self.offered_option(id).is_some_and(|option| match &option.kind {
             SessionConfigKind::Boolean(_) => value == "true" || value == "false",
-            SessionConfigKind::Select(select) => values(select).iter().any(|choice| choice == value),
+            SessionConfigKind::Select(select) => select_choices(select).iter().any(|c| c.value.to_string() == value),
             _ => false,
-        };
-        if offered { Ok(()) } else { Err(format!("{value:?} is not a value of {name}'s option {id:?}")) }
+        })
+    }
+
+    /// Whether `value` is one the option `id` of the agent named `name` offers: an error that says why not.
+    pub fn check(&self, name: &str, id: &str, value: &str) -> Result<(), String> {
+        if self.offers(id, value) {
+            Ok(())
+        } else if self.offered_option(id).is_none() {
+            Err(format!("{name} has no option {id:?}"))
+        } else {
+            Err(format!("{value:?} is not a value of {name}'s option {id:?}"))
+        }
     }
 
     /// Whether the option `id` is a yes or no.
@@ -232,14 +244,14 @@ fn select<'a>(
     .category(category)
 }
 
-/// Every value a select offers, grouped or not.
-fn values(select: &SessionConfigSelect) -> Vec<String> {
-    match &select.options {
-        SessionConfigSelectOptions::Ungrouped(options) => options.iter().map(|o| o.value.to_string()).collect(),
-        SessionConfigSelectOptions::Grouped(groups) => {
-            groups.iter().flat_map(|g| g.options.iter().map(|o| o.value.to_string())).collect()
-        }
-        _ => Vec::new(),
+/// `config` as an object (a config that is not one is made one).
+fn object(config: &mut Value) -> &mut serde_json::Map<String, Value> {
+    if !config.is_object() {
+        *config = Value::Object(Default::default());
+    }
+    match config {
+        Value::Object(object) => object,
+        _ => unreachable!("made an object above"),
     }
 }
 
@@ -247,10 +259,7 @@ fn values(select: &SessionConfigSelect) -> Vec<String> {
 pub fn keep_defaults(config: &mut Value, identity: &str, selectors: &Selectors) {
     let mut kept = serde_json::json!({"identity": identity});
     selectors.keep(&mut kept);
-    if !config.is_object() {
-        *config = Value::Object(Default::default());
-    }
-    config[DEFAULTS] = kept;
+    object(config).insert(DEFAULTS.to_string(), kept);
 }
 
 /// The config a new session of the agent named `identity` starts with, from the stored config of an earlier one:
@@ -277,10 +286,7 @@ pub fn choose(config: &mut Value, id: &str, value: Option<&str>) {
     if let Some(value) = value {
         kept.push((id.to_string(), value.to_string()));
     }
-    if !config.is_object() {
-        *config = Value::Object(Default::default());
-    }
-    config[CHOICES] = serde_json::json!(kept);
+    object(config).insert(CHOICES.to_string(), serde_json::json!(kept));
 }
 
 #[cfg(test)]
