@@ -93,6 +93,29 @@ fn roots_a_workspace_could_not_be_are_refused_as_invalid_params() {
     let (code, message) = refused(&mut bridge, &dirs.data);
     assert_eq!(code, -32602);
     assert!(message.contains("acp-sandbox's data dir"), "{message}");
+    // Every system directory the sandbox shows read-only, and a link to one, is refused: as root the agent would
+    // otherwise write `/usr/local/bin`.
+    let link = dirs.root().join("local-bin-link");
+    std::os::unix::fs::symlink("/usr/local/bin", &link).unwrap();
+    for (root, reason) in [
+        (PathBuf::from("/usr/local/bin"), "/usr/local/bin is a system directory (/usr)"),
+        (link.clone(), "/usr/local/bin is a system directory (/usr)"),
+        ("/usr/local".into(), "/usr/local is a system directory (/usr)"),
+        ("/usr".into(), "/usr is a system directory (/usr)"),
+        ("/etc".into(), "/etc is a system directory (/etc)"),
+        ("/var/lib".into(), "/var/lib is a system directory (/var/lib)"),
+        ("/var/tmp".into(), "/var/tmp is a system directory"),
+        ("/var".into(), "/var is a system directory"),
+        ("/opt".into(), "/opt is a system directory"),
+    ] {
+        let (code, message) = refused(&mut bridge, &root);
+        assert_eq!(
+            (code, message.as_str()),
+            (-32602, format!("additionalDirectories: {reason}; open a project folder instead").as_str()),
+            "{}",
+            root.display()
+        );
+    }
     // Nothing was made of the refused requests.
     let list = bridge.request("session/list", json!({})).unwrap();
     assert_eq!(list["sessions"], json!([]), "{list}");

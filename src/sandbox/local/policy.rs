@@ -397,9 +397,12 @@ fn lexically_inside(path: &Path, root: &Path) -> bool {
 /// Why a directory cannot be a session's workspace, if it cannot: the whole filesystem, a system dir, the home
 /// itself, or the bridge's own data (all of which would become writable to the agent).
 pub fn workspace_refusal(cwd: &Path, home: &Path, data_dir: &Path) -> Option<String> {
-    // The top of the tree: a project may live below `/home`, `/tmp`, `/opt` or `/var`, but not be one of them.
-    const TOP: &[&str] = &["/home", "/tmp", "/var", "/opt", "/srv", "/mnt", "/media", "/root", "/snap", "/nix"];
-    // Whole subtrees of the system.
+    // The top of the tree: a project may live below `/home`, `/tmp`, `/var/tmp`, `/opt` or `/srv`, but not be one
+    // of them (the agent could write every project in it).
+    const TOP: &[&str] =
+        &["/home", "/tmp", "/var", "/var/tmp", "/opt", "/srv", "/mnt", "/media", "/root", "/snap", "/nix"];
+    // Whole subtrees of the system: what every program on the host reads, runs or keeps its state in (`/usr`,
+    // `/usr/local/bin` among it: as root an agent writing there plants commands for everyone).
     const SYSTEM: &[&str] = &[
         "/bin",
         "/boot",
@@ -413,19 +416,17 @@ pub fn workspace_refusal(cwd: &Path, home: &Path, data_dir: &Path) -> Option<Str
         "/run",
         "/sbin",
         "/sys",
-        "/usr/bin",
-        "/usr/sbin",
-        "/usr/lib",
-        "/usr/lib32",
-        "/usr/lib64",
-        "/usr/libexec",
-        "/usr/include",
-        "/usr/share",
+        "/usr",
+        "/var/backups",
+        "/var/cache",
         "/var/lib",
+        "/var/local",
+        "/var/lock",
         "/var/log",
+        "/var/mail",
+        "/var/opt",
         "/var/run",
         "/var/spool",
-        "/var/cache",
         "/nix/store",
     ];
     let cwd = std::fs::canonicalize(cwd).unwrap_or_else(|_| cwd.to_path_buf());
@@ -437,7 +438,7 @@ pub fn workspace_refusal(cwd: &Path, home: &Path, data_dir: &Path) -> Option<Str
     if let Some(dir) = SYSTEM.iter().find(|dir| cwd.starts_with(dir)) {
         return Some(format!("{} is a system directory ({dir}); open a project folder instead", cwd.display()));
     }
-    if cwd == Path::new("/usr") || TOP.iter().any(|dir| cwd == Path::new(dir)) {
+    if TOP.iter().any(|dir| cwd == Path::new(dir)) {
         return Some(format!("{} is a system directory; open a project folder instead", cwd.display()));
     }
     if cwd == home {
@@ -718,6 +719,13 @@ mod tests {
             ("/etc".into(), "system directory"),
             ("/usr/lib".into(), "system directory"),
             ("/proc".into(), "system directory"),
+            ("/usr".into(), "system directory"),
+            ("/usr/local".into(), "system directory"),
+            ("/usr/local/bin".into(), "system directory"),
+            ("/var".into(), "system directory"),
+            ("/var/tmp".into(), "system directory"),
+            ("/var/mail".into(), "system directory"),
+            ("/opt".into(), "system directory"),
             (home.clone(), "home directory"),
             (home.join(".local"), "contains acp-sandbox's data dir"),
             (data.clone(), "contains acp-sandbox's data dir"),
