@@ -2163,3 +2163,23 @@ fn an_acp_agents_requests_of_its_client_stay_inside_the_workspace() {
         checks.finish();
     });
 }
+
+#[test]
+fn an_acp_agent_racing_its_file_requests_with_links_never_reaches_outside_the_workspace() {
+    // `tests/fakes/acp_agent.py`'s `swap`: a file of the workspace flips to a link to a file outside it (in the
+    // agent's own home, which the sandbox shows it) and back, a folder to a link to a folder outside, while it asks
+    // the bridge 1,000 times to read the one and write into the other. A check of the path followed by an open
+    // would let some through; the bridge's open by descriptor, never following a link, lets none.
+    let test = "an_acp_agent_racing_its_file_requests_with_links_never_reaches_outside_the_workspace";
+    for_each_variant(test, all_variants(test), |variant| {
+        let lab = Lab::new("acp-race", variant);
+        let mut options =
+            lab.options().arg("--agent-command").arg(&kit().fakes.join("acp_agent.py").display().to_string());
+        options.agent = "custom".into();
+        let mut bridge = Bridge::start(options);
+        let sid = bridge.new_session(&lab.ws);
+        let answer = acp_said(&mut bridge, &sid, "swap:1000");
+        stop(bridge);
+        assert_eq!(answer, "swap leaked 0 wrote-outside 0 answered 1000");
+    });
+}

@@ -461,12 +461,30 @@ pub trait Sandbox: Send + Sync {
     fn sweep_protected(&self) -> Vec<local::protect::Moved> {
         Vec::new()
     }
+    /// Where the agent's files are on this machine, for answering its file requests here by descriptor (never
+    /// through a link, so a link swapped in between a check and an open cannot lead elsewhere). `None` for a remote
+    /// sandbox, whose files are reached by commands in it.
+    fn host_files(&self) -> Option<HostFiles> {
+        None
+    }
     /// Ends what commands of this session a bridge that is gone (killed mid-turn) left running in the sandbox, with
     /// everything they started, and answers how many it found. Called before a turn runs anything in a sandbox that
     /// outlives the bridge; a local sandbox's leftovers are ended when a bridge starts (`Bridge::reap_leftovers`).
     async fn end_leftovers(&self) -> Result<usize, SandboxError> {
         Ok(0)
     }
+}
+
+/// A local sandbox's files as its agent sees them ([`Sandbox::host_files`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostFiles {
+    /// Each root (the workspace first) as the agent sees it, and the folder on this machine that it shows (in review
+    /// mode the workspace shows the agent's copy).
+    pub roots: Vec<(PathBuf, PathBuf)>,
+    /// What the sandbox hides, as the agent sees it: asked for, it is answered as a file that does not exist.
+    pub hidden: Vec<PathBuf>,
+    /// What the sandbox shows read-only in the roots (the protected paths), as the agent sees it.
+    pub protected: Vec<PathBuf>,
 }
 
 /// The files of a remote sandbox, reached through its provider's API (never through a command line, which a

@@ -672,7 +672,7 @@ impl WorkspaceCopy {
 
 /// Opens the directory `rel` below `root` one component at a time, never following a link: a link or anything
 /// but a directory on the way is an error; with `create`, a missing directory is made.
-pub(super) fn open_dir_nofollow(root: &Dir, rel: &Path, create: bool) -> io::Result<Dir> {
+pub(crate) fn open_dir_nofollow(root: &Dir, rel: &Path, create: bool) -> io::Result<Dir> {
     let mut dir = root.try_clone()?;
     for component in rel.components() {
         let Component::Normal(name) = component else {
@@ -702,7 +702,7 @@ pub(super) fn open_dir_nofollow(root: &Dir, rel: &Path, create: bool) -> io::Res
 }
 
 /// The directory holding `rel` (opened without following a link) and `rel`'s own name in it.
-pub(super) fn parent_of<'a>(root: &Dir, rel: &'a Path, create: bool) -> io::Result<(Dir, &'a OsStr)> {
+pub(crate) fn parent_of<'a>(root: &Dir, rel: &'a Path, create: bool) -> io::Result<(Dir, &'a OsStr)> {
     check_relative(rel)?;
     let name = rel.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
     let parent = rel.parent().unwrap_or(Path::new(""));
@@ -711,7 +711,7 @@ pub(super) fn parent_of<'a>(root: &Dir, rel: &'a Path, create: bool) -> io::Resu
 
 /// Opens `rel` for reading if it is a regular file: never through a link (anywhere on the way), never blocking
 /// on a FIFO, its type checked on the opened descriptor.
-pub(super) fn open_regular(root: &Dir, rel: &Path) -> io::Result<Option<(File, Metadata)>> {
+pub(crate) fn open_regular(root: &Dir, rel: &Path) -> io::Result<Option<(File, Metadata)>> {
     let (dir, name) = match parent_of(root, rel, false) {
         Ok(found) => found,
         Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => return Ok(None),

@@ -99,18 +99,14 @@ fn what_the_agent_asks_of_its_client_stays_inside_the_workspace() {
             refused(format!("{} is outside the workspace: the agent's files are {}", secret.display(), ws.display()))
         )
     );
-    let real_secret = std::fs::canonicalize(&secret).unwrap();
-    let real_ws = std::fs::canonicalize(&ws).unwrap();
+    // A link is never followed, and its target never named.
     assert_eq!(
         ask(&mut bridge, format!("read:{}", ws.join("key").display())),
         format!(
             "read error {}",
             refused(format!(
-                "{} leads to {}: {} is outside the workspace: the agent's files are {}",
-                ws.join("key").display(),
-                real_secret.display(),
-                real_secret.display(),
-                real_ws.display()
+                "{} is not a regular file, or a folder on its way is a link (links are never followed)",
+                ws.join("key").display()
             ))
         )
     );

@@ -12,6 +12,10 @@ Scenarios (the agent answers in text what happened, one line per step):
   read:<path>             fs/read_text_file of <path> (`./x`: x in its own workspace): "read ok <text>" or "read error <message>"
   flood:<n>               <n> fs/read_text_file of ./notes.txt at once: "flood <answered ok>/<n>"
   write:<path>            fs/write_text_file of "written by the agent" at <path>: "write ok" or "write error <message>"
+  swap:<n>                races its client: flips ./swap between a file of its own ("inside") and a link to a file
+                          outside the workspace, and ./swapdir between a folder and a link to a folder outside, while
+                          it reads ./swap and writes ./swapdir/w.txt <n> times each (four at once): "swap leaked <reads
+                          that returned outside bytes> wrote-outside <writes found outside> answered <reads answered>"
   terminal:<command>      terminal/create of `sh -c <command>` in its workspace, shown in a tool call (`term-call`),
                           then terminal/wait_for_exit, terminal/output and terminal/release: "terminal <exit code>
                           <output, trimmed>" or "terminal error <error>"
@@ -170,6 +174,57 @@ def run_prompt(rid, params):
     elif name == "write":
         got = request("fs/write_text_file", {"sessionId": session, "path": arg, "content": "written by the agent"})
         line("write ok" if "result" in got else "write error " + json.dumps(got.get("error")))
+    elif name == "swap":
+        n = int(arg or "1000")
+        ws = os.getcwd()
+        outside, outdir = os.path.join(HOME, "outside.txt"), os.path.join(HOME, "outside-dir")
+        os.makedirs(outdir, exist_ok=True)
+        with open(outside, "w") as f:
+            f.write("OUTSIDE-BYTES")
+        swap, swapdir = os.path.join(ws, "swap"), os.path.join(ws, "swapdir")
+        os.makedirs(swapdir, exist_ok=True)
+        done = threading.Event()
+
+        def flip():
+            while not done.is_set():
+                for target in (outside, None):
+                    tmp = swap + ".new"
+                    if target:
+                        os.symlink(target, tmp)
+                    else:
+                        with open(tmp, "w") as f:
+                            f.write("inside")
+                    os.replace(tmp, swap)
+                try:
+                    os.rename(swapdir, swapdir + ".real")
+                    os.symlink(outdir, swapdir)
+                    os.unlink(swapdir)
+                    os.rename(swapdir + ".real", swapdir)
+                except OSError:
+                    pass
+        flipper = threading.Thread(target=flip)
+        flipper.start()
+        results = {"leaked": 0, "answered": 0}
+        lock = threading.Lock()
+
+        def worker(count):
+            for _ in range(count):
+                got = request("fs/read_text_file", {"sessionId": session, "path": swap})
+                request("fs/write_text_file", {"sessionId": session, "path": os.path.join(swapdir, "w.txt"),
+                                               "content": "written by the agent"})
+                with lock:
+                    results["answered"] += 1
+                    if "OUTSIDE" in json.dumps(got):
+                        results["leaked"] += 1
+        workers = [threading.Thread(target=worker, args=(n // 4 + (1 if i < n % 4 else 0),)) for i in range(4)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        done.set()
+        flipper.join()
+        wrote_outside = len(os.listdir(outdir))
+        line(f"swap leaked {results['leaked']} wrote-outside {wrote_outside} answered {results['answered']}")
     elif name in ("terminal", "terminal-at"):
         made = {"sessionId": session, "command": "sh", "args": ["-c", arg], "outputByteLimit": 4096}
         if name == "terminal-at":

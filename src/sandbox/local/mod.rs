@@ -466,6 +466,21 @@ impl Sandbox for LocalSandbox {
         self.settings.isolation.describe()
     }
 
+    fn host_files(&self) -> Option<super::HostFiles> {
+        let shown = self.copy.as_ref().map_or_else(|| self.host_workspace.clone(), |copy| copy.path());
+        let roots: Vec<(PathBuf, PathBuf)> = std::iter::once((self.workspace.clone(), shown))
+            .chain(self.roots.iter().map(|root| (root.clone(), root.clone())))
+            .collect();
+        let protected = roots
+            .iter()
+            .flat_map(|(seen, host)| {
+                let paths = self.settings.policy.protected_paths(host, &RealDisk);
+                paths.into_iter().filter_map(|path| Some(seen.join(path.strip_prefix(host).ok()?))).collect::<Vec<_>>()
+            })
+            .collect();
+        Some(super::HostFiles { roots, hidden: self.settings.policy.hidden_paths(), protected })
+    }
+
     async fn write_state_file(&self, path: &Path, bytes: &[u8]) -> Result<(), SandboxError> {
         StateDir::open(&self.state_dir)
             .and_then(|state| state.write_file(path, bytes))
