@@ -222,6 +222,26 @@ fn its_terminals_run_in_its_sandbox_and_their_output_is_shown_in_its_tool_call_a
 }
 
 #[test]
+fn stop_ends_the_terminals_the_stopped_turn_started_and_their_daemons_but_not_the_agent() {
+    let dirs = TestDirs::new("acp-terminal-stop");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(options(&dirs));
+    let sid = bridge.new_session(&ws);
+    let first = answer(&mut bridge, &sid, "whoami");
+    let sleepers = |ws: &Path| -> Vec<(i32, String)> {
+        processes_under(ws).into_iter().filter(|(_, cmd)| cmd.starts_with("sleep 317")).collect()
+    };
+    let id = bridge.send_prompt(&sid, "SCENARIO:terminal-sleep");
+    bridge.wait_update(&sid, "sleeping", |u| u["content"]["text"] == "sleeping\n");
+    assert!(wait_until(Duration::from_secs(5), || sleepers(&ws).len() == 2), "not started: {:?}", sleepers(&ws));
+    // The agent answers the cancel at once and leaves its terminal as it is: the bridge ends it, daemon and all.
+    bridge.cancel(&sid);
+    assert_eq!(bridge.finish_turn(&sid, id).stop_reason(), "cancelled");
+    assert!(wait_until(Duration::from_secs(5), || sleepers(&ws).is_empty()), "left running: {:?}", sleepers(&ws));
+    assert_eq!(answer(&mut bridge, &sid, "whoami"), first, "the agent itself still runs");
+}
+
+#[test]
 fn its_permission_request_reaches_the_editor_and_the_answer_reaches_it() {
     let dirs = TestDirs::new("acp-permission");
     let ws = dirs.workspace("ws");

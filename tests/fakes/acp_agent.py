@@ -22,6 +22,9 @@ Scenarios (the agent answers in text what happened, one line per step):
   terminal-at:<dir>       terminal/create of `pwd` with cwd <dir>: as `terminal`
   terminal-kill           terminal/create of `sleep 30`, then terminal/kill: "terminal-kill <exit status> <output
                           of its output request afterwards, as JSON>"
+  terminal-sleep          terminal/create of a command that starts a `setsid` daemon (`sleep 3171`) and sleeps
+                          (`sleep 3172`), shown in a tool call; says "sleeping", then waits for session/cancel and
+                          answers `cancelled`, leaving the terminal as it is (neither killed nor released)
   shell:<command>         runs `sh -c <command>` itself (inside its sandbox): "shell <exit> <stdout>"
   form                    elicitation/create of a form in its session (one text field, `name`): "form <result>"
   permission              a tool call, then session/request_permission: "permission <optionId or cancelled>"
@@ -246,6 +249,15 @@ def run_prompt(rid, params):
             again = request("terminal/output", {"sessionId": session, "terminalId": tid})
             line(f"terminal {waited['result'].get('exitCode')} {output['result']['output'].strip()}")
             line("after release " + json.dumps(again.get("error", {}).get("message")))
+    elif name == "terminal-sleep":
+        CANCELLED[session] = threading.Event()
+        made = {"sessionId": session, "command": "sh", "args": ["-c", "setsid sleep 3171 & exec sleep 3172"]}
+        tid = request("terminal/create", made)["result"]["terminalId"]
+        update(session, {"sessionUpdate": "tool_call", "toolCallId": "sleep-call", "title": "Sleep", "kind": "execute",
+                         "status": "in_progress", "content": [{"type": "terminal", "terminalId": tid}]})
+        say(session, "sleeping\n")
+        CANCELLED[session].wait()
+        stop = "cancelled"
     elif name == "terminal-kill":
         tid = request("terminal/create", {"sessionId": session, "command": "sleep 30"})["result"]["terminalId"]
         request("terminal/kill", {"sessionId": session, "terminalId": tid})

@@ -197,8 +197,14 @@ impl Connection {
     /// Sends the messages of `session` to a turn from now on: the receiver is the turn's.
     pub fn route_to(&self, session: &str) -> mpsc::Receiver<Event> {
         let (tx, rx) = mpsc::channel(ROUTE_DEPTH);
+        self.terminals.begin_turn();
         *self.route.lock().unwrap_or_else(|p| p.into_inner()) = Some((session.to_string(), tx));
         rx
+    }
+
+    /// Ends the terminals the stopped turn made (their commands and all they started); the agent runs on.
+    pub fn end_turn_terminals(&self) {
+        self.terminals.end_turn();
     }
 
     /// What the agent said of its session's settings, when it changed them since this was last asked.

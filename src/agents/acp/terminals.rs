@@ -42,6 +42,8 @@ pub struct Terminals {
     route: Route,
     live: Live,
     next: AtomicU64,
+    /// The agent's current turn (counted from 1): each terminal belongs to the one it was made in.
+    turn: AtomicU64,
 }
 
 /// The terminals not yet released, by id (shared with the tasks that show them).
@@ -51,6 +53,8 @@ type Live = Arc<Mutex<HashMap<String, Arc<Terminal>>>>;
 struct Terminal {
     id: String,
     session: String,
+    /// The turn it was made in.
+    turn: u64,
     output: Mutex<Kept>,
     exit: watch::Sender<Option<TerminalExitStatus>>,
     /// Ends the command (a kill, a release, the agent's end).
@@ -99,7 +103,15 @@ impl Terminals {
             net: template.net.clone(),
             ..ExecSpec::default()
         };
-        Self { sandbox, template, roots, route, live: Live::default(), next: AtomicU64::new(1) }
+        Self {
+            sandbox,
+            template,
+            roots,
+            route,
+            live: Live::default(),
+            next: AtomicU64::new(1),
+            turn: AtomicU64::new(0),
+        }
     }
 
     /// Starts the command of `request` in the sandbox: its terminal's id, or why not.
@@ -127,6 +139,7 @@ impl Terminals {
         let terminal = Arc::new(Terminal {
             id: id.clone(),
             session: request.session_id.0.to_string(),
+            turn: self.turn.load(Ordering::SeqCst),
             output: Mutex::new(Kept { bytes: Vec::new(), limit, truncated: false }),
             exit: watch::channel(None).0,
             kill: CancellationToken::new(),
@@ -166,6 +179,21 @@ impl Terminals {
         self.get(session, id)?.kill.cancel();
         self.live().remove(id);
         Ok(())
+    }
+
+    /// A turn begins: the terminals made from now on are its own.
+    pub fn begin_turn(&self) {
+        self.turn.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Ends the commands of the terminals made in the current turn (it was stopped: Stop ends what the turn
+    /// started, also what the agent leaves running after it answered the cancel); their output stays until the
+    /// agent releases them. Those of earlier turns run on.
+    pub fn end_turn(&self) {
+        let turn = self.turn.load(Ordering::SeqCst);
+        for terminal in self.live().values().filter(|terminal| terminal.turn == turn) {
+            terminal.kill.cancel();
+        }
     }
 
     /// Ends every terminal (the agent ended).
