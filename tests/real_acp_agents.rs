@@ -761,3 +761,68 @@ fn codex_signs_in_with_chatgpt_bwrap() {
         codex_signs_in_with_chatgpt("bwrap", "codex_signs_in_with_chatgpt_bwrap");
     }
 }
+
+// ---- Stop ---------------------------------------------------------------------------------------------------
+
+/// The commands of `sleep 317` running in the workspace, as `(pid, "pgid sid cmdline")`.
+fn sleepers(ws: &Path) -> Vec<(i32, String)> {
+    processes_under(ws)
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains("sleep 317"))
+        .map(|(pid, cmd)| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+            let cmd: String = cmd.chars().take(80).collect();
+            (pid, format!("ppid {} pgid {} {cmd}", fields.get(1).unwrap_or(&"?"), fields.get(2).unwrap_or(&"?")))
+        })
+        .collect()
+}
+
+/// Stop while the agent's own shell tool runs `sleep 317`: once the cancel is answered nothing of the command is
+/// left, and the agent itself answers the next prompt.
+fn stop_ends_the_agents_command(agent: &Real, sandbox: &str, test: &str) {
+    let Some(world) = World::new(agent, test) else { return };
+    let ws = world.workspace();
+    let mut bridge = Bridge::start(world.options(agent, sandbox));
+    let sid = bridge.new_session(&ws);
+    bridge.permission_answer = Some("allow_once".into());
+    let id = bridge.send_prompt(&sid, "SCENARIO:sleep:317 Sleep a while");
+    // The bridge is read meanwhile, so that the agent's permission request is answered.
+    let deadline = Instant::now() + TURN_LIMIT;
+    let sleeping = |ws: &Path| sleepers(ws).iter().any(|(_, cmd)| cmd.ends_with(" sleep 317"));
+    while !sleeping(&ws) {
+        if Instant::now() > deadline {
+            bridge.fail("the agent's command never ran");
+        }
+        bridge.drain_stdout(Duration::from_millis(100));
+    }
+    // Still running a moment later: the agent's own tool, not a command that failed at once.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(sleeping(&ws), "{:?}", sleepers(&ws));
+    bridge.cancel(&sid);
+    let result = bridge.wait_response_within(id, TURN_LIMIT).unwrap_or_else(|| bridge.fail("no answer to the cancel"));
+    assert_eq!(result.as_ref().ok().map(|r| r["stopReason"].clone()), Some(Value::from("cancelled")), "{result:?}");
+    assert!(wait_until(Duration::from_secs(3), || sleepers(&ws).is_empty()), "left running: {:?}", sleepers(&ws));
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text after the stop");
+    assert_end_turn(&bridge, &answer);
+}
+
+macro_rules! stop_ends {
+    ($none:ident, $bwrap:ident, $agent:expr) => {
+        #[test]
+        fn $none() {
+            stop_ends_the_agents_command(&$agent, "none", stringify!($none));
+        }
+
+        #[test]
+        fn $bwrap() {
+            if bwrap_ok(stringify!($bwrap)) {
+                stop_ends_the_agents_command(&$agent, "bwrap", stringify!($bwrap));
+            }
+        }
+    };
+}
+
+stop_ends!(stop_ends_claudes_command_none, stop_ends_claudes_command_bwrap, CLAUDE);
+stop_ends!(stop_ends_codexs_command_none, stop_ends_codexs_command_bwrap, CODEX);
+stop_ends!(stop_ends_geminis_command_none, stop_ends_geminis_command_bwrap, GEMINI);

@@ -414,6 +414,15 @@ pub trait ProcessHandle: Send {
     /// Ends what the command's turns left running beside it (a server's sandbox outlives its turns): every
     /// process of the sandbox outside the command's own tree. Does nothing where the sandbox cannot tell.
     fn end_strays(&self) {}
+    /// The processes of the command's tree now, for [`ProcessHandle::end_new_groups`]. Empty where the sandbox
+    /// cannot tell.
+    fn tree(&self) -> std::collections::HashSet<i32> {
+        std::collections::HashSet::new()
+    }
+    /// Ends, with all they started, the process groups that processes of the command's tree lead and that were not
+    /// in `before` (a [`ProcessHandle::tree`]): the commands an agent's stopped turn started, each in a group of its
+    /// own, which it may leave running after it answered the cancel. The command itself runs on.
+    fn end_new_groups(&self, _before: &std::collections::HashSet<i32>) {}
     /// Whether the sandbox ran into its process or memory limit, in words for the user.
     fn limit_hit(&self) -> Option<String> {
         None

@@ -24,6 +24,21 @@ pub fn kill_tree(root: u32) -> Vec<i32> {
     killed
 }
 
+/// Kills, with everything they started, the process groups led by processes below `root` that are not in `before`
+/// and lead a group other than `root`'s: the commands a long-lived program (an agent) started since `before` was
+/// taken, each in a group of its own as agents run their tools. `root`, its group and the rest of its tree stay.
+pub fn kill_new_groups(root: u32, before: &HashSet<i32>) -> Vec<i32> {
+    let table = process_table();
+    let root = root as i32;
+    let own = table.iter().find(|p| p.pid == root).map(|p| p.pgrp);
+    let leaders: Vec<i32> = below(&table, root)
+        .into_iter()
+        .filter(|pid| !before.contains(pid))
+        .filter(|&pid| table.iter().any(|p| p.pid == pid && p.pgrp == pid && Some(pid) != own))
+        .collect();
+    leaders.into_iter().flat_map(|leader| kill_tree(leader as u32)).collect()
+}
+
 /// Kills every descendant of `root` (not `root` itself, nor its process group).
 pub fn kill_descendants(root: u32) {
     freeze_and_kill(|| below(&process_table(), root as i32));

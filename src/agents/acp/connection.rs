@@ -84,6 +84,8 @@ pub struct Connection {
     /// Ends the connection.
     stop: CancellationToken,
     process: tokio::sync::Mutex<Box<dyn ProcessHandle>>,
+    /// The agent's process tree when the running turn began ([`Connection::begin_turn`]).
+    before_turn: Mutex<std::collections::HashSet<i32>>,
     stderr: Arc<Mutex<VecDeque<u8>>>,
     /// Cancelled when the agent's stderr was read to its end.
     stderr_read: CancellationToken,
@@ -147,6 +149,7 @@ impl Connection {
             closed: closed.clone(),
             stop: stop.clone(),
             process: tokio::sync::Mutex::new(handle),
+            before_turn: Mutex::default(),
             stderr: stderr.clone(),
             stderr_read: stderr_read.clone(),
             terminals: terminals.clone(),
@@ -202,9 +205,19 @@ impl Connection {
         rx
     }
 
-    /// Ends the terminals the stopped turn made (their commands and all they started); the agent runs on.
-    pub fn end_turn_terminals(&self) {
+    /// A turn begins: what the agent's tree holds now is not the turn's (see [`Connection::end_turn`]).
+    pub async fn begin_turn(&self) {
+        let tree = self.process.lock().await.tree();
+        *self.before_turn.lock().unwrap_or_else(|p| p.into_inner()) = tree;
+    }
+
+    /// Ends what the stopped turn started and left running: the terminals it made through the bridge, and the
+    /// commands the agent ran itself in groups of their own (Codex leaves them running after it answered the
+    /// cancel). The agent, and what it ran before the turn, run on.
+    pub async fn end_turn(&self) {
         self.terminals.end_turn();
+        let before = self.before_turn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        self.process.lock().await.end_new_groups(&before);
     }
 
     /// What the agent said of its session's settings, when it changed them since this was last asked.

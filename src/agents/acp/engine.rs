@@ -322,11 +322,11 @@ impl TurnEngine for AcpEngine {
         let failed =
             |message: String| Error::CliFailed { message, stderr_tail: self.connection.stderr_tail(), exit_code: None };
         if let Some(result) = stopped(&seen.stop, name, idle, turn_timeout, failed) {
-            // The terminals the stopped turn made through the bridge end with it, whatever the agent answered.
-            self.connection.end_turn_terminals();
-            // What the stopped turn's tools started outside the agent's tree is ended now, and once more when the
-            // agent has had a moment to end its tools (whose daemons leave its tree only then).
+            // What the stopped turn started ends with it, whatever the agent answered: its terminals and commands.
+            // What its tools started outside the agent's tree is ended too, and once more when the agent has had a
+            // moment to end its tools (whose daemons leave its tree only then).
             if self.connection.alive() {
+                self.connection.end_turn().await;
                 self.connection.end_strays().await;
                 let connection = self.connection.clone();
                 tokio::spawn(async move {

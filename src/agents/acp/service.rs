@@ -532,6 +532,7 @@ impl Service for AcpService {
         }
         self.touch(&record.id, true);
         let events = connection.route_to(&session);
+        connection.begin_turn().await;
         let mut blocks = vec![ContentBlock::Text(TextContent::new(prompt.text.clone()))];
         // Its images as the editor sent them, where it takes images (the text above holds the rest, rendered).
         let images = host.prompt_blocks().iter().filter(|block| matches!(block, ContentBlock::Image(_)));

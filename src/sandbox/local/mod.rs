@@ -833,6 +833,19 @@ impl ProcessHandle for LocalProcess {
         }
     }
 
+    fn tree(&self) -> HashSet<i32> {
+        self.pid.map(|root| descendant_pids(root).into_iter().collect()).unwrap_or_default()
+    }
+
+    fn end_new_groups(&self, before: &HashSet<i32>) {
+        if let Some(root) = self.pid {
+            let ended = super::process::kill_new_groups(root, before);
+            if !ended.is_empty() {
+                tracing::info!(processes = ended.len(), "ended what the stopped turn left running");
+            }
+        }
+    }
+
     fn detach(&mut self) {
         if self.warm.is_some() {
             self.detached = true;
