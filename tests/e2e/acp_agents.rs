@@ -283,6 +283,27 @@ fn its_forms_reach_the_editor_and_the_answers_reach_it() {
     assert_eq!(answer(&mut bridge, &sid, "form"), r#"form {"action": "decline"}"#);
 }
 
+#[test]
+fn a_form_and_a_permission_an_agent_leaves_open_when_it_exits_are_withdrawn_in_the_editor() {
+    let dirs = TestDirs::new("acp-withdraw");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::spawn(options(&dirs));
+    // The user answers neither.
+    bridge.elicitation_answer = Some(Value::Null);
+    bridge.hold_permissions = true;
+    bridge.initialize();
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt(&sid, "SCENARIO:ask-and-exit");
+    let turn = bridge.finish_turn(&sid, id);
+    assert_eq!(turn.result.as_ref().map_err(|e| e.code), Err(-32603), "{turn:?}");
+    assert_eq!((bridge.elicitation_ids.len(), bridge.permission_ids.len()), (1, 1));
+    // The editor is told that neither question stands any more.
+    let asked = [bridge.elicitation_ids[0].clone(), bridge.permission_ids[0].clone()];
+    bridge.pump_until("both questions withdrawn", Duration::from_secs(5), |bridge| {
+        asked.iter().all(|id| bridge.withdrawn.contains(id))
+    });
+}
+
 /// The fake agent's processes running in `ws`.
 fn agents_in(ws: &Path) -> Vec<i32> {
     processes_under(ws)

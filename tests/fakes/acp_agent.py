@@ -28,6 +28,8 @@ Scenarios (the agent answers in text what happened, one line per step):
   shell:<command>         runs `sh -c <command>` itself (inside its sandbox): "shell <exit> <stdout>"
   form                    elicitation/create of a form in its session (one text field, `name`): "form <result>"
   permission              a tool call, then session/request_permission: "permission <optionId or cancelled>"
+  ask-and-exit            asks for a form (elicitation/create) and a permission, waits for neither, and exits 3
+                          half a second later (an agent that crashes while the editor shows its questions)
   sleep                   waits for session/cancel, then answers `cancelled`
   hang                    ignores session/cancel and never answers
   crash                   one chunk, then exits 3 with "fake agent crashed" on stderr
@@ -284,6 +286,19 @@ def run_prompt(rid, params):
         chosen = outcome.get("optionId") if outcome.get("outcome") == "selected" else "cancelled"
         update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "perm-1", "status": "completed"})
         line(f"permission {chosen}")
+    elif name == "ask-and-exit":
+        schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+        send({"jsonrpc": "2.0", "id": 9001, "method": "elicitation/create",
+              "params": {"mode": "form", "sessionId": session, "requestedSchema": schema, "message": "Who are you?"}})
+        call = {"toolCallId": "perm-exit", "title": "Delete everything", "kind": "delete", "status": "pending"}
+        update(session, dict(sessionUpdate="tool_call", **call))
+        options = [{"optionId": "yes", "name": "Allow", "kind": "allow_once"}]
+        send({"jsonrpc": "2.0", "id": 9002, "method": "session/request_permission",
+              "params": {"sessionId": session, "toolCall": call, "options": options}})
+        threading.Event().wait(0.5)
+        sys.stderr.write("fake agent left its questions open\n")
+        sys.stderr.flush()
+        os._exit(3)
     elif name == "sleep":
         CANCELLED[session] = threading.Event()
         say(session, "sleeping\n")

@@ -376,6 +376,10 @@ pub struct Bridge {
     pub permission_answer: Option<String>,
     /// Every `session/request_permission` received (its params), in order.
     pub permission_requests: Vec<Value>,
+    /// Leave `session/request_permission` unanswered (a user who has not answered yet); their ids are kept in
+    /// `permission_ids`.
+    pub hold_permissions: bool,
+    pub permission_ids: Vec<Value>,
     /// Advertise `fs.writeTextFile` in `initialize` (a client like Zed that reviews the agent's writes).
     pub offer_writes: bool,
     /// How `fs/write_text_file` is answered: write the content to disk (Keep) or answer without writing, which
@@ -462,6 +466,8 @@ impl Bridge {
             elicitations: Vec::new(),
             withdrawn: Vec::new(),
             elicitation_ids: Vec::new(),
+            hold_permissions: false,
+            permission_ids: Vec::new(),
             permission_requests: Vec::new(),
             offer_writes: false,
             keep_writes: true,
@@ -634,6 +640,18 @@ impl Bridge {
         }
     }
 
+    /// Reads the bridge until `done` holds, failing after `timeout`.
+    pub fn pump_until(&mut self, what: &str, timeout: Duration, done: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !done(self) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.fail(&format!("{what}: not within {timeout:?}"));
+            }
+            self.pump(left.min(Duration::from_millis(100)));
+        }
+    }
+
     /// Reads and checks one message from the bridge, waiting at most `timeout`. Returns false on timeout.
     fn pump(&mut self, timeout: Duration) -> bool {
         if self.stdout_closed {
@@ -701,6 +719,10 @@ impl Bridge {
                     None => json!({"outcome": "cancelled"}),
                 };
                 self.permission_requests.push(params);
+                self.permission_ids.push(id.clone());
+                if self.hold_permissions {
+                    return;
+                }
                 self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": outcome}}).to_string());
                 return;
             }

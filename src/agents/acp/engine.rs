@@ -43,8 +43,25 @@ impl Open {
     }
 }
 
+/// What the agent asked, while the editor is asked it: withdrawing it answers the agent and, by ending the
+/// request to the editor (the SDK sends `$/cancel_request` for a request dropped before its answer), takes the
+/// question away in the editor too.
+struct Asking {
+    open: Open,
+    editor: Option<tokio::task::AbortHandle>,
+}
+
+impl Asking {
+    fn withdraw(self) {
+        if let Some(editor) = self.editor {
+            editor.abort();
+        }
+        self.open.withdraw();
+    }
+}
+
 /// The requests asked of the editor and not answered yet, by our key.
-type Asked = Arc<Mutex<HashMap<u64, Open>>>;
+type Asked = Arc<Mutex<HashMap<u64, Asking>>>;
 
 /// One turn through a running ACP agent.
 pub struct AcpEngine {
@@ -113,12 +130,13 @@ impl AcpEngine {
                 let key = self.open(Open::Permission(responder))?;
                 request.session_id = self.ours.clone().into();
                 let (sink, asked) = (self.sink.clone(), self.asked.clone());
-                tokio::spawn(async move {
+                let editor = tokio::spawn(async move {
                     let outcome = sink.request_permission(request).await.unwrap_or(RequestPermissionOutcome::Cancelled);
                     if let Some(Open::Permission(responder)) = take(&asked, key) {
                         let _ = responder.respond(RequestPermissionResponse::new(outcome));
                     }
                 });
+                self.asking_editor(key, editor.abort_handle());
                 None
             }
             Event::Elicit(asked) => {
@@ -130,7 +148,7 @@ impl AcpEngine {
                     scope.session_id = self.ours.clone().into();
                 }
                 let (sink, asked) = (self.sink.clone(), self.asked.clone());
-                tokio::spawn(async move {
+                let editor = tokio::spawn(async move {
                     let answer = sink.elicit(request).await;
                     if let Some(Open::Form(responder)) = take(&asked, key) {
                         let answer =
@@ -138,6 +156,7 @@ impl AcpEngine {
                         let _ = responder.respond(answer);
                     }
                 });
+                self.asking_editor(key, editor.abort_handle());
                 None
             }
         }
@@ -152,8 +171,15 @@ impl AcpEngine {
         }
         let key = self.next_key;
         self.next_key += 1;
-        self.asked.lock().unwrap_or_else(|p| p.into_inner()).insert(key, open);
+        self.asked.lock().unwrap_or_else(|p| p.into_inner()).insert(key, Asking { open, editor: None });
         Some(key)
+    }
+
+    /// `editor` asks the editor what `key` holds; a withdrawal ends it.
+    fn asking_editor(&self, key: u64, editor: tokio::task::AbortHandle) {
+        if let Some(asking) = self.asked.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&key) {
+            asking.editor = Some(editor);
+        }
     }
 
     /// Every permission request still open is answered `cancelled` (ACP's rule for a cancelled turn).
@@ -201,7 +227,7 @@ impl AcpEngine {
 
 /// What was asked under `key`, once: its answer is the editor's, or the withdrawal's.
 fn take(asked: &Asked, key: u64) -> Option<Open> {
-    asked.lock().unwrap_or_else(|p| p.into_inner()).remove(&key)
+    asked.lock().unwrap_or_else(|p| p.into_inner()).remove(&key).map(|asking| asking.open)
 }
 
 /// What woke a wait for the agent.
