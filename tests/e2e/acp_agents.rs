@@ -304,6 +304,37 @@ fn a_form_and_a_permission_an_agent_leaves_open_when_it_exits_are_withdrawn_in_t
     });
 }
 
+#[test]
+fn max_servers_counts_what_runs_and_a_prompt_waits_for_room_instead_of_failing() {
+    let dirs = TestDirs::new("acp-room");
+    let mut bridge = Bridge::start(options(&dirs).arg("--max-servers").arg("2"));
+    // Six sessions opened at once: their agents start ahead, at most two at a time; none runs a turn.
+    let sessions: Vec<String> = (0..6).map(|i| bridge.new_session(&dirs.workspace(&format!("ws{i}")))).collect();
+    assert_eq!(answer(&mut bridge, &sessions[5], "text"), "Hello from ACP");
+    // Two turns hold both agents: a third prompt waits, says so, and runs once one of them is stopped.
+    let mut held = Vec::new();
+    for sid in &sessions[..2] {
+        held.push(bridge.send_prompt(sid, "SCENARIO:sleep"));
+        bridge.wait_update(sid, "sleeping", |u| u["content"]["text"] == "sleeping\n");
+    }
+    let third = bridge.send_prompt(&sessions[2], "SCENARIO:text");
+    let waiting = bridge.wait_update(&sessions[2], "the wait said", |u| u["sessionUpdate"] == "agent_message_chunk");
+    assert_eq!(
+        waiting["content"]["text"].as_str().map(str::trim),
+        Some(
+            "_all 2 agents that --max-servers allows are in a turn or starting: this prompt starts when one of them is \
+         done._"
+        )
+    );
+    bridge.cancel(&sessions[0]);
+    assert_eq!(bridge.finish_turn(&sessions[0], held[0]).stop_reason(), "cancelled");
+    let turn = bridge.finish_turn(&sessions[2], third);
+    assert_eq!(turn.stop_reason(), "end_turn", "{turn:?}");
+    assert_eq!(said(&turn.updates), "Hello from ACP");
+    bridge.cancel(&sessions[1]);
+    assert_eq!(bridge.finish_turn(&sessions[1], held[1]).stop_reason(), "cancelled");
+}
+
 /// The fake agent's processes running in `ws`.
 fn agents_in(ws: &Path) -> Vec<i32> {
     processes_under(ws)

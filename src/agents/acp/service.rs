@@ -1,6 +1,6 @@
 //! The ACP agents of a bridge as its [`Service`]: one agent process per session, started in the session's sandbox
 //! ahead of its first prompt (or by it), its conversation made or loaded there, stopped after the idle timeout or
-//! when the session lets go, and at most `--max-servers` running (starting ones count).
+//! when the session lets go, and at most `--max-servers` running (starting ones count; a turn waits for room).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -34,6 +34,9 @@ const SEED_FROM: usize = 20;
 /// How long it has to make or load a session.
 const SESSION_LIMIT: Duration = Duration::from_secs(60);
 
+/// How long a turn waits for room under `--max-servers` (every agent in a turn or starting) before it fails.
+const ROOM_WAIT: Duration = Duration::from_secs(120);
+
 /// A start under way, which every waiter shares.
 type Starting =
     futures::future::Shared<futures::future::BoxFuture<'static, std::result::Result<Arc<Connection>, String>>>;
@@ -61,6 +64,8 @@ pub struct AcpService {
     starting: Mutex<HashMap<String, Starting>>,
     /// One cap check at a time, so that it is counted right.
     start_lock: tokio::sync::Mutex<()>,
+    /// Told when room may have been made: a turn ended, a start ended, an agent stopped.
+    room: Arc<tokio::sync::Notify>,
     reaper: std::sync::Once,
 }
 
@@ -76,6 +81,7 @@ impl AcpService {
             running: Arc::default(),
             starting: Mutex::default(),
             start_lock: tokio::sync::Mutex::new(()),
+            room: Arc::default(),
             reaper: std::sync::Once::new(),
         }
     }
@@ -119,7 +125,11 @@ impl AcpService {
         });
     }
 
-    /// The session's running agent, started when none runs.
+    /// The session's running agent, started when none runs. For a turn (`turn`) the agent is marked as in a turn
+    /// before it is answered (so that no other start evicts it meanwhile; [`InTurn`] clears it), and when
+    /// `--max-servers` agents are all in turns or starting, the turn waits for room (saying so in the thread) up to
+    /// [`ROOM_WAIT`]; a start ahead of the first prompt never waits, nor evicts an agent in a turn.
+    #[allow(clippy::too_many_arguments)]
     async fn connection(
         &self,
         bridge: &dyn BridgeHost,
@@ -128,54 +138,104 @@ impl AcpService {
         executable: &Path,
         credential: Option<&(&'static str, String)>,
         model: Option<&str>,
+        turn: Option<&dyn TurnHost>,
     ) -> Result<Arc<Connection>> {
+        let for_turn = turn.is_some();
         if sandbox.woke()
-            && let Some(connection) = self.live(&record.id)
+            && let Some(connection) = self.live(&record.id, false)
             && !Arc::ptr_eq(&connection.sandbox, sandbox)
         {
             tracing::info!(session = %record.id, "the sandbox slept since its ACP agent started, which cut the agent's streams: starting it again");
             self.release(&record.id).await;
         }
-        if let Some(connection) = self.live(&record.id) {
+        if let Some(connection) = self.live(&record.id, for_turn) {
             return Ok(connection);
         }
-        let start = {
-            let _one = self.start_lock.lock().await;
-            if let Some(connection) = self.live(&record.id) {
-                return Ok(connection);
-            }
-            let under_way = self.starting.lock().unwrap_or_else(|p| p.into_inner()).get(&record.id).cloned();
-            match under_way {
-                Some(start) => start,
+        let deadline = Instant::now() + ROOM_WAIT;
+        let mut said = false;
+        let start = loop {
+            // Asked for before the cap is looked at, so that room made meanwhile is not missed.
+            let room = self.room.clone();
+            let notified = room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let next = {
+                let _one = self.start_lock.lock().await;
+                if let Some(connection) = self.live(&record.id, for_turn) {
+                    return Ok(connection);
+                }
+                let under_way = self.starting.lock().unwrap_or_else(|p| p.into_inner()).get(&record.id).cloned();
+                match under_way {
+                    Some(start) => Some((start, None)),
+                    None => self.make_room().map(|evicted| {
+                        let start = self.start(bridge, record, sandbox, executable, credential, model);
+                        self.starting
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(record.id.clone(), start.clone());
+                        (start, evicted)
+                    }),
+                }
+            };
+            match next {
+                Some((start, evicted)) => {
+                    if let Some(connection) = evicted {
+                        tracing::info!(
+                            "stopping the ACP agent unused longest: --max-servers {} reached",
+                            self.max_running
+                        );
+                        connection.kill().await;
+                    }
+                    break start;
+                }
                 None => {
-                    self.make_room().await?;
-                    let start = self.start(bridge, record, sandbox, executable, credential, model);
-                    self.starting.lock().unwrap_or_else(|p| p.into_inner()).insert(record.id.clone(), start.clone());
-                    start
+                    let full =
+                        format!("all {} agents that --max-servers allows are in a turn or starting", self.max_running);
+                    let Some(turn) = turn else { return Err(Error::CliUnavailable(full)) };
+                    if Instant::now() >= deadline {
+                        return Err(Error::CliUnavailable(format!(
+                            "{full}, and none finished within {} s: wait for one to finish, or raise --max-servers",
+                            ROOM_WAIT.as_secs()
+                        )));
+                    }
+                    if !said {
+                        said = true;
+                        tracing::info!(session = %record.id, "{full}: the turn waits for one");
+                        turn.note(&format!("_{full}: this prompt starts when one of them is done._")).await?;
+                    }
+                    let _ = tokio::time::timeout_at(deadline, notified).await;
                 }
             }
         };
         let started = start.await;
         self.starting.lock().unwrap_or_else(|p| p.into_inner()).remove(&record.id);
+        self.room.notify_waiters();
         let connection = started.map_err(|why| Error::CliFailed {
             message: format!("{} could not be started: {why}", self.name),
             stderr_tail: String::new(),
             exit_code: None,
         })?;
-        self.running().entry(record.id.clone()).or_insert_with(|| Entry {
+        let mut running = self.running();
+        let entry = running.entry(record.id.clone()).or_insert_with(|| Entry {
             connection: connection.clone(),
             last_used: Instant::now(),
             in_turn: false,
         });
+        entry.in_turn |= for_turn;
+        drop(running);
         self.start_reaper();
         Ok(connection)
     }
 
-    /// The session's agent when it runs and can be used; a dead one is forgotten.
-    fn live(&self, session: &str) -> Option<Arc<Connection>> {
+    /// The session's agent when it runs and can be used (marked as in a turn with `claim`); a dead one is
+    /// forgotten.
+    fn live(&self, session: &str, claim: bool) -> Option<Arc<Connection>> {
         let mut running = self.running();
-        match running.get(session) {
-            Some(entry) if entry.connection.alive() => Some(entry.connection.clone()),
+        match running.get_mut(session) {
+            Some(entry) if entry.connection.alive() => {
+                entry.in_turn |= claim;
+                Some(entry.connection.clone())
+            }
             Some(_) => {
                 running.remove(session);
                 None
@@ -184,36 +244,26 @@ impl AcpService {
         }
     }
 
-    /// Stops the agent unused longest when the cap is reached; refuses when every one is in a turn.
-    async fn make_room(&self) -> Result<()> {
-        let evicted = {
-            let mut running = self.running();
-            running.retain(|_, entry| entry.connection.alive());
-            let starting = self.starting.lock().unwrap_or_else(|p| p.into_inner()).len();
-            if running.len() + starting < self.max_running {
-                return Ok(());
-            }
-            let oldest = running
-                .iter()
-                .filter(|(_, entry)| !entry.in_turn)
-                .min_by_key(|(_, entry)| entry.last_used)
-                .map(|(id, _)| id.clone());
-            match oldest {
-                Some(id) => running.remove(&id).map(|entry| entry.connection),
-                None => {
-                    return Err(Error::CliUnavailable(format!(
-                        "{} agents already run a turn each (--max-servers {}): wait for one to finish, or raise \
-                         --max-servers",
-                        self.max_running, self.max_running
-                    )));
-                }
-            }
-        };
-        if let Some(connection) = evicted {
-            tracing::info!("stopping the ACP agent unused longest: --max-servers {} reached", self.max_running);
-            connection.kill().await;
+    /// Room for one more agent under `--max-servers`: `Some` with the agent unused longest, to be stopped, when the
+    /// cap is reached; `None` when every agent is in a turn or starting.
+    fn make_room(&self) -> Option<Option<Arc<Connection>>> {
+        let mut running = self.running();
+        running.retain(|_, entry| entry.connection.alive());
+        let starting = self.starting.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if running.len() + starting < self.max_running {
+            return Some(None);
         }
-        Ok(())
+        let oldest = running
+            .iter()
+            .filter(|(_, entry)| !entry.in_turn)
+            .min_by_key(|(_, entry)| entry.last_used)
+            .map(|(id, _)| id.clone())?;
+        Some(running.remove(&oldest).map(|entry| entry.connection))
+    }
+
+    /// Marks the session's agent as out of its turn when dropped, whatever way the turn ends.
+    fn in_turn(&self, session: &str) -> InTurn {
+        InTurn { running: self.running.clone(), room: self.room.clone(), session: session.to_string() }
     }
 
     /// Starts the session's agent: a future every waiter shares.
@@ -249,12 +299,22 @@ impl AcpService {
         });
         async move { task.await.unwrap_or_else(|e| Err(e.to_string())) }.boxed().shared()
     }
+}
 
-    fn touch(&self, session: &str, in_turn: bool) {
-        if let Some(entry) = self.running().get_mut(session) {
-            entry.in_turn = in_turn;
+/// A turn of a session's agent: when it ends the agent is no longer in a turn, and another start may take its room.
+struct InTurn {
+    running: Arc<Mutex<HashMap<String, Entry>>>,
+    room: Arc<tokio::sync::Notify>,
+    session: String,
+}
+
+impl Drop for InTurn {
+    fn drop(&mut self) {
+        if let Some(entry) = self.running.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&self.session) {
+            entry.in_turn = false;
             entry.last_used = Instant::now();
         }
+        self.room.notify_waiters();
     }
 }
 
@@ -514,7 +574,9 @@ impl Service for AcpService {
         prompt: &RenderedPrompt,
     ) -> Result<Attempt> {
         let record = host.record();
-        let started = self.connection(host.bridge(), record, sandbox, executable, host.credential(), host.model());
+        let started =
+            self.connection(host.bridge(), record, sandbox, executable, host.credential(), host.model(), Some(host));
+        let in_turn = self.in_turn(&record.id);
         let Some(connection) = unless_cancelled(host.cancel(), started).await? else {
             return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         };
@@ -530,7 +592,6 @@ impl Service for AcpService {
         if !host.begin_review().await? {
             return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         }
-        self.touch(&record.id, true);
         let events = connection.route_to(&session);
         connection.begin_turn().await;
         let mut blocks = vec![ContentBlock::Text(TextContent::new(prompt.text.clone()))];
@@ -557,7 +618,7 @@ impl Service for AcpService {
         );
         let translator = AcpTranslator::new(host.translate_context());
         let result = host.drive(Box::new(engine), Box::new(translator)).await;
-        self.touch(&record.id, false);
+        drop(in_turn);
         if let Some(selectors) = connection.take_announced() {
             // What it changed on its own (it left plan mode) is where it is now: its next process is given that.
             edit_config(host.bridge(), &record.id, |config| {
@@ -588,13 +649,13 @@ impl Service for AcpService {
         executable: PathBuf,
     ) -> std::result::Result<(), String> {
         let connection =
-            self.connection(host, record, &sandbox, &executable, None, None).await.map_err(|e| e.to_string())?;
+            self.connection(host, record, &sandbox, &executable, None, None, None).await.map_err(|e| e.to_string())?;
         let made = conversation(&connection, host, record, sandbox.as_ref(), record.native_id.as_deref(), self.name);
         made.await.map(|_| ()).map_err(|e| e.to_string())
     }
 
     fn serving(&self, session: &str) -> bool {
-        self.live(session).is_some()
+        self.live(session, false).is_some()
     }
 
     fn held(&self, _session: &str) -> Box<dyn Release> {
@@ -606,6 +667,7 @@ impl Service for AcpService {
         if let Some(entry) = entry {
             entry.connection.kill().await;
         }
+        self.room.notify_waiters();
     }
 
     async fn close(&self, _keep: bool) {
@@ -663,7 +725,7 @@ impl AcpService {
         option: &str,
         value: &str,
     ) -> Result<Vec<SessionConfigOption>> {
-        let running = match self.live(&record.id) {
+        let running = match self.live(&record.id, false) {
             Some(connection) => {
                 let session = connection.session.lock().await.clone();
                 session.map(|session| (connection, session))
