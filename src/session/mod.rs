@@ -3,6 +3,7 @@
 //! [`Bridge`] is what the ACP server (and the `prompt` command) call. It knows nothing of JSON-RPC: updates
 //! go out through an [`UpdateSink`], and failures are [`Error`]s that `server` maps to ACP errors.
 
+mod asks;
 mod catalog;
 mod cli;
 mod emitter;
@@ -160,6 +161,8 @@ pub struct Bridge {
     tickets: std::sync::atomic::AtomicU64,
     /// What the bridge keeps about sessions in remote sandboxes.
     remote: remote::RemoteSessions,
+    /// The running turns the sandboxes' proxies ask about hosts under `--network ask`.
+    network_asks: Arc<asks::NetworkAsks>,
 }
 
 /// An executable as named, and the file it is now (`None`: it cannot be resolved).
@@ -185,10 +188,14 @@ impl Bridge {
         if config.network == crate::sandbox::net::proxy::NetworkMode::Host {
             tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
         }
-        let local =
-            Arc::new(LocalProvider::start(paths::sessions_dir(&config.data_dir), config.sandbox, |isolation| {
-                config.local_settings(isolation)
-            })?);
+        let network_asks = Arc::new(asks::NetworkAsks::new(store.clone()));
+        let mut local = LocalProvider::start(paths::sessions_dir(&config.data_dir), config.sandbox, |isolation| {
+            config.local_settings(isolation)
+        })?;
+        if config.network.asks() {
+            local = local.asking(network_asks.clone());
+        }
+        let local = Arc::new(local);
         let own_provider: Arc<dyn SandboxProvider> = local.clone();
         let provider = crate::sandbox::session_provider(
             config.sandbox,
@@ -211,6 +218,7 @@ impl Bridge {
             notifier: Arc::default(),
             tickets: std::sync::atomic::AtomicU64::new(0),
             remote: remote::RemoteSessions::default(),
+            network_asks,
             catalog,
             config,
             store,
