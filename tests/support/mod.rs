@@ -376,6 +376,10 @@ pub struct Bridge {
     pub permission_answer: Option<String>,
     /// Every `session/request_permission` received (its params), in order.
     pub permission_requests: Vec<Value>,
+    /// Their request ids, in the same order.
+    pub permission_ids: Vec<Value>,
+    /// Leave every `session/request_permission` unanswered, as a user who does not answer (recorded all the same).
+    pub hold_permissions: bool,
     /// Advertise `fs.writeTextFile` in `initialize` (a client like Zed that reviews the agent's writes).
     pub offer_writes: bool,
     /// How `fs/write_text_file` is answered: write the content to disk (Keep) or answer without writing, which
@@ -463,6 +467,8 @@ impl Bridge {
             withdrawn: Vec::new(),
             elicitation_ids: Vec::new(),
             permission_requests: Vec::new(),
+            permission_ids: Vec::new(),
+            hold_permissions: false,
             offer_writes: false,
             keep_writes: true,
             refuse_writes: None,
@@ -622,13 +628,23 @@ impl Bridge {
         }
     }
 
+    /// Waits until the bridge sent `count` `session/request_permission`s in all, failing after `timeout`.
+    pub fn wait_permission_requests(&mut self, count: usize, timeout: Duration) {
+        self.wait_requests("session/request_permission", |bridge| bridge.permission_requests.len() >= count, timeout);
+    }
+
     /// Waits until the bridge asked `count` `elicitation/create`s in all, failing after `timeout`.
     pub fn wait_elicitations(&mut self, count: usize, timeout: Duration) {
+        self.wait_requests("elicitation/create", |bridge| bridge.elicitations.len() >= count, timeout);
+    }
+
+    /// Reads messages until `enough` of the bridge's `method` requests came, failing after `timeout`.
+    fn wait_requests(&mut self, method: &str, enough: impl Fn(&Self) -> bool, timeout: Duration) {
         let deadline = Instant::now() + timeout;
-        while self.elicitations.len() < count {
+        while !enough(self) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                self.fail(&format!("no elicitation/create within {timeout:?}"));
+                self.fail(&format!("no {method} within {timeout:?}"));
             }
             self.pump(left);
         }
@@ -689,6 +705,11 @@ impl Bridge {
             {
                 let params = message.get("params").cloned().unwrap_or(Value::Null);
                 check(self, "RequestPermissionRequest", &params);
+                self.permission_ids.push(id.clone());
+                if self.hold_permissions {
+                    self.permission_requests.push(params);
+                    return;
+                }
                 let chosen = self.permission_answer.as_ref().and_then(|kind| {
                     params["options"]
                         .as_array()?

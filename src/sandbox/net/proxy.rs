@@ -948,6 +948,24 @@ pub(crate) mod tests {
         port
     }
 
+    /// A corporate proxy on 127.0.0.1 (its port): records each request head, then tunnels to the echo server on
+    /// `echo` whatever the target.
+    async fn corporate_proxy(echo: u16) -> (u16, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let corporate = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = corporate.local_addr().unwrap().port();
+        let (seen_tx, seen) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = corporate.accept().await {
+                let (head, _) = read_head(&mut client).await.unwrap();
+                seen_tx.send(String::from_utf8(head).unwrap()).unwrap();
+                let mut target = TcpStream::connect(("127.0.0.1", echo)).await.unwrap();
+                client.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+                tokio::spawn(async move { tokio::io::copy_bidirectional(&mut client, &mut target).await });
+            }
+        });
+        (port, seen)
+    }
+
     async fn start(dir: &tempfile::TempDir, policy: ProxyPolicy) -> Proxy {
         Proxy::start(&dir.path().join("proxy.sock"), policy, "test".into(), ConnectionBudget::default()).await.unwrap()
     }
@@ -1018,19 +1036,8 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn ask_mode_asks_by_name_before_any_lookup_and_judges_an_allowed_host_like_any_other() {
         let echo = echo_server().await;
-        // Tunnels every CONNECT to the echo server: the "internet" of this test.
-        let corporate = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let corporate_port = corporate.local_addr().unwrap().port();
-        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Ok((mut client, _)) = corporate.accept().await {
-                let (head, _) = read_head(&mut client).await.unwrap();
-                seen_tx.send(String::from_utf8_lossy(crate::lines::first_line(&head)).into_owned()).unwrap();
-                let mut target = TcpStream::connect(("127.0.0.1", echo)).await.unwrap();
-                client.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
-                tokio::spawn(async move { tokio::io::copy_bidirectional(&mut client, &mut target).await });
-            }
-        });
+        // The "internet" of this test.
+        let (corporate_port, mut seen) = corporate_proxy(echo).await;
         let answers = Arc::new(Answers {
             allowed: vec!["yes.example", "private.example"],
             asked: Default::default(),
@@ -1056,8 +1063,8 @@ pub(crate) mod tests {
             assert!(head.starts_with("HTTP/1.1 200 "), "{target}: {head}");
         }
         assert!(answers.asked.lock().unwrap().is_empty());
-        assert_eq!(seen.recv().await.unwrap(), "CONNECT listed.example:443 HTTP/1.1");
-        assert_eq!(seen.recv().await.unwrap(), "CONNECT api.opencode.ai:443 HTTP/1.1");
+        assert!(seen.recv().await.unwrap().starts_with("CONNECT listed.example:443 HTTP/1.1\r\n"));
+        assert!(seen.recv().await.unwrap().starts_with("CONNECT api.opencode.ai:443 HTTP/1.1\r\n"));
         // An unlisted host waits for the answer; refused, it is never looked up or reached.
         answers.gate.add_permits(3);
         let (head, _, mut stream) = ask(&proxy, b"CONNECT yes.example:443 HTTP/1.1\r\n\r\n").await;
@@ -1066,7 +1073,7 @@ pub(crate) mod tests {
         let mut pong = [0u8; 4];
         stream.read_exact(&mut pong).await.unwrap();
         assert_eq!(&pong, b"ping");
-        assert_eq!(seen.recv().await.unwrap(), "CONNECT yes.example:443 HTTP/1.1");
+        assert!(seen.recv().await.unwrap().starts_with("CONNECT yes.example:443 HTTP/1.1\r\n"));
         let refused = reply(&proxy, "GET http://no.example:8080/x HTTP/1.1\r\n\r\n").await;
         let body = "acp-sandbox: access to no.example:8080 is blocked: refused by the user\n";
         assert!(refused.starts_with("HTTP/1.1 403 Forbidden\r\n") && refused.ends_with(body), "{refused}");
@@ -1387,19 +1394,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn public_hosts_go_through_the_bridges_own_proxy() {
         let echo = echo_server().await;
-        // The corporate proxy: records each request head, then tunnels to the echo server whatever the target.
-        let corporate = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let corporate_port = corporate.local_addr().unwrap().port();
-        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Ok((mut client, _)) = corporate.accept().await {
-                let (head, _) = read_head(&mut client).await.unwrap();
-                seen_tx.send(String::from_utf8(head).unwrap()).unwrap();
-                let mut target = TcpStream::connect(("127.0.0.1", echo)).await.unwrap();
-                client.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
-                tokio::spawn(async move { tokio::io::copy_bidirectional(&mut client, &mut target).await });
-            }
-        });
+        let (corporate_port, mut seen) = corporate_proxy(echo).await;
         let dir = tempfile::tempdir().unwrap();
         let context = Context {
             policy: policy("allow=example.com".parse().unwrap(), &[("127.0.0.1", echo)]),
