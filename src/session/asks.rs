@@ -256,3 +256,108 @@ async fn ask_user(store: &Store, asking: &Asking, host: &str, port: u16) -> Verd
     }
     verdict
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SessionRecord;
+
+    /// An editor that records each question and answers every one with `answer` once `gate` opens.
+    struct Editor {
+        asked: Mutex<Vec<RequestPermissionRequest>>,
+        answer: &'static str,
+        gate: tokio::sync::Semaphore,
+    }
+
+    #[async_trait::async_trait]
+    impl UpdateSink for Editor {
+        fn send(&self, _session_id: &str, _update: SessionUpdate) {}
+
+        async fn request_permission(&self, request: RequestPermissionRequest) -> Option<RequestPermissionOutcome> {
+            self.asked.lock().unwrap().push(request);
+            let _open = self.gate.acquire().await.ok()?;
+            let selected = agent_client_protocol::v1::schema::SelectedPermissionOutcome::new(self.answer);
+            Some(RequestPermissionOutcome::Selected(selected))
+        }
+    }
+
+    async fn world(answer: &'static str) -> (tempfile::TempDir, Arc<Store>, Arc<Editor>, Arc<Emitter>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("db.sqlite3")).unwrap());
+        let record = SessionRecord {
+            id: "s".into(),
+            agent: "opencode".into(),
+            cwd: "/w".into(),
+            sandbox_provider: "local".into(),
+            sandbox_id: None,
+            native_id: None,
+            title: None,
+            config: serde_json::json!({}),
+            context: Default::default(),
+            created_at: 1,
+            updated_at: 1,
+        };
+        store.create_session(&record).await.unwrap();
+        let turn = store.start_turn("s", &serde_json::json!([])).await.unwrap();
+        let editor = Arc::new(Editor { asked: Mutex::default(), answer, gate: tokio::sync::Semaphore::new(0) });
+        let emit = Arc::new(Emitter::new(store.clone(), editor.clone(), "s", turn, 0.0, CancellationToken::new()));
+        (dir, store, editor, emit)
+    }
+
+    #[tokio::test]
+    async fn connections_waiting_on_one_host_share_one_question_and_always_is_stored() {
+        let (_dir, store, editor, emit) = world(ALWAYS).await;
+        let asks = Arc::new(NetworkAsks::new(store.clone()));
+        assert_eq!(asks.ask("s", "example.com", 443).await, Verdict::Refused(Refusal::NoTurn));
+        let cancel = CancellationToken::new();
+        let entered = asks.enter("s", emit, editor.clone(), &cancel);
+        let waiting: Vec<_> = (0..3)
+            .map(|_| {
+                let asks = asks.clone();
+                tokio::spawn(async move { asks.ask("s", "example.com", 443).await })
+            })
+            .collect();
+        // All three wait for the one question: held by the map and by each of them.
+        let held = || asks.open.lock().unwrap().values().map(|question| question.strong_count()).collect::<Vec<_>>();
+        while held() != [Some(4)] {
+            tokio::task::yield_now().await;
+        }
+        editor.gate.add_permits(10);
+        for waiting in waiting {
+            assert_eq!(waiting.await.unwrap(), Verdict::Allowed);
+        }
+        assert_eq!(editor.asked.lock().unwrap().len(), 1);
+        assert_eq!(store.allowed_hosts("s").await.unwrap(), [("example.com".to_string(), 443)]);
+        // Allowed always: no second question; another port is another host:port.
+        assert_eq!(asks.ask("s", "example.com", 443).await, Verdict::Allowed);
+        assert_eq!(editor.asked.lock().unwrap().len(), 1);
+        assert_eq!(asks.ask("s", "example.com", 80).await, Verdict::Allowed);
+        assert_eq!(editor.asked.lock().unwrap().len(), 2);
+        let request = &editor.asked.lock().unwrap()[1];
+        assert_eq!(request.tool_call.fields.title.as_deref(), Some("Connect to example.com:80"));
+        // Another sandbox has no turn here; once the turn ended, neither has this one.
+        assert_eq!(asks.ask("other", "example.com", 443).await, Verdict::Refused(Refusal::NoTurn));
+        entered.close().await;
+        assert_eq!(asks.ask("s", "example.org", 443).await, Verdict::Refused(Refusal::NoTurn));
+    }
+
+    #[tokio::test]
+    async fn the_end_of_the_turn_refuses_an_open_question() {
+        let (_dir, store, editor, emit) = world(ONCE).await;
+        let asks = Arc::new(NetworkAsks::new(store.clone()));
+        let cancel = CancellationToken::new();
+        let entered = asks.enter("s", emit, editor.clone(), &cancel);
+        entered.place("workspace-1");
+        assert_eq!(asks.ask("s", "example.com", 443).await, Verdict::Refused(Refusal::NoTurn));
+        let waiting = {
+            let asks = asks.clone();
+            tokio::spawn(async move { asks.ask("workspace-1", "example.com", 443).await })
+        };
+        while editor.asked.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        entered.close().await;
+        assert_eq!(waiting.await.unwrap(), Verdict::Refused(Refusal::TurnEnded));
+        assert!(store.allowed_hosts("s").await.unwrap().is_empty());
+    }
+}
