@@ -260,7 +260,6 @@ async fn ask_user(store: &Store, asking: &Asking, host: &str, port: u16) -> Verd
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::SessionRecord;
 
     /// An editor that records each question and answers every one with `answer` once `gate` opens.
     struct Editor {
@@ -283,22 +282,8 @@ mod tests {
 
     async fn world(answer: &'static str) -> (tempfile::TempDir, Arc<Store>, Arc<Editor>, Arc<Emitter>) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(Store::open(&dir.path().join("db.sqlite3")).unwrap());
-        let record = SessionRecord {
-            id: "s".into(),
-            agent: "opencode".into(),
-            cwd: "/w".into(),
-            sandbox_provider: "local".into(),
-            sandbox_id: None,
-            native_id: None,
-            title: None,
-            config: serde_json::json!({}),
-            context: Default::default(),
-            created_at: 1,
-            updated_at: 1,
-        };
-        store.create_session(&record).await.unwrap();
-        let turn = store.start_turn("s", &serde_json::json!([])).await.unwrap();
+        let (store, turn) =
+            super::super::emitter::store_with_a_turn(dir.path(), std::time::Duration::from_secs(10)).await;
         let editor = Arc::new(Editor { asked: Mutex::default(), answer, gate: tokio::sync::Semaphore::new(0) });
         let emit = Arc::new(Emitter::new(store.clone(), editor.clone(), "s", turn, 0.0, CancellationToken::new()));
         (dir, store, editor, emit)
@@ -333,8 +318,8 @@ mod tests {
         assert_eq!(editor.asked.lock().unwrap().len(), 1);
         assert_eq!(asks.ask("s", "example.com", 80).await, Verdict::Allowed);
         assert_eq!(editor.asked.lock().unwrap().len(), 2);
-        let request = &editor.asked.lock().unwrap()[1];
-        assert_eq!(request.tool_call.fields.title.as_deref(), Some("Connect to example.com:80"));
+        let title = editor.asked.lock().unwrap()[1].tool_call.fields.title.clone();
+        assert_eq!(title.as_deref(), Some("Connect to example.com:80"));
         // Another sandbox has no turn here; once the turn ended, neither has this one.
         assert_eq!(asks.ask("other", "example.com", 443).await, Verdict::Refused(Refusal::NoTurn));
         entered.close().await;
