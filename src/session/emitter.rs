@@ -283,7 +283,6 @@ mod tests {
     use super::*;
     use agent_client_protocol::v1::schema::{ContentBlock, ToolCall, ToolCallContent};
 
-
     #[test]
     fn an_update_is_cut_to_the_limit_at_a_character_boundary_with_the_note_and_never_cut_twice() {
         // Three-byte characters, so that the limit falls inside one.
