@@ -504,7 +504,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn sessions_with_other_roots_never_share_a_sandbox() {
+    async fn sessions_with_other_roots_or_under_network_ask_never_share_a_sandbox() {
         let data = tempfile::tempdir().unwrap();
         let config = Config {
             sandbox: crate::sandbox::SandboxChoice::None,
@@ -533,6 +533,15 @@ mod tests {
         assert_ne!(name(&[]), name(&["/w/lib"]));
         assert_ne!(name(&["/w/lib"]), name(&["/w/other"]));
         assert_ne!(name(&["/w/a", "/w/b"]), name(&["/w/ab"]));
+        // Under `--network ask` nothing is shared: a shared server's connection could be any of its threads'.
+        let data = tempfile::tempdir().unwrap();
+        let config = Config {
+            sandbox: crate::sandbox::SandboxChoice::None,
+            network: crate::sandbox::net::proxy::NetworkMode::Ask(Vec::new()),
+            ..Config::new(crate::agents::AgentKind::parse("opencode").unwrap(), data.path().to_path_buf())
+        };
+        let asking = Bridge::open(config).await.unwrap();
+        assert_eq!(asking.shared_sandbox_name(&record(&[])), None);
     }
 
     #[tokio::test]
