@@ -40,6 +40,8 @@ pub(super) struct NetworkAsks {
     /// By session id.
     turns: Arc<Mutex<HashMap<String, Arc<Asking>>>>,
     open: OpenQuestions,
+    /// How long a question waits for its answer: [`ASK_TIMEOUT`].
+    timeout: std::time::Duration,
 }
 
 /// One running turn that may be asked.
@@ -98,7 +100,7 @@ impl Drop for Entered {
 
 impl NetworkAsks {
     pub(super) fn new(store: Arc<Store>) -> Self {
-        Self { store, turns: Arc::default(), open: Arc::default() }
+        Self { store, turns: Arc::default(), open: Arc::default(), timeout: ASK_TIMEOUT }
     }
 
     /// Registers the running turn of `session` (its updates go through `emit`, its questions to `sink`) until
@@ -158,6 +160,7 @@ impl Asker for NetworkAsks {
                     // connection that asked goes away.
                     let task = tokio::spawn(question(
                         self.store.clone(),
+                        self.timeout,
                         asking,
                         host.to_string(),
                         port,
@@ -179,18 +182,19 @@ impl Asker for NetworkAsks {
 /// stored, the question no longer open.
 async fn question(
     store: Arc<Store>,
+    timeout: std::time::Duration,
     asking: Arc<Asking>,
     host: String,
     port: u16,
     open: OpenQuestions,
     key: (String, String, u16),
 ) -> Verdict {
-    let verdict = ask_user(&store, &asking, &host, port).await;
+    let verdict = ask_user(&store, timeout, &asking, &host, port).await;
     open.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
     verdict
 }
 
-async fn ask_user(store: &Store, asking: &Asking, host: &str, port: u16) -> Verdict {
+async fn ask_user(store: &Store, timeout: std::time::Duration, asking: &Asking, host: &str, port: u16) -> Verdict {
     let _open = asking.questions.clone().read_owned().await;
     if asking.cancel.is_cancelled() {
         return Verdict::Refused(Refusal::TurnEnded);
@@ -229,8 +233,8 @@ async fn ask_user(store: &Store, asking: &Asking, host: &str, port: u16) -> Verd
     let answer = tokio::select! {
         biased;
         _ = asking.cancel.cancelled() => Err(Refusal::TurnEnded),
-        answer = tokio::time::timeout(ASK_TIMEOUT, asking.sink.request_permission(request)) => match answer {
-            Err(_) => Err(Refusal::Unanswered(ASK_TIMEOUT)),
+        answer = tokio::time::timeout(timeout, asking.sink.request_permission(request)) => match answer {
+            Err(_) => Err(Refusal::Unanswered(timeout)),
             Ok(None) => Err(Refusal::NoEditor),
             Ok(Some(RequestPermissionOutcome::Selected(selected))) => Ok(selected.option_id.0.to_string()),
             Ok(Some(_)) => Err(Refusal::ByUser),
@@ -324,6 +328,19 @@ mod tests {
         assert_eq!(asks.ask("other", "example.com", 443).await, Verdict::Refused(Refusal::NoTurn));
         entered.close().await;
         assert_eq!(asks.ask("s", "example.org", 443).await, Verdict::Refused(Refusal::NoTurn));
+    }
+
+    #[tokio::test]
+    async fn a_question_unanswered_in_time_is_a_refusal() {
+        let (_dir, store, editor, emit) = world(ONCE).await;
+        // A bound of a few milliseconds instead of two minutes; the editor never answers.
+        let bound = std::time::Duration::from_millis(20);
+        let asks = NetworkAsks { timeout: bound, ..NetworkAsks::new(store.clone()) };
+        let cancel = CancellationToken::new();
+        let _entered = asks.enter("s", emit, editor.clone(), &cancel);
+        assert_eq!(asks.ask("s", "example.com", 443).await, Verdict::Refused(Refusal::Unanswered(bound)));
+        assert_eq!(editor.asked.lock().unwrap().len(), 1);
+        assert_eq!(Refusal::Unanswered(ASK_TIMEOUT).to_string(), "the user did not answer within 120 s");
     }
 
     #[tokio::test]
