@@ -2,69 +2,19 @@
 //! editor, answered allow once, always (kept across a restart) or refuse; a cancel withdraws an open question.
 //!
 //! There is no internet here: the bridge is given `HTTPS_PROXY` (its own corporate proxy, which it uses for the
-//! public hosts it allows) pointing at [`Upstream`], which records each `CONNECT` and echoes what comes through.
+//! public hosts it allows) pointing at [`UpstreamProxy`], which records each `CONNECT` and echoes what comes through.
 //! The targets are public IP literals, so no lookup is needed. Skipped where bubblewrap does not work: the proxy
 //! is the sandbox's only way out only in a network namespace of its own (with `--sandbox none` there is no proxy).
-
-use std::io::{Read, Write};
-use std::net::TcpListener;
-use std::sync::{Arc, Mutex};
-use std::thread;
 
 use serde_json::{Value, json};
 
 use crate::support::*;
 
-/// The bridge's upstream proxy: records the first line of each request and echoes the tunnel.
-struct Upstream {
-    port: u16,
-    seen: Arc<Mutex<Vec<String>>>,
-}
-
-impl Upstream {
-    fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let record = seen.clone();
-        thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { return };
-                let record = record.clone();
-                thread::spawn(move || {
-                    let mut head = Vec::new();
-                    let mut byte = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") {
-                        if stream.read(&mut byte).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        head.push(byte[0]);
-                    }
-                    let head = String::from_utf8_lossy(&head).into_owned();
-                    record.lock().unwrap().push(head.lines().next().unwrap_or_default().to_string());
-                    stream.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
-                    let mut buf = [0u8; 4096];
-                    while let Ok(read) = stream.read(&mut buf) {
-                        if read == 0 || stream.write_all(&buf[..read]).is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        Upstream { port, seen }
-    }
-
-    fn seen(&self) -> Vec<String> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
 /// A bridge under `--network ask=listed.example` and bubblewrap, with a session.
 struct Lab {
     dirs: TestDirs,
     ws: std::path::PathBuf,
-    upstream: Upstream,
+    upstream: UpstreamProxy,
     bridge: Bridge,
     sid: String,
 }
@@ -78,14 +28,14 @@ impl Lab {
         }
         let dirs = TestDirs::new("net-ask");
         let ws = dirs.workspace("ws");
-        let upstream = Upstream::start();
+        let upstream = UpstreamProxy::start();
         let mut bridge = Bridge::start(options(&dirs, &upstream));
         let sid = bridge.new_session(&ws);
         Some(Lab { dirs, ws, upstream, bridge, sid })
     }
 }
 
-fn options(dirs: &TestDirs, upstream: &Upstream) -> BridgeOptions {
+fn options(dirs: &TestDirs, upstream: &UpstreamProxy) -> BridgeOptions {
     BridgeOptions::new("opencode", &dirs.data)
         .sandbox("bwrap")
         .arg("--network")

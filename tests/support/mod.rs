@@ -1200,3 +1200,49 @@ pub fn installing_npm() -> String {
         fakes_dir().join("fake_cli.py").display()
     )
 }
+
+/// A bridge's upstream proxy (its `HTTPS_PROXY`) on 127.0.0.1, the "internet" of the `--network ask` tests: records
+/// the first line of each request, answers 200 and echoes what comes through the tunnel.
+pub struct UpstreamProxy {
+    pub port: u16,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl UpstreamProxy {
+    pub fn start() -> UpstreamProxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let record = record.clone();
+                std::thread::spawn(move || {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if stream.read(&mut byte).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    record.lock().unwrap().push(head.lines().next().unwrap_or_default().to_string());
+                    stream.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+                    let mut buf = [0u8; 4096];
+                    while let Ok(read) = stream.read(&mut buf) {
+                        if read == 0 || stream.write_all(&buf[..read]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        UpstreamProxy { port, seen }
+    }
+
+    pub fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
