@@ -3,27 +3,15 @@
 
 use super::*;
 
-/// Run by OpenCode's bash tool: the same host twice through the sandbox's proxy, each result in
-/// `.server-attack.json` (`<status> <what came back through the tunnel>`).
-const CONNECT_TWICE: &str = r#"
-import json, os, socket
-def connect(authority):
-    host, port = os.environ["HTTPS_PROXY"].split("://", 1)[-1].rstrip("/").rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=300) as conn:
-        conn.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = conn.recv(4096)
-            if not chunk:
-                return "closed"
-            data += chunk
-        status = data.split(b" ")[1].decode()
-        if status != "200":
-            return status
-        conn.sendall(b"ping")
-        return status + " " + conn.recv(4).decode()
-json.dump([connect("203.0.113.21:443"), connect("203.0.113.21:443")], open(".server-attack.json", "w"))
-"#;
+/// Run by OpenCode's bash tool: the same host twice through the sandbox's proxy, with the fake CLI's client
+/// (`proxy_connect` of `tests/fakes/fake_cli.py`), each result in `.server-attack.json`.
+fn connect_twice() -> String {
+    format!(
+        "import json, sys\nsys.path.insert(0, {fakes:?})\nfrom fake_cli import proxy_connect\n\
+         json.dump([proxy_connect(\"203.0.113.21:443\", \"ping\") for _ in range(2)], open(\".server-attack.json\", \"w\"))\n",
+        fakes = fakes_dir().display().to_string()
+    )
+}
 
 #[test]
 fn a_warm_servers_bash_tool_is_asked_about_in_its_thread_and_always_is_answered_once() {
@@ -33,7 +21,7 @@ fn a_warm_servers_bash_tool_is_asked_about_in_its_thread_and_always_is_answered_
     }
     let Some(world) = World::new(test) else { return };
     let ws = world.workspace("ws");
-    std::fs::write(ws.join(".attack.py"), CONNECT_TWICE).unwrap();
+    std::fs::write(ws.join(".attack.py"), connect_twice()).unwrap();
     let upstream = UpstreamProxy::start();
     let options = world
         .backend_options("bwrap", "serve")
