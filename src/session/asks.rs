@@ -144,11 +144,8 @@ impl Asker for NetworkAsks {
             Ok(asking) => asking,
             Err(refusal) => return Verdict::Refused(refusal),
         };
-        match self.store.allowed_hosts(&asking.session).await {
-            Ok(allowed) if allowed.iter().any(|(h, p)| h == host && *p == port) => return Verdict::Allowed,
-            Ok(_) => {}
-            // Not known to be allowed: asked.
-            Err(e) => tracing::warn!(session = %asking.session, "cannot read the hosts allowed always: {e}"),
+        if allowed_always(&self.store, &asking.session, host, port).await {
+            return Verdict::Allowed;
         }
         let key = (asking.session.clone(), host.to_string(), port);
         let question = {
@@ -178,6 +175,18 @@ impl Asker for NetworkAsks {
     }
 }
 
+/// Whether the user always allows `session`'s sandbox to reach `host:port` (as the store says now; a store that
+/// cannot be read allows nothing, so the user is asked).
+async fn allowed_always(store: &Store, session: &str, host: &str, port: u16) -> bool {
+    match store.allowed_hosts(session).await {
+        Ok(allowed) => allowed.iter().any(|(h, p)| h == host && *p == port),
+        Err(e) => {
+            tracing::warn!(session, "cannot read the hosts allowed always: {e}");
+            false
+        }
+    }
+}
+
 /// Asks the user about `host:port` on a card of the turn, and settles the answer: the card closed, "always"
 /// stored, the question no longer open.
 async fn question(
@@ -199,13 +208,17 @@ async fn ask_user(store: &Store, timeout: std::time::Duration, asking: &Asking, 
     if asking.cancel.is_cancelled() {
         return Verdict::Refused(Refusal::TurnEnded);
     }
+    // A question about the same host may have been answered "always" since this connection looked.
+    if allowed_always(store, &asking.session, host, port).await {
+        return Verdict::Allowed;
+    }
     let target = authority(host, port);
     let id = format!("network-{}-{}", asking.emit.turn_id, asking.cards.fetch_add(1, Ordering::Relaxed));
     let title = format!("Connect to {target}");
     let content = vec![ToolCallContent::from(format!(
         "A program in the sandbox wants to connect to {target}, which `--network` does not allow. The connection \
          waits for your answer (at most {} s).",
-        ASK_TIMEOUT.as_secs()
+        timeout.as_secs()
     ))];
     let raw = serde_json::json!({"host": host, "port": port});
     let card = ToolCall::new(id.clone(), title.clone())
