@@ -202,6 +202,13 @@ impl Bridge {
             own_provider.clone(),
             crate::auth::provider_variables(&config),
         )?;
+        if config.network.asks() && !provider.private_network() {
+            // The choice cannot hold here; said where the user may look (`doctor` says it too).
+            tracing::warn!(
+                "--network {}: the sandboxes have no network of their own behind the bridge's proxy here, so nothing is asked",
+                config.network
+            );
+        }
         // Made again if the agent's settings are settled otherwise (below).
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), own_provider.clone()));
         let bounds = crate::agents::host::ServiceSettings {

@@ -170,3 +170,14 @@ fn a_question_open_when_the_turn_is_cancelled_is_withdrawn_and_the_connection_re
     assert_eq!(closed[0]["status"], "failed");
     assert!(upstream.seen().is_empty(), "{:?}", upstream.seen());
 }
+
+#[test]
+fn without_a_network_of_its_own_the_bridge_says_that_nothing_is_asked() {
+    let dirs = TestDirs::new("net-ask-none");
+    let options = BridgeOptions::new("opencode", &dirs.data).sandbox("none").arg("--network").arg("ask");
+    let bridge = Bridge::start(options);
+    let warning = " WARN acp_sandbox::session: --network ask: the sandboxes have no network of their own behind the \
+                   bridge's proxy here, so nothing is asked\n";
+    // Logged before `initialize` is answered; its stderr is read by a thread of its own.
+    assert!(wait_until(RECV_TIMEOUT, || bridge.stderr().contains(warning)), "{}", bridge.stderr());
+}
