@@ -1886,11 +1886,7 @@ fn proxy_denials_are_logged_with_their_host() {
         checks.blocked(&report, "proxy_denied_domain");
         checks.blocked(&report, "proxy_denied_http");
         stop(bridge);
-        // The log rolls daily: acp-sandbox.log.YYYY-MM-DD.
-        let mut log = String::new();
-        for name in names(&lab.data).into_iter().filter(|name| name.starts_with("acp-sandbox.log")) {
-            log.push_str(&std::fs::read_to_string(lab.data.join(name)).unwrap_or_default());
-        }
+        let log = bridge_log(&lab);
         for expected in [
             format!(
                 "proxy denied CONNECT denied.example:443 for session {sid}: not in --network allow=allowed.example"
@@ -1900,6 +1896,51 @@ fn proxy_denials_are_logged_with_their_host() {
             let found = log.lines().filter(|line| line.contains(" WARN ") && line.ends_with(&format!(": {expected}")));
             let count = found.count();
             checks.check(count == 1, || format!("{count} log lines end with {expected:?}; the log:\n{log}"));
+        }
+        checks.finish();
+    });
+}
+
+/// The bridge's log so far (it rolls daily: acp-sandbox.log.YYYY-MM-DD).
+fn bridge_log(lab: &Lab) -> String {
+    let mut log = String::new();
+    for name in names(&lab.data).into_iter().filter(|name| name.starts_with("acp-sandbox.log")) {
+        log.push_str(&std::fs::read_to_string(lab.data.join(name)).unwrap_or_default());
+    }
+    log
+}
+
+#[test]
+fn network_ask_refuses_what_the_editor_refuses_and_never_asks_about_a_listed_host() {
+    let test = "network_ask_refuses_what_the_editor_refuses_and_never_asks_about_a_listed_host";
+    for_each_variant(test, bwrap_variants(test), |variant| {
+        let lab = Lab::new("ask", variant);
+        let options = lab.options().arg("--network").arg("ask=allowed.example");
+        // The test's editor answers every question `cancelled`: a refusal.
+        let (bridge, sid, report) = run_attacks(&lab, options, "proxy_domains");
+        let mut checks = Checks::new();
+        for name in ["proxy_denied_domain", "proxy_denied_http", "direct_external"] {
+            checks.blocked(&report, name);
+        }
+        for name in ["proxy_denied_domain", "proxy_denied_http"] {
+            let status = report.entry(name).map(|e| e["status"].clone()).unwrap_or_default();
+            checks.check(status == 403, || format!("a refused host must get the proxy's 403: {}", report.detail(name)));
+        }
+        let allowed = report.entry("proxy_allowed_domain").map(|e| e["status"].clone()).unwrap_or_default();
+        checks.check(allowed != 403, || format!("a listed host is denied: {}", report.detail("proxy_allowed_domain")));
+        let asked: Vec<&str> =
+            bridge.permission_requests.iter().filter_map(|request| request["toolCall"]["title"].as_str()).collect();
+        checks.check(asked == ["Connect to denied.example:443", "Connect to denied.example:80"], || {
+            format!("one question per refused host:port, none for the listed one: {asked:?}")
+        });
+        stop(bridge);
+        let log = bridge_log(&lab);
+        for method_target in ["CONNECT denied.example:443", "GET denied.example:80"] {
+            let expected = format!(
+                "proxy denied {method_target} for session {sid}: refused by the user (--network ask=allowed.example)"
+            );
+            let count = log.lines().filter(|line| line.contains(" WARN ") && line.ends_with(&expected)).count();
+            checks.check(count == 1, || format!("{count} log lines end with {expected:?}"));
         }
         checks.finish();
     });

@@ -1474,3 +1474,6 @@ mod keep_warm;
 
 #[path = "real_opencode/editor_context.rs"]
 mod editor_context;
+
+#[path = "real_opencode/network.rs"]
+mod network;

@@ -135,7 +135,9 @@ struct Settings {
     #[arg(long, global = true, env = "ACP_SANDBOX_CONTEXT_WINDOW", default_value_t = 200_000)]
     context_window: u64,
     /// Where the sandbox may connect: `open` (any public host), `allow=HOST,...` (those and the CLI's own
-    /// service), `none` (only the model endpoints of your config), or `host` (the host's network, unfiltered).
+    /// service), `ask` or `ask=HOST,...` (those, and any other public host you allow on a card in the thread:
+    /// once, always for the thread, or refuse; unanswered in 120 s is a refusal), `none` (only the model endpoints
+    /// of your config), or `host` (the host's network, unfiltered).
     #[arg(long, global = true, env = "ACP_SANDBOX_NETWORK", default_value = "open")]
     network: NetworkMode,
     /// How much of your home the sandbox shows: `default` (all but secrets) or `strict` (only the workspace,

@@ -253,12 +253,35 @@ impl Emitter {
     }
 }
 
+/// A fresh store in `dir` with a session `s` and a running turn of it (its id).
+#[cfg(test)]
+pub(in crate::session) async fn store_with_a_turn(
+    dir: &std::path::Path,
+    busy_timeout: std::time::Duration,
+) -> (Arc<Store>, i64) {
+    let store = Arc::new(Store::open_with(&dir.join("db.sqlite3"), busy_timeout).unwrap());
+    let record = crate::store::SessionRecord {
+        id: "s".into(),
+        agent: "opencode".into(),
+        cwd: "/w".into(),
+        sandbox_provider: "local".into(),
+        sandbox_id: None,
+        native_id: None,
+        title: None,
+        config: serde_json::json!({}),
+        context: Default::default(),
+        created_at: 1,
+        updated_at: 1,
+    };
+    store.create_session(&record).await.unwrap();
+    let turn_id = store.start_turn("s", &serde_json::json!([])).await.unwrap();
+    (store, turn_id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use agent_client_protocol::v1::schema::{ContentBlock, ToolCall, ToolCallContent};
-
-    use crate::store::SessionRecord;
 
     #[test]
     fn an_update_is_cut_to_the_limit_at_a_character_boundary_with_the_note_and_never_cut_twice() {
@@ -293,22 +316,7 @@ mod tests {
         dir: &std::path::Path,
         busy_timeout: std::time::Duration,
     ) -> (Emitter, Arc<std::sync::Mutex<Vec<String>>>) {
-        let store = Arc::new(Store::open_with(&dir.join("db.sqlite3"), busy_timeout).unwrap());
-        let record = SessionRecord {
-            id: "s".into(),
-            agent: "opencode".into(),
-            cwd: "/w".into(),
-            sandbox_provider: "local".into(),
-            sandbox_id: None,
-            native_id: None,
-            title: None,
-            config: serde_json::json!({}),
-            context: Default::default(),
-            created_at: 1,
-            updated_at: 1,
-        };
-        store.create_session(&record).await.unwrap();
-        let turn_id = store.start_turn("s", &serde_json::json!([])).await.unwrap();
+        let (store, turn_id) = store_with_a_turn(dir, busy_timeout).await;
         let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = sent.clone();
         let cancel = CancellationToken::new();

@@ -3,6 +3,7 @@
 //! [`Bridge`] is what the ACP server (and the `prompt` command) call. It knows nothing of JSON-RPC: updates
 //! go out through an [`UpdateSink`], and failures are [`Error`]s that `server` maps to ACP errors.
 
+mod asks;
 mod catalog;
 mod cli;
 mod emitter;
@@ -160,6 +161,8 @@ pub struct Bridge {
     tickets: std::sync::atomic::AtomicU64,
     /// What the bridge keeps about sessions in remote sandboxes.
     remote: remote::RemoteSessions,
+    /// The running turns the sandboxes' proxies ask about hosts under `--network ask`.
+    network_asks: Arc<asks::NetworkAsks>,
 }
 
 /// An executable as named, and the file it is now (`None`: it cannot be resolved).
@@ -185,16 +188,27 @@ impl Bridge {
         if config.network == crate::sandbox::net::proxy::NetworkMode::Host {
             tracing::warn!("--network host: sandboxes share the host's network, its loopback services included");
         }
-        let local =
-            Arc::new(LocalProvider::start(paths::sessions_dir(&config.data_dir), config.sandbox, |isolation| {
-                config.local_settings(isolation)
-            })?);
+        let network_asks = Arc::new(asks::NetworkAsks::new(store.clone()));
+        let mut local = LocalProvider::start(paths::sessions_dir(&config.data_dir), config.sandbox, |isolation| {
+            config.local_settings(isolation)
+        })?;
+        if config.network.asks() {
+            local = local.asking(network_asks.clone());
+        }
+        let local = Arc::new(local);
         let own_provider: Arc<dyn SandboxProvider> = local.clone();
         let provider = crate::sandbox::session_provider(
             config.sandbox,
             own_provider.clone(),
             crate::auth::provider_variables(&config),
         )?;
+        if config.network.asks() && !provider.private_network() {
+            // The choice cannot hold here; said where the user may look (`doctor` says it too).
+            tracing::warn!(
+                "--network {}: the sandboxes have no network of their own behind the bridge's proxy here, so nothing is asked",
+                config.network
+            );
+        }
         // Made again if the agent's settings are settled otherwise (below).
         let catalog = Arc::new(catalog::ModelCatalog::new(config.clone(), own_provider.clone()));
         let bounds = crate::agents::host::ServiceSettings {
@@ -211,6 +225,7 @@ impl Bridge {
             notifier: Arc::default(),
             tickets: std::sync::atomic::AtomicU64::new(0),
             remote: remote::RemoteSessions::default(),
+            network_asks,
             catalog,
             config,
             store,
@@ -496,7 +511,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn sessions_with_other_roots_never_share_a_sandbox() {
+    async fn sessions_with_other_roots_or_under_network_ask_never_share_a_sandbox() {
         let data = tempfile::tempdir().unwrap();
         let config = Config {
             sandbox: crate::sandbox::SandboxChoice::None,
@@ -525,6 +540,15 @@ mod tests {
         assert_ne!(name(&[]), name(&["/w/lib"]));
         assert_ne!(name(&["/w/lib"]), name(&["/w/other"]));
         assert_ne!(name(&["/w/a", "/w/b"]), name(&["/w/ab"]));
+        // Under `--network ask` nothing is shared: a shared server's connection could be any of its threads'.
+        let data = tempfile::tempdir().unwrap();
+        let config = Config {
+            sandbox: crate::sandbox::SandboxChoice::None,
+            network: crate::sandbox::net::proxy::NetworkMode::Ask(Vec::new()),
+            ..Config::new(crate::agents::AgentKind::parse("opencode").unwrap(), data.path().to_path_buf())
+        };
+        let asking = Bridge::open(config).await.unwrap();
+        assert_eq!(asking.shared_sandbox_name(&record(&[])), None);
     }
 
     #[tokio::test]

@@ -77,7 +77,9 @@ impl Bridge {
         let shares = self.serves(record)
             && self.config.server_scope == crate::config::ServerScope::Workspace
             && self.config.workspace == crate::sandbox::WorkspaceMode::Direct
-            && self.provider.name() == "local";
+            && self.provider.name() == "local"
+            // Under `ask` a connection is asked about in its session's thread: a shared server's could be anyone's.
+            && !self.config.network.asks();
         if !shares {
             return None;
         }

@@ -557,6 +557,38 @@ impl Store {
                     params![turn, fork.id, copy],
                 )?;
             }
+            // The thread goes on in the fork: what the user always allowed there holds in it too.
+            connection.execute(
+                "INSERT INTO allowed_hosts (session_id, host, port, created_at)
+                 SELECT ?2, host, port, created_at FROM allowed_hosts WHERE session_id = ?1",
+                params![original, fork.id],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The `(host, port)`s the user always allows the session's sandbox to reach (`--network ask`), oldest first.
+    pub async fn allowed_hosts(&self, session_id: &str) -> Result<Vec<(String, u16)>> {
+        let session_id = session_id.to_string();
+        self.read(move |connection| {
+            let mut statement = connection.prepare_cached(
+                "SELECT host, port FROM allowed_hosts WHERE session_id = ?1 ORDER BY created_at, host, port",
+            )?;
+            let rows = statement.query_map(params![session_id], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+    }
+
+    /// Records that the user always allows the session's sandbox to reach `host:port`.
+    pub async fn allow_host(&self, session_id: &str, host: &str, port: u16) -> Result<()> {
+        let (session_id, host, now) = (session_id.to_string(), host.to_string(), now_ms());
+        self.write(move |connection| {
+            connection.execute(
+                "INSERT OR IGNORE INTO allowed_hosts (session_id, host, port, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![session_id, host, port, now],
+            )?;
             Ok(())
         })
         .await

@@ -54,6 +54,16 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE turns ADD COLUMN cost REAL NOT NULL DEFAULT 0;",
     // 2 → 3: what the editor gave the session beside its workspace (extra roots, system prompt, MCP servers).
     "ALTER TABLE sessions ADD COLUMN context TEXT NOT NULL DEFAULT '{}';",
+    // 3 → 4: the hosts the user always allows a session's sandbox to reach (`--network ask`).
+    "
+    CREATE TABLE IF NOT EXISTS allowed_hosts (
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        host TEXT NOT NULL,
+        port INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (session_id, host, port)
+    );
+    ",
 ];
 
 /// Why the schema could not be brought up to date.

@@ -736,3 +736,27 @@ async fn a_full_disk_fails_writes_clearly_keeps_what_was_acknowledged_and_recove
     assert_eq!(history.turns[0].0.status, TurnStatus::Failed);
     assert_eq!(history.turns[1].1, [json!({"after": true})]);
 }
+
+#[tokio::test]
+async fn hosts_allowed_always_are_the_sessions_go_with_its_forks_and_go_away_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.create_session(&record("a", "/w", 1)).await.unwrap();
+    store.create_session(&record("b", "/w", 2)).await.unwrap();
+    assert!(store.allowed_hosts("a").await.unwrap().is_empty());
+    store.allow_host("a", "example.com", 443).await.unwrap();
+    store.allow_host("a", "example.com", 443).await.unwrap();
+    store.allow_host("a", "other.org", 80).await.unwrap();
+    let expected = vec![("example.com".to_string(), 443), ("other.org".to_string(), 80)];
+    assert_eq!(store.allowed_hosts("a").await.unwrap(), expected);
+    assert!(store.allowed_hosts("b").await.unwrap().is_empty(), "another session's are not these");
+    // Kept on disk: a new store (a restarted bridge) reads them.
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.allowed_hosts("a").await.unwrap(), expected);
+    store.fork_session("a", &record("fork", "/w", 3)).await.unwrap();
+    assert_eq!(store.allowed_hosts("fork").await.unwrap(), expected);
+    assert!(store.delete_session("a").await.unwrap());
+    assert!(store.allowed_hosts("a").await.unwrap().is_empty());
+    assert_eq!(store.allowed_hosts("fork").await.unwrap(), expected);
+}

@@ -640,3 +640,27 @@ fn every_ready_editor_config_starts_an_agent_server_that_initializes() {
     }
     assert_eq!(names.len(), 14, "{names:#?}");
 }
+
+#[test]
+fn doctor_says_what_network_ask_does_and_that_it_needs_bubblewrap() {
+    let dirs = TestDirs::new("doctor-ask");
+    let (code, out, _) = doctor(&dirs, &["--sandbox", "none", "--network", "ask"], |_| {});
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        lines_starting(&out, "  network "),
+        ["  network       OFF needs bubblewrap: the host's network, and nothing is asked"]
+    );
+    if let Err(why) = bwrap_usable() {
+        eprintln!(
+            "SKIPPED the bubblewrap half of doctor_says_what_network_ask_does_and_that_it_needs_bubblewrap: {why}"
+        );
+        return;
+    }
+    let (code, out, _) = doctor(&dirs, &["--sandbox", "bwrap", "--network", "ask=listed.example"], |_| {});
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        lines_starting(&out, "  network "),
+        ["  network       on  own network namespace; out only through the bridge's proxy (ask=listed.example): any \
+          other host is asked about on a card in the thread whose turn runs (each session its own sandbox)"]
+    );
+}

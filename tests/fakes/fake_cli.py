@@ -29,7 +29,9 @@ Scenarios (both agents unless noted):
   ["bytes", path, hex], ["delete", path], ["rename", path, to], ["link", path, target] (a symlink), ["chmod", path,
   octal], ["fifo", path] (whatever is there replaced by a FIFO), ["sparse", path, bytes] (a sparse file of that
   apparent size), ["many", dir, n] (n small text files), ["repeat", path, text, n], ["sleep", seconds], ["flush"] (prints the events so far),
-  ["await", path, text] (waits at most 20 s for the file to hold text, else reports `path=<not awaited>`); then
+  ["await", path, text] (waits at most 20 s for the file to hold text, else reports `path=<not awaited>`),
+  ["connect", host:port, text] (CONNECT through $HTTPS_PROXY, text sent through the tunnel: `host:port=<status>
+  <echo or the proxy's body>`); then
   one completed tool event per op
   and a text `READ path=...; ...` of what each read found, `path=<missing>` when there was no file).
   (* OpenCode only, + Amp only.) Amp prints the `User cancelled (SIGINT/SIGTERM)` error result and exits 0 on
@@ -294,6 +296,41 @@ def oc_tool(sid, msg, tool, title, tool_input, output):
                      "id": oc_ids()[1], "sessionID": sid, "messageID": msg}}
 
 
+def proxy_connect(authority, text):
+    """CONNECTs to `authority` through $HTTPS_PROXY and sends `text`: `<status> <answer>`."""
+    import socket
+    url = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    if not url:
+        return "no proxy"
+    host, port = url.split("://", 1)[-1].rstrip("/").rsplit(":", 1)
+    # The proxy may wait for the user's answer.
+    with socket.create_connection((host, int(port)), timeout=300) as conn:
+        conn.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return f"closed {data!r}"
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        status = head.split(b" ")[1].decode()
+        if status != "200":
+            while True:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                rest += chunk
+            return f"{status} {rest.decode().strip()}"
+        conn.sendall(text.encode())
+        echoed = b""
+        while len(echoed) < len(text.encode()):
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            echoed += chunk
+        return f"200 {echoed.decode()}"
+
+
 def run_file_ops(prompt, sid, msg, cwd):
     """The `files` scenario: the ops are done before any event is printed (but at a `flush`), so what the bridge
     reviews after the first tool event is all the work before it, whatever the timing."""
@@ -318,6 +355,11 @@ def run_file_ops(prompt, sid, msg, cwd):
                 f.write(data)
             content = op[2] if kind == "write" else f"<{len(data)} bytes>"
             events.append(oc_tool(sid, msg, "write", path, {"filePath": full, "content": content}, "Wrote file successfully."))
+        elif kind == "connect":
+            # A connection through the sandbox's proxy: `CONNECT op[1]`, then op[2] sent through the tunnel. The
+            # READ line says `authority=<status> <what came back through the tunnel, or the proxy's body>`.
+            reads.append(f"{path}={proxy_connect(path, op[2])}")
+            events.append(oc_tool(sid, msg, "bash", f"connect {path}", {"command": f"connect {path}"}, ""))
         elif kind == "try-write":
             # A write that may be refused (a path the sandbox keeps read-only): what happened is in the READ line,
             # `written` or the errno's name.

@@ -376,10 +376,10 @@ pub struct Bridge {
     pub permission_answer: Option<String>,
     /// Every `session/request_permission` received (its params), in order.
     pub permission_requests: Vec<Value>,
-    /// Leave `session/request_permission` unanswered (a user who has not answered yet); their ids are kept in
-    /// `permission_ids`.
-    pub hold_permissions: bool,
+    /// Their request ids, in the same order.
     pub permission_ids: Vec<Value>,
+    /// Leave every `session/request_permission` unanswered, as a user who does not answer (recorded all the same).
+    pub hold_permissions: bool,
     /// Advertise `fs.writeTextFile` in `initialize` (a client like Zed that reviews the agent's writes).
     pub offer_writes: bool,
     /// How `fs/write_text_file` is answered: write the content to disk (Keep) or answer without writing, which
@@ -466,9 +466,9 @@ impl Bridge {
             elicitations: Vec::new(),
             withdrawn: Vec::new(),
             elicitation_ids: Vec::new(),
-            hold_permissions: false,
-            permission_ids: Vec::new(),
             permission_requests: Vec::new(),
+            permission_ids: Vec::new(),
+            hold_permissions: false,
             offer_writes: false,
             keep_writes: true,
             refuse_writes: None,
@@ -628,16 +628,19 @@ impl Bridge {
         }
     }
 
+    /// Waits until the bridge sent `count` `session/request_permission`s in all, failing after `timeout`.
+    pub fn wait_permission_requests(&mut self, count: usize, timeout: Duration) {
+        self.wait_requests("session/request_permission", |bridge| bridge.permission_requests.len() >= count, timeout);
+    }
+
     /// Waits until the bridge asked `count` `elicitation/create`s in all, failing after `timeout`.
     pub fn wait_elicitations(&mut self, count: usize, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while self.elicitations.len() < count {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                self.fail(&format!("no elicitation/create within {timeout:?}"));
-            }
-            self.pump(left);
-        }
+        self.wait_requests("elicitation/create", |bridge| bridge.elicitations.len() >= count, timeout);
+    }
+
+    /// Reads messages until `enough` of the bridge's `method` requests came, failing after `timeout`.
+    fn wait_requests(&mut self, method: &str, enough: impl Fn(&Self) -> bool, timeout: Duration) {
+        self.pump_until(&format!("the bridge's {method}"), timeout, enough);
     }
 
     /// Reads the bridge until `done` holds, failing after `timeout`.
@@ -707,6 +710,11 @@ impl Bridge {
             {
                 let params = message.get("params").cloned().unwrap_or(Value::Null);
                 check(self, "RequestPermissionRequest", &params);
+                self.permission_ids.push(id.clone());
+                if self.hold_permissions {
+                    self.permission_requests.push(params);
+                    return;
+                }
                 let chosen = self.permission_answer.as_ref().and_then(|kind| {
                     params["options"]
                         .as_array()?
@@ -719,10 +727,6 @@ impl Bridge {
                     None => json!({"outcome": "cancelled"}),
                 };
                 self.permission_requests.push(params);
-                self.permission_ids.push(id.clone());
-                if self.hold_permissions {
-                    return;
-                }
                 self.send_raw(&json!({"jsonrpc": "2.0", "id": id, "result": {"outcome": outcome}}).to_string());
                 return;
             }
@@ -1200,4 +1204,50 @@ pub fn installing_npm() -> String {
          chmod +x \"$prefix/node_modules/.bin/opencode\"\n",
         fakes_dir().join("fake_cli.py").display()
     )
+}
+
+/// A bridge's upstream proxy (its `HTTPS_PROXY`) on 127.0.0.1, the "internet" of the `--network ask` tests: records
+/// the first line of each request, answers 200 and echoes what comes through the tunnel.
+pub struct UpstreamProxy {
+    pub port: u16,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl UpstreamProxy {
+    pub fn start() -> UpstreamProxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let record = record.clone();
+                std::thread::spawn(move || {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if stream.read(&mut byte).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    record.lock().unwrap().push(head.lines().next().unwrap_or_default().to_string());
+                    stream.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+                    let mut buf = [0u8; 4096];
+                    while let Ok(read) = stream.read(&mut buf) {
+                        if read == 0 || stream.write_all(&buf[..read]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        UpstreamProxy { port, seen }
+    }
+
+    pub fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
 }

@@ -68,8 +68,16 @@ impl LocalSettings {
                 (NetworkMode::Host, _) => {
                     off("--network host: the host's network, loopback and every host service included")
                 }
+                (NetworkMode::Ask(_), false) => off("needs bubblewrap: the host's network, and nothing is asked"),
                 (_, false) => off("needs bubblewrap: the host's network"),
                 (mode, true) => match bwrap_netns() {
+                    Ok(()) if mode.asks() => (
+                        true,
+                        format!(
+                            "own network namespace; out only through the bridge's proxy ({mode}): any other host is \
+                             asked about on a card in the thread whose turn runs (each session its own sandbox)"
+                        ),
+                    ),
                     Ok(()) => (true, format!("own network namespace; out only through the bridge's proxy ({mode})")),
                     Err(why) => off(&format!("{why}: the host's network")),
                 },

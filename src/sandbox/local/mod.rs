@@ -163,6 +163,8 @@ pub struct LocalProvider {
     /// Each sandbox's proxy connections, by state dir name: one budget however often the sandbox is opened.
     #[cfg(linux_sandbox)]
     budgets: std::sync::Mutex<HashMap<String, ConnectionBudget>>,
+    /// Who the proxies ask about a host under `--network ask` (the bridge's sessions).
+    asker: Option<Arc<dyn crate::sandbox::net::ask::Asker>>,
 }
 
 impl LocalProvider {
@@ -173,7 +175,13 @@ impl LocalProvider {
             settings,
             #[cfg(linux_sandbox)]
             budgets: Default::default(),
+            asker: None,
         }
+    }
+
+    /// The same provider, whose proxies ask `asker` about a host under `--network ask`.
+    pub fn asking(self, asker: Arc<dyn crate::sandbox::net::ask::Asker>) -> Self {
+        Self { asker: Some(asker), ..self }
     }
 
     /// The provider of a bridge's local sandboxes for `--sandbox choice` (the bridge's own commands use it whatever
@@ -289,6 +297,7 @@ impl SandboxProvider for LocalProvider {
             settings: self.settings.clone(),
             #[cfg(linux_sandbox)]
             budget: self.budget(&spec.session_id),
+            asker: self.asker.clone(),
         })))
     }
 
@@ -378,6 +387,8 @@ pub struct LocalSandbox {
     /// The connections its proxies may still open, shared by all of them.
     #[cfg(linux_sandbox)]
     budget: ConnectionBudget,
+    /// Who its proxies ask under `--network ask`.
+    asker: Option<Arc<dyn crate::sandbox::net::ask::Asker>>,
 }
 
 impl LocalSandbox {
@@ -1015,6 +1026,7 @@ mod tests {
             settings: Arc::new(settings),
             #[cfg(linux_sandbox)]
             budget: ConnectionBudget::default(),
+            asker: None,
         }
     }
 

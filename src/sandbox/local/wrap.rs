@@ -136,7 +136,8 @@ impl LocalSandbox {
             endpoints,
             service_hosts: spec.net.service_hosts.clone(),
         };
-        let proxy = Proxy::start(&socket, policy, self.session_id.clone(), self.budget.clone())
+        let asker = self.asker.clone();
+        let proxy = Proxy::start_asking(&socket, policy, self.session_id.clone(), self.budget.clone(), asker)
             .await
             .map_err(|e| SandboxError::Unavailable(format!("cannot start the network proxy: {e}")))?;
         let in_dir = spec.keep_warm.is_some();

@@ -1,4 +1,5 @@
 //! The sandbox's network: the egress proxy on a unix socket, the only way out of a local sandbox's own network
-//! namespace, and the policy of what it lets through (`--network`).
+//! namespace, the policy of what it lets through (`--network`), and what it asks the user under `--network ask`.
 
+pub mod ask;
 pub mod proxy;

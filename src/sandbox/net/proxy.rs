@@ -9,7 +9,8 @@
 //! address that was judged. The configured model endpoints (exact host and port) are the exception: they are
 //! reachable even on loopback, a private network or the host's own address. At most [`MAX_CONNECTIONS`]
 //! connections of one sandbox are served at once, across all its proxies ([`ConnectionBudget`]); the excess is answered `503` and closed at once, so a sandbox
-//! cannot spend the bridge's file descriptors. Each denial is logged with its host.
+//! cannot spend the bridge's file descriptors. Each denial is logged with its host. Under `--network ask` a host
+//! outside the list is first asked about ([`Asker`], `ask.rs`), by name, before it is resolved and judged.
 
 use std::fmt;
 use std::io::ErrorKind;
@@ -25,6 +26,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::ask::{Asker, Refusal, Verdict};
+
 /// The largest request (or proxy answer) head read, blank line included.
 pub(crate) const MAX_HEAD: usize = 64 * 1024;
 /// How long a client may take to send its request head.
@@ -35,7 +38,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// every one costs the bridge two descriptors.
 pub const MAX_CONNECTIONS: usize = 256;
 
-/// What a sandbox may reach on the network. Parsed from and shown as `open`, `allow=a.com,b.org`, `none`, `host`.
+/// What a sandbox may reach on the network. Parsed from and shown as `open`, `allow=a.com,b.org`, `ask`,
+/// `ask=a.com,b.org`, `none`, `host`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NetworkMode {
     /// Every public host; the host itself and its private networks stay closed.
@@ -44,6 +48,9 @@ pub enum NetworkMode {
     /// all its subdomains: `example.com`, `*.example.com` and `.example.com` are the same entry, stored as
     /// `example.com`. Any port of an allowed domain may be reached.
     Allow(Vec<String>),
+    /// What [`NetworkMode::Allow`] allows (these domains, none for a bare `ask`), and any other public host once
+    /// the user allowed it (see `ask.rs`): the connection waits for the answer.
+    Ask(Vec<String>),
     /// Only the model endpoints.
     None,
     /// The host's own network, with no namespace and no proxy (the proxy never runs). Were it asked, it would
@@ -56,19 +63,24 @@ impl NetworkMode {
     pub fn uses_proxy(&self) -> bool {
         !matches!(self, NetworkMode::Host)
     }
+
+    /// Whether a host outside the list is asked about (`ask`).
+    pub fn asks(&self) -> bool {
+        matches!(self, NetworkMode::Ask(_))
+    }
 }
 
 /// A network mode that cannot be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NetworkModeError {
     /// Not one of the four modes.
-    #[error("unknown network mode {0:?}: expected open, allow=DOMAIN[,DOMAIN...], none or host")]
+    #[error("unknown network mode {0:?}: expected open, allow=DOMAIN[,DOMAIN...], ask[=DOMAIN,...], none or host")]
     Unknown(String),
     /// `allow=` without a domain.
     #[error("allow= needs at least one domain (none allows only the model endpoints)")]
     EmptyAllowList,
-    /// An entry of `allow=` that is not a domain name.
-    #[error("{0:?} in allow= is not a domain name (expected e.g. example.com or *.example.com, without a port)")]
+    /// An entry of `allow=` or `ask=` that is not a domain name.
+    #[error("{0:?} in the list is not a domain name (expected e.g. example.com or *.example.com, without a port)")]
     InvalidDomain(String),
 }
 
@@ -77,20 +89,27 @@ impl FromStr for NetworkMode {
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let text = text.trim();
-        if let Some(list) = text.strip_prefix("allow=") {
-            let domains = list
-                .split(',')
+        let domains = |list: &str| {
+            list.split(',')
                 .map(str::trim)
                 .filter(|entry| !entry.is_empty())
                 .map(|entry| allow_entry(entry).ok_or_else(|| NetworkModeError::InvalidDomain(entry.to_string())))
-                .collect::<Result<Vec<_>, _>>()?;
+                .collect::<Result<Vec<_>, _>>()
+        };
+        if let Some(list) = text.strip_prefix("allow=") {
+            let domains = domains(list)?;
             if domains.is_empty() {
                 return Err(NetworkModeError::EmptyAllowList);
             }
             return Ok(NetworkMode::Allow(domains));
         }
+        // `ask=` with nothing listed is a bare `ask`.
+        if let Some(list) = text.strip_prefix("ask=") {
+            return Ok(NetworkMode::Ask(domains(list)?));
+        }
         match text {
             "open" => Ok(NetworkMode::Open),
+            "ask" => Ok(NetworkMode::Ask(Vec::new())),
             "none" => Ok(NetworkMode::None),
             "host" => Ok(NetworkMode::Host),
             other => Err(NetworkModeError::Unknown(other.to_string())),
@@ -103,6 +122,8 @@ impl fmt::Display for NetworkMode {
         match self {
             NetworkMode::Open => f.write_str("open"),
             NetworkMode::Allow(domains) => write!(f, "allow={}", domains.join(",")),
+            NetworkMode::Ask(domains) if domains.is_empty() => f.write_str("ask"),
+            NetworkMode::Ask(domains) => write!(f, "ask={}", domains.join(",")),
             NetworkMode::None => f.write_str("none"),
             NetworkMode::Host => f.write_str("host"),
         }
@@ -145,8 +166,8 @@ pub struct ProxyPolicy {
     /// model endpoints. A request matches by the same host name (case and a final dot aside), or by the same
     /// address when both are IP literals; `localhost` does not match `127.0.0.1`.
     pub endpoints: Vec<(String, u16)>,
-    /// The CLI's own service domains (each with its subdomains), reachable in [`NetworkMode::Allow`] on top of the
-    /// user's list.
+    /// The CLI's own service domains (each with its subdomains), reachable in [`NetworkMode::Allow`] and
+    /// [`NetworkMode::Ask`] on top of the user's list.
     pub service_hosts: Vec<String>,
 }
 
@@ -157,6 +178,8 @@ pub enum Denial {
     OnlyEndpoints,
     /// In `allow=` mode, a host outside the allowed and service domains.
     NotListed,
+    /// In `ask` mode, a host outside the list that the user did not allow.
+    Refused(Refusal),
     /// The name resolved to no address.
     Unresolved,
     /// The target is, or resolves to, an address of one of the host's own interfaces.
@@ -180,6 +203,7 @@ impl fmt::Display for Denial {
         match self {
             Denial::OnlyEndpoints => f.write_str("the network mode is none: only the configured model endpoints"),
             Denial::NotListed => f.write_str("not in the allowed domains"),
+            Denial::Refused(refusal) => refusal.fmt(f),
             Denial::Unresolved => f.write_str("the name resolves to no address"),
             Denial::HostAddress { address, interface } => {
                 write!(f, "{address} is an address of this host ({interface})")
@@ -205,6 +229,9 @@ enum Admission {
     Endpoint,
     /// Any other host: its addresses are judged next.
     Public,
+    /// A host outside the list of `ask`: the user is asked first, then its addresses are judged as
+    /// [`Admission::Public`]'s.
+    Ask,
 }
 
 impl ProxyPolicy {
@@ -216,10 +243,12 @@ impl ProxyPolicy {
         }
         match &self.mode {
             NetworkMode::None => Err(Denial::OnlyEndpoints),
-            NetworkMode::Allow(domains) => {
+            NetworkMode::Allow(domains) | NetworkMode::Ask(domains) => {
                 let mut listed = domains.iter().chain(&self.service_hosts);
                 if listed.any(|domain| within(&host, &domain_of(domain))) {
                     Ok(Admission::Public)
+                } else if self.mode.asks() {
+                    Ok(Admission::Ask)
                 } else {
                     Err(Denial::NotListed)
                 }
@@ -238,7 +267,8 @@ impl ProxyPolicy {
     }
 
     /// The decision on `host:port`, given every address the host resolved to (for a literal IP, that address).
-    /// Pure: the proxy resolves once, calls this, and connects only to the addresses it returns.
+    /// Pure: the proxy resolves once, calls this, and connects only to the addresses it returns. Under `ask`, a
+    /// host outside the list is judged as if the user had allowed it: the proxy asks before it resolves.
     ///
     /// A model endpoint is allowed whatever it resolves to. Any other host must pass the mode, and then every
     /// address must lie outside loopback, unspecified, link-local (with the cloud metadata address), private,
@@ -266,12 +296,12 @@ impl ProxyPolicy {
         if resolved.is_empty() {
             return Decision::Deny(Denial::Unresolved);
         }
-        if admission == Admission::Public
+        if admission != Admission::Endpoint
             && let Some((address, range)) = resolved.iter().find_map(|ip| forbidden_range(*ip).map(|r| (*ip, r)))
         {
             return Decision::Deny(Denial::Forbidden { address, range });
         }
-        if admission == Admission::Public
+        if admission != Admission::Endpoint
             && let Some((address, interface)) = resolved.iter().find_map(|ip| {
                 let ip = unwrapped(*ip);
                 host_addresses.iter().find(|(own, _)| unwrapped(*own) == ip).map(|(_, name)| (ip, name.clone()))
@@ -391,11 +421,22 @@ impl Proxy {
         label: String,
         budget: ConnectionBudget,
     ) -> Result<Proxy, ProxyError> {
+        Self::start_asking(socket_path, policy, label, budget, None).await
+    }
+
+    /// [`Proxy::start`], with whom to ask about a host outside the list under `--network ask`.
+    pub async fn start_asking(
+        socket_path: &Path,
+        policy: ProxyPolicy,
+        label: String,
+        budget: ConnectionBudget,
+        asker: Option<Arc<dyn Asker>>,
+    ) -> Result<Proxy, ProxyError> {
         let upstream = UpstreamProxy::from_env();
         if let Some(upstream) = &upstream {
             tracing::info!(label = %label, upstream = %upstream.address, "the sandbox proxy goes out through HTTPS_PROXY");
         }
-        let context = Context { policy, label, upstream, fixed_dns: Vec::new(), budget };
+        let context = Context { policy, label, upstream, fixed_dns: Vec::new(), budget, asker };
         Self::serve(socket_path, context).await
     }
 
@@ -439,6 +480,8 @@ struct Context {
     fixed_dns: Vec<(String, IpAddr)>,
     /// The connections the sandbox may still open.
     budget: ConnectionBudget,
+    /// Who is asked about a host outside the list under `--network ask` (`None`: nobody, so it is refused).
+    asker: Option<Arc<dyn Asker>>,
 }
 
 /// How many connections one sandbox may have open through its proxies at once, counted across all of them (a
@@ -469,6 +512,7 @@ impl Context {
         match (denial, &self.policy.mode) {
             (Denial::NotListed, mode) => format!("not in --network {mode}"),
             (Denial::OnlyEndpoints, _) => "--network none allows only the configured model endpoints".into(),
+            (Denial::Refused(refusal), mode) => format!("{refusal} (--network {mode})"),
             (denial, _) => denial.to_string(),
         }
     }
@@ -561,19 +605,13 @@ async fn handle(context: Arc<Context>, mut client: UnixStream) {
         Err(why) => return respond(&mut client, "400 Bad Request", why).await,
     };
     let (host, port) = (request.host.as_str(), request.port);
+    // `--network ask`: the user's answer comes first, outside the connect's time bound (`ask.rs` bounds the wait).
+    if let Err(denial) = ask_first(&context, host, port).await {
+        return deny(&context, &mut client, &request, denial).await;
+    }
     let mut target = match tokio::time::timeout(CONNECT_TIMEOUT, connect(&context, host, port)).await {
         Ok(Ok(target)) => target,
-        Ok(Err(Failure::Denied(denial))) => {
-            let method = &request.method;
-            tracing::warn!(
-                "proxy denied {method} {} for session {}: {}",
-                authority(host, port),
-                context.label,
-                context.explain(&denial)
-            );
-            let message = format!("access to {} is blocked: {denial}", authority(host, port));
-            return respond(&mut client, "403 Forbidden", &message).await;
-        }
+        Ok(Err(Failure::Denied(denial))) => return deny(&context, &mut client, &request, denial).await,
         Ok(Err(Failure::Unreachable(why))) => {
             tracing::debug!(label = %context.label, host, port, "sandbox proxy: {why}");
             return respond(&mut client, "502 Bad Gateway", &why).await;
@@ -597,6 +635,34 @@ async fn handle(context: Arc<Context>, mut client: UnixStream) {
     let _ = tokio::io::copy_bidirectional(&mut client, &mut target.stream).await;
 }
 
+/// Refuses the request with a 403 that says why, and logs it with the host.
+async fn deny(context: &Context, client: &mut UnixStream, request: &Request, denial: Denial) {
+    let target = authority(&request.host, request.port);
+    tracing::warn!(
+        "proxy denied {} {target} for session {}: {}",
+        request.method,
+        context.label,
+        context.explain(&denial)
+    );
+    respond(client, "403 Forbidden", &format!("access to {target} is blocked: {denial}")).await
+}
+
+/// Under `--network ask`, asks about a host outside the list (by its name alone, before any lookup). `Ok` when
+/// the host needs no question or the user allowed it; everything else about the target is judged afterwards.
+async fn ask_first(context: &Context, host: &str, port: u16) -> Result<(), Denial> {
+    if context.policy.admit(host, port) != Ok(Admission::Ask) {
+        return Ok(());
+    }
+    let Some(asker) = &context.asker else { return Err(Denial::Refused(Refusal::NoAsker)) };
+    match asker.ask(&context.label, host, port).await {
+        Verdict::Allowed => {
+            tracing::info!(label = %context.label, "proxy: the user allowed {}", authority(host, port));
+            Ok(())
+        }
+        Verdict::Refused(refusal) => Err(Denial::Refused(refusal)),
+    }
+}
+
 /// Judges the target, resolving it once, and connects to an address that was judged.
 async fn connect(context: &Context, host: &str, port: u16) -> Result<Connection, Failure> {
     let admission = context.policy.admit(host, port).map_err(Failure::Denied)?;
@@ -604,8 +670,8 @@ async fn connect(context: &Context, host: &str, port: u16) -> Result<Connection,
     // After the lookup, so the list is as fresh as the answer; without it nothing but an endpoint is reached.
     let own = match (admission, host_addresses()) {
         (Admission::Endpoint, _) => Vec::new(),
-        (Admission::Public, Ok(own)) => own,
-        (Admission::Public, Err(e)) => {
+        (Admission::Public | Admission::Ask, Ok(own)) => own,
+        (Admission::Public | Admission::Ask, Err(e)) => {
             return Err(Failure::Unreachable(format!("cannot list the host's own addresses to exclude them: {e}")));
         }
     };
@@ -615,7 +681,7 @@ async fn connect(context: &Context, host: &str, port: u16) -> Result<Connection,
     };
     // The bridge's own proxy gets the name, which its rules are written for, and resolves it again: past the checks
     // here, where a public host goes is that proxy's policy. Endpoints (usually on loopback) never go through it.
-    if let (Some(upstream), Admission::Public) = (&context.upstream, admission) {
+    if let (Some(upstream), Admission::Public | Admission::Ask) = (&context.upstream, admission) {
         return upstream.tunnel(host, port).await;
     }
     let mut last_error = None;
@@ -835,7 +901,7 @@ fn split_authority(text: &str, default_port: Option<u16>) -> Option<(String, u16
 }
 
 /// `host:port`, with brackets around an IPv6 literal.
-fn authority(host: &str, port: u16) -> String {
+pub fn authority(host: &str, port: u16) -> String {
     if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
 }
 
@@ -882,6 +948,24 @@ pub(crate) mod tests {
         port
     }
 
+    /// A corporate proxy on 127.0.0.1 (its port): records each request head, then tunnels to the echo server on
+    /// `echo` whatever the target.
+    async fn corporate_proxy(echo: u16) -> (u16, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let corporate = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = corporate.local_addr().unwrap().port();
+        let (seen_tx, seen) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = corporate.accept().await {
+                let (head, _) = read_head(&mut client).await.unwrap();
+                seen_tx.send(String::from_utf8(head).unwrap()).unwrap();
+                let mut target = TcpStream::connect(("127.0.0.1", echo)).await.unwrap();
+                client.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+                tokio::spawn(async move { tokio::io::copy_bidirectional(&mut client, &mut target).await });
+            }
+        });
+        (port, seen)
+    }
+
     async fn start(dir: &tempfile::TempDir, policy: ProxyPolicy) -> Proxy {
         Proxy::start(&dir.path().join("proxy.sock"), policy, "test".into(), ConnectionBudget::default()).await.unwrap()
     }
@@ -911,6 +995,9 @@ pub(crate) mod tests {
             ("host", NetworkMode::Host),
             ("allow=a.com,b.org", NetworkMode::Allow(vec!["a.com".into(), "b.org".into()])),
             ("allow=*.A.com, .b.org,c.net.,", NetworkMode::Allow(vec!["a.com".into(), "b.org".into(), "c.net".into()])),
+            ("ask", NetworkMode::Ask(Vec::new())),
+            ("ask=", NetworkMode::Ask(Vec::new())),
+            ("ask=*.A.com,b.org", NetworkMode::Ask(vec!["a.com".into(), "b.org".into()])),
         ] {
             let parsed: NetworkMode = text.parse().unwrap();
             assert_eq!(parsed, mode, "{text}");
@@ -924,6 +1011,88 @@ pub(crate) mod tests {
             assert_eq!(error, NetworkModeError::InvalidDomain(bad.into()));
         }
         assert!(!NetworkMode::Host.uses_proxy() && NetworkMode::None.uses_proxy());
+        assert_eq!(NetworkMode::Ask(vec!["a.com".into()]).to_string(), "ask=a.com");
+        assert_eq!("ask=a.com:443".parse::<NetworkMode>(), Err(NetworkModeError::InvalidDomain("a.com:443".into())));
+        assert!(NetworkMode::Ask(Vec::new()).uses_proxy() && NetworkMode::Ask(Vec::new()).asks());
+        assert!(!"allow=a.com".parse::<NetworkMode>().unwrap().asks());
+    }
+
+    /// An [`Asker`] that answers from a list and records what it was asked, after waiting for `gate`.
+    struct Answers {
+        allowed: Vec<&'static str>,
+        asked: std::sync::Mutex<Vec<(String, String)>>,
+        gate: tokio::sync::Semaphore,
+    }
+
+    #[async_trait::async_trait]
+    impl Asker for Answers {
+        async fn ask(&self, label: &str, host: &str, port: u16) -> Verdict {
+            self.asked.lock().unwrap().push((label.to_string(), authority(host, port)));
+            let _open = self.gate.acquire().await.unwrap();
+            if self.allowed.contains(&host) { Verdict::Allowed } else { Verdict::Refused(Refusal::ByUser) }
+        }
+    }
+
+    #[tokio::test]
+    async fn ask_mode_asks_by_name_before_any_lookup_and_judges_an_allowed_host_like_any_other() {
+        let echo = echo_server().await;
+        // The "internet" of this test.
+        let (corporate_port, mut seen) = corporate_proxy(echo).await;
+        let answers = Arc::new(Answers {
+            allowed: vec!["yes.example", "private.example"],
+            asked: Default::default(),
+            gate: tokio::sync::Semaphore::new(0),
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let context = Context {
+            policy: policy("ask=listed.example".parse().unwrap(), &[("127.0.0.1", echo)]),
+            label: "sess".into(),
+            upstream: UpstreamProxy::parse(&format!("http://127.0.0.1:{corporate_port}")),
+            fixed_dns: ["yes.example", "listed.example", "api.opencode.ai"]
+                .iter()
+                .map(|name| (name.to_string(), "93.184.216.34".parse().unwrap()))
+                .chain([("private.example".to_string(), "10.0.0.7".parse().unwrap())])
+                .collect(),
+            budget: ConnectionBudget::default(),
+            asker: Some(answers.clone()),
+        };
+        let proxy = Proxy::serve(&dir.path().join("proxy.sock"), context).await.unwrap();
+        // Listed, a service host, the endpoint: never asked.
+        for target in ["listed.example:443", "api.opencode.ai:443", &format!("127.0.0.1:{echo}")] {
+            let (head, _, _) = ask(&proxy, format!("CONNECT {target} HTTP/1.1\r\n\r\n").as_bytes()).await;
+            assert!(head.starts_with("HTTP/1.1 200 "), "{target}: {head}");
+        }
+        assert!(answers.asked.lock().unwrap().is_empty());
+        assert!(seen.recv().await.unwrap().starts_with("CONNECT listed.example:443 HTTP/1.1\r\n"));
+        assert!(seen.recv().await.unwrap().starts_with("CONNECT api.opencode.ai:443 HTTP/1.1\r\n"));
+        // An unlisted host waits for the answer; refused, it is never looked up or reached.
+        answers.gate.add_permits(3);
+        let (head, _, mut stream) = ask(&proxy, b"CONNECT yes.example:443 HTTP/1.1\r\n\r\n").await;
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        stream.write_all(b"ping").await.unwrap();
+        let mut pong = [0u8; 4];
+        stream.read_exact(&mut pong).await.unwrap();
+        assert_eq!(&pong, b"ping");
+        assert!(seen.recv().await.unwrap().starts_with("CONNECT yes.example:443 HTTP/1.1\r\n"));
+        let refused = reply(&proxy, "GET http://no.example:8080/x HTTP/1.1\r\n\r\n").await;
+        let body = "acp-sandbox: access to no.example:8080 is blocked: refused by the user\n";
+        assert!(refused.starts_with("HTTP/1.1 403 Forbidden\r\n") && refused.ends_with(body), "{refused}");
+        // Allowed by the user, a private address is still refused.
+        let private = reply(&proxy, "CONNECT private.example:443 HTTP/1.1\r\n\r\n").await;
+        assert!(private.ends_with("is blocked: 10.0.0.7 is a private address\n"), "{private}");
+        let asked = answers.asked.lock().unwrap().clone();
+        let expected = [("sess", "yes.example:443"), ("sess", "no.example:8080"), ("sess", "private.example:443")];
+        assert_eq!(asked, expected.map(|(l, t)| (l.to_string(), t.to_string())));
+        drop(proxy);
+        assert!(seen.try_recv().is_err(), "a refused host went out");
+    }
+
+    #[tokio::test]
+    async fn ask_mode_without_an_asker_refuses_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = start(&dir, policy(NetworkMode::Ask(Vec::new()), &[])).await;
+        let answer = reply(&proxy, "CONNECT example.com:443 HTTP/1.1\r\n\r\n").await;
+        assert!(answer.ends_with("access to example.com:443 is blocked: nobody can be asked here\n"), "{answer}");
     }
 
     #[test]
@@ -1225,19 +1394,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn public_hosts_go_through_the_bridges_own_proxy() {
         let echo = echo_server().await;
-        // The corporate proxy: records each request head, then tunnels to the echo server whatever the target.
-        let corporate = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let corporate_port = corporate.local_addr().unwrap().port();
-        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Ok((mut client, _)) = corporate.accept().await {
-                let (head, _) = read_head(&mut client).await.unwrap();
-                seen_tx.send(String::from_utf8(head).unwrap()).unwrap();
-                let mut target = TcpStream::connect(("127.0.0.1", echo)).await.unwrap();
-                client.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
-                tokio::spawn(async move { tokio::io::copy_bidirectional(&mut client, &mut target).await });
-            }
-        });
+        let (corporate_port, mut seen) = corporate_proxy(echo).await;
         let dir = tempfile::tempdir().unwrap();
         let context = Context {
             policy: policy("allow=example.com".parse().unwrap(), &[("127.0.0.1", echo)]),
@@ -1248,6 +1405,7 @@ pub(crate) mod tests {
                 ("private.example.com".into(), "10.0.0.7".parse().unwrap()),
             ],
             budget: ConnectionBudget::default(),
+            asker: None,
         };
         let proxy = Proxy::serve(&dir.path().join("proxy.sock"), context).await.unwrap();
 
@@ -1363,6 +1521,7 @@ pub(crate) mod tests {
             upstream: None,
             fixed_dns: Vec::new(),
             budget: ConnectionBudget::new(3),
+            asker: None,
         };
         let proxy = Proxy::serve(&dir.path().join("proxy.sock"), context).await.unwrap();
         let mut idle = Vec::new();

@@ -83,10 +83,27 @@ impl Turn<'_> {
                 return Ok(StopReason::Cancelled);
             }
         };
-        let emitter =
-            Emitter::new(store.clone(), self.sink.clone(), &self.record.id, turn_id, prior_cost, self.cancel.clone());
+        let emitter = Arc::new(Emitter::new(
+            store.clone(),
+            self.sink.clone(),
+            &self.record.id,
+            turn_id,
+            prior_cost,
+            self.cancel.clone(),
+        ));
         let session_id = self.record.id.clone();
-        let result = self.run_turn(&emitter).await.map_err(|error| self.explain(error));
+        // Under `--network ask`, the sandbox's connections are asked about in this turn while it runs.
+        let asking = self
+            .bridge
+            .config()
+            .network
+            .asks()
+            .then(|| self.bridge.network_asks.enter(&session_id, emitter.clone(), self.sink.clone(), &self.cancel));
+        let result = self.run_turn(&emitter, asking.as_ref()).await.map_err(|error| self.explain(error));
+        // Its open questions are withdrawn and their cards closed before the turn's last updates.
+        if let Some(asking) = asking {
+            asking.close().await;
+        }
         // Every update is stored and sent before the prompt is answered; one that could not be stored fails the turn
         // with the store's words (what the user can do about it), whatever else went wrong.
         let result = match emitter.flush().await {
@@ -162,7 +179,7 @@ impl Turn<'_> {
         }
     }
 
-    async fn run_turn(&self, emit: &Emitter) -> Result<StopReason> {
+    async fn run_turn(&self, emit: &Emitter, asking: Option<&super::asks::Entered>) -> Result<StopReason> {
         let workspace = PathBuf::from(&self.record.cwd);
         if !workspace.is_dir() {
             return Err(Error::InvalidParams(format!("the workspace {} does not exist", workspace.display())));
@@ -208,6 +225,9 @@ impl Turn<'_> {
         let Some(sandbox) = self.unless_cancelled(self.bridge.session_sandbox(&self.record)).await? else {
             return Ok(StopReason::Cancelled);
         };
+        if let (Some(asking), Some(name)) = (asking, sandbox.state_dir().file_name().and_then(|name| name.to_str())) {
+            asking.place(name);
+        }
         let found = match (sandbox.remote_files(), found) {
             (Some(files), _) => self.remote_executable(emit, sandbox.as_ref(), files).await,
             (None, Some(found)) => found,
