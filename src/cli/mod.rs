@@ -96,6 +96,9 @@ struct SandboxInit {
     /// Stop everything once the tree holds more than BYTES of memory (where no cgroup limits it).
     #[arg(long)]
     max_memory: Option<u64>,
+    /// Put PROGRAM in the Landlock sandbox these grants describe (JSON, written by the bridge).
+    #[arg(long, value_name = "JSON")]
+    landlock: Option<String>,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM")]
     command: Vec<String>,
@@ -426,6 +429,7 @@ fn sandbox_init(init: SandboxInit) -> ExitCode {
         keep_warm: init.keep_warm_secs.map(Duration::from_secs),
         max_processes: init.max_processes,
         max_memory: init.max_memory,
+        landlock: init.landlock,
         program,
         args: command.collect(),
     });
