@@ -109,8 +109,9 @@ struct Settings {
     /// The agent CLI that new sessions run.
     #[arg(long, global = true, env = "ACP_SANDBOX_AGENT", value_enum, default_value = "opencode")]
     agent: AgentKind,
-    /// Where CLIs run: bubblewrap when available (auto), bubblewrap or fail (bwrap), no sandbox (none), or an E2B
-    /// or Daytona sandbox per session (e2b, daytona; preview: need E2B_API_KEY, DAYTONA_API_KEY).
+    /// Where CLIs run: bubblewrap, else Landlock, else prompts refused (auto), bubblewrap or fail (bwrap), Landlock
+    /// or fail (landlock), no sandbox (none), or an E2B or Daytona sandbox per session (e2b, daytona; preview: need
+    /// E2B_API_KEY, DAYTONA_API_KEY).
     #[arg(long, global = true, env = "ACP_SANDBOX_SANDBOX", value_enum, default_value = "auto")]
     sandbox: SandboxChoice,
     /// How the agent's writes reach your files: at once (direct), or through the editor's review (review).

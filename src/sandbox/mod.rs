@@ -1,8 +1,8 @@
 //! Sandboxes: where a session's CLI runs. The only module that spawns processes.
 //!
 //! A [`SandboxProvider`] creates, reconnects to, suspends and destroys the sandbox of one session; a
-//! [`Sandbox`] runs commands in it with streamed stdout and stderr. The local provider (bubblewrap or a
-//! plain process group) is the embedded default; remote providers (E2B, Daytona) fit the same shape: their
+//! [`Sandbox`] runs commands in it with streamed stdout and stderr. The local provider (bubblewrap, Landlock or
+//! a plain process group) is the embedded default; remote providers (E2B, Daytona) fit the same shape: their
 //! ids are persisted with the session, and `connect` answers `None` when the sandbox is gone.
 
 // The one place allowed to start processes (clippy.toml bans it elsewhere).

@@ -242,7 +242,12 @@ impl Prepared {
         }
         let ruleset: Option<OwnedFd> = created.into();
         let ruleset = ruleset.ok_or_else(|| LandlockError::Unsupported("Landlock made no ruleset".into()))?;
-        let filters = vec![super::seccomp::sandbox_program()?, socket_program()?];
+        // Under `--network host` (no TCP rule) UDP stays too, so that the CLI's own DNS works; unix sockets never.
+        let sockets = match confinement.connect {
+            Some(_) => socket_program()?,
+            None => super::seccomp::no_unix_sockets_program()?,
+        };
+        let filters = vec![super::seccomp::sandbox_program()?, sockets];
         Ok(Prepared { ruleset, filters })
     }
 
