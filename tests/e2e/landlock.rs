@@ -50,10 +50,7 @@ fn auto_without_bubblewrap_runs_the_landlock_sandbox_and_says_so() {
     let turn = bridge.prompt(&sid, "SCENARIO:probe Say hello");
     assert_eq!(turn.stop_reason(), "end_turn");
     assert!(turn.agent_text().contains("Hello from the fake model"), "{:?}", turn.updates);
-    assert_eq!(
-        notes(&turn),
-        [format!("_OpenCode runs in the Landlock sandbox here (bubblewrap cannot work on this machine): {GAPS}._")]
-    );
+    assert_eq!(notes(&turn), [format!("_OpenCode runs in the Landlock sandbox here, not bubblewrap: {GAPS}._")]);
 
     let run = &invocations(&ws)[0];
     assert_eq!(run.cwd(), ws);

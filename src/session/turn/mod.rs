@@ -197,7 +197,7 @@ impl Turn<'_> {
             && let Some(gaps) = self.bridge.provider.weaker()
         {
             emit.send(note(&format!(
-                "_{} runs in the Landlock sandbox here (bubblewrap cannot work on this machine): {gaps}._",
+                "_{} runs in the Landlock sandbox here, not bubblewrap: {gaps}._",
                 self.agent.display_name()
             )))
             .await?;
