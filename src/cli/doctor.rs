@@ -181,7 +181,7 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
     }
     // Off Linux the sandbox line says why there is no bubblewrap and what to use instead.
     #[cfg(linux_sandbox)]
-    if config.sandbox != SandboxChoice::None && probe_bwrap().is_err() {
+    if !matches!(config.sandbox, SandboxChoice::None | SandboxChoice::Landlock) && probe_bwrap().is_err() {
         for line in bwrap_advice(which::which("bwrap").is_ok()) {
             out!("            {line}");
         }
