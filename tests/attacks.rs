@@ -8,7 +8,8 @@
 //! (files written, sockets connected, processes alive) the test checks the host side too.
 //!
 //! bubblewrap tests run as the current user and, when the tests run as root, again with the bridge started as
-//! `nobody` (`setpriv`) in a lab owned by nobody. Claims that hold without a sandbox run under `--sandbox none` too.
+//! `nobody` (`setpriv`) in a lab owned by nobody. Claims that hold without a sandbox run under `--sandbox none` too;
+//! the file, secret, socket, network and process claims also under `--sandbox landlock`, as both users.
 //! A variant that cannot run here (no working bubblewrap, nobody cannot run it) fails the test with the reason: a
 //! protection that was not attacked has not held. Every variant of a test runs even when one fails;
 //! the failure lists each failed check with the report entry's detail and the bridge's stderr.
@@ -125,6 +126,17 @@ impl Variant {
     fn bwrap(&self) -> bool {
         self.sandbox == "bwrap"
     }
+
+    /// Whether a sandbox confines the CLI: bubblewrap's or the Landlock one.
+    fn sandboxed(&self) -> bool {
+        self.bwrap() || self.sandbox == "landlock"
+    }
+
+    /// How a direct connection to an outside host fails: no route in bubblewrap's network namespace, Landlock's
+    /// refusal of the port without it.
+    fn direct_connect_errno(&self) -> &'static str {
+        if self.sandbox == "landlock" { "EACCES" } else { "ENETUNREACH" }
+    }
 }
 
 /// Whether the tests run as root (the effective uid, from `/proc/self/status`).
@@ -153,9 +165,34 @@ fn bwrap_variants(test: &str) -> Vec<Variant> {
     variants
 }
 
-/// The bubblewrap variants plus `--sandbox none`.
-fn all_variants(test: &str) -> Vec<Variant> {
+/// The Landlock variants (`--sandbox landlock`, what `auto` runs where bubblewrap cannot): as the current user and,
+/// when the tests run as root, as nobody. A kernel without the Landlock ABI it needs fails the test with the reason.
+fn landlock_variants(test: &str) -> Vec<Variant> {
+    // SAFETY: with a null attribute, size 0 and LANDLOCK_CREATE_RULESET_VERSION, the call only returns the ABI.
+    let abi = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) };
+    if abi < 4 {
+        panic!("{test}: the kernel's Landlock ABI is {abi}; the Landlock sandbox needs 4, so it cannot be attacked");
+    }
+    let mut variants = vec![Variant { sandbox: "landlock", who: Who::Me }];
+    if is_root() {
+        if let Err(why) = &kit().nobody {
+            panic!("{test}: the bridge cannot run as nobody here, so no unprivileged run attacks it: {why}");
+        }
+        variants.push(Variant { sandbox: "landlock", who: Who::Nobody });
+    }
+    variants
+}
+
+/// bubblewrap's variants and Landlock's: the claims both sandboxes make.
+fn sandboxed_variants(test: &str) -> Vec<Variant> {
     let mut variants = bwrap_variants(test);
+    variants.extend(landlock_variants(test));
+    variants
+}
+
+/// The bubblewrap variants, the Landlock ones and `--sandbox none`: claims that hold without a sandbox hold in both.
+fn all_variants(test: &str) -> Vec<Variant> {
+    let mut variants = sandboxed_variants(test);
     variants.push(Variant { sandbox: "none", who: Who::Me });
     variants
 }
@@ -759,7 +796,7 @@ impl Drop for Listener {
 #[test]
 fn secret_files_of_the_home_are_unreadable() {
     let test = "secret_files_of_the_home_are_unreadable";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("secrets", variant);
         let (_bridge, _, report) = run_attacks(&lab, lab.options(), "secrets");
         let mut checks = Checks::new();
@@ -773,7 +810,7 @@ fn secrets_inside_the_workspace_stay_hidden() {
     // A workspace that holds secret paths (`~/.config` holds `~/.config/gh` and gcloud's credentials): the
     // workspace's own mount must not show them again.
     let test = "secrets_inside_the_workspace_stay_hidden";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("secrets-in-ws", variant);
         let ws = lab.home.join(".config");
         lab.write(&ws.join(".attack/keep"), "");
@@ -789,7 +826,7 @@ fn secrets_inside_the_workspace_stay_hidden() {
 #[test]
 fn deny_read_hides_an_extra_directory() {
     let test = "deny_read_hides_an_extra_directory";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("deny-read", variant);
         let dir = lab.root.join("extra-secrets");
         let canary = format!("DENIED {}", lab.nonce);
@@ -811,7 +848,7 @@ fn deny_read_hides_an_extra_directory() {
 #[test]
 fn strict_profile_hides_plain_files_of_the_home() {
     let test = "strict_profile_hides_plain_files_of_the_home";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("strict", variant);
         let mut checks = Checks::new();
         let (default, _, report) = run_attacks(&lab, lab.options(), "plain_home");
@@ -828,7 +865,7 @@ fn strict_profile_hides_plain_files_of_the_home() {
 #[test]
 fn the_data_dir_and_other_sessions_are_invisible() {
     let test = "the_data_dir_and_other_sessions_are_invisible";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("data-dir", variant);
         let mut bridge = Bridge::start(lab.options());
         let other_ws = lab.workspace("other-ws");
@@ -860,7 +897,7 @@ fn the_data_dir_and_other_sessions_are_invisible() {
 #[test]
 fn nothing_outside_the_workspace_is_writable() {
     let test = "nothing_outside_the_workspace_is_writable";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("writes", variant);
         let bashrc = std::fs::read_to_string(lab.home.join(".bashrc")).unwrap();
         let (_bridge, _, report) = run_attacks(&lab, lab.options(), "outside_writes");
@@ -1104,7 +1141,7 @@ fn protected_paths_leave_no_trace_and_what_the_agent_creates_there_is_moved_out(
 #[test]
 fn root_cannot_be_remounted_writable() {
     let test = "root_cannot_be_remounted_writable";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("remount", variant);
         let (_bridge, _, report) = run_attacks(&lab, lab.options(), "capabilities,remount");
         let mut checks = Checks::new();
@@ -1121,7 +1158,7 @@ fn root_cannot_be_remounted_writable() {
 #[test]
 fn no_capability_is_effective() {
     let test = "no_capability_is_effective";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("caps", variant);
         let (_bridge, _, report) = run_attacks(&lab, lab.options(), "capabilities");
         let mut checks = Checks::new();
@@ -1135,7 +1172,7 @@ fn no_capability_is_effective() {
 #[test]
 fn host_unix_sockets_are_unreachable() {
     let test = "host_unix_sockets_are_unreachable";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("unix", variant);
         let agent = lab.home.join(".ssh/agent.sock");
         let mut listeners = vec![("ssh_agent", Listener::unix(&agent))];
@@ -1170,7 +1207,7 @@ fn host_unix_sockets_are_unreachable() {
 #[test]
 fn host_loopback_is_unreachable_directly_and_through_the_proxy() {
     let test = "host_loopback_is_unreachable_directly_and_through_the_proxy";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("loopback", variant);
         let (mut listener, port) = Listener::tcp();
         let mut targets = lab.targets();
@@ -1188,7 +1225,7 @@ fn host_loopback_is_unreachable_directly_and_through_the_proxy() {
 #[test]
 fn network_allow_list_denies_other_domains_at_the_proxy() {
     let test = "network_allow_list_denies_other_domains_at_the_proxy";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("allow", variant);
         let options = lab.options().arg("--network").arg("allow=allowed.example");
         let (_bridge, _, report) = run_attacks(&lab, options, "proxy_domains");
@@ -1209,8 +1246,9 @@ fn network_allow_list_denies_other_domains_at_the_proxy() {
         checks
             .check(allowed != 403, || format!("an allowed host is denied: {}", report.detail("proxy_allowed_domain")));
         let errno = report.entry("direct_external").map(|e| e["errno"].clone()).unwrap_or_default();
-        checks.check(errno == "ENETUNREACH", || {
-            format!("a direct connect must fail at once with ENETUNREACH: {}", report.detail("direct_external"))
+        let expected = variant.direct_connect_errno();
+        checks.check(errno == expected, || {
+            format!("a direct connect must fail at once with {expected}: {}", report.detail("direct_external"))
         });
         checks.finish();
     });
@@ -1219,7 +1257,7 @@ fn network_allow_list_denies_other_domains_at_the_proxy() {
 #[test]
 fn network_none_has_no_route_and_no_proxy_that_connects() {
     let test = "network_none_has_no_route_and_no_proxy_that_connects";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("net-none", variant);
         let (mut listener, port) = Listener::tcp();
         let mut targets = lab.targets();
@@ -1236,7 +1274,8 @@ fn network_none_has_no_route_and_no_proxy_that_connects() {
             format!("--network none reached even the allowed host: {}", report.detail("proxy_allowed_domain"))
         });
         let errno = report.entry("direct_external").map(|e| e["errno"].clone()).unwrap_or_default();
-        checks.check(errno == "ENETUNREACH", || format!("expected ENETUNREACH: {}", report.detail("direct_external")));
+        let expected = variant.direct_connect_errno();
+        checks.check(errno == expected, || format!("expected {expected}: {}", report.detail("direct_external")));
         let accepted = listener.accepted();
         checks.check(accepted == 0, || format!("the host's 127.0.0.1:{port} was connected to {accepted} time(s)"));
         checks.finish();
@@ -1250,7 +1289,7 @@ fn network_none_has_no_route_and_no_proxy_that_connects() {
 /// read of its environment or memory.
 fn seccomp_blocks_namespaces_ptrace_and_keyrings() {
     let test = "seccomp_blocks_namespaces_ptrace_and_keyrings";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("seccomp", variant);
         let (_bridge, _, report) = run_attacks(&lab, lab.options(), "seccomp");
         let mut checks = Checks::new();
@@ -1278,7 +1317,7 @@ fn seccomp_blocks_namespaces_ptrace_and_keyrings() {
 #[test]
 fn max_processes_bounds_a_fork_bomb() {
     let test = "max_processes_bounds_a_fork_bomb";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("fork-bomb", variant);
         let options = lab.options().arg("--max-processes").arg("64");
         let mut bridge = Bridge::start(options);
@@ -1305,7 +1344,7 @@ fn max_processes_bounds_a_fork_bomb() {
 #[test]
 fn max_memory_bounds_a_memory_hog() {
     let test = "max_memory_bounds_a_memory_hog";
-    for_each_variant(test, bwrap_variants(test), |variant| {
+    for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("memory", variant);
         let options = lab.options().arg("--max-memory").arg("256M");
         let mut bridge = Bridge::start(options);
@@ -1596,7 +1635,7 @@ fn secrets_in_the_bridge_environment_do_not_reach_the_cli() {
         let mut checks = Checks::new();
         checks.blocked(&report, "env_leak");
         checks.worked(&report, "env_provider");
-        if variant.bwrap() {
+        if variant.sandboxed() {
             checks.blocked(&report, "env_other_processes");
         } else if report.succeeded("env_other_processes") == Some(true) {
             eprintln!("NOTE (--sandbox none, not asserted): {}", report.detail("env_other_processes"));

@@ -18,6 +18,7 @@ mod e2e {
     mod commands;
     mod errors;
     mod fork;
+    mod landlock;
     mod network_ask;
     mod persistence;
     mod protocol;

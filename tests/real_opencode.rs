@@ -390,6 +390,11 @@ fn plain_answer_then_followup_bwrap() {
     }
 }
 
+#[test]
+fn plain_answer_then_followup_landlock() {
+    plain_answer_then_followup("landlock", "plain_answer_then_followup_landlock");
+}
+
 // ---- write -> bash -> read -> edit ---------------------------------------------------------------------------
 
 fn tool_loop(sandbox: &str, test: &str) {
@@ -475,6 +480,12 @@ fn tool_loop_write_bash_read_edit_bwrap() {
     if bwrap_ok("tool_loop_write_bash_read_edit_bwrap") {
         tool_loop("bwrap", "tool_loop_write_bash_read_edit_bwrap");
     }
+}
+
+/// The Landlock sandbox (what `auto` runs without bubblewrap): real OpenCode's tools work in it.
+#[test]
+fn tool_loop_write_bash_read_edit_landlock() {
+    tool_loop("landlock", "tool_loop_write_bash_read_edit_landlock");
 }
 
 /// Every line of OpenCode's own log files in a session's state dir (wherever its XDG data dir is).

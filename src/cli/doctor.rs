@@ -168,6 +168,8 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
     match &isolation {
         // Its description says why there is no isolation, `--sandbox none` among the reasons.
         Ok(isolation @ Isolation::None(_)) => out!("sandbox     {}", isolation.describe()),
+        // Every prompt would be refused: an error.
+        Ok(isolation @ Isolation::Refused(_)) => out!("sandbox     {}", error(isolation.describe())),
         // A remote choice leaves the local sandbox to the bridge's own short commands (the provider has its lines).
         Ok(isolation) if config.sandbox.is_remote() => out!(
             "sandbox     {} for the bridge's own commands; sessions: --sandbox {} (below)",
@@ -179,12 +181,15 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
     }
     // Off Linux the sandbox line says why there is no bubblewrap and what to use instead.
     #[cfg(linux_sandbox)]
-    if config.sandbox != SandboxChoice::None && probe_bwrap().is_err() {
+    if !matches!(config.sandbox, SandboxChoice::None | SandboxChoice::Landlock) && probe_bwrap().is_err() {
         for line in bwrap_advice(which::which("bwrap").is_ok()) {
             out!("            {line}");
         }
     }
-    if let Ok(isolation) = isolation {
+    // Refused: nothing runs, so there is nothing more to say about what would hold.
+    if let Ok(isolation) = isolation
+        && !matches!(isolation, Isolation::Refused(_))
+    {
         let settings = config.local_settings(isolation);
         for (name, on, text) in settings.describe() {
             out!("  {:<12}  {} {text}", name, if on { "on " } else { "OFF" });

@@ -96,6 +96,9 @@ struct SandboxInit {
     /// Stop everything once the tree holds more than BYTES of memory (where no cgroup limits it).
     #[arg(long)]
     max_memory: Option<u64>,
+    /// Put PROGRAM in the Landlock sandbox these grants describe (JSON, written by the bridge).
+    #[arg(long, value_name = "JSON")]
+    landlock: Option<String>,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM")]
     command: Vec<String>,
@@ -106,8 +109,9 @@ struct Settings {
     /// The agent CLI that new sessions run.
     #[arg(long, global = true, env = "ACP_SANDBOX_AGENT", value_enum, default_value = "opencode")]
     agent: AgentKind,
-    /// Where CLIs run: bubblewrap when available (auto), bubblewrap or fail (bwrap), no sandbox (none), or an E2B
-    /// or Daytona sandbox per session (e2b, daytona; preview: need E2B_API_KEY, DAYTONA_API_KEY).
+    /// Where CLIs run: bubblewrap, else Landlock, else prompts refused (auto), bubblewrap or fail (bwrap), Landlock
+    /// or fail (landlock), no sandbox (none), or an E2B or Daytona sandbox per session (e2b, daytona; preview: need
+    /// E2B_API_KEY, DAYTONA_API_KEY).
     #[arg(long, global = true, env = "ACP_SANDBOX_SANDBOX", value_enum, default_value = "auto")]
     sandbox: SandboxChoice,
     /// How the agent's writes reach your files: at once (direct), or through the editor's review (review).
@@ -428,6 +432,7 @@ fn sandbox_init(init: SandboxInit) -> ExitCode {
         keep_warm: init.keep_warm_secs.map(Duration::from_secs),
         max_processes: init.max_processes,
         max_memory: init.max_memory,
+        landlock: init.landlock,
         program,
         args: command.collect(),
     });

@@ -1,8 +1,8 @@
 //! Sandboxes: where a session's CLI runs. The only module that spawns processes.
 //!
 //! A [`SandboxProvider`] creates, reconnects to, suspends and destroys the sandbox of one session; a
-//! [`Sandbox`] runs commands in it with streamed stdout and stderr. The local provider (bubblewrap or a
-//! plain process group) is the embedded default; remote providers (E2B, Daytona) fit the same shape: their
+//! [`Sandbox`] runs commands in it with streamed stdout and stderr. The local provider (bubblewrap, Landlock or
+//! a plain process group) is the embedded default; remote providers (E2B, Daytona) fit the same shape: their
 //! ids are persisted with the session, and `connect` answers `None` when the sandbox is gone.
 
 // The one place allowed to start processes (clippy.toml bans it elsewhere).
@@ -27,10 +27,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// Which sandbox runs the CLIs.
 #[derive(Clone, Copy)]
 pub enum SandboxChoice {
-    /// bubblewrap when its probe works, a plain process group otherwise.
+    /// bubblewrap when its probe works, else the Landlock sandbox, else prompts are refused with the reason.
     Auto,
     /// bubblewrap, and a clear error when it cannot work here.
     Bwrap,
+    /// The Landlock + seccomp sandbox without namespaces, and a clear error when the kernel cannot hold it.
+    Landlock,
     /// A plain process group in the workspace: no isolation.
     None,
     /// A sandbox per session of a remote provider (preview).
@@ -39,7 +41,7 @@ pub enum SandboxChoice {
 
 /// Every choice `--sandbox` offers: the local ones, then each remote provider's.
 static CHOICES: std::sync::LazyLock<Vec<SandboxChoice>> = std::sync::LazyLock::new(|| {
-    let local = [SandboxChoice::Auto, SandboxChoice::Bwrap, SandboxChoice::None];
+    let local = [SandboxChoice::Auto, SandboxChoice::Bwrap, SandboxChoice::Landlock, SandboxChoice::None];
     local.into_iter().chain(remote::REMOTES.iter().map(|remote| SandboxChoice::Remote(*remote))).collect()
 });
 
@@ -49,6 +51,7 @@ impl SandboxChoice {
         match self {
             SandboxChoice::Auto => "auto",
             SandboxChoice::Bwrap => "bwrap",
+            SandboxChoice::Landlock => "landlock",
             SandboxChoice::None => "none",
             SandboxChoice::Remote(remote) => remote.name(),
         }
@@ -81,8 +84,9 @@ impl clap::ValueEnum for SandboxChoice {
 
     fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
         let help = match self {
-            SandboxChoice::Auto => "bubblewrap when its probe works, a plain process group otherwise",
+            SandboxChoice::Auto => "bubblewrap when it works here, else the Landlock sandbox, else prompts are refused",
             SandboxChoice::Bwrap => "bubblewrap, and a clear error when it cannot work here",
+            SandboxChoice::Landlock => "Landlock and seccomp without namespaces (Linux 6.7+), or a clear error",
             SandboxChoice::None => "A plain process group in the workspace: no isolation",
             SandboxChoice::Remote(remote) => remote.help(),
         };
@@ -108,7 +112,7 @@ pub fn needs_linux() -> String {
 }
 
 /// The provider of the sessions' sandboxes as `--sandbox` chose it: the one place that knows every provider.
-/// `local` serves `auto`, `bwrap` and `none`, and the bridge's own short commands whatever the choice.
+/// `local` serves `auto`, `bwrap`, `landlock` and `none`, and the bridge's own short commands whatever the choice.
 /// `var` reads the providers' settings (the environment, and a key `acp-sandbox login --provider` stored).
 pub fn session_provider(
     choice: SandboxChoice,
@@ -117,7 +121,7 @@ pub fn session_provider(
 ) -> Result<Arc<dyn SandboxProvider>, SandboxError> {
     match choice {
         SandboxChoice::Remote(remote) => remote.open(&var),
-        SandboxChoice::Auto | SandboxChoice::Bwrap | SandboxChoice::None => Ok(local),
+        SandboxChoice::Auto | SandboxChoice::Bwrap | SandboxChoice::Landlock | SandboxChoice::None => Ok(local),
     }
 }
 
@@ -548,6 +552,16 @@ pub trait SandboxProvider: Send + Sync {
     }
     /// Why this provider's sandboxes would not confine the CLI at all, if they would not: the user is told once.
     fn unconfined(&self) -> Option<String> {
+        None
+    }
+
+    /// What this provider's sandboxes do not hold that bubblewrap's would, if anything: the user is told once.
+    fn weaker(&self) -> Option<String> {
+        None
+    }
+
+    /// Why no sandbox can be made here for what the user chose, if none can: every prompt fails with it.
+    fn refusal(&self) -> Option<String> {
         None
     }
 

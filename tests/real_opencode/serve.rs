@@ -91,6 +91,12 @@ fn serve_answers_and_continues_bwrap() {
     }
 }
 
+/// OpenCode's warm server in the Landlock sandbox: reached through `sandbox-init`'s door, not by its tools.
+#[test]
+fn serve_answers_and_continues_landlock() {
+    serve_followup("landlock", "serve_answers_and_continues_landlock");
+}
+
 fn tokens_and_live_output(sandbox: &str, test: &str) {
     let Some(world) = World::new(test) else { return };
     let ws = world.workspace("ws");

@@ -10,6 +10,9 @@ use crate::sandbox::net::proxy::NetworkMode;
 impl LocalSettings {
     /// One line per protection for `doctor` and the log: what applies and what does not, with the reason.
     pub fn describe(&self) -> Vec<(String, bool, String)> {
+        if let Isolation::Landlock(abi) = self.isolation {
+            return self.describe_landlock(abi);
+        }
         let bwrap = matches!(self.isolation, Isolation::Bwrap(_));
         let off = |why: &str| (false, why.to_string());
         let mut lines = Vec::new();
@@ -161,6 +164,99 @@ impl LocalSettings {
             } else {
                 (true, "a subreaper kills every descendant, daemons included, at the end of the turn".into())
             },
+        );
+        lines
+    }
+}
+
+impl LocalSettings {
+    /// The lines of the Landlock sandbox (`landlock.rs`): what it holds and, as OFF lines, what it does not.
+    fn describe_landlock(&self, abi: i32) -> Vec<(String, bool, String)> {
+        let mut lines: Vec<(String, bool, String)> = Vec::new();
+        let mut add = |name: &str, on: bool, text: String| lines.push((name.to_string(), on, text));
+        add(
+            "filesystem",
+            true,
+            format!(
+                "Landlock ABI {abi}: system readable, writable workspace and session state only, a private TMPDIR in \
+                 it (no /tmp, /run or /dev/shm); profile {}",
+                self.policy.profile.as_str()
+            ),
+        );
+        add(
+            "secrets",
+            true,
+            format!(
+                "{} built-in paths and {} --deny-read unreadable; data dir unreadable",
+                SECRETS.len(),
+                self.policy.deny_read.len()
+            ),
+        );
+        add(
+            "protected",
+            false,
+            "Landlock cannot keep a file read-only in a writable workspace: .git/config, hooks, .envrc are writable \
+             (--workspace review keeps them out of your files); what is created where one is missing is moved out"
+                .into(),
+        );
+        add(
+            "workspace",
+            self.workspace_mode == WorkspaceMode::Review,
+            match self.workspace_mode {
+                WorkspaceMode::Direct => "direct: the agent's writes land in your files at once".into(),
+                WorkspaceMode::Review => {
+                    "review: the agent works on a copy; its edits reach you through the editor".into()
+                }
+            },
+        );
+        let network = match &self.network {
+            NetworkMode::Host => {
+                (false, "--network host: the host's network, loopback and every host service included".into())
+            }
+            mode => (
+                true,
+                format!(
+                    "TCP only to the bridge's proxy ({mode}) and the model endpoints on loopback, by port (Landlock \
+                     cannot tell hosts apart: those ports are open on any host); no UDP, raw or unix sockets"
+                ),
+            ),
+        };
+        add("network", network.0, network.1);
+        add("capabilities", true, "all dropped, bounding set included; no_new_privs".into());
+        add(
+            "seccomp",
+            true,
+            format!("denies {}; sockets other than TCP and netlink refused", seccomp::DENIED.join(", ")),
+        );
+        add(
+            "scoping",
+            abi >= super::landlock::SCOPE_ABI,
+            if abi >= super::landlock::SCOPE_ABI {
+                "no signal and no abstract unix socket outside the sandbox".into()
+            } else {
+                format!(
+                    "Landlock ABI {abi} < {}: the agent can signal your other processes and reach abstract unix \
+                     sockets",
+                    super::landlock::SCOPE_ABI
+                )
+            },
+        );
+        add(
+            "processes",
+            false,
+            "the host's process list and command lines are visible (no PID namespace); a subreaper ends every \
+             descendant with the turn"
+                .into(),
+        );
+        add(
+            "limits",
+            true,
+            format!(
+                "at most {} processes and {} (a cgroup where one can be made, else watched by the sandbox's first \
+                 process)",
+                self.limits.max_processes,
+                limits::format_size(self.limits.max_memory_bytes)
+            ),
         );
         lines
     }

@@ -60,6 +60,9 @@ pub struct InitArgs {
     pub keep_warm: Option<Duration>,
     /// Where no cgroup limits the sandbox: at most this many processes in it, watched from here.
     pub max_processes: Option<u64>,
+    /// The Landlock sandbox (`landlock::Confinement`, as JSON): put on the program before exec, with its proxy
+    /// listener served from here. This process stays outside it.
+    pub landlock: Option<String>,
     /// Where no cgroup limits the sandbox: at most this much resident memory in it, watched from here.
     pub max_memory: Option<u64>,
     /// The CLI.
@@ -156,8 +159,25 @@ async fn supervise(args: InitArgs) -> i32 {
             return INIT_FAILED;
         }
     };
+    let confined = match args.landlock.as_deref().map(confined).transpose() {
+        Ok(confined) => confined,
+        Err(e) => {
+            complain(&format!("cannot make the Landlock sandbox: {e}"));
+            return INIT_FAILED;
+        }
+    };
     let mut command = Command::new(&args.program);
     command.args(&args.args);
+    if let Some((prepared, listener)) = confined {
+        // Served before the spawn: the CLI's first request never finds the door closed.
+        if let Some(listener) = listener {
+            tokio::spawn(serve(listener, socket.clone(), Door::Proxy));
+        }
+        // SAFETY: the closure makes system calls on what `prepared` built before the fork and moved into it.
+        unsafe {
+            command.pre_exec(move || prepared.confine());
+        }
+    }
     if args.keep_warm.is_some() {
         command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
     }
@@ -255,6 +275,20 @@ async fn supervise(args: InitArgs) -> i32 {
             let _ = kill(Pid::from_raw(pid as i32), forward);
         }
     }
+}
+
+/// The Landlock sandbox of `json` (`landlock::Confinement`), ready to be put on the program, and the proxy's
+/// listener the bridge passed.
+fn confined(json: &str) -> Result<(super::landlock::Prepared, Option<TcpListener>), String> {
+    let confinement: super::landlock::Confinement = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    let prepared = super::landlock::Prepared::new(&confinement).map_err(|e| e.to_string())?;
+    let listener = match confinement.proxy_fd {
+        Some(fd) => {
+            Some(super::landlock::proxy_listener(fd).map_err(|e| format!("the proxy's listener (fd {fd}): {e}"))?)
+        }
+        None => None,
+    };
+    Ok((prepared, listener))
 }
 
 /// Where this network namespace's unprivileged ports start.

@@ -1,4 +1,5 @@
-//! The local sandbox: bubblewrap where it works, a plain process group otherwise.
+//! The local sandbox: bubblewrap where it works, else Landlock and seccomp (`landlock.rs`), else none: then
+//! prompts are refused, unless the user chose `--sandbox none` (a plain process group).
 //!
 //! Each session owns a state dir under the data dir (the CLI's HOME and XDG dirs); its id is that path.
 //! Under bubblewrap the mounts come from `policy.rs`; the sandbox also gets its own user, PID, IPC, UTS and
@@ -17,6 +18,9 @@ mod describe;
 pub mod guard;
 #[cfg(linux_sandbox)]
 pub mod init;
+mod isolation;
+#[cfg(linux_sandbox)]
+pub mod landlock;
 pub mod limits;
 pub mod owners;
 pub mod policy;
@@ -44,8 +48,7 @@ use tokio::process::{Child, Command};
 use self::adopt::Warm;
 #[cfg(linux_sandbox)]
 use self::bwrap::open_low_ports;
-#[cfg(linux_sandbox)]
-pub use self::bwrap::probe_bwrap;
+pub use self::isolation::{Isolation, LANDLOCK_GAPS, probe_bwrap, probe_landlock};
 use self::limits::Limits;
 use self::owners::record_owner;
 use self::policy::{Policy, RealDisk};
@@ -61,60 +64,6 @@ use super::{
 };
 use crate::paths;
 use crate::workspace::statedir::StateDir;
-
-/// How the local provider isolates commands.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Isolation {
-    /// bubblewrap at this path.
-    Bwrap(PathBuf),
-    /// A plain process group; the string says why there is no bubblewrap.
-    None(String),
-}
-
-impl Isolation {
-    /// Decides the isolation for a sandbox choice, probing bubblewrap once per process.
-    pub fn resolve(choice: SandboxChoice) -> Result<Self, SandboxError> {
-        match choice {
-            SandboxChoice::None => Ok(Isolation::None("--sandbox none was given".into())),
-            SandboxChoice::Bwrap => match probe_bwrap() {
-                Ok(path) => Ok(Isolation::Bwrap(path)),
-                Err(why) => Err(SandboxError::Unavailable(format!("--sandbox bwrap cannot work here: {why}"))),
-            },
-            // With a remote provider only the bridge's own short commands (versions, model lists) run here.
-            SandboxChoice::Auto | SandboxChoice::Remote(_) => Ok(match probe_bwrap() {
-                Ok(path) => Isolation::Bwrap(path),
-                Err(why) => Isolation::None(why),
-            }),
-        }
-    }
-
-    /// One line for logs and `doctor`.
-    pub fn describe(&self) -> String {
-        match self {
-            Isolation::Bwrap(path) => format!(
-                "bubblewrap ({}): read-only system without secrets, writable workspace and session state, own \
-                 namespaces, no capabilities, seccomp",
-                path.display()
-            ),
-            Isolation::None(why) => format!("plain process group, NO isolation ({why})"),
-        }
-    }
-}
-
-/// Off Linux there is no bubblewrap to probe: `--sandbox bwrap` is refused and `auto` runs without isolation.
-#[cfg(not(linux_sandbox))]
-pub fn probe_bwrap() -> Result<PathBuf, String> {
-    Err(needs_linux())
-}
-
-/// Off Linux the protections of `describe.rs` have nothing to stand on: one line says so.
-#[cfg(not(linux_sandbox))]
-impl LocalSettings {
-    /// One line for `doctor` and the log: nothing is isolated here.
-    pub fn describe(&self) -> Vec<(String, bool, String)> {
-        vec![("isolation".into(), false, format!("NOT isolated: {}", needs_linux()))]
-    }
-}
 
 /// What every local sandbox of this bridge is made of.
 #[derive(Clone, Debug)]
@@ -201,6 +150,16 @@ impl LocalProvider {
             #[cfg(linux_sandbox)]
             crate::sandbox::process::become_subreaper();
         }
+        match &provider.settings.isolation {
+            Isolation::Landlock(_) => {
+                tracing::warn!("CLIs run in the Landlock sandbox, not bubblewrap: {LANDLOCK_GAPS}");
+                // `sandbox-init` reaps each turn's tree; should it die first, its orphans come to the bridge.
+                #[cfg(linux_sandbox)]
+                crate::sandbox::process::become_subreaper();
+            }
+            Isolation::Refused(why) => tracing::error!("no sandbox for the CLIs; prompts are refused: {why}"),
+            _ => {}
+        }
         Ok(provider)
     }
 
@@ -281,7 +240,7 @@ impl SandboxProvider for LocalProvider {
             .then(|| Arc::new(self.settings.review_copy(&state_dir, &spec.workspace)));
         // Without bubblewrap nothing can be bound over the workspace: the agent works in its copy, where it lives.
         let workspace = match (&copy, &self.settings.isolation) {
-            (Some(copy), Isolation::None(_)) => copy.path(),
+            (Some(copy), Isolation::None(_) | Isolation::Landlock(_)) => copy.path(),
             _ => spec.workspace.clone(),
         };
         // The review copy covers the workspace alone: with it, the other roots are never writable (the session
@@ -309,7 +268,18 @@ impl SandboxProvider for LocalProvider {
     fn unconfined(&self) -> Option<String> {
         match &self.settings.isolation {
             Isolation::None(why) => Some(why.clone()),
-            Isolation::Bwrap(_) => None,
+            Isolation::Bwrap(_) | Isolation::Landlock(_) | Isolation::Refused(_) => None,
+        }
+    }
+
+    fn weaker(&self) -> Option<String> {
+        matches!(self.settings.isolation, Isolation::Landlock(_)).then(|| LANDLOCK_GAPS.to_string())
+    }
+
+    fn refusal(&self) -> Option<String> {
+        match &self.settings.isolation {
+            Isolation::Refused(why) => Some(why.clone()),
+            _ => None,
         }
     }
 
@@ -499,6 +469,9 @@ impl Sandbox for LocalSandbox {
     }
 
     async fn exec(&self, mut spec: ExecSpec) -> Result<RunningProcess, SandboxError> {
+        if let Isolation::Refused(why) = &self.settings.isolation {
+            return Err(SandboxError::Unavailable(why.clone()));
+        }
         // Before anything of the command runs: another bridge's reaper must know it is ours. Without the record the
         // command still runs; only a bridge started meanwhile could take it for a leftover.
         if let Err(e) = record_owner(&self.settings.run_dir, &self.session_id) {
@@ -530,7 +503,7 @@ impl Sandbox for LocalSandbox {
         // through): an empty mount point under bubblewrap, a link to the file without it.
         for (host, target) in &spec.writable {
             let placed = match self.settings.isolation {
-                Isolation::None(_) => state.symlink(host, target),
+                Isolation::None(_) | Isolation::Landlock(_) | Isolation::Refused(_) => state.symlink(host, target),
                 Isolation::Bwrap(_) => state.place_mount_point(target),
             };
             placed.map_err(|e| SandboxError::io(format!("place {}", target.display()), e))?;
@@ -594,16 +567,16 @@ impl Sandbox for LocalSandbox {
             // Never chosen off Linux (`probe_bwrap` says why): settings made by hand get the same answer.
             #[cfg(not(linux_sandbox))]
             Isolation::Bwrap(_) => return Err(SandboxError::Unavailable(needs_linux())),
+            #[cfg(linux_sandbox)]
+            Isolation::Landlock(_) => {
+                link_read_only(&state, &spec);
+                self.landlock_command(&state, &mut spec, &mut guards, watch, door).await?
+            }
+            #[cfg(not(linux_sandbox))]
+            Isolation::Landlock(_) => return Err(SandboxError::Unavailable(needs_linux())),
+            Isolation::Refused(why) => return Err(SandboxError::Unavailable(why.clone())),
             Isolation::None(_) => {
-                // Without bubblewrap the user's config can't be mounted; link each entry instead.
-                for (host, target) in &spec.read_only {
-                    if host.exists()
-                        && std::fs::symlink_metadata(target).is_err()
-                        && let Err(e) = state.symlink(host, target)
-                    {
-                        tracing::warn!("cannot link {}: {e}", target.display());
-                    }
-                }
+                link_read_only(&state, &spec);
                 // The bridge's own binary goes first: a subreaper that ends every descendant, daemons included,
                 // when the CLI exits or the bridge goes.
                 let mut command = match &self.settings.init_program {
@@ -631,13 +604,13 @@ impl Sandbox for LocalSandbox {
         let mut join = cgroup.as_ref().map(|cgroup| cgroup.pre_exec_join());
         // RLIMIT_NPROC counts the whole user's processes; bubblewrap's user namespace needs headroom it would take.
         let mut rlimit = (cgroup.is_none()
-            && matches!(self.settings.isolation, Isolation::None(_))
+            && matches!(self.settings.isolation, Isolation::None(_) | Isolation::Landlock(_))
             && !nix::unistd::getuid().is_root())
         .then(|| limits::rlimit_pre_exec(&self.settings.limits));
         let inherited: Vec<i32> = guards.inherited.iter().map(|fd| fd.as_raw_fd()).collect();
         #[cfg(linux_sandbox)]
-        let init_dies_politely =
-            matches!(self.settings.isolation, Isolation::None(_)) && self.settings.init_program.is_some();
+        let init_dies_politely = matches!(self.settings.isolation, Isolation::None(_) | Isolation::Landlock(_))
+            && self.settings.init_program.is_some();
         // A kept-warm server is not told of the bridge's death: it lingers, then ends itself.
         let dies_with_bridge = kept.is_none();
         // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe syscalls on
@@ -733,7 +706,7 @@ impl Sandbox for LocalSandbox {
                 child,
                 pid,
                 exited: None,
-                orphans_home: matches!(self.settings.isolation, Isolation::None(_))
+                orphans_home: matches!(self.settings.isolation, Isolation::None(_) | Isolation::Landlock(_))
                     .then(|| self.state_dir.join("home")),
                 guards,
                 warm,
@@ -761,6 +734,18 @@ struct ProcessGuards {
 pub fn clear_cloexec(fd: std::os::fd::RawFd) -> std::io::Result<()> {
     // SAFETY: F_SETFD only changes the flags of an fd number; no memory is passed.
     if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Without bubblewrap the user's config can't be mounted: each entry is linked into the state dir instead.
+fn link_read_only(state: &StateDir, spec: &ExecSpec) {
+    for (host, target) in &spec.read_only {
+        if host.exists()
+            && std::fs::symlink_metadata(target).is_err()
+            && let Err(e) = state.symlink(host, target)
+        {
+            tracing::warn!("cannot link {}: {e}", target.display());
+        }
+    }
 }
 
 /// Replaces each (host dir, target) pair by one pair per entry of the host dir, and makes the target a real

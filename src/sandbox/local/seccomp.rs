@@ -190,6 +190,11 @@ pub fn install(program: &[sock_filter]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The filter bubblewrap gets, as a program for [`install`]: the Landlock sandbox (`landlock.rs`) stacks it itself.
+pub fn sandbox_program() -> Result<BpfProgram, SeccompError> {
+    program()
+}
+
 /// The whole program: the x32 guard, then the `EPERM` filter, then the `ENOSYS` one. seccompiler gives one
 /// filter a single match action, so the two answers are two filters, chained.
 fn program() -> Result<BpfProgram, SeccompError> {

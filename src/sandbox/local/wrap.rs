@@ -151,7 +151,7 @@ fn is_loopback_name(host: &str) -> bool {
 }
 
 /// The variables that send the CLI's traffic to the proxy inside the sandbox.
-fn proxy_env(port: u16) -> Vec<(String, String)> {
+pub(super) fn proxy_env(port: u16) -> Vec<(String, String)> {
     let url = format!("http://127.0.0.1:{port}");
     let mut env = Vec::new();
     for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {

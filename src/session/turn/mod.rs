@@ -191,12 +191,30 @@ impl Turn<'_> {
             emit.write(async move { store.set_title(&id, &stored_title).await }).await?;
             emit.send(SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(title))).await?;
         }
+        // Never unsandboxed by surprise: without any sandbox here (and none chosen), the prompt fails saying why.
+        if let Some(why) = self.bridge.provider.refusal() {
+            return Err(crate::sandbox::SandboxError::Unavailable(format!(
+                "no sandbox can run {} here, so this prompt was not run: {why}",
+                self.agent.display_name()
+            ))
+            .into());
+        }
         // The user must know when the agent has their whole machine: said once, in the session's first turn.
         if self.record.sandbox_id.is_none()
             && let Some(why) = self.bridge.provider.unconfined()
         {
             emit.send(note(&format!(
                 "_{} runs WITHOUT a sandbox here ({why}): it can read and write everything you can._",
+                self.agent.display_name()
+            )))
+            .await?;
+        }
+        // And when its sandbox is the weaker one: what it does not hold.
+        if self.record.sandbox_id.is_none()
+            && let Some(gaps) = self.bridge.provider.weaker()
+        {
+            emit.send(note(&format!(
+                "_{} runs in the Landlock sandbox here, not bubblewrap: {gaps}._",
                 self.agent.display_name()
             )))
             .await?;
