@@ -172,7 +172,7 @@ struct Fake {
 }
 
 impl Fake {
-    fn start(agent: &Real, dir: &Path) -> Fake {
+    fn start(agent: &Real, dir: &Path, key: &str) -> Fake {
         let record = dir.join("fake-model-requests.jsonl");
         let fakes = fakes_dir();
         let mut child = Command::new("python3")
@@ -180,7 +180,7 @@ impl Fake {
             .arg(fakes.join(agent.fake))
             .arg("--record")
             .arg(&record)
-            .env("FAKE_EXPECTED_KEY", KEY)
+            .env("FAKE_EXPECTED_KEY", key)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(dir.join("fake-model.log")).unwrap()))
@@ -241,18 +241,25 @@ struct World {
     launcher: PathBuf,
     home: PathBuf,
     data: PathBuf,
+    /// The key the agent gets.
+    key: String,
 }
 
 impl World {
     fn new(agent: &Real, test: &str) -> Option<World> {
+        Self::with_key(agent, test, KEY)
+    }
+
+    /// A world whose agent gets `key` instead of [`KEY`].
+    fn with_key(agent: &Real, test: &str, key: &str) -> Option<World> {
         let launcher = launcher(agent, test)?;
         let root = tempfile::Builder::new().prefix(&format!("{test}-")).tempdir_in(world_parent()).unwrap();
-        let fake = Fake::start(agent, root.path());
+        let fake = Fake::start(agent, root.path(), key);
         let home = root.path().join("home");
         let data = root.path().join("data");
         std::fs::create_dir_all(&home).unwrap();
         std::fs::create_dir_all(&data).unwrap();
-        Some(World { root, fake, launcher, home, data })
+        Some(World { root, fake, launcher, home, data, key: key.to_string() })
     }
 
     fn workspace(&self) -> PathBuf {
@@ -274,7 +281,7 @@ impl World {
             .env("XDG_CONFIG_HOME", &self.home.join(".config").display().to_string())
             .env("XDG_DATA_HOME", &self.home.join(".local/share").display().to_string())
             .env("XDG_CACHE_HOME", &self.home.join(".cache").display().to_string())
-            .env(agent.key_env, KEY)
+            .env(agent.key_env, &self.key)
             .env(agent.base_url_env, &format!("http://127.0.0.1:{}{}", self.fake.port, agent.base_path))
             // A machine that says IS_SANDBOX=yes made Claude Code refuse to start as root: the bridge never
             // passes it on, which this proves.
@@ -527,6 +534,75 @@ fn claude_gets_the_users_settings_and_never_their_login_none() {
 fn claude_gets_the_users_settings_and_never_their_login_bwrap() {
     if bwrap_ok("claude_gets_the_users_settings_and_never_their_login_bwrap") {
         claude_with_the_users_settings("bwrap", "claude_gets_the_users_settings_and_never_their_login_bwrap");
+    }
+}
+
+/// The model gateway: a hostile tool the agent runs hunts for the key in its environment, every process's
+/// environment and command line it sees and the files it can read, and finds none, while the fake model gets the
+/// key on every request and the turn works. The agent's variable holds the gateway's placeholder, and that
+/// placeholder sent anywhere else arrives as it is (under bubblewrap the fake is no longer reachable from inside at
+/// all: only the gateway is).
+fn the_key_stays_with_the_bridge(agent: &Real, sandbox: &str, test: &str) {
+    // A key of this test's own: the source and the test binaries hold [`KEY`], and the sandbox may see them.
+    let key = format!("sk-ant-api03-{}", uuid_like());
+    let Some(world) = World::with_key(agent, test, &key) else { return };
+    let ws = world.workspace();
+    std::fs::copy(fakes_dir().join("hunt_key.py"), ws.join("hunt_key.py")).unwrap();
+    let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+    let mode = if sandbox == "none" { "tree" } else { "all" };
+    let leak = format!("http://127.0.0.1:{}/leak", world.fake.port);
+    let script = format!("exec python3 hunt_key.py {hex} {mode} {leak} {} > hunt.txt 2>&1\n", agent.key_env);
+    std::fs::write(ws.join("hunt.sh"), script).unwrap();
+    let mut bridge = Bridge::start(world.options(agent, sandbox));
+    let sid = bridge.new_session(&ws);
+    bridge.permission_answer = Some("allow_once".into());
+    let hunt = turn(&mut bridge, &sid, "SCENARIO:hunt Run the hunt", "hunt");
+    assert_end_turn(&bridge, &hunt);
+    let report =
+        std::fs::read_to_string(ws.join("hunt.txt")).unwrap_or_else(|e| bridge.fail(&format!("no hunt.txt: {e}")));
+    let lines: Vec<&str> = report.lines().filter(|line| !line.starts_with("LEAK")).collect();
+    assert_eq!(lines, ["FOUND 0", "PLACEHOLDER yes"], "{report}");
+    let leaked: Vec<Value> = world
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.ends_with("/leak")))
+        .collect();
+    if sandbox == "none" {
+        // Sent straight to another server: the placeholder, never the key.
+        assert!(report.contains("LEAK 404"), "{report}");
+        assert_eq!(leaked.len(), 1, "{leaked:#?}");
+        assert_eq!(leaked[0]["key_ok"], false, "{:#}", leaked[0]);
+        let sent = leaked[0]["headers"]["authorization"].as_str().unwrap_or_default();
+        assert!(sent.starts_with("Bearer ") && sent.contains("acpsandbox") && !sent.contains(&key), "{sent}");
+    } else {
+        // The fake is no model endpoint of the sandbox any more: the proxy refuses it.
+        assert!(report.contains("LEAK 403"), "{report}");
+        assert!(leaked.is_empty(), "{leaked:#?}");
+    }
+    let chats = world.fake.chats("hunt");
+    assert!(chats.len() >= 2, "the fake saw both steps: {chats:#?}");
+    assert!(chats.iter().all(|chat| chat["key_ok"] == true), "a model request lacked the key: {chats:#?}");
+    bridge.close_stdin();
+    bridge.wait_exit(Duration::from_secs(20));
+    assert!(!bridge.stderr().contains(&key), "the key is in the bridge's log");
+}
+
+/// 32 hex digits that differ from run to run.
+fn uuid_like() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("{:032x}", nanos ^ (u128::from(std::process::id()) << 64))
+}
+
+#[test]
+fn claude_keeps_no_key_inside_none() {
+    the_key_stays_with_the_bridge(&CLAUDE, "none", "claude_keeps_no_key_inside_none");
+}
+
+#[test]
+fn claude_keeps_no_key_inside_bwrap() {
+    if bwrap_ok("claude_keeps_no_key_inside_bwrap") {
+        the_key_stays_with_the_bridge(&CLAUDE, "bwrap", "claude_keeps_no_key_inside_bwrap");
     }
 }
 

@@ -6,6 +6,7 @@
 
 pub mod catalog;
 pub mod config;
+pub mod credentials;
 pub mod events;
 pub mod mcp;
 pub mod options;
@@ -155,6 +156,16 @@ impl Agent for OpenCode {
 
     fn credential_files(&self) -> &'static [&'static str] {
         CREDENTIAL_FILES
+    }
+
+    fn keep_credentials(
+        &self,
+        settings: &AgentSettings,
+        keep: &mut dyn FnMut(&str, &str, &str) -> Option<crate::sandbox::net::gateway::Granted>,
+        env: &mut Vec<(String, String)>,
+        read_only: &mut Vec<(PathBuf, PathBuf)>,
+    ) {
+        credentials::keep(&settings.opencode.needs, &crate::paths::user_data_dir(), keep, env, read_only);
     }
 
     fn credential_env(&self, user_data_dir: &Path) -> Vec<(String, String)> {

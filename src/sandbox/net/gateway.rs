@@ -345,9 +345,11 @@ async fn handle(routes: &Mutex<Routes>, client: &reqwest::Client, request: Reque
     response
 }
 
-/// The host of a URL, for logs.
+/// The authority of a URL (without a user part), for logs and answers.
 fn host_of(url: &str) -> String {
-    crate::agents::endpoint_of(url).map(|(host, port)| format!("{host}:{port}")).unwrap_or_default()
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    authority.rsplit_once('@').map_or(authority, |(_, host)| host).to_string()
 }
 
 #[cfg(test)]
@@ -449,6 +451,12 @@ mod tests {
             assert_eq!(rest.len(), PLACEHOLDER_MARK.len() + 64, "{value}: {placeholder}");
         }
         assert_ne!(placeholder_for("k"), placeholder_for("k"));
+    }
+
+    #[test]
+    fn logs_name_the_upstream_by_its_host_only() {
+        assert_eq!(host_of("https://user:pw@api.example.com:8443/v1?key=x"), "api.example.com:8443");
+        assert_eq!(host_of("http://127.0.0.1:9/v1"), "127.0.0.1:9");
     }
 
     #[test]
