@@ -200,6 +200,21 @@ pub trait Agent: Send + Sync + 'static {
         env.push((credential.base_url.to_string(), url.to_string()));
     }
 
+    /// `doctor`'s line on which of the agent's model credentials stay with the bridge and which enter a local
+    /// sandbox.
+    fn credentials_line(&self) -> String {
+        let kept: Vec<&str> = self.gateway_credentials().iter().flat_map(|c| c.variables.iter().copied()).collect();
+        if kept.is_empty() {
+            return "credentials: what --pass-env gives it enters the sandbox as it is (the bridge cannot tell keys)"
+                .into();
+        }
+        let (stay, placeholders) = if kept.len() == 1 { ("stays", "a placeholder") } else { ("stay", "placeholders") };
+        format!(
+            "credentials: {} {stay} with the bridge (model gateway; the agent holds {placeholders})",
+            kept.join(", ")
+        )
+    }
+
     /// Keeps the agent's model credentials that are no plain variable of [`Agent::gateway_credentials`] with the
     /// bridge (OpenCode's logins and providers): `keep(name, upstream, value)` registers one on the gateway and
     /// answers its route and placeholder (`None`: no gateway); `read_only` is what the command is shown of the

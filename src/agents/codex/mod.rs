@@ -238,6 +238,13 @@ impl Agent for Codex {
         GATEWAY
     }
 
+    fn credentials_line(&self) -> String {
+        format!(
+            "credentials: {CREDENTIAL} stays with the bridge (model gateway; the agent holds a placeholder); a \
+             ChatGPT login (`--own`) enters the sandbox, writable (Codex refreshes it)"
+        )
+    }
+
     fn point_at_gateway(
         &self,
         credential: &crate::agents::GatewayCredential,

@@ -158,6 +158,13 @@ impl Agent for OpenCode {
         CREDENTIAL_FILES
     }
 
+    fn credentials_line(&self) -> String {
+        "credentials: its providers' keys and the API logins of auth.json stay with the bridge (model gateway; the \
+         agent holds placeholders); its OAuth logins are left out of the sandbox; a key written in opencode.json \
+         enters as it is"
+            .into()
+    }
+
     fn keep_credentials(
         &self,
         settings: &AgentSettings,
