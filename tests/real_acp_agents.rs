@@ -707,6 +707,20 @@ fn claude_keeps_no_key_inside_bwrap() {
 }
 
 #[test]
+fn gemini_keeps_no_key_inside_bwrap() {
+    if bwrap_ok("gemini_keeps_no_key_inside_bwrap") {
+        the_key_stays_with_the_bridge(&GEMINI, "bwrap", false, "gemini_keeps_no_key_inside_bwrap");
+    }
+}
+
+#[test]
+fn codex_keeps_no_key_inside_bwrap() {
+    if bwrap_ok("codex_keeps_no_key_inside_bwrap") {
+        the_key_stays_with_the_bridge(&CODEX, "bwrap", false, "codex_keeps_no_key_inside_bwrap");
+    }
+}
+
+#[test]
 fn claude_keeps_no_stored_key_inside_bwrap() {
     if bwrap_ok("claude_keeps_no_stored_key_inside_bwrap") {
         the_key_stays_with_the_bridge(&CLAUDE, "bwrap", true, "claude_keeps_no_stored_key_inside_bwrap");
