@@ -434,6 +434,25 @@ mod tests {
         assert!(heads.try_recv().is_err(), "a refused request reached the upstream");
     }
 
+    #[tokio::test]
+    async fn no_path_leads_a_route_away_from_its_upstream() {
+        let (base, mut heads, more) = upstream().await;
+        let gateway = Gateway::start().unwrap();
+        let granted = gateway.grant("session-a", "KEY", &base, "real");
+        // Each goes to the route's own upstream (the test's server), whatever the path says.
+        for path in ["/..%2f..%2fx", "//evil.example/x", "/@evil.example/x"] {
+            let url = format!("{}{path}", granted.base_url);
+            // The upstream answers whole at once.
+            more.send(()).unwrap();
+            let answer = reqwest::Client::new().get(&url).header("x-api-key", &granted.placeholder).send().await;
+            let answer = answer.unwrap();
+            assert_eq!(answer.status(), 200, "{url}");
+            assert_eq!(answer.text().await.unwrap(), "data: first\n\ndata: second\n\n");
+            let head = heads.recv().await.unwrap();
+            assert!(head.contains("x-api-key: real\r\n"), "{path}: {head}");
+        }
+    }
+
     #[test]
     fn a_placeholder_keeps_only_the_keys_kind_prefix() {
         let cases = [
