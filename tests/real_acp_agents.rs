@@ -172,7 +172,7 @@ struct Fake {
 }
 
 impl Fake {
-    fn start(agent: &Real, dir: &Path) -> Fake {
+    fn start(agent: &Real, dir: &Path, key: &str, tls: Option<&(PathBuf, PathBuf)>) -> Fake {
         let record = dir.join("fake-model-requests.jsonl");
         let fakes = fakes_dir();
         let mut child = Command::new("python3")
@@ -180,7 +180,8 @@ impl Fake {
             .arg(fakes.join(agent.fake))
             .arg("--record")
             .arg(&record)
-            .env("FAKE_EXPECTED_KEY", KEY)
+            .env("FAKE_EXPECTED_KEY", key)
+            .envs(tls.iter().flat_map(|(cert, key)| [("FAKE_TLS_CERT", cert), ("FAKE_TLS_KEY", key)]))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(dir.join("fake-model.log")).unwrap()))
@@ -217,6 +218,68 @@ impl Drop for Fake {
     }
 }
 
+/// A test CA and a certificate for 127.0.0.1 it signed, made by `openssl` in `dir`: (certificate, its key).
+fn test_ca(dir: &Path) -> (PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output().expect("run openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=acp-sandbox test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+    (dir.join("server.pem"), dir.join("server.key"))
+}
+
 // ---- one test's world ----------------------------------------------------------------------------------------
 
 /// Where a test's directories go: [`test_root`] unless it is inside a git checkout (it normally is: `target/` of
@@ -241,18 +304,29 @@ struct World {
     launcher: PathBuf,
     home: PathBuf,
     data: PathBuf,
+    /// The key the agent gets.
+    key: String,
+    /// Its fake serves HTTPS.
+    tls: bool,
 }
 
 impl World {
     fn new(agent: &Real, test: &str) -> Option<World> {
+        Self::with_key(agent, test, KEY, false)
+    }
+
+    /// A world whose agent gets `key` instead of [`KEY`]; with `tls`, its fake serves HTTPS with a certificate of a
+    /// test CA (`ca.pem` in the world), which only the bridge is told to trust.
+    fn with_key(agent: &Real, test: &str, key: &str, tls: bool) -> Option<World> {
         let launcher = launcher(agent, test)?;
         let root = tempfile::Builder::new().prefix(&format!("{test}-")).tempdir_in(world_parent()).unwrap();
-        let fake = Fake::start(agent, root.path());
+        let certificate = tls.then(|| test_ca(root.path()));
+        let fake = Fake::start(agent, root.path(), key, certificate.as_ref());
         let home = root.path().join("home");
         let data = root.path().join("data");
         std::fs::create_dir_all(&home).unwrap();
         std::fs::create_dir_all(&data).unwrap();
-        Some(World { root, fake, launcher, home, data })
+        Some(World { root, fake, launcher, home, data, key: key.to_string(), tls })
     }
 
     fn workspace(&self) -> PathBuf {
@@ -274,8 +348,16 @@ impl World {
             .env("XDG_CONFIG_HOME", &self.home.join(".config").display().to_string())
             .env("XDG_DATA_HOME", &self.home.join(".local/share").display().to_string())
             .env("XDG_CACHE_HOME", &self.home.join(".cache").display().to_string())
-            .env(agent.key_env, KEY)
-            .env(agent.base_url_env, &format!("http://127.0.0.1:{}{}", self.fake.port, agent.base_path))
+            .env(agent.key_env, &self.key)
+            .env(
+                agent.base_url_env,
+                &format!(
+                    "{}://127.0.0.1:{}{}",
+                    if self.tls { "https" } else { "http" },
+                    self.fake.port,
+                    agent.base_path
+                ),
+            )
             // A machine that says IS_SANDBOX=yes made Claude Code refuse to start as root: the bridge never
             // passes it on, which this proves.
             .env("IS_SANDBOX", "yes")
@@ -527,6 +609,121 @@ fn claude_gets_the_users_settings_and_never_their_login_none() {
 fn claude_gets_the_users_settings_and_never_their_login_bwrap() {
     if bwrap_ok("claude_gets_the_users_settings_and_never_their_login_bwrap") {
         claude_with_the_users_settings("bwrap", "claude_gets_the_users_settings_and_never_their_login_bwrap");
+    }
+}
+
+/// The model gateway: a hostile tool the agent runs hunts for the key in its environment, every process's
+/// environment and command line it sees and the files it can read, and finds none, while the fake model gets the
+/// key on every request and the turn works. The agent's variable holds the gateway's placeholder, and that
+/// placeholder sent anywhere else arrives as it is (under bubblewrap the fake is no longer reachable from inside at
+/// all: only the gateway is).
+fn the_key_stays_with_the_bridge(agent: &Real, sandbox: &str, stored: bool, test: &str) {
+    // A key of this test's own: the source and the test binaries hold [`KEY`], and the sandbox may see them.
+    let key = format!("sk-ant-api03-{}", uuid_like());
+    let Some(world) = World::with_key(agent, test, &key, false) else { return };
+    let ws = world.workspace();
+    std::fs::copy(fakes_dir().join("hunt_key.py"), ws.join("hunt_key.py")).unwrap();
+    let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+    let mode = if sandbox == "none" { "tree" } else { "all" };
+    let leak = format!("http://127.0.0.1:{}/leak", world.fake.port);
+    let script = format!("exec python3 hunt_key.py {hex} {mode} {leak} {} > hunt.txt 2>&1\n", agent.key_env);
+    std::fs::write(ws.join("hunt.sh"), script).unwrap();
+    let mut options = world.options(agent, sandbox);
+    if stored {
+        // Kept by `acp-sandbox login` in the data dir, none in the bridge's environment.
+        options = options.without_env(agent.key_env);
+        log_in(&world, agent, &options, &key);
+    }
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    bridge.permission_answer = Some("allow_once".into());
+    let hunt = turn(&mut bridge, &sid, "SCENARIO:hunt Run the hunt", "hunt");
+    assert_end_turn(&bridge, &hunt);
+    let report =
+        std::fs::read_to_string(ws.join("hunt.txt")).unwrap_or_else(|e| bridge.fail(&format!("no hunt.txt: {e}")));
+    let lines: Vec<&str> = report.lines().filter(|line| !line.starts_with("LEAK")).collect();
+    assert_eq!(lines, ["FOUND 0", "PLACEHOLDER yes"], "{report}");
+    let leaked: Vec<Value> = world
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.ends_with("/leak")))
+        .collect();
+    if sandbox == "none" {
+        // Sent straight to another server: the placeholder, never the key.
+        assert!(report.contains("LEAK 404"), "{report}");
+        assert_eq!(leaked.len(), 1, "{leaked:#?}");
+        assert_eq!(leaked[0]["key_ok"], false, "{:#}", leaked[0]);
+        let sent = leaked[0]["headers"]["authorization"].as_str().unwrap_or_default();
+        assert!(sent.starts_with("Bearer ") && sent.contains("acpsandbox") && !sent.contains(&key), "{sent}");
+    } else {
+        // The fake is no model endpoint of the sandbox any more: the proxy refuses it.
+        assert!(report.contains("LEAK 403"), "{report}");
+        assert!(leaked.is_empty(), "{leaked:#?}");
+    }
+    let chats = world.fake.chats("hunt");
+    assert!(chats.len() >= 2, "the fake saw both steps: {chats:#?}");
+    assert!(chats.iter().all(|chat| chat["key_ok"] == true), "a model request lacked the key: {chats:#?}");
+    bridge.close_stdin();
+    bridge.wait_exit(Duration::from_secs(20));
+    assert!(!bridge.stderr().contains(&key), "the key is in the bridge's log");
+}
+
+/// A model API behind TLS, with a certificate of a CA only the bridge is told to trust (`ACP_SANDBOX_EXTRA_CA`):
+/// the gateway re-originates TLS to it, and the turn works with the key the fake wanted.
+#[test]
+fn claude_reaches_an_https_model_api_through_the_gateway() {
+    let test = "claude_reaches_an_https_model_api_through_the_gateway";
+    if !bwrap_ok(test) {
+        return;
+    }
+    let Some(world) = World::with_key(&CLAUDE, test, KEY, true) else { return };
+    let ws = world.workspace();
+    let ca = world.root.path().join("ca.pem").display().to_string();
+    let mut bridge = Bridge::start(world.options(&CLAUDE, "bwrap").env("ACP_SANDBOX_EXTRA_CA", &ca));
+    let sid = bridge.new_session(&ws);
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
+    assert_end_turn(&bridge, &answer);
+    let chats = world.fake.chats("text");
+    assert!(!chats.is_empty() && chats.iter().all(|chat| chat["key_ok"] == true), "{chats:#?}");
+}
+
+/// 32 hex digits that differ from run to run.
+fn uuid_like() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("{:032x}", nanos ^ (u128::from(std::process::id()) << 64))
+}
+
+#[test]
+fn claude_keeps_no_key_inside_none() {
+    the_key_stays_with_the_bridge(&CLAUDE, "none", false, "claude_keeps_no_key_inside_none");
+}
+
+#[test]
+fn claude_keeps_no_key_inside_bwrap() {
+    if bwrap_ok("claude_keeps_no_key_inside_bwrap") {
+        the_key_stays_with_the_bridge(&CLAUDE, "bwrap", false, "claude_keeps_no_key_inside_bwrap");
+    }
+}
+
+#[test]
+fn gemini_keeps_no_key_inside_bwrap() {
+    if bwrap_ok("gemini_keeps_no_key_inside_bwrap") {
+        the_key_stays_with_the_bridge(&GEMINI, "bwrap", false, "gemini_keeps_no_key_inside_bwrap");
+    }
+}
+
+#[test]
+fn codex_keeps_no_key_inside_bwrap() {
+    if bwrap_ok("codex_keeps_no_key_inside_bwrap") {
+        the_key_stays_with_the_bridge(&CODEX, "bwrap", false, "codex_keeps_no_key_inside_bwrap");
+    }
+}
+
+#[test]
+fn claude_keeps_no_stored_key_inside_bwrap() {
+    if bwrap_ok("claude_keeps_no_stored_key_inside_bwrap") {
+        the_key_stays_with_the_bridge(&CLAUDE, "bwrap", true, "claude_keeps_no_stored_key_inside_bwrap");
     }
 }
 

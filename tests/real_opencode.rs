@@ -72,10 +72,19 @@ struct FakeOpenAi {
 
 impl FakeOpenAi {
     fn start(dir: &Path) -> FakeOpenAi {
+        Self::start_keyed(dir, None)
+    }
+
+    /// With `key`, each recorded request says whether it carried that key (`key_ok`, `tests/fakes/keyed_fake.py`).
+    fn start_keyed(dir: &Path, key: Option<&str>) -> FakeOpenAi {
         let record = dir.join("fake-openai-requests.jsonl");
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/fake_openai.py");
-        let mut child = Command::new("python3")
-            .arg(&script)
+        let fakes = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakes");
+        let mut command = Command::new("python3");
+        if let Some(key) = key {
+            command.arg(fakes.join("keyed_fake.py")).env("FAKE_EXPECTED_KEY", key);
+        }
+        let mut child = command
+            .arg(fakes.join("fake_openai.py"))
             .arg("--record")
             .arg(&record)
             .stdin(Stdio::piped())
@@ -1486,5 +1495,7 @@ mod keep_warm;
 #[path = "real_opencode/editor_context.rs"]
 mod editor_context;
 
+#[path = "real_opencode/credentials.rs"]
+mod credentials;
 #[path = "real_opencode/network.rs"]
 mod network;

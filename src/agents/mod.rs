@@ -186,6 +186,48 @@ pub trait Agent: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// The model credentials of the agent's environment that the bridge keeps (the model gateway,
+    /// `sandbox::net::gateway`): in a local sandbox the agent gets a placeholder for each, and its base URL
+    /// variable points at the gateway. Empty: the agent's credentials reach it as they are.
+    fn gateway_credentials(&self) -> &'static [GatewayCredential] {
+        &[]
+    }
+
+    /// Points the agent at `url` instead of the upstream of `credential` (the gateway's route): by default its
+    /// base URL variable; an agent that also reads the URL elsewhere (Codex: its `CODEX_CONFIG`) says so here.
+    fn point_at_gateway(&self, credential: &GatewayCredential, url: &str, env: &mut Vec<(String, String)>) {
+        env.retain(|(name, _)| name != credential.base_url);
+        env.push((credential.base_url.to_string(), url.to_string()));
+    }
+
+    /// `doctor`'s line on which of the agent's model credentials stay with the bridge and which enter a local
+    /// sandbox.
+    fn credentials_line(&self) -> String {
+        let kept: Vec<&str> = self.gateway_credentials().iter().flat_map(|c| c.variables.iter().copied()).collect();
+        if kept.is_empty() {
+            return "credentials: what --pass-env gives it enters the sandbox as it is (the bridge cannot tell keys)"
+                .into();
+        }
+        let (stay, placeholders) = if kept.len() == 1 { ("stays", "a placeholder") } else { ("stay", "placeholders") };
+        format!(
+            "credentials: {} {stay} with the bridge (model gateway; the agent holds {placeholders})",
+            kept.join(", ")
+        )
+    }
+
+    /// Keeps the agent's model credentials that are no plain variable of [`Agent::gateway_credentials`] with the
+    /// bridge (OpenCode's logins and providers): `keep(name, upstream, value)` registers one on the gateway and
+    /// answers its route and placeholder (`None`: no gateway); `read_only` is what the command is shown of the
+    /// user's files.
+    fn keep_credentials(
+        &self,
+        _settings: &AgentSettings,
+        _keep: &mut dyn FnMut(&str, &str, &str) -> Option<crate::sandbox::net::gateway::Granted>,
+        _env: &mut Vec<(String, String)>,
+        _read_only: &mut Vec<(PathBuf, PathBuf)>,
+    ) {
+    }
+
     /// How a person logs in to this agent.
     fn login(&self) -> Login;
 
@@ -309,6 +351,18 @@ pub trait Agent: Send + Sync + 'static {
     fn doctor_lines(&self, _settings: &AgentSettings, _cli_model: Option<&str>) -> Vec<String> {
         Vec::new()
     }
+}
+
+/// Model credentials an agent reads from its environment and the upstream they go to (see
+/// [`Agent::gateway_credentials`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GatewayCredential {
+    /// The variables that carry a credential for this upstream (an API key, a subscription's token).
+    pub variables: &'static [&'static str],
+    /// The variable that sets the upstream's base URL.
+    pub base_url: &'static str,
+    /// The base URL without that variable.
+    pub upstream: &'static str,
 }
 
 /// A slash command the CLI runs non-interactively (e.g. `opencode run --command NAME`).

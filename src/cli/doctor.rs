@@ -162,6 +162,14 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
         for line in agent.doctor_lines(&config.agents, config.model.as_deref()) {
             out!("{:<11} {line}", "");
         }
+        if config.sandbox.is_remote() {
+            out!(
+                "{:<11} credentials: reach its CLI in the remote sandbox as variables (the model gateway is local)",
+                ""
+            );
+        } else {
+            out!("{:<11} {}", "", agent.credentials_line());
+        }
     }
     out!();
     let isolation = Isolation::resolve(config.sandbox);

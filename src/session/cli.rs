@@ -15,6 +15,7 @@ use crate::locate::installed_executable;
 use crate::paths;
 use crate::sandbox::NETWORK_ENV;
 use crate::sandbox::local::LocalProvider;
+use crate::sandbox::net::gateway::Gateway;
 use crate::sandbox::{ExecSpec, Sandbox, SandboxProvider};
 
 use super::{Bridge, VersionKey, versions};
@@ -259,7 +260,18 @@ pub(super) fn cli_spec(
         Some(first) => tools_dir.join(first),
         None => real.parent().map(Path::to_path_buf).unwrap_or_else(|| real.clone()),
     };
+    let (user_config, user_data) = (paths::user_config_dir(), paths::user_data_dir());
+    let mut read_only = [
+        agent.user_config(&user_config, &user_data, sandbox.state_dir()),
+        agent.shipped_config(&real, &user_config, sandbox.state_dir()),
+    ]
+    .concat();
+    let mut env = env;
+    let scope = sandbox.state_dir().display().to_string();
+    let gateway = keep_credentials(config, agent, &scope, &mut env, &mut read_only);
     let mut endpoints: Vec<(String, u16)> = agent.model_endpoints(&config.agents);
+    // The gateway serves the kept credentials' upstreams, which the sandbox then needs no longer.
+    endpoints.extend(gateway.map(|port| ("127.0.0.1".to_string(), port)));
     // A base URL the CLI is given in its environment is a model endpoint too (OPENAI_BASE_URL, AMP_URL).
     for (name, value) in &env {
         if (name.ends_with("_BASE_URL") || name == "AMP_URL")
@@ -271,12 +283,6 @@ pub(super) fn cli_spec(
     endpoints.sort();
     endpoints.dedup();
     let service_hosts = agent.service_hosts().iter().map(|host| host.to_string()).collect();
-    let (user_config, user_data) = (paths::user_config_dir(), paths::user_data_dir());
-    let read_only = [
-        agent.user_config(&user_config, &user_data, sandbox.state_dir()),
-        agent.shipped_config(&real, &user_config, sandbox.state_dir()),
-    ]
-    .concat();
     // A command given no key of the agent's uses its own sign-in, if one was made (`login --own`).
     let (mut env, mut writable) = (env, Vec::new());
     if let Some(signed_in) = crate::auth::own_login_for(config, agent, &env, &sandbox.state_dir().join("home")) {
@@ -298,6 +304,51 @@ pub(super) fn cli_spec(
         serve_port: None,
         keep_warm: None,
     }
+}
+
+/// Keeps the agent's model credentials with the bridge ([`Gateway`]): each one in `env` (and what else the agent
+/// keeps, [`crate::agents::Agent::keep_credentials`]) becomes a placeholder, and the base URL it goes to becomes the
+/// gateway's route there, the same for every command of the sandbox `scope`. Answers the gateway's port when a
+/// credential was kept. Without a gateway (it cannot listen) they stay as they are, which the log says.
+fn keep_credentials(
+    config: &Config,
+    agent: AgentKind,
+    scope: &str,
+    env: &mut Vec<(String, String)>,
+    read_only: &mut Vec<(PathBuf, PathBuf)>,
+) -> Option<u16> {
+    let mut used = None;
+    let mut keep = |name: &str, upstream: &str, value: &str| match Gateway::shared() {
+        Ok(gateway) => {
+            tracing::debug!(credential = %name, "a model credential stays with the bridge's gateway");
+            used = Some(gateway.port());
+            Some(gateway.grant(scope, name, upstream, value))
+        }
+        Err(why) => {
+            tracing::warn!("{why}: {name} reaches {} as it is", agent.display_name());
+            None
+        }
+    };
+    for credential in agent.gateway_credentials() {
+        let upstream = env
+            .iter()
+            .find(|(name, value)| name == credential.base_url && !value.trim().is_empty())
+            .map(|(_, value)| value.trim().to_string())
+            .unwrap_or_else(|| credential.upstream.to_string());
+        let held = |name: &str, value: &str| credential.variables.contains(&name) && !value.trim().is_empty();
+        let mut route = None;
+        for (name, value) in env.iter_mut().filter(|(name, value)| held(name, value)) {
+            if let Some(granted) = keep(name, &upstream, value) {
+                *value = granted.placeholder;
+                route = Some(granted.base_url);
+            }
+        }
+        if let Some(route) = route {
+            agent.point_at_gateway(credential, &route, env);
+        }
+    }
+    agent.keep_credentials(&config.agents, &mut keep, env, read_only);
+    used
 }
 
 /// Variables of the bridge's environment every CLI gets: what programs need to run, and to reach the network

@@ -494,19 +494,30 @@ fn doctor_exits_non_zero_on_errors_and_gives_namespace_advice_when_bubblewrap_is
             "            model: OpenCode's own choice (no --model, and no `model` in your OpenCode config)",
             "            providers: none found in your OpenCode config, its logins or the environment: run `opencode \
              auth login`, or set a provider's key (e.g. ANTHROPIC_API_KEY)",
+            "            credentials: its providers' keys and the API logins of auth.json stay with the bridge (model \
+             gateway; the agent holds placeholders); its OAuth logins are left out of the sandbox; a key written in \
+             opencode.json enters as it is",
             "            AMP_API_KEY: ERROR missing: set AMP_API_KEY or run `acp-sandbox login --agent amp`",
+            "            credentials: AMP_API_KEY enters the sandbox as it is (Amp's service is not behind the model \
+             gateway)",
+            "            credentials: what --pass-env gives it enters the sandbox as it is (the bridge cannot tell keys)",
             "            ANTHROPIC_API_KEY: missing: set ANTHROPIC_API_KEY or run `acp-sandbox login --agent claude` \
              (with `--own`: sign in with a Claude subscription)",
             "            model API: api.anthropic.com",
             "            settings: no ~/.claude/settings.json: each session gets permissions.defaultMode \"default\" \
              (tools ask first)",
+            "            credentials: ANTHROPIC_API_KEY, CLAUDE_CODE_OAUTH_TOKEN, ANTHROPIC_AUTH_TOKEN stay with the \
+             bridge (model gateway; the agent holds placeholders)",
             "            OPENAI_API_KEY: missing: set OPENAI_API_KEY or run `acp-sandbox login --agent codex` (with \
              `--own`: sign in with ChatGPT)",
             "            model API: https://api.openai.com/v1 with a key, ChatGPT's backend when signed in with ChatGPT \
              (set OPENAI_BASE_URL for another endpoint; key OPENAI_API_KEY)",
             "            model: Codex's own default (set ACP_SANDBOX_CODEX_MODEL to choose)",
+            "            credentials: OPENAI_API_KEY stays with the bridge (model gateway; the agent holds a \
+             placeholder); a ChatGPT login (`--own`) enters the sandbox, writable (Codex refreshes it)",
             "            GEMINI_API_KEY: missing: set GEMINI_API_KEY or run `acp-sandbox login --agent gemini`",
             "            model API: generativelanguage.googleapis.com (key GEMINI_API_KEY)",
+            "            credentials: GEMINI_API_KEY stays with the bridge (model gateway; the agent holds a placeholder)",
             "            install the `bubblewrap` package for isolation",
         ],
         "{out}"

@@ -16,6 +16,7 @@ messages too, and do not count):
   text   a streamed answer in several pieces, then end_turn
   write  a tool call that creates hello.txt holding `hi from claude` (the Bash tool, or Write when Bash is not
          offered), then a final text
+  hunt   a Bash tool running `sh hunt.sh` in the workspace, then a final text
   slow[:n]   n text pieces (default 40) 0.5 s apart, to cancel a turn while it streams
   sleep[:s]  a Bash tool running `echo started && sleep s && echo finished` (default 300),
              to cancel a turn during a tool call
@@ -101,6 +102,11 @@ def script(scenario, arg, step, body):
             return [say("I will create the file."),
                     tool("Write", {"file_path": f"{root}/hello.txt", "content": content})]
         return [say("The file hello.txt "), say("is written. WRITE-DONE")]
+    if scenario == "hunt":
+        # The workspace's hunt.sh (a hostile tool the test wrote there) through the Bash tool.
+        if step == 0:
+            return [tool("Bash", {"command": "sh hunt.sh", "description": "Hunt"})]
+        return [say("HUNT-DONE")]
     if scenario == "slow":
         # Many pieces, one every 0.5 s: long enough to cancel the turn half way.
         return [("timed", [f"slow{i} " for i in range(int(arg or "40"))], 0.5)]

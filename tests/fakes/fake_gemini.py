@@ -15,6 +15,7 @@ else gets a 404 (and is recorded).
 Scenarios, picked by a marker `SCENARIO:<name>` in the last user content that carries text (function responses are
 user contents too, and do not count):
   text       a streamed answer in several pieces
+  hunt       a shell tool call running `sh hunt.sh` in the workspace, then a final text
   write      a tool call creating hello.txt holding `hi from gemini` (run_shell_command, or write_file when no shell
              tool is offered), then a final text
   slow[:n]   n text pieces (default 40) 0.5 s apart, to cancel a turn while it streams
@@ -95,6 +96,11 @@ def script(scenario, arg, step, body):
                                                    "description": "Create hello.txt"})]
             return [say("I will create the file."), tool("write_file", {"file_path": "hello.txt", "content": content})]
         return [say("The file hello.txt "), say("is written. WRITE-DONE")]
+    if scenario == "hunt":
+        # The workspace's hunt.sh (a hostile tool the test wrote there).
+        if step == 0:
+            return [tool("run_shell_command", {"command": "sh hunt.sh", "description": "Hunt"})]
+        return [say("HUNT-DONE")]
     if scenario == "slow":
         return [("timed", [f"slow{i} " for i in range(int(arg or "40"))], 0.5)]
     if scenario == "sleep":

@@ -19,6 +19,7 @@ recorded).
 
 Scenarios, picked by a marker `SCENARIO:<name>` in the last user message that carries one:
   text       a streamed answer in several pieces
+  hunt       a shell tool call running `sh hunt.sh` in the workspace, then a final text
   write      a shell tool call creating hello.txt holding `hi from codex` (whichever shell tool the request offers:
              exec_command, shell_command or shell; in Codex's sandboxed modes exec_command asks for
              sandbox_permissions require_escalated, so Codex asks the client for approval), then a final text
@@ -120,12 +121,13 @@ def sandboxed(body):
     return meta.get("sandbox_mode", "workspace-write") != "danger-full-access"
 
 
-def shell(body, command, escalate=False):
+def shell(body, command, escalate=False, wait_ms=10000):
     """A call of whichever shell tool the request offers; `escalate` asks to run it outside Codex's own sandbox
-    (sandbox_permissions require_escalated), which makes Codex ask the client for approval."""
+    (sandbox_permissions require_escalated), which makes Codex ask the client for approval; `wait_ms` is how long
+    exec_command waits for the command before the model gets control back."""
     names = tool_names(body)
     if "exec_command" in names:
-        args = {"cmd": command, "yield_time_ms": 10000}
+        args = {"cmd": command, "yield_time_ms": wait_ms}
         if escalate and "sandbox_permissions" in tool_params(body, "exec_command") and sandboxed(body):
             args.update(sandbox_permissions="require_escalated", justification="May I create hello.txt?")
         return tool("exec_command", args)
@@ -143,6 +145,12 @@ def script(scenario, arg, step, body):
             return [say("I will create the file."), shell(body, f"printf '%s' 'hi from {AGENT}' > hello.txt",
                                                                 escalate=True)]
         return [say("The file hello.txt "), say("is written. WRITE-DONE")]
+    if scenario == "hunt":
+        # The workspace's hunt.sh (a hostile tool the test wrote there).
+        if step == 0:
+            # It reads the whole file system: waited for to its end.
+            return [shell(body, "sh hunt.sh", escalate=True, wait_ms=600000)]
+        return [say("HUNT-DONE")]
     if scenario == "slow":
         return [("timed", [f"slow{i} " for i in range(int(arg or "40"))], 0.5)]
     if scenario == "sleep":

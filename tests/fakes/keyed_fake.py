@@ -2,7 +2,8 @@
 """Runs one of the fake model servers (fake_anthropic.py, fake_openai_responses.py, fake_gemini.py) unchanged, and
 adds to every request it records whether the request carried the key the test gave its agent: `"key_ok": true`.
 
-Usage: FAKE_EXPECTED_KEY=<key> keyed_fake.py FAKE.py --record FILE [--port 0]
+Usage: FAKE_EXPECTED_KEY=<key> [FAKE_TLS_CERT=<pem> FAKE_TLS_KEY=<pem>] keyed_fake.py FAKE.py --record FILE [--port 0]
+With FAKE_TLS_CERT and FAKE_TLS_KEY it serves HTTPS with that certificate (a model API behind TLS).
 
 The key itself is never recorded (the fakes leave their key headers out of the record on purpose); only whether
 `x-api-key` (Anthropic), `authorization: Bearer` (OpenAI) or `x-goog-api-key` (Gemini) held it exactly.
@@ -10,6 +11,7 @@ The key itself is never recorded (the fakes leave their key headers out of the r
 
 import importlib.util
 import os
+import ssl
 import sys
 
 KEY_HEADERS = ("x-api-key", "authorization", "x-goog-api-key")
@@ -29,6 +31,16 @@ def main():
         record(self, entry)
 
     fake.Handler.record = keyed
+    cert, key = os.environ.get("FAKE_TLS_CERT"), os.environ.get("FAKE_TLS_KEY")
+    if cert and key:
+        class TlsServer(fake.ThreadingHTTPServer):
+            def server_bind(self):
+                super().server_bind()
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                context.load_cert_chain(cert, key)
+                self.socket = context.wrap_socket(self.socket, server_side=True)
+
+        fake.ThreadingHTTPServer = TlsServer
     sys.argv = [path] + sys.argv[2:]
     fake.main()
 

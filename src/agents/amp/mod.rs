@@ -95,6 +95,10 @@ impl Agent for Amp {
         SERVICE_HOSTS
     }
 
+    fn credentials_line(&self) -> String {
+        format!("credentials: {CREDENTIAL} enters the sandbox as it is (Amp's service is not behind the model gateway)")
+    }
+
     fn user_config(&self, user_config_dir: &Path, _user_data_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
         user_config(user_config_dir, state_dir)
     }

@@ -54,6 +54,13 @@ const PASSED: &[&str] = &["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_
 /// Anthropic's model API, and the console and site where keys and logins are made.
 pub const SERVICE_HOSTS: &[&str] = &["api.anthropic.com", "console.anthropic.com", "claude.ai"];
 
+/// Its key and subscription token, kept by the bridge: Claude Code sends either to `ANTHROPIC_BASE_URL`.
+const GATEWAY: &[crate::agents::GatewayCredential] = &[crate::agents::GatewayCredential {
+    variables: &[CREDENTIAL, OAUTH_TOKEN, "ANTHROPIC_AUTH_TOKEN"],
+    base_url: "ANTHROPIC_BASE_URL",
+    upstream: "https://api.anthropic.com",
+}];
+
 /// Files of `~/.claude` that hold credentials: never shown, never copied.
 pub const CREDENTIAL_FILES: &[&str] = &[".credentials.json"];
 
@@ -167,6 +174,10 @@ impl Agent for Claude {
 
     fn service_hosts(&self) -> &'static [&'static str] {
         SERVICE_HOSTS
+    }
+
+    fn gateway_credentials(&self) -> &'static [crate::agents::GatewayCredential] {
+        GATEWAY
     }
 
     fn user_config(&self, _user_config_dir: &Path, _user_data_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {

@@ -49,6 +49,10 @@ pub const CREDENTIAL: &str = "OPENAI_API_KEY";
 /// The variable that points Codex at another OpenAI-compatible endpoint (a local one included).
 pub const BASE_URL: &str = "OPENAI_BASE_URL";
 
+/// Its key, kept by the bridge: Codex sends it to its provider's `base_url`.
+const GATEWAY: &[crate::agents::GatewayCredential] =
+    &[crate::agents::GatewayCredential { variables: &[CREDENTIAL], base_url: BASE_URL, upstream: OPENAI_API }];
+
 /// The bridge's variable that names the model Codex starts with (Codex has none of its own, and the editor's model
 /// choice does not reach an ACP agent yet): read where [`fixed_env`] is made, which sees no flags, so a variable
 /// only. Without it Codex picks its own default.
@@ -228,6 +232,36 @@ impl Agent for Codex {
 
     fn service_hosts(&self) -> &'static [&'static str] {
         SERVICE_HOSTS
+    }
+
+    fn gateway_credentials(&self) -> &'static [crate::agents::GatewayCredential] {
+        GATEWAY
+    }
+
+    fn credentials_line(&self) -> String {
+        format!(
+            "credentials: {CREDENTIAL} stays with the bridge (model gateway; the agent holds a placeholder); a \
+             ChatGPT login (`--own`) enters the sandbox, writable (Codex refreshes it)"
+        )
+    }
+
+    fn point_at_gateway(
+        &self,
+        credential: &crate::agents::GatewayCredential,
+        url: &str,
+        env: &mut Vec<(String, String)>,
+    ) {
+        env.retain(|(name, _)| name != credential.base_url);
+        env.push((credential.base_url.to_string(), url.to_string()));
+        // Codex reads its provider's URL from its config, which the fixed variables made from the real one.
+        for (_, value) in env.iter_mut().filter(|(name, _)| name == "CODEX_CONFIG") {
+            if let Ok(mut config) = serde_json::from_str::<Value>(value)
+                && let Some(provider) = config.pointer_mut(&format!("/model_providers/{PROVIDER}"))
+            {
+                provider["base_url"] = json!(url);
+                *value = config.to_string();
+            }
+        }
     }
 
     fn user_config(&self, _user_config_dir: &Path, _user_data_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {

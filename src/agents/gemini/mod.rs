@@ -43,6 +43,13 @@ const PASSED: &[&str] = &["GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL", "GEMINI_MO
 /// Google's Gemini API, and where keys and logins are made.
 pub const SERVICE_HOSTS: &[&str] = &["generativelanguage.googleapis.com", "aistudio.google.com", "accounts.google.com"];
 
+/// Its key, kept by the bridge: Gemini CLI sends it to `GOOGLE_GEMINI_BASE_URL`.
+const GATEWAY: &[crate::agents::GatewayCredential] = &[crate::agents::GatewayCredential {
+    variables: &[CREDENTIAL],
+    base_url: "GOOGLE_GEMINI_BASE_URL",
+    upstream: "https://generativelanguage.googleapis.com",
+}];
+
 /// Files of `~/.gemini` that hold credentials: never shown, never copied.
 pub const CREDENTIAL_FILES: &[&str] = &["oauth_creds.json", "google_accounts.json", "mcp-oauth-tokens.json"];
 
@@ -144,6 +151,10 @@ impl Agent for Gemini {
 
     fn service_hosts(&self) -> &'static [&'static str] {
         SERVICE_HOSTS
+    }
+
+    fn gateway_credentials(&self) -> &'static [crate::agents::GatewayCredential] {
+        GATEWAY
     }
 
     fn user_config(&self, _user_config_dir: &Path, _user_data_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {

@@ -6,6 +6,7 @@
 
 pub mod catalog;
 pub mod config;
+pub mod credentials;
 pub mod events;
 pub mod mcp;
 pub mod options;
@@ -155,6 +156,23 @@ impl Agent for OpenCode {
 
     fn credential_files(&self) -> &'static [&'static str] {
         CREDENTIAL_FILES
+    }
+
+    fn credentials_line(&self) -> String {
+        "credentials: its providers' keys and the API logins of auth.json stay with the bridge (model gateway; the \
+         agent holds placeholders); its OAuth logins are left out of the sandbox; a key written in opencode.json \
+         enters as it is"
+            .into()
+    }
+
+    fn keep_credentials(
+        &self,
+        settings: &AgentSettings,
+        keep: &mut dyn FnMut(&str, &str, &str) -> Option<crate::sandbox::net::gateway::Granted>,
+        env: &mut Vec<(String, String)>,
+        read_only: &mut Vec<(PathBuf, PathBuf)>,
+    ) {
+        credentials::keep(&settings.opencode.needs, &crate::paths::user_data_dir(), keep, env, read_only);
     }
 
     fn credential_env(&self, user_data_dir: &Path) -> Vec<(String, String)> {

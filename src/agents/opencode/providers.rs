@@ -88,6 +88,12 @@ pub struct ProviderNeeds {
     pub env: BTreeSet<String>,
     /// The host:port of each provider `baseURL`: the model endpoints, reachable even on loopback.
     pub endpoints: BTreeSet<(String, u16)>,
+    /// Each provider's `baseURL` (or `api`), where its credentials go.
+    pub base_urls: std::collections::BTreeMap<String, String>,
+    /// The variables each provider's own entry names (its `env` list, `{env:NAME}` in it).
+    pub provider_env: std::collections::BTreeMap<String, BTreeSet<String>>,
+    /// Providers whose entry holds a key as it is (`options.apiKey` that is no `{env:…}`): OpenCode sends that one.
+    pub literal_keys: BTreeSet<String>,
 }
 
 impl ProviderNeeds {
@@ -107,6 +113,16 @@ impl ProviderNeeds {
             let base = body.pointer("/options/baseURL").or_else(|| body.get("api")).and_then(|u| u.as_str());
             if let Some(endpoint) = base.and_then(crate::agents::endpoint_of) {
                 needs.endpoints.insert(endpoint);
+                needs.base_urls.insert(id.clone(), base.unwrap_or_default().to_string());
+            }
+            let mut own = BTreeSet::new();
+            for name in body.get("env").and_then(|e| e.as_array()).into_iter().flatten().filter_map(|n| n.as_str()) {
+                own.insert(name.to_string());
+            }
+            collect_env_references(body, &mut own);
+            needs.provider_env.insert(id.clone(), own);
+            if body.pointer("/options/apiKey").and_then(|k| k.as_str()).is_some_and(|key| !key.contains("{env:")) {
+                needs.literal_keys.insert(id.clone());
             }
         }
         collect_env_references(config, &mut needs.env);
@@ -118,6 +134,9 @@ impl ProviderNeeds {
         self.providers.extend(other.providers);
         self.env.extend(other.env);
         self.endpoints.extend(other.endpoints);
+        self.base_urls.extend(other.base_urls);
+        self.provider_env.extend(other.provider_env);
+        self.literal_keys.extend(other.literal_keys);
     }
 
     /// The variable names OpenCode gets for these providers plus `extra_providers` (those its catalog lists, and
