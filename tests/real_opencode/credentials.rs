@@ -104,3 +104,8 @@ fn acp_keeps_every_credential_out_bwrap() {
         no_credential_inside("acp", "bwrap", "acp_keeps_every_credential_out_bwrap");
     }
 }
+
+#[test]
+fn serve_keeps_every_credential_out_landlock() {
+    no_credential_inside("serve", "landlock", "serve_keeps_every_credential_out_landlock");
+}
