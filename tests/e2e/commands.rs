@@ -495,8 +495,8 @@ fn doctor_exits_non_zero_on_errors_and_gives_namespace_advice_when_bubblewrap_is
             "            providers: none found in your OpenCode config, its logins or the environment: run `opencode \
              auth login`, or set a provider's key (e.g. ANTHROPIC_API_KEY)",
             "            credentials: its providers' keys and the API logins of auth.json stay with the bridge (model \
-             gateway; the agent holds placeholders); its OAuth logins are left out of the sandbox; a key written in \
-             opencode.json enters as it is",
+             gateway; the agent holds placeholders); its OAuth logins (subscriptions) and a key written in \
+             opencode.json enter as they are",
             "            AMP_API_KEY: ERROR missing: set AMP_API_KEY or run `acp-sandbox login --agent amp`",
             "            credentials: AMP_API_KEY enters the sandbox as it is (Amp's service is not behind the model \
              gateway)",

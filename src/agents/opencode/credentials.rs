@@ -1,8 +1,9 @@
 //! OpenCode's model credentials behind the bridge's model gateway: its providers' keys from the environment and the
 //! API logins of its `auth.json` become placeholders, and each such provider's `baseURL` (OpenCode's config, through
 //! `OPENCODE_CONFIG_CONTENT`) the gateway's route to where it went. `auth.json` itself never enters the sandbox:
-//! OpenCode reads the placeholders from `OPENCODE_AUTH_CONTENT`, and its OAuth logins (refresh tokens of
-//! subscriptions) are left out, so such a provider does not work inside. `mcp-auth.json` is never shown either.
+//! OpenCode reads its logins from `OPENCODE_AUTH_CONTENT`. Its OAuth logins (refresh tokens of subscriptions) are
+//! given as they are: the gateway does not refresh them yet, and leaving them out would stop those providers, so
+//! they are the credentials that still enter (said by `doctor` and the README). `mcp-auth.json` is never shown.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -81,7 +82,10 @@ pub fn keep(
                 );
                 shown.insert(provider.clone(), login.clone());
             }
-            _ => tracing::info!("OpenCode's {kind} login for {provider} stays outside the sandbox"),
+            _ => {
+                tracing::info!("OpenCode's {kind} login for {provider} enters the sandbox as it is");
+                shown.insert(provider.clone(), login.clone());
+            }
         }
     }
     env.retain(|(name, _)| name != AUTH_CONTENT);
@@ -149,7 +153,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_and_api_logins_become_placeholders_and_oauth_logins_stay_out() {
+    fn keys_and_api_logins_become_placeholders_and_oauth_logins_enter_as_they_are() {
         let data = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(data.path().join("opencode")).unwrap();
         let auth = data.path().join("opencode/auth.json");
@@ -180,6 +184,7 @@ mod tests {
             logins,
             json!({
                 "fake": {"type": "api", "key": "ph-auth.json fake-9"},
+                "anthropic": {"type": "oauth", "refresh": "REAL-REFRESH", "access": "REAL-ACCESS", "expires": 1},
                 "local": {"type": "api", "key": "LITERAL-PROVIDER"},
                 "unknown": {"type": "api", "key": "UNKNOWN-KEY"}
             })

@@ -160,8 +160,8 @@ impl Agent for OpenCode {
 
     fn credentials_line(&self) -> String {
         "credentials: its providers' keys and the API logins of auth.json stay with the bridge (model gateway; the \
-         agent holds placeholders); its OAuth logins are left out of the sandbox; a key written in opencode.json \
-         enters as it is"
+         agent holds placeholders); its OAuth logins (subscriptions) and a key written in opencode.json enter as \
+         they are"
             .into()
     }
 
