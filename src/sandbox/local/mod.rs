@@ -358,6 +358,8 @@ pub struct LocalSandbox {
     #[cfg(linux_sandbox)]
     budget: ConnectionBudget,
     /// Who its proxies ask under `--network ask`.
+    // Read by the proxy's start, which only the Linux backend has.
+    #[cfg_attr(not(linux_sandbox), allow(dead_code))]
     asker: Option<Arc<dyn crate::sandbox::net::ask::Asker>>,
 }
 
