@@ -4,13 +4,14 @@
 use super::*;
 
 /// Run by OpenCode's bash tool: the same host twice through the sandbox's proxy, with the fake CLI's client
-/// (`proxy_connect` of `tests/fakes/fake_cli.py`), each result in `.server-attack.json`.
-fn connect_twice() -> String {
-    format!(
-        "import json, sys\nsys.path.insert(0, {fakes:?})\nfrom fake_cli import proxy_connect\n\
-         json.dump([proxy_connect(\"203.0.113.21:443\", \"ping\") for _ in range(2)], open(\".server-attack.json\", \"w\"))\n",
-        fakes = fakes_dir().display().to_string()
-    )
+/// (`proxy_connect` of `tests/fakes/fake_cli.py`, copied into the workspace's `.attack/`: the checkout may be where
+/// the sandbox shows nothing, such as `/tmp`), each result in `.server-attack.json`.
+fn connect_twice(ws: &Path) -> String {
+    std::fs::create_dir_all(ws.join(".attack")).unwrap();
+    std::fs::copy(fakes_dir().join("fake_cli.py"), ws.join(".attack/fake_cli.py")).unwrap();
+    "import json, sys\nsys.path.insert(0, \".attack\")\nfrom fake_cli import proxy_connect\n\
+     json.dump([proxy_connect(\"203.0.113.21:443\", \"ping\") for _ in range(2)], open(\".server-attack.json\", \"w\"))\n"
+        .to_string()
 }
 
 #[test]
@@ -21,7 +22,7 @@ fn a_warm_servers_bash_tool_is_asked_about_in_its_thread_and_always_is_answered_
     }
     let Some(world) = World::new(test) else { return };
     let ws = world.workspace("ws");
-    std::fs::write(ws.join(".attack.py"), connect_twice()).unwrap();
+    std::fs::write(ws.join(".attack.py"), connect_twice(&ws)).unwrap();
     let upstream = UpstreamProxy::start();
     let options = world
         .backend_options("bwrap", "serve")
