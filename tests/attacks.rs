@@ -130,8 +130,8 @@ impl Variant {
     /// Whether the Landlock sandbox hides `path` whatever the test does: it hides the host's `/tmp` and `/var/tmp`
     /// (giving the CLI a tmp dir of its own), where the labs are when the checkout is under `/tmp`. A control read of
     /// an ordinary file there cannot work under it, so only the blocked half of such a test runs.
-    fn landlock_hides_the_lab(variant: Variant, path: &Path) -> bool {
-        variant.sandbox == "landlock" && (path.starts_with("/tmp") || path.starts_with("/var/tmp"))
+    fn landlock_hides(&self, path: &Path) -> bool {
+        self.sandbox == "landlock" && (path.starts_with("/tmp") || path.starts_with("/var/tmp"))
     }
 
     /// Whether a sandbox confines the CLI: bubblewrap's or the Landlock one.
@@ -842,7 +842,7 @@ fn deny_read_hides_an_extra_directory() {
         targets["deny_read"] = json!([{"path": dir.join("token.txt"), "content": canary}]);
         let mut checks = Checks::new();
         // Without the flag it is an ordinary, readable file: the attack can tell.
-        if !landlock_hides_the_lab(variant, &lab.root) {
+        if !variant.landlock_hides(&lab.root) {
             let (control, _, report) = run_attacks_with(&lab, lab.options(), "deny_read", targets.clone());
             checks.worked(&report, "deny_read");
             stop(control);
@@ -860,7 +860,7 @@ fn strict_profile_hides_plain_files_of_the_home() {
     for_each_variant(test, sandboxed_variants(test), |variant| {
         let lab = Lab::new("strict", variant);
         let mut checks = Checks::new();
-        if !landlock_hides_the_lab(variant, &lab.home) {
+        if !variant.landlock_hides(&lab.home) {
             let (default, _, report) = run_attacks(&lab, lab.options(), "plain_home");
             checks.worked(&report, "plain_home_file"); // the default profile keeps ordinary home files readable
             stop(default);
