@@ -1,5 +1,10 @@
 //! The bubblewrap sandbox: the CLI runs in the workspace, can write there, and cannot write elsewhere on the host.
-//! Skipped (with the reason printed) where unprivileged bubblewrap does not work.
+//! Skipped (with the reason printed) where unprivileged bubblewrap does not work. And what a bridge leaves for the
+//! next one (kept-warm records) is believed only for what a bridge made.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
 
 use crate::support::*;
 
@@ -38,4 +43,58 @@ fn bwrap_sandbox_runs_the_cli_in_the_workspace_and_confines_its_writes() {
         Some(run.cli_session()),
         "the follow-up continues the CLI session inside the sandbox"
     );
+}
+
+/// The start time of `pid` (`/proc/<pid>/stat`'s 22nd field), as a kept-warm record names it.
+fn start_time(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_name = stat.rsplit_once(')').unwrap().1;
+    after_name.split_whitespace().nth(19).unwrap().parse().unwrap()
+}
+
+/// Where a bridge files the kept-warm record of `key` (the first 16 hex digits of its SHA-256).
+fn record_file(run: &Path, key: &str) -> PathBuf {
+    let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    run.join("warm").join(format!("{}.json", &hex[..16]))
+}
+
+#[test]
+fn a_forged_kept_warm_record_makes_the_next_bridge_delete_and_kill_nothing() {
+    let dirs = TestDirs::new("forged-record");
+    let run = dirs.data.join("run");
+    std::fs::create_dir_all(run.join("warm")).unwrap();
+    std::fs::set_permissions(&run, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    // Some process of the user's and a file of theirs, named by records nobody's bridge wrote.
+    let mut victim = std::process::Command::new("sleep").arg("120").spawn().unwrap();
+    let pid = i32::try_from(victim.id()).unwrap();
+    let precious = dirs.root().join("precious.txt");
+    std::fs::write(&precious, "keep me").unwrap();
+    let in_run_dir = run.join("0123456789ab.door");
+    std::fs::write(&in_run_dir, "a door's place").unwrap();
+    let forged = |key: &str, door: &Path, proxy: Option<&Path>| {
+        json!({
+            "key": key, "sandbox": "workspace-0001", "workspace": "/ws", "fingerprint": "f", "settings": "s",
+            "pid": pid, "start": start_time(pid), "door": door, "proxy_socket": proxy, "cgroups": [],
+            "secret": "guessed", "linger_secs": 600, "started_ms": 1,
+        })
+    };
+    let records = [
+        // Its paths are the user's own file: never deleted.
+        (record_file(&run, "one"), forged("one", &precious, Some(&precious))),
+        // Shaped as a bridge makes them, but the process was never started by a bridge: not killed.
+        (record_file(&run, "two"), forged("two", &in_run_dir, None)),
+    ];
+    for (path, record) in &records {
+        std::fs::write(path, record.to_string()).unwrap();
+    }
+    // Leftovers are looked at before the bridge answers `initialize`.
+    let bridge = Bridge::start(BridgeOptions::new("opencode", &dirs.data));
+    assert!(pid_alive(pid), "the forged record's process was killed: {}", bridge.stderr());
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
+    for (path, _) in &records {
+        assert!(!path.exists(), "{} is forgotten", path.display());
+    }
+    let _ = victim.kill();
+    let _ = victim.wait();
 }

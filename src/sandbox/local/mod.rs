@@ -639,9 +639,12 @@ impl Sandbox for LocalSandbox {
                 Ok(())
             });
         }
+        command.env_clear().envs(spec.env.iter().map(|(k, v)| (k, v)));
+        if let Some((keep, _)) = &kept {
+            // What ties the record written below to this process, for the bridge that adopts it.
+            command.env(warm::MARK_VAR, warm::mark(&keep.secret));
+        }
         command
-            .env_clear()
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .env("PWD", &spec.cwd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -6,6 +6,13 @@
 //! directory mounted, not the socket), its secret (the server's password), and digests of the command and of the
 //! bridge's sandbox settings it was started with: a command or settings that differ never adopt it. The run dir is
 //! the bridge's own (0700, never mounted into a sandbox) and each record is written 0600.
+//!
+//! A record is still only believed for what a bridge itself makes: one left by a crashed bridge, or planted where
+//! the data dir is writable, must not make the next bridge delete, signal or connect to whatever it names. So a
+//! record is read only when it is the bridge user's own regular file and names only paths a bridge makes there (its
+//! door and proxy directory in the run dir, cgroups under an `acp-sandbox` group), and its process counts as the
+//! server only when that process carries [`MARK_VAR`]: a digest of the record's secret, set by the bridge that
+//! started it. Anything else is only forgotten: its record removed, nothing it names touched.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -65,10 +72,46 @@ pub struct Record {
 }
 
 impl Record {
-    /// Whether its root process still runs.
+    /// Whether its root process still runs: the same process (its start time) and the server a bridge started
+    /// (it carries the mark of this record's secret), not some other process a record names.
     pub fn alive(&self) -> bool {
-        crate::sandbox::process::start_time(self.pid) == Some(self.start)
+        crate::sandbox::process::start_time(self.pid) == Some(self.start) && carries_mark(self.pid, &self.secret)
     }
+}
+
+/// The variable a kept server's root process is started with: [`mark`] of its secret.
+pub const MARK_VAR: &str = "ACP_SANDBOX_KEPT";
+
+/// A digest of a kept server's secret, by which its process is told from any other (the secret itself stays out
+/// of the environment, which the sandbox's tools may read).
+pub fn mark(secret: &str) -> String {
+    digest_hex(&format!("acp-sandbox kept-warm server {secret}"))
+}
+
+/// Whether the process `pid` was started with the mark of `secret` (its environment as it was started with).
+fn carries_mark(pid: i32, secret: &str) -> bool {
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { return false };
+    let expected = format!("{MARK_VAR}={}", mark(secret));
+    environ.split(|byte| *byte == 0).any(|entry| entry == expected.as_bytes())
+}
+
+/// Whether `record`, read from `path`, names only what a bridge makes in `run_dir`: its own record file, a door of
+/// the run dir, its key's proxy directory, cgroups of an `acp-sandbox` group.
+fn made_here(run_dir: &Path, path: &Path, record: &Record) -> bool {
+    let door = record.door.parent() == Some(run_dir)
+        && record.door.file_name().and_then(|name| name.to_str()).is_some_and(|name| {
+            name.strip_suffix(".door")
+                .is_some_and(|stem| stem.len() == 12 && stem.bytes().all(|b| b.is_ascii_hexdigit()))
+        });
+    let proxy = record.proxy_socket.as_ref().is_none_or(|socket| *socket == proxy_socket(run_dir, &record.key));
+    let cgroups = record.cgroups.iter().all(|dir| {
+        dir.starts_with("/sys/fs/cgroup")
+            && dir
+                .components()
+                .all(|part| matches!(part, std::path::Component::RootDir | std::path::Component::Normal(_)))
+            && dir.parent().and_then(Path::file_name).is_some_and(|name| name == "acp-sandbox")
+    });
+    door && proxy && cgroups && record_path(run_dir, &record.key) == path
 }
 
 /// Where the records are.
@@ -107,17 +150,31 @@ pub fn write(run_dir: &Path, record: &Record) -> std::io::Result<()> {
     std::fs::rename(&partial, &path)
 }
 
-/// The record of `key`, when there is a readable one.
+/// The record of `key`, when there is a readable one a bridge made ([`list`] says which).
 pub fn read(run_dir: &Path, key: &str) -> Option<Record> {
-    read_file(&record_path(run_dir, key))
+    let path = record_path(run_dir, key);
+    let record = read_file(&path)?;
+    if made_here(run_dir, &path, &record) {
+        return Some(record);
+    }
+    tracing::warn!(record = %path.display(), "forgetting a kept-warm record that names what no bridge made");
+    let _ = std::fs::remove_file(&path);
+    None
 }
 
+/// The record at `path` when it is the bridge user's own regular file (a link is never followed) and parses.
 fn read_file(path: &Path) -> Option<Record> {
-    let bytes = std::fs::read(path).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.uid() != nix::unistd::geteuid().as_raw() {
+        return None;
+    }
+    serde_json::from_reader(std::io::BufReader::new(file)).ok()
 }
 
-/// Every readable record. One that cannot be read is removed (a server it named is ended by its own linger).
+/// Every readable record a bridge made. One that cannot be read, or that names what no bridge makes (a door or a
+/// cgroup elsewhere), is removed and nothing it names is touched (a server it named is ended by its own linger).
 pub fn list(run_dir: &Path) -> Vec<Record> {
     let Ok(entries) = std::fs::read_dir(records_dir(run_dir)) else { return Vec::new() };
     let mut records = Vec::new();
@@ -127,8 +184,9 @@ pub fn list(run_dir: &Path) -> Vec<Record> {
             continue;
         }
         match read_file(&path) {
-            Some(record) => records.push(record),
-            None => {
+            Some(record) if made_here(run_dir, &path, &record) => records.push(record),
+            _ => {
+                tracing::warn!(record = %path.display(), "forgetting a kept-warm record no bridge made");
                 let _ = std::fs::remove_file(&path);
             }
         }
@@ -225,18 +283,52 @@ pub fn fingerprint(spec: &ExecSpec, settings: &str) -> String {
 mod tests {
     use super::*;
 
-    fn record(key: &str) -> Record {
+    /// A stand-in for a kept server's root process; `marked` as the bridge starts one.
+    struct Server(std::process::Child);
+
+    impl Server {
+        fn start(marked: bool) -> Server {
+            let mut command = std::process::Command::new("sleep");
+            command.arg("60");
+            if marked {
+                command.env(MARK_VAR, mark("s3cret"));
+            }
+            let server = Server(command.spawn().unwrap());
+            // Its environment is the new program's once it runs `sleep`, not the test's.
+            while std::fs::read_link(format!("/proc/{}/exe", server.pid())).is_ok_and(|exe| !exe.ends_with("sleep")) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            server
+        }
+
+        fn pid(&self) -> i32 {
+            i32::try_from(self.0.id()).unwrap()
+        }
+
+        fn runs(&mut self) -> bool {
+            self.0.try_wait().unwrap().is_none()
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn record(run: &Path, key: &str, server: &Server) -> Record {
         Record {
             key: key.into(),
             sandbox: "workspace-0011".into(),
             workspace: "/ws".into(),
             fingerprint: "f".into(),
             settings: "s".into(),
-            pid: i32::try_from(std::process::id()).unwrap(),
-            start: crate::sandbox::process::start_time(i32::try_from(std::process::id()).unwrap()).unwrap(),
-            door: "/nonexistent/door".into(),
-            proxy_socket: None,
-            cgroups: Vec::new(),
+            pid: server.pid(),
+            start: crate::sandbox::process::start_time(server.pid()).unwrap(),
+            door: run.join("0123456789ab.door"),
+            proxy_socket: Some(proxy_socket(run, key)),
+            cgroups: vec!["/sys/fs/cgroup/user.slice/acp-sandbox/workspace-0011-3".into()],
             secret: "s3cret".into(),
             linger_secs: 60,
             started_ms: 1,
@@ -247,14 +339,15 @@ mod tests {
     fn a_record_is_private_and_read_back_whole() {
         use std::os::unix::fs::PermissionsExt;
         let run = tempfile::tempdir().unwrap();
-        let written = record("workspace-0011 auto project");
+        let server = Server::start(true);
+        let written = record(run.path(), "workspace-0011 auto project", &server);
         write(run.path(), &written).unwrap();
         let path = record_path(run.path(), &written.key);
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert!(read(run.path(), &written.key) == Some(written.clone()));
         assert!(read(run.path(), "workspace-0011 ask project").is_none(), "another key has no record");
         assert!(list(run.path()) == vec![written.clone()]);
-        assert!(written.alive(), "this test process is its root");
+        assert!(written.alive(), "the marked process is its root");
         assert_eq!(
             describe(run.path()),
             vec![format!(
@@ -267,7 +360,8 @@ mod tests {
     #[test]
     fn an_unreadable_record_is_dropped_and_a_reused_pid_is_not_alive() {
         let run = tempfile::tempdir().unwrap();
-        let mut stale = record("a");
+        let server = Server::start(true);
+        let mut stale = record(run.path(), "a", &server);
         stale.start += 1;
         assert!(!stale.alive(), "same pid, another start time");
         write(run.path(), &stale).unwrap();
@@ -279,10 +373,65 @@ mod tests {
     }
 
     #[test]
+    fn a_process_a_bridge_did_not_start_is_never_the_server_nor_stopped() {
+        let run = tempfile::tempdir().unwrap();
+        let mut other = Server::start(false);
+        let forged = record(run.path(), "a", &other);
+        assert!(!forged.alive(), "no mark: some other process of the user's");
+        stop(run.path(), &forged);
+        assert!(other.runs(), "a record's word alone kills nothing");
+        let mut marked = Server::start(true);
+        let wrong_secret = Record { secret: "guessed".into(), ..record(run.path(), "a", &marked) };
+        assert!(!wrong_secret.alive(), "the mark is of the record's own secret");
+        stop(run.path(), &wrong_secret);
+        assert!(marked.runs());
+    }
+
+    #[test]
+    fn a_record_naming_what_no_bridge_makes_is_forgotten_and_nothing_it_names_is_touched() {
+        let run = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let victim = outside.path().join("precious");
+        std::fs::write(&victim, b"keep me").unwrap();
+        let empty_dir = outside.path().join("acp-sandbox").join("empty");
+        std::fs::create_dir_all(&empty_dir).unwrap();
+        let server = Server::start(true);
+        let honest = record(run.path(), "a", &server);
+        let forgeries = [
+            Record { door: victim.clone(), ..honest.clone() },
+            Record { door: run.path().join("../precious.door"), ..honest.clone() },
+            Record { proxy_socket: Some(victim.clone()), ..honest.clone() },
+            Record { cgroups: vec![empty_dir.clone()], ..honest.clone() },
+            Record { cgroups: vec!["/sys/fs/cgroup/acp-sandbox/../../../tmp".into()], ..honest.clone() },
+        ];
+        for forged in forgeries {
+            write(run.path(), &forged).unwrap();
+            assert!(list(run.path()).is_empty(), "{:?} {:?} {:?}", forged.door, forged.proxy_socket, forged.cgroups);
+            assert!(!record_path(run.path(), "a").exists(), "it is forgotten");
+            write(run.path(), &forged).unwrap();
+            assert!(read(run.path(), "a").is_none());
+            assert!(!record_path(run.path(), "a").exists());
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        assert!(empty_dir.is_dir());
+        // Filed under another key's name, or a link to a record elsewhere: not read either.
+        write(run.path(), &honest).unwrap();
+        std::fs::rename(record_path(run.path(), "a"), record_path(run.path(), "b")).unwrap();
+        assert!(list(run.path()).is_empty());
+        write(outside.path(), &honest).unwrap();
+        std::fs::create_dir_all(records_dir(run.path())).unwrap();
+        std::os::unix::fs::symlink(record_path(outside.path(), "a"), record_path(run.path(), "a")).unwrap();
+        assert!(read(run.path(), "a").is_none(), "a link is never followed");
+        write(run.path(), &honest).unwrap();
+        assert!(read(run.path(), "a") == Some(honest), "the honest record still reads");
+    }
+
+    #[test]
     fn forgetting_an_older_server_leaves_the_newer_record_of_its_key() {
         let run = tempfile::tempdir().unwrap();
-        let older = Record { start: 7, ..record("a") };
-        let newer = record("a");
+        let server = Server::start(true);
+        let older = Record { start: 7, ..record(run.path(), "a", &server) };
+        let newer = record(run.path(), "a", &server);
         write(run.path(), &newer).unwrap();
         forget(run.path(), &older);
         assert!(read(run.path(), "a") == Some(newer));
