@@ -213,3 +213,72 @@ fn a_remote_sandbox_does_not_advertise_roots_and_refuses_them() {
     // Without roots the same request is a session.
     assert!(new_with_roots(&mut bridge, &ws, &[]).is_ok());
 }
+
+/// A workspace and a root that the editor names through links (a symlinked project folder) work for `agent`: the
+/// agent works at the editor's paths and its files land in the real folders.
+/// With `in_tmp` the links are in the host's `/tmp`, which the sandbox does not show.
+fn through_links(agent: &str, sandbox: &str, in_tmp: bool) {
+    let dirs = TestDirs::new(&format!("linked-{agent}-{sandbox}"));
+    let (real_ws, real_lib) = (dirs.workspace("real-ws"), dirs.workspace("real-lib"));
+    let links = tempfile::Builder::new().prefix("acp-sandbox-links-").tempdir_in("/tmp").unwrap();
+    let at = if in_tmp { links.path() } else { dirs.root() };
+    let (ws, lib) = (at.join("ws-link"), at.join("lib-link"));
+    std::os::unix::fs::symlink(&real_ws, &ws).unwrap();
+    std::os::unix::fs::symlink(&real_lib, &lib).unwrap();
+    let options = match agent {
+        "custom" => BridgeOptions::new("custom", &dirs.data)
+            .arg("--agent-command")
+            .arg(&fakes_dir().join("acp_agent.py").display().to_string()),
+        _ => BridgeOptions::new(agent, &dirs.data),
+    };
+    let mut bridge = Bridge::start(options.sandbox(sandbox));
+    let answer = new_with_roots(&mut bridge, &ws, &[&lib]).unwrap_or_else(|e| bridge.fail(&format!("{e}")));
+    let sid = answer["sessionId"].as_str().unwrap().to_string();
+    let (in_ws, in_lib) = (ws.join("a.txt"), lib.join("b.txt"));
+    if agent == "custom" {
+        let script = format!("echo a > {} && echo b > {} && echo $PWD", in_ws.display(), in_lib.display());
+        let turn = bridge.prompt(&sid, &format!("SCENARIO:shell:{script}"));
+        assert_eq!(turn.stop_reason(), "end_turn", "{:?} {}", turn.result, bridge.stderr());
+        let said = text_of(&turn.updates, "agent_message_chunk");
+        assert_eq!(said.lines().last(), Some(format!("shell 0 {}", ws.display()).as_str()), "{said}");
+    } else if agent == "amp" {
+        // The fake Amp writes where it runs and says so; it has no file ops of its own.
+        let turn = bridge.prompt(&sid, "SCENARIO:probe");
+        assert_eq!(turn.stop_reason(), "end_turn", "{:?} {}", turn.result, bridge.stderr());
+        let probe: Value =
+            serde_json::from_str(&std::fs::read_to_string(real_ws.join(".fake-cli/probe.json")).unwrap()).unwrap();
+        assert_eq!(probe["workspace"]["writable"], json!(true), "{probe}");
+        assert_eq!(listed_roots(&mut bridge, &sid), json!([lib]), "shown at the editor's path");
+        return;
+    } else {
+        let turn = bridge.prompt(&sid, &ops(json!([["try-write", in_ws, "a\n"], ["try-write", in_lib, "b\n"]])));
+        assert_eq!(turn.stop_reason(), "end_turn", "{:?} {}", turn.result, bridge.stderr());
+        assert_eq!(reads(&turn), format!("READ {}=written; {}=written", in_ws.display(), in_lib.display()));
+    }
+    assert_eq!(std::fs::read_to_string(real_ws.join("a.txt")).unwrap(), "a\n");
+    assert_eq!(std::fs::read_to_string(real_lib.join("b.txt")).unwrap(), "b\n");
+    assert_eq!(listed_roots(&mut bridge, &sid), json!([lib]), "shown at the editor's path");
+}
+
+macro_rules! through_links {
+    ($($name:ident: $agent:literal, $sandbox:literal, $in_tmp:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            if $sandbox == "bwrap" && let Err(why) = bwrap_usable() {
+                eprintln!("SKIPPED {}: {why}", stringify!($name));
+                return;
+            }
+            through_links($agent, $sandbox, $in_tmp);
+        }
+    )*};
+}
+
+through_links! {
+    a_workspace_and_a_root_through_links_work_for_opencode_none: "opencode", "none", false;
+    a_workspace_and_a_root_through_links_work_for_opencode_bwrap: "opencode", "bwrap", false;
+    a_workspace_and_a_root_through_links_in_tmp_work_for_opencode_bwrap: "opencode", "bwrap", true;
+    a_workspace_and_a_root_through_links_work_for_amp_bwrap: "amp", "bwrap", false;
+    a_workspace_and_a_root_through_links_work_for_an_acp_agent_none: "custom", "none", false;
+    a_workspace_and_a_root_through_links_work_for_an_acp_agent_bwrap: "custom", "bwrap", false;
+    a_workspace_and_a_root_through_links_in_tmp_work_for_an_acp_agent_bwrap: "custom", "bwrap", true;
+}

@@ -154,6 +154,7 @@ pub(super) fn argv(wrap: &Wrap) -> Vec<String> {
                 let source = source_of(wrap.copy.as_ref(), path).display().to_string();
                 push(&["--bind", &source, &path.display().to_string()]);
             }
+            Mount::Link { at, to } => push(&["--symlink", &to.display().to_string(), &at.display().to_string()]),
         }
     }
     for (host, target) in &wrap.spec.read_only {

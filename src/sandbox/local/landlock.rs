@@ -392,18 +392,7 @@ impl super::LocalSandbox {
         } else {
             None
         };
-        let subject = Subject {
-            workspace: self.workspace.clone(),
-            roots: self.roots.clone(),
-            state_dir: self.state_dir.clone(),
-            tools: spec.tools.clone(),
-            private: self
-                .copy
-                .iter()
-                .map(|copy| copy.review_dir().to_path_buf())
-                .chain([self.state_dir.join(super::protect::QUARANTINE)])
-                .collect(),
-        };
+        let subject = self.subject(spec);
         let shown: Vec<PathBuf> = spec.read_only.iter().map(|(host, _)| host.clone()).collect();
         let writable: Vec<PathBuf> = spec.writable.iter().map(|(host, _)| host.clone()).collect();
         let mut grants = confinement(&self.settings.policy, &subject, &shown, &writable, connect, &RealTree);

@@ -145,6 +145,14 @@ pub enum Mount {
     ReadOnly(PathBuf),
     /// A host path shown writable at the same place.
     Writable(PathBuf),
+    /// A symbolic link at `at` to `to`: the path by which the editor named a root, where the host's own link to it
+    /// is hidden inside (under `/tmp`).
+    Link {
+        /// Where the link is.
+        at: PathBuf,
+        /// What it points to (the root's real path).
+        to: PathBuf,
+    },
 }
 
 /// What one command's sandbox is made of, apart from the command itself.
@@ -295,8 +303,12 @@ impl Policy {
             }
         }
         // A secret inside the workspace or a root (a workspace of `~/.config` holds `~/.config/gh`) is hidden again
-        // on top of their own mounts, below.
-        let roots: Vec<&PathBuf> = std::iter::once(&subject.workspace).chain(&subject.roots).collect();
+        // on top of their own mounts, below. Roots are mounted where they really are: an editor's project folder
+        // is often a link, and a mount cannot be made through one.
+        let named: Vec<&PathBuf> = std::iter::once(&subject.workspace).chain(&subject.roots).collect();
+        let real: Vec<PathBuf> =
+            named.iter().map(|root| disk.canonical(root).unwrap_or_else(|| (*root).clone())).collect();
+        let roots: Vec<&PathBuf> = real.iter().collect();
         let (secrets_in_workspace, secrets): (Vec<PathBuf>, Vec<PathBuf>) =
             self.hidden_paths().into_iter().partition(|path| roots.iter().any(|root| path.starts_with(root)));
         let hide = |mounts: &mut Vec<Mount>, paths: Vec<PathBuf>| {
@@ -325,6 +337,20 @@ impl Policy {
         // Every root is mounted before anything is hidden or protected in any of them: a root nested in another
         // (or holding it) mounted later would cover what was protected there.
         mounts.extend(roots.iter().map(|root| Mount::Writable((*root).clone())));
+        // The editor's path of a root leads there inside as on the host: through the host's own link where `/` shows
+        // it, through a link of the sandbox's where the place of the host's is hidden.
+        let hidden: Vec<PathBuf> = mounts
+            .iter()
+            .filter_map(|mount| match mount {
+                Mount::Scratch(path) | Mount::EmptyDir(path) => Some(path.clone()),
+                _ => None,
+            })
+            .collect();
+        for (at, to) in named.iter().zip(&real) {
+            if *at != to && hidden.iter().any(|dir| at.starts_with(dir)) {
+                mounts.push(Mount::Link { at: (*at).clone(), to: to.clone() });
+            }
+        }
         hide(mounts, secrets_in_workspace);
         let protected: Vec<(&PathBuf, Vec<PathBuf>)> =
             roots.iter().map(|root| (*root, self.protected_paths(root, disk))).collect();
@@ -470,6 +496,8 @@ mod tests {
     struct FakeDisk {
         entries: HashMap<PathBuf, bool>,
         texts: HashMap<PathBuf, String>,
+        /// Symbolic links to directories: the link's path, its target's.
+        links: HashMap<PathBuf, PathBuf>,
     }
 
     impl FakeDisk {
@@ -484,10 +512,11 @@ mod tests {
 
     impl Disk for FakeDisk {
         fn kind(&self, path: &Path) -> Option<bool> {
-            self.entries.get(path).copied()
+            self.entries.get(self.links.get(path).map_or(path, PathBuf::as_path)).copied()
         }
         fn canonical(&self, path: &Path) -> Option<PathBuf> {
-            self.entries.contains_key(path).then(|| path.to_path_buf())
+            let real = self.links.get(path).map_or(path, PathBuf::as_path);
+            self.entries.contains_key(real).then(|| real.to_path_buf())
         }
         fn read(&self, path: &Path) -> Option<String> {
             self.texts.get(path).cloned()
@@ -546,6 +575,29 @@ mod tests {
                 EmptyDir("/home/u/.local/share/acp-sandbox".into()),
                 Writable("/home/u/.local/share/acp-sandbox/sessions/s1".into()),
                 Writable("/home/u/ws".into()),
+                Writable("/home/u/ws/.git".into()),
+                ReadOnly("/home/u/ws/.git/config".into()),
+                ReadOnly("/home/u/ws/.git/hooks".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn roots_named_through_links_are_mounted_where_they_are_and_linked_where_the_host_link_is_hidden() {
+        let mut disk = base_disk();
+        disk.entries.insert("/home/u/lib".into(), true);
+        disk.links.insert("/home/u/ws-link".into(), "/home/u/ws".into());
+        disk.links.insert("/tmp/lib-link".into(), "/home/u/lib".into());
+        let subject = Subject { workspace: "/home/u/ws-link".into(), roots: vec!["/tmp/lib-link".into()], ..subject() };
+        let mounts = policy().plan(&subject, &disk).mounts;
+        use Mount::*;
+        assert_eq!(
+            mounts[mounts.iter().position(|m| *m == Writable("/home/u/ws".into())).unwrap()..],
+            [
+                Writable("/home/u/ws".into()),
+                Writable("/home/u/lib".into()),
+                // `/home/u/ws-link` is seen inside as on the host (`/` is shown); `/tmp`'s links are not.
+                Link { at: "/tmp/lib-link".into(), to: "/home/u/lib".into() },
                 Writable("/home/u/ws/.git".into()),
                 ReadOnly("/home/u/ws/.git/config".into()),
                 ReadOnly("/home/u/ws/.git/hooks".into()),

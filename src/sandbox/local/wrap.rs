@@ -8,8 +8,8 @@ use tokio::process::Command;
 
 use super::bwrap::{self, NetSetup, bwrap_netns, bwrap_userns};
 use super::limits::Limits;
-use super::policy::{Plan, RealDisk, Subject};
-use super::{LocalSandbox, ProcessGuards, protect, seccomp, warm};
+use super::policy::{Disk, Plan, RealDisk};
+use super::{LocalSandbox, ProcessGuards, seccomp, warm};
 use crate::paths;
 use crate::sandbox::net::proxy::{NetworkMode, Proxy, ProxyPolicy};
 use crate::sandbox::{ExecSpec, SandboxError};
@@ -28,18 +28,7 @@ impl LocalSandbox {
         watch: Option<Limits>,
         door: Option<(i32, u16)>,
     ) -> Result<(Command, bool), SandboxError> {
-        let subject = Subject {
-            workspace: self.host_workspace.clone(),
-            roots: self.roots.clone(),
-            state_dir: self.state_dir.clone(),
-            tools: spec.tools.clone(),
-            private: self
-                .copy
-                .iter()
-                .map(|copy| copy.review_dir().to_path_buf())
-                .chain([self.state_dir.join(protect::QUARANTINE)])
-                .collect(),
-        };
+        let subject = self.subject(spec);
         let plan = self.settings.policy.plan(&subject, &RealDisk);
         let net = if !self.settings.network.uses_proxy() {
             None
@@ -87,10 +76,12 @@ impl LocalSandbox {
         watch: Option<Limits>,
         door: Option<(i32, u16)>,
     ) -> Vec<String> {
+        // The plan mounts the workspace where it really is (it may be named through a link).
+        let real_workspace = RealDisk.canonical(&self.host_workspace).unwrap_or_else(|| self.host_workspace.clone());
         bwrap::argv(&bwrap::Wrap {
             spec,
             plan,
-            copy: self.copy.as_ref().map(|copy| (self.host_workspace.as_path(), copy.path())),
+            copy: self.copy.as_ref().map(|copy| (real_workspace.as_path(), copy.path())),
             init_program: self.settings.init_program.as_deref(),
             userns: bwrap_userns(),
             net,
