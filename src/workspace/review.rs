@@ -215,6 +215,15 @@ impl WorkspaceCopy {
         StateDir::open(&self.root)?.ensure_dir(Path::new(COPY))
     }
 
+    /// Makes the copy if it was never made: a command started before the first turn's sync (an agent started ahead,
+    /// or before the turn reviews anything) finds the user's files where the sandbox binds them, `.git` included.
+    pub fn ensure_made(&self) -> io::Result<()> {
+        if self.root.join(MANIFEST).exists() {
+            return self.ensure();
+        }
+        self.sync()
+    }
+
     fn open(&self) -> io::Result<(Dir, StateDir, Dir)> {
         self.ensure()?;
         let workspace = Dir::open_ambient_dir(&self.workspace, ambient_authority())?;

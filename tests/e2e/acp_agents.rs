@@ -789,3 +789,41 @@ fn the_agents_end_with_the_bridge_whether_it_exits_or_is_killed() {
     bridge.kill9();
     assert!(wait_until(Duration::from_secs(10), || agents_in(&ws).is_empty()), "left running: {:?}", agents_in(&ws));
 }
+
+/// Review mode in a git workspace, under `sandbox`: the agent starts, its writes reach the user's files only through
+/// the editor, and a link it makes in its copy is never followed when the bridge reads for it.
+fn reviewing_a_git_workspace(sandbox: &str) {
+    let dirs = TestDirs::new(&format!("acp-review-git-{sandbox}"));
+    let ws = dirs.workspace("ws");
+    let git = std::process::Command::new("git").arg("init").arg("-q").arg(&ws).status().unwrap();
+    assert!(git.success());
+    std::fs::write(ws.join("notes.txt"), "the user's\n").unwrap();
+    let outside = dirs.root().join("home/outside.txt");
+    std::fs::create_dir_all(outside.parent().unwrap()).unwrap();
+    std::fs::write(&outside, "OUTSIDE-BYTES\n").unwrap();
+    let mut bridge = Bridge::start_reviewing(options(&dirs).sandbox(sandbox).arg("--workspace").arg("review"), false);
+    let sid = bridge.new_session(&ws);
+    assert_eq!(answer(&mut bridge, &sid, "shell:echo made > made.txt && echo done"), "shell 0 done");
+    let sent: Vec<(PathBuf, String)> = bridge.file_writes.iter().map(|w| (w.path.clone(), w.content.clone())).collect();
+    assert_eq!(sent, [(ws.join("made.txt"), "made\n".to_string())]);
+    assert!(!ws.join("made.txt").exists(), "the editor refused it");
+    let link = format!("shell:ln -s {} peek && echo linked", outside.display());
+    assert_eq!(answer(&mut bridge, &sid, &link), "shell 0 linked");
+    let read = answer(&mut bridge, &sid, "read:./peek");
+    assert!(read.starts_with("read error "), "{read}");
+    assert!(!read.contains("OUTSIDE-BYTES"), "{read}");
+}
+
+#[test]
+fn review_mode_works_in_a_git_workspace_none() {
+    reviewing_a_git_workspace("none");
+}
+
+#[test]
+fn review_mode_works_in_a_git_workspace_bwrap() {
+    if let Err(why) = bwrap_usable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    reviewing_a_git_workspace("bwrap");
+}

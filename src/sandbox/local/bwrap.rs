@@ -146,13 +146,18 @@ pub(super) fn argv(wrap: &Wrap) -> Vec<String> {
                 read_only_later.push(path);
             }
             Mount::EmptyFile(path) => push(&["--ro-bind", "/dev/null", &path.display().to_string()]),
-            Mount::ReadOnly(path) => {
-                let source = source_of(wrap.copy.as_ref(), path).display().to_string();
-                push(&["--ro-bind", &source, &path.display().to_string()]);
-            }
-            Mount::Writable(path) => {
-                let source = source_of(wrap.copy.as_ref(), path).display().to_string();
-                push(&["--bind", &source, &path.display().to_string()]);
+            Mount::ReadOnly(path) | Mount::Writable(path) => {
+                let writable = matches!(mount, Mount::Writable(_));
+                let (source, in_copy) = source_of(wrap.copy.as_ref(), path);
+                // The plan is made from the user's files; the copy may lack a path they have now (made since the
+                // last sync), which the agent's copy then simply does not have yet.
+                let verb = match (writable, in_copy) {
+                    (true, false) => "--bind",
+                    (true, true) => "--bind-try",
+                    (false, false) => "--ro-bind",
+                    (false, true) => "--ro-bind-try",
+                };
+                push(&[verb, &source.display().to_string(), &path.display().to_string()]);
             }
             Mount::Link { at, to } => push(&["--symlink", &to.display().to_string(), &at.display().to_string()]),
         }
@@ -220,11 +225,12 @@ pub(super) fn argv(wrap: &Wrap) -> Vec<String> {
 
 /// Where a mount of the plan comes from on the host: in review mode what is in the workspace comes from the
 /// agent's copy (so the copy is what the agent sees and writes there, protected paths included).
-fn source_of(copy: Option<&(&Path, PathBuf)>, path: &Path) -> PathBuf {
+/// Whether it comes from below the copy's root (a path the copy may not have yet) is the second.
+fn source_of(copy: Option<&(&Path, PathBuf)>, path: &Path) -> (PathBuf, bool) {
     match copy.map(|(workspace, copy)| (path.strip_prefix(workspace), copy)) {
-        Some((Ok(rel), copy)) if rel.as_os_str().is_empty() => copy.clone(),
-        Some((Ok(rel), copy)) => copy.join(rel),
-        _ => path.to_path_buf(),
+        Some((Ok(rel), copy)) if rel.as_os_str().is_empty() => (copy.clone(), false),
+        Some((Ok(rel), copy)) => (copy.join(rel), true),
+        _ => (path.to_path_buf(), false),
     }
 }
 

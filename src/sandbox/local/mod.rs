@@ -530,7 +530,7 @@ impl Sandbox for LocalSandbox {
             placed.map_err(|e| SandboxError::io(format!("place {}", target.display()), e))?;
         }
         if let Some(copy) = &self.copy {
-            copy.ensure().map_err(|e| SandboxError::io(format!("create {}", copy.path().display()), e))?;
+            copy.ensure_made().map_err(|e| SandboxError::io(format!("make {}", copy.path().display()), e))?;
         }
         let mut guards = ProcessGuards::default();
         // The agent writes the user's files (no review copy): a protected path that does not exist is not mounted
@@ -1066,8 +1066,8 @@ mod tests {
         assert!(
             args.contains(
                 "--bind /tmp/data/sessions/s1 /tmp/data/sessions/s1 --tmpfs /tmp/data/sessions/s1/review --bind \
-                 /tmp/data/sessions/s1/review/copy /tmp/ws --bind /tmp/data/sessions/s1/review/copy/.git /tmp/ws/.git \
-                 --ro-bind /tmp/data/sessions/s1/review/copy/.git/hooks /tmp/ws/.git/hooks --ro-bind /dev/null \
+                 /tmp/data/sessions/s1/review/copy /tmp/ws --bind-try /tmp/data/sessions/s1/review/copy/.git /tmp/ws/.git \
+                 --ro-bind-try /tmp/data/sessions/s1/review/copy/.git/hooks /tmp/ws/.git/hooks --ro-bind /dev/null \
                  /tmp/ws/.envrc"
             ),
             "{args}"
