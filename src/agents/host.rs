@@ -238,6 +238,12 @@ pub trait Service: Send + Sync {
     /// Whether something runs for `session` now.
     fn serving(&self, session: &str) -> bool;
 
+    /// Whether a fork's first turn continues the original's conversation in the agent itself (the original's
+    /// conversation being in the same sandbox); else the fork starts its own from the stored transcript.
+    fn forks_in_place(&self) -> bool {
+        false
+    }
+
     /// What runs for `session` now, kept to forget the session's conversation there once it is deleted (taken
     /// before the session lets go of it).
     fn held(&self, session: &str) -> Box<dyn Release>;

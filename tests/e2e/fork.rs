@@ -1,5 +1,6 @@
-//! `session/fork` against the fake Amp, whose threads live outside the sandbox: the fork replays the original's
-//! turns, its first prompt starts a new thread from their transcript, and each goes its own way from then on.
+//! `session/fork` against the fake Amp, whose threads live outside the sandbox, and the fake ACP agent: the fork
+//! replays the original's turns, its first prompt starts a new thread from their transcript, and each goes its own
+//! way from then on.
 
 use serde_json::json;
 
@@ -93,5 +94,39 @@ fn a_fork_of_an_unknown_session_or_into_another_workspace_is_refused() {
     assert_eq!(
         (moved.code, moved.message),
         (-32602, format!("a fork keeps its session's workspace {}, not {}", ws.display(), other.display()))
+    );
+}
+
+/// A fork of an ACP agent's session (in the workspace's shared sandbox) continues the conversation: its agent
+/// conversation starts from the transcript of the original's turns.
+#[test]
+fn a_fork_of_an_acp_agents_session_starts_from_the_transcript() {
+    let dirs = TestDirs::new("fork-acp");
+    let ws = dirs.workspace("ws");
+    let options = BridgeOptions::new("custom", &dirs.data)
+        .arg("--agent-command")
+        .arg(&fakes_dir().join("acp_agent.py").display().to_string());
+    let mut bridge = Bridge::start(options);
+    let original = bridge.new_session(&ws);
+    assert_eq!(bridge.prompt(&original, "SCENARIO:text").stop_reason(), "end_turn");
+    let forked = bridge.request("session/fork", json!({"sessionId": original, "cwd": ws, "mcpServers": []})).unwrap();
+    let fork = forked["sessionId"].as_str().unwrap().to_string();
+    let first = bridge.prompt(&fork, "SCENARIO:text And now?");
+    assert_eq!(first.stop_reason(), "end_turn");
+    assert_eq!(
+        notes(&first).into_iter().filter(|note| note.contains("transcript")).collect::<Vec<_>>(),
+        [
+            "_This fork's ACP agent conversation starts from a transcript of the earlier turns (tool details are not in it)._"
+        ]
+    );
+    let turn = bridge.prompt(&fork, "SCENARIO:history");
+    let said = text_of(&turn.updates, "agent_message_chunk");
+    let history: Vec<String> =
+        serde_json::from_str(said.trim().rsplit_once("history ").map(|(_, list)| list).unwrap_or("[]")).unwrap();
+    assert_eq!(
+        history,
+        ["<earlier-conversation>\nThe conversation so far was lost; here is its transcript. Continue from it.\n\n\
+          User:\nSCENARIO:text\n\nAssistant:\nHello from ACP\n</earlier-conversation>\n\nSCENARIO:text And now?"],
+        "{said}"
     );
 }

@@ -259,9 +259,10 @@ impl Turn<'_> {
         // A fork whose agent cannot fork the conversation where the fork runs (its own sandbox, or an agent whose
         // conversations are not in the sandbox) starts one from the transcript of the turns it copied, once: its
         // first turn gives it a conversation of its own.
+        let service = self.bridge.service.as_ref().filter(|_| self.bridge.serves(&self.record));
         if native_id.is_none()
             && let Some(forked) = &self.record.context.forked_from
-            && forked.native.is_none()
+            && (forked.native.is_none() || service.is_some_and(|service| !service.forks_in_place()))
         {
             let history = self.bridge.store.history(&self.record.id, self.bridge.config().replay_limit).await?;
             let earlier: Vec<_> = history.turns.into_iter().filter(|(turn, _)| turn.id != emit.turn_id).collect();
@@ -279,7 +280,6 @@ impl Turn<'_> {
         // A session whose server could not start runs `run` for the rest of this bridge's life: every prompt
         // would otherwise wait for another failing start.
         // Under `ask` there is no falling back: `run` cannot ask.
-        let service = self.bridge.service.as_ref().filter(|_| self.bridge.serves(&self.record));
         let mut serve = service.is_some_and(|service| {
             crate::agents::options::approvals(&self.record.config) == crate::agents::options::APPROVALS_ASK
                 || !service.fell_back(&self.record.id)

@@ -100,6 +100,11 @@ pub(super) fn server_key(bridge: &dyn BridgeHost, session: &str, sandbox: &dyn S
 
 #[async_trait::async_trait]
 impl Service for Warm {
+    fn forks_in_place(&self) -> bool {
+        // A fork in the workspace's shared sandbox is forked by the server (`fork` of the original's session).
+        true
+    }
+
     async fn attempt(
         &self,
         host: &dyn TurnHost,
