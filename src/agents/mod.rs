@@ -30,6 +30,7 @@ use serde_json::Value;
 pub use self::opencode::catalog::ModelInfo;
 pub use self::options::OptionSpec;
 pub use self::settings::AgentSettings;
+use crate::sandbox::net::gateway::Held;
 use crate::sandbox::package::NpmPackage;
 
 /// What one turn asks of the CLI beyond the prompt text.
@@ -216,13 +217,13 @@ pub trait Agent: Send + Sync + 'static {
     }
 
     /// Keeps the agent's model credentials that are no plain variable of [`Agent::gateway_credentials`] with the
-    /// bridge (OpenCode's logins and providers): `keep(name, upstream, value)` registers one on the gateway and
+    /// bridge (OpenCode's logins and providers): `keep(name, upstream, held)` registers one on the gateway and
     /// answers its route and placeholder (`None`: no gateway); `read_only` is what the command is shown of the
     /// user's files.
     fn keep_credentials(
         &self,
         _settings: &AgentSettings,
-        _keep: &mut dyn FnMut(&str, &str, &str) -> Option<crate::sandbox::net::gateway::Granted>,
+        _keep: &mut dyn FnMut(&str, &str, Held) -> Option<crate::sandbox::net::gateway::Granted>,
         _env: &mut Vec<(String, String)>,
         _read_only: &mut Vec<(PathBuf, PathBuf)>,
     ) {

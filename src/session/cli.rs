@@ -15,7 +15,7 @@ use crate::locate::installed_executable;
 use crate::paths;
 use crate::sandbox::NETWORK_ENV;
 use crate::sandbox::local::LocalProvider;
-use crate::sandbox::net::gateway::Gateway;
+use crate::sandbox::net::gateway::{Gateway, Held};
 use crate::sandbox::{ExecSpec, Sandbox, SandboxProvider};
 
 use super::{Bridge, VersionKey, versions};
@@ -318,11 +318,11 @@ fn keep_credentials(
     read_only: &mut Vec<(PathBuf, PathBuf)>,
 ) -> Option<u16> {
     let mut used = None;
-    let mut keep = |name: &str, upstream: &str, value: &str| match Gateway::shared() {
+    let mut keep = |name: &str, upstream: &str, held: Held| match Gateway::shared() {
         Ok(gateway) => {
             tracing::debug!(credential = %name, "a model credential stays with the bridge's gateway");
             used = Some(gateway.port());
-            Some(gateway.grant(scope, name, upstream, value))
+            Some(gateway.keep(scope, name, upstream, held))
         }
         Err(why) => {
             tracing::warn!("{why}: {name} reaches {} as it is", agent.display_name());
@@ -338,7 +338,7 @@ fn keep_credentials(
         let held = |name: &str, value: &str| credential.variables.contains(&name) && !value.trim().is_empty();
         let mut route = None;
         for (name, value) in env.iter_mut().filter(|(name, value)| held(name, value)) {
-            if let Some(granted) = keep(name, &upstream, value) {
+            if let Some(granted) = keep(name, &upstream, Held::Key(value.clone())) {
                 *value = granted.placeholder;
                 route = Some(granted.base_url);
             }

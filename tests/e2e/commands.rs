@@ -494,9 +494,10 @@ fn doctor_exits_non_zero_on_errors_and_gives_namespace_advice_when_bubblewrap_is
             "            model: OpenCode's own choice (no --model, and no `model` in your OpenCode config)",
             "            providers: none found in your OpenCode config, its logins or the environment: run `opencode \
              auth login`, or set a provider's key (e.g. ANTHROPIC_API_KEY)",
-            "            credentials: its providers' keys and the API logins of auth.json stay with the bridge (model \
-             gateway; the agent holds placeholders); its OAuth logins (subscriptions) and a key written in \
-             opencode.json enter as they are",
+            "            credentials: its providers' keys, the API logins of auth.json and its Anthropic and GitHub \
+             Copilot OAuth logins stay with the bridge (model gateway; the agent holds placeholders, the bridge \
+             refreshes the logins); its ChatGPT and other OAuth logins, and a key you wrote in opencode.json, enter \
+             as they are",
             "            AMP_API_KEY: ERROR missing: set AMP_API_KEY or run `acp-sandbox login --agent amp`",
             "            credentials: AMP_API_KEY enters the sandbox as it is (Amp's service is not behind the model \
              gateway)",
