@@ -229,6 +229,18 @@ pub trait Agent: Send + Sync + 'static {
     ) {
     }
 
+    /// Keeps the agent's own sign-in (`login --own`), whose file would be shown as `shown` (its path, its path
+    /// inside), with the bridge instead: `keep` as for [`Agent::keep_credentials`]. Answers whether it did; then the
+    /// file is not shown, and the agent has put what it sees instead (placeholders) in its place.
+    fn keep_own_login(
+        &self,
+        _shown: &(PathBuf, PathBuf),
+        _keep: &mut dyn FnMut(&str, &str, Held) -> Option<crate::sandbox::net::gateway::Granted>,
+        _env: &mut Vec<(String, String)>,
+    ) -> bool {
+        false
+    }
+
     /// How a person logs in to this agent.
     fn login(&self) -> Login;
 

@@ -514,8 +514,8 @@ fn doctor_exits_non_zero_on_errors_and_gives_namespace_advice_when_bubblewrap_is
             "            model API: https://api.openai.com/v1 with a key, ChatGPT's backend when signed in with ChatGPT \
              (set OPENAI_BASE_URL for another endpoint; key OPENAI_API_KEY)",
             "            model: Codex's own default (set ACP_SANDBOX_CODEX_MODEL to choose)",
-            "            credentials: OPENAI_API_KEY stays with the bridge (model gateway; the agent holds a \
-             placeholder); a ChatGPT login (`--own`) enters the sandbox, writable (Codex refreshes it)",
+            "            credentials: OPENAI_API_KEY and a ChatGPT login (`--own`) stay with the bridge (model gateway; \
+             the agent holds placeholders, the bridge refreshes the login)",
             "            GEMINI_API_KEY: missing: set GEMINI_API_KEY or run `acp-sandbox login --agent gemini`",
             "            model API: generativelanguage.googleapis.com (key GEMINI_API_KEY)",
             "            credentials: GEMINI_API_KEY stays with the bridge (model gateway; the agent holds a placeholder)",

@@ -90,6 +90,7 @@ fn keep_oauth(
                 form: *form,
                 extra: Vec::new(),
                 on_refresh: Some(std::sync::Arc::new(move |new: &Refreshed| store_refreshed(&store_in, &owner, new))),
+                placeholder: None,
             });
             let granted = keep(&name, &target?, held)?;
             shown["access"] = json!(granted.placeholder);

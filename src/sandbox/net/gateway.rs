@@ -100,6 +100,9 @@ pub struct OAuthLogin {
     pub extra: Vec<(String, String)>,
     /// Stores the new tokens.
     pub on_refresh: Option<OnRefresh>,
+    /// The placeholder the agent holds, when it needs a form of its own (a JWT it can parse): it must carry
+    /// [`placeholder_for`]'s random part. `None`: the gateway makes one.
+    pub placeholder: Option<String>,
 }
 
 impl std::fmt::Debug for OAuthLogin {
@@ -240,8 +243,8 @@ impl Gateway {
 
     /// [`Gateway::grant`] for a key or an OAuth login: the placeholder stands for the key or the access token.
     pub fn keep(&self, scope: &str, name: &str, upstream: &str, held: Held) -> Granted {
-        let (value, renew) = match held {
-            Held::Key(value) => (value, None),
+        let (value, renew, shaped) = match held {
+            Held::Key(value) => (value, None, None),
             Held::OAuth(login) => {
                 let expires_ms = login.expires_ms.or_else(|| jwt_expiry_ms(&login.access)).unwrap_or(0);
                 let renew = Renewal {
@@ -254,7 +257,7 @@ impl Gateway {
                     busy: Arc::default(),
                     on_refresh: login.on_refresh,
                 };
-                (login.access, Some(renew))
+                (login.access, Some(renew), login.placeholder)
             }
         };
         let upstream = upstream.trim().trim_end_matches('/').to_string();
@@ -274,7 +277,7 @@ impl Gateway {
                 credential.placeholder.clone()
             }
             None => {
-                let placeholder = placeholder_for(&value);
+                let placeholder = shaped.unwrap_or_else(|| placeholder_for(&value));
                 route.credentials.push(Credential {
                     name: name.to_string(),
                     placeholder: placeholder.clone(),
@@ -737,6 +740,7 @@ mod tests {
             on_refresh: Some(Arc::new(move |new: &Refreshed| {
                 stored.lock().unwrap().push((new.access.clone(), new.refresh.clone()));
             })),
+            placeholder: None,
         })
     }
 
