@@ -30,7 +30,6 @@ use serde_json::Value;
 pub use self::opencode::catalog::ModelInfo;
 pub use self::options::OptionSpec;
 pub use self::settings::AgentSettings;
-use crate::sandbox::net::gateway::Held;
 use crate::sandbox::package::NpmPackage;
 
 /// What one turn asks of the CLI beyond the prompt text.
@@ -223,7 +222,7 @@ pub trait Agent: Send + Sync + 'static {
     fn keep_credentials(
         &self,
         _settings: &AgentSettings,
-        _keep: &mut dyn FnMut(&str, &str, Held) -> Option<crate::sandbox::net::gateway::Granted>,
+        _keep: &mut crate::sandbox::net::gateway::Keep<'_>,
         _env: &mut Vec<(String, String)>,
         _read_only: &mut Vec<(PathBuf, PathBuf)>,
     ) {
@@ -235,7 +234,7 @@ pub trait Agent: Send + Sync + 'static {
     fn keep_own_login(
         &self,
         _shown: &(PathBuf, PathBuf),
-        _keep: &mut dyn FnMut(&str, &str, Held) -> Option<crate::sandbox::net::gateway::Granted>,
+        _keep: &mut crate::sandbox::net::gateway::Keep<'_>,
         _env: &mut Vec<(String, String)>,
     ) -> bool {
         false
@@ -436,8 +435,9 @@ pub enum Keeps {
     PrintedToken,
 }
 
-/// A login the agent's CLI keeps in a file: a session that is given no key sees that file in its own home,
-/// writable (the CLI refreshes the login in it), and runs with [`LoginFile::env`] over the agent's fixed variables.
+/// A login the agent's CLI keeps in a file: a session that is given no key runs with [`LoginFile::env`] over the
+/// agent's fixed variables, and sees placeholders of the login in its own home where the agent keeps it with the
+/// gateway ([`Agent::keep_own_login`]), else that file, writable (the CLI refreshes the login in it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoginFile {
     /// The variable that tells the CLI where its home is (`CODEX_HOME`), set to the login's folder.

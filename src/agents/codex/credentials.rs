@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use base64::Engine;
 use serde_json::{Map, Value, json};
 
-use crate::sandbox::net::gateway::{Granted, Held, OAuthLogin, Refreshed, placeholder_for};
+use crate::sandbox::net::gateway::{Held, OAuthLogin, Refreshed, placeholder_for};
 
 /// ChatGPT's backend, where a ChatGPT login's requests go (Codex's `chatgpt_base_url`; its models under `/codex`).
 const CHATGPT_BACKEND: &str = "https://chatgpt.com/backend-api";
@@ -47,7 +47,7 @@ fn unsigned_jwt(claims: &Map<String, Value>, signature: &str) -> String {
 /// ChatGPT tokens or the gateway cannot run.
 pub fn keep_chatgpt(
     shown: &(PathBuf, PathBuf),
-    keep: &mut dyn FnMut(&str, &str, Held) -> Option<Granted>,
+    keep: &mut crate::sandbox::net::gateway::Keep<'_>,
     env: &mut [(String, String)],
 ) -> bool {
     let (login_file, inside) = shown;
@@ -140,6 +140,7 @@ fn store_refreshed(login_file: &Path, new: &Refreshed) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::net::gateway::Granted;
 
     fn jwt(claims: Value) -> String {
         let part = |value: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(value.to_string());

@@ -250,11 +250,7 @@ impl Agent for Codex {
     fn keep_own_login(
         &self,
         shown: &(PathBuf, PathBuf),
-        keep: &mut dyn FnMut(
-            &str,
-            &str,
-            crate::sandbox::net::gateway::Held,
-        ) -> Option<crate::sandbox::net::gateway::Granted>,
+        keep: &mut crate::sandbox::net::gateway::Keep<'_>,
         env: &mut Vec<(String, String)>,
     ) -> bool {
         credentials::keep_chatgpt(shown, keep, env)

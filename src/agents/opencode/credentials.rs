@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 
 use super::mcp::edit_config_content;
 use super::providers::ProviderNeeds;
-use crate::sandbox::net::gateway::{Granted, Held, OAuthLogin, Refreshed, placeholder_for};
+use crate::sandbox::net::gateway::{Held, OAuthLogin, Refreshed, placeholder_for};
 
 /// The variable OpenCode reads its logins from instead of `auth.json`.
 pub const AUTH_CONTENT: &str = "OPENCODE_AUTH_CONTENT";
@@ -70,7 +70,7 @@ fn keep_oauth(
     login: &Value,
     target: Option<String>,
     auth_file: &Path,
-    keep: &mut dyn FnMut(&str, &str, Held) -> Option<Granted>,
+    keep: &mut crate::sandbox::net::gateway::Keep<'_>,
 ) -> Option<(Value, String)> {
     let (_, how) = OAUTH.iter().find(|(id, _)| *id == provider)?;
     let text = |field: &str| login.get(field).and_then(Value::as_str).filter(|v| !v.is_empty()).map(str::to_string);
@@ -159,7 +159,7 @@ fn upstream(needs: &ProviderNeeds, provider: &str, env: &[(String, String)]) -> 
 pub fn keep(
     needs: &ProviderNeeds,
     user_data_dir: &Path,
-    keep: &mut dyn FnMut(&str, &str, Held) -> Option<Granted>,
+    keep: &mut crate::sandbox::net::gateway::Keep<'_>,
     env: &mut Vec<(String, String)>,
     read_only: &mut Vec<(PathBuf, PathBuf)>,
 ) {
@@ -269,6 +269,7 @@ pub fn keep(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::net::gateway::Granted;
 
     fn granted(name: &str, upstream: &str, held: Held) -> Option<Granted> {
         let value = match held {

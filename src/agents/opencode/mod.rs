@@ -168,11 +168,7 @@ impl Agent for OpenCode {
     fn keep_credentials(
         &self,
         settings: &AgentSettings,
-        keep: &mut dyn FnMut(
-            &str,
-            &str,
-            crate::sandbox::net::gateway::Held,
-        ) -> Option<crate::sandbox::net::gateway::Granted>,
+        keep: &mut crate::sandbox::net::gateway::Keep<'_>,
         env: &mut Vec<(String, String)>,
         read_only: &mut Vec<(PathBuf, PathBuf)>,
     ) {

@@ -78,6 +78,10 @@ pub enum Held {
     OAuth(OAuthLogin),
 }
 
+/// What registers a credential on the gateway for a command: `keep(name, upstream, held)` answers its route and
+/// placeholder (`None`: no gateway).
+pub type Keep<'a> = dyn FnMut(&str, &str, Held) -> Option<Granted> + 'a;
+
 /// Called with the new tokens after a refresh (to store them where the login came from).
 pub type OnRefresh = Arc<dyn Fn(&Refreshed) + Send + Sync>;
 
