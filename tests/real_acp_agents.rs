@@ -977,6 +977,73 @@ fn codex_signs_in_with_chatgpt(sandbox: &str, test: &str) {
     }
 }
 
+/// The model gateway with Codex's ChatGPT login: a hostile tool Codex runs hunts for the login's tokens (access,
+/// refresh, id) in its environment, every process's environment and command line it sees and the files it can read,
+/// and finds none, while the fake model gets the login's access token on every request and the turn works.
+fn codex_keeps_the_chatgpt_login_out(sandbox: &str, test: &str) {
+    let Some(world) = World::new(&CODEX, test) else { return };
+    let ws = world.workspace();
+    let login_server = FakeLogin::start(world.root.path());
+    let options = world
+        .options(&CODEX, sandbox)
+        .without_env(CODEX.key_env)
+        .env("ACP_SANDBOX_CODEX_ISSUER", &format!("http://127.0.0.1:{}", login_server.port));
+    let signed_in = Command::new(bridge_bin())
+        .args(["login", "--agent", "codex", "--own", "--data-dir"])
+        .arg(&world.data)
+        .envs(options.env.iter().map(|(key, value)| (key, value)))
+        .env_remove(CODEX.key_env)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(signed_in.status.success(), "login --own: {}", String::from_utf8_lossy(&signed_in.stderr));
+    let login: Value =
+        serde_json::from_str(&std::fs::read_to_string(world.data.join("logins/codex/auth.json")).unwrap()).unwrap();
+    let tokens: Vec<String> = ["access_token", "refresh_token", "id_token"]
+        .map(|name| login["tokens"][name].as_str().unwrap().to_string())
+        .to_vec();
+    let needles: Vec<String> = tokens.iter().map(|t| t.bytes().map(|b| format!("{b:02x}")).collect()).collect();
+    std::fs::copy(fakes_dir().join("hunt_key.py"), ws.join("hunt_key.py")).unwrap();
+    let mode = if sandbox == "none" { "tree" } else { "all" };
+    let leak = format!("http://127.0.0.1:{}/leak", world.fake.port);
+    let script = format!("exec python3 hunt_key.py {} {mode} {leak} CODEX_HOME > hunt.txt 2>&1\n", needles.join(","));
+    std::fs::write(ws.join("hunt.sh"), script).unwrap();
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    bridge.permission_answer = Some("allow_once".into());
+    let hunt = turn(&mut bridge, &sid, "SCENARIO:hunt Run the hunt", "hunt");
+    assert_end_turn(&bridge, &hunt);
+    let report =
+        std::fs::read_to_string(ws.join("hunt.txt")).unwrap_or_else(|e| bridge.fail(&format!("no hunt.txt: {e}")));
+    // The login has no variable of its own: only what was found counts.
+    let lines: Vec<&str> =
+        report.lines().filter(|line| !line.starts_with("LEAK") && !line.starts_with("PLACEHOLDER")).collect();
+    assert_eq!(lines, ["FOUND 0"], "{report}");
+    let chats = world.fake.chats("hunt");
+    assert!(chats.len() >= 2, "the fake saw both steps: {chats:#?}");
+    for chat in &chats {
+        assert_eq!(chat["bearer_jwt"]["tag"], "fake-chatgpt-access-1", "not the login's access token: {chat:#}");
+        assert_eq!(chat["headers"]["chatgpt-account-id"], "acct-fake-1", "{chat:#}");
+    }
+    bridge.close_stdin();
+    bridge.wait_exit(Duration::from_secs(20));
+    for token in &tokens {
+        assert!(!bridge.stderr().contains(token.as_str()), "a token of the login is in the bridge's log");
+    }
+}
+
+#[test]
+fn codex_keeps_the_chatgpt_login_out_none() {
+    codex_keeps_the_chatgpt_login_out("none", "codex_keeps_the_chatgpt_login_out_none");
+}
+
+#[test]
+fn codex_keeps_the_chatgpt_login_out_bwrap() {
+    if bwrap_ok("codex_keeps_the_chatgpt_login_out_bwrap") {
+        codex_keeps_the_chatgpt_login_out("bwrap", "codex_keeps_the_chatgpt_login_out_bwrap");
+    }
+}
+
 #[test]
 fn codex_signs_in_with_chatgpt_none() {
     codex_signs_in_with_chatgpt("none", "codex_signs_in_with_chatgpt_none");
