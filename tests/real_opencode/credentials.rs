@@ -1,7 +1,7 @@
 //! The model gateway with the real OpenCode: a key from the environment and the API login of `auth.json` reach the
-//! fake model through the bridge, while a hostile tool run by OpenCode's bash finds neither (nor the OAuth login of
-//! `auth.json`, which is left out) in its environment, any process's environment or command line, or a file it can
-//! read; the placeholder it sends elsewhere arrives as it is.
+//! fake model through the bridge, while a hostile tool run by OpenCode's bash finds neither, nor the tokens of the
+//! Anthropic and GitHub Copilot OAuth logins of `auth.json`, in its environment, any process's environment or
+//! command line, or a file it can read; the placeholder it sends elsewhere arrives as it is.
 
 use super::*;
 
@@ -19,6 +19,9 @@ fn no_credential_inside(backend: &str, sandbox: &str, test: &str) {
     let Some(world) = World::new(test) else { return };
     let login = format!("sk-login-{}", fresh());
     let refresh = format!("refresh-{}", fresh());
+    let access = format!("access-{}", fresh());
+    let github = format!("gho_{}", fresh());
+    let copilot = format!("copilot-{}", fresh());
     let env_key = format!("sk-ant-api03-{}", fresh());
     // The fake provider with no key in the config: its key is the login in auth.json.
     let keyed = world.root.path().join("keyed");
@@ -33,15 +36,15 @@ fn no_credential_inside(backend: &str, sandbox: &str, test: &str) {
     std::fs::create_dir_all(&logins).unwrap();
     let auth = serde_json::json!({
         "fake": {"type": "api", "key": login},
-        "anthropic": {"type": "oauth", "refresh": refresh, "access": format!("access-{}", fresh()), "expires": 1},
+        "anthropic": {"type": "oauth", "refresh": refresh, "access": access, "expires": 1},
+        "github-copilot": {"type": "oauth", "refresh": github, "access": copilot, "expires": 0},
     });
     std::fs::write(logins.join("auth.json"), auth.to_string()).unwrap();
     let ws = world.workspace("ws");
     std::fs::copy(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fakes/hunt_key.py"), ws.join("hunt_key.py"))
         .unwrap();
     let mode = if sandbox == "none" { "tree" } else { "all" };
-    // OpenCode's OAuth logins still enter (the bridge does not refresh them yet): the hunt looks for the others.
-    let needles = [hex(&login), hex(&env_key)].join(",");
+    let needles = [&login, &env_key, &refresh, &access, &github, &copilot].map(|s| hex(s)).join(",");
     let leak = format!("http://127.0.0.1:{}/leak", server.port);
     std::fs::write(
         ws.join(".attack.py"),
@@ -75,7 +78,7 @@ fn no_credential_inside(backend: &str, sandbox: &str, test: &str) {
     assert!(chats.iter().all(|chat| chat["key_ok"] == true), "a request lacked the key: {chats:#?}");
     bridge.close_stdin();
     bridge.wait_exit(Duration::from_secs(20));
-    for secret in [&login, &refresh, &env_key] {
+    for secret in [&login, &refresh, &access, &github, &copilot, &env_key] {
         assert!(!bridge.stderr().contains(secret.as_str()), "a credential is in the bridge's log");
     }
 }

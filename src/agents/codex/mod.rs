@@ -8,6 +8,8 @@
 //! takes its configuration as JSON in `CODEX_CONFIG` (the provider becomes `-c` overrides of `codex app-server`),
 //! and its first mode from `INITIAL_AGENT_MODE`.
 
+pub mod credentials;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -240,9 +242,18 @@ impl Agent for Codex {
 
     fn credentials_line(&self) -> String {
         format!(
-            "credentials: {CREDENTIAL} stays with the bridge (model gateway; the agent holds a placeholder); a \
-             ChatGPT login (`--own`) enters the sandbox, writable (Codex refreshes it)"
+            "credentials: {CREDENTIAL} and a ChatGPT login (`--own`) stay with the bridge (model gateway; the agent \
+             holds placeholders, the bridge refreshes the login)"
         )
+    }
+
+    fn keep_own_login(
+        &self,
+        shown: &(PathBuf, PathBuf),
+        keep: &mut crate::sandbox::net::gateway::Keep<'_>,
+        env: &mut Vec<(String, String)>,
+    ) -> bool {
+        credentials::keep_chatgpt(shown, keep, env)
     }
 
     fn point_at_gateway(

@@ -159,16 +159,16 @@ impl Agent for OpenCode {
     }
 
     fn credentials_line(&self) -> String {
-        "credentials: its providers' keys and the API logins of auth.json stay with the bridge (model gateway; the \
-         agent holds placeholders); its OAuth logins (subscriptions) and a key written in opencode.json enter as \
-         they are"
+        "credentials: its providers' keys, the API logins of auth.json and its Anthropic and GitHub Copilot OAuth \
+         logins stay with the bridge (model gateway; the agent holds placeholders, the bridge refreshes the logins); \
+         its ChatGPT and other OAuth logins, and a key you wrote in opencode.json, enter as they are"
             .into()
     }
 
     fn keep_credentials(
         &self,
         settings: &AgentSettings,
-        keep: &mut dyn FnMut(&str, &str, &str) -> Option<crate::sandbox::net::gateway::Granted>,
+        keep: &mut crate::sandbox::net::gateway::Keep<'_>,
         env: &mut Vec<(String, String)>,
         read_only: &mut Vec<(PathBuf, PathBuf)>,
     ) {

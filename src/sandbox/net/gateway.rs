@@ -8,6 +8,11 @@
 //! streamed back chunk by chunk (SSE). A request that carries none of its route's placeholders is refused, so a
 //! process that knows neither the route nor its placeholder cannot spend the key. Nothing is substituted anywhere
 //! else: a placeholder sent to another host through the proxy arrives as it is. No credential is ever logged.
+//!
+//! A refreshable login (an OAuth access token with its refresh token) is kept the same way, and the gateway
+//! refreshes it itself: when a request carries the access token's placeholder and the real token expires within a
+//! minute, it exchanges the refresh token at the login's token endpoint first (one exchange at a time per login)
+//! and hands the new tokens to the login's owner to store, so the refresh token never enters the sandbox either.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -60,6 +65,114 @@ struct Credential {
     name: String,
     placeholder: String,
     value: Secret,
+    /// How the value is renewed, for an OAuth access token.
+    renew: Option<Renewal>,
+}
+
+/// What a credential is: a plain key, or an OAuth login the gateway refreshes.
+#[derive(Debug)]
+pub enum Held {
+    /// A key that does not expire.
+    Key(String),
+    /// An access token and how to refresh it.
+    OAuth(OAuthLogin),
+}
+
+/// What registers a credential on the gateway for a command: `keep(name, upstream, held)` answers its route and
+/// placeholder (`None`: no gateway).
+pub type Keep<'a> = dyn FnMut(&str, &str, Held) -> Option<Granted> + 'a;
+
+/// Called with the new tokens after a refresh (to store them where the login came from).
+pub type OnRefresh = Arc<dyn Fn(&Refreshed) + Send + Sync>;
+
+/// An OAuth login kept by the gateway.
+pub struct OAuthLogin {
+    /// The access token, sent to the upstream.
+    pub access: String,
+    /// The refresh token, sent to `token_url` only.
+    pub refresh: String,
+    /// When the access token expires, in milliseconds since the epoch (`None`: the `exp` of the access token if it
+    /// is a JWT, else now, so that the first request refreshes it).
+    pub expires_ms: Option<i64>,
+    /// The login's token endpoint.
+    pub token_url: String,
+    /// The OAuth client the login was made by (its public id).
+    pub client_id: String,
+    /// Whether the endpoint takes a form (`application/x-www-form-urlencoded`) rather than JSON.
+    pub form: bool,
+    /// Further fields of the refresh request (e.g. `scope`).
+    pub extra: Vec<(String, String)>,
+    /// Stores the new tokens.
+    pub on_refresh: Option<OnRefresh>,
+    /// The placeholder the agent holds, when it needs a form of its own (a JWT it can parse): it must carry
+    /// [`placeholder_for`]'s random part. `None`: the gateway makes one.
+    pub placeholder: Option<String>,
+}
+
+impl std::fmt::Debug for OAuthLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthLogin").field("token_url", &self.token_url).finish_non_exhaustive()
+    }
+}
+
+/// The tokens a refresh gave.
+pub struct Refreshed {
+    /// The new access token.
+    pub access: String,
+    /// The refresh token to use next (the old one when the endpoint sent none).
+    pub refresh: String,
+    /// When the new access token expires, in milliseconds since the epoch.
+    pub expires_ms: i64,
+    /// The endpoint's whole answer (an `id_token`, an account id).
+    pub answer: serde_json::Value,
+}
+
+impl std::fmt::Debug for Refreshed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refreshed").field("expires_ms", &self.expires_ms).finish_non_exhaustive()
+    }
+}
+
+/// How a credential's value is renewed.
+#[derive(Clone)]
+struct Renewal {
+    token_url: String,
+    client_id: String,
+    form: bool,
+    extra: Vec<(String, String)>,
+    refresh: Secret,
+    expires_ms: i64,
+    /// Held while one request refreshes, so that the others wait and use its result.
+    busy: Arc<tokio::sync::Mutex<()>>,
+    on_refresh: Option<OnRefresh>,
+}
+
+impl std::fmt::Debug for Renewal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Renewal").field("token_url", &self.token_url).field("expires_ms", &self.expires_ms).finish()
+    }
+}
+
+impl Renewal {
+    /// Whether the access token expires within a minute.
+    fn due(&self) -> bool {
+        self.expires_ms - 60_000 <= now_ms()
+    }
+}
+
+/// Milliseconds since the epoch.
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The `exp` of a JWT, in milliseconds since the epoch (its signature is not checked: it only times a refresh).
+pub fn jwt_expiry_ms(token: &str) -> Option<i64> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&payload).ok()?;
+    claims.get("exp")?.as_i64()?.checked_mul(1000)
 }
 
 /// One upstream base URL and the credentials whose placeholders it substitutes.
@@ -129,6 +242,28 @@ impl Gateway {
     /// login's name) with `value`. The same scope, upstream and name always get the same URL and placeholder; a
     /// changed value replaces the old one.
     pub fn grant(&self, scope: &str, name: &str, upstream: &str, value: &str) -> Granted {
+        self.keep(scope, name, upstream, Held::Key(value.to_string()))
+    }
+
+    /// [`Gateway::grant`] for a key or an OAuth login: the placeholder stands for the key or the access token.
+    pub fn keep(&self, scope: &str, name: &str, upstream: &str, held: Held) -> Granted {
+        let (value, renew, shaped) = match held {
+            Held::Key(value) => (value, None, None),
+            Held::OAuth(login) => {
+                let expires_ms = login.expires_ms.or_else(|| jwt_expiry_ms(&login.access)).unwrap_or(0);
+                let renew = Renewal {
+                    token_url: login.token_url,
+                    client_id: login.client_id,
+                    form: login.form,
+                    extra: login.extra,
+                    refresh: Secret(login.refresh),
+                    expires_ms,
+                    busy: Arc::default(),
+                    on_refresh: login.on_refresh,
+                };
+                (login.access, Some(renew), login.placeholder)
+            }
+        };
         let upstream = upstream.trim().trim_end_matches('/').to_string();
         let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
         let key = (scope.to_string(), upstream.clone());
@@ -136,15 +271,22 @@ impl Gateway {
         let route = routes.by_id.entry(id.clone()).or_insert_with(|| Route { upstream, credentials: Vec::new() });
         let placeholder = match route.credentials.iter_mut().find(|c| c.name == name) {
             Some(credential) => {
-                credential.value = Secret(value.to_string());
+                // A login the gateway refreshed since is newer than the one read again from the user's file.
+                let refreshed =
+                    matches!((&credential.renew, &renew), (Some(old), Some(new)) if old.expires_ms > new.expires_ms);
+                if !refreshed {
+                    credential.value = Secret(value);
+                    credential.renew = renew;
+                }
                 credential.placeholder.clone()
             }
             None => {
-                let placeholder = placeholder_for(value);
+                let placeholder = shaped.unwrap_or_else(|| placeholder_for(&value));
                 route.credentials.push(Credential {
                     name: name.to_string(),
                     placeholder: placeholder.clone(),
-                    value: Secret(value.to_string()),
+                    value: Secret(value),
+                    renew,
                 });
                 placeholder
             }
@@ -270,9 +412,31 @@ async fn handle(routes: &Mutex<Routes>, client: &reqwest::Client, request: Reque
         None => (path.trim_start_matches('/').to_string(), String::new()),
     };
     let route = routes.lock().unwrap_or_else(|p| p.into_inner()).by_id.get(&id).cloned();
-    let Some(route) = route else {
+    let Some(mut route) = route else {
         return answer(StatusCode::NOT_FOUND, "no such route");
     };
+    // The logins this request uses whose access token expires: refreshed first.
+    let due: Vec<String> = {
+        let mut texts = request.headers().values().filter_map(|v| v.to_str().ok()).chain(request.uri().query());
+        let texts: Vec<&str> = texts.by_ref().collect();
+        route
+            .credentials
+            .iter()
+            .filter(|c| c.renew.as_ref().is_some_and(Renewal::due))
+            .filter(|c| texts.iter().any(|text| text.contains(&c.placeholder)))
+            .map(|c| c.name.clone())
+            .collect()
+    };
+    for name in due {
+        if let Err(why) = renew(routes, client, &id, &name).await {
+            tracing::warn!(upstream = %host_of(&route.upstream), "model gateway: the login {name} cannot be refreshed: {why}");
+            let message = format!("the login {name} cannot be refreshed ({why}): sign in again outside the sandbox");
+            return answer(StatusCode::BAD_GATEWAY, &message);
+        }
+    }
+    if let Some(fresh) = routes.lock().unwrap_or_else(|p| p.into_inner()).by_id.get(&id) {
+        route = fresh.clone();
+    }
     let mut carried = false;
     let mut headers = HeaderMap::new();
     for (name, value) in request.headers() {
@@ -343,6 +507,86 @@ async fn handle(routes: &Mutex<Routes>, client: &reqwest::Client, request: Reque
         response.headers_mut().append(name, value);
     }
     response
+}
+
+/// Refreshes the login `name` of route `id` if it is still due once no other request refreshes it: the refresh
+/// token goes to the login's token endpoint, the new tokens replace the old ones and go to the login's owner.
+async fn renew(routes: &Mutex<Routes>, client: &reqwest::Client, id: &str, name: &str) -> Result<(), String> {
+    let current = |routes: &Mutex<Routes>| {
+        let routes = routes.lock().unwrap_or_else(|p| p.into_inner());
+        let credential = routes.by_id.get(id)?.credentials.iter().find(|c| c.name == name)?;
+        credential.renew.clone()
+    };
+    let Some(busy) = current(routes).map(|r| r.busy) else { return Ok(()) };
+    let _refreshing = busy.lock().await;
+    let Some(renewal) = current(routes).filter(Renewal::due) else { return Ok(()) };
+    let mut fields = vec![
+        ("grant_type".to_string(), "refresh_token".to_string()),
+        ("refresh_token".to_string(), renewal.refresh.0.clone()),
+        ("client_id".to_string(), renewal.client_id.clone()),
+    ];
+    fields.extend(renewal.extra.iter().cloned());
+    let request = client.post(&renewal.token_url).header("accept", "application/json");
+    let request = if renewal.form {
+        let body: Vec<String> = fields.iter().map(|(k, v)| format!("{}={}", form_encode(k), form_encode(v))).collect();
+        request.header("content-type", "application/x-www-form-urlencoded").body(body.join("&"))
+    } else {
+        let body: serde_json::Map<String, serde_json::Value> =
+            fields.into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
+        request.json(&body)
+    };
+    let answer = request
+        .send()
+        .await
+        .map_err(|e| format!("{} did not answer: {}", host_of(&renewal.token_url), e.without_url()))?;
+    let status = answer.status();
+    if !status.is_success() {
+        // Its body may echo the token: never passed on.
+        return Err(format!("{} answered {status}", host_of(&renewal.token_url)));
+    }
+    let answer: serde_json::Value =
+        answer.json().await.map_err(|_| format!("{} answered no JSON", host_of(&renewal.token_url)))?;
+    let Some(access) = answer.get("access_token").and_then(|v| v.as_str()).filter(|v| !v.is_empty()) else {
+        return Err(format!("{} answered no access_token", host_of(&renewal.token_url)));
+    };
+    let refresh = answer.get("refresh_token").and_then(|v| v.as_str()).filter(|v| !v.is_empty());
+    let refresh = refresh.unwrap_or(&renewal.refresh.0).to_string();
+    let expires_ms = answer
+        .get("expires_in")
+        .and_then(|v| v.as_i64())
+        .map(|seconds| now_ms() + seconds * 1000)
+        .or_else(|| jwt_expiry_ms(access))
+        .unwrap_or_else(|| now_ms() + 3_600_000);
+    let refreshed = Refreshed { access: access.to_string(), refresh, expires_ms, answer: answer.clone() };
+    {
+        let mut routes = routes.lock().unwrap_or_else(|p| p.into_inner());
+        let credential = routes.by_id.get_mut(id).and_then(|r| r.credentials.iter_mut().find(|c| c.name == name));
+        if let Some(credential) = credential {
+            credential.value = Secret(refreshed.access.clone());
+            if let Some(renew) = credential.renew.as_mut() {
+                renew.refresh = Secret(refreshed.refresh.clone());
+                renew.expires_ms = expires_ms;
+            }
+        }
+    }
+    tracing::info!(upstream = %host_of(&renewal.token_url), "model gateway: refreshed the login {name}");
+    if let Some(store) = &renewal.on_refresh {
+        store(&refreshed);
+    }
+    Ok(())
+}
+
+/// `text` as a value of a form (`application/x-www-form-urlencoded`).
+fn form_encode(text: &str) -> String {
+    let mut encoded = String::new();
+    for byte in text.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'*' => encoded.push(char::from(byte)),
+            b' ' => encoded.push('+'),
+            _ => encoded.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    encoded
 }
 
 /// The authority of a URL (without a user part), for logs and answers.
@@ -451,6 +695,136 @@ mod tests {
             let head = heads.recv().await.unwrap();
             assert!(head.contains("x-api-key: real\r\n"), "{path}: {head}");
         }
+    }
+
+    /// A token endpoint on 127.0.0.1 that sends each request (head and body) to `bodies` and answers `status` with
+    /// `answer`.
+    async fn token_server(status: u16, answer: serde_json::Value) -> (String, mpsc::UnboundedReceiver<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, bodies) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (head, rest) = crate::sandbox::net::proxy::read_head(&mut stream).await.unwrap();
+                let head = String::from_utf8(head).unwrap();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase().strip_prefix("content-length: ").map(|n| n.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                let mut body = rest.to_vec();
+                while body.len() < length {
+                    let mut more = [0u8; 4096];
+                    let n = tokio::io::AsyncReadExt::read(&mut stream, &mut more).await.unwrap();
+                    body.extend_from_slice(&more[..n]);
+                }
+                tx.send(format!("{head}{}", String::from_utf8(body).unwrap())).unwrap();
+                let text = answer.to_string();
+                let reply = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+                stream.write_all(reply.as_bytes()).await.unwrap();
+            }
+        });
+        (format!("http://127.0.0.1:{port}/oauth/token"), bodies)
+    }
+
+    fn login(token_url: &str, expires_ms: Option<i64>, form: bool, stored: &Arc<Mutex<Vec<(String, String)>>>) -> Held {
+        let stored = stored.clone();
+        Held::OAuth(OAuthLogin {
+            access: "REAL-OLD-ACCESS".into(),
+            refresh: "REAL-REFRESH".into(),
+            expires_ms,
+            token_url: token_url.into(),
+            client_id: "client-1".into(),
+            form,
+            extra: vec![("scope".into(), "openid profile".into())],
+            on_refresh: Some(Arc::new(move |new: &Refreshed| {
+                stored.lock().unwrap().push((new.access.clone(), new.refresh.clone()));
+            })),
+            placeholder: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn an_expired_login_is_refreshed_by_the_gateway_once_and_stored() {
+        let (base, mut heads, more) = upstream().await;
+        let answer = serde_json::json!({"access_token": "REAL-NEW-ACCESS", "refresh_token": "REAL-NEW-REFRESH", "expires_in": 3600});
+        let (token_url, mut exchanges) = token_server(200, answer).await;
+        let gateway = Gateway::start().unwrap();
+        let stored = Arc::new(Mutex::new(Vec::new()));
+        let granted = gateway.keep("s", "auth.json anthropic", &base, login(&token_url, Some(1), false, &stored));
+        assert!(!granted.placeholder.contains("OLD-ACCESS"), "{}", granted.placeholder);
+        for _ in 0..2 {
+            more.send(()).unwrap();
+            let answer = reqwest::Client::new()
+                .post(format!("{}/messages", granted.base_url))
+                .header("authorization", format!("Bearer {}", granted.placeholder))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 200);
+            answer.text().await.unwrap();
+            let head = heads.recv().await.unwrap();
+            assert!(head.contains("authorization: Bearer REAL-NEW-ACCESS\r\n"), "{head}");
+        }
+        let exchange = exchanges.recv().await.unwrap();
+        assert!(exchange.starts_with("POST /oauth/token HTTP/1.1\r\n"), "{exchange}");
+        let body: serde_json::Value = serde_json::from_str(exchange.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"grant_type": "refresh_token", "refresh_token": "REAL-REFRESH", "client_id": "client-1", "scope": "openid profile"})
+        );
+        assert!(exchanges.try_recv().is_err(), "the fresh token was refreshed again");
+        assert_eq!(*stored.lock().unwrap(), [("REAL-NEW-ACCESS".to_string(), "REAL-NEW-REFRESH".to_string())]);
+        // The login read again from the user's file (older than the refreshed one) does not replace it.
+        let again = gateway.keep("s", "auth.json anthropic", &base, login(&token_url, Some(1), false, &stored));
+        assert_eq!(again, granted);
+        more.send(()).unwrap();
+        let answer = reqwest::Client::new().get(&granted.base_url).header("x-api-key", &granted.placeholder).send();
+        answer.await.unwrap().text().await.unwrap();
+        assert!(heads.recv().await.unwrap().contains("x-api-key: REAL-NEW-ACCESS\r\n"));
+        assert!(exchanges.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_form_endpoint_gets_a_form_and_a_refused_refresh_reaches_no_upstream() {
+        let (base, mut heads, _more) = upstream().await;
+        let (token_url, mut exchanges) = token_server(401, serde_json::json!({"error": "invalid_grant"})).await;
+        let gateway = Gateway::start().unwrap();
+        let stored = Arc::new(Mutex::new(Vec::new()));
+        let granted = gateway.keep("s", "codex", &base, login(&token_url, None, true, &stored));
+        let answer = reqwest::Client::new()
+            .get(format!("{}/responses", granted.base_url))
+            .header("authorization", format!("Bearer {}", granted.placeholder))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 502);
+        let text = answer.text().await.unwrap();
+        assert!(text.contains("the login codex cannot be refreshed (127.0.0.1:"), "{text}");
+        assert!(!text.contains("REAL"), "{text}");
+        let exchange = exchanges.recv().await.unwrap();
+        assert!(exchange.contains("content-type: application/x-www-form-urlencoded\r\n"), "{exchange}");
+        assert!(
+            exchange.ends_with(
+                "\r\n\r\ngrant_type=refresh_token&refresh_token=REAL-REFRESH&client_id=client-1&scope=openid+profile"
+            ),
+            "{exchange}"
+        );
+        assert!(heads.try_recv().is_err(), "a request without a fresh token reached the upstream");
+        assert!(stored.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_jwts_expiry_is_read_from_its_claims() {
+        use base64::Engine;
+        let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(r#"{"exp":1700000000,"sub":"x"}"#);
+        assert_eq!(jwt_expiry_ms(&format!("h.{claims}.sig")), Some(1_700_000_000_000));
+        assert_eq!(jwt_expiry_ms("not-a-jwt"), None);
+        assert_eq!(form_encode("a b&c=d/é"), "a+b%26c%3Dd%2F%C3%A9");
     }
 
     #[test]
