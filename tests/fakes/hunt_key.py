@@ -5,7 +5,7 @@ the workspace and a fake model has the agent run it).
 Usage: hunt_key.py NEEDLE_HEX[,NEEDLE_HEX…] MODE LEAK_URL VARIABLE
 Each key is given hex-encoded, so that neither this file, its command line nor the agent's transcript holds it. MODE
 `all`: every process it sees (a PID namespace of the sandbox's own) and every file of at most 1 MiB under / but the system's
-own directories and `node_modules`; `tree`
+own directories, `node_modules` and build caches (CACHEDIR.TAG); `tree`
 (`--sandbox none`, which shares the host's processes and files): its own ancestors up to the bridge, the session's
 HOME and the workspace. Prints one line per place a key was found, then `FOUND <n>`, `PLACEHOLDER yes|no`
 (whether VARIABLE holds the gateway's placeholder) and `LEAK <status>`: the answer of LEAK_URL to a request that
@@ -43,7 +43,10 @@ def walk(roots):
             if directory in SKIP_DIRS:
                 dirs[:] = []
                 continue
-            dirs[:] = [d for d in dirs if d != "node_modules" and os.path.join(directory, d) not in SKIP_DIRS]
+            # Build caches (a directory tagged by CACHEDIR.TAG, as cargo's `target` is) hold compiler output only,
+            # and on a developer's machine many gigabytes of it, which would outlast an agent's command limit.
+            dirs[:] = [d for d in dirs if d != "node_modules" and os.path.join(directory, d) not in SKIP_DIRS
+                       and not os.path.exists(os.path.join(directory, d, "CACHEDIR.TAG"))]
             for name in files:
                 path = os.path.join(directory, name)
                 if path in seen:
