@@ -364,25 +364,6 @@ pub struct LocalSandbox {
 }
 
 impl LocalSandbox {
-    /// The host paths one command's sandbox is made of: where the agent sees the workspace (its copy in review mode
-    /// without bubblewrap), the other roots, the state dir, the CLI's install, and the state dir's private parts.
-    pub(super) fn subject(&self, spec: &ExecSpec) -> policy::Subject {
-        policy::Subject {
-            workspace: self.workspace.clone(),
-            roots: self.roots.clone(),
-            state_dir: self.state_dir.clone(),
-            tools: spec.tools.clone(),
-            private: self
-                .copy
-                .iter()
-                .map(|copy| copy.review_dir().to_path_buf())
-                .chain([self.state_dir.join(protect::QUARANTINE)])
-                .collect(),
-        }
-    }
-}
-
-impl LocalSandbox {
     /// Binds the bridge's end of a server's door in the bridge's run dir (mode 0700, never mounted into a
     /// sandbox) and hands its listening fd to the command; returns the fd number the command inherits.
     fn open_door(&self, guards: &mut ProcessGuards) -> Result<i32, SandboxError> {

@@ -8,8 +8,8 @@ use tokio::process::Command;
 
 use super::bwrap::{self, NetSetup, bwrap_netns, bwrap_userns};
 use super::limits::Limits;
-use super::policy::{Disk, Plan, RealDisk};
-use super::{LocalSandbox, ProcessGuards, seccomp, warm};
+use super::policy::{Disk, Plan, RealDisk, Subject};
+use super::{LocalSandbox, ProcessGuards, protect, seccomp, warm};
 use crate::paths;
 use crate::sandbox::net::proxy::{NetworkMode, Proxy, ProxyPolicy};
 use crate::sandbox::{ExecSpec, SandboxError};
@@ -153,4 +153,23 @@ pub(super) fn proxy_env(port: u16) -> Vec<(String, String)> {
         env.push((name.to_string(), "localhost,127.0.0.1,::1".to_string()));
     }
     env
+}
+
+impl LocalSandbox {
+    /// The host paths one command's sandbox is made of: where the agent sees the workspace (its copy in review mode
+    /// without bubblewrap), the other roots, the state dir, the CLI's install, and the state dir's private parts.
+    pub(super) fn subject(&self, spec: &ExecSpec) -> Subject {
+        Subject {
+            workspace: self.workspace.clone(),
+            roots: self.roots.clone(),
+            state_dir: self.state_dir.clone(),
+            tools: spec.tools.clone(),
+            private: self
+                .copy
+                .iter()
+                .map(|copy| copy.review_dir().to_path_buf())
+                .chain([self.state_dir.join(protect::QUARANTINE)])
+                .collect(),
+        }
+    }
 }
