@@ -257,6 +257,13 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     bridge.set_client_terminal_output(terminal_output);
                     bridge.set_client_capabilities(&request.client_capabilities);
                     let agent = bridge.config().agent;
+                    // What the agent itself takes, as it announced it (an ACP agent's, kept from its last run or
+                    // its folder's table); the bridge renders embedded context into the prompt for every agent.
+                    let announced = bridge.agent_capabilities().await;
+                    let (image, audio) = match &announced {
+                        Some((prompt, _)) => (prompt.image, prompt.audio),
+                        None => (agent.accepts_images(), false),
+                    };
                     let mut sessions = SessionCapabilities::new()
                         .list(SessionListCapabilities::new())
                         .resume(SessionResumeCapabilities::new())
@@ -273,9 +280,7 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     }
                     let mut capabilities = AgentCapabilities::new()
                         .load_session(true)
-                        .prompt_capabilities(
-                            PromptCapabilities::new().embedded_context(true).image(agent.accepts_images()),
-                        )
+                        .prompt_capabilities(PromptCapabilities::new().embedded_context(true).image(image).audio(audio))
                         .session_capabilities(sessions);
                     if agent.takes_mcp_servers() {
                         capabilities = capabilities.mcp_capabilities(McpCapabilities::new().http(true).sse(true));

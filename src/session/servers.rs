@@ -25,6 +25,19 @@ impl Bridge {
         self.own_provider.private_network()
     }
 
+    /// What the agent the bridge runs takes in a prompt and what its sessions can do, as it announced them, known
+    /// before it starts ([`crate::agents::host::Service::capabilities`]); `None`: unknown.
+    pub async fn agent_capabilities(
+        &self,
+    ) -> Option<(
+        agent_client_protocol::v1::schema::PromptCapabilities,
+        agent_client_protocol::v1::schema::SessionCapabilities,
+    )> {
+        let service = self.service.as_ref()?;
+        let executable = installed_executable(&self.config, self.config.agent)?;
+        service.capabilities(self, &executable).await
+    }
+
     /// Starts the session's server (the agent's service) in the background, so that its first prompt finds it warm.
     /// Does nothing when the CLI is not installed yet (the first prompt installs it) or the server already runs.
     pub fn warm_server(self: &Arc<Self>, id: &str) {
