@@ -21,7 +21,9 @@ use super::options::{MODE, MODEL, Selectors, Via, choices, choose, keep_defaults
 use super::translate::AcpTranslator;
 use super::wire;
 use crate::agents::engine::Attempt;
-use crate::agents::host::{BridgeHost, Release, RenderedPrompt, Service, ServiceSettings, TurnHost, unless_cancelled};
+use crate::agents::host::{
+    BridgeHost, Release, RenderedPrompt, Service, ServiceSettings, TurnHost, UpdateSink, unless_cancelled,
+};
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::store::SessionRecord;
@@ -304,7 +306,10 @@ impl AcpService {
         tracing::info!(session = %record.id, program = %spec.program.display(), "starting the ACP agent");
         let (sandbox, session, forms) = (sandbox.clone(), record.id.clone(), bridge.client_fills_forms());
         let identity = self.identity(executable);
-        let outside = bridge.notifier().map(|sink| (record.id.clone(), sink));
+        let outside = bridge.notifier().map(|sink| {
+            let titles: Arc<dyn UpdateSink> = Arc::new(KeepsTitles { sink, store: bridge.store().clone() });
+            (record.id.clone(), titles)
+        });
         // A task of its own: a turn cancelled while it waits does not stop the start its session's next turn uses.
         let task = tokio::spawn(async move {
             let connection = Connection::start(sandbox, identity, spec, roots, INITIALIZE_LIMIT, forms, outside)
@@ -315,6 +320,34 @@ impl AcpService {
             Ok(connection)
         });
         async move { task.await.unwrap_or_else(|e| Err(e.to_string())) }.boxed().shared()
+    }
+}
+
+/// What the agent says between turns, on to the editor; a name it gives the session (Codex names its thread once a
+/// turn has ended) kept first, so that the session list says it by the time the editor hears it.
+struct KeepsTitles {
+    sink: Arc<dyn UpdateSink>,
+    store: Arc<crate::store::Store>,
+}
+
+impl UpdateSink for KeepsTitles {
+    fn send(&self, session_id: &str, update: SessionUpdate) {
+        let title = match &update {
+            SessionUpdate::SessionInfoUpdate(info) => match &info.title {
+                agent_client_protocol::schema::MaybeUndefined::Value(title) if !title.trim().is_empty() => {
+                    title.clone()
+                }
+                _ => return self.sink.send(session_id, update),
+            },
+            _ => return self.sink.send(session_id, update),
+        };
+        let (sink, store, session) = (self.sink.clone(), self.store.clone(), session_id.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = store.set_title(&session, &title).await {
+                tracing::warn!(session, "could not keep the ACP agent's name of the session: {e}");
+            }
+            sink.send(&session, update);
+        });
     }
 }
 
