@@ -90,6 +90,24 @@ mod tests {
     }
 
     #[test]
+    fn the_tables_of_the_pinned_agents_are_offers_with_their_modes() {
+        for (table, image, audio, mode) in [
+            (crate::agents::claude::offers(), true, false, "default"),
+            (crate::agents::codex::offers(), true, false, "agent-full-access"),
+            (crate::agents::gemini::offers(), true, true, "default"),
+        ] {
+            let offers = Offers::parse(table.clone()).unwrap_or_else(|| panic!("not offers: {table:#}"));
+            assert_eq!((offers.prompt_capabilities.image, offers.prompt_capabilities.audio), (image, audio));
+            assert!(offers.prompt_capabilities.embedded_context);
+            let selectors = offers.selectors().unwrap();
+            assert_eq!(selectors.value("mode").as_deref(), Some(mode), "{table:#}");
+            assert!(selectors.offered().iter().all(|o| o.id.to_string() != "model"), "models come from a run");
+        }
+        let claude = Offers::parse(crate::agents::claude::offers()).unwrap();
+        assert!(claude.session_capabilities.system_prompt.and_then(|p| p.mode).and_then(|m| m.override_).is_some());
+    }
+
+    #[test]
     fn an_agent_that_said_no_modes_seeds_nothing_and_garbage_is_no_offer() {
         let offers = Offers::parse(json!({"promptCapabilities": {"image": true}})).unwrap();
         assert!(offers.prompt_capabilities.image);
