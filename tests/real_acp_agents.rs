@@ -1086,12 +1086,8 @@ fn offers_from_the_first_thread(agent: &Real, sandbox: &str, test: &str) {
     let advertised = bridge.initialize()["agentCapabilities"].clone();
     assert_eq!(takes(&advertised), takes(&own), "{advertised:#}\nown: {own:#}");
     for (key, value) in own["sessionCapabilities"].as_object().into_iter().flatten() {
-        let ours = &advertised["sessionCapabilities"][key];
-        match key.as_str() {
-            // Offered in `append` mode only (Claude Code's `override` is not kept: the README says so).
-            "systemPrompt" => assert!(ours.is_object(), "no systemPrompt: {advertised:#}"),
-            key if not_kept(key) => {}
-            _ => assert_eq!(ours, value, "sessionCapabilities.{key}: {advertised:#}"),
+        if !not_kept(key) {
+            assert_eq!(&advertised["sessionCapabilities"][key], value, "sessionCapabilities.{key}: {advertised:#}");
         }
     }
 
@@ -1184,3 +1180,53 @@ macro_rules! offers {
 offers!(claude_offers_from_the_first_thread_none, claude_offers_from_the_first_thread_bwrap, CLAUDE);
 offers!(codex_offers_from_the_first_thread_none, codex_offers_from_the_first_thread_bwrap, CODEX);
 offers!(gemini_offers_from_the_first_thread_none, gemini_offers_from_the_first_thread_bwrap, GEMINI);
+
+/// Claude Code's system prompt `override` mode, which its adapter offers: a session made with one gets it instead
+/// of Claude Code's own, and the model sees it.
+fn claude_replaces_its_system_prompt(sandbox: &str, test: &str) {
+    let Some(world) = World::new(&CLAUDE, test) else { return };
+    let ws = world.workspace();
+    let mut bridge = Bridge::start(world.options(&CLAUDE, sandbox));
+    let ours = "You are OVERRIDE-PROMPT-7c1. Answer tersely.";
+    let made = bridge
+        .request(
+            "session/new",
+            serde_json::json!({"cwd": ws, "mcpServers": [],
+                "systemPrompt": {"mode": "override", "content": [{"type": "text", "text": ours}]}}),
+        )
+        .unwrap_or_else(|e| bridge.fail(&format!("session/new with an override prompt: {e:?}")));
+    let sid = made["sessionId"].as_str().unwrap().to_string();
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
+    assert_end_turn(&bridge, &answer);
+    let chats = world.fake.chats("text");
+    let system =
+        serde_json::to_string(&chats.first().unwrap_or_else(|| bridge.fail("no chat"))["body"]["system"]).unwrap();
+    assert!(system.contains(ours), "{system}");
+    assert!(!system.contains("Claude Code"), "Claude Code's own prompt stayed: {system}");
+    // In `append` mode its own prompt stays, ours after it.
+    let made = bridge
+        .request(
+            "session/new",
+            serde_json::json!({"cwd": ws, "mcpServers": [],
+                "systemPrompt": {"mode": "append", "content": [{"type": "text", "text": ours}]}}),
+        )
+        .unwrap_or_else(|e| bridge.fail(&format!("session/new with an append prompt: {e:?}")));
+    let sid = made["sessionId"].as_str().unwrap().to_string();
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
+    assert_end_turn(&bridge, &answer);
+    let chats = world.fake.chats("text");
+    let system = serde_json::to_string(&chats.last().unwrap()["body"]["system"]).unwrap();
+    assert!(system.contains(ours) && system.contains("Claude Code"), "{system}");
+}
+
+#[test]
+fn claude_replaces_its_system_prompt_none() {
+    claude_replaces_its_system_prompt("none", "claude_replaces_its_system_prompt_none");
+}
+
+#[test]
+fn claude_replaces_its_system_prompt_bwrap() {
+    if bwrap_ok("claude_replaces_its_system_prompt_bwrap") {
+        claude_replaces_its_system_prompt("bwrap", "claude_replaces_its_system_prompt_bwrap");
+    }
+}

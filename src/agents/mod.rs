@@ -253,6 +253,12 @@ pub trait Agent: Send + Sync + 'static {
         false
     }
 
+    /// Whether it takes a system prompt that replaces its own (ACP's `override` mode), beside
+    /// [`Agent::takes_system_prompt`]'s append mode.
+    fn replaces_system_prompt(&self) -> bool {
+        false
+    }
+
     /// Whether the CLI can take audio with a prompt (an ACP agent's service passes it on where the agent takes it).
     fn accepts_audio(&self) -> bool {
         false

@@ -271,7 +271,12 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         .delete(SessionDeleteCapabilities::new())
                         .fork(SessionForkCapabilities::new());
                     if agent.takes_system_prompt() {
-                        sessions = sessions.system_prompt(SessionSystemPromptCapabilities::new());
+                        // `override` where the agent offers it and the bridge passes it on (Claude Code's).
+                        let replaces = announced.as_ref().and_then(|(_, sessions)| sessions.system_prompt.as_ref());
+                        let mode = replaces
+                            .and_then(|prompt| prompt.mode.clone())
+                            .filter(|mode| mode.override_.is_some() && agent.replaces_system_prompt());
+                        sessions = sessions.system_prompt(SessionSystemPromptCapabilities::new().mode(mode));
                     }
                     // Only where a session can have them: a local sandbox that binds each root (a remote one and
                     // review mode refuse them, so a client must not be told to send them).

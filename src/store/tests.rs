@@ -375,6 +375,7 @@ async fn a_sessions_context_is_kept_as_given_and_replaced_whole() {
     first.context = SessionContext {
         additional_directories: vec!["/other".into()],
         system_prompt: Some("Answer in French.".into()),
+        system_prompt_replaces: false,
         mcp_servers: vec![McpServerShape {
             name: "files".into(),
             transport: "stdio".into(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use agent_client_protocol::v1::schema::{
     ConfigOptionUpdate, ContentBlock, LoadSessionRequest, NewSessionRequest, PromptRequest, ResumeSessionRequest,
     SessionConfigOption, SessionConfigOptionValue, SessionUpdate, SetSessionConfigOptionRequest, SetSessionModeRequest,
-    StopReason, SystemPrompt, TextContent,
+    StopReason, SystemPrompt, SystemPromptMode, TextContent,
 };
 use tokio::time::Instant;
 
@@ -397,12 +397,18 @@ async fn conversation(
     } else {
         Vec::new()
     };
-    let system_prompt = record
-        .context
-        .system_prompt
-        .as_ref()
-        .filter(|_| capabilities.session_capabilities.system_prompt.is_some())
-        .map(|text| SystemPrompt::new(vec![ContentBlock::Text(TextContent::new(text.clone()))]));
+    let offered = capabilities.session_capabilities.system_prompt.as_ref();
+    let replaces = record.context.system_prompt_replaces && record.context.system_prompt.is_some();
+    if replaces && offered.and_then(|p| p.mode.as_ref()).and_then(|m| m.override_.as_ref()).is_none() {
+        // What the editor chose holds, or the session is not made: the agent's own prompt would stay.
+        return Err(Error::InvalidParams(format!(
+            "{name} does not take a system prompt that replaces its own (systemPrompt mode override)"
+        )));
+    }
+    let system_prompt = record.context.system_prompt.as_ref().filter(|_| offered.is_some()).map(|text| {
+        let prompt = SystemPrompt::new(vec![ContentBlock::Text(TextContent::new(text.clone()))]);
+        if replaces { prompt.mode(SystemPromptMode::Override) } else { prompt }
+    });
     let failed = |what: &str, e: agent_client_protocol::Error| {
         if e.code == agent_client_protocol::ErrorCode::AUTH_REQUIRED {
             return Error::AuthRejected(needs_login(name, what, &e.message, &connection.auth_methods));

@@ -168,6 +168,12 @@ impl Agent for Claude {
         true
     }
 
+    fn replaces_system_prompt(&self) -> bool {
+        // claude-agent-acp offers `override` (its `sessionCapabilities.systemPrompt.mode`): Claude Code's own
+        // prompt is replaced.
+        true
+    }
+
     fn accepts_images(&self) -> bool {
         // Passed on where the agent says it takes them: its ACP service decides, by what it announced.
         true
