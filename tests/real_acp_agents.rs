@@ -1157,6 +1157,18 @@ fn offers_from_the_first_thread(agent: &Real, sandbox: &str, test: &str) {
     let categories: Vec<&str> =
         made["configOptions"].as_array().into_iter().flatten().filter_map(|o| o["category"].as_str()).collect();
     assert!(categories.contains(&"mode") && categories.contains(&"model"), "{made:#}");
+    // The first thread's image (and audio) was kept with its turn: a load replays it as the editor sent it.
+    again
+        .request("session/load", serde_json::json!({"sessionId": sid, "cwd": ws, "mcpServers": []}))
+        .unwrap_or_else(|e| again.fail(&format!("session/load: {e:?}")));
+    let replayed = again.take_updates(&sid);
+    let sent_back = |kind: &str, data: &str| {
+        replayed.iter().any(|u| {
+            u["sessionUpdate"] == "user_message_chunk" && u["content"]["type"] == kind && u["content"]["data"] == data
+        })
+    };
+    assert!(sent_back("image", PNG), "{replayed:#?}");
+    assert!(!audio || sent_back("audio", WAV), "{replayed:#?}");
     again.close_stdin();
     again.wait_exit(Duration::from_secs(20));
 }
