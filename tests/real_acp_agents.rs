@@ -1242,3 +1242,20 @@ fn claude_replaces_its_system_prompt_bwrap() {
         claude_replaces_its_system_prompt("bwrap", "claude_replaces_its_system_prompt_bwrap");
     }
 }
+
+/// Before its first prompt installs it, an agent's pinned version says what it takes: its folder's table.
+#[test]
+fn an_agent_not_installed_yet_advertises_what_its_pinned_version_takes() {
+    let root = tempfile::Builder::new().prefix("not-installed-").tempdir_in(world_parent()).unwrap();
+    for (id, audio) in [("claude", false), ("codex", false), ("gemini", true)] {
+        let data = root.path().join(id);
+        std::fs::create_dir_all(&data).unwrap();
+        let mut bridge = Bridge::spawn(BridgeOptions::new(id, &data).env("HOME", &data.display().to_string()));
+        let init = bridge.initialize();
+        assert_eq!(takes(&init["agentCapabilities"]), [true, audio, true], "{id}: {init:#}");
+        let replaces = &init["agentCapabilities"]["sessionCapabilities"]["systemPrompt"]["mode"]["override"];
+        assert_eq!(replaces.is_object(), id == "claude", "{id}: {init:#}");
+        bridge.close_stdin();
+        bridge.wait_exit(Duration::from_secs(20));
+    }
+}

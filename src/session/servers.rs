@@ -34,7 +34,9 @@ impl Bridge {
         agent_client_protocol::v1::schema::SessionCapabilities,
     )> {
         let service = self.service.as_ref()?;
-        let executable = installed_executable(&self.config, self.config.agent)?;
+        // Not installed yet: the pinned one, which its first prompt installs (its folder's table says what it takes).
+        let executable = installed_executable(&self.config, self.config.agent)
+            .unwrap_or_else(|| self.config.agent.package().executable(&crate::paths::tools_dir(&self.config.data_dir)));
         service.capabilities(self, &executable).await
     }
 
