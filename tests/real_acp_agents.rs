@@ -1120,3 +1120,239 @@ macro_rules! stop_ends {
 stop_ends!(stop_ends_claudes_command_none, stop_ends_claudes_command_bwrap, CLAUDE);
 stop_ends!(stop_ends_codexs_command_none, stop_ends_codexs_command_bwrap, CODEX);
 stop_ends!(stop_ends_geminis_command_none, stop_ends_geminis_command_bwrap, GEMINI);
+
+// ---- What each agent offers, from the first thread (issues 43 point 1, 44) ---------------------------------------
+
+/// A 1×1 PNG, sent as the editor sends an image.
+const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+/// A WAV of eight samples, sent as the editor sends audio.
+const WAV: &str = "UklGRjQAAABXQVZFZm10IBAAAAABAAEAQB8AAIA+AAACABAAZGF0YRAAAAAAAOgDGPz0AQz+AAD6AAb/";
+
+/// The agent's own `initialize` answer, the adapter launched directly as an editor launches it (no bridge).
+fn own_initialize(world: &World, agent: &Real) -> Value {
+    let home = world.root.path().join("own-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let mut child = Command::new(&world.launcher)
+        .args(if agent.id == "gemini" { &["--acp"][..] } else { &[][..] })
+        .current_dir(world.workspace())
+        .env("HOME", &home)
+        .env(agent.key_env, KEY)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the adapter");
+    let request = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": 1,
+        "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false}}});
+    use std::io::Write;
+    writeln!(child.stdin.as_mut().unwrap(), "{request}").unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let answer = loop {
+        let line = lines.next().expect("the adapter answers initialize").unwrap();
+        let Ok(message) = serde_json::from_str::<Value>(&line) else { continue };
+        if message["id"] == 1 {
+            break message["result"].clone();
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    answer
+}
+
+/// What a `promptCapabilities` says (image, audio, embedded context; left out is false).
+fn takes(capabilities: &Value) -> [bool; 3] {
+    ["image", "audio", "embeddedContext"].map(|key| capabilities["promptCapabilities"][key] == true)
+}
+
+/// The session capabilities of an agent's own the bridge does not advertise (the README says why): Codex's `title`
+/// and `subagents`, which the ACP schema the bridge speaks does not have.
+fn not_kept(key: &str) -> bool {
+    key == "title" || key == "subagents"
+}
+
+/// A fresh bridge (a data dir that never ran the agent) advertises the agent's own capabilities and offers its modes
+/// in the first `session/new`; a mode chosen before the first prompt is in effect for it; an image (and audio where
+/// the agent takes it) reaches the model byte for byte with no note; a bridge started again offers what the agent
+/// announced, its models too.
+fn offers_from_the_first_thread(agent: &Real, sandbox: &str, test: &str) {
+    let Some(world) = World::new(agent, test) else { return };
+    let ws = world.workspace();
+    let own = own_initialize(&world, agent)["agentCapabilities"].clone();
+    let mut bridge = Bridge::spawn(world.options(agent, sandbox));
+    let advertised = bridge.initialize()["agentCapabilities"].clone();
+    assert_eq!(takes(&advertised), takes(&own), "{advertised:#}\nown: {own:#}");
+    for (key, value) in own["sessionCapabilities"].as_object().into_iter().flatten() {
+        if !not_kept(key) {
+            assert_eq!(&advertised["sessionCapabilities"][key], value, "sessionCapabilities.{key}: {advertised:#}");
+        }
+    }
+
+    let made = bridge
+        .request("session/new", serde_json::json!({"cwd": ws, "mcpServers": []}))
+        .unwrap_or_else(|e| bridge.fail(&format!("session/new: {e:?}")));
+    let sid = made["sessionId"].as_str().unwrap().to_string();
+    let modes: Vec<&str> =
+        made["modes"]["availableModes"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_str()).collect();
+    assert!(modes.contains(&agent.other_mode), "the first session/new offers no mode {}: {made:#}", agent.other_mode);
+    let mode_option = made["configOptions"].as_array().into_iter().flatten().find(|o| o["category"] == "mode");
+    assert!(mode_option.is_some_and(|o| o["currentValue"] != agent.other_mode), "{made:#}");
+    bridge
+        .request("session/set_mode", serde_json::json!({"sessionId": sid, "modeId": agent.other_mode}))
+        .unwrap_or_else(|e| bridge.fail(&format!("set_mode before the first prompt: {e:?}")));
+
+    let mut blocks = vec![
+        serde_json::json!({"type": "text", "text": "SCENARIO:text Say hello"}),
+        serde_json::json!({"type": "image", "data": PNG, "mimeType": "image/png"}),
+    ];
+    let audio = own["promptCapabilities"]["audio"] == true;
+    if audio {
+        blocks.push(serde_json::json!({"type": "audio", "data": WAV, "mimeType": "audio/wav"}));
+    }
+    let id = bridge.send_prompt_blocks(&sid, blocks);
+    let result = bridge.wait_response_within(id, TURN_LIMIT).unwrap_or_else(|| bridge.fail("no answer to the prompt"));
+    let answer = Turn { result, updates: bridge.take_updates(&sid) };
+    assert_end_turn(&bridge, &answer);
+    let notes: Vec<&str> = answer
+        .updates
+        .iter()
+        .filter(|u| u["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|u| u["content"]["text"].as_str())
+        .filter(|text| text.contains("left out") || text.contains("did not take"))
+        .collect();
+    assert!(notes.is_empty(), "{notes:?}");
+    let chats = world.fake.chats("text");
+    let sent = serde_json::to_string(&chats.first().unwrap_or_else(|| bridge.fail("the model saw no prompt"))["body"])
+        .unwrap();
+    assert!(sent.contains(PNG), "the image did not reach the model as it was: {sent}");
+    assert!(!audio || sent.contains(WAV), "the audio did not reach the model as it was: {sent}");
+    // The mode chosen before the agent ran is the one it runs in: what it answered when the bridge gave it.
+    let options = answer.updates.iter().rev().find(|u| u["sessionUpdate"] == "config_option_update");
+    let options = options.unwrap_or_else(|| bridge.fail("no config_option_update"))["configOptions"].clone();
+    let mode = options.as_array().into_iter().flatten().find(|o| o["category"] == "mode").cloned();
+    assert_eq!(mode.unwrap_or_default()["currentValue"], agent.other_mode, "{options:#}");
+    if agent.id == "codex" {
+        // Codex names the thread itself (its model's name for it, asked once the turn ended): the editor is told, and
+        // the session list says it.
+        let codex_title = "Fake session title";
+        bridge.wait_update(&sid, "Codex's title", |u| {
+            u["sessionUpdate"] == "session_info_update" && u["title"] == codex_title
+        });
+        let listed = bridge.request("session/list", serde_json::json!({})).unwrap();
+        assert_eq!(listed["sessions"][0]["title"], codex_title, "{listed:#}");
+    }
+    bridge.close_stdin();
+    bridge.wait_exit(Duration::from_secs(20));
+
+    // A new bridge on the same data dir offers what the agent announced, before it starts: its models too.
+    let mut again = Bridge::spawn(world.options(agent, sandbox));
+    let advertised = again.initialize()["agentCapabilities"].clone();
+    assert_eq!(takes(&advertised), takes(&own), "{advertised:#}");
+    let made = again
+        .request("session/new", serde_json::json!({"cwd": ws, "mcpServers": []}))
+        .unwrap_or_else(|e| again.fail(&format!("session/new: {e:?}")));
+    let categories: Vec<&str> =
+        made["configOptions"].as_array().into_iter().flatten().filter_map(|o| o["category"].as_str()).collect();
+    assert!(categories.contains(&"mode") && categories.contains(&"model"), "{made:#}");
+    // The first thread's image (and audio) was kept with its turn: a load replays it as the editor sent it.
+    again
+        .request("session/load", serde_json::json!({"sessionId": sid, "cwd": ws, "mcpServers": []}))
+        .unwrap_or_else(|e| again.fail(&format!("session/load: {e:?}")));
+    let replayed = again.take_updates(&sid);
+    let sent_back = |kind: &str, data: &str| {
+        replayed.iter().any(|u| {
+            u["sessionUpdate"] == "user_message_chunk" && u["content"]["type"] == kind && u["content"]["data"] == data
+        })
+    };
+    assert!(sent_back("image", PNG), "{replayed:#?}");
+    assert!(!audio || sent_back("audio", WAV), "{replayed:#?}");
+    again.close_stdin();
+    again.wait_exit(Duration::from_secs(20));
+}
+
+macro_rules! offers {
+    ($none:ident, $bwrap:ident, $agent:expr) => {
+        #[test]
+        fn $none() {
+            offers_from_the_first_thread(&$agent, "none", stringify!($none));
+        }
+
+        #[test]
+        fn $bwrap() {
+            if bwrap_ok(stringify!($bwrap)) {
+                offers_from_the_first_thread(&$agent, "bwrap", stringify!($bwrap));
+            }
+        }
+    };
+}
+
+offers!(claude_offers_from_the_first_thread_none, claude_offers_from_the_first_thread_bwrap, CLAUDE);
+offers!(codex_offers_from_the_first_thread_none, codex_offers_from_the_first_thread_bwrap, CODEX);
+offers!(gemini_offers_from_the_first_thread_none, gemini_offers_from_the_first_thread_bwrap, GEMINI);
+
+/// Claude Code's system prompt `override` mode, which its adapter offers: a session made with one gets it instead
+/// of Claude Code's own, and the model sees it.
+fn claude_replaces_its_system_prompt(sandbox: &str, test: &str) {
+    let Some(world) = World::new(&CLAUDE, test) else { return };
+    let ws = world.workspace();
+    let mut bridge = Bridge::start(world.options(&CLAUDE, sandbox));
+    let ours = "You are OVERRIDE-PROMPT-7c1. Answer tersely.";
+    let made = bridge
+        .request(
+            "session/new",
+            serde_json::json!({"cwd": ws, "mcpServers": [],
+                "systemPrompt": {"mode": "override", "content": [{"type": "text", "text": ours}]}}),
+        )
+        .unwrap_or_else(|e| bridge.fail(&format!("session/new with an override prompt: {e:?}")));
+    let sid = made["sessionId"].as_str().unwrap().to_string();
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
+    assert_end_turn(&bridge, &answer);
+    let chats = world.fake.chats("text");
+    let system =
+        serde_json::to_string(&chats.first().unwrap_or_else(|| bridge.fail("no chat"))["body"]["system"]).unwrap();
+    assert!(system.contains(ours), "{system}");
+    assert!(!system.contains("Claude Code"), "Claude Code's own prompt stayed: {system}");
+    // In `append` mode its own prompt stays, ours after it.
+    let made = bridge
+        .request(
+            "session/new",
+            serde_json::json!({"cwd": ws, "mcpServers": [],
+                "systemPrompt": {"mode": "append", "content": [{"type": "text", "text": ours}]}}),
+        )
+        .unwrap_or_else(|e| bridge.fail(&format!("session/new with an append prompt: {e:?}")));
+    let sid = made["sessionId"].as_str().unwrap().to_string();
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
+    assert_end_turn(&bridge, &answer);
+    let chats = world.fake.chats("text");
+    let system = serde_json::to_string(&chats.last().unwrap()["body"]["system"]).unwrap();
+    assert!(system.contains(ours) && system.contains("Claude Code"), "{system}");
+}
+
+#[test]
+fn claude_replaces_its_system_prompt_none() {
+    claude_replaces_its_system_prompt("none", "claude_replaces_its_system_prompt_none");
+}
+
+#[test]
+fn claude_replaces_its_system_prompt_bwrap() {
+    if bwrap_ok("claude_replaces_its_system_prompt_bwrap") {
+        claude_replaces_its_system_prompt("bwrap", "claude_replaces_its_system_prompt_bwrap");
+    }
+}
+
+/// Before its first prompt installs it, an agent's pinned version says what it takes: its folder's table.
+#[test]
+fn an_agent_not_installed_yet_advertises_what_its_pinned_version_takes() {
+    let root = tempfile::Builder::new().prefix("not-installed-").tempdir_in(world_parent()).unwrap();
+    for (id, audio) in [("claude", false), ("codex", false), ("gemini", true)] {
+        let data = root.path().join(id);
+        std::fs::create_dir_all(&data).unwrap();
+        let mut bridge = Bridge::spawn(BridgeOptions::new(id, &data).env("HOME", &data.display().to_string()));
+        let init = bridge.initialize();
+        assert_eq!(takes(&init["agentCapabilities"]), [true, audio, true], "{id}: {init:#}");
+        let replaces = &init["agentCapabilities"]["sessionCapabilities"]["systemPrompt"]["mode"]["override"];
+        assert_eq!(replaces.is_object(), id == "claude", "{id}: {init:#}");
+        bridge.close_stdin();
+        bridge.wait_exit(Duration::from_secs(20));
+    }
+}

@@ -279,6 +279,19 @@ pub trait Service: Send + Sync {
         None
     }
 
+    /// What the agent `executable` runs takes in a prompt and what its sessions can do, as it announced them (an ACP
+    /// agent's `initialize`), known before it starts; `None`: unknown, or not the service's to say.
+    async fn capabilities(
+        &self,
+        _host: &dyn BridgeHost,
+        _executable: &std::path::Path,
+    ) -> Option<(
+        agent_client_protocol::v1::schema::PromptCapabilities,
+        agent_client_protocol::v1::schema::SessionCapabilities,
+    )> {
+        None
+    }
+
     /// The session's options as what the service runs announced them (an ACP agent's own), kept in its stored
     /// config; `None`: the agent's [`crate::agents::Agent::options`] are the session's.
     fn announced_options(

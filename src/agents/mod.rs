@@ -265,6 +265,17 @@ pub trait Agent: Send + Sync + 'static {
         false
     }
 
+    /// Whether it takes a system prompt that replaces its own (ACP's `override` mode), beside
+    /// [`Agent::takes_system_prompt`]'s append mode.
+    fn replaces_system_prompt(&self) -> bool {
+        false
+    }
+
+    /// Whether the CLI can take audio with a prompt (an ACP agent's service passes it on where the agent takes it).
+    fn accepts_audio(&self) -> bool {
+        false
+    }
+
     /// The session's config options (model, mode, …) in display order, given its stored choices and the models
     /// it can use. None: an agent that speaks ACP announces its own.
     fn options(&self, _session_config: &Value, _settings: &AgentSettings, _models: &[ModelInfo]) -> Vec<OptionSpec> {

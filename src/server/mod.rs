@@ -257,6 +257,13 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     bridge.set_client_terminal_output(terminal_output);
                     bridge.set_client_capabilities(&request.client_capabilities);
                     let agent = bridge.config().agent;
+                    // What the agent itself takes, as it announced it (an ACP agent's, kept from its last run or
+                    // its folder's table); the bridge renders embedded context into the prompt for every agent.
+                    let announced = bridge.agent_capabilities().await;
+                    let (image, audio) = match &announced {
+                        Some((prompt, _)) => (prompt.image, prompt.audio),
+                        None => (agent.accepts_images(), false),
+                    };
                     let mut sessions = SessionCapabilities::new()
                         .list(SessionListCapabilities::new())
                         .resume(SessionResumeCapabilities::new())
@@ -264,7 +271,12 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                         .delete(SessionDeleteCapabilities::new())
                         .fork(SessionForkCapabilities::new());
                     if agent.takes_system_prompt() {
-                        sessions = sessions.system_prompt(SessionSystemPromptCapabilities::new());
+                        // `override` where the agent offers it and the bridge passes it on (Claude Code's).
+                        let replaces = announced.as_ref().and_then(|(_, sessions)| sessions.system_prompt.as_ref());
+                        let mode = replaces
+                            .and_then(|prompt| prompt.mode.clone())
+                            .filter(|mode| mode.override_.is_some() && agent.replaces_system_prompt());
+                        sessions = sessions.system_prompt(SessionSystemPromptCapabilities::new().mode(mode));
                     }
                     // Only where a session can have them: a local sandbox that binds each root (a remote one and
                     // review mode refuse them, so a client must not be told to send them).
@@ -273,9 +285,7 @@ pub async fn serve(bridge: Arc<Bridge>) -> Result<(), agent_client_protocol::Err
                     }
                     let mut capabilities = AgentCapabilities::new()
                         .load_session(true)
-                        .prompt_capabilities(
-                            PromptCapabilities::new().embedded_context(true).image(agent.accepts_images()),
-                        )
+                        .prompt_capabilities(PromptCapabilities::new().embedded_context(true).image(image).audio(audio))
                         .session_capabilities(sessions);
                     if agent.takes_mcp_servers() {
                         capabilities = capabilities.mcp_capabilities(McpCapabilities::new().http(true).sse(true));

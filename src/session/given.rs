@@ -21,13 +21,15 @@ pub struct Given {
     pub mcp_servers: Vec<McpServer>,
 }
 
-/// The text of an append-mode system prompt; any other mode, a block that is not text, or none at all is refused
-/// (the spec: an agent must not treat an unsupported mode as another).
+/// The text of an append-mode system prompt (or an override-mode one, for an agent that replaces its own); any
+/// other mode, a block that is not text, or none at all is refused (the spec: an agent must not treat an
+/// unsupported mode as another).
 pub fn system_prompt_text(agent: AgentKind, prompt: &SystemPrompt) -> Result<String> {
     if !agent.takes_system_prompt() {
         return Err(Error::InvalidParams(format!("{} takes no system prompt here", agent.display_name())));
     }
-    if prompt.mode != SystemPromptMode::Append {
+    let replaces = prompt.mode == SystemPromptMode::Override && agent.replaces_system_prompt();
+    if prompt.mode != SystemPromptMode::Append && !replaces {
         return Err(Error::InvalidParams(format!(
             "systemPrompt mode {} is not supported: only append",
             serde_json::to_string(&prompt.mode).unwrap_or_default()
@@ -175,6 +177,7 @@ pub fn context_after(
             roots
         },
         system_prompt,
+        system_prompt_replaces: given.system_prompt.as_ref().is_some_and(|p| p.mode == SystemPromptMode::Override),
         mcp_servers: given.mcp_servers.iter().map(shape).collect(),
         forked_from: stored.forked_from.clone(),
     })
@@ -206,6 +209,15 @@ mod tests {
             "systemPrompt mode \"override\" is not supported: only append"
         );
         assert_eq!(refused(SystemPrompt::new(vec![])), "systemPrompt has no content");
+        // An agent that replaces its own prompt takes `override`, and the session keeps that it does.
+        let claude = AgentKind::parse("claude").unwrap();
+        let replacing = SystemPrompt::new(vec![text("Be brief.")]).mode(SystemPromptMode::Override);
+        assert_eq!(system_prompt_text(claude, &replacing).unwrap(), "Be brief.");
+        let given = Given { system_prompt: Some(replacing), ..Given::default() };
+        let context = context_after(claude, &SessionContext::default(), &given, Vec::new()).unwrap();
+        assert!(context.system_prompt_replaces);
+        let given = Given { system_prompt: Some(SystemPrompt::new(vec![text("x")])), ..Given::default() };
+        assert!(!context_after(claude, &context, &given, Vec::new()).unwrap().system_prompt_replaces);
         let image = ContentBlock::Image(agent_client_protocol::v1::schema::ImageContent::new("AAAA", "image/png"));
         assert_eq!(refused(SystemPrompt::new(vec![text("x"), image])), "systemPrompt takes only text blocks");
     }

@@ -11,6 +11,12 @@ pub use crate::agents::host::RenderedPrompt;
 /// three blocks); embedded resources are referenced inline and their contents appended as context, so
 /// the request reads naturally. A single text block reaches the CLI byte for byte.
 pub fn render(blocks: &[ContentBlock], accepts_images: bool) -> RenderedPrompt {
+    render_taking(blocks, accepts_images, false)
+}
+
+/// [`render`] for an agent that may take audio (`accepts_audio`): its audio is not left out here (the agent's
+/// service passes it on as it is, or says it left it out).
+pub fn render_taking(blocks: &[ContentBlock], accepts_images: bool, accepts_audio: bool) -> RenderedPrompt {
     let mut rendered = RenderedPrompt::default();
     let mut context = Vec::new();
     for block in blocks {
@@ -39,6 +45,7 @@ pub fn render(blocks: &[ContentBlock], accepts_images: bool) -> RenderedPrompt {
                     Err(_) => rendered.dropped.push("an image whose data is not valid base64".into()),
                 }
             }
+            ContentBlock::Audio(_) if accepts_audio => {}
             ContentBlock::Audio(_) => rendered.dropped.push("audio".into()),
             _ => rendered.dropped.push("an unknown content block".into()),
         }

@@ -25,6 +25,21 @@ impl Bridge {
         self.own_provider.private_network()
     }
 
+    /// What the agent the bridge runs takes in a prompt and what its sessions can do, as it announced them, known
+    /// before it starts ([`crate::agents::host::Service::capabilities`]); `None`: unknown.
+    pub async fn agent_capabilities(
+        &self,
+    ) -> Option<(
+        agent_client_protocol::v1::schema::PromptCapabilities,
+        agent_client_protocol::v1::schema::SessionCapabilities,
+    )> {
+        let service = self.service.as_ref()?;
+        // Not installed yet: the pinned one, which its first prompt installs (its folder's table says what it takes).
+        let executable = installed_executable(&self.config, self.config.agent)
+            .unwrap_or_else(|| self.config.agent.package().executable(&crate::paths::tools_dir(&self.config.data_dir)));
+        service.capabilities(self, &executable).await
+    }
+
     /// Starts the session's server (the agent's service) in the background, so that its first prompt finds it warm.
     /// Does nothing when the CLI is not installed yet (the first prompt installs it) or the server already runs.
     pub fn warm_server(self: &Arc<Self>, id: &str) {

@@ -594,6 +594,39 @@ impl Store {
         .await
     }
 
+    /// Keeps what the agent `identity` (its command line) of `version` announced of itself, replacing what that
+    /// one announced before.
+    pub async fn keep_agent_offers(&self, identity: &str, version: &str, offers: &Value) -> Result<()> {
+        let (identity, version, offers, now) =
+            (identity.to_string(), version.to_string(), offers.to_string(), now_ms());
+        self.write(move |connection| {
+            connection.execute(
+                "INSERT INTO agent_offers (identity, version, offers, updated_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (identity, version) DO UPDATE SET offers = excluded.offers, updated_at = excluded.updated_at",
+                params![identity, version, offers, now],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// What the agent `identity` announced last, of whichever version announced last: `(version, offers)`.
+    pub async fn agent_offers(&self, identity: &str) -> Result<Option<(String, Value)>> {
+        let identity = identity.to_string();
+        self.read(move |connection| {
+            let found: Option<(String, String)> = connection
+                .prepare_cached(
+                    "SELECT version, offers FROM agent_offers WHERE identity = ?1
+                     ORDER BY updated_at DESC, rowid DESC LIMIT 1",
+                )?
+                .query_row(params![identity], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()?;
+            // A row that is no JSON (written by hand) is as if none were kept.
+            Ok(found.and_then(|(version, offers)| Some((version, serde_json::from_str(&offers).ok()?))))
+        })
+        .await
+    }
+
     /// Replaces what the editor gave the session beside its workspace.
     pub async fn set_context(&self, id: &str, context: &SessionContext) -> Result<()> {
         let (id, context) = (id.to_string(), context_json(context));

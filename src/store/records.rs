@@ -39,9 +39,13 @@ pub struct SessionContext {
     /// More workspace roots (absolute), writable in the sandbox like the workspace.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub additional_directories: Vec<String>,
-    /// Instructions the agent gets beside its own (ACP's `systemPrompt`, append mode).
+    /// Instructions the agent gets beside its own (ACP's `systemPrompt`, append mode), or instead of them
+    /// (`system_prompt_replaces`: `override` mode, where the agent offers it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub system_prompt: Option<String>,
+    /// The system prompt replaces the agent's own (ACP's `override` mode).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub system_prompt_replaces: bool,
     /// The editor's MCP servers as last given, without their secrets.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mcp_servers: Vec<McpServerShape>,

@@ -64,6 +64,17 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (session_id, host, port)
     );
     ",
+    // 4 → 5: what each ACP agent (its command line and version) last announced of itself (capabilities, modes,
+    // options), so that a fresh bridge offers it before the agent starts.
+    "
+    CREATE TABLE IF NOT EXISTS agent_offers (
+        identity TEXT NOT NULL,
+        version TEXT NOT NULL,
+        offers TEXT NOT NULL,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (identity, version)
+    );
+    ",
 ];
 
 /// Why the schema could not be brought up to date.

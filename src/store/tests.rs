@@ -375,6 +375,7 @@ async fn a_sessions_context_is_kept_as_given_and_replaced_whole() {
     first.context = SessionContext {
         additional_directories: vec!["/other".into()],
         system_prompt: Some("Answer in French.".into()),
+        system_prompt_replaces: false,
         mcp_servers: vec![McpServerShape {
             name: "files".into(),
             transport: "stdio".into(),
@@ -759,4 +760,36 @@ async fn hosts_allowed_always_are_the_sessions_go_with_its_forks_and_go_away_wit
     assert!(store.delete_session("a").await.unwrap());
     assert!(store.allowed_hosts("a").await.unwrap().is_empty());
     assert_eq!(store.allowed_hosts("fork").await.unwrap(), expected);
+}
+
+#[tokio::test]
+async fn what_an_agent_announced_is_kept_by_its_command_line_newest_version_first_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let claude = "/opt/claude-agent-acp";
+    assert_eq!(store.agent_offers(claude).await.unwrap(), None);
+    store.keep_agent_offers(claude, "0.100.0", &json!({"prompt": {"image": false}})).await.unwrap();
+    store.keep_agent_offers("/opt/codex-acp", "2.6.0", &json!({"prompt": {"image": true}})).await.unwrap();
+    assert_eq!(
+        store.agent_offers(claude).await.unwrap(),
+        Some(("0.100.0".into(), json!({"prompt": {"image": false}})))
+    );
+    // Another version of it: the one announced last is the one that counts.
+    std::thread::sleep(Duration::from_millis(2));
+    store.keep_agent_offers(claude, "0.101.0", &json!({"prompt": {"image": true}})).await.unwrap();
+    assert_eq!(store.agent_offers(claude).await.unwrap(), Some(("0.101.0".into(), json!({"prompt": {"image": true}}))));
+    // The same version again replaces its row.
+    std::thread::sleep(Duration::from_millis(2));
+    store.keep_agent_offers(claude, "0.101.0", &json!({"prompt": {"audio": true}})).await.unwrap();
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.agent_offers(claude).await.unwrap(), Some(("0.101.0".into(), json!({"prompt": {"audio": true}}))));
+    assert_eq!(store.agent_offers("/opt/codex-acp").await.unwrap().unwrap().0, "2.6.0");
+    assert_eq!(
+        store.agent_offers("/opt/codex-acp --other").await.unwrap(),
+        None,
+        "another command line is another agent"
+    );
+    let rows: i64 = raw(store.path()).query_row("SELECT COUNT(*) FROM agent_offers", [], |row| row.get(0)).unwrap();
+    assert_eq!(rows, 3);
 }

@@ -11,6 +11,7 @@
 mod connection;
 mod engine;
 mod files;
+pub mod offers;
 pub mod options;
 mod route;
 mod service;
@@ -20,8 +21,15 @@ mod wire;
 
 /// The service of an agent that speaks ACP: `name` for messages, `args` after its executable. Every ACP agent's
 /// [`Agent::service`] is this, so that its folder says only what is its own (package, keys, configuration).
-pub fn service(name: &'static str, args: Vec<String>, bounds: &ServiceSettings) -> Arc<dyn Service> {
-    Arc::new(service::AcpService::new(name, args, bounds))
+/// `offers`: what the version the project installs announces of itself ([`offers::Offers`]), offered until the agent
+/// announced its own.
+pub fn service(
+    name: &'static str,
+    args: Vec<String>,
+    bounds: &ServiceSettings,
+    offers: Option<serde_json::Value>,
+) -> Arc<dyn Service> {
+    Arc::new(service::AcpService::new(name, args, bounds, offers.and_then(offers::Offers::parse)))
 }
 
 /// The translator of an ACP agent's updates, for its [`Agent::translator`].
@@ -137,7 +145,12 @@ impl Agent for Custom {
 
     fn accepts_images(&self) -> bool {
         // Passed on as they are where the agent says it takes them (`promptCapabilities.image`), else left out with a
-        // note: the bridge learns which only once the agent started.
+        // note: its ACP service decides, by what it announced.
+        true
+    }
+
+    fn accepts_audio(&self) -> bool {
+        // As images (`promptCapabilities.audio`).
         true
     }
 
@@ -151,7 +164,7 @@ impl Agent for Custom {
 
     fn service(&self, settings: &AgentSettings, bounds: &ServiceSettings) -> Option<Arc<dyn Service>> {
         let args = settings.acp.agent_command.as_ref().map(|command| command.args.clone()).unwrap_or_default();
-        Some(service(self.name(), args, bounds))
+        Some(service(self.name(), args, bounds, None))
     }
 
     fn describe_backend(&self, settings: &AgentSettings, _server: Result<&str, &str>) -> Option<String> {

@@ -22,6 +22,8 @@ const CHOICES: &str = "agent_choices";
 /// What the agent said when it made the session, before any choice, and which agent said it: what the next new
 /// session of the same agent starts with.
 const DEFAULTS: &str = "agent_defaults";
+/// The user's choices the agent refused when it was given them, not yet said in the thread.
+const REFUSED: &str = "agent_refused";
 
 /// The option offered for an agent's session modes, and the one for its models.
 pub const MODE: &str = "mode";
@@ -289,6 +291,24 @@ pub fn choose(config: &mut Value, id: &str, value: Option<&str>) {
     object(config).insert(CHOICES.to_string(), serde_json::json!(kept));
 }
 
+/// Keeps the agent's refusal of a choice (`why`, as the thread says it), for the session's next turn to say.
+pub fn refused(config: &mut Value, why: &str) {
+    let object = object(config);
+    let kept = object.entry(REFUSED.to_string()).or_insert_with(|| Value::Array(Vec::new()));
+    if !kept.is_array() {
+        *kept = Value::Array(Vec::new());
+    }
+    if let Value::Array(kept) = kept {
+        kept.push(Value::String(why.to_string()));
+    }
+}
+
+/// The refusals [`refused`] kept, forgotten from `config`.
+pub fn take_refused(config: &mut Value) -> Vec<String> {
+    let Some(kept) = config.as_object_mut().and_then(|object| object.remove(REFUSED)) else { return Vec::new() };
+    kept.as_array().into_iter().flatten().filter_map(|why| why.as_str().map(str::to_string)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,5 +404,15 @@ mod tests {
         choose(&mut config, "model", None);
         assert_eq!(choices(&config), [("mode".to_string(), "yolo".to_string())]);
         assert_eq!(choices(&json!({"agent_choices": "garbage"})), []);
+    }
+
+    #[test]
+    fn a_refused_choice_is_said_once() {
+        let mut config = json!({"agent_refused": "garbage"});
+        refused(&mut config, "no plan");
+        refused(&mut config, "no opus");
+        assert_eq!(take_refused(&mut config), ["no plan", "no opus"]);
+        assert_eq!(take_refused(&mut config), Vec::<String>::new());
+        assert_eq!(config, json!({}));
     }
 }

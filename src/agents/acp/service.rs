@@ -10,17 +10,20 @@ use std::time::Duration;
 use agent_client_protocol::v1::schema::{
     ConfigOptionUpdate, ContentBlock, LoadSessionRequest, NewSessionRequest, PromptRequest, ResumeSessionRequest,
     SessionConfigOption, SessionConfigOptionValue, SessionUpdate, SetSessionConfigOptionRequest, SetSessionModeRequest,
-    StopReason, SystemPrompt, TextContent,
+    StopReason, SystemPrompt, SystemPromptMode, TextContent,
 };
 use tokio::time::Instant;
 
 use super::connection::Connection;
 use super::engine::AcpEngine;
-use super::options::{MODE, MODEL, Selectors, Via, choices, choose, keep_defaults, seeded};
+use super::offers::Offers;
+use super::options::{MODE, MODEL, Selectors, Via, choices, choose, keep_defaults, refused, seeded, take_refused};
 use super::translate::AcpTranslator;
 use super::wire;
 use crate::agents::engine::Attempt;
-use crate::agents::host::{BridgeHost, Release, RenderedPrompt, Service, ServiceSettings, TurnHost, unless_cancelled};
+use crate::agents::host::{
+    BridgeHost, Release, RenderedPrompt, Service, ServiceSettings, TurnHost, UpdateSink, unless_cancelled,
+};
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::store::SessionRecord;
@@ -67,14 +70,17 @@ pub struct AcpService {
     /// Told when room may have been made: a turn ended, a start ended, an agent stopped.
     room: Arc<tokio::sync::Notify>,
     reaper: std::sync::Once,
+    /// What the version the project installs announces of itself, until the agent announced its own.
+    builtin: Option<Offers>,
 }
 
 impl AcpService {
     /// No agent running yet.
-    pub fn new(name: &'static str, args: Vec<String>, bounds: &ServiceSettings) -> Self {
+    pub fn new(name: &'static str, args: Vec<String>, bounds: &ServiceSettings, builtin: Option<Offers>) -> Self {
         Self {
             name,
             args,
+            builtin,
             idle_timeout: bounds.idle_timeout,
             max_running: bounds.max_running.max(1),
             remote_keeps_running: bounds.remote_keeps_running,
@@ -90,6 +96,19 @@ impl AcpService {
     /// only from a session of the same one.
     fn identity(&self, executable: &Path) -> String {
         std::iter::once(executable.display().to_string()).chain(self.args.iter().cloned()).collect::<Vec<_>>().join(" ")
+    }
+
+    /// What the agent `executable` runs announced of itself last (kept in the store), else the built-in table's.
+    async fn offers(&self, host: &dyn BridgeHost, executable: &Path) -> Option<Offers> {
+        let identity = self.identity(executable);
+        match host.store().agent_offers(&identity).await {
+            Ok(Some((_, kept))) => Offers::parse(kept).or_else(|| self.builtin.clone()),
+            Ok(None) => self.builtin.clone(),
+            Err(e) => {
+                tracing::warn!("could not read what the ACP agent announced before: {e}");
+                self.builtin.clone()
+            }
+        }
     }
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
@@ -287,7 +306,10 @@ impl AcpService {
         tracing::info!(session = %record.id, program = %spec.program.display(), "starting the ACP agent");
         let (sandbox, session, forms) = (sandbox.clone(), record.id.clone(), bridge.client_fills_forms());
         let identity = self.identity(executable);
-        let outside = bridge.notifier().map(|sink| (record.id.clone(), sink));
+        let outside = bridge.notifier().map(|sink| {
+            let titles: Arc<dyn UpdateSink> = Arc::new(KeepsTitles { sink, store: bridge.store().clone() });
+            (record.id.clone(), titles)
+        });
         // A task of its own: a turn cancelled while it waits does not stop the start its session's next turn uses.
         let task = tokio::spawn(async move {
             let connection = Connection::start(sandbox, identity, spec, roots, INITIALIZE_LIMIT, forms, outside)
@@ -298,6 +320,34 @@ impl AcpService {
             Ok(connection)
         });
         async move { task.await.unwrap_or_else(|e| Err(e.to_string())) }.boxed().shared()
+    }
+}
+
+/// What the agent says between turns, on to the editor; a name it gives the session (Codex names its thread once a
+/// turn has ended) kept first, so that the session list says it by the time the editor hears it.
+struct KeepsTitles {
+    sink: Arc<dyn UpdateSink>,
+    store: Arc<crate::store::Store>,
+}
+
+impl UpdateSink for KeepsTitles {
+    fn send(&self, session_id: &str, update: SessionUpdate) {
+        let title = match &update {
+            SessionUpdate::SessionInfoUpdate(info) => match &info.title {
+                agent_client_protocol::schema::MaybeUndefined::Value(title) if !title.trim().is_empty() => {
+                    title.clone()
+                }
+                _ => return self.sink.send(session_id, update),
+            },
+            _ => return self.sink.send(session_id, update),
+        };
+        let (sink, store, session) = (self.sink.clone(), self.store.clone(), session_id.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = store.set_title(&session, &title).await {
+                tracing::warn!(session, "could not keep the ACP agent's name of the session: {e}");
+            }
+            sink.send(&session, update);
+        });
     }
 }
 
@@ -347,12 +397,18 @@ async fn conversation(
     } else {
         Vec::new()
     };
-    let system_prompt = record
-        .context
-        .system_prompt
-        .as_ref()
-        .filter(|_| capabilities.session_capabilities.system_prompt.is_some())
-        .map(|text| SystemPrompt::new(vec![ContentBlock::Text(TextContent::new(text.clone()))]));
+    let offered = capabilities.session_capabilities.system_prompt.as_ref();
+    let replaces = record.context.system_prompt_replaces && record.context.system_prompt.is_some();
+    if replaces && offered.and_then(|p| p.mode.as_ref()).and_then(|m| m.override_.as_ref()).is_none() {
+        // What the editor chose holds, or the session is not made: the agent's own prompt would stay.
+        return Err(Error::InvalidParams(format!(
+            "{name} does not take a system prompt that replaces its own (systemPrompt mode override)"
+        )));
+    }
+    let system_prompt = record.context.system_prompt.as_ref().filter(|_| offered.is_some()).map(|text| {
+        let prompt = SystemPrompt::new(vec![ContentBlock::Text(TextContent::new(text.clone()))]);
+        if replaces { prompt.mode(SystemPromptMode::Override) } else { prompt }
+    });
     let failed = |what: &str, e: agent_client_protocol::Error| {
         if e.code == agent_client_protocol::ErrorCode::AUTH_REQUIRED {
             return Error::AuthRejected(needs_login(name, what, &e.message, &connection.auth_methods));
@@ -412,6 +468,12 @@ async fn conversation(
                 let selectors = opened.selectors();
                 connection.set_selectors(selectors.clone());
                 edit_config(bridge, &record.id, |config| keep_defaults(config, &connection.identity, &selectors)).await;
+                // What the next bridge offers before it starts this agent.
+                let offers = Offers::of(capabilities, &selectors).to_value();
+                let version = connection.info.as_ref().map(|info| info.version.clone()).unwrap_or_default();
+                if let Err(e) = bridge.store().keep_agent_offers(&connection.identity, &version, &offers).await {
+                    tracing::warn!(session = %record.id, "could not keep what the ACP agent announced: {e}");
+                }
                 made
             }
             Some(Err(e)) => return Err(failed("make a session", e)),
@@ -423,6 +485,32 @@ async fn conversation(
     give_choices(connection, bridge, &record.id, &made, name).await;
     keep(bridge, &record.id, &connection.selectors(), true).await;
     Ok(Conversation::Here(made))
+}
+
+/// What the agent gets of a prompt: its text as the bridge rendered it (text, links, embedded context), then the
+/// editor's images and audio as they are where `takes` says the agent takes them; with what was left out, for the
+/// thread's note.
+fn prompt_blocks(
+    text: &str,
+    editor: &[ContentBlock],
+    takes: &agent_client_protocol::v1::schema::PromptCapabilities,
+) -> (Vec<ContentBlock>, Vec<String>) {
+    let mut blocks = Vec::new();
+    let mut left_out = Vec::new();
+    for block in editor {
+        match block {
+            ContentBlock::Image(_) if takes.image => blocks.push(block.clone()),
+            ContentBlock::Image(image) => left_out.push(format!("an image ({})", image.mime_type)),
+            ContentBlock::Audio(_) if takes.audio => blocks.push(block.clone()),
+            ContentBlock::Audio(audio) => left_out.push(format!("audio ({})", audio.mime_type)),
+            _ => {}
+        }
+    }
+    // A prompt of an image alone has no text to send.
+    if !text.is_empty() || blocks.is_empty() {
+        blocks.insert(0, ContentBlock::Text(TextContent::new(text.to_string())));
+    }
+    (blocks, left_out)
 }
 
 /// The words of an agent's refusal to `what` until it is logged in (`said`), with the ways it named at its start.
@@ -454,7 +542,12 @@ async fn give_choices(connection: &Connection, bridge: &dyn BridgeHost, session:
             Err(Refusal::Gone) => return,
             Err(Refusal::Refused(why)) => {
                 tracing::warn!(session, option, value, "the ACP agent did not take the session's choice: {why}");
-                edit_config(bridge, session, |config| choose(config, &option, None)).await;
+                let said = format!("{name} did not take {value:?} for its option {option:?}: {why}");
+                edit_config(bridge, session, |config| {
+                    choose(config, &option, None);
+                    refused(config, &said);
+                })
+                .await;
             }
         }
     }
@@ -592,15 +685,27 @@ impl Service for AcpService {
         if !host.begin_review().await? {
             return Ok(Attempt::Finished(Ok(StopReason::Cancelled)));
         }
+        // The choices made before it ran are in effect for this prompt (one made while it started, after its start
+        // gave the session's choices, is given now); one it refused is said here, once.
+        give_choices(&connection, host.bridge(), &record.id, &session, self.name).await;
+        keep(host.bridge(), &record.id, &connection.selectors(), true).await;
+        let mut said = Vec::new();
+        edit_config(host.bridge(), &record.id, |config| said = take_refused(config)).await;
+        for why in said {
+            host.note(&format!("_{why}; this prompt runs without it._")).await?;
+        }
         let events = connection.route_to(&session);
         connection.begin_turn().await;
-        let mut blocks = vec![ContentBlock::Text(TextContent::new(prompt.text.clone()))];
-        // Its images as the editor sent them, where it takes images (the text above holds the rest, rendered).
-        let images = host.prompt_blocks().iter().filter(|block| matches!(block, ContentBlock::Image(_)));
-        if connection.capabilities.prompt_capabilities.image {
-            blocks.extend(images.cloned());
-        } else if images.count() > 0 {
-            host.note(&format!("_{} cannot take images; they were left out of this prompt._", self.name)).await?;
+        let (blocks, left_out) =
+            prompt_blocks(&prompt.text, host.prompt_blocks(), &connection.capabilities.prompt_capabilities);
+        if !left_out.is_empty() {
+            host.note(&format!(
+                "_{} cannot take {}; {} left out of this prompt._",
+                self.name,
+                left_out.join(", "),
+                if left_out.len() == 1 { "it was" } else { "they were" }
+            ))
+            .await?;
         }
         let request = PromptRequest::new(session.clone(), blocks);
         let sent = connection.cx.send_request(request);
@@ -694,9 +799,30 @@ impl Service for AcpService {
     }
 
     async fn seeded_config(&self, host: &dyn BridgeHost, agent: &str, executable: &Path) -> Option<serde_json::Value> {
+        // What the same agent announced last; else what a session of it said (a store from before the agent's
+        // announcements were kept); else what the version the project installs is known to announce.
         let identity = self.identity(executable);
-        let recent = host.store().list_sessions(Some(agent), None, None, SEED_FROM).await.ok()?;
-        recent.iter().find_map(|earlier| seeded(&earlier.config, &identity))
+        if let Ok(Some((_, kept))) = host.store().agent_offers(&identity).await
+            && let Some(seeded) = Offers::parse(kept).and_then(|offers| offers.seeded_config())
+        {
+            return Some(seeded);
+        }
+        let recent = host.store().list_sessions(Some(agent), None, None, SEED_FROM).await.ok().unwrap_or_default();
+        recent
+            .iter()
+            .find_map(|earlier| seeded(&earlier.config, &identity))
+            .or_else(|| self.builtin.as_ref().and_then(Offers::seeded_config))
+    }
+
+    async fn capabilities(
+        &self,
+        host: &dyn BridgeHost,
+        executable: &Path,
+    ) -> Option<(
+        agent_client_protocol::v1::schema::PromptCapabilities,
+        agent_client_protocol::v1::schema::SessionCapabilities,
+    )> {
+        self.offers(host, executable).await.map(|offers| (offers.prompt_capabilities, offers.session_capabilities))
     }
 
     fn announced_options(&self, session_config: &serde_json::Value) -> Option<Vec<SessionConfigOption>> {
@@ -777,4 +903,36 @@ struct Nothing;
 #[async_trait::async_trait]
 impl Release for Nothing {
     async fn forget(self: Box<Self>, _record: &SessionRecord) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use agent_client_protocol::v1::schema::{AudioContent, ImageContent, PromptCapabilities};
+
+    use super::*;
+
+    #[test]
+    fn images_and_audio_pass_as_they_are_where_the_agent_takes_them_and_only_what_is_left_out_is_said() {
+        let editor = vec![
+            ContentBlock::Text(TextContent::new("look")),
+            ContentBlock::Image(ImageContent::new("aW1n", "image/png")),
+            ContentBlock::Audio(AudioContent::new("YXVk", "audio/wav")),
+        ];
+        let all = PromptCapabilities::new().image(true).audio(true);
+        let (blocks, left_out) = prompt_blocks("look", &editor, &all);
+        assert_eq!(blocks, editor);
+        assert!(left_out.is_empty());
+        let images = PromptCapabilities::new().image(true);
+        let (blocks, left_out) = prompt_blocks("look", &editor, &images);
+        assert_eq!(blocks, editor[..2]);
+        assert_eq!(left_out, ["audio (audio/wav)"]);
+        let (blocks, left_out) = prompt_blocks("look", &editor, &PromptCapabilities::new());
+        assert_eq!(blocks, editor[..1]);
+        assert_eq!(left_out, ["an image (image/png)", "audio (audio/wav)"]);
+        // An image alone: no empty text beside it; nothing the agent takes: the (empty) text still goes.
+        let (blocks, _) = prompt_blocks("", &editor[1..2], &images);
+        assert_eq!(blocks, editor[1..2]);
+        let (blocks, _) = prompt_blocks("", &editor[1..2], &PromptCapabilities::new());
+        assert_eq!(blocks, [ContentBlock::Text(TextContent::new(""))]);
+    }
 }

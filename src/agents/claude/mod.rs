@@ -168,6 +168,22 @@ impl Agent for Claude {
         true
     }
 
+    fn replaces_system_prompt(&self) -> bool {
+        // claude-agent-acp offers `override` (its `sessionCapabilities.systemPrompt.mode`): Claude Code's own
+        // prompt is replaced.
+        true
+    }
+
+    fn accepts_images(&self) -> bool {
+        // Passed on where the agent says it takes them: its ACP service decides, by what it announced.
+        true
+    }
+
+    fn accepts_audio(&self) -> bool {
+        // As images.
+        true
+    }
+
     fn takes_mcp_servers(&self) -> bool {
         true
     }
@@ -229,7 +245,7 @@ impl Agent for Claude {
     }
 
     fn service(&self, _settings: &AgentSettings, bounds: &ServiceSettings) -> Option<Arc<dyn Service>> {
-        Some(super::acp::service(self.name(), Vec::new(), bounds))
+        Some(super::acp::service(self.name(), Vec::new(), bounds, Some(offers())))
     }
 
     fn describe_backend(&self, _settings: &AgentSettings, _server: Result<&str, &str>) -> Option<String> {
@@ -256,6 +272,23 @@ pub fn doctor_lines(home: &Path, base_url: Option<&str>) -> Vec<String> {
         "settings: no ~/.claude/settings.json: each session gets permissions.defaultMode \"default\" (tools ask first)"
     };
     vec![endpoint, settings.to_string()]
+}
+
+/// What claude-agent-acp 0.101 (the version [`Agent::package`] installs) announces of itself: its `initialize`
+/// answer's prompt and session capabilities and its `session/new` answer's modes (its models come from the account,
+/// so only a run says them). A bridge that has not run it yet offers these; what it announces replaces them.
+pub fn offers() -> serde_json::Value {
+    serde_json::json!({
+        "promptCapabilities": {"image": true, "embeddedContext": true},
+        "sessionCapabilities": {"additionalDirectories": {}, "close": {}, "delete": {}, "fork": {}, "list": {},
+            "resume": {}, "systemPrompt": {"mode": {"override": {}}}},
+        "session": {"agent_modes": {"currentModeId": "default", "availableModes": [
+                {"id": "default", "name": "Manual", "description": "Always ask before making changes"},
+                {"id": "acceptEdits", "name": "Accept edits", "description": "Automatically accept all file edits"},
+                {"id": "plan", "name": "Plan", "description": "Create a plan before making changes"},
+                {"id": "auto", "name": "Auto", "description": "Claude handles permission decisions"}
+            ]}}
+    })
 }
 
 #[cfg(test)]

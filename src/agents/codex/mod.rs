@@ -228,6 +228,16 @@ impl Agent for Codex {
         true
     }
 
+    fn accepts_images(&self) -> bool {
+        // Passed on where the agent says it takes them: its ACP service decides, by what it announced.
+        true
+    }
+
+    fn accepts_audio(&self) -> bool {
+        // As images.
+        true
+    }
+
     fn takes_mcp_servers(&self) -> bool {
         true
     }
@@ -300,7 +310,7 @@ impl Agent for Codex {
     }
 
     fn service(&self, _settings: &AgentSettings, bounds: &ServiceSettings) -> Option<Arc<dyn Service>> {
-        Some(super::acp::service(self.name(), Vec::new(), bounds))
+        Some(super::acp::service(self.name(), Vec::new(), bounds, Some(offers())))
     }
 
     fn describe_backend(&self, _settings: &AgentSettings, _server: Result<&str, &str>) -> Option<String> {
@@ -331,6 +341,23 @@ pub fn doctor_lines(base_url: Option<&str>, model: Option<&str>) -> Vec<String> 
             None => format!("model: Codex's own default (set {MODEL} to choose)"),
         },
     ]
+}
+
+/// What codex-acp 2.6 (the version [`Agent::package`] installs) announces of itself: its `initialize` answer's prompt
+/// and session capabilities and its `session/new` answer's modes, in [`INITIAL_MODE`] (its models come from the
+/// account, so only a run says them). A bridge that has not run it yet offers these; what it announces replaces them.
+pub fn offers() -> serde_json::Value {
+    serde_json::json!({
+        "promptCapabilities": {"image": true, "embeddedContext": true},
+        "sessionCapabilities": {"resume": {}, "list": {}, "close": {}, "delete": {}, "fork": {}, "title": {},
+            "additionalDirectories": {}, "subagents": {}, "systemPrompt": {}},
+        "session": {"agent_modes": {"currentModeId": "agent-full-access", "availableModes": [
+                {"id": "read-only", "name": "Read-only", "description": "Requires approval to edit files and access the internet."},
+                {"id": "workspace-write", "name": "Workspace access", "description": "Edit workspace files; ask before writing outside the workspace or accessing the network."},
+                {"id": "agent", "name": "Auto review", "description": "Only ask for actions detected as potentially unsafe"},
+                {"id": "agent-full-access", "name": "Full access", "description": "Unrestricted access to the internet and any file on your computer"}
+            ]}}
+    })
 }
 
 #[cfg(test)]

@@ -145,6 +145,16 @@ impl Agent for Gemini {
         true
     }
 
+    fn accepts_images(&self) -> bool {
+        // Passed on where the agent says it takes them: its ACP service decides, by what it announced.
+        true
+    }
+
+    fn accepts_audio(&self) -> bool {
+        // As images.
+        true
+    }
+
     fn takes_mcp_servers(&self) -> bool {
         true
     }
@@ -183,7 +193,7 @@ impl Agent for Gemini {
     }
 
     fn service(&self, _settings: &AgentSettings, bounds: &ServiceSettings) -> Option<Arc<dyn Service>> {
-        Some(super::acp::service(self.name(), vec!["--acp".into()], bounds))
+        Some(super::acp::service(self.name(), vec!["--acp".into()], bounds, Some(offers())))
     }
 
     fn describe_backend(&self, _settings: &AgentSettings, _server: Result<&str, &str>) -> Option<String> {
@@ -204,6 +214,22 @@ pub fn doctor_lines(base_url: Option<&str>) -> Vec<String> {
         Some(url) => format!("model API: {url} (GOOGLE_GEMINI_BASE_URL, key {CREDENTIAL})"),
         None => format!("model API: generativelanguage.googleapis.com (key {CREDENTIAL})"),
     }]
+}
+
+/// What Gemini CLI 0.61 (the version [`Agent::package`] installs) announces of itself with `--acp`: its `initialize`
+/// answer's prompt capabilities (it says no session capabilities) and its `session/new` answer's modes (its models
+/// depend on the account, so only a run says them). A bridge that has not run it yet offers these; what it announces
+/// replaces them.
+pub fn offers() -> serde_json::Value {
+    serde_json::json!({
+        "promptCapabilities": {"image": true, "audio": true, "embeddedContext": true},
+        "session": {"agent_modes": {"currentModeId": "default", "availableModes": [
+                {"id": "default", "name": "Default", "description": "Prompts for approval"},
+                {"id": "autoEdit", "name": "Auto Edit", "description": "Auto-approves edit tools"},
+                {"id": "yolo", "name": "YOLO", "description": "Auto-approves all tools"},
+                {"id": "plan", "name": "Plan", "description": "Read-only mode"}
+            ]}}
+    })
 }
 
 #[cfg(test)]

@@ -284,7 +284,7 @@ impl Agent for OpenCode {
     ) -> Option<std::sync::Arc<dyn crate::agents::host::Service>> {
         match settings.opencode.backend() {
             Backend::Serve => Some(std::sync::Arc::new(server::Warm::new(bounds))),
-            Backend::Acp => Some(crate::agents::acp::service(self.name(), vec!["acp".to_string()], bounds)),
+            Backend::Acp => Some(crate::agents::acp::service(self.name(), vec!["acp".to_string()], bounds, None)),
             Backend::Run => None,
         }
     }

@@ -178,6 +178,14 @@ impl Turn<'_> {
             Output::Update(update) => {
                 state.updates = true;
                 said.alive = true;
+                // An agent that names the session itself (Codex): the session list says its name too.
+                if let SessionUpdate::SessionInfoUpdate(info) = &update
+                    && let agent_client_protocol::schema::MaybeUndefined::Value(title) = &info.title
+                    && !title.trim().is_empty()
+                {
+                    let (store, session, title) = (self.bridge.store.clone(), self.record.id.clone(), title.clone());
+                    emit.write(async move { store.set_title(&session, &title).await }).await?;
+                }
                 emit.send(update).await?;
             }
             Output::NativeSessionId { id } => {

@@ -221,7 +221,7 @@ impl Turn<'_> {
         }
         // A model known not to take images gets none (OpenCode would fail the whole turn on them).
         let images = self.agent.accepts_images() && self.model.as_ref().is_none_or(|model| model.image);
-        let mut rendered = prompt::render(&self.blocks, images);
+        let mut rendered = prompt::render_taking(&self.blocks, images, self.agent.accepts_audio());
         let commands = self.agent.commands(&crate::paths::user_config_dir(), &workspace);
         let command = prompt::split_command(&mut rendered.text, commands.iter().map(|c| c.name.as_str()));
         if !rendered.dropped.is_empty() {
