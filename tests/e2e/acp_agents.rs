@@ -789,3 +789,29 @@ fn the_agents_end_with_the_bridge_whether_it_exits_or_is_killed() {
     bridge.kill9();
     assert!(wait_until(Duration::from_secs(10), || agents_in(&ws).is_empty()), "left running: {:?}", agents_in(&ws));
 }
+
+// ---- what the editor is shown is true (issue 43) ---------------------------------------------------------------
+
+/// Under `--sandbox none` the first turn of every session says the agent runs without a sandbox, also when the
+/// agent started ahead of the prompt (at `session/new`, which made the session's sandbox), and later turns do not.
+#[test]
+fn the_unsandboxed_note_is_in_the_first_turn_of_every_session() {
+    let dirs = TestDirs::new("acp-unsandboxed-note");
+    let mut bridge = Bridge::start(options(&dirs).sandbox("none"));
+    let note = "_ACP agent runs WITHOUT a sandbox here (--sandbox none was given): it can read and write \
+                everything you can._";
+    for round in 0..10 {
+        let ws = dirs.workspace(&format!("ws{round}"));
+        let sid = bridge.new_session(&ws);
+        // Half of them once their agent runs (its start at session/new made the sandbox), half at once.
+        if round % 2 == 0 {
+            let started = wait_until(Duration::from_secs(20), || !agents_in(&ws).is_empty());
+            assert!(started, "the agent of session {round} did not start ahead of its prompt");
+        }
+        let first = bridge.prompt(&sid, "SCENARIO:text");
+        assert_eq!(first.stop_reason(), "end_turn", "{first:?}");
+        assert_eq!(notes(&first), [note], "session {round}: {:#?}", first.updates);
+        let second = bridge.prompt(&sid, "SCENARIO:text");
+        assert_eq!(notes(&second), Vec::<String>::new(), "session {round}: {:#?}", second.updates);
+    }
+}
