@@ -1000,6 +1000,9 @@ fn stop_ends_the_agents_command(agent: &Real, sandbox: &str, test: &str) {
     let result = bridge.wait_response_within(id, TURN_LIMIT).unwrap_or_else(|| bridge.fail("no answer to the cancel"));
     assert_eq!(result.as_ref().ok().map(|r| r["stopReason"].clone()), Some(Value::from("cancelled")), "{result:?}");
     assert!(wait_until(Duration::from_secs(3), || sleepers(&ws).is_empty()), "left running: {:?}", sleepers(&ws));
+    // The stopped command's card ends `failed`, as every agent's does (Gemini CLI calls it completed).
+    let ends = tool_ends(&bridge.take_updates(&sid));
+    assert!(!ends.is_empty() && ends.iter().all(|(_, end)| end == "failed"), "{ends:?}");
     let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text after the stop");
     assert_end_turn(&bridge, &answer);
 }
@@ -1023,3 +1026,100 @@ macro_rules! stop_ends {
 stop_ends!(stop_ends_claudes_command_none, stop_ends_claudes_command_bwrap, CLAUDE);
 stop_ends!(stop_ends_codexs_command_none, stop_ends_codexs_command_bwrap, CODEX);
 stop_ends!(stop_ends_geminis_command_none, stop_ends_geminis_command_bwrap, GEMINI);
+
+// ---- what the editor is shown is true (issue 43) -------------------------------------------------------------
+
+/// How each tool card of `updates` ends: its id and the last status it was given.
+fn tool_ends(updates: &[Value]) -> Vec<(String, String)> {
+    let mut ends: Vec<(String, String)> = Vec::new();
+    let tools =
+        updates.iter().filter(|u| matches!(u["sessionUpdate"].as_str(), Some("tool_call" | "tool_call_update")));
+    for update in tools {
+        let id = update["toolCallId"].as_str().unwrap_or_default().to_string();
+        let status = update["status"].as_str().map(str::to_string);
+        match ends.iter_mut().find(|(seen, _)| *seen == id) {
+            Some((_, end)) => {
+                if let Some(status) = status {
+                    *end = status;
+                }
+            }
+            None => ends.push((id, status.unwrap_or_else(|| "pending".into()))),
+        }
+    }
+    ends
+}
+
+/// Whether `body` (a model request) holds `text` in something the model said (an assistant's or model's turn):
+/// the agent sent its own earlier conversation, not a transcript of it in the user's prompt.
+fn said_before(body: &Value, text: &str) -> bool {
+    match body {
+        Value::Object(fields) => {
+            let speaker = matches!(fields.get("role").and_then(Value::as_str), Some("assistant" | "model"));
+            (speaker && body.to_string().contains(text)) || fields.values().any(|value| said_before(value, text))
+        }
+        Value::Array(items) => items.iter().any(|item| said_before(item, text)),
+        _ => false,
+    }
+}
+
+/// The bridge exits (its editor went away) and another starts 0.1 s later: the agent's own conversation goes on
+/// (the model sees the earlier answer as the model's), the editor's replay is the store's, once, and nothing the
+/// agent replays while it loads its session reaches the next answer.
+fn a_restart_at_once_continues_the_agents_conversation(agent: &Real, sandbox: &str, test: &str) {
+    let Some(world) = World::new(agent, test) else { return };
+    let ws = world.workspace();
+    let mut bridge = Bridge::start(world.options(agent, sandbox));
+    let sid = bridge.new_session(&ws);
+    let first = turn(&mut bridge, &sid, "SCENARIO:text Remember PELICAN-42", "before the restart");
+    assert_end_turn(&bridge, &first);
+    bridge.close_stdin();
+    assert!(bridge.wait_exit(Duration::from_secs(20)).is_some(), "the bridge did not exit");
+    let first_log = bridge.stderr();
+    std::thread::sleep(Duration::from_millis(100));
+
+    let mut bridge = Bridge::start(world.options(agent, sandbox));
+    let loaded = bridge.load_session(&sid, &ws);
+    assert!(loaded.result.is_ok(), "{:?}", loaded.result);
+    let prompts: Vec<&Value> = loaded.updates.iter().filter(|u| u["sessionUpdate"] == "user_message_chunk").collect();
+    assert_eq!(prompts.len(), 1, "the store's replay, once: {:#?}", loaded.updates);
+    assert_eq!(prompts[0]["content"]["text"], "SCENARIO:text Remember PELICAN-42");
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say it again", "after the restart");
+    assert_end_turn(&bridge, &answer);
+    let kinds: Vec<&str> = answer.updates.iter().filter_map(|u| u["sessionUpdate"].as_str()).collect();
+    assert!(
+        !kinds.iter().any(|kind| matches!(*kind, "user_message_chunk" | "tool_call" | "tool_call_update")),
+        "replayed into the answer: {:#?}",
+        answer.updates
+    );
+    assert_eq!(
+        chunks(&answer.updates).concat(),
+        format!("Hello from the fake {} model. It streams in pieces. TEXT-ANSWER-OK", agent.model_name),
+        "{:#?}",
+        answer.updates
+    );
+    let said = answer.updates.iter().filter_map(|u| u["content"]["text"].as_str()).collect::<String>();
+    assert!(!said.contains("no longer exists"), "{said}\n{}", bridge.stderr());
+    let chats = world.fake.chats("text");
+    let last = chats.last().unwrap_or_else(|| panic!("no model request"));
+    assert!(
+        said_before(&last["body"], "TEXT-ANSWER-OK"),
+        "the model did not get the earlier answer as its own:\n{:#}\nfirst bridge:\n{first_log}\nsecond bridge:\n{}",
+        last["body"],
+        bridge.stderr()
+    );
+}
+
+macro_rules! restart_at_once {
+    ($bwrap:ident, $agent:expr) => {
+        #[test]
+        fn $bwrap() {
+            if bwrap_ok(stringify!($bwrap)) {
+                a_restart_at_once_continues_the_agents_conversation(&$agent, "bwrap", stringify!($bwrap));
+            }
+        }
+    };
+}
+
+restart_at_once!(a_restart_at_once_continues_claudes_conversation_bwrap, CLAUDE);
+restart_at_once!(a_restart_at_once_continues_codexs_conversation_bwrap, CODEX);
+restart_at_once!(a_restart_at_once_continues_geminis_conversation_bwrap, GEMINI);

@@ -78,6 +78,8 @@ pub struct AcpEngine {
     next_key: u64,
     /// When a stop the agent has not answered kills it.
     kill_at: Option<tokio::time::Instant>,
+    /// The turn was stopped: a tool the agent says finished after that did not (see [`cancelled_tool`]).
+    stopped: bool,
     over: bool,
     /// The turn's silence and its whole deadline, for the loop's own stops.
     timeouts: (Duration, Duration),
@@ -115,6 +117,7 @@ impl AcpEngine {
             asked: Arc::default(),
             next_key: 0,
             kill_at: None,
+            stopped: false,
             over: false,
             timeouts,
             name,
@@ -124,6 +127,7 @@ impl AcpEngine {
     /// Acts on one message of the agent: an update for the loop, a permission request asked of the editor.
     fn take(&mut self, event: Event) -> Option<Step> {
         match event {
+            Event::Update(json) if self.stopped => Some(Step::Line { text: cancelled_tool(json), alive: true }),
             Event::Update(json) => Some(Step::Line { text: json, alive: true }),
             Event::Permission(asked) => {
                 let (mut request, responder) = *asked;
@@ -248,6 +252,19 @@ async fn answer_of(
     }
 }
 
+/// An update of the agent's after the turn was stopped (`json`), where a tool call it says `completed` is `failed`:
+/// a tool the stop ended did not finish, whatever the agent calls it (Gemini CLI says "completed" with "Command
+/// cancelled by user."), so its card ends as every agent's stopped tool does.
+fn cancelled_tool(json: String) -> String {
+    let Ok(mut update) = serde_json::from_str::<serde_json::Value>(&json) else { return json };
+    let tool = matches!(update["sessionUpdate"].as_str(), Some("tool_call" | "tool_call_update"));
+    if !tool || update["status"] != "completed" {
+        return json;
+    }
+    update["status"] = "failed".into();
+    update.to_string()
+}
+
 /// An error the agent answered, in its words (its message, and its data when that is text).
 fn said(error: &agent_client_protocol::Error) -> String {
     match error.data.as_ref() {
@@ -326,6 +343,7 @@ impl TurnEngine for AcpEngine {
         if self.kill_at.is_some() || self.over {
             return;
         }
+        self.stopped = true;
         tracing::info!(session = %self.ours, why = ?why, "stopping the ACP agent's turn");
         if let Err(e) = self.connection.cx.send_notification(CancelNotification::new(self.session.clone())) {
             tracing::warn!(session = %self.ours, "could not send the cancel: {e}");
@@ -375,5 +393,27 @@ impl Drop for AcpEngine {
     fn drop(&mut self) {
         self.withdraw_asks();
         self.connection.unroute();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_the_agent_says_completed_after_the_stop_failed_and_nothing_else_changes() {
+        let gemini = r#"{"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed","content":[{"type":"content","content":{"type":"text","text":"Command cancelled by user."}}]}"#;
+        let turned: serde_json::Value = serde_json::from_str(&cancelled_tool(gemini.to_string())).unwrap();
+        assert_eq!(turned["status"], "failed");
+        assert_eq!(turned["content"][0]["content"]["text"], "Command cancelled by user.");
+        let announced = r#"{"sessionUpdate":"tool_call","toolCallId":"t2","title":"Run","status":"completed"}"#;
+        let turned: serde_json::Value = serde_json::from_str(&cancelled_tool(announced.to_string())).unwrap();
+        assert_eq!(turned["status"], "failed");
+        for kept in [
+            r#"{"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"in_progress"}"#,
+            r#"{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"completed"}}"#,
+        ] {
+            assert_eq!(cancelled_tool(kept.to_string()), kept);
+        }
     }
 }

@@ -67,6 +67,8 @@ pub struct AcpService {
     /// Told when room may have been made: a turn ended, a start ended, an agent stopped.
     room: Arc<tokio::sync::Notify>,
     reaper: std::sync::Once,
+    /// Run in the sandbox before a new process loads the agent's own session (see [`AcpService::before_load`]).
+    before_load: Option<&'static str>,
 }
 
 impl AcpService {
@@ -83,7 +85,15 @@ impl AcpService {
             start_lock: tokio::sync::Mutex::new(()),
             room: Arc::default(),
             reaper: std::sync::Once::new(),
+            before_load: None,
         }
+    }
+
+    /// Runs `script` (`sh`, the agent's session id as `$1`) in the session's sandbox before a new process of the
+    /// agent starts for a session of its own to load: what works around the agent's own way of keeping sessions.
+    pub fn before_load(mut self, script: &'static str) -> Self {
+        self.before_load = Some(script);
+        self
     }
 
     /// Which agent `executable` runs with this service's arguments: a later session takes the options it announced
@@ -288,8 +298,12 @@ impl AcpService {
         let (sandbox, session, forms) = (sandbox.clone(), record.id.clone(), bridge.client_fills_forms());
         let identity = self.identity(executable);
         let outside = bridge.notifier().map(|sink| (record.id.clone(), sink));
+        let before_load = self.before_load.zip(record.native_id.clone());
         // A task of its own: a turn cancelled while it waits does not stop the start its session's next turn uses.
         let task = tokio::spawn(async move {
+            if let Some((script, native)) = before_load {
+                prepare_load(sandbox.as_ref(), &spec, script, &native).await;
+            }
             let connection = Connection::start(sandbox, identity, spec, roots, INITIALIZE_LIMIT, forms, outside)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -298,6 +312,30 @@ impl AcpService {
             Ok(connection)
         });
         async move { task.await.unwrap_or_else(|e| Err(e.to_string())) }.boxed().shared()
+    }
+}
+
+/// Runs `script` with `native` as `$1` in `sandbox`, as the agent `spec` starts would run (its HOME, workspace and
+/// tools); a failure is logged, and the load says the rest.
+async fn prepare_load(sandbox: &dyn Sandbox, spec: &crate::sandbox::ExecSpec, script: &str, native: &str) {
+    let env = spec.env.iter().filter(|(name, _)| name == "PATH" || name == "HOME").cloned().collect();
+    let prepare = crate::sandbox::ExecSpec {
+        program: PathBuf::from("/bin/sh"),
+        args: vec!["-c".into(), script.into(), "sh".into(), native.into()],
+        env,
+        cwd: spec.cwd.clone(),
+        read_only: spec.read_only.clone(),
+        tools: spec.tools.clone(),
+        ..crate::sandbox::ExecSpec::default()
+    };
+    let ran = match sandbox.exec(prepare).await {
+        Ok(mut process) => process.handle.wait().await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match ran {
+        Ok(exit) if exit.success() => {}
+        Ok(exit) => tracing::warn!(native, "preparing the ACP agent's load failed with {}", exit.describe()),
+        Err(e) => tracing::warn!(native, "could not prepare the ACP agent's load: {e}"),
     }
 }
 
@@ -388,7 +426,7 @@ async fn conversation(
                 native.to_string()
             }
             Some(Err(e)) => {
-                tracing::warn!(session = %record.id, native, "the ACP agent could not continue its session: {}", e.message);
+                tracing::warn!(session = %record.id, native, data = ?e.data, "the ACP agent could not continue its session: {}", e.message);
                 return Ok(Conversation::Missing);
             }
             None => return Err(timed_out(connection, name, "continue its session").await),
