@@ -1072,6 +1072,10 @@ fn a_restart_at_once_continues_the_agents_conversation(agent: &Real, sandbox: &s
     let sid = bridge.new_session(&ws);
     let first = turn(&mut bridge, &sid, "SCENARIO:text Remember PELICAN-42", "before the restart");
     assert_end_turn(&bridge, &first);
+    // A tool call in the history too: what the agent replays of it must not reach the next answer either.
+    bridge.permission_answer = Some("allow_once".into());
+    let write = turn(&mut bridge, &sid, "SCENARIO:write Create hello.txt", "write before the restart");
+    assert_end_turn(&bridge, &write);
     bridge.close_stdin();
     assert!(bridge.wait_exit(Duration::from_secs(20)).is_some(), "the bridge did not exit");
     let first_log = bridge.stderr();
@@ -1081,8 +1085,13 @@ fn a_restart_at_once_continues_the_agents_conversation(agent: &Real, sandbox: &s
     let loaded = bridge.load_session(&sid, &ws);
     assert!(loaded.result.is_ok(), "{:?}", loaded.result);
     let prompts: Vec<&Value> = loaded.updates.iter().filter(|u| u["sessionUpdate"] == "user_message_chunk").collect();
-    assert_eq!(prompts.len(), 1, "the store's replay, once: {:#?}", loaded.updates);
-    assert_eq!(prompts[0]["content"]["text"], "SCENARIO:text Remember PELICAN-42");
+    let prompts: Vec<&Value> = prompts.iter().map(|u| &u["content"]["text"]).collect();
+    assert_eq!(
+        prompts,
+        ["SCENARIO:text Remember PELICAN-42", "SCENARIO:write Create hello.txt"],
+        "the store's replay, once: {:#?}",
+        loaded.updates
+    );
     let answer = turn(&mut bridge, &sid, "SCENARIO:text Say it again", "after the restart");
     assert_end_turn(&bridge, &answer);
     let kinds: Vec<&str> = answer.updates.iter().filter_map(|u| u["sessionUpdate"].as_str()).collect();

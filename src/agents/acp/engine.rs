@@ -266,7 +266,7 @@ fn cancelled_tool(json: String) -> String {
 }
 
 /// An error the agent answered, in its words (its message, and its data when that is text).
-fn said(error: &agent_client_protocol::Error) -> String {
+pub(super) fn said(error: &agent_client_protocol::Error) -> String {
     match error.data.as_ref() {
         Some(serde_json::Value::String(data)) if !data.is_empty() => format!("{}: {data}", error.message),
         Some(data) if !data.is_null() => format!("{}: {data}", error.message),

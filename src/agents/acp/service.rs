@@ -25,6 +25,10 @@ use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::store::SessionRecord;
 
+/// How long an agent that is stopped (idle, let go, or the bridge exits) has to exit on its own once its input
+/// ended, before it is killed: short, as the bridge's exit waits for it.
+const STOP_GRACE: Duration = Duration::from_millis(400);
+
 /// How long an agent has to answer `initialize`.
 const INITIALIZE_LIMIT: Duration = Duration::from_secs(10);
 
@@ -128,7 +132,7 @@ impl AcpService {
                     };
                     for connection in idle {
                         tracing::info!("stopping an idle ACP agent");
-                        connection.kill().await;
+                        connection.end(STOP_GRACE).await;
                     }
                 }
             });
@@ -194,7 +198,7 @@ impl AcpService {
                             "stopping the ACP agent unused longest: --max-servers {} reached",
                             self.max_running
                         );
-                        connection.kill().await;
+                        connection.end(STOP_GRACE).await;
                     }
                     break start;
                 }
@@ -362,6 +366,8 @@ enum Conversation {
     Here(String),
     /// The one the store names is not (the agent cannot load it, or does not know it).
     Missing,
+    /// The agent could not load or resume it, for a reason of its own (its words).
+    Unloadable(String),
 }
 
 /// The session's conversation in `connection`: the one this process already has, the store's loaded, or a new one.
@@ -423,11 +429,16 @@ async fn conversation(
         match answer {
             Some(Ok(opened)) => {
                 connection.set_selectors(opened.selectors());
+                settled(connection, record).await;
                 native.to_string()
             }
             Some(Err(e)) => {
                 tracing::warn!(session = %record.id, native, data = ?e.data, "the ACP agent could not continue its session: {}", e.message);
-                return Ok(Conversation::Missing);
+                // Gone when it says so (ACP's "resource not found"); anything else is said as it is.
+                if e.code == agent_client_protocol::ErrorCode::RESOURCE_NOT_FOUND {
+                    return Ok(Conversation::Missing);
+                }
+                return Ok(Conversation::Unloadable(super::engine::said(&e)));
             }
             None => return Err(timed_out(connection, name, "continue its session").await),
         }
@@ -461,6 +472,22 @@ async fn conversation(
     give_choices(connection, bridge, &record.id, &made, name).await;
     keep(bridge, &record.id, &connection.selectors(), true).await;
     Ok(Conversation::Here(made))
+}
+
+/// How long the agent has to answer the bridge's [`wire::Sync`] after a load: what it replays meanwhile is dropped.
+const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+
+/// Waits until what the agent sent on its own after it answered the load of its session has been read: its replay,
+/// which belongs to no turn (the editor's replay is the store's). No turn is routed yet, so all of it is dropped
+/// here; without the wait, the rest of the replay would reach the next turn as part of its answer.
+async fn settled(connection: &Connection, record: &SessionRecord) {
+    let synced = tokio::select! {
+        answer = tokio::time::timeout(SETTLE_LIMIT, connection.cx.send_request(wire::Sync {}).block_task()) => answer.is_ok(),
+        _ = connection.closed.cancelled() => true,
+    };
+    if !synced {
+        tracing::warn!(session = %record.id, "the ACP agent did not answer within {} s after its load: what it replays later may reach the turn", SETTLE_LIMIT.as_secs());
+    }
 }
 
 /// The words of an agent's refusal to `what` until it is logged in (`said`), with the ways it named at its start.
@@ -622,6 +649,7 @@ impl Service for AcpService {
         let session = match unless_cancelled(host.cancel(), made).await? {
             None => return Ok(Attempt::Finished(Ok(StopReason::Cancelled))),
             Some(Conversation::Missing) => return Ok(Attempt::ConversationMissing),
+            Some(Conversation::Unloadable(why)) => return Ok(Attempt::ConversationUnloadable(why)),
             Some(Conversation::Here(session)) => session,
         };
         // Review mode: the agent's copy of the workspace is made current first; what it changes there (with its own
@@ -703,16 +731,15 @@ impl Service for AcpService {
     async fn release(&self, session: &str) {
         let entry = self.running().remove(session);
         if let Some(entry) = entry {
-            entry.connection.kill().await;
+            entry.connection.end(STOP_GRACE).await;
         }
         self.room.notify_waiters();
     }
 
     async fn close(&self, _keep: bool) {
         let all: Vec<Entry> = self.running().drain().map(|(_, entry)| entry).collect();
-        for entry in all {
-            entry.connection.kill().await;
-        }
+        // All at once: the bridge's exit waits for the longest grace, not for their sum.
+        futures::future::join_all(all.iter().map(|entry| entry.connection.end(STOP_GRACE))).await;
     }
 
     fn fall_back(&self, _session: &str) -> bool {

@@ -328,7 +328,7 @@ impl Turn<'_> {
                 Attempt::Finished(result) => return result,
                 // Only a server can be unavailable, and the server's is taken above.
                 Attempt::Unavailable(why) => return Err(Error::CliUnavailable(why)),
-                Attempt::ConversationMissing => {
+                missing @ (Attempt::ConversationMissing | Attempt::ConversationUnloadable(_)) => {
                     let Some(old) = native_id.take() else {
                         return Err(Error::CliFailed {
                             message: format!("{} could not start a conversation", self.agent.display_name()),
@@ -350,11 +350,15 @@ impl Turn<'_> {
                         "so this prompt starts a fresh one from a transcript of the earlier turns (tool details are not in it)"
                             .to_string()
                     };
-                    emit.send(note(&format!(
-                        "_The earlier {} conversation ({old}) no longer exists in the sandbox, {told}._",
-                        self.agent.display_name()
-                    )))
-                    .await?;
+                    let name = self.agent.display_name();
+                    // Gone only when the agent says so; else what it said, which may be passing.
+                    let what = match missing {
+                        Attempt::ConversationUnloadable(why) => {
+                            format!("could not be continued ({name} said: {})", why.trim_end_matches('.'))
+                        }
+                        _ => "no longer exists in the sandbox".to_string(),
+                    };
+                    emit.send(note(&format!("_The earlier {name} conversation ({old}) {what}, {told}._"))).await?;
                 }
             }
         }
