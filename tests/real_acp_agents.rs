@@ -1132,3 +1132,30 @@ macro_rules! restart_at_once {
 restart_at_once!(a_restart_at_once_continues_claudes_conversation_bwrap, CLAUDE);
 restart_at_once!(a_restart_at_once_continues_codexs_conversation_bwrap, CODEX);
 restart_at_once!(a_restart_at_once_continues_geminis_conversation_bwrap, GEMINI);
+
+/// Under `--sandbox none` the first turn says that the agent runs without a sandbox, also when the agent started
+/// ahead of it (at `session/new`, which made the session's sandbox), and the next turn does not say it again.
+#[test]
+fn the_unsandboxed_note_is_in_claudes_first_turn_none() {
+    let test = "the_unsandboxed_note_is_in_claudes_first_turn_none";
+    let Some(world) = World::new(&CLAUDE, test) else { return };
+    let ws = world.workspace();
+    let mut bridge = Bridge::start(world.options(&CLAUDE, "none"));
+    let sid = bridge.new_session(&ws);
+    let started = wait_until(TURN_LIMIT, || !processes_under(&ws).is_empty());
+    assert!(started, "Claude Code did not start ahead of the first prompt");
+    let note = "_Claude Code runs WITHOUT a sandbox here (--sandbox none was given): it can read and write everything \
+                you can._";
+    for (label, said) in [("first", vec![note]), ("second", vec![])] {
+        let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", label);
+        assert_end_turn(&bridge, &answer);
+        let notes: Vec<&str> = answer
+            .updates
+            .iter()
+            .filter_map(|u| u["content"]["text"].as_str())
+            .map(str::trim)
+            .filter(|text| text.contains("WITHOUT a sandbox"))
+            .collect();
+        assert_eq!(notes, said, "{label} turn: {:#?}", answer.updates);
+    }
+}
