@@ -9,7 +9,8 @@ use std::time::Duration;
 use agent_client_protocol::v1::Responder;
 use agent_client_protocol::v1::schema::{
     CancelNotification, CreateElicitationResponse, ElicitationAction, ElicitationMode, ElicitationScope,
-    PromptResponse, RequestPermissionOutcome, RequestPermissionResponse, StopReason,
+    PromptResponse, RequestPermissionOutcome, RequestPermissionResponse, SessionUpdate, StopReason, ToolCallUpdate,
+    ToolCallUpdateFields,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -132,6 +133,7 @@ impl AcpEngine {
             Event::Permission(asked) => {
                 let (mut request, responder) = *asked;
                 let key = self.open(Open::Permission(responder))?;
+                let card = asked_about(&request.tool_call);
                 request.session_id = self.ours.clone().into();
                 let (sink, asked) = (self.sink.clone(), self.asked.clone());
                 let editor = tokio::spawn(async move {
@@ -141,7 +143,7 @@ impl AcpEngine {
                     }
                 });
                 self.asking_editor(key, editor.abort_handle());
-                None
+                card.map(|text| Step::Line { text, alive: true })
             }
             Event::Elicit(asked) => {
                 let (mut request, responder) = *asked;
@@ -250,6 +252,18 @@ async fn answer_of(
         Some(prompt) => prompt.await,
         None => std::future::pending().await,
     }
+}
+
+/// The tool call a permission request asks about, as an update of the turn (its name and kind only): a call the agent
+/// announced only in the request (Gemini CLI) is announced by it (the translator makes an unknown call's first
+/// update its announcement), so its card is the turn's and ends with it, also when the turn is stopped before the
+/// agent says more of it. For a call announced before, it changes nothing.
+fn asked_about(call: &ToolCallUpdate) -> Option<String> {
+    let mut fields = ToolCallUpdateFields::new();
+    fields.title = call.fields.title.clone();
+    fields.kind = call.fields.kind;
+    let update = SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(call.tool_call_id.clone(), fields));
+    serde_json::to_string(&update).ok()
 }
 
 /// An update of the agent's after the turn was stopped (`json`), where a tool call it says `completed` is `failed`:
@@ -399,6 +413,20 @@ impl Drop for AcpEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_permission_announces_its_tool_by_name_and_kind_only() {
+        let asked: ToolCallUpdate = serde_json::from_value(serde_json::json!({
+            "toolCallId": "g1", "title": "Shell", "kind": "execute", "status": "pending",
+            "content": [{"type": "content", "content": {"type": "text", "text": "rm -rf"}}]
+        }))
+        .unwrap();
+        let card: serde_json::Value = serde_json::from_str(&asked_about(&asked).unwrap()).unwrap();
+        assert_eq!(
+            card,
+            serde_json::json!({"sessionUpdate": "tool_call_update", "toolCallId": "g1", "title": "Shell", "kind": "execute"})
+        );
+    }
 
     #[test]
     fn a_tool_the_agent_says_completed_after_the_stop_failed_and_nothing_else_changes() {
