@@ -1097,6 +1097,12 @@ fn stop_ends_the_agents_command(agent: &Real, sandbox: &str, test: &str) {
     let result = bridge.wait_response_within(id, TURN_LIMIT).unwrap_or_else(|| bridge.fail("no answer to the cancel"));
     assert_eq!(result.as_ref().ok().map(|r| r["stopReason"].clone()), Some(Value::from("cancelled")), "{result:?}");
     assert!(wait_until(Duration::from_secs(3), || sleepers(&ws).is_empty()), "left running: {:?}", sleepers(&ws));
+    // The stopped command's card ends `failed`, as every agent's does (Gemini CLI calls it completed).
+    let updates = bridge.take_updates(&sid);
+    let ends = tool_ends(&updates);
+    if ends.is_empty() || ends.iter().any(|(_, end)| end != "failed") {
+        bridge.fail(&format!("a stopped tool did not end failed: {ends:?}\n{updates:#?}"));
+    }
     let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text after the stop");
     assert_end_turn(&bridge, &answer);
 }
@@ -1281,6 +1287,103 @@ macro_rules! offers {
         fn $bwrap() {
             if bwrap_ok(stringify!($bwrap)) {
                 offers_from_the_first_thread(&$agent, "bwrap", stringify!($bwrap));
+// ---- what the editor is shown is true (issue 43) -------------------------------------------------------------
+
+/// How each tool card of `updates` ends: its id and the last status it was given.
+fn tool_ends(updates: &[Value]) -> Vec<(String, String)> {
+    let mut ends: Vec<(String, String)> = Vec::new();
+    let tools =
+        updates.iter().filter(|u| matches!(u["sessionUpdate"].as_str(), Some("tool_call" | "tool_call_update")));
+    for update in tools {
+        let id = update["toolCallId"].as_str().unwrap_or_default().to_string();
+        let status = update["status"].as_str().map(str::to_string);
+        match ends.iter_mut().find(|(seen, _)| *seen == id) {
+            Some((_, end)) => {
+                if let Some(status) = status {
+                    *end = status;
+                }
+            }
+            None => ends.push((id, status.unwrap_or_else(|| "pending".into()))),
+        }
+    }
+    ends
+}
+
+/// Whether `body` (a model request) holds `text` in something the model said (an assistant's or model's turn):
+/// the agent sent its own earlier conversation, not a transcript of it in the user's prompt.
+fn said_before(body: &Value, text: &str) -> bool {
+    match body {
+        Value::Object(fields) => {
+            let speaker = matches!(fields.get("role").and_then(Value::as_str), Some("assistant" | "model"));
+            (speaker && body.to_string().contains(text)) || fields.values().any(|value| said_before(value, text))
+        }
+        Value::Array(items) => items.iter().any(|item| said_before(item, text)),
+        _ => false,
+    }
+}
+
+/// The bridge exits (its editor went away) and another starts 0.1 s later: the agent's own conversation goes on
+/// (the model sees the earlier answer as the model's), the editor's replay is the store's, once, and nothing the
+/// agent replays while it loads its session reaches the next answer.
+fn a_restart_at_once_continues_the_agents_conversation(agent: &Real, sandbox: &str, test: &str) {
+    let Some(world) = World::new(agent, test) else { return };
+    let ws = world.workspace();
+    let mut bridge = Bridge::start(world.options(agent, sandbox));
+    let sid = bridge.new_session(&ws);
+    let first = turn(&mut bridge, &sid, "SCENARIO:text Remember PELICAN-42", "before the restart");
+    assert_end_turn(&bridge, &first);
+    // A tool call in the history too: what the agent replays of it must not reach the next answer either.
+    bridge.permission_answer = Some("allow_once".into());
+    let write = turn(&mut bridge, &sid, "SCENARIO:write Create hello.txt", "write before the restart");
+    assert_end_turn(&bridge, &write);
+    bridge.close_stdin();
+    assert!(bridge.wait_exit(Duration::from_secs(20)).is_some(), "the bridge did not exit");
+    let first_log = bridge.stderr();
+    std::thread::sleep(Duration::from_millis(100));
+
+    let mut bridge = Bridge::start(world.options(agent, sandbox));
+    let loaded = bridge.load_session(&sid, &ws);
+    assert!(loaded.result.is_ok(), "{:?}", loaded.result);
+    let prompts: Vec<&Value> = loaded.updates.iter().filter(|u| u["sessionUpdate"] == "user_message_chunk").collect();
+    let prompts: Vec<&Value> = prompts.iter().map(|u| &u["content"]["text"]).collect();
+    assert_eq!(
+        prompts,
+        ["SCENARIO:text Remember PELICAN-42", "SCENARIO:write Create hello.txt"],
+        "the store's replay, once: {:#?}",
+        loaded.updates
+    );
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say it again", "after the restart");
+    assert_end_turn(&bridge, &answer);
+    let kinds: Vec<&str> = answer.updates.iter().filter_map(|u| u["sessionUpdate"].as_str()).collect();
+    assert!(
+        !kinds.iter().any(|kind| matches!(*kind, "user_message_chunk" | "tool_call" | "tool_call_update")),
+        "replayed into the answer: {:#?}",
+        answer.updates
+    );
+    assert_eq!(
+        chunks(&answer.updates).concat(),
+        format!("Hello from the fake {} model. It streams in pieces. TEXT-ANSWER-OK", agent.model_name),
+        "{:#?}",
+        answer.updates
+    );
+    let said = answer.updates.iter().filter_map(|u| u["content"]["text"].as_str()).collect::<String>();
+    assert!(!said.contains("no longer exists"), "{said}\n{}", bridge.stderr());
+    let chats = world.fake.chats("text");
+    let last = chats.last().unwrap_or_else(|| panic!("no model request"));
+    assert!(
+        said_before(&last["body"], "TEXT-ANSWER-OK"),
+        "the model did not get the earlier answer as its own:\n{:#}\nfirst bridge:\n{first_log}\nsecond bridge:\n{}",
+        last["body"],
+        bridge.stderr()
+    );
+}
+
+macro_rules! restart_at_once {
+    ($bwrap:ident, $agent:expr) => {
+        #[test]
+        fn $bwrap() {
+            if bwrap_ok(stringify!($bwrap)) {
+                a_restart_at_once_continues_the_agents_conversation(&$agent, "bwrap", stringify!($bwrap));
             }
         }
     };
@@ -1354,5 +1457,33 @@ fn an_agent_not_installed_yet_advertises_what_its_pinned_version_takes() {
         assert_eq!(replaces.is_object(), id == "claude", "{id}: {init:#}");
         bridge.close_stdin();
         bridge.wait_exit(Duration::from_secs(20));
+restart_at_once!(a_restart_at_once_continues_claudes_conversation_bwrap, CLAUDE);
+restart_at_once!(a_restart_at_once_continues_codexs_conversation_bwrap, CODEX);
+restart_at_once!(a_restart_at_once_continues_geminis_conversation_bwrap, GEMINI);
+
+/// Under `--sandbox none` the first turn says that the agent runs without a sandbox, also when the agent started
+/// ahead of it (at `session/new`, which made the session's sandbox), and the next turn does not say it again.
+#[test]
+fn the_unsandboxed_note_is_in_claudes_first_turn_none() {
+    let test = "the_unsandboxed_note_is_in_claudes_first_turn_none";
+    let Some(world) = World::new(&CLAUDE, test) else { return };
+    let ws = world.workspace();
+    let mut bridge = Bridge::start(world.options(&CLAUDE, "none"));
+    let sid = bridge.new_session(&ws);
+    let started = wait_until(TURN_LIMIT, || !processes_under(&ws).is_empty());
+    assert!(started, "Claude Code did not start ahead of the first prompt");
+    let note = "_Claude Code runs WITHOUT a sandbox here (--sandbox none was given): it can read and write everything \
+                you can._";
+    for (label, said) in [("first", vec![note]), ("second", vec![])] {
+        let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", label);
+        assert_end_turn(&bridge, &answer);
+        let notes: Vec<&str> = answer
+            .updates
+            .iter()
+            .filter_map(|u| u["content"]["text"].as_str())
+            .map(str::trim)
+            .filter(|text| text.contains("WITHOUT a sandbox"))
+            .collect();
+        assert_eq!(notes, said, "{label} turn: {:#?}", answer.updates);
     }
 }

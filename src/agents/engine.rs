@@ -59,6 +59,9 @@ pub enum Attempt {
     Finished(Result<StopReason>),
     /// The agent says the conversation we continue no longer exists: start a fresh one.
     ConversationMissing,
+    /// The agent could not continue the conversation, for another reason (its words): start a fresh one, and say
+    /// that reason rather than that the conversation is gone.
+    ConversationUnloadable(String),
     /// This engine cannot run here (no server could be had): the turn may run another. Why, in words.
     Unavailable(String),
 }

@@ -318,7 +318,11 @@ fn max_servers_counts_what_runs_and_a_prompt_waits_for_room_instead_of_failing()
         bridge.wait_update(sid, "sleeping", |u| u["content"]["text"] == "sleeping\n");
     }
     let third = bridge.send_prompt(&sessions[2], "SCENARIO:text");
-    let waiting = bridge.wait_update(&sessions[2], "the wait said", |u| u["sessionUpdate"] == "agent_message_chunk");
+    // Past the note of its first turn that it runs without a sandbox (`--sandbox none`).
+    let waiting = bridge.wait_update(&sessions[2], "the wait said", |u| {
+        u["sessionUpdate"] == "agent_message_chunk"
+            && !u["content"]["text"].as_str().is_some_and(|text| text.contains("WITHOUT a sandbox"))
+    });
     assert_eq!(
         waiting["content"]["text"].as_str().map(str::trim),
         Some(
@@ -826,4 +830,76 @@ fn review_mode_works_in_a_git_workspace_bwrap() {
         return;
     }
     reviewing_a_git_workspace("bwrap");
+}
+
+// ---- what the editor is shown is true (issue 43) ---------------------------------------------------------------
+
+/// Under `--sandbox none` the first turn of every session says the agent runs without a sandbox, also when the
+/// agent started ahead of the prompt (at `session/new`, which made the session's sandbox), and later turns do not.
+#[test]
+fn the_unsandboxed_note_is_in_the_first_turn_of_every_session() {
+    let dirs = TestDirs::new("acp-unsandboxed-note");
+    let mut bridge = Bridge::start(options(&dirs).sandbox("none"));
+    let note = "_ACP agent runs WITHOUT a sandbox here (--sandbox none was given): it can read and write \
+                everything you can._";
+    for round in 0..10 {
+        let ws = dirs.workspace(&format!("ws{round}"));
+        let sid = bridge.new_session(&ws);
+        // Half of them once their agent runs (its start at session/new made the sandbox), half at once.
+        if round % 2 == 0 {
+            let started = wait_until(Duration::from_secs(20), || !agents_in(&ws).is_empty());
+            assert!(started, "the agent of session {round} did not start ahead of its prompt");
+        }
+        let first = bridge.prompt(&sid, "SCENARIO:text");
+        assert_eq!(first.stop_reason(), "end_turn", "{first:?}");
+        assert_eq!(notes(&first), [note], "session {round}: {:#?}", first.updates);
+        let second = bridge.prompt(&sid, "SCENARIO:text");
+        assert_eq!(notes(&second), Vec::<String>::new(), "session {round}: {:#?}", second.updates);
+    }
+}
+
+/// An agent that answers `session/load` first and replays its conversation after (as Gemini CLI does): nothing of the
+/// replay reaches the editor, neither in the load (the store's replay is the editor's) nor in the next answer.
+#[test]
+fn what_the_agent_replays_after_answering_its_load_reaches_no_turn() {
+    let dirs = TestDirs::new("acp-late-replay");
+    let ws = dirs.workspace("ws");
+    let options = || options(&dirs).arg("--pass-env").arg("FAKE_ACP_LATE_REPLAY").env("FAKE_ACP_LATE_REPLAY", "1");
+    let mut bridge = Bridge::start(options());
+    let sid = bridge.new_session(&ws);
+    for _ in 0..4 {
+        assert_eq!(answer(&mut bridge, &sid, "text"), "Hello from ACP");
+    }
+    bridge.close_stdin();
+    assert!(bridge.wait_exit(Duration::from_secs(20)).is_some(), "the bridge did not exit");
+
+    let mut bridge = Bridge::start(options());
+    let loaded = bridge.load_session(&sid, &ws);
+    assert!(loaded.result.is_ok(), "{:?}", loaded.result);
+    assert_eq!(text_of(&loaded.updates, "user_message_chunk"), "SCENARIO:text".repeat(4));
+    let turn = bridge.prompt(&sid, "SCENARIO:history");
+    assert_eq!(turn.stop_reason(), "end_turn", "{turn:?}");
+    assert_eq!(said(&turn.updates), format!("history {:?}", ["SCENARIO:text"; 4]), "{:#?}", turn.updates);
+    let kinds: Vec<&str> = turn.updates.iter().filter_map(|u| u["sessionUpdate"].as_str()).collect();
+    assert!(!kinds.contains(&"user_message_chunk"), "{:#?}", turn.updates);
+}
+
+/// The bridge stops its agents so that they keep what they wrote: when it exits (its editor went away), when it
+/// lets a session go, and when an agent is idle, the agent first sees the end of its input.
+#[test]
+fn an_agent_sees_the_end_of_its_input_before_the_bridge_stops_it() {
+    let dirs = TestDirs::new("acp-gentle-stop");
+    let ws = dirs.workspace("ws");
+    let mut bridge = Bridge::start(options(&dirs));
+    let sid = bridge.new_session(&ws);
+    assert_eq!(answer(&mut bridge, &sid, "text"), "Hello from ACP");
+    // The agent's HOME is the session's.
+    let ended = sandbox_state(&dirs.data, &sid).join("home/.fake-acp/ended.txt");
+    let pid = bridge.pid();
+    bridge.close_stdin();
+    assert!(bridge.wait_exit(Duration::from_secs(20)).is_some(), "the bridge {pid} did not exit");
+    assert!(wait_until(Duration::from_secs(10), || agents_in(&ws).is_empty()), "left running: {:?}", agents_in(&ws));
+    let said = std::fs::read_to_string(&ended).unwrap_or_default();
+    assert_eq!(said.lines().count(), 1, "killed before it saw the end of its input: {said:?}\n{}", bridge.stderr());
+    assert!(said.ends_with(" saw the end of its input\n"), "{said:?}");
 }

@@ -4,7 +4,7 @@ does, and does what the prompt's marker `SCENARIO:<name>[:<arg>]` says, hostile 
 
 Sessions are kept under $HOME/.fake-acp/<id>.json (the prompts and answers so far), so `session/load` works in a new
 process; a load replays them as updates first (which the bridge must not forward). Every message received is
-appended to $HOME/.fake-acp/received.jsonl.
+appended to $HOME/.fake-acp/received.jsonl; at the end of its input it appends a line to $HOME/.fake-acp/ended.txt.
 
 Scenarios (the agent answers in text what happened, one line per step):
   text                    three chunks: "Hello", " from", " ACP"
@@ -44,7 +44,8 @@ Environment: FAKE_ACP_NO_LOAD=1 (no loadSession), FAKE_ACP_RESUME=1 (sessionCapa
 continues a session without replaying it), FAKE_ACP_HANG_INIT=1 (never answers initialize),
 FAKE_ACP_GARBAGE=1 (prints a line that is not JSON-RPC first), FAKE_ACP_MODES=1 (no config options: its modes and
 models said the older way, `modes` and `models` of session/new, set by session/set_mode and session/set_model, as
-Gemini CLI does; each new process starts at mode `ask` and model `fast`), FAKE_ACP_AUTH=1 (offers a login method and
+Gemini CLI does; each new process starts at mode `ask` and model `fast`), FAKE_ACP_LATE_REPLAY=1 (session/load is
+answered first and replayed after, slowly, before the next message is read, as Gemini CLI does), FAKE_ACP_AUTH=1 (offers a login method and
 refuses session/new and session/load with -32000, as an agent that is not logged in does).
 """
 
@@ -54,6 +55,7 @@ import subprocess
 import sys
 import threading
 import uuid
+import time
 
 HOME = os.environ.get("HOME", "/tmp")
 STATE = os.path.join(HOME, ".fake-acp")
@@ -417,11 +419,17 @@ def main():
                 send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32002, "message": f"no session {session}"}})
                 continue
             MCP[session] = servers(params)
+            late = os.environ.get("FAKE_ACP_LATE_REPLAY") == "1"
+            if late:
+                send({"jsonrpc": "2.0", "id": rid, "result": settings(session, {})})
             for turn in history:
                 update(session, {"sessionUpdate": "user_message_chunk",
                                  "content": {"type": "text", "text": turn["prompt"]}})
                 say(session, "REPLAYED " + turn["answer"])
-            send({"jsonrpc": "2.0", "id": rid, "result": settings(session, {})})
+                if late:
+                    time.sleep(0.2)
+            if not late:
+                send({"jsonrpc": "2.0", "id": rid, "result": settings(session, {})})
         elif method == "session/resume":
             session = params["sessionId"]
             if load(session) is None:
@@ -454,6 +462,9 @@ def main():
             CANCELLED.setdefault(params.get("sessionId"), threading.Event()).set()
         elif rid is not None:
             send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": f"no method {method}"}})
+    # The end of its input: what it keeps is written now (a test sees that it had the chance).
+    with open(os.path.join(STATE, "ended.txt"), "a") as f:
+        f.write(f"{os.getpid()} saw the end of its input\n")
 
 
 if __name__ == "__main__":

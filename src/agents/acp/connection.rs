@@ -250,6 +250,21 @@ impl Connection {
         self.process.lock().await.kill().await;
     }
 
+    /// Stops the agent so that it keeps what it wrote: the connection ends, which closes its stdin (the end of its
+    /// input, on which an ACP agent exits), it gets `grace` to exit, and then it is killed with everything it
+    /// started. What a kill at once could cut short (a session file written after the turn) is written by then.
+    pub async fn end(&self, grace: Duration) {
+        self.dead.store(true, Ordering::SeqCst);
+        self.unroute();
+        self.stop.cancel();
+        self.terminals.end_all();
+        let mut process = self.process.lock().await;
+        if tokio::time::timeout(grace, process.wait()).await.is_err() {
+            tracing::debug!("the ACP agent did not exit within {grace:?} of the end of its input: killed");
+        }
+        process.kill().await;
+    }
+
     /// Ends what the agent's tools left running beside it in the sandbox (a daemon that left their process group):
     /// everything outside the agent's own process tree.
     pub async fn end_strays(&self) {

@@ -9,7 +9,8 @@ use std::time::Duration;
 use agent_client_protocol::v1::Responder;
 use agent_client_protocol::v1::schema::{
     CancelNotification, CreateElicitationResponse, ElicitationAction, ElicitationMode, ElicitationScope,
-    PromptResponse, RequestPermissionOutcome, RequestPermissionResponse, StopReason,
+    PromptResponse, RequestPermissionOutcome, RequestPermissionResponse, SessionUpdate, StopReason, ToolCallUpdate,
+    ToolCallUpdateFields,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -78,6 +79,8 @@ pub struct AcpEngine {
     next_key: u64,
     /// When a stop the agent has not answered kills it.
     kill_at: Option<tokio::time::Instant>,
+    /// The turn was stopped: a tool the agent says finished after that did not (see [`cancelled_tool`]).
+    stopped: bool,
     over: bool,
     /// The turn's silence and its whole deadline, for the loop's own stops.
     timeouts: (Duration, Duration),
@@ -115,6 +118,7 @@ impl AcpEngine {
             asked: Arc::default(),
             next_key: 0,
             kill_at: None,
+            stopped: false,
             over: false,
             timeouts,
             name,
@@ -124,10 +128,12 @@ impl AcpEngine {
     /// Acts on one message of the agent: an update for the loop, a permission request asked of the editor.
     fn take(&mut self, event: Event) -> Option<Step> {
         match event {
+            Event::Update(json) if self.stopped => Some(Step::Line { text: cancelled_tool(json), alive: true }),
             Event::Update(json) => Some(Step::Line { text: json, alive: true }),
             Event::Permission(asked) => {
                 let (mut request, responder) = *asked;
                 let key = self.open(Open::Permission(responder))?;
+                let card = asked_about(&request.tool_call);
                 request.session_id = self.ours.clone().into();
                 let (sink, asked) = (self.sink.clone(), self.asked.clone());
                 let editor = tokio::spawn(async move {
@@ -137,7 +143,7 @@ impl AcpEngine {
                     }
                 });
                 self.asking_editor(key, editor.abort_handle());
-                None
+                card.map(|text| Step::Line { text, alive: true })
             }
             Event::Elicit(asked) => {
                 let (mut request, responder) = *asked;
@@ -248,8 +254,33 @@ async fn answer_of(
     }
 }
 
+/// The tool call a permission request asks about, as an update of the turn (its name and kind only): a call the agent
+/// announced only in the request (Gemini CLI) is announced by it (the translator makes an unknown call's first
+/// update its announcement), so its card is the turn's and ends with it, also when the turn is stopped before the
+/// agent says more of it. For a call announced before, it changes nothing.
+fn asked_about(call: &ToolCallUpdate) -> Option<String> {
+    let mut fields = ToolCallUpdateFields::new();
+    fields.title = call.fields.title.clone();
+    fields.kind = call.fields.kind;
+    let update = SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(call.tool_call_id.clone(), fields));
+    serde_json::to_string(&update).ok()
+}
+
+/// An update of the agent's after the turn was stopped (`json`), where a tool call it says `completed` is `failed`:
+/// a tool the stop ended did not finish, whatever the agent calls it (Gemini CLI says "completed" with "Command
+/// cancelled by user."), so its card ends as every agent's stopped tool does.
+fn cancelled_tool(json: String) -> String {
+    let Ok(mut update) = serde_json::from_str::<serde_json::Value>(&json) else { return json };
+    let tool = matches!(update["sessionUpdate"].as_str(), Some("tool_call" | "tool_call_update"));
+    if !tool || update["status"] != "completed" {
+        return json;
+    }
+    update["status"] = "failed".into();
+    update.to_string()
+}
+
 /// An error the agent answered, in its words (its message, and its data when that is text).
-fn said(error: &agent_client_protocol::Error) -> String {
+pub(super) fn said(error: &agent_client_protocol::Error) -> String {
     match error.data.as_ref() {
         Some(serde_json::Value::String(data)) if !data.is_empty() => format!("{}: {data}", error.message),
         Some(data) if !data.is_null() => format!("{}: {data}", error.message),
@@ -326,6 +357,7 @@ impl TurnEngine for AcpEngine {
         if self.kill_at.is_some() || self.over {
             return;
         }
+        self.stopped = true;
         tracing::info!(session = %self.ours, why = ?why, "stopping the ACP agent's turn");
         if let Err(e) = self.connection.cx.send_notification(CancelNotification::new(self.session.clone())) {
             tracing::warn!(session = %self.ours, "could not send the cancel: {e}");
@@ -375,5 +407,41 @@ impl Drop for AcpEngine {
     fn drop(&mut self) {
         self.withdraw_asks();
         self.connection.unroute();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_permission_announces_its_tool_by_name_and_kind_only() {
+        let asked: ToolCallUpdate = serde_json::from_value(serde_json::json!({
+            "toolCallId": "g1", "title": "Shell", "kind": "execute", "status": "pending",
+            "content": [{"type": "content", "content": {"type": "text", "text": "rm -rf"}}]
+        }))
+        .unwrap();
+        let card: serde_json::Value = serde_json::from_str(&asked_about(&asked).unwrap()).unwrap();
+        assert_eq!(
+            card,
+            serde_json::json!({"sessionUpdate": "tool_call_update", "toolCallId": "g1", "title": "Shell", "kind": "execute"})
+        );
+    }
+
+    #[test]
+    fn a_tool_the_agent_says_completed_after_the_stop_failed_and_nothing_else_changes() {
+        let gemini = r#"{"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed","content":[{"type":"content","content":{"type":"text","text":"Command cancelled by user."}}]}"#;
+        let turned: serde_json::Value = serde_json::from_str(&cancelled_tool(gemini.to_string())).unwrap();
+        assert_eq!(turned["status"], "failed");
+        assert_eq!(turned["content"][0]["content"]["text"], "Command cancelled by user.");
+        let announced = r#"{"sessionUpdate":"tool_call","toolCallId":"t2","title":"Run","status":"completed"}"#;
+        let turned: serde_json::Value = serde_json::from_str(&cancelled_tool(announced.to_string())).unwrap();
+        assert_eq!(turned["status"], "failed");
+        for kept in [
+            r#"{"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"in_progress"}"#,
+            r#"{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"completed"}}"#,
+        ] {
+            assert_eq!(cancelled_tool(kept.to_string()), kept);
+        }
     }
 }

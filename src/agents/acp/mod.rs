@@ -32,6 +32,18 @@ pub fn service(
     Arc::new(service::AcpService::new(name, args, bounds, offers.and_then(offers::Offers::parse)))
 }
 
+/// [`service`] of an agent that needs `before_load` (a `sh` script, the agent's session id as `$1`) run in its
+/// sandbox, as the agent's user, before a new process of it loads a session of its own.
+pub fn service_preparing_loads(
+    name: &'static str,
+    args: Vec<String>,
+    bounds: &ServiceSettings,
+    offers: Option<serde_json::Value>,
+    before_load: &'static str,
+) -> Arc<dyn Service> {
+    Arc::new(service::AcpService::new(name, args, bounds, offers.and_then(offers::Offers::parse)).before_load(before_load))
+}
+
 /// The translator of an ACP agent's updates, for its [`Agent::translator`].
 pub fn translator(context: TranslateContext) -> Box<dyn Translator> {
     Box::new(translate::AcpTranslator::new(context))

@@ -28,6 +28,10 @@ use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::store::SessionRecord;
 
+/// How long an agent that is stopped (idle, let go, or the bridge exits) has to exit on its own once its input
+/// ended, before it is killed: short, as the bridge's exit waits for it.
+const STOP_GRACE: Duration = Duration::from_millis(400);
+
 /// How long an agent has to answer `initialize`.
 const INITIALIZE_LIMIT: Duration = Duration::from_secs(10);
 
@@ -72,6 +76,8 @@ pub struct AcpService {
     reaper: std::sync::Once,
     /// What the version the project installs announces of itself, until the agent announced its own.
     builtin: Option<Offers>,
+    /// Run in the sandbox before a new process loads the agent's own session (see [`AcpService::before_load`]).
+    before_load: Option<&'static str>,
 }
 
 impl AcpService {
@@ -89,7 +95,15 @@ impl AcpService {
             start_lock: tokio::sync::Mutex::new(()),
             room: Arc::default(),
             reaper: std::sync::Once::new(),
+            before_load: None,
         }
+    }
+
+    /// Runs `script` (`sh`, the agent's session id as `$1`) in the session's sandbox before a new process of the
+    /// agent starts for a session of its own to load: what works around the agent's own way of keeping sessions.
+    pub fn before_load(mut self, script: &'static str) -> Self {
+        self.before_load = Some(script);
+        self
     }
 
     /// Which agent `executable` runs with this service's arguments: a later session takes the options it announced
@@ -137,7 +151,7 @@ impl AcpService {
                     };
                     for connection in idle {
                         tracing::info!("stopping an idle ACP agent");
-                        connection.kill().await;
+                        connection.end(STOP_GRACE).await;
                     }
                 }
             });
@@ -203,7 +217,7 @@ impl AcpService {
                             "stopping the ACP agent unused longest: --max-servers {} reached",
                             self.max_running
                         );
-                        connection.kill().await;
+                        connection.end(STOP_GRACE).await;
                     }
                     break start;
                 }
@@ -310,8 +324,12 @@ impl AcpService {
             let titles: Arc<dyn UpdateSink> = Arc::new(KeepsTitles { sink, store: bridge.store().clone() });
             (record.id.clone(), titles)
         });
+        let before_load = self.before_load.zip(record.native_id.clone());
         // A task of its own: a turn cancelled while it waits does not stop the start its session's next turn uses.
         let task = tokio::spawn(async move {
+            if let Some((script, native)) = before_load {
+                prepare_load(sandbox.as_ref(), &spec, script, &native).await;
+            }
             let connection = Connection::start(sandbox, identity, spec, roots, INITIALIZE_LIMIT, forms, outside)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -351,6 +369,30 @@ impl UpdateSink for KeepsTitles {
     }
 }
 
+/// Runs `script` with `native` as `$1` in `sandbox`, as the agent `spec` starts would run (its HOME, workspace and
+/// tools); a failure is logged, and the load says the rest.
+async fn prepare_load(sandbox: &dyn Sandbox, spec: &crate::sandbox::ExecSpec, script: &str, native: &str) {
+    let env = spec.env.iter().filter(|(name, _)| name == "PATH" || name == "HOME").cloned().collect();
+    let prepare = crate::sandbox::ExecSpec {
+        program: PathBuf::from("/bin/sh"),
+        args: vec!["-c".into(), script.into(), "sh".into(), native.into()],
+        env,
+        cwd: spec.cwd.clone(),
+        read_only: spec.read_only.clone(),
+        tools: spec.tools.clone(),
+        ..crate::sandbox::ExecSpec::default()
+    };
+    let ran = match sandbox.exec(prepare).await {
+        Ok(mut process) => process.handle.wait().await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match ran {
+        Ok(exit) if exit.success() => {}
+        Ok(exit) => tracing::warn!(native, "preparing the ACP agent's load failed with {}", exit.describe()),
+        Err(e) => tracing::warn!(native, "could not prepare the ACP agent's load: {e}"),
+    }
+}
+
 /// A turn of a session's agent: when it ends the agent is no longer in a turn, and another start may take its room.
 struct InTurn {
     running: Arc<Mutex<HashMap<String, Entry>>>,
@@ -374,6 +416,8 @@ enum Conversation {
     Here(String),
     /// The one the store names is not (the agent cannot load it, or does not know it).
     Missing,
+    /// The agent could not load or resume it, for a reason of its own (its words).
+    Unloadable(String),
 }
 
 /// The session's conversation in `connection`: the one this process already has, the store's loaded, or a new one.
@@ -441,11 +485,16 @@ async fn conversation(
         match answer {
             Some(Ok(opened)) => {
                 connection.set_selectors(opened.selectors());
+                settled(connection, record).await;
                 native.to_string()
             }
             Some(Err(e)) => {
-                tracing::warn!(session = %record.id, native, "the ACP agent could not continue its session: {}", e.message);
-                return Ok(Conversation::Missing);
+                tracing::warn!(session = %record.id, native, data = ?e.data, "the ACP agent could not continue its session: {}", e.message);
+                // Gone when it says so (ACP's "resource not found"); anything else is said as it is.
+                if e.code == agent_client_protocol::ErrorCode::RESOURCE_NOT_FOUND {
+                    return Ok(Conversation::Missing);
+                }
+                return Ok(Conversation::Unloadable(super::engine::said(&e)));
             }
             None => return Err(timed_out(connection, name, "continue its session").await),
         }
@@ -511,6 +560,22 @@ fn prompt_blocks(
         blocks.insert(0, ContentBlock::Text(TextContent::new(text.to_string())));
     }
     (blocks, left_out)
+}
+
+/// How long the agent has to answer the bridge's [`wire::Sync`] after a load: what it replays meanwhile is dropped.
+const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+
+/// Waits until what the agent sent on its own after it answered the load of its session has been read: its replay,
+/// which belongs to no turn (the editor's replay is the store's). No turn is routed yet, so all of it is dropped
+/// here; without the wait, the rest of the replay would reach the next turn as part of its answer.
+async fn settled(connection: &Connection, record: &SessionRecord) {
+    let synced = tokio::select! {
+        answer = tokio::time::timeout(SETTLE_LIMIT, connection.cx.send_request(wire::Sync {}).block_task()) => answer.is_ok(),
+        _ = connection.closed.cancelled() => true,
+    };
+    if !synced {
+        tracing::warn!(session = %record.id, "the ACP agent did not answer within {} s after its load: what it replays later may reach the turn", SETTLE_LIMIT.as_secs());
+    }
 }
 
 /// The words of an agent's refusal to `what` until it is logged in (`said`), with the ways it named at its start.
@@ -677,6 +742,7 @@ impl Service for AcpService {
         let session = match unless_cancelled(host.cancel(), made).await? {
             None => return Ok(Attempt::Finished(Ok(StopReason::Cancelled))),
             Some(Conversation::Missing) => return Ok(Attempt::ConversationMissing),
+            Some(Conversation::Unloadable(why)) => return Ok(Attempt::ConversationUnloadable(why)),
             Some(Conversation::Here(session)) => session,
         };
         // Review mode: the agent's copy of the workspace is made current first; what it changes there (with its own
@@ -770,16 +836,15 @@ impl Service for AcpService {
     async fn release(&self, session: &str) {
         let entry = self.running().remove(session);
         if let Some(entry) = entry {
-            entry.connection.kill().await;
+            entry.connection.end(STOP_GRACE).await;
         }
         self.room.notify_waiters();
     }
 
     async fn close(&self, _keep: bool) {
         let all: Vec<Entry> = self.running().drain().map(|(_, entry)| entry).collect();
-        for entry in all {
-            entry.connection.kill().await;
-        }
+        // All at once: the bridge's exit waits for the longest grace, not for their sum.
+        futures::future::join_all(all.iter().map(|entry| entry.connection.end(STOP_GRACE))).await;
     }
 
     fn fall_back(&self, _session: &str) -> bool {

@@ -1,5 +1,6 @@
 //! `session/new`, `session/load` and `session/resume` as the bridge sends them to an ACP agent, with their answers read
-//! for what the pinned schema leaves out (the unstable `models` that Gemini CLI still says), and `session/set_model`.
+//! for what the pinned schema leaves out (the unstable `models` that Gemini CLI still says), `session/set_model`, and
+//! the bridge's own `_acp-sandbox/sync`.
 
 use agent_client_protocol::v1::schema::{
     LoadSessionRequest, NewSessionRequest, ResumeSessionRequest, SessionConfigOption, SessionModeState,
@@ -71,6 +72,17 @@ pub struct SetModel {
 /// Its answer: nothing.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, agent_client_protocol::JsonRpcResponse)]
 pub struct ModelSet {}
+
+/// A request of the bridge's own that no agent knows (an extension method): whatever its answer (an error as a rule),
+/// it comes after everything the agent wrote before it read the request, so it marks the end of what the agent sent
+/// on its own before (Gemini CLI replays a loaded session after its answer to `session/load`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, agent_client_protocol::JsonRpcRequest)]
+#[request(method = "_acp-sandbox/sync", response = Synced)]
+pub struct Sync {}
+
+/// Its answer, should an agent give one.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, agent_client_protocol::JsonRpcResponse)]
+pub struct Synced {}
 
 #[cfg(test)]
 mod tests {

@@ -100,6 +100,19 @@ pub fn write_settings(state_dir: &Path) {
     }
 }
 
+/// Run in the sandbox before Gemini CLI loads its session `$1`. It names a session's file
+/// `chats/session-<minute>-<first 8 of the id>.jsonl` by the minute the process began recording, and a process that
+/// loads the session begins by recording a fresh one under its own minute: loaded within the minute the file was
+/// named in, it resets the conversation in that very file ("No previous sessions found for this project."). The
+/// file is moved to a name it never makes (it still lists and loads it by the id inside, and writes on there).
+pub const BEFORE_LOAD: &str = r#"id=$(printf '%.8s' "$1")
+for file in "$HOME"/.gemini/tmp/*/chats/session-*-"$id".jsonl; do
+  if [ -f "$file" ] && [ ! -L "$file" ]; then
+    mv -n -- "$file" "${file%.jsonl}-kept-$(date +%s)-$$.jsonl"
+  fi
+done
+exit 0"#;
+
 /// The user's `~/.gemini` entries of [`USER_CONFIG`], each shown at the same place of the session's HOME.
 pub fn user_config(home: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
     USER_CONFIG
@@ -193,7 +206,7 @@ impl Agent for Gemini {
     }
 
     fn service(&self, _settings: &AgentSettings, bounds: &ServiceSettings) -> Option<Arc<dyn Service>> {
-        Some(super::acp::service(self.name(), vec!["--acp".into()], bounds, Some(offers())))
+        Some(super::acp::service_preparing_loads(self.name(), vec!["--acp".into()], bounds, Some(offers()), BEFORE_LOAD))
     }
 
     fn describe_backend(&self, _settings: &AgentSettings, _server: Result<&str, &str>) -> Option<String> {

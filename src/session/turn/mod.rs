@@ -199,10 +199,11 @@ impl Turn<'_> {
             ))
             .into());
         }
-        // The user must know when the agent has their whole machine: said once, in the session's first turn.
-        if self.record.sandbox_id.is_none()
-            && let Some(why) = self.bridge.provider.unconfined()
-        {
+        // The user must know when the agent has their whole machine: said once, in the session's first turn (or
+        // the first in a sandbox of its own, a fork's). Not by whether its sandbox exists yet: an agent started
+        // ahead of the first prompt (at the session's opening) made it already.
+        let first = self.record.sandbox_id.is_none() || self.first_turn().await?;
+        if first && let Some(why) = self.bridge.provider.unconfined() {
             emit.send(note(&format!(
                 "_{} runs WITHOUT a sandbox here ({why}): it can read and write everything you can._",
                 self.agent.display_name()
@@ -210,9 +211,7 @@ impl Turn<'_> {
             .await?;
         }
         // And when its sandbox is the weaker one: what it does not hold.
-        if self.record.sandbox_id.is_none()
-            && let Some(gaps) = self.bridge.provider.weaker()
-        {
+        if first && let Some(gaps) = self.bridge.provider.weaker() {
             emit.send(note(&format!(
                 "_{} runs in the Landlock sandbox here, not bubblewrap: {gaps}._",
                 self.agent.display_name()
@@ -329,7 +328,7 @@ impl Turn<'_> {
                 Attempt::Finished(result) => return result,
                 // Only a server can be unavailable, and the server's is taken above.
                 Attempt::Unavailable(why) => return Err(Error::CliUnavailable(why)),
-                Attempt::ConversationMissing => {
+                missing @ (Attempt::ConversationMissing | Attempt::ConversationUnloadable(_)) => {
                     let Some(old) = native_id.take() else {
                         return Err(Error::CliFailed {
                             message: format!("{} could not start a conversation", self.agent.display_name()),
@@ -351,14 +350,25 @@ impl Turn<'_> {
                         "so this prompt starts a fresh one from a transcript of the earlier turns (tool details are not in it)"
                             .to_string()
                     };
-                    emit.send(note(&format!(
-                        "_The earlier {} conversation ({old}) no longer exists in the sandbox, {told}._",
-                        self.agent.display_name()
-                    )))
-                    .await?;
+                    let name = self.agent.display_name();
+                    // Gone only when the agent says so; else what it said, which may be passing.
+                    let what = match missing {
+                        Attempt::ConversationUnloadable(why) => {
+                            format!("could not be continued ({name} said: {})", why.trim_end_matches('.'))
+                        }
+                        _ => "no longer exists in the sandbox".to_string(),
+                    };
+                    emit.send(note(&format!("_The earlier {name} conversation ({old}) {what}, {told}._"))).await?;
                 }
             }
         }
+    }
+
+    /// Whether this is the session's first turn: the store holds no turn of it before this one.
+    async fn first_turn(&self) -> Result<bool> {
+        // A plan within no updates reads every turn's row but the updates of the newest only (this one).
+        let plan = self.bridge.store.replay_plan(&self.record.id, 0).await?;
+        Ok(plan.omitted_turns == 0 && plan.turns.len() <= 1)
     }
 
     /// Runs a step before the CLI starts: `None` when the turn is cancelled first (the step is dropped, which

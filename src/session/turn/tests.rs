@@ -233,6 +233,7 @@ fn finished(attempt: Attempt) -> std::result::Result<StopReason, String> {
     match attempt {
         Attempt::Finished(result) => result.map_err(|e| e.to_string()),
         Attempt::ConversationMissing => Err("conversation missing".into()),
+        Attempt::ConversationUnloadable(why) => Err(format!("conversation unloadable: {why}")),
         Attempt::Unavailable(why) => Err(format!("unavailable: {why}")),
     }
 }
