@@ -1287,6 +1287,82 @@ macro_rules! offers {
         fn $bwrap() {
             if bwrap_ok(stringify!($bwrap)) {
                 offers_from_the_first_thread(&$agent, "bwrap", stringify!($bwrap));
+            }
+        }
+    };
+}
+
+offers!(claude_offers_from_the_first_thread_none, claude_offers_from_the_first_thread_bwrap, CLAUDE);
+offers!(codex_offers_from_the_first_thread_none, codex_offers_from_the_first_thread_bwrap, CODEX);
+offers!(gemini_offers_from_the_first_thread_none, gemini_offers_from_the_first_thread_bwrap, GEMINI);
+
+/// Claude Code's system prompt `override` mode, which its adapter offers: a session made with one gets it instead
+/// of Claude Code's own, and the model sees it.
+fn claude_replaces_its_system_prompt(sandbox: &str, test: &str) {
+    let Some(world) = World::new(&CLAUDE, test) else { return };
+    let ws = world.workspace();
+    let mut bridge = Bridge::start(world.options(&CLAUDE, sandbox));
+    let ours = "You are OVERRIDE-PROMPT-7c1. Answer tersely.";
+    let made = bridge
+        .request(
+            "session/new",
+            serde_json::json!({"cwd": ws, "mcpServers": [],
+                "systemPrompt": {"mode": "override", "content": [{"type": "text", "text": ours}]}}),
+        )
+        .unwrap_or_else(|e| bridge.fail(&format!("session/new with an override prompt: {e:?}")));
+    let sid = made["sessionId"].as_str().unwrap().to_string();
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
+    assert_end_turn(&bridge, &answer);
+    let chats = world.fake.chats("text");
+    let system =
+        serde_json::to_string(&chats.first().unwrap_or_else(|| bridge.fail("no chat"))["body"]["system"]).unwrap();
+    assert!(system.contains(ours), "{system}");
+    assert!(!system.contains("Claude Code"), "Claude Code's own prompt stayed: {system}");
+    // In `append` mode its own prompt stays, ours after it.
+    let made = bridge
+        .request(
+            "session/new",
+            serde_json::json!({"cwd": ws, "mcpServers": [],
+                "systemPrompt": {"mode": "append", "content": [{"type": "text", "text": ours}]}}),
+        )
+        .unwrap_or_else(|e| bridge.fail(&format!("session/new with an append prompt: {e:?}")));
+    let sid = made["sessionId"].as_str().unwrap().to_string();
+    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
+    assert_end_turn(&bridge, &answer);
+    let chats = world.fake.chats("text");
+    let system = serde_json::to_string(&chats.last().unwrap()["body"]["system"]).unwrap();
+    assert!(system.contains(ours) && system.contains("Claude Code"), "{system}");
+}
+
+#[test]
+fn claude_replaces_its_system_prompt_none() {
+    claude_replaces_its_system_prompt("none", "claude_replaces_its_system_prompt_none");
+}
+
+#[test]
+fn claude_replaces_its_system_prompt_bwrap() {
+    if bwrap_ok("claude_replaces_its_system_prompt_bwrap") {
+        claude_replaces_its_system_prompt("bwrap", "claude_replaces_its_system_prompt_bwrap");
+    }
+}
+
+/// Before its first prompt installs it, an agent's pinned version says what it takes: its folder's table.
+#[test]
+fn an_agent_not_installed_yet_advertises_what_its_pinned_version_takes() {
+    let root = tempfile::Builder::new().prefix("not-installed-").tempdir_in(world_parent()).unwrap();
+    for (id, audio) in [("claude", false), ("codex", false), ("gemini", true)] {
+        let data = root.path().join(id);
+        std::fs::create_dir_all(&data).unwrap();
+        let mut bridge = Bridge::spawn(BridgeOptions::new(id, &data).env("HOME", &data.display().to_string()));
+        let init = bridge.initialize();
+        assert_eq!(takes(&init["agentCapabilities"]), [true, audio, true], "{id}: {init:#}");
+        let replaces = &init["agentCapabilities"]["sessionCapabilities"]["systemPrompt"]["mode"]["override"];
+        assert_eq!(replaces.is_object(), id == "claude", "{id}: {init:#}");
+        bridge.close_stdin();
+        bridge.wait_exit(Duration::from_secs(20));
+    }
+}
+
 // ---- what the editor is shown is true (issue 43) -------------------------------------------------------------
 
 /// How each tool card of `updates` ends: its id and the last status it was given.
@@ -1389,74 +1465,6 @@ macro_rules! restart_at_once {
     };
 }
 
-offers!(claude_offers_from_the_first_thread_none, claude_offers_from_the_first_thread_bwrap, CLAUDE);
-offers!(codex_offers_from_the_first_thread_none, codex_offers_from_the_first_thread_bwrap, CODEX);
-offers!(gemini_offers_from_the_first_thread_none, gemini_offers_from_the_first_thread_bwrap, GEMINI);
-
-/// Claude Code's system prompt `override` mode, which its adapter offers: a session made with one gets it instead
-/// of Claude Code's own, and the model sees it.
-fn claude_replaces_its_system_prompt(sandbox: &str, test: &str) {
-    let Some(world) = World::new(&CLAUDE, test) else { return };
-    let ws = world.workspace();
-    let mut bridge = Bridge::start(world.options(&CLAUDE, sandbox));
-    let ours = "You are OVERRIDE-PROMPT-7c1. Answer tersely.";
-    let made = bridge
-        .request(
-            "session/new",
-            serde_json::json!({"cwd": ws, "mcpServers": [],
-                "systemPrompt": {"mode": "override", "content": [{"type": "text", "text": ours}]}}),
-        )
-        .unwrap_or_else(|e| bridge.fail(&format!("session/new with an override prompt: {e:?}")));
-    let sid = made["sessionId"].as_str().unwrap().to_string();
-    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
-    assert_end_turn(&bridge, &answer);
-    let chats = world.fake.chats("text");
-    let system =
-        serde_json::to_string(&chats.first().unwrap_or_else(|| bridge.fail("no chat"))["body"]["system"]).unwrap();
-    assert!(system.contains(ours), "{system}");
-    assert!(!system.contains("Claude Code"), "Claude Code's own prompt stayed: {system}");
-    // In `append` mode its own prompt stays, ours after it.
-    let made = bridge
-        .request(
-            "session/new",
-            serde_json::json!({"cwd": ws, "mcpServers": [],
-                "systemPrompt": {"mode": "append", "content": [{"type": "text", "text": ours}]}}),
-        )
-        .unwrap_or_else(|e| bridge.fail(&format!("session/new with an append prompt: {e:?}")));
-    let sid = made["sessionId"].as_str().unwrap().to_string();
-    let answer = turn(&mut bridge, &sid, "SCENARIO:text Say hello", "text");
-    assert_end_turn(&bridge, &answer);
-    let chats = world.fake.chats("text");
-    let system = serde_json::to_string(&chats.last().unwrap()["body"]["system"]).unwrap();
-    assert!(system.contains(ours) && system.contains("Claude Code"), "{system}");
-}
-
-#[test]
-fn claude_replaces_its_system_prompt_none() {
-    claude_replaces_its_system_prompt("none", "claude_replaces_its_system_prompt_none");
-}
-
-#[test]
-fn claude_replaces_its_system_prompt_bwrap() {
-    if bwrap_ok("claude_replaces_its_system_prompt_bwrap") {
-        claude_replaces_its_system_prompt("bwrap", "claude_replaces_its_system_prompt_bwrap");
-    }
-}
-
-/// Before its first prompt installs it, an agent's pinned version says what it takes: its folder's table.
-#[test]
-fn an_agent_not_installed_yet_advertises_what_its_pinned_version_takes() {
-    let root = tempfile::Builder::new().prefix("not-installed-").tempdir_in(world_parent()).unwrap();
-    for (id, audio) in [("claude", false), ("codex", false), ("gemini", true)] {
-        let data = root.path().join(id);
-        std::fs::create_dir_all(&data).unwrap();
-        let mut bridge = Bridge::spawn(BridgeOptions::new(id, &data).env("HOME", &data.display().to_string()));
-        let init = bridge.initialize();
-        assert_eq!(takes(&init["agentCapabilities"]), [true, audio, true], "{id}: {init:#}");
-        let replaces = &init["agentCapabilities"]["sessionCapabilities"]["systemPrompt"]["mode"]["override"];
-        assert_eq!(replaces.is_object(), id == "claude", "{id}: {init:#}");
-        bridge.close_stdin();
-        bridge.wait_exit(Duration::from_secs(20));
 restart_at_once!(a_restart_at_once_continues_claudes_conversation_bwrap, CLAUDE);
 restart_at_once!(a_restart_at_once_continues_codexs_conversation_bwrap, CODEX);
 restart_at_once!(a_restart_at_once_continues_geminis_conversation_bwrap, GEMINI);
