@@ -638,8 +638,21 @@ impl Store {
     /// [`Store::queue_event`] for an update already serialized (`payload` must be one JSON object): a turn
     /// serializes each update once, for the store and the editor alike.
     pub async fn queue_json(&self, session_id: &str, turn_id: i64, payload: String) -> Result<Ack> {
+        self.queue_superseding(session_id, turn_id, payload, None).await
+    }
+
+    /// [`Store::queue_json`] for an update that makes the last one of the same `key` in this turn dead (a tool
+    /// call's content, replaced as a whole): that one is deleted as this one is stored, so that a call updated
+    /// again and again (a terminal's output) keeps one row, its latest.
+    pub async fn queue_superseding(
+        &self,
+        session_id: &str,
+        turn_id: i64,
+        payload: String,
+        key: Option<String>,
+    ) -> Result<Ack> {
         let (reply, answer) = oneshot::channel();
-        let job = Job::Append { session_id: session_id.to_string(), turn_id, payload, at: now_ms(), reply };
+        let job = Job::Append { session_id: session_id.to_string(), turn_id, payload, at: now_ms(), key, reply };
         self.writer.submit(job).await?;
         Ok(Ack(answer))
     }

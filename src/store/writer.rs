@@ -46,6 +46,8 @@ pub(super) enum Job {
         turn_id: i64,
         payload: String,
         at: i64,
+        /// The update makes the last one of this key in its turn dead: that one is deleted.
+        key: Option<String>,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
     /// Ends a turn; kept and tried again while the store cannot write, so that no turn stays `running`.
@@ -76,6 +78,7 @@ impl Writer {
             context,
             unended: Vec::new(),
             broken: HashMap::new(),
+            latest: HashMap::new(),
             failing: false,
             since_checkpoint: 0,
         };
@@ -107,6 +110,22 @@ fn append<'c>(
             )?),
         };
     statement.execute(params![session_id, turn_id, payload, at])?;
+    Ok(())
+}
+
+/// The row just inserted is the latest of `key` in `turn_id`: the one before it (`latest` knows it) is deleted.
+fn supersede(
+    connection: &Connection,
+    latest: &mut HashMap<(i64, String), i64>,
+    turn_id: i64,
+    key: Option<String>,
+) -> Result<(), Failure> {
+    let Some(key) = key else { return Ok(()) };
+    let row = connection.last_insert_rowid();
+    if let Some(dead) = latest.insert((turn_id, key), row) {
+        let mut delete = connection.prepare_cached("DELETE FROM events WHERE id = ?1 AND turn_id = ?2")?;
+        delete.execute(params![dead, turn_id])?;
+    }
     Ok(())
 }
 
@@ -142,6 +161,8 @@ struct WriterThread {
     /// Turns an update of which could not be written, with why: their later updates are refused too, so that what
     /// a turn stored is always the prefix of its updates that was acknowledged (and sent), never more.
     broken: HashMap<i64, StoreError>,
+    /// The row of the last update of each key in each running turn (see [`Job::Append`]).
+    latest: HashMap<(i64, String), i64>,
     /// Whether the last transaction failed (to log the failure and the recovery once each).
     failing: bool,
     /// Transactions committed since the last checkpoint of the WAL into the database file.
@@ -255,6 +276,11 @@ impl WriterThread {
         }
         *self.context.lock_wait.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let failure = outcome.err();
+        if failure.is_some() {
+            // Rows of a rolled-back transaction are not there, and their ids will be given again: forgotten, so that
+            // nothing but a dead row is ever deleted (one may stay).
+            self.latest.clear();
+        }
         for item in done {
             match (&failure, &item) {
                 (Some(error), Done::End(_, _, ending)) if error.is_unavailable() => self.unended.push(ending.clone()),
@@ -300,8 +326,9 @@ impl WriterThread {
                     done.push(Done::Append(reply, Err(error), turn_id));
                     None
                 }
-                Job::Append { session_id, turn_id, payload, at, reply } => {
+                Job::Append { session_id, turn_id, payload, at, key, reply } => {
                     let result = append(&self.connection, &mut insert, &session_id, turn_id, &payload, at)
+                        .and_then(|()| supersede(&self.connection, &mut self.latest, turn_id, key))
                         .map_err(|f| self.context.error(f));
                     let fatal = self.fatal(&result);
                     if let Err(error) = &result {
@@ -311,6 +338,7 @@ impl WriterThread {
                     fatal
                 }
                 Job::End { ending, reply } => {
+                    self.latest.retain(|(turn, _), _| *turn != ending.turn_id);
                     let result =
                         self.savepoint(|connection| end(connection, &ending)).map_err(|f| self.context.error(f));
                     let fatal = self.fatal(&result);
