@@ -622,9 +622,9 @@ impl Sandbox for LocalSandbox {
             }
         };
         let mut join = cgroup.as_ref().map(|cgroup| cgroup.pre_exec_join());
-        // RLIMIT_NPROC counts the whole user's processes; bubblewrap's user namespace needs headroom it would take.
+        // RLIMIT_NPROC counts the whole user's processes (bubblewrap's too, in its user namespace); root ignores it.
         let ceiling = (cgroup.is_none()
-            && matches!(self.settings.isolation, Isolation::None(_) | Isolation::Landlock(_))
+            && matches!(self.settings.isolation, Isolation::None(_) | Isolation::Landlock(_) | Isolation::Bwrap(_))
             && !nix::unistd::getuid().is_root())
         .then(|| limits::Ceiling::shared(&self.ceiling, &self.settings.limits));
         let mut rlimit = ceiling.as_deref().map(limits::rlimit_pre_exec);
