@@ -98,22 +98,19 @@ pub(in crate::session) fn bound_update(update: &mut serde_json::Value) -> bool {
     was_cut
 }
 
-/// The key under which `update` makes the last stored update of the same key dead: a tool call update that sets
-/// only the call's content (which replaces the content as a whole), keyed by its call. A terminal shown in a call is
-/// updated so, again and again: the store keeps its latest state, and a replay shows what the editor saw last.
-pub(in crate::session) fn superseding(update: &SessionUpdate) -> Option<String> {
-    match update {
-        SessionUpdate::ToolCallUpdate(call) => {
-            let fields = &call.fields;
-            let only_content = fields.content.is_some()
-                && (fields.kind, &fields.status, &fields.title, &fields.name, &fields.locations)
-                    == (None, &None, &None, &None, &None)
-                && fields.raw_input.is_none()
-                && fields.raw_output.is_none();
-            (only_content && call.meta.is_none()).then(|| format!("content {}", call.tool_call_id.0))
-        }
-        _ => None,
-    }
+/// How `update` makes an earlier stored one dead: a tool call update that sets the call's content (which replaces
+/// the content as a whole) makes the last one that set only that content dead. A terminal shown in a call is updated
+/// so, again and again: the store keeps its latest state, and a replay shows what the editor saw last.
+pub(in crate::session) fn superseding(update: &SessionUpdate) -> Option<crate::store::Supersedes> {
+    let SessionUpdate::ToolCallUpdate(call) = update else { return None };
+    let fields = &call.fields;
+    fields.content.as_ref()?;
+    let others = (fields.kind, &fields.status, &fields.title, &fields.name, &fields.locations);
+    let dies = others == (None, &None, &None, &None, &None)
+        && fields.raw_input.is_none()
+        && fields.raw_output.is_none()
+        && call.meta.is_none();
+    Some(crate::store::Supersedes { key: format!("content {}", call.tool_call_id.0), dies })
 }
 
 /// How long a cancelled turn waits for a store that waits for another program's lock. Such a store must not hold

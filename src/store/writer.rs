@@ -47,7 +47,7 @@ pub(super) enum Job {
         payload: String,
         at: i64,
         /// The update makes the last one of this key in its turn dead: that one is deleted.
-        key: Option<String>,
+        key: Option<super::Supersedes>,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
     /// Ends a turn; kept and tried again while the store cannot write, so that no turn stays `running`.
@@ -81,6 +81,7 @@ impl Writer {
             latest: HashMap::new(),
             failing: false,
             since_checkpoint: 0,
+            written: 0,
         };
         std::thread::Builder::new().name("acp-sandbox-store".into()).spawn(move || thread.run(queue))?;
         Ok(Self { places: Arc::new(Semaphore::new(QUEUE)), jobs })
@@ -113,18 +114,22 @@ fn append<'c>(
     Ok(())
 }
 
-/// The row just inserted is the latest of `key` in `turn_id`: the one before it (`latest` knows it) is deleted.
+/// The row just inserted replaces the last one of its key in `turn_id` (`latest` knows it, if it may die), which is
+/// deleted; it is that key's last row from now on if it may die in turn.
 fn supersede(
     connection: &Connection,
     latest: &mut HashMap<(i64, String), i64>,
     turn_id: i64,
-    key: Option<String>,
+    key: Option<super::Supersedes>,
 ) -> Result<(), Failure> {
-    let Some(key) = key else { return Ok(()) };
+    let Some(super::Supersedes { key, dies }) = key else { return Ok(()) };
     let row = connection.last_insert_rowid();
-    if let Some(dead) = latest.insert((turn_id, key), row) {
+    if let Some(dead) = latest.remove(&(turn_id, key.clone())) {
         let mut delete = connection.prepare_cached("DELETE FROM events WHERE id = ?1 AND turn_id = ?2")?;
         delete.execute(params![dead, turn_id])?;
+    }
+    if dies {
+        latest.insert((turn_id, key), row);
     }
     Ok(())
 }
@@ -167,12 +172,17 @@ struct WriterThread {
     failing: bool,
     /// Transactions committed since the last checkpoint of the WAL into the database file.
     since_checkpoint: usize,
+    /// Bytes of updates written since then.
+    written: usize,
 }
 
 /// The WAL is checkpointed once the queue has been empty this long (a turn's stream has paused or ended)...
 const CHECKPOINT_WHEN_IDLE: Duration = Duration::from_millis(250);
 /// ...or, in a stream that never pauses, after this many transactions, so the WAL stays bounded.
 const CHECKPOINT_AT_THE_LATEST: usize = 5_000;
+/// ...or once this many bytes of updates were written since the last, so that a stream of large updates (terminals
+/// shown in tool calls, whose dead rows are deleted) does not grow the WAL with it.
+const CHECKPOINT_AFTER_BYTES: usize = 16 << 20;
 
 /// What a job did inside the transaction, to acknowledge once it is committed.
 enum Done {
@@ -238,7 +248,7 @@ impl WriterThread {
             }
             self.batch(batch);
             self.since_checkpoint += 1;
-            if self.since_checkpoint >= CHECKPOINT_AT_THE_LATEST {
+            if self.since_checkpoint >= CHECKPOINT_AT_THE_LATEST || self.written >= CHECKPOINT_AFTER_BYTES {
                 self.checkpoint();
             }
         }
@@ -256,6 +266,7 @@ impl WriterThread {
             tracing::debug!(path = %self.context.path.display(), "checkpoint of the session store failed: {e}");
         }
         self.since_checkpoint = 0;
+        self.written = 0;
     }
 
     /// Runs the waiting turn endings and `batch` in one transaction, then acknowledges every job.
@@ -327,6 +338,7 @@ impl WriterThread {
                     None
                 }
                 Job::Append { session_id, turn_id, payload, at, key, reply } => {
+                    self.written += payload.len();
                     let result = append(&self.connection, &mut insert, &session_id, turn_id, &payload, at)
                         .and_then(|()| supersede(&self.connection, &mut self.latest, turn_id, key))
                         .map_err(|f| self.context.error(f));

@@ -24,6 +24,8 @@ Scenarios (the agent answers in text what happened, one line per step):
                           of its output request afterwards, as JSON>"
   terminal-flood:<bytes>   terminal/create of `yes … | head -c <bytes>` (kept: 1 MiB), shown in a tool call
                           (`flood-call`) until it ends: "flood <exit code> <length of its output> <truncated>"
+  terminals-flood:<n>x<bytes>  <n> terminals at once (kept: 1 MiB each) of `yes … | head -c <bytes>`, each shown in a
+                          tool call (`flood-<i>`) until it ends: "floods <exit code> …"
   terminals-procs:<n>     <n> terminals one after the other, each starting 15 `sleep 3170` (Python, counting the
                           forks refused) and sleeping: "terminals-procs <what each said> | …", left running
   terminals-memory:<n>    <n> terminals one after the other, each holding 200 MiB and sleeping: "terminals-memory
@@ -270,6 +272,21 @@ def run_prompt(rid, params):
                          "content": shown})
         request("terminal/release", {"sessionId": session, "terminalId": tid})
         line(f"flood {waited.get('exitCode')} {len(output['output'])} {output['truncated']}")
+    elif name == "terminals-flood":
+        count, size = (int(part) for part in arg.split("x"))
+        made = {"sessionId": session, "command": "sh", "args": ["-c", f"yes FLOOD-LINE-0123456789 | head -c {size}"]}
+        tids = [request("terminal/create", made)["result"]["terminalId"] for _ in range(count)]
+        for i, tid in enumerate(tids):
+            update(session, {"sessionUpdate": "tool_call", "toolCallId": f"flood-{i}", "title": "Flood",
+                             "kind": "execute", "status": "in_progress",
+                             "content": [{"type": "terminal", "terminalId": tid}]})
+        codes = []
+        for i, tid in enumerate(tids):
+            codes.append(request("terminal/wait_for_exit", {"sessionId": session, "terminalId": tid})["result"].get("exitCode"))
+            update(session, {"sessionUpdate": "tool_call_update", "toolCallId": f"flood-{i}", "status": "completed",
+                             "content": [{"type": "terminal", "terminalId": tid}]})
+            request("terminal/release", {"sessionId": session, "terminalId": tid})
+        line("floods " + " ".join(str(code) for code in codes))
     elif name in ("terminals-procs", "terminals-memory"):
         if name == "terminals-procs":
             code = ("import subprocess, time\nstarted = failed = 0\nfor i in range(15):\n"

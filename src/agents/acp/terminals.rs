@@ -325,23 +325,21 @@ impl Terminals {
         let known = self.known();
         match content {
             Some(content) => {
-                let mut shows = false;
+                let mut shown = Vec::new();
                 for item in content.iter() {
                     if let ToolCallContent::Terminal(embedded) = item
                         && let Some(terminal) = known.find(embedded.terminal_id.0.as_ref())
                     {
+                        // This update shows what it printed so far; its own updates show what comes next.
                         *terminal.shown.lock().unwrap_or_else(|p| p.into_inner()) = Some((id.clone(), content.clone()));
-                        // What it printed before the call showed it is sent too, if this update comes too early.
-                        terminal.changed.notify_one();
-                        shows = true;
+                        shown.push(terminal);
                     }
                 }
-                if shows || content.iter().any(|item| matches!(item, ToolCallContent::Terminal(_))) {
-                    *content = rendered(content, |id| known.find(id), true);
-                    for terminal in &told {
-                        if terminal.exit.borrow().is_some() {
-                            terminal.shown_ended.store(true, Ordering::SeqCst);
-                        }
+                if !shown.is_empty() || content.iter().any(|item| matches!(item, ToolCallContent::Terminal(_))) {
+                    *content = rendered(content, |id| known.find(id), false);
+                    // This update shows the end of those that ended: theirs need not show it again.
+                    for terminal in shown.iter().filter(|terminal| terminal.exit.borrow().is_some()) {
+                        terminal.shown_ended.store(true, Ordering::SeqCst);
                     }
                 }
             }
@@ -361,7 +359,7 @@ impl Terminals {
                 {
                     terminal.shown_ended.store(true, Ordering::SeqCst);
                     if let SessionUpdate::ToolCallUpdate(ToolCallUpdate { fields, .. }) = update {
-                        fields.content = Some(rendered(&content, |id| known.find(id), true));
+                        fields.content = Some(rendered(&content, |id| known.find(id), false));
                     }
                 }
             }
@@ -563,16 +561,30 @@ fn signal_name(signal: i32) -> String {
 /// Updates the tool call that shows `terminal` as its output grows, at most every [`SHOW_EVERY`] (always with its
 /// latest state), and once more when it ends, unless the agent's own update showed that already.
 async fn show(terminal: Arc<Terminal>, known: Known, route: Route) {
+    let mut showing: Option<ToolCallId> = None;
     loop {
         tokio::select! {
             _ = terminal.changed.notified() => {}
             // An announced terminal whose end never came: its turn was stopped, or it was forgotten.
             _ = terminal.kill.cancelled(), if terminal.announced => return,
         }
-        let ended = terminal.exit.borrow().is_some();
+        let call = terminal.shown.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|(id, _)| id.clone());
+        if call.is_some() && call != showing {
+            // The agent's update that shows it in this call is on its way to the turn: it goes first (it showed
+            // what was printed so far), so that the call is never updated before it is announced.
+            showing = call;
+            tokio::time::sleep(SHOW_EVERY).await;
+        }
+        let mut ended = terminal.exit.borrow().is_some();
         let shown = terminal.shown.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some((id, content)) = shown
-            && !(ended && terminal.shown_ended.load(Ordering::SeqCst))
+            && let Some(tx) = sender(&route, &terminal.session)
+            // Its place in the turn's order first: what the agent sends meanwhile comes after it.
+            && let Ok(place) = tx.reserve().await
+            && {
+                ended = terminal.exit.borrow().is_some();
+                !(ended && terminal.shown_ended.load(Ordering::SeqCst))
+            }
         {
             // Shown to its end, even once the agent released it (its last output may come after that).
             let content = {
@@ -582,8 +594,8 @@ async fn show(terminal: Arc<Terminal>, known: Known, route: Route) {
             };
             let update =
                 SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id, ToolCallUpdateFields::new().content(content)));
-            if let (Some(tx), Ok(json)) = (sender(&route, &terminal.session), serde_json::to_string(&update)) {
-                let _ = tx.send(Event::Update(json)).await;
+            if let Ok(json) = serde_json::to_string(&update) {
+                place.send(Event::Update(json));
             }
         }
         if ended {
