@@ -1334,12 +1334,14 @@ fn max_processes_bounds_a_fork_bomb() {
         let mut bridge = Bridge::start(options);
         let sid = bridge.new_session(&lab.ws);
         let mut checks = Checks::new();
-        // A cgroup refuses the excess (the CLI goes on and reports); without one, the sandbox's first process stops
-        // everything and the turn ends with an error that says why.
+        // A cgroup refuses the excess (the CLI goes on and reports, unless the bridge saw the session's budget spent
+        // first and stopped the turn); without one, the sandbox's first process stops everything. Either way the
+        // turn's error says why.
         match lab.attack_or_stopped(&mut bridge, &sid, "fork_bomb") {
             Ok(report) => checks.blocked(&report, "fork_bomb"),
             Err(message) => checks.check(
-                message.ends_with("Error: the sandbox exceeded its process limit (64); everything in it was stopped"),
+                message.ends_with("Error: the sandbox exceeded its process limit (64); everything in it was stopped")
+                    || message.ends_with("was stopped: the sandbox hit its process limit (64)"),
                 || format!("the turn ended without naming the limit: {message}"),
             ),
         }
@@ -2272,5 +2274,81 @@ fn an_acp_agent_racing_its_file_requests_with_links_never_reaches_outside_the_wo
         let answer = acp_said(&mut bridge, &sid, "swap:1000");
         stop(bridge);
         assert_eq!(answer, "swap leaked 0 wrote-outside 0 answered 1000");
+    });
+}
+
+// ---- an ACP agent's terminals share its limits -------------------------------------------------------------------
+
+/// The bridge running `tests/fakes/acp_agent.py` in `lab`, with `limit` (a flag and its value).
+fn acp_agent_with(lab: &Lab, limit: [&str; 2]) -> Bridge {
+    let mut options = lab
+        .options()
+        .arg("--agent-command")
+        .arg(&kit().fakes.join("acp_agent.py").display().to_string())
+        .arg(limit[0])
+        .arg(limit[1]);
+    options.agent = "custom".into();
+    Bridge::start(options)
+}
+
+#[test]
+fn an_acp_agent_and_its_terminals_share_one_process_limit() {
+    // Four terminals of fifteen sleepers each, one after the other, under --max-processes 32: each terminal used to
+    // be a sandbox with a budget of its own (60 sleepers ran); now the agent and all its terminals share one.
+    let test = "an_acp_agent_and_its_terminals_share_one_process_limit";
+    for_each_variant(test, sandboxed_variants(test), |variant| {
+        let lab = Lab::new("acp-terms-procs", variant);
+        let mut bridge = acp_agent_with(&lab, ["--max-processes", "32"]);
+        let sid = bridge.new_session(&lab.ws);
+        let mut checks = Checks::new();
+        let said = acp_said(&mut bridge, &sid, "terminals-procs:4");
+        let sleepers = || processes_under(&lab.ws).into_iter().filter(|(_, cmd)| cmd == "sleep 3170").count();
+        let running = sleepers();
+        // The agent itself is one of the 32: never all of them are sleepers.
+        checks.check(running > 0 && running < 32, || format!("{running} sleepers ran at once: {said}"));
+        let started: usize = said
+            .split(['|', ' '])
+            .zip(said.split(['|', ' ']).skip(1))
+            .filter(|(word, _)| *word == "started")
+            .filter_map(|(_, count)| count.parse::<usize>().ok())
+            .sum();
+        checks.check(started < 32, || format!("the terminals started {started} sleepers: {said}"));
+        checks.note_stderr(bridge.stderr());
+        stop(bridge);
+        checks.finish();
+    });
+}
+
+/// Processes under `dir` holding more than `mib` MiB.
+fn holding(dir: &Path, mib: u64) -> Vec<(i32, String)> {
+    processes_under(dir)
+        .into_iter()
+        .filter(|(pid, _)| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let rss = status.lines().find_map(|line| line.strip_prefix("VmRSS:")).unwrap_or("0 kB");
+            rss.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) > mib << 10
+        })
+        .collect()
+}
+
+#[test]
+fn an_acp_agent_and_its_terminals_share_one_memory_limit() {
+    // Three terminals holding 200 MiB each under --max-memory 256M: each used to have 256 MiB of its own (all three
+    // held at once); now the session has 256 MiB, so at most one holds. The budget is a cgroup's: as root here.
+    let test = "an_acp_agent_and_its_terminals_share_one_memory_limit";
+    let variants = sandboxed_variants(test).into_iter().filter(|variant| variant.who == Who::Me).collect();
+    for_each_variant(test, variants, |variant| {
+        let lab = Lab::new("acp-terms-memory", variant);
+        let mut bridge = acp_agent_with(&lab, ["--max-memory", "256M"]);
+        let sid = bridge.new_session(&lab.ws);
+        let mut checks = Checks::new();
+        let said = acp_said(&mut bridge, &sid, "terminals-memory:3");
+        checks.check(said.matches("held").count() >= 1, || format!("no terminal could hold 200 MiB: {said}"));
+        // The kernel ends the one it takes as it runs out: waited for, a moment.
+        let at_most_one = wait_until(SOON, || holding(&lab.ws, 150).len() <= 1);
+        checks.check(at_most_one, || format!("held 200 MiB at once: {:?} ({said})", holding(&lab.ws, 150)));
+        checks.note_stderr(bridge.stderr());
+        stop(bridge);
+        checks.finish();
     });
 }

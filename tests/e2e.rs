@@ -12,6 +12,7 @@ mod support;
 
 mod e2e {
     mod acp_agents;
+    mod acp_terminals;
     mod amp;
     mod auth;
     mod cancel;

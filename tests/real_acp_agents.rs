@@ -1495,3 +1495,48 @@ fn the_unsandboxed_note_is_in_claudes_first_turn_none() {
         assert_eq!(notes, said, "{label} turn: {:#?}", answer.updates);
     }
 }
+
+// ---- Codex's command output ------------------------------------------------------------------------------------
+
+/// The texts of a tool call's content in an update (the bridge's cards carry text).
+fn card_texts(update: &Value) -> Vec<String> {
+    let items = update["content"].as_array().into_iter().flatten();
+    items.filter_map(|item| item["content"]["text"].as_str().map(str::to_string)).collect()
+}
+
+/// Codex runs the workspace's `hunt.sh` itself and announces it as a terminal of its own (`_meta.terminal_info`, its
+/// output in `terminal_output_delta`, its end in `terminal_exit`): the card shows what the command printed, where it
+/// used to read "(terminal call_… was released)".
+fn codexs_command_shows_its_output(sandbox: &str, test: &str) {
+    let Some(world) = World::new(&CODEX, test) else { return };
+    let ws = world.workspace();
+    std::fs::write(ws.join("hunt.sh"), "echo CARD-OUTPUT-ONE\necho CARD-OUTPUT-TWO\n").unwrap();
+    let mut bridge = Bridge::start(world.options(&CODEX, sandbox));
+    let sid = bridge.new_session(&ws);
+    bridge.permission_answer = Some("allow_once".into());
+    let run = turn(&mut bridge, &sid, "SCENARIO:hunt Run the script", "hunt");
+    assert_end_turn(&bridge, &run);
+    let calls: Vec<&Value> = run.updates.iter().filter(|u| u["toolCallId"].is_string()).collect();
+    let released: Vec<String> =
+        calls.iter().flat_map(|u| card_texts(u)).filter(|t| t.contains("was released")).collect();
+    assert!(released.is_empty(), "{released:?}\n{calls:#?}");
+    let shown = calls.iter().find(|u| card_texts(u).iter().any(|t| t.contains("CARD-OUTPUT-ONE")));
+    let id = &shown.unwrap_or_else(|| bridge.fail(&format!("no card shows the output: {calls:#?}")))["toolCallId"];
+    let last = calls.iter().rev().find(|u| &u["toolCallId"] == id && u.get("content").is_some()).unwrap();
+    assert_eq!(card_texts(last), ["```console\nCARD-OUTPUT-ONE\nCARD-OUTPUT-TWO\n```"], "{calls:#?}");
+    // Its `_meta` chunks became the card's text: none reaches the editor on its own.
+    let chunks = calls.iter().filter(|u| u["_meta"].get("terminal_output_delta").is_some()).count();
+    assert_eq!(chunks, 0, "{calls:#?}");
+}
+
+#[test]
+fn codexs_command_shows_its_output_none() {
+    codexs_command_shows_its_output("none", "codexs_command_shows_its_output_none");
+}
+
+#[test]
+fn codexs_command_shows_its_output_bwrap() {
+    if bwrap_ok("codexs_command_shows_its_output_bwrap") {
+        codexs_command_shows_its_output("bwrap", "codexs_command_shows_its_output_bwrap");
+    }
+}

@@ -98,6 +98,21 @@ pub(in crate::session) fn bound_update(update: &mut serde_json::Value) -> bool {
     was_cut
 }
 
+/// How `update` makes an earlier stored one dead: a tool call update that sets the call's content (which replaces
+/// the content as a whole) makes the last one that set only that content dead. A terminal shown in a call is updated
+/// so, again and again: the store keeps its latest state, and a replay shows what the editor saw last.
+pub(in crate::session) fn superseding(update: &SessionUpdate) -> Option<crate::store::Supersedes> {
+    let SessionUpdate::ToolCallUpdate(call) = update else { return None };
+    let fields = &call.fields;
+    fields.content.as_ref()?;
+    let others = (fields.kind, &fields.status, &fields.title, &fields.name, &fields.locations);
+    let dies = others == (None, &None, &None, &None, &None)
+        && fields.raw_input.is_none()
+        && fields.raw_output.is_none()
+        && call.meta.is_none();
+    Some(crate::store::Supersedes { key: format!("content {}", call.tool_call_id.0), dies })
+}
+
 /// How long a cancelled turn waits for a store that waits for another program's lock. Such a store must not hold
 /// the cancel until its busy timeout: the turn is answered, and what could not be written yet is written (not sent)
 /// once the store can. Only a lock wait counts: a store that is slow (a loaded machine, a long backlog of updates)
@@ -152,10 +167,11 @@ impl Emitter {
             other => other,
         };
         let Some(json) = self.serialize(&update) else { return Ok(()) };
+        let key = superseding(&update);
         drop(update);
         // Given up on (the turn was cancelled and the store is stuck): neither stored nor sent.
-        let Some(ack) = self.unless_given_up(self.store.queue_json(&self.session_id, self.turn_id, json.clone())).await
-        else {
+        let queued = self.store.queue_superseding(&self.session_id, self.turn_id, json.clone(), key);
+        let Some(ack) = self.unless_given_up(queued).await else {
             return Ok(());
         };
         Ok(self.outbox.push(ack?, json)?)

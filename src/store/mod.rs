@@ -286,6 +286,15 @@ pub struct Store {
     readers: Arc<Readers>,
 }
 
+/// How an update makes an earlier one of its turn dead ([`Store::queue_superseding`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Supersedes {
+    /// What it replaces: the last row stored under this key in the turn, if that one may die, is deleted.
+    pub key: String,
+    /// It says nothing but what the key names, so a later update of the key makes it dead in turn.
+    pub dies: bool,
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
@@ -361,6 +370,8 @@ impl Store {
         // The writer checkpoints when it is idle (`writer.rs`): an automatic checkpoint in the middle of a stream
         // held single updates up for milliseconds (it was the whole p99 of the bench's added latency).
         connection.pragma_update(None, "wal_autocheckpoint", 0)?;
+        // A burst of large updates (terminals shown in tool calls) grows the WAL: it shrinks back once checkpointed.
+        connection.pragma_update(None, "journal_size_limit", 16i64 << 20)?;
         schema::migrate(connection)?;
         Ok(())
     }
@@ -671,8 +682,21 @@ impl Store {
     /// [`Store::queue_event`] for an update already serialized (`payload` must be one JSON object): a turn
     /// serializes each update once, for the store and the editor alike.
     pub async fn queue_json(&self, session_id: &str, turn_id: i64, payload: String) -> Result<Ack> {
+        self.queue_superseding(session_id, turn_id, payload, None).await
+    }
+
+    /// [`Store::queue_json`] for an update that makes the last one of the same key in this turn dead (a tool
+    /// call's content, replaced as a whole): that one is deleted as this one is stored, so that a call updated
+    /// again and again (a terminal's output) keeps one row, its latest.
+    pub async fn queue_superseding(
+        &self,
+        session_id: &str,
+        turn_id: i64,
+        payload: String,
+        key: Option<Supersedes>,
+    ) -> Result<Ack> {
         let (reply, answer) = oneshot::channel();
-        let job = Job::Append { session_id: session_id.to_string(), turn_id, payload, at: now_ms(), reply };
+        let job = Job::Append { session_id: session_id.to_string(), turn_id, payload, at: now_ms(), key, reply };
         self.writer.submit(job).await?;
         Ok(Ack(answer))
     }

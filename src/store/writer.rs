@@ -46,6 +46,8 @@ pub(super) enum Job {
         turn_id: i64,
         payload: String,
         at: i64,
+        /// The update makes the last one of this key in its turn dead: that one is deleted.
+        key: Option<super::Supersedes>,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
     /// Ends a turn; kept and tried again while the store cannot write, so that no turn stays `running`.
@@ -76,8 +78,10 @@ impl Writer {
             context,
             unended: Vec::new(),
             broken: HashMap::new(),
+            latest: HashMap::new(),
             failing: false,
             since_checkpoint: 0,
+            written: 0,
         };
         std::thread::Builder::new().name("acp-sandbox-store".into()).spawn(move || thread.run(queue))?;
         Ok(Self { places: Arc::new(Semaphore::new(QUEUE)), jobs })
@@ -107,6 +111,26 @@ fn append<'c>(
             )?),
         };
     statement.execute(params![session_id, turn_id, payload, at])?;
+    Ok(())
+}
+
+/// The row just inserted replaces the last one of its key in `turn_id` (`latest` knows it, if it may die), which is
+/// deleted; it is that key's last row from now on if it may die in turn.
+fn supersede(
+    connection: &Connection,
+    latest: &mut HashMap<(i64, String), i64>,
+    turn_id: i64,
+    key: Option<super::Supersedes>,
+) -> Result<(), Failure> {
+    let Some(super::Supersedes { key, dies }) = key else { return Ok(()) };
+    let row = connection.last_insert_rowid();
+    if let Some(dead) = latest.remove(&(turn_id, key.clone())) {
+        let mut delete = connection.prepare_cached("DELETE FROM events WHERE id = ?1 AND turn_id = ?2")?;
+        delete.execute(params![dead, turn_id])?;
+    }
+    if dies {
+        latest.insert((turn_id, key), row);
+    }
     Ok(())
 }
 
@@ -142,16 +166,23 @@ struct WriterThread {
     /// Turns an update of which could not be written, with why: their later updates are refused too, so that what
     /// a turn stored is always the prefix of its updates that was acknowledged (and sent), never more.
     broken: HashMap<i64, StoreError>,
+    /// The row of the last update of each key in each running turn (see [`Job::Append`]).
+    latest: HashMap<(i64, String), i64>,
     /// Whether the last transaction failed (to log the failure and the recovery once each).
     failing: bool,
     /// Transactions committed since the last checkpoint of the WAL into the database file.
     since_checkpoint: usize,
+    /// Bytes of updates written since then.
+    written: usize,
 }
 
 /// The WAL is checkpointed once the queue has been empty this long (a turn's stream has paused or ended)...
 const CHECKPOINT_WHEN_IDLE: Duration = Duration::from_millis(250);
 /// ...or, in a stream that never pauses, after this many transactions, so the WAL stays bounded.
 const CHECKPOINT_AT_THE_LATEST: usize = 5_000;
+/// ...or once this many bytes of updates were written since the last, so that a stream of large updates (terminals
+/// shown in tool calls, whose dead rows are deleted) does not grow the WAL with it.
+const CHECKPOINT_AFTER_BYTES: usize = 16 << 20;
 
 /// What a job did inside the transaction, to acknowledge once it is committed.
 enum Done {
@@ -217,7 +248,7 @@ impl WriterThread {
             }
             self.batch(batch);
             self.since_checkpoint += 1;
-            if self.since_checkpoint >= CHECKPOINT_AT_THE_LATEST {
+            if self.since_checkpoint >= CHECKPOINT_AT_THE_LATEST || self.written >= CHECKPOINT_AFTER_BYTES {
                 self.checkpoint();
             }
         }
@@ -235,6 +266,7 @@ impl WriterThread {
             tracing::debug!(path = %self.context.path.display(), "checkpoint of the session store failed: {e}");
         }
         self.since_checkpoint = 0;
+        self.written = 0;
     }
 
     /// Runs the waiting turn endings and `batch` in one transaction, then acknowledges every job.
@@ -255,6 +287,11 @@ impl WriterThread {
         }
         *self.context.lock_wait.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let failure = outcome.err();
+        if failure.is_some() {
+            // Rows of a rolled-back transaction are not there, and their ids will be given again: forgotten, so that
+            // nothing but a dead row is ever deleted (one may stay).
+            self.latest.clear();
+        }
         for item in done {
             match (&failure, &item) {
                 (Some(error), Done::End(_, _, ending)) if error.is_unavailable() => self.unended.push(ending.clone()),
@@ -300,8 +337,10 @@ impl WriterThread {
                     done.push(Done::Append(reply, Err(error), turn_id));
                     None
                 }
-                Job::Append { session_id, turn_id, payload, at, reply } => {
+                Job::Append { session_id, turn_id, payload, at, key, reply } => {
+                    self.written += payload.len();
                     let result = append(&self.connection, &mut insert, &session_id, turn_id, &payload, at)
+                        .and_then(|()| supersede(&self.connection, &mut self.latest, turn_id, key))
                         .map_err(|f| self.context.error(f));
                     let fatal = self.fatal(&result);
                     if let Err(error) = &result {
@@ -311,6 +350,7 @@ impl WriterThread {
                     fatal
                 }
                 Job::End { ending, reply } => {
+                    self.latest.retain(|(turn, _), _| *turn != ending.turn_id);
                     let result =
                         self.savepoint(|connection| end(connection, &ending)).map_err(|f| self.context.error(f));
                     let fatal = self.fatal(&result);

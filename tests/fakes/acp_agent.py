@@ -22,6 +22,14 @@ Scenarios (the agent answers in text what happened, one line per step):
   terminal-at:<dir>       terminal/create of `pwd` with cwd <dir>: as `terminal`
   terminal-kill           terminal/create of `sleep 30`, then terminal/kill: "terminal-kill <exit status> <output
                           of its output request afterwards, as JSON>"
+  terminal-flood:<bytes>   terminal/create of `yes … | head -c <bytes>` (kept: 1 MiB), shown in a tool call
+                          (`flood-call`) until it ends: "flood <exit code> <length of its output> <truncated>"
+  terminals-flood:<n>x<bytes>  <n> terminals at once (kept: 1 MiB each) of `yes … | head -c <bytes>`, each shown in a
+                          tool call (`flood-<i>`) until it ends: "floods <exit code> …"
+  terminals-procs:<n>     <n> terminals one after the other, each starting 15 `sleep 3170` (Python, counting the
+                          forks refused) and sleeping: "terminals-procs <what each said> | …", left running
+  terminals-memory:<n>    <n> terminals one after the other, each holding 200 MiB and sleeping: "terminals-memory
+                          held | refused | <exit status> | …", left running
   terminal-sleep          terminal/create of a command that starts a `setsid` daemon (`sleep 3171`) and sleeps
                           (`sleep 3172`), shown in a tool call; says "sleeping", then waits for session/cancel and
                           answers `cancelled`, leaving the terminal as it is (neither killed nor released)
@@ -253,6 +261,59 @@ def run_prompt(rid, params):
             again = request("terminal/output", {"sessionId": session, "terminalId": tid})
             line(f"terminal {waited['result'].get('exitCode')} {output['result']['output'].strip()}")
             line("after release " + json.dumps(again.get("error", {}).get("message")))
+    elif name == "terminal-flood":
+        made = {"sessionId": session, "command": "sh", "outputByteLimit": 1048576,
+                "args": ["-c", f"yes FLOOD-LINE-0123456789 | head -c {int(arg)}"]}
+        tid = request("terminal/create", made)["result"]["terminalId"]
+        shown = [{"type": "terminal", "terminalId": tid}]
+        update(session, {"sessionUpdate": "tool_call", "toolCallId": "flood-call", "title": "Flood", "kind": "execute",
+                         "status": "in_progress", "content": shown})
+        waited = request("terminal/wait_for_exit", {"sessionId": session, "terminalId": tid})["result"]
+        output = request("terminal/output", {"sessionId": session, "terminalId": tid})["result"]
+        update(session, {"sessionUpdate": "tool_call_update", "toolCallId": "flood-call", "status": "completed",
+                         "content": shown})
+        request("terminal/release", {"sessionId": session, "terminalId": tid})
+        line(f"flood {waited.get('exitCode')} {len(output['output'])} {output['truncated']}")
+    elif name == "terminals-flood":
+        count, size = (int(part) for part in arg.split("x"))
+        made = {"sessionId": session, "command": "sh", "args": ["-c", f"yes FLOOD-LINE-0123456789 | head -c {size}"]}
+        tids = [request("terminal/create", made)["result"]["terminalId"] for _ in range(count)]
+        for i, tid in enumerate(tids):
+            update(session, {"sessionUpdate": "tool_call", "toolCallId": f"flood-{i}", "title": "Flood",
+                             "kind": "execute", "status": "in_progress",
+                             "content": [{"type": "terminal", "terminalId": tid}]})
+        codes = []
+        for i, tid in enumerate(tids):
+            codes.append(request("terminal/wait_for_exit", {"sessionId": session, "terminalId": tid})["result"].get("exitCode"))
+            update(session, {"sessionUpdate": "tool_call_update", "toolCallId": f"flood-{i}", "status": "completed",
+                             "content": [{"type": "terminal", "terminalId": tid}]})
+            request("terminal/release", {"sessionId": session, "terminalId": tid})
+        line("floods " + " ".join(str(code) for code in codes))
+    elif name in ("terminals-procs", "terminals-memory"):
+        if name == "terminals-procs":
+            code = ("import subprocess, time\nstarted = failed = 0\nfor i in range(15):\n"
+                    "    try:\n        subprocess.Popen(['sleep', '3170']); started += 1\n"
+                    "    except OSError:\n        failed += 1\n"
+                    "print('started', started, 'failed', failed, flush=True)\ntime.sleep(3170)")
+        else:
+            code = ("import time\ntry:\n    b = bytearray(200 << 20)\n    for i in range(0, len(b), 4096):\n"
+                    "        b[i] = 1\n    print('held', flush=True)\nexcept MemoryError:\n"
+                    "    print('refused', flush=True)\ntime.sleep(3170)")
+        said = []
+        for _ in range(int(arg)):
+            got = request("terminal/create", {"sessionId": session, "command": "python3", "args": ["-c", code]})
+            if "result" not in got:
+                said.append("refused")
+                continue
+            tid = got["result"]["terminalId"]
+            # One after the other: each starts once the one before said what it got (or ended).
+            while True:
+                out = request("terminal/output", {"sessionId": session, "terminalId": tid})["result"]
+                if out["output"].strip() or out.get("exitStatus"):
+                    break
+                threading.Event().wait(0.05)
+            said.append(out["output"].strip() or json.dumps(out.get("exitStatus")))
+        line(f"{name} " + " | ".join(said))
     elif name == "terminal-sleep":
         CANCELLED[session] = threading.Event()
         made = {"sessionId": session, "command": "sh", "args": ["-c", "setsid sleep 3171 & exec sleep 3172"]}

@@ -440,7 +440,10 @@ async fn run(
         .name("acp-sandbox")
         .on_receive_notification(
             async move |mut notification: SessionNotification, _cx| {
-                shown.show(&mut notification.update);
+                if !shown.show(&notification.session_id.0, &mut notification.update) {
+                    // Only a terminal's output, which the call's coalesced updates show.
+                    return Ok(());
+                }
                 let seen = announced.lock().unwrap_or_else(|p| p.into_inner()).seen(notification.update);
                 let Some(update) = seen else { return Ok(()) };
                 notification.update = update;

@@ -1,16 +1,22 @@
 //! The ACP agent's `terminal/*`, run inside the session's sandbox (never on the host, where the editor's terminals
-//! would run them): each command shares the agent's sandbox settings, its output is kept within the agent's limit,
-//! and a tool call that shows the terminal shows its output instead, live, since the editor has no such terminal.
+//! would run them): each command shares the agent's sandbox settings and its limits (the session's cgroup), its
+//! output is kept within the agent's limit, and a tool call that shows the terminal shows its output instead, since
+//! the editor has no such terminal. So does a terminal the agent runs itself and announces in `_meta` (Codex's
+//! `terminal_info`, `terminal_output_delta` and `terminal_exit`).
+//!
+//! What one terminal costs the bridge is bounded: its output is read at [`READ_RATE`] at most (a command that prints
+//! faster waits, as on a slow terminal), kept in a ring of its limit, and shown at most every [`SHOW_EVERY`], with
+//! the last [`LIVE_TAIL`] while it runs and all that was kept once it ended.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_client_protocol::v1::schema::{
-    CreateTerminalRequest, SessionUpdate, TerminalExitStatus, TerminalOutputResponse, ToolCallContent, ToolCallId,
-    ToolCallUpdate, ToolCallUpdateFields,
+    CreateTerminalRequest, Meta, SessionUpdate, TerminalExitStatus, TerminalOutputResponse, ToolCallContent,
+    ToolCallId, ToolCallUpdate, ToolCallUpdateFields,
 };
 use tokio::io::AsyncReadExt;
 use tokio::sync::{Notify, watch};
@@ -29,8 +35,27 @@ const MOST_KEPT: usize = 16 << 20;
 /// How many of its terminals may exist at once (released ones do not count).
 const AT_ONCE: usize = 16;
 
+/// How many released terminals keep their output for a tool call that shows them later (Codex releases a terminal
+/// before its card is shown for the last time).
+const KEPT_RELEASED: usize = 16;
+
+/// How many of the terminals the agent runs itself (announced in `_meta`) are remembered.
+const KEPT_ANNOUNCED: usize = 32;
+
 /// How often a tool call that shows a running terminal is updated at most.
 const SHOW_EVERY: Duration = Duration::from_millis(250);
+
+/// How much of a running terminal's output a tool call shows: its end. Once it ended, all that was kept.
+const LIVE_TAIL: usize = 64 << 10;
+
+/// How fast the output of one agent's terminals is read at most, together, in bytes per second.
+const READ_RATE: usize = 32 << 20;
+
+/// The window [`READ_RATE`] is counted in.
+const READ_WINDOW: Duration = Duration::from_millis(100);
+
+/// The `_meta` keys of a terminal the agent runs itself (Zed's convention, which Codex follows).
+const ANNOUNCED_KEYS: [&str; 4] = ["terminal_info", "terminal_output", "terminal_output_delta", "terminal_exit"];
 
 /// The agent's terminals.
 pub struct Terminals {
@@ -40,16 +65,39 @@ pub struct Terminals {
     /// The workspace and its other roots, as the agent sees them: a terminal's folder is one of them.
     roots: Vec<PathBuf>,
     route: Route,
-    live: Live,
+    known: Known,
     next: AtomicU64,
     /// The agent's current turn (counted from 1): each terminal belongs to the one it was made in.
     turn: AtomicU64,
+    /// What its terminals' output may still be read in this window.
+    pace: Arc<Pace>,
 }
 
-/// The terminals not yet released, by id (shared with the tasks that show them).
-type Live = Arc<Mutex<HashMap<String, Arc<Terminal>>>>;
+/// The terminals a tool call may show, shared with the tasks that show them.
+type Known = Arc<Mutex<Register>>;
 
-/// One command the agent started.
+/// Every terminal a tool call may name.
+#[derive(Default)]
+struct Register {
+    /// Not yet released, by id: the agent's requests reach these only.
+    live: HashMap<String, Arc<Terminal>>,
+    /// The last released ones, oldest first.
+    released: VecDeque<Arc<Terminal>>,
+    /// The last ones the agent runs itself, oldest first.
+    announced: VecDeque<Arc<Terminal>>,
+}
+
+impl Register {
+    /// The terminal a tool call names as `id`.
+    fn find(&self, id: &str) -> Option<Arc<Terminal>> {
+        self.live.get(id).cloned().or_else(|| {
+            let named = |terminal: &&Arc<Terminal>| terminal.id == id;
+            self.released.iter().rev().find(named).or_else(|| self.announced.iter().rev().find(named)).cloned()
+        })
+    }
+}
+
+/// One command the agent started, or one it runs itself and announced.
 struct Terminal {
     id: String,
     session: String,
@@ -57,35 +105,86 @@ struct Terminal {
     turn: u64,
     output: Mutex<Kept>,
     exit: watch::Sender<Option<TerminalExitStatus>>,
-    /// Ends the command (a kill, a release, the agent's end).
+    /// Ends the command (a kill, a release, the agent's end), and the showing of its output.
     kill: CancellationToken,
     /// New output, or its end.
     changed: Notify,
     /// The tool call that shows it, with its content as the agent gave it.
     shown: Mutex<Option<(ToolCallId, Vec<ToolCallContent>)>>,
+    /// Its final state was shown already (in the agent's own update that told its end).
+    shown_ended: AtomicBool,
+    /// The agent runs it itself (it announced it in `_meta`): no process of ours, it ends when the agent says so.
+    announced: bool,
 }
 
-/// The end of a terminal's output, within its limit.
+/// The end of a terminal's output, within its limit: a ring, so that a flood costs a copy of each byte, once.
 struct Kept {
-    bytes: Vec<u8>,
+    bytes: VecDeque<u8>,
     limit: usize,
     truncated: bool,
 }
 
 impl Kept {
+    fn new(limit: usize) -> Self {
+        Kept { bytes: VecDeque::new(), limit, truncated: false }
+    }
+
     fn push(&mut self, more: &[u8]) {
-        self.bytes.extend_from_slice(more);
-        if self.bytes.len() > self.limit {
-            let over = self.bytes.len() - self.limit;
+        let more = if more.len() > self.limit {
+            self.truncated = true;
+            &more[more.len() - self.limit..]
+        } else {
+            more
+        };
+        let over = (self.bytes.len() + more.len()).saturating_sub(self.limit);
+        if over > 0 {
             self.bytes.drain(..over);
             self.truncated = true;
         }
+        self.bytes.extend(more);
     }
 
     /// The text kept, from the first whole character (the cut may fall inside one).
     fn text(&self) -> String {
-        let start = if self.truncated { self.bytes.iter().take_while(|b| (**b & 0xC0) == 0x80).count() } else { 0 };
-        String::from_utf8_lossy(&self.bytes[start..]).into_owned()
+        self.tail(self.bytes.len())
+    }
+
+    /// The last `most` bytes of it as text, from the first whole character.
+    fn tail(&self, most: usize) -> String {
+        let skip = self.bytes.len().saturating_sub(most);
+        let cut = self.truncated || skip > 0;
+        let mut bytes = self.bytes.range(skip..).skip_while(|b| cut && (**b & 0xC0) == 0x80).copied();
+        let mut text = Vec::with_capacity(self.bytes.len() - skip);
+        text.extend(&mut bytes);
+        String::from_utf8_lossy(&text).into_owned()
+    }
+}
+
+/// A budget of bytes per window, shared by an agent's terminals.
+struct Pace {
+    window: Mutex<(tokio::time::Instant, usize)>,
+}
+
+impl Pace {
+    fn new() -> Self {
+        Pace { window: Mutex::new((tokio::time::Instant::now(), 0)) }
+    }
+
+    /// Counts `read` bytes, and waits for the next window once this one's budget is spent.
+    async fn take(&self, read: usize) {
+        let wait = {
+            let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
+            let now = tokio::time::Instant::now();
+            if now.duration_since(window.0) >= READ_WINDOW {
+                *window = (now, 0);
+            }
+            window.1 += read;
+            let budget = READ_RATE / (Duration::from_secs(1).as_millis() / READ_WINDOW.as_millis()) as usize;
+            (window.1 >= budget).then(|| window.0 + READ_WINDOW)
+        };
+        if let Some(until) = wait {
+            tokio::time::sleep_until(until).await;
+        }
     }
 }
 
@@ -108,15 +207,16 @@ impl Terminals {
             template,
             roots,
             route,
-            live: Live::default(),
+            known: Known::default(),
             next: AtomicU64::new(1),
             turn: AtomicU64::new(0),
+            pace: Arc::new(Pace::new()),
         }
     }
 
     /// Starts the command of `request` in the sandbox: its terminal's id, or why not.
     pub async fn create(self: &Arc<Self>, request: CreateTerminalRequest) -> Result<String, String> {
-        if self.live().len() >= AT_ONCE {
+        if self.known().live.len() >= AT_ONCE {
             return Err(format!("the agent has {AT_ONCE} terminals already: release one first"));
         }
         let mut spec = self.template.clone();
@@ -136,19 +236,11 @@ impl Terminals {
         let limit = request.output_byte_limit.map_or(DEFAULT_KEPT, |limit| (limit as usize).min(MOST_KEPT));
         let process = self.sandbox.exec(spec).await.map_err(|e| e.to_string())?;
         let id = format!("term-{}", self.next.fetch_add(1, Ordering::SeqCst));
-        let terminal = Arc::new(Terminal {
-            id: id.clone(),
-            session: request.session_id.0.to_string(),
-            turn: self.turn.load(Ordering::SeqCst),
-            output: Mutex::new(Kept { bytes: Vec::new(), limit, truncated: false }),
-            exit: watch::channel(None).0,
-            kill: CancellationToken::new(),
-            changed: Notify::new(),
-            shown: Mutex::default(),
-        });
-        self.live().insert(id.clone(), terminal.clone());
-        tokio::spawn(run(terminal.clone(), process.stdout, process.stderr, process.handle));
-        tokio::spawn(show(terminal, self.live.clone(), self.route.clone()));
+        let terminal =
+            Arc::new(Terminal::new(&id, &request.session_id.0, self.turn.load(Ordering::SeqCst), limit, false));
+        self.known().live.insert(id.clone(), terminal.clone());
+        tokio::spawn(run(terminal.clone(), process.stdout, process.stderr, process.handle, self.pace.clone()));
+        tokio::spawn(show(terminal, self.known.clone(), self.route.clone()));
         Ok(id)
     }
 
@@ -174,10 +266,17 @@ impl Terminals {
         Ok(())
     }
 
-    /// Ends terminal `id`'s command and forgets it.
+    /// Ends terminal `id`'s command and forgets it for the agent's requests; its output is kept a while for a tool
+    /// call that shows it.
     pub fn release(&self, session: &str, id: &str) -> Result<(), String> {
         self.get(session, id)?.kill.cancel();
-        self.live().remove(id);
+        let mut known = self.known();
+        if let Some(terminal) = known.live.remove(id) {
+            known.released.push_back(terminal);
+            if known.released.len() > KEPT_RELEASED {
+                known.released.pop_front();
+            }
+        }
         Ok(())
     }
 
@@ -191,56 +290,151 @@ impl Terminals {
     /// agent releases them. Those of earlier turns run on.
     pub fn end_turn(&self) {
         let turn = self.turn.load(Ordering::SeqCst);
-        for terminal in self.live().values().filter(|terminal| terminal.turn == turn) {
+        let known = self.known();
+        for terminal in known.live.values().chain(&known.announced).filter(|terminal| terminal.turn == turn) {
             terminal.kill.cancel();
         }
     }
 
     /// Ends every terminal (the agent ended).
     pub fn end_all(&self) {
-        for (_, terminal) in self.live().drain() {
+        let mut known = self.known();
+        for (_, terminal) in known.live.drain() {
             terminal.kill.cancel();
+        }
+        for terminal in known.announced.drain(..) {
+            terminal.kill.cancel();
+        }
+        known.released.clear();
+    }
+
+    /// `update` of `session` as the editor can show it: a terminal in a tool call's content becomes the terminal's
+    /// output (the editor has no terminal of that id), and the call is updated as the output grows. A terminal the
+    /// agent runs itself and announces in `_meta` is kept and shown the same way, and its `_meta` keys are taken
+    /// out. Whether anything is left to send.
+    pub fn show(&self, session: &str, update: &mut SessionUpdate) -> bool {
+        let (id, content, meta) = match update {
+            SessionUpdate::ToolCall(call) => (&call.tool_call_id, Some(&mut call.content), &mut call.meta),
+            SessionUpdate::ToolCallUpdate(ToolCallUpdate { tool_call_id, fields, meta, .. }) => {
+                (&*tool_call_id, fields.content.as_mut(), meta)
+            }
+            _ => return true,
+        };
+        let id = id.clone();
+        let told = self.take_announced(session, meta);
+        let known = self.known();
+        match content {
+            Some(content) => {
+                let mut shown = Vec::new();
+                for item in content.iter() {
+                    if let ToolCallContent::Terminal(embedded) = item
+                        && let Some(terminal) = known.find(embedded.terminal_id.0.as_ref())
+                    {
+                        // This update shows what it printed so far; its own updates show what comes next.
+                        *terminal.shown.lock().unwrap_or_else(|p| p.into_inner()) = Some((id.clone(), content.clone()));
+                        shown.push(terminal);
+                    }
+                }
+                if !shown.is_empty() || content.iter().any(|item| matches!(item, ToolCallContent::Terminal(_))) {
+                    *content = rendered(content, |id| known.find(id), false);
+                    // This update shows the end of those that ended: theirs need not show it again.
+                    for terminal in shown.iter().filter(|terminal| terminal.exit.borrow().is_some()) {
+                        terminal.shown_ended.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+            None => {
+                // The agent's update that tells a terminal's end carries its final output, in order.
+                let ended = told.iter().find(|terminal| {
+                    terminal.exit.borrow().is_some()
+                        && terminal
+                            .shown
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .as_ref()
+                            .is_some_and(|(call, _)| *call == id)
+                });
+                if let Some(terminal) = ended
+                    && let Some((_, content)) = terminal.shown.lock().unwrap_or_else(|p| p.into_inner()).clone()
+                {
+                    terminal.shown_ended.store(true, Ordering::SeqCst);
+                    if let SessionUpdate::ToolCallUpdate(ToolCallUpdate { fields, .. }) = update {
+                        fields.content = Some(rendered(&content, |id| known.find(id), false));
+                    }
+                }
+            }
+        }
+        drop(known);
+        match update {
+            SessionUpdate::ToolCallUpdate(ToolCallUpdate { fields, meta, .. }) => {
+                told.is_empty() || meta.is_some() || *fields != ToolCallUpdateFields::default()
+            }
+            _ => true,
         }
     }
 
-    /// `update` as the editor can show it: a terminal in a tool call's content becomes the terminal's output (the
-    /// editor has no terminal of that id), and the call is updated as the output grows.
-    pub fn show(&self, update: &mut SessionUpdate) {
-        let (id, content) = match update {
-            SessionUpdate::ToolCall(call) => (&call.tool_call_id, &mut call.content),
-            SessionUpdate::ToolCallUpdate(ToolCallUpdate { tool_call_id, fields, .. }) => match &mut fields.content {
-                Some(content) => (&*tool_call_id, content),
-                None => return,
-            },
-            _ => return,
-        };
-        let live = self.live();
-        let mut shown = false;
-        for item in content.iter() {
-            if let ToolCallContent::Terminal(embedded) = item
-                && let Some(terminal) = live.get(embedded.terminal_id.0.as_ref())
-            {
-                *terminal.shown.lock().unwrap_or_else(|p| p.into_inner()) = Some((id.clone(), content.clone()));
-                // What it printed before the call showed it is sent too, if this update comes too early for it.
-                terminal.changed.notify_one();
-                shown = true;
+    /// Takes the terminal keys out of `meta` and applies them to the terminals they name: the ones they told of.
+    fn take_announced(&self, session: &str, meta: &mut Option<Meta>) -> Vec<Arc<Terminal>> {
+        let Some(fields) = meta.as_mut() else { return Vec::new() };
+        let mut told: Vec<Arc<Terminal>> = Vec::new();
+        for key in ANNOUNCED_KEYS {
+            let Some(value) = fields.remove(key) else { continue };
+            let Some(id) = value.get("terminal_id").and_then(|id| id.as_str()) else { continue };
+            let terminal = self.announced(session, id);
+            match key {
+                "terminal_output" | "terminal_output_delta" => {
+                    if let Some(data) = value.get("data").and_then(|data| data.as_str()) {
+                        terminal.output.lock().unwrap_or_else(|p| p.into_inner()).push(data.as_bytes());
+                    }
+                }
+                "terminal_exit" => {
+                    let code =
+                        value.get("exit_code").and_then(|code| code.as_u64()).and_then(|c| u32::try_from(c).ok());
+                    let signal = value.get("signal").and_then(|signal| signal.as_str()).map(str::to_string);
+                    terminal.exit.send_replace(Some(TerminalExitStatus::new().exit_code(code).signal(signal)));
+                }
+                _ => {}
+            }
+            terminal.changed.notify_one();
+            if !told.iter().any(|known| Arc::ptr_eq(known, &terminal)) {
+                told.push(terminal);
             }
         }
-        if shown || content.iter().any(|item| matches!(item, ToolCallContent::Terminal(_))) {
-            *content = rendered(content, &live);
+        if fields.is_empty() {
+            *meta = None;
         }
+        told
+    }
+
+    /// The terminal `id` the agent runs itself, remembered from now on.
+    fn announced(&self, session: &str, id: &str) -> Arc<Terminal> {
+        let mut known = self.known();
+        if let Some(terminal) = known.announced.iter().find(|terminal| terminal.id == id && terminal.session == session)
+        {
+            return terminal.clone();
+        }
+        let terminal = Arc::new(Terminal::new(id, session, self.turn.load(Ordering::SeqCst), DEFAULT_KEPT, true));
+        known.announced.push_back(terminal.clone());
+        if known.announced.len() > KEPT_ANNOUNCED
+            && let Some(oldest) = known.announced.pop_front()
+        {
+            oldest.kill.cancel();
+        }
+        tokio::spawn(show(terminal.clone(), self.known.clone(), self.route.clone()));
+        terminal
     }
 
     fn get(&self, session: &str, id: &str) -> Result<Arc<Terminal>, String> {
-        self.live()
+        self.known()
+            .live
             .get(id)
             .filter(|terminal| terminal.session == session)
             .cloned()
             .ok_or_else(|| format!("no terminal {id} in this session"))
     }
 
-    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Terminal>>> {
-        locked(&self.live)
+    fn known(&self) -> std::sync::MutexGuard<'_, Register> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -250,13 +444,18 @@ impl Drop for Terminals {
     }
 }
 
-/// `content` with each terminal replaced by its output so far (one that is gone, by a word of it).
-fn rendered(content: &[ToolCallContent], live: &HashMap<String, Arc<Terminal>>) -> Vec<ToolCallContent> {
+/// `content` with each terminal replaced by its output so far (one that is gone, by a word of it): all that was
+/// kept, or only its end while it runs unless `whole`.
+fn rendered(
+    content: &[ToolCallContent],
+    find: impl Fn(&str) -> Option<Arc<Terminal>>,
+    whole: bool,
+) -> Vec<ToolCallContent> {
     content
         .iter()
         .map(|item| match item {
-            ToolCallContent::Terminal(embedded) => match live.get(embedded.terminal_id.0.as_ref()) {
-                Some(terminal) => ToolCallContent::from(terminal.text()),
+            ToolCallContent::Terminal(embedded) => match find(embedded.terminal_id.0.as_ref()) {
+                Some(terminal) => ToolCallContent::from(terminal.text(whole)),
                 None => ToolCallContent::from(format!("(terminal {} was released)", embedded.terminal_id.0)),
             },
             other => other.clone(),
@@ -265,11 +464,31 @@ fn rendered(content: &[ToolCallContent], live: &HashMap<String, Arc<Terminal>>) 
 }
 
 impl Terminal {
-    /// Its output as a tool call shows it, with how it ended once it did.
-    fn text(&self) -> String {
-        let output = self.output.lock().unwrap_or_else(|p| p.into_inner()).text();
+    fn new(id: &str, session: &str, turn: u64, limit: usize, announced: bool) -> Self {
+        Terminal {
+            id: id.to_string(),
+            session: session.to_string(),
+            turn,
+            output: Mutex::new(Kept::new(limit)),
+            exit: watch::channel(None).0,
+            kill: CancellationToken::new(),
+            changed: Notify::new(),
+            shown: Mutex::default(),
+            shown_ended: AtomicBool::new(false),
+            announced,
+        }
+    }
+
+    /// Its output as a tool call shows it, with how it ended once it did: while it runs only its end, unless
+    /// `whole`.
+    fn text(&self, whole: bool) -> String {
+        let ended = self.exit.borrow().clone();
+        let output = {
+            let kept = self.output.lock().unwrap_or_else(|p| p.into_inner());
+            if whole || ended.is_some() { kept.text() } else { kept.tail(LIVE_TAIL) }
+        };
         let mut text = crate::agents::tools::fence(&output, "console");
-        if let Some(status) = self.exit.borrow().as_ref() {
+        if let Some(status) = ended {
             match (status.exit_code, &status.signal) {
                 (Some(code), _) if code != 0 => text.push_str(&format!("\n\nexit code {code}")),
                 (None, Some(signal)) => text.push_str(&format!("\n\nended by {signal}")),
@@ -281,8 +500,14 @@ impl Terminal {
 }
 
 /// Reads the command's output into its terminal until it ends (or is killed), then says how it ended.
-async fn run(terminal: Arc<Terminal>, stdout: OutputStream, stderr: OutputStream, mut handle: Box<dyn ProcessHandle>) {
-    let reading = futures::future::join(read(&terminal, stdout), read(&terminal, stderr));
+async fn run(
+    terminal: Arc<Terminal>,
+    stdout: OutputStream,
+    stderr: OutputStream,
+    mut handle: Box<dyn ProcessHandle>,
+    pace: Arc<Pace>,
+) {
+    let reading = futures::future::join(read(&terminal, stdout, &pace), read(&terminal, stderr, &pace));
     let ended = async {
         tokio::select! {
             exit = handle.wait() => exit.ok(),
@@ -299,18 +524,19 @@ async fn run(terminal: Arc<Terminal>, stdout: OutputStream, stderr: OutputStream
             _ = terminal.kill.cancelled() => {}
         }
     });
-    let _ = terminal.exit.send(Some(status(exit)));
+    terminal.exit.send_replace(Some(status(exit)));
     terminal.changed.notify_one();
 }
 
-async fn read(terminal: &Terminal, mut stream: OutputStream) {
-    let mut buf = vec![0u8; 8192];
+async fn read(terminal: &Terminal, mut stream: OutputStream, pace: &Pace) {
+    let mut buf = vec![0u8; 64 << 10];
     while let Ok(n) = stream.read(&mut buf).await {
         if n == 0 {
             break;
         }
         terminal.output.lock().unwrap_or_else(|p| p.into_inner()).push(&buf[..n]);
         terminal.changed.notify_one();
+        pace.take(n).await;
     }
 }
 
@@ -332,25 +558,44 @@ fn signal_name(signal: i32) -> String {
     }
 }
 
-fn locked(live: &Live) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Terminal>>> {
-    live.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Updates the tool call that shows `terminal` as its output grows, and once more when it ends.
-async fn show(terminal: Arc<Terminal>, live: Live, route: Route) {
+/// Updates the tool call that shows `terminal` as its output grows, at most every [`SHOW_EVERY`] (always with its
+/// latest state), and once more when it ends, unless the agent's own update showed that already.
+async fn show(terminal: Arc<Terminal>, known: Known, route: Route) {
+    let mut showing: Option<ToolCallId> = None;
     loop {
-        terminal.changed.notified().await;
-        let ended = terminal.exit.borrow().is_some();
+        tokio::select! {
+            _ = terminal.changed.notified() => {}
+            // An announced terminal whose end never came: its turn was stopped, or it was forgotten.
+            _ = terminal.kill.cancelled(), if terminal.announced => return,
+        }
+        let call = terminal.shown.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|(id, _)| id.clone());
+        if call.is_some() && call != showing {
+            // The agent's update that shows it in this call is on its way to the turn: it goes first (it showed
+            // what was printed so far), so that the call is never updated before it is announced.
+            showing = call;
+            tokio::time::sleep(SHOW_EVERY).await;
+        }
+        let mut ended = terminal.exit.borrow().is_some();
         let shown = terminal.shown.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some((id, content)) = shown {
+        if let Some((id, content)) = shown
+            && let Some(tx) = sender(&route, &terminal.session)
+            // Its place in the turn's order first: what the agent sends meanwhile comes after it.
+            && let Ok(place) = tx.reserve().await
+            && {
+                ended = terminal.exit.borrow().is_some();
+                !(ended && terminal.shown_ended.load(Ordering::SeqCst))
+            }
+        {
             // Shown to its end, even once the agent released it (its last output may come after that).
-            let mut shown = locked(&live).clone();
-            shown.insert(terminal.id.clone(), terminal.clone());
-            let content = rendered(&content, &shown);
+            let content = {
+                let known = known.lock().unwrap_or_else(|p| p.into_inner());
+                let find = |id: &str| if id == terminal.id { Some(terminal.clone()) } else { known.find(id) };
+                rendered(&content, find, ended)
+            };
             let update =
                 SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(id, ToolCallUpdateFields::new().content(content)));
-            if let (Some(tx), Ok(json)) = (sender(&route, &terminal.session), serde_json::to_string(&update)) {
-                let _ = tx.send(Event::Update(json)).await;
+            if let Ok(json) = serde_json::to_string(&update) {
+                place.send(Event::Update(json));
             }
         }
         if ended {
@@ -366,7 +611,7 @@ mod tests {
 
     #[test]
     fn the_output_kept_is_its_end_from_a_whole_character() {
-        let mut kept = Kept { bytes: Vec::new(), limit: 4, truncated: false };
+        let mut kept = Kept::new(4);
         kept.push(b"ab");
         assert_eq!((kept.text().as_str(), kept.truncated), ("ab", false));
         kept.push("cd".as_bytes());
@@ -374,6 +619,105 @@ mod tests {
         kept.push("é€".as_bytes());
         // The 4 bytes kept are the end of "é" and "€": the part of "é" is left out.
         assert_eq!((kept.text().as_str(), kept.truncated), ("€", true));
+    }
+
+    #[test]
+    fn a_flood_keeps_the_end_of_the_output_within_the_limit() {
+        let mut kept = Kept::new(8);
+        for _ in 0..1000 {
+            kept.push(b"0123456789");
+        }
+        kept.push(b"abc");
+        assert_eq!((kept.text().as_str(), kept.truncated, kept.bytes.len()), ("56789abc", true, 8));
+        kept.push(&[b'x'; 20]);
+        assert_eq!(kept.text(), "xxxxxxxx");
+        let mut kept = Kept::new(100);
+        kept.push("aé".as_bytes());
+        // The last two bytes are all of "é": the tail starts at a whole character.
+        assert_eq!((kept.tail(2).as_str(), kept.tail(1).as_str(), kept.text().as_str()), ("é", "", "aé"));
+    }
+
+    /// A sandbox nothing runs in: the terminals the agent announces run in its own process.
+    struct Nowhere;
+
+    #[async_trait::async_trait]
+    impl Sandbox for Nowhere {
+        fn workspace(&self) -> &std::path::Path {
+            std::path::Path::new("/ws")
+        }
+        fn state_dir(&self) -> &std::path::Path {
+            std::path::Path::new("/state")
+        }
+        fn isolation(&self) -> String {
+            "none".into()
+        }
+        async fn exec(&self, _spec: ExecSpec) -> Result<crate::sandbox::RunningProcess, crate::sandbox::SandboxError> {
+            Err(crate::sandbox::SandboxError::Unavailable("nothing runs here".into()))
+        }
+        async fn write_state_file(&self, _: &std::path::Path, _: &[u8]) -> Result<(), crate::sandbox::SandboxError> {
+            Ok(())
+        }
+    }
+
+    fn update(json: serde_json::Value) -> SessionUpdate {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_terminal_the_agent_runs_itself_is_shown_with_its_output_in_the_card() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let route: Route = Arc::new(Mutex::new(Some(("s".to_string(), tx))));
+        let terminals = Terminals::new(Arc::new(Nowhere), &ExecSpec::default(), Vec::new(), route);
+        terminals.begin_turn();
+        // Codex's command card: its own terminal, announced in `_meta`, its output in deltas, its end in the last.
+        let mut announced = update(serde_json::json!({
+            "sessionUpdate": "tool_call", "toolCallId": "call_1", "title": "echo", "kind": "execute",
+            "content": [{"type": "terminal", "terminalId": "call_1"}],
+            "_meta": {"terminal_info": {"terminal_id": "call_1", "cwd": "/ws"}, "other": 1}
+        }));
+        assert!(terminals.show("s", &mut announced));
+        let json = serde_json::to_value(&announced).unwrap();
+        assert_eq!(
+            json["content"],
+            serde_json::json!([{"type": "content", "content": {"type": "text", "text": "```console\n\n```"}}])
+        );
+        assert_eq!(json["_meta"], serde_json::json!({"other": 1}));
+        for data in ["one\n", "two\n"] {
+            let mut chunk = update(serde_json::json!({
+                "sessionUpdate": "tool_call_update", "toolCallId": "call_1",
+                "_meta": {"terminal_output_delta": {"terminal_id": "call_1", "data": data}}
+            }));
+            assert!(!terminals.show("s", &mut chunk), "a chunk alone is shown by the coalesced updates");
+        }
+        let mut end = update(serde_json::json!({
+            "sessionUpdate": "tool_call_update", "toolCallId": "call_1", "status": "completed",
+            "_meta": {"terminal_exit": {"terminal_id": "call_1", "exit_code": 2, "signal": null}}
+        }));
+        assert!(terminals.show("s", &mut end));
+        let json = serde_json::to_value(&end).unwrap();
+        assert_eq!(
+            (&json["status"], &json["content"][0]["content"]["text"], json.get("_meta")),
+            (&serde_json::json!("completed"), &serde_json::json!("```console\none\ntwo\n```\n\nexit code 2"), None)
+        );
+        // What the coalesced updates showed meanwhile is the card's content at some moment, nothing else.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        while let Ok(event) = rx.try_recv() {
+            let Event::Update(json) = event else { panic!("not an update") };
+            let shown: serde_json::Value = serde_json::from_str(&json).unwrap();
+            let text = shown["content"][0]["content"]["text"].as_str().unwrap().to_string();
+            let states = ["```console\n\n```", "```console\none\n```", "```console\none\ntwo\n```"];
+            assert!(shown["toolCallId"] == "call_1" && states.contains(&text.as_str()), "{shown}");
+        }
+        // A card that names a terminal nobody announced or made says so.
+        let mut unknown = update(serde_json::json!({
+            "sessionUpdate": "tool_call", "toolCallId": "call_2", "title": "x",
+            "content": [{"type": "terminal", "terminalId": "call_2"}]
+        }));
+        assert!(terminals.show("s", &mut unknown));
+        let json = serde_json::to_value(&unknown).unwrap();
+        assert_eq!(json["content"][0]["content"]["text"], "(terminal call_2 was released)");
     }
 
     #[test]

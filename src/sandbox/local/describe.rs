@@ -139,8 +139,12 @@ impl LocalSettings {
         );
         let enforcement = limits::probe();
         // Only a group actually made proves a cgroup works for us; otherwise the sandbox's first process watches.
-        let trial =
-            limits::SandboxCgroup::create(&enforcement, &format!("doctor-{}", std::process::id()), &self.limits);
+        let trial = limits::SandboxCgroup::create(
+            &enforcement,
+            &format!("doctor-{}", std::process::id()),
+            "probe",
+            &self.limits,
+        );
         add(
             "limits",
             match trial {

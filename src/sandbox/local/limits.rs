@@ -1,11 +1,14 @@
-//! Per-sandbox limits on processes and memory: a cgroup of its own where one can be made, `RLIMIT_NPROC`
-//! otherwise.
+//! Per-session limits on processes and memory: a cgroup of the session's own where one can be made,
+//! `RLIMIT_NPROC` otherwise. Every command of a session (an agent and the terminals it runs through the bridge)
+//! shares one budget.
 //!
-//! [`probe`] decides once per bridge what works here ([`Enforcement`]). For each running sandbox the caller
-//! makes a [`SandboxCgroup`] and joins its child to it in `pre_exec` ([`SandboxCgroup::pre_exec_join`]), or, with
-//! only rlimits, lowers `RLIMIT_NPROC` there ([`rlimit_pre_exec`]). Dropping the cgroup kills whatever is still
-//! in it and removes it. The groups are made under the bridge's own cgroup, so they stay inside whatever limits
-//! the bridge itself runs under.
+//! [`probe`] decides once per bridge what works here ([`Enforcement`]). For each running command the caller
+//! makes a [`SandboxCgroup`], a group of its own inside the session's group (`acp-sandbox/<session>/<command>`,
+//! the limits written on the session's), and joins its child to it in `pre_exec`
+//! ([`SandboxCgroup::pre_exec_join`]), or, with only rlimits, lowers `RLIMIT_NPROC` there ([`rlimit_pre_exec`], to
+//! a ceiling the session's running commands share, [`Ceiling`]). Dropping the cgroup kills whatever is still in it
+//! and removes it (and the session's group once no command is in it). The groups are made under the bridge's own
+//! cgroup, so they stay inside whatever limits the bridge itself runs under.
 //!
 //! Both limits count threads as well as processes (`pids.max` and `RLIMIT_NPROC` count tasks).
 
@@ -363,8 +366,8 @@ fn prepare_v1(own: &OwnCgroups, mounts: &[CgroupMount]) -> Result<(PathBuf, Path
 /// sandbox: the limit is set to what the user runs now plus `max_processes`, counted here, before the fork.
 /// It never raises the hard limit, and lowers it too, so the sandbox cannot undo it. Root (and anything with
 /// `CAP_SYS_RESOURCE`) ignores it.
-pub fn rlimit_pre_exec(limits: &Limits) -> impl FnMut() -> std::io::Result<()> + Send + Sync + 'static {
-    let nproc = user_tasks(nix::unistd::getuid().as_raw()).saturating_add(limits.max_processes);
+pub fn rlimit_pre_exec(ceiling: &Ceiling) -> impl FnMut() -> std::io::Result<()> + Send + Sync + 'static {
+    let nproc = ceiling.0;
     move || {
         let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: getrlimit and setrlimit are async-signal-safe system calls on a stack value; nothing allocates.
@@ -402,6 +405,27 @@ pub fn raise_open_files_limit() -> std::io::Result<(u64, u64)> {
     }
 }
 
+/// The `RLIMIT_NPROC` value of a session's commands: what the user ran when the first of them started, plus the
+/// session's `max_processes`. While any of them runs, the next one gets the same value, so that the agent and its
+/// terminals share one budget; it is counted anew once none runs. Held by each running command.
+#[derive(Debug)]
+pub struct Ceiling(u64);
+
+impl Ceiling {
+    /// The ceiling the session's running commands share (`shared`), or a new one when none runs.
+    pub fn shared(shared: &std::sync::Mutex<std::sync::Weak<Ceiling>>, limits: &Limits) -> std::sync::Arc<Ceiling> {
+        let mut shared = shared.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ceiling) = shared.upgrade() {
+            return ceiling;
+        }
+        let ceiling = std::sync::Arc::new(Ceiling(
+            user_tasks(nix::unistd::getuid().as_raw()).saturating_add(limits.max_processes),
+        ));
+        *shared = std::sync::Arc::downgrade(&ceiling);
+        ceiling
+    }
+}
+
 /// Tasks (threads included, as `RLIMIT_NPROC` counts them) whose real user id is `uid`.
 fn user_tasks(uid: u32) -> u64 {
     let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
@@ -426,36 +450,63 @@ enum Version {
     V1,
 }
 
-/// The cgroup(s) of one running sandbox. Dropping it kills every process still in it and removes it.
+/// The cgroup(s) of one running command, inside its session's. Dropping it kills every process still in it and
+/// removes it.
 #[derive(Debug)]
 pub struct SandboxCgroup {
     version: Version,
     /// v2: the one group; v1: the pids group, then the memory group.
     dirs: Vec<PathBuf>,
+    /// The session's group(s) above `dirs`, which hold the limits.
+    sessions: Vec<PathBuf>,
+    /// The session's event counters when this command started: what its commands hit before is not this one's.
+    before: Hits,
     /// `cgroup.procs` of each dir, ready for the child between fork and exec.
     procs: Vec<CString>,
     limits: Limits,
 }
 
 impl SandboxCgroup {
-    /// Makes the sandbox's group `<base>/acp-sandbox/<name>` and writes the limits; `None` when `enforcement` is
-    /// not a cgroup. `name` is one path component, unique among running sandboxes (the session id fits: a
-    /// session runs one turn at a time). A group of that name left by an earlier bridge is emptied and reused.
-    pub fn create(enforcement: &Enforcement, name: &str, limits: &Limits) -> Result<Option<Self>, LimitsError> {
-        if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
-            return Err(LimitsError::InvalidName(name.to_string()));
+    /// Makes the command's group `<base>/acp-sandbox/<session>/<name>` and writes the limits on the session's
+    /// group `<base>/acp-sandbox/<session>`, which every command of the session shares; `None` when `enforcement`
+    /// is not a cgroup. `session` and `name` are each one path component, `name` unique among the session's running
+    /// commands. A group of that name left by an earlier bridge is emptied and reused.
+    pub fn create(
+        enforcement: &Enforcement,
+        session: &str,
+        name: &str,
+        limits: &Limits,
+    ) -> Result<Option<Self>, LimitsError> {
+        for part in [session, name] {
+            if part.is_empty() || part == "." || part == ".." || part.contains(['/', '\0']) {
+                return Err(LimitsError::InvalidName(part.to_string()));
+            }
         }
         let (version, bases) = match enforcement {
             Enforcement::CgroupV2 { dir } => (Version::V2, vec![dir.clone()]),
             Enforcement::CgroupV1 { pids, memory } => (Version::V1, vec![pids.clone(), memory.clone()]),
             Enforcement::Rlimit | Enforcement::None(_) => return Ok(None),
         };
-        let mut group = SandboxCgroup { version, dirs: Vec::new(), procs: Vec::new(), limits: *limits };
+        let mut group = SandboxCgroup {
+            version,
+            dirs: Vec::new(),
+            sessions: Vec::new(),
+            before: Hits::default(),
+            procs: Vec::new(),
+            limits: *limits,
+        };
         for base in bases {
-            let dir = base.join("acp-sandbox").join(name);
+            let session_dir = base.join("acp-sandbox").join(session);
+            let dir = session_dir.join(name);
             // pids and memory mounted together in one v1 hierarchy give one group.
             if group.dirs.contains(&dir) {
                 continue;
+            }
+            make_group(version, &session_dir)?;
+            group.sessions.push(session_dir.clone());
+            if version == Version::V2 {
+                // The command's group gets its own counters (`pids.events`, `memory.events`).
+                ensure_v2_parent(&session_dir)?;
             }
             make_group(version, &dir)?;
             group.procs.push(
@@ -472,16 +523,17 @@ impl SandboxCgroup {
         // From here on, a failure drops `group`, which removes what was made.
         let processes = limits.max_processes.to_string();
         let memory = limits.max_memory_bytes.to_string();
+        // The same values again when another command of the session runs: the budget is the session's.
         match version {
             Version::V2 => {
-                let dir = &group.dirs[0];
+                let dir = &group.sessions[0];
                 write_file(&dir.join("pids.max"), &processes)?;
                 write_file(&dir.join("memory.max"), &memory)?;
                 write_if_present(&dir.join("memory.swap.max"), "0")?;
             }
             Version::V1 => {
-                let pids = group.dir_with("pids.max");
-                let memory_dir = group.dir_with("memory.limit_in_bytes");
+                let pids = group.session_with("pids.max");
+                let memory_dir = group.session_with("memory.limit_in_bytes");
                 let (Some(pids), Some(memory_dir)) = (pids, memory_dir) else {
                     let missing = std::io::Error::new(ErrorKind::NotFound, "no pids.max or memory.limit_in_bytes");
                     return Err(LimitsError::io(format!("limit {name}"), missing));
@@ -495,6 +547,7 @@ impl SandboxCgroup {
                 write_if_present(&memsw, &memory)?;
             }
         }
+        group.before = group.session_hits();
         tracing::debug!(dirs = ?group.dirs, ?limits, "sandbox cgroup");
         Ok(Some(group))
     }
@@ -542,20 +595,14 @@ impl SandboxCgroup {
     /// (64 MiB)", "... its process limit (20)", or both. Reads the group's event counters (v2 `memory.events`
     /// `oom_kill`, v1 `memory.oom_control` `oom_kill`, or `memory.failcnt` on kernels without it; `pids.events`
     /// `max` in both).
+    ///
+    /// The limits are the session's: a hit of the session's group since this command started counts too (another
+    /// command of the session may have spent the budget).
     pub fn oom_or_pids_hit(&self) -> Option<String> {
-        let counter = |file: &str, key: &str| -> Option<u64> {
-            let dir = self.dir_with(file)?;
-            keyed_value(&std::fs::read_to_string(dir.join(file)).ok()?, key)
-        };
-        let memory_hit = match self.version {
-            Version::V2 => counter("memory.events", "oom_kill").or_else(|| counter("memory.events", "oom")),
-            Version::V1 => counter("memory.oom_control", "oom_kill").or_else(|| {
-                let dir = self.dir_with("memory.failcnt")?;
-                std::fs::read_to_string(dir.join("memory.failcnt")).ok()?.trim().parse().ok()
-            }),
-        }
-        .is_some_and(|count| count > 0);
-        let pids_hit = counter("pids.events", "max").is_some_and(|count| count > 0);
+        let own = hits(self.version, &self.dirs);
+        let session = self.session_hits();
+        let memory_hit = own.memory > 0 || session.memory > self.before.memory;
+        let pids_hit = own.pids > 0 || session.pids > self.before.pids;
         let memory = format!("its memory limit ({})", format_size(self.limits.max_memory_bytes));
         let processes = format!("its process limit ({})", self.limits.max_processes);
         match (memory_hit, pids_hit) {
@@ -566,8 +613,12 @@ impl SandboxCgroup {
         }
     }
 
-    fn dir_with(&self, file: &str) -> Option<&Path> {
-        self.dirs.iter().find(|dir| dir.join(file).exists()).map(PathBuf::as_path)
+    fn session_with(&self, file: &str) -> Option<&Path> {
+        self.sessions.iter().find(|dir| dir.join(file).exists()).map(PathBuf::as_path)
+    }
+
+    fn session_hits(&self) -> Hits {
+        hits(self.version, &self.sessions)
     }
 
     /// SIGKILLs everything in the group until it is empty, for up to about two seconds; the group stays (e.g. to
@@ -590,6 +641,31 @@ impl SandboxCgroup {
         }
         tracing::warn!(dirs = ?self.dirs, "processes survived in a sandbox cgroup");
     }
+}
+
+/// How often a group (and its children) ran into its limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Hits {
+    memory: u64,
+    pids: u64,
+}
+
+/// The event counters of the group `dirs` (v2: one; v1: pids, then memory): v2 `memory.events` `oom_kill`, v1
+/// `memory.oom_control` `oom_kill`, or `memory.failcnt` on kernels without it; `pids.events` `max` in both.
+fn hits(version: Version, dirs: &[PathBuf]) -> Hits {
+    let counter = |file: &str, key: Option<&str>| -> Option<u64> {
+        let dir = dirs.iter().find(|dir| dir.join(file).exists())?;
+        let text = std::fs::read_to_string(dir.join(file)).ok()?;
+        match key {
+            Some(key) => keyed_value(&text, key),
+            None => text.trim().parse().ok(),
+        }
+    };
+    let memory = match version {
+        Version::V2 => counter("memory.events", Some("oom_kill")).or_else(|| counter("memory.events", Some("oom"))),
+        Version::V1 => counter("memory.oom_control", Some("oom_kill")).or_else(|| counter("memory.failcnt", None)),
+    };
+    Hits { memory: memory.unwrap_or(0), pids: counter("pids.events", Some("max")).unwrap_or(0) }
 }
 
 /// Whether a process has exited and waits to be reaped (or is gone already).
@@ -624,7 +700,8 @@ impl Drop for SandboxCgroup {
             if !removed {
                 tracing::warn!("cannot remove the sandbox cgroup {}", dir.display());
             }
-            if let Some(parent) = dir.parent() {
+            // The session's group, once no other command of it runs, then `acp-sandbox/`.
+            for parent in dir.ancestors().skip(1).take(2) {
                 let _ = std::fs::remove_dir(parent);
             }
         }
@@ -770,10 +847,12 @@ mod tests {
     fn names_must_be_one_path_component() {
         let v1 = Enforcement::CgroupV1 { pids: "/nonexistent".into(), memory: "/nonexistent".into() };
         for bad in ["", ".", "..", "a/b", "a\0b"] {
-            let result = SandboxCgroup::create(&v1, bad, &Limits::default());
-            assert!(matches!(result, Err(LimitsError::InvalidName(_))), "{bad:?}");
+            for (session, name) in [(bad, "c"), ("s", bad)] {
+                let result = SandboxCgroup::create(&v1, session, name, &Limits::default());
+                assert!(matches!(result, Err(LimitsError::InvalidName(_))), "{bad:?}");
+            }
         }
-        assert!(SandboxCgroup::create(&Enforcement::Rlimit, "s", &Limits::default()).unwrap().is_none());
+        assert!(SandboxCgroup::create(&Enforcement::Rlimit, "s", "c", &Limits::default()).unwrap().is_none());
     }
 
     #[test]
@@ -783,7 +862,7 @@ mod tests {
         command.arg("/proc/self/limits").stdout(Stdio::piped());
         // SAFETY: the closure only calls getrlimit and setrlimit.
         unsafe {
-            command.pre_exec(rlimit_pre_exec(&limits));
+            command.pre_exec(rlimit_pre_exec(&Ceiling::shared(&Default::default(), &limits)));
         }
         let output = command.output().unwrap();
         assert!(output.status.success());
@@ -827,7 +906,7 @@ mod tests {
     fn a_sandbox_cannot_fork_past_its_process_limit() {
         let Some(enforcement) = cgroup_enforcement() else { return };
         let limits = Limits { max_processes: 20, max_memory_bytes: 256 << 20 };
-        let group = SandboxCgroup::create(&enforcement, &test_name("pids"), &limits).unwrap().unwrap();
+        let group = SandboxCgroup::create(&enforcement, &test_name("pids"), "c", &limits).unwrap().unwrap();
         let dirs = group.dirs().to_vec();
         let script = "for i in $(seq 100); do sleep 30 >/dev/null 2>&1 & done; wait";
         let output = joined(&group, "/bin/sh", &["-c", script]).output().unwrap();
@@ -842,10 +921,36 @@ mod tests {
     }
 
     #[test]
+    fn the_commands_of_a_session_share_its_process_limit() {
+        let Some(enforcement) = cgroup_enforcement() else { return };
+        let limits = Limits { max_processes: 20, max_memory_bytes: 256 << 20 };
+        let session = test_name("shared");
+        let first = SandboxCgroup::create(&enforcement, &session, "agent", &limits).unwrap().unwrap();
+        let second = SandboxCgroup::create(&enforcement, &session, "terminal", &limits).unwrap().unwrap();
+        let sessions: Vec<PathBuf> =
+            first.dirs().iter().filter_map(|dir| dir.parent().map(Path::to_path_buf)).collect();
+        let sleepers = "for i in $(seq 15); do sleep 30 >/dev/null 2>&1 & done; echo started";
+        let output = joined(&first, "/bin/sh", &["-c", sleepers]).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "started\n", "{output:?}");
+        assert_eq!(first.pids().len(), 15);
+        // The second command of the session has what the first left of the budget, not a budget of its own.
+        let output = joined(&second, "/bin/sh", &["-c", sleepers]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("fork"), "the second command forked past the session's limit: {stderr}");
+        let together = first.pids().len() + second.pids().len();
+        assert!(together <= 20, "{together} processes in the session");
+        assert_eq!(second.oom_or_pids_hit().as_deref(), Some("the sandbox hit its process limit (20)"));
+        drop(second);
+        assert!(sessions.iter().all(|dir| dir.exists()), "the session's group went while a command of it ran");
+        drop(first);
+        assert!(sessions.iter().all(|dir| !dir.exists()), "{sessions:?} left behind");
+    }
+
+    #[test]
     fn a_sandbox_past_its_memory_limit_is_killed() {
         let Some(enforcement) = cgroup_enforcement() else { return };
         let limits = Limits { max_processes: 64, max_memory_bytes: 64 << 20 };
-        let group = SandboxCgroup::create(&enforcement, &test_name("memory"), &limits).unwrap().unwrap();
+        let group = SandboxCgroup::create(&enforcement, &test_name("memory"), "c", &limits).unwrap().unwrap();
         let script = "b = bytearray(512 * 1024 * 1024); print('allocated')";
         let output = joined(&group, "/usr/bin/python3", &["-c", script]).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -867,7 +972,7 @@ mod tests {
     #[test]
     fn dropping_the_group_kills_what_is_left_and_removes_it() {
         let Some(enforcement) = cgroup_enforcement() else { return };
-        let group = SandboxCgroup::create(&enforcement, &test_name("drop"), &Limits::default()).unwrap().unwrap();
+        let group = SandboxCgroup::create(&enforcement, &test_name("drop"), "c", &Limits::default()).unwrap().unwrap();
         let dirs = group.dirs().to_vec();
         // The shell exits at once; its sleeps live on, no longer anyone's children here.
         let output =

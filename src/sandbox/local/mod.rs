@@ -114,7 +114,13 @@ pub struct LocalProvider {
     budgets: std::sync::Mutex<HashMap<String, ConnectionBudget>>,
     /// Who the proxies ask about a host under `--network ask` (the bridge's sessions).
     asker: Option<Arc<dyn crate::sandbox::net::ask::Asker>>,
+    /// Each sandbox's `RLIMIT_NPROC` ceiling while a command of it runs, by state dir name: one budget for the agent
+    /// and its terminals however often the sandbox is opened.
+    ceilings: std::sync::Mutex<HashMap<String, SharedCeiling>>,
 }
+
+/// The process ceiling a sandbox's running commands share (see [`limits::Ceiling`]).
+type SharedCeiling = Arc<std::sync::Mutex<std::sync::Weak<limits::Ceiling>>>;
 
 impl LocalProvider {
     /// A provider keeping state dirs under `sessions_dir`.
@@ -125,6 +131,7 @@ impl LocalProvider {
             #[cfg(linux_sandbox)]
             budgets: Default::default(),
             asker: None,
+            ceilings: Default::default(),
         }
     }
 
@@ -185,6 +192,12 @@ impl LocalProvider {
     fn budget(&self, session_id: &str) -> ConnectionBudget {
         let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
         budgets.entry(session_id.to_string()).or_default().clone()
+    }
+
+    /// The process ceiling of the sandbox `session_id` (made on first use, a few bytes each).
+    fn ceiling(&self, session_id: &str) -> SharedCeiling {
+        let mut ceilings = self.ceilings.lock().unwrap_or_else(|e| e.into_inner());
+        ceilings.entry(session_id.to_string()).or_default().clone()
     }
 
     fn state_dir(&self, session_id: &str) -> PathBuf {
@@ -257,6 +270,7 @@ impl SandboxProvider for LocalProvider {
             #[cfg(linux_sandbox)]
             budget: self.budget(&spec.session_id),
             asker: self.asker.clone(),
+            ceiling: self.ceiling(&spec.session_id),
         })))
     }
 
@@ -354,6 +368,8 @@ pub struct LocalSandbox {
     roots: Vec<PathBuf>,
     session_id: String,
     settings: Arc<LocalSettings>,
+    /// The `RLIMIT_NPROC` ceiling its running commands share, where only that limits them.
+    ceiling: SharedCeiling,
     /// The connections its proxies may still open, shared by all of them.
     #[cfg(linux_sandbox)]
     budget: ConnectionBudget,
@@ -529,9 +545,11 @@ impl Sandbox for LocalSandbox {
             }
         }
         let enforcement = limits::probe();
+        // A group of the command's own inside the session's, whose limits the agent and its terminals share.
         let cgroup = match limits::SandboxCgroup::create(
             &enforcement,
-            &format!("{}-{}", self.session_id, &uuid::Uuid::new_v4().simple().to_string()[..8]),
+            &self.session_id,
+            &uuid::Uuid::new_v4().simple().to_string()[..8],
             &self.settings.limits,
         ) {
             Ok(cgroup) => cgroup,
@@ -604,11 +622,13 @@ impl Sandbox for LocalSandbox {
             }
         };
         let mut join = cgroup.as_ref().map(|cgroup| cgroup.pre_exec_join());
-        // RLIMIT_NPROC counts the whole user's processes; bubblewrap's user namespace needs headroom it would take.
-        let mut rlimit = (cgroup.is_none()
-            && matches!(self.settings.isolation, Isolation::None(_) | Isolation::Landlock(_))
+        // RLIMIT_NPROC counts the whole user's processes (bubblewrap's too, in its user namespace); root ignores it.
+        let ceiling = (cgroup.is_none()
+            && matches!(self.settings.isolation, Isolation::None(_) | Isolation::Landlock(_) | Isolation::Bwrap(_))
             && !nix::unistd::getuid().is_root())
-        .then(|| limits::rlimit_pre_exec(&self.settings.limits));
+        .then(|| limits::Ceiling::shared(&self.ceiling, &self.settings.limits));
+        let mut rlimit = ceiling.as_deref().map(limits::rlimit_pre_exec);
+        guards.ceiling = ceiling;
         let inherited: Vec<i32> = guards.inherited.iter().map(|fd| fd.as_raw_fd()).collect();
         #[cfg(linux_sandbox)]
         let init_dies_politely = matches!(self.settings.isolation, Isolation::None(_) | Isolation::Landlock(_))
@@ -731,6 +751,8 @@ struct ProcessGuards {
     /// The host end of a server's door (a socket file in the run dir), removed with the process.
     door: Option<PathBuf>,
     cgroup: Option<limits::SandboxCgroup>,
+    /// The session's process ceiling, shared while this command runs.
+    ceiling: Option<Arc<limits::Ceiling>>,
     watches: Vec<protect::Watch>,
     inherited: Vec<OwnedFd>,
 }
@@ -1017,6 +1039,7 @@ mod tests {
             #[cfg(linux_sandbox)]
             budget: ConnectionBudget::default(),
             asker: None,
+            ceiling: SharedCeiling::default(),
         }
     }
 
