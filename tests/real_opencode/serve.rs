@@ -67,7 +67,7 @@ fn serve_followup(sandbox: &str, test: &str) {
 
 /// The bytes of the regular files under `dir`, not following links (the shown entries are links without a sandbox
 /// and empty mount points under bubblewrap).
-fn bytes_written_under(dir: &Path) -> u64 {
+pub(super) fn bytes_written_under(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     entries
         .flatten()
