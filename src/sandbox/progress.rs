@@ -63,7 +63,9 @@ impl Watch {
     pub fn stalled(&mut self, sample: Option<Activity>, now: Instant) -> bool {
         let moved = match (sample, self.last) {
             (None, _) => true,
-            (Some(sample), Some(last)) => sample.busy || sample != last,
+            (Some(sample), Some(last)) => {
+                sample.busy || sample.cpu_ticks != last.cpu_ticks || sample.processes != last.processes
+            }
             (Some(_), None) => true,
         };
         if sample.is_some() {
