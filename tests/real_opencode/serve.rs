@@ -17,7 +17,7 @@ fn model_chunks(updates: &[Value]) -> Vec<String> {
 }
 
 /// OpenCode servers (and their sandbox's first process) running in this test's directories.
-fn servers_of(world: &World) -> Vec<(i32, String)> {
+pub(super) fn servers_of(world: &World) -> Vec<(i32, String)> {
     processes_under(world.root.path()).into_iter().filter(|(_, cmd)| cmd.contains(" serve --hostname")).collect()
 }
 

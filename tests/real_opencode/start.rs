@@ -59,3 +59,63 @@ fn own_opencode_answers_without_network_and_installs_nothing_in_the_sandbox_bwra
 fn own_opencode_answers_without_network_and_installs_nothing_in_the_sandbox_none() {
     own_opencode_without_network("none", "own_opencode_no_network_none");
 }
+
+/// OpenCode's server frozen (`SIGSTOP`) mid-turn: the cancel answers; once the server is resumed the next prompt is
+/// answered too (on that server or a fresh one), never left hanging.
+fn frozen_then_resumed(sandbox: &str, ended_by: &str, test: &str) {
+    let Some(world) = World::new(test) else { return };
+    let ws = world.workspace("ws");
+    let mut options = world.backend_options(sandbox, "serve");
+    if ended_by == "timeout" {
+        options = options.arg("--idle-timeout").arg("8");
+    }
+    let mut bridge = world.start_with(options);
+    let sid = bridge.new_session(&ws);
+    let n = 200_000 + u32::from(world.server.port) * 2 + u32::from(sandbox == "bwrap");
+    let arg = n.to_string();
+    let id = bridge.send_prompt(&sid, &format!("SCENARIO:longbash:{n} run something long"));
+    if !wait_until(TURN_LIMIT, || !processes_with_argv(&["sleep", arg.as_str()]).is_empty()) {
+        bridge.fail("the long command did not start");
+    }
+    let servers: Vec<i32> = serve::servers_of(&world)
+        .into_iter()
+        .filter(|(_, cmd)| !cmd.contains("sandbox-init") && !cmd.contains("bwrap"))
+        .map(|(pid, _)| pid)
+        .collect();
+    assert_eq!(servers.len(), 1, "{:?}", serve::servers_of(&world));
+    let server = nix::unistd::Pid::from_raw(servers[0]);
+    nix::sys::signal::kill(server, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    if ended_by == "cancel" {
+        bridge.cancel(&sid);
+        let turn = finish_served_turn(&mut bridge, &sid, id);
+        assert_eq!(turn.result.as_ref().map(|r| r["stopReason"].clone()).ok(), Some("cancelled".into()), "{turn:?}");
+    } else {
+        let turn = finish_served_turn(&mut bridge, &sid, id);
+        let error = turn.result.as_ref().expect_err("the idle timeout ends the turn");
+        assert!(error.message.contains("no output for 8 s"), "{error:?}");
+    }
+    // Resumed, if the bridge left it running.
+    let _ = nix::sys::signal::kill(server, nix::sys::signal::Signal::SIGCONT);
+    let turn = timed_prompt(&mut bridge, &sid, &ws, "SCENARIO:followup still there?", "after a frozen server");
+    assert_end_turn(&bridge, &turn);
+    assert_eq!(serve::agent_text_without_notes(&turn.updates), "FOLLOWUP-OK: I remember the earlier turn.");
+}
+
+#[test]
+fn a_frozen_server_resumed_after_a_cancel_answers_the_next_prompt_bwrap() {
+    if bwrap_ok("frozen_server_bwrap") {
+        frozen_then_resumed("bwrap", "cancel", "frozen_server_bwrap");
+    }
+}
+
+#[test]
+fn a_frozen_server_resumed_after_a_cancel_answers_the_next_prompt_none() {
+    frozen_then_resumed("none", "cancel", "frozen_server_none");
+}
+
+#[test]
+fn a_frozen_server_resumed_after_a_timeout_answers_the_next_prompt_bwrap() {
+    if bwrap_ok("frozen_server_timeout_bwrap") {
+        frozen_then_resumed("bwrap", "timeout", "frozen_server_timeout_bwrap");
+    }
+}
