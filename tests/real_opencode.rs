@@ -1499,3 +1499,5 @@ mod editor_context;
 mod credentials;
 #[path = "real_opencode/network.rs"]
 mod network;
+#[path = "real_opencode/start.rs"]
+mod start;

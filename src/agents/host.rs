@@ -198,6 +198,23 @@ pub async fn unless_cancelled<T>(
     }
 }
 
+/// Waits for an agent's start that a turn (`turn`) needs, saying so in its thread once it has taken
+/// [`crate::sandbox::progress::NOTE_AFTER`]: `note` names what is awaited.
+pub async fn said_when_slow<T>(
+    start: impl std::future::Future<Output = T>,
+    turn: Option<&dyn TurnHost>,
+    note: &str,
+) -> Result<T> {
+    tokio::pin!(start);
+    let Some(turn) = turn else { return Ok(start.await) };
+    tokio::select! {
+        started = &mut start => return Ok(started),
+        _ = tokio::time::sleep(crate::sandbox::progress::NOTE_AFTER) => {}
+    }
+    turn.note(note).await?;
+    Ok(start.await)
+}
+
 /// How the bridge bounds what a service runs.
 #[derive(Clone, Debug)]
 pub struct ServiceSettings {

@@ -156,6 +156,18 @@ pub trait Agent: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// An npm package the CLI wants beside it that this executable's own install does not bring (OpenCode's plugin
+    /// package, for an OpenCode found on PATH): the bridge installs it once per version of the CLI into the tools
+    /// cache, and [`Agent::companion_config`] shows it to every session.
+    fn companion(&self, _executable: &Path, _user_config_dir: &Path) -> Option<&'static str> {
+        None
+    }
+
+    /// What the installed [`Agent::companion`] in `dir` shows in the session's state dir, beside the user's config.
+    fn companion_config(&self, _dir: &Path, _state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+        Vec::new()
+    }
+
     /// The credential variable the CLI cannot start without, if any: kept by `acp-sandbox login` when it is not
     /// in the bridge's environment.
     fn required_credential(&self) -> Option<&'static str> {

@@ -25,51 +25,26 @@ pub async fn install(
     if executable.exists() {
         return Ok(executable);
     }
-    let npm = which::which("npm").map_err(|_| SandboxError::Install {
-        package: package.name.into(),
-        message: "npm is not installed; install Node.js and npm, or put the CLI on PATH".into(),
-    })?;
-    let target = package.dir(tools_dir);
-    let staging = tools_dir.join(format!(".staging-{}-{}", std::process::id(), uuid::Uuid::new_v4()));
-    tokio::fs::create_dir_all(&staging)
-        .await
-        .map_err(|e| SandboxError::io(format!("create {}", staging.display()), e))?;
-    let _staging = Staging(staging.clone());
     let spec = format!("{}@{}", package.name, package.version);
-    tracing::info!(package = %spec, into = %target.display(), "installing CLI from npm");
-    // npm runs with the bridge's own environment: it needs the user's proxy and CA settings.
-    let mut npm_install = Command::new(&npm);
-    npm_install
-        .args(["install", "--no-audit", "--no-fund", "--loglevel", "error", "--prefix"])
-        .arg(&staging)
-        .arg(&spec)
-        .args(package.companions.iter().map(|name| format!("{name}@{}", package.version)));
-    let output = run(npm_install, cancel).await?;
-    if !output.status.success() {
-        return Err(SandboxError::Install { package: spec, message: tail(&output.stderr) });
-    }
-    let staged_bin = package.executable(&staging).parent().map(|bin| bin.join(package.bin));
+    let target = package.dir(tools_dir);
+    let mut specs = vec![spec.clone()];
+    specs.extend(package.companions.iter().map(|name| format!("{name}@{}", package.version)));
+    let staging = npm_install(package.name, &specs, tools_dir, &target, cancel).await?;
+    let staged_bin = package.executable(&staging.0).parent().map(|bin| bin.join(package.bin));
     let runs =
         |path: &Option<PathBuf>| path.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 1024));
     if !runs(&staged_bin)
         && let Some(script) = package.postinstall
     {
         // npm 11 may skip install scripts; the package's own script links the platform binary.
-        let package_dir = staging.join("node_modules").join(package.name);
+        let package_dir = staging.0.join("node_modules").join(package.name);
         let mut link = Command::new("node");
         link.arg(package_dir.join(script)).current_dir(&package_dir);
         if let Err(SandboxError::Cancelled) = run(link, cancel).await {
             return Err(SandboxError::Cancelled);
         }
     }
-    match tokio::fs::rename(&staging, &target).await {
-        Ok(()) => {}
-        // Another bridge won the race: use its copy (the staging folder goes with `_staging`).
-        Err(_) if executable.exists() => {}
-        Err(e) => {
-            return Err(SandboxError::io(format!("move {} into place", target.display()), e));
-        }
-    }
+    into_place(staging, &target, || executable.exists()).await?;
     if executable.exists() {
         Ok(executable)
     } else {
@@ -77,6 +52,78 @@ pub async fn install(
             package: spec,
             message: format!("{} is missing after install", executable.display()),
         })
+    }
+}
+
+/// Installs `package` of `version` (an npm package wanted beside a CLI of that version, e.g. OpenCode's plugin
+/// package) into its own folder of the tools cache unless it is there, and returns that folder. Installed like a
+/// CLI: staged, then renamed into place, so a folder that exists is whole.
+pub async fn install_package(
+    package: &str,
+    version: &str,
+    tools_dir: &Path,
+    cancel: &CancellationToken,
+) -> Result<PathBuf, SandboxError> {
+    let target = package_dir(tools_dir, package, version);
+    let installed = || target.join("node_modules").join(package).join("package.json").is_file();
+    if installed() {
+        return Ok(target);
+    }
+    // One install of a package at a time in this process: a session's warm start and its first prompt share it.
+    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one = ONE.lock().await;
+    if installed() {
+        return Ok(target);
+    }
+    let staging = npm_install(package, &[format!("{package}@{version}")], tools_dir, &target, cancel).await?;
+    into_place(staging, &target, installed).await?;
+    Ok(target)
+}
+
+/// The folder of the tools cache that [`install_package`] installs `package` of `version` into.
+pub fn package_dir(tools_dir: &Path, package: &str, version: &str) -> PathBuf {
+    tools_dir.join(format!("{}@{version}", package.replace('/', "+")))
+}
+
+/// Runs `npm install specs` into a new staging folder of `tools_dir` (removed when dropped).
+async fn npm_install(
+    name: &str,
+    specs: &[String],
+    tools_dir: &Path,
+    target: &Path,
+    cancel: &CancellationToken,
+) -> Result<Staging, SandboxError> {
+    let npm = which::which("npm").map_err(|_| SandboxError::Install {
+        package: name.into(),
+        message: "npm is not installed; install Node.js and npm, or put the CLI on PATH".into(),
+    })?;
+    let staging = tools_dir.join(format!(".staging-{}-{}", std::process::id(), uuid::Uuid::new_v4()));
+    tokio::fs::create_dir_all(&staging)
+        .await
+        .map_err(|e| SandboxError::io(format!("create {}", staging.display()), e))?;
+    let staging = Staging(staging);
+    tracing::info!(packages = ?specs, into = %target.display(), "installing from npm");
+    // npm runs with the bridge's own environment: it needs the user's proxy and CA settings.
+    let mut npm_install = Command::new(&npm);
+    npm_install
+        .args(["install", "--no-audit", "--no-fund", "--loglevel", "error", "--prefix"])
+        .arg(&staging.0)
+        .args(specs);
+    let output = run(npm_install, cancel).await?;
+    if !output.status.success() {
+        return Err(SandboxError::Install { package: specs[0].clone(), message: tail(&output.stderr) });
+    }
+    Ok(staging)
+}
+
+/// Renames a finished staging folder into place; `done` says whether another bridge's copy, which won the race,
+/// is already there.
+async fn into_place(staging: Staging, target: &Path, done: impl Fn() -> bool) -> Result<(), SandboxError> {
+    match tokio::fs::rename(&staging.0, target).await {
+        Ok(()) => Ok(()),
+        // Another bridge won the race: use its copy (the staging folder goes with `staging`).
+        Err(_) if done() => Ok(()),
+        Err(e) => Err(SandboxError::io(format!("move {} into place", target.display()), e)),
     }
 }
 

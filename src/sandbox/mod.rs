@@ -15,6 +15,7 @@ pub mod local;
 pub mod net;
 pub mod package;
 pub mod process;
+pub mod progress;
 pub mod remote;
 
 use std::path::{Path, PathBuf};
@@ -427,6 +428,11 @@ pub trait ProcessHandle: Send {
     /// in `before` (a [`ProcessHandle::tree`]): the commands an agent's stopped turn started, each in a group of its
     /// own, which it may leave running after it answered the cancel. The command itself runs on.
     fn end_new_groups(&self, _before: &std::collections::HashSet<i32>) {}
+    /// What the command's whole tree is doing now (CPU time used, anything running), for a start that waits as
+    /// long as it progresses ([`progress`]). `None`: gone, or the sandbox cannot tell.
+    fn activity(&self) -> Option<process::Activity> {
+        None
+    }
     /// Whether the sandbox ran into its process or memory limit, in words for the user.
     fn limit_hit(&self) -> Option<String> {
         None

@@ -115,6 +115,39 @@ pub(crate) fn process_table() -> Vec<ProcEntry> {
     table
 }
 
+/// What a process tree is doing: the CPU time it used, in clock ticks, and whether any of it is running or waiting
+/// for the disk right now ([`activity`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Activity {
+    pub cpu_ticks: u64,
+    pub busy: bool,
+    pub processes: usize,
+}
+
+/// The [`Activity`] of `root` and every process below it; `None` when `root` is gone (or was reaped).
+pub fn activity(root: u32) -> Option<Activity> {
+    let root = root as i32;
+    let mut pids = below(&process_table(), root);
+    pids.push(root);
+    let mut found = Activity { cpu_ticks: 0, busy: false, processes: 0 };
+    for pid in pids {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // After the name: state, then (from the 14th field of the line) utime and stime.
+        let (Some(state), Some(user), Some(system)) = (fields.first(), fields.get(11), fields.get(12)) else {
+            continue;
+        };
+        if pid == root && *state == "Z" {
+            return None;
+        }
+        found.busy |= matches!(*state, "R" | "D");
+        found.cpu_ticks += user.parse::<u64>().unwrap_or(0) + system.parse::<u64>().unwrap_or(0);
+        found.processes += 1;
+    }
+    (found.processes > 0).then_some(found)
+}
+
 /// The direct children of `parent`.
 pub fn child_pids(parent: i32) -> Vec<i32> {
     process_table().into_iter().filter(|entry| entry.ppid == parent).map(|entry| entry.pid).collect()

@@ -148,6 +148,27 @@ impl Bridge {
         true
     }
 
+    /// The package the agent wants beside this executable ([`crate::agents::Agent::companion`]), for its version
+    /// (probed once per file): `None` when it wants none or its version is unknown.
+    pub(super) async fn companion(&self, agent: AgentKind, executable: &Path) -> Option<Companion> {
+        let package = agent.companion(executable, &paths::user_config_dir())?;
+        let version = self.cli_version(agent, executable).await?;
+        let version = npm_version(&version)?.to_string();
+        let dir = crate::sandbox::install::package_dir(&paths::tools_dir(&self.config.data_dir), package, &version);
+        Some(Companion { package, version, dir })
+    }
+
+    /// Installs the agent's companion package for this executable unless it is there (no word in any thread: a
+    /// session's start ahead of its first prompt, which shows its own install).
+    pub(super) async fn install_companion(&self, agent: AgentKind, executable: &Path) {
+        let Some(companion) = self.companion(agent, executable).await else { return };
+        if !companion.installed()
+            && let Err(e) = companion.install(&self.config.data_dir, &self.shutdown).await
+        {
+            tracing::warn!("{} {} could not be installed: {e}", companion.package, companion.version);
+        }
+    }
+
     /// Asks the agent's version in the background, so that the first session's server does not wait for it.
     pub fn probe_version(self: &Arc<Self>) {
         let agent = self.config.agent;
@@ -174,6 +195,57 @@ impl Bridge {
         names.extend(agent.provider_env(&self.config.agents, &mut providers));
         names
     }
+}
+
+/// A package an agent wants beside its CLI, of the CLI's version, and its folder in the tools cache.
+pub(super) struct Companion {
+    pub package: &'static str,
+    pub version: String,
+    pub dir: PathBuf,
+}
+
+impl Companion {
+    /// Whether the tools cache has it (an install is renamed into place whole).
+    pub fn installed(&self) -> bool {
+        self.dir.join("node_modules").join(self.package).join("package.json").is_file()
+    }
+
+    /// Installs it with npm on this machine, into the tools cache.
+    pub async fn install(
+        &self,
+        data_dir: &Path,
+        cancel: &CancellationToken,
+    ) -> std::result::Result<PathBuf, crate::sandbox::SandboxError> {
+        crate::sandbox::install::install_package(self.package, &self.version, &paths::tools_dir(data_dir), cancel).await
+    }
+}
+
+/// The version npm knows a CLI's release by, from its `--version` line (`1.18.33`, `v1.2.0 (build)`): `None` when
+/// the line does not start with one.
+fn npm_version(line: &str) -> Option<&str> {
+    let version = line.split_whitespace().next()?;
+    let version = version.strip_prefix('v').unwrap_or(version);
+    (version.starts_with(|c: char| c.is_ascii_digit())
+        && version.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+')))
+    .then_some(version)
+}
+
+/// The installed companion of the agent for this executable, as shown in the session's state dir: its version from
+/// the data dir's cache (a session's start probed it), nothing when it is not installed.
+fn companion_config(
+    config: &Config,
+    agent: AgentKind,
+    executable: &Path,
+    user_config: &Path,
+    state_dir: &Path,
+) -> Vec<(PathBuf, PathBuf)> {
+    let Some(package) = agent.companion(executable, user_config) else { return Vec::new() };
+    let Some(version) = versions::Key::of(executable).and_then(|key| versions::lookup(&config.data_dir, &key)) else {
+        return Vec::new();
+    };
+    let Some(version) = npm_version(&version) else { return Vec::new() };
+    let dir = crate::sandbox::install::package_dir(&paths::tools_dir(&config.data_dir), package, version);
+    agent.companion_config(&dir, state_dir)
 }
 
 /// Runs `<cli> --version` in a sandbox made like a session's, for `doctor`: proof that the sandbox can run the CLI.
@@ -264,6 +336,7 @@ pub(super) fn cli_spec(
     let mut read_only = [
         agent.user_config(&user_config, &user_data, sandbox.state_dir()),
         agent.shipped_config(&real, &user_config, sandbox.state_dir()),
+        companion_config(config, agent, &real, &user_config, sandbox.state_dir()),
     ]
     .concat();
     let mut env = env;
@@ -429,5 +502,19 @@ pub(super) fn remote_cli_spec(
         env,
         cwd: sandbox.workspace().to_path_buf(),
         ..ExecSpec::default()
+    }
+}
+
+#[cfg(test)]
+mod companion_tests {
+    use super::npm_version;
+
+    #[test]
+    fn the_npm_version_is_the_first_word_of_the_version_line() {
+        assert_eq!(npm_version("1.18.33"), Some("1.18.33"));
+        assert_eq!(npm_version("v2.0.0-beta.1 (abc)"), Some("2.0.0-beta.1"));
+        assert_eq!(npm_version("opencode 1.0"), None);
+        assert_eq!(npm_version("1.0/../../x"), None);
+        assert_eq!(npm_version(""), None);
     }
 }

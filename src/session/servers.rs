@@ -72,6 +72,8 @@ impl Bridge {
                     }
                     None => executable,
                 };
+                // A server started without the package OpenCode wants would install it from npm before it answers.
+                bridge.install_companion(bridge.config.agent, &executable).await;
                 let sandbox = bridge.session_sandbox(&record).await.map_err(|e| e.to_string())?;
                 let Some(service) = &bridge.service else { return Ok(()) };
                 service.warm(bridge.as_ref(), &record, sandbox, executable).await?;

@@ -422,6 +422,9 @@ fn a_tool_the_agent_left_open_is_closed_with_the_turn() {
     assert_eq!(tools[1]["status"], "failed");
 }
 
+/// What the thread says while a turn waits for its agent's start.
+const STILL_STARTING: &str = "_ACP agent is still starting; it is waited for while it makes progress._";
+
 #[test]
 fn an_agent_that_never_answers_initialize_is_an_error_and_the_bridge_goes_on() {
     let dirs = TestDirs::new("acp-hang-init");
@@ -429,11 +432,36 @@ fn an_agent_that_never_answers_initialize_is_an_error_and_the_bridge_goes_on() {
     let mut bridge =
         Bridge::start(options(&dirs).arg("--pass-env").arg("FAKE_ACP_HANG_INIT").env("FAKE_ACP_HANG_INIT", "1"));
     let sid = bridge.new_session(&ws);
-    let turn = bridge.prompt(&sid, "SCENARIO:text");
-    let error = turn.result.expect_err("no agent, no turn");
-    assert_eq!(error.message, "ACP agent could not be started: it did not answer initialize within 10 s");
+    let id = bridge.send_prompt(&sid, "SCENARIO:text");
+    // Reported once it made no progress for a while (no timed assertion: the bound only ends a hung test).
+    let result = bridge.wait_response_within(id, Duration::from_secs(300)).expect("the start is reported");
+    let error = result.expect_err("no agent, no turn");
+    assert_eq!(
+        error.message,
+        "ACP agent could not be started: it did not answer initialize and made no progress (no CPU used, nothing \
+         running) for 20 s"
+    );
+    let notes = notes(&Turn { result: Err(error), updates: bridge.take_updates(&sid) });
+    assert!(notes.contains(&STILL_STARTING.to_string()), "{notes:?}");
     let listed = bridge.request("session/list", json!({})).unwrap();
     assert_eq!(listed["sessions"].as_array().map(Vec::len), Some(1), "the bridge still answers");
+}
+
+/// An agent whose start takes longer than the 10 s `initialize` was given before, busy all along (a loaded
+/// machine), is waited for: the thread says it is still starting, then it answers.
+#[test]
+fn an_agent_that_starts_slowly_but_makes_progress_is_waited_for() {
+    let dirs = TestDirs::new("acp-slow-init");
+    let ws = dirs.workspace("ws");
+    let mut bridge =
+        Bridge::start(options(&dirs).arg("--pass-env").arg("FAKE_ACP_SLOW_INIT").env("FAKE_ACP_SLOW_INIT", "12"));
+    let sid = bridge.new_session(&ws);
+    let id = bridge.send_prompt(&sid, "SCENARIO:text");
+    let result = bridge.wait_response_within(id, Duration::from_secs(300)).expect("the turn ends");
+    let turn = Turn { result, updates: bridge.take_updates(&sid) };
+    assert_eq!(turn.stop_reason(), "end_turn", "{:#?}", turn.updates);
+    assert!(notes(&turn).contains(&STILL_STARTING.to_string()), "{:#?}", turn.updates);
+    assert!(!turn.agent_text().is_empty(), "{:#?}", turn.updates);
 }
 
 #[test]

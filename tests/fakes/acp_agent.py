@@ -49,7 +49,7 @@ Scenarios (the agent answers in text what happened, one line per step):
   whoami                  says this process's token (a new process has a new one)
   tool                    a tool call with a location in the workspace, left in progress, then end_turn
 Environment: FAKE_ACP_NO_LOAD=1 (no loadSession), FAKE_ACP_RESUME=1 (sessionCapabilities.resume: session/resume
-continues a session without replaying it), FAKE_ACP_HANG_INIT=1 (never answers initialize),
+continues a session without replaying it), FAKE_ACP_HANG_INIT=1 (never answers initialize), FAKE_ACP_SLOW_INIT=S (busy for S s first),
 FAKE_ACP_GARBAGE=1 (prints a line that is not JSON-RPC first), FAKE_ACP_MODES=1 (no config options: its modes and
 models said the older way, `modes` and `models` of session/new, set by session/set_mode and session/set_model, as
 Gemini CLI does; each new process starts at mode `ask` and model `fast`), FAKE_ACP_LATE_REPLAY=1 (session/load is
@@ -62,6 +62,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 import time
 
@@ -452,6 +453,10 @@ def main():
         if method == "initialize":
             if os.environ.get("FAKE_ACP_HANG_INIT") == "1":
                 continue
+            # A slow start that is busy all along (a loaded machine): CPU used for this many seconds first.
+            busy_until = time.time() + float(os.environ.get("FAKE_ACP_SLOW_INIT") or 0)
+            while time.time() < busy_until:
+                pass
             load_ok = os.environ.get("FAKE_ACP_NO_LOAD") != "1"
             sessions = {"resume": {}} if os.environ.get("FAKE_ACP_RESUME") == "1" else {}
             send({"jsonrpc": "2.0", "id": rid, "result": {

@@ -17,7 +17,7 @@ fn model_chunks(updates: &[Value]) -> Vec<String> {
 }
 
 /// OpenCode servers (and their sandbox's first process) running in this test's directories.
-fn servers_of(world: &World) -> Vec<(i32, String)> {
+pub(super) fn servers_of(world: &World) -> Vec<(i32, String)> {
     processes_under(world.root.path()).into_iter().filter(|(_, cmd)| cmd.contains(" serve --hostname")).collect()
 }
 
@@ -67,7 +67,7 @@ fn serve_followup(sandbox: &str, test: &str) {
 
 /// The bytes of the regular files under `dir`, not following links (the shown entries are links without a sandbox
 /// and empty mount points under bubblewrap).
-fn bytes_written_under(dir: &Path) -> u64 {
+pub(super) fn bytes_written_under(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     entries
         .flatten()

@@ -29,6 +29,7 @@ use super::options::{MODE, Selectors};
 use super::route::{Event, Route, sender};
 use super::terminals::Terminals;
 use crate::agents::host::UpdateSink;
+use crate::sandbox::progress::Waited;
 use crate::sandbox::{ExecSpec, ExitInfo, OutputStream, ProcessHandle, Sandbox, SandboxError};
 
 /// The longest line the agent may send: one more ends the connection (a hostile agent cannot fill the bridge's
@@ -47,14 +48,6 @@ pub enum ConnectionError {
     /// The sandbox could not run it.
     #[error("{0}")]
     Sandbox(#[from] SandboxError),
-    /// It did not answer in time.
-    #[error("it did not answer {what} within {} s", .after.as_secs())]
-    Timeout {
-        /// The request.
-        what: &'static str,
-        /// How long it was given.
-        after: Duration,
-    },
     /// Its connection ended, or it answered an error.
     #[error("{0}")]
     Protocol(String),
@@ -98,7 +91,8 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Starts the agent (`spec`, with a stdin of its own) in `sandbox` and initializes it, within `limit`.
+    /// Starts the agent (`spec`, with a stdin of its own) in `sandbox` and initializes it: its connection within
+    /// `limit`, its answer as long as it progresses ([`crate::sandbox::progress`]).
     /// `forms`: the editor fills in forms, so the agent is told it may ask for them. `outside`: where what it says
     /// of its session between turns goes (its commands, options and title; ours is the session's id there).
     pub async fn start(
@@ -132,11 +126,41 @@ impl Connection {
             outside,
         };
         tokio::spawn(run(transport(stdin, process.stdout), handlers, cx_tx, stop.clone(), closed.clone()));
-        let handle = process.handle;
+        let mut handle = process.handle;
         let cx = match tokio::time::timeout(limit, cx_rx).await {
             Ok(Ok(cx)) => cx,
             _ => return Err(ConnectionError::Protocol("the connection to the agent did not start".into())),
         };
+        let request = InitializeRequest::new(ProtocolVersion::V1)
+            .client_capabilities(
+                ClientCapabilities::new()
+                    .fs(FileSystemCapabilities::new().read_text_file(true).write_text_file(true))
+                    // Ours, which run in its sandbox: the editor's would run on the host.
+                    .terminal(true)
+                    .elicitation(
+                        forms.then(|| ElicitationCapabilities::new().form(ElicitationFormCapabilities::new())),
+                    ),
+            )
+            .client_info(Implementation::new("acp-sandbox", env!("CARGO_PKG_VERSION")));
+        let answer = cx.send_request(request).block_task();
+        let answer = async {
+            tokio::select! {
+                answer = answer => answer,
+                _ = closed.cancelled() => Err(agent_client_protocol::Error::internal_error()),
+            }
+        };
+        // Its start in the sandbox is part of `initialize`: waited for as long as it progresses (a loaded machine),
+        // not by a clock.
+        // Borrowed mutably: a handle is not shared between threads.
+        let watched = &mut handle;
+        let answer = crate::sandbox::progress::patiently(
+            answer,
+            move || watched.activity(),
+            || {
+                tracing::info!("the ACP agent is still starting (it has not answered initialize yet)");
+            },
+        )
+        .await;
         let connection = |capabilities, info, auth_methods| Connection {
             cx: cx.clone(),
             capabilities,
@@ -156,37 +180,22 @@ impl Connection {
             dead: AtomicBool::new(false),
             sandbox: sandbox.clone(),
         };
-        let request = InitializeRequest::new(ProtocolVersion::V1)
-            .client_capabilities(
-                ClientCapabilities::new()
-                    .fs(FileSystemCapabilities::new().read_text_file(true).write_text_file(true))
-                    // Ours, which run in its sandbox: the editor's would run on the host.
-                    .terminal(true)
-                    .elicitation(
-                        forms.then(|| ElicitationCapabilities::new().form(ElicitationFormCapabilities::new())),
-                    ),
-            )
-            .client_info(Implementation::new("acp-sandbox", env!("CARGO_PKG_VERSION")));
-        let answer = cx.send_request(request).block_task();
-        let answer = tokio::select! {
-            answer = tokio::time::timeout(limit, answer) => answer,
-            _ = closed.cancelled() => Ok(Err(agent_client_protocol::Error::internal_error())),
-        };
         let started = match answer {
-            Ok(Ok(answer)) => {
+            Waited::Done(Ok(answer)) => {
                 let methods = answer.auth_methods.iter().map(|method| method.name().to_string()).collect();
                 connection(answer.agent_capabilities, answer.agent_info, methods)
             }
-            Ok(Err(e)) => {
+            Waited::Done(Err(e)) => {
                 let connection = connection(AgentCapabilities::default(), None, Vec::new());
                 let why = connection.failure(&format!("it did not initialize: {}", e.message)).await;
                 connection.kill().await;
                 return Err(ConnectionError::Protocol(why));
             }
-            Err(_) => {
+            gave_up => {
                 let connection = connection(AgentCapabilities::default(), None, Vec::new());
+                let why = connection.failure(&gave_up.why("answer initialize")).await;
                 connection.kill().await;
-                return Err(ConnectionError::Timeout { what: "initialize", after: limit });
+                return Err(ConnectionError::Protocol(why));
             }
         };
         Ok(Arc::new(started))

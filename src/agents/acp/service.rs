@@ -32,7 +32,7 @@ use crate::store::SessionRecord;
 /// ended, before it is killed: short, as the bridge's exit waits for it.
 const STOP_GRACE: Duration = Duration::from_millis(400);
 
-/// How long an agent has to answer `initialize`.
+/// How long the connection to a started agent has to come up (its `initialize` is waited for while it progresses).
 const INITIALIZE_LIMIT: Duration = Duration::from_secs(10);
 
 /// How many of the newest sessions of the agent a new one looks through for the options it starts with.
@@ -240,7 +240,8 @@ impl AcpService {
                 }
             }
         };
-        let started = start.await;
+        let slow = format!("_{} is still starting; it is waited for while it makes progress._", self.name);
+        let started = crate::agents::host::said_when_slow(start, turn, &slow).await?;
         self.starting.lock().unwrap_or_else(|p| p.into_inner()).remove(&record.id);
         self.room.notify_waiters();
         let connection = started.map_err(|why| Error::CliFailed {

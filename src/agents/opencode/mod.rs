@@ -154,6 +154,14 @@ impl Agent for OpenCode {
         plugin_package(executable, user_config_dir, state_dir)
     }
 
+    fn companion(&self, executable: &Path, user_config_dir: &Path) -> Option<&'static str> {
+        plugin_wanted(executable, user_config_dir).then_some(PLUGIN_PACKAGE)
+    }
+
+    fn companion_config(&self, dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+        plugin_copy(dir, state_dir)
+    }
+
     fn credential_files(&self) -> &'static [&'static str] {
         CREDENTIAL_FILES
     }
@@ -329,7 +337,7 @@ pub const PACKAGE: NpmPackage = NpmPackage {
 };
 
 /// The package OpenCode wants in every config dir before it loads a plugin (the warm server's guard is one).
-const PLUGIN_PACKAGE: &str = "@opencode-ai/plugin";
+pub const PLUGIN_PACKAGE: &str = "@opencode-ai/plugin";
 
 /// The argv after the executable.
 pub fn args(turn: &TurnRequest<'_>) -> Vec<String> {
@@ -384,20 +392,54 @@ pub fn user_config(user_config_dir: &Path, user_data_dir: &Path, state_dir: &Pat
 ///
 /// Before it loads any plugin OpenCode waits until each of its config dirs has `@opencode-ai/plugin` (its
 /// `package-lock.json` must name it), and installs it from npm where it is missing: 64 MiB and 15 s for every new
-/// session, whose config dir is its own, or a failure where the network is closed. The bridge's install of the CLI
-/// brings that package beside it ([`PACKAGE`]), so every session shares one read-only copy.
+/// session, whose config dir is its own, or three retries over 75 s where the sandbox cannot reach npm. The bridge's
+/// install of the CLI brings that package beside it ([`PACKAGE`]); any other OpenCode gets a copy of the tools cache
+/// ([`plugin_wanted`]). Either way every session shares one read-only copy.
 pub fn plugin_package(executable: &Path, user_config_dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
-    let users = user_config_dir.join("opencode");
-    if ["node_modules", "package.json", "package-lock.json", "bun.lock"].iter().any(|name| users.join(name).exists()) {
+    if users_own_packages(user_config_dir) {
         return Vec::new();
     }
-    let real = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
-    let Some(prefix) = real.ancestors().skip(1).find(|dir| {
-        dir.join("node_modules").join(PLUGIN_PACKAGE).join("package.json").is_file()
-            && lock_names(&dir.join("package-lock.json"), PLUGIN_PACKAGE)
-    }) else {
+    install_prefix(executable).map(|prefix| shown_packages(&prefix, state_dir)).unwrap_or_default()
+}
+
+/// Whether this OpenCode needs the plugin package from elsewhere: its own install does not bring it (one found on
+/// PATH, a standalone binary) and the user's config dir has no packages of its own.
+pub fn plugin_wanted(executable: &Path, user_config_dir: &Path) -> bool {
+    !users_own_packages(user_config_dir) && install_prefix(executable).is_none()
+}
+
+/// The packages of `dir`, a copy of the plugin package installed for this OpenCode's version, as
+/// [`plugin_package`] shows them; nothing when it is not a whole copy.
+pub fn plugin_copy(dir: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+    if !dir.join("node_modules").join(PLUGIN_PACKAGE).join("package.json").is_file()
+        || !lock_names(&dir.join("package-lock.json"), PLUGIN_PACKAGE)
+    {
         return Vec::new();
-    };
+    }
+    shown_packages(dir, state_dir)
+}
+
+/// Whether the user's own OpenCode config dir has packages: those are theirs, and OpenCode installs them as it would
+/// without the bridge.
+fn users_own_packages(user_config_dir: &Path) -> bool {
+    let users = user_config_dir.join("opencode");
+    ["node_modules", "package.json", "package-lock.json", "bun.lock"].iter().any(|name| users.join(name).exists())
+}
+
+/// The npm prefix the executable was installed into, when it holds the plugin package and its lockfile names it.
+fn install_prefix(executable: &Path) -> Option<PathBuf> {
+    let real = std::fs::canonicalize(executable).unwrap_or_else(|_| executable.to_path_buf());
+    real.ancestors()
+        .skip(1)
+        .find(|dir| {
+            dir.join("node_modules").join(PLUGIN_PACKAGE).join("package.json").is_file()
+                && lock_names(&dir.join("package-lock.json"), PLUGIN_PACKAGE)
+        })
+        .map(Path::to_path_buf)
+}
+
+/// The packages of an npm prefix, shown in the session's config dir.
+fn shown_packages(prefix: &Path, state_dir: &Path) -> Vec<(PathBuf, PathBuf)> {
     let target = state_dir.join("config").join("opencode");
     ["node_modules", "package.json", "package-lock.json"]
         .into_iter()
@@ -510,9 +552,22 @@ mod tests {
             plugin_package(&bin, &user, &state),
             ["node_modules", "package.json", "package-lock.json"].map(|name| (prefix.join(name), target.join(name)))
         );
+        assert!(!plugin_wanted(&bin, &user));
+        // An OpenCode elsewhere (on PATH, a standalone binary) wants the tools cache's copy, shown once it is whole.
+        let own = dir.path().join("bin/opencode");
+        std::fs::create_dir_all(own.parent().unwrap()).unwrap();
+        std::fs::write(&own, "").unwrap();
+        assert_eq!(plugin_package(&own, &user, &state), vec![]);
+        assert!(plugin_wanted(&own, &user));
+        assert_eq!(plugin_copy(&dir.path().join("tools/none"), &state), vec![]);
+        assert_eq!(
+            plugin_copy(&prefix, &state),
+            ["node_modules", "package.json", "package-lock.json"].map(|name| (prefix.join(name), target.join(name)))
+        );
         // The user's own packages are theirs: OpenCode installs those as it would without the bridge.
         std::fs::write(user.join("opencode/package.json"), "{}").unwrap();
         assert_eq!(plugin_package(&bin, &user, &state), vec![]);
+        assert!(!plugin_wanted(&own, &user));
     }
 
     #[test]

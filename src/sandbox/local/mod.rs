@@ -860,6 +860,13 @@ impl ProcessHandle for LocalProcess {
         self.pid.map(|root| descendant_pids(root).into_iter().collect()).unwrap_or_default()
     }
 
+    fn activity(&self) -> Option<crate::sandbox::process::Activity> {
+        if self.exited.is_some() {
+            return None;
+        }
+        self.pid.and_then(crate::sandbox::process::activity)
+    }
+
     fn end_new_groups(&self, before: &HashSet<i32>) {
         if let Some(root) = self.pid {
             let ended = super::process::kill_new_groups(root, before);

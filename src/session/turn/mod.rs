@@ -2,7 +2,7 @@
 //! one loop; `process.rs`: a CLI per prompt; an agent's own, e.g. OpenCode's warm server, through its service and `session/host.rs`), retry with a fresh conversation when
 //! the old one is gone, and record how it ended.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use agent_client_protocol::v1::schema::{
@@ -383,10 +383,55 @@ impl Turn<'_> {
         // The install hears the cancel itself, so that its card says how it ended.
         let executable = self.executable(emit).await?;
         let found = self.bridge.supported_executable(self.agent, &executable, &self.cancel);
-        match self.unless_cancelled(found).await? {
-            Some((pinned, _)) => Ok(pinned),
-            None => Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)),
+        let executable = match self.unless_cancelled(found).await? {
+            Some((pinned, _)) => pinned,
+            None => return Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)),
+        };
+        self.companion(emit, &executable).await?;
+        Ok(executable)
+    }
+
+    /// Installs the package the agent wants beside this executable (OpenCode's plugin package) unless the tools
+    /// cache has it, behind a card: without it the agent would install it itself, in every new session, and wait
+    /// on npm before it answers. A failed install is said and the turn goes on.
+    async fn companion(&self, emit: &Emitter, executable: &Path) -> Result<()> {
+        let Some(companion) = self.bridge.companion(self.agent, executable).await else { return Ok(()) };
+        if companion.installed() {
+            return Ok(());
         }
+        let call_id = format!("install-{}", companion.package);
+        emit.send(SessionUpdate::ToolCall(
+            ToolCall::new(
+                call_id.clone(),
+                format!(
+                    "Installing {} {} for {} (once per version)",
+                    companion.package,
+                    companion.version,
+                    self.agent.display_name()
+                ),
+            )
+            .kind(ToolKind::Other)
+            .status(ToolCallStatus::InProgress)
+            .raw_input(serde_json::json!({ "npm": format!("{}@{}", companion.package, companion.version) })),
+        ))
+        .await?;
+        let (status, said) = match companion.install(&self.bridge.config().data_dir, &self.cancel).await {
+            Ok(_) => (ToolCallStatus::Completed, None),
+            Err(crate::sandbox::SandboxError::Cancelled) => {
+                emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Failed))).await?;
+                return Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled));
+            }
+            Err(e) => (
+                ToolCallStatus::Failed,
+                Some(format!("{e}. {} will try to install it itself.", self.agent.display_name())),
+            ),
+        };
+        let mut fields = ToolCallUpdateFields::new().status(status);
+        if let Some(said) = said {
+            fields = fields.content(vec![ToolCallContent::from(said)]);
+        }
+        emit.send(update(&call_id, fields)).await?;
+        Ok(())
     }
 
     /// The CLI's executable: the override, PATH, the tools cache, or an install on first use.

@@ -32,6 +32,8 @@ use tokio::sync::{mpsc, watch};
 
 use self::client::Client;
 use self::sse::SseEvent;
+use crate::sandbox::process::Activity;
+use crate::sandbox::progress::{self, Waited};
 use crate::sandbox::{ExitInfo, ProcessHandle, RunningProcess};
 
 pub use self::service::Warm;
@@ -538,10 +540,6 @@ impl Drop for Place<'_> {
     }
 }
 
-/// How long a server may take to answer its first health check (OpenCode's cold start took up to 18 s on a loaded
-/// 2-core machine, and its first start also migrates its database).
-const START_LIMIT: Duration = Duration::from_secs(120);
-
 /// Supervises a started server and waits until it answers.
 async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Server, ServeError> {
     let Started { mut process, password, profile, adopted } = started;
@@ -557,18 +555,28 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
         let stream = std::mem::replace(stream, Box::pin(tokio::io::empty()));
         tokio::spawn(keep_tail(stream, stderr.clone(), guarded.clone(), said_listening.clone()));
     }
-    let (kill, exited, limit) = supervise(process.handle);
+    let (kill, exited, limit, activity) = supervise(process.handle);
     let client = Client::new(door, &password);
     let started_at = Instant::now();
     let mut watch_exit = exited.clone();
+    // OpenCode's cold start took up to 18 s on a loaded 2-core machine (its first start also migrates its database):
+    // it is waited for as long as its sandbox makes progress, not by a clock.
+    let mut progress = progress::Watch::new(started_at.into());
+    let sample = || activity.last();
     let version = loop {
         if let Some(exit) = *watch_exit.borrow() {
             let tail = Vec::from(stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()).join("\n");
             return Err(ServeError::Start(format!("it exited with {} at start: {}", exit.describe(), tail.trim())));
         }
-        if started_at.elapsed() > START_LIMIT {
+        let now = tokio::time::Instant::now();
+        let gave_up = if progress.stalled(sample(), now) {
+            Some(Waited::<()>::Stalled(started_at.elapsed()))
+        } else {
+            (started_at.elapsed() >= progress::START_CAP).then_some(Waited::TooLong)
+        };
+        if let Some(gave_up) = gave_up {
             let _ = kill.try_send(Control::Kill);
-            return Err(ServeError::Start(format!("it did not answer within {} s", START_LIMIT.as_secs())));
+            return Err(ServeError::Start(gave_up.why("answer")));
         }
         // A request that reaches OpenCode while it is still setting up its listener is never answered (measured:
         // a first health check hung for 10 s, while one sent a moment later answered in 2 ms), so the first check
@@ -607,11 +615,16 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
     };
     // The first event says the subscription is live: nothing a turn asks for afterwards can be missed.
     let mut events = client.events().await.map_err(|e| ServeError::Start(format!("its event stream: {e}")))?;
-    match tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut events)).await {
-        Ok(Some(_)) => {}
-        _ => {
+    // It opens once OpenCode has loaded its project and plugins: waited for while that progresses.
+    match progress::patiently(futures::StreamExt::next(&mut events), sample, || {}).await {
+        Waited::Done(Some(_)) => {}
+        Waited::Done(None) => {
             let _ = kill.try_send(Control::Kill);
             return Err(ServeError::Start("its event stream did not open".into()));
+        }
+        gave_up => {
+            let _ = kill.try_send(Control::Kill);
+            return Err(ServeError::Start(gave_up.why("open its event stream")));
         }
     }
     tracing::debug!(after = ?started_at.elapsed(), "the server's event stream is open");
@@ -622,6 +635,7 @@ async fn ready(started: Started, freed: Arc<tokio::sync::Notify>) -> Result<Serv
             on = tokio::time::timeout(GUARD_LIMIT, guard_on.wait_for(|on| *on)) => on.is_ok_and(|on| on.is_ok()),
             _ = watch_exit.wait_for(Option::is_some) => false,
         };
+    activity.on.store(false, std::sync::atomic::Ordering::Relaxed);
     tracing::debug!(guarded = on, after = ?started_at.elapsed(), "the server's guard plugin");
     if !on {
         let _ = kill.try_send(Control::Kill);
@@ -683,7 +697,20 @@ enum Control {
     Detach(tokio::sync::oneshot::Sender<()>),
 }
 
-type Supervision = (mpsc::Sender<Control>, watch::Receiver<Option<ExitInfo>>, Arc<Mutex<Option<String>>>);
+type Supervision = (mpsc::Sender<Control>, watch::Receiver<Option<ExitInfo>>, Arc<Mutex<Option<String>>>, Arc<Sampled>);
+
+/// What a server's sandbox is doing while it starts: sampled by its supervisor every second until its start is
+/// over ([`ready`] turns `on` off), so that the start waits for it as long as it progresses.
+struct Sampled {
+    on: std::sync::atomic::AtomicBool,
+    last: Mutex<Option<Activity>>,
+}
+
+impl Sampled {
+    fn last(&self) -> Option<Activity> {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// Owns the process: kills it when asked, says when it exits, and notes when its sandbox hits a limit.
 fn supervise(mut handle: Box<dyn ProcessHandle>) -> Supervision {
@@ -691,6 +718,8 @@ fn supervise(mut handle: Box<dyn ProcessHandle>) -> Supervision {
     let (exit_tx, exit_rx) = watch::channel(None);
     let limit = Arc::new(Mutex::new(None));
     let noted = limit.clone();
+    let sampled = Arc::new(Sampled { on: true.into(), last: Mutex::new(handle.activity()) });
+    let activity = sampled.clone();
     tokio::spawn(async move {
         let mut check = tokio::time::interval(Duration::from_secs(1));
         let mut killed = false;
@@ -714,6 +743,9 @@ fn supervise(mut handle: Box<dyn ProcessHandle>) -> Supervision {
                     if let Some(hit) = handle.limit_hit() {
                         *noted.lock().unwrap_or_else(|p| p.into_inner()) = Some(hit);
                     }
+                    if sampled.on.load(std::sync::atomic::Ordering::Relaxed) {
+                        *sampled.last.lock().unwrap_or_else(|p| p.into_inner()) = handle.activity();
+                    }
                 }
                 exit = handle.wait() => {
                     let exit = exit.unwrap_or(ExitInfo { code: None, signal: None });
@@ -726,7 +758,7 @@ fn supervise(mut handle: Box<dyn ProcessHandle>) -> Supervision {
             }
         }
     });
-    (kill_tx, exit_rx, limit)
+    (kill_tx, exit_rx, limit, activity)
 }
 
 /// What OpenCode prints once its port is open (`opencode server listening on http://127.0.0.1:4096`).

@@ -173,7 +173,11 @@ impl Warm {
         let lease = tokio::select! {
             biased;
             _ = host.cancel().cancelled() => return Ok(Attempt::Finished(Ok(StopReason::Cancelled))),
-            lease = servers.lease(&key, &record.id, &profile_key, start) => lease,
+            lease = crate::agents::host::said_when_slow(
+                servers.lease(&key, &record.id, &profile_key, start),
+                Some(host),
+                "_OpenCode's server is still starting; it is waited for while it makes progress._",
+            ) => lease?,
         };
         let lease = match lease {
             Ok(lease) => lease,
