@@ -41,7 +41,9 @@ pub fn service_preparing_loads(
     offers: Option<serde_json::Value>,
     before_load: &'static str,
 ) -> Arc<dyn Service> {
-    Arc::new(service::AcpService::new(name, args, bounds, offers.and_then(offers::Offers::parse)).before_load(before_load))
+    Arc::new(
+        service::AcpService::new(name, args, bounds, offers.and_then(offers::Offers::parse)).before_load(before_load),
+    )
 }
 
 /// The translator of an ACP agent's updates, for its [`Agent::translator`].

@@ -206,7 +206,13 @@ impl Agent for Gemini {
     }
 
     fn service(&self, _settings: &AgentSettings, bounds: &ServiceSettings) -> Option<Arc<dyn Service>> {
-        Some(super::acp::service_preparing_loads(self.name(), vec!["--acp".into()], bounds, Some(offers()), BEFORE_LOAD))
+        Some(super::acp::service_preparing_loads(
+            self.name(),
+            vec!["--acp".into()],
+            bounds,
+            Some(offers()),
+            BEFORE_LOAD,
+        ))
     }
 
     fn describe_backend(&self, _settings: &AgentSettings, _server: Result<&str, &str>) -> Option<String> {

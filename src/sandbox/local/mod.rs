@@ -18,6 +18,7 @@ mod describe;
 pub mod guard;
 #[cfg(linux_sandbox)]
 pub mod init;
+mod init_args;
 mod isolation;
 #[cfg(linux_sandbox)]
 pub mod landlock;
@@ -31,9 +32,7 @@ pub mod warm;
 #[cfg(linux_sandbox)]
 mod wrap;
 
-#[cfg(linux_sandbox)]
-use std::collections::HashMap;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -48,6 +47,8 @@ use tokio::process::{Child, Command};
 use self::adopt::Warm;
 #[cfg(linux_sandbox)]
 use self::bwrap::open_low_ports;
+pub use self::init_args::MIN_LINGER_SECS;
+use self::init_args::{door_args, linger_args, watch_args};
 pub use self::isolation::{Isolation, LANDLOCK_GAPS, probe_bwrap, probe_landlock};
 use self::limits::Limits;
 use self::owners::record_owner;
@@ -402,41 +403,6 @@ impl LocalSandbox {
         guards.inherited.push(fd);
         guards.door = Some(path);
         Ok(raw)
-    }
-}
-
-/// `sandbox-init`'s arguments for a server's door: the inherited listening fd and the server's port inside.
-fn door_args(door: Option<(i32, u16)>) -> Vec<String> {
-    match door {
-        Some((fd, port)) => vec!["--door-fd".into(), fd.to_string(), "--door-port".into(), port.to_string()],
-        None => Vec::new(),
-    }
-}
-
-/// `sandbox-init`'s arguments for a kept-warm server: how long it outlives its last bridge (at least a few seconds:
-/// the bridge's first health checks come and go before its event stream holds the door open).
-fn linger_args(spec: &ExecSpec) -> Vec<String> {
-    match (&spec.keep_warm, spec.serve_port) {
-        (Some(keep), Some(_)) => {
-            vec!["--keep-warm-secs".into(), keep.linger.as_secs().max(MIN_LINGER_SECS).to_string()]
-        }
-        _ => Vec::new(),
-    }
-}
-
-/// The shortest linger a kept-warm server gets.
-pub const MIN_LINGER_SECS: u64 = 5;
-
-/// The arguments that make `sandbox-init` watch the limits itself.
-fn watch_args(watch: Option<Limits>) -> Vec<String> {
-    match watch {
-        Some(limits) => vec![
-            "--max-processes".into(),
-            limits.max_processes.to_string(),
-            "--max-memory".into(),
-            limits.max_memory_bytes.to_string(),
-        ],
-        None => Vec::new(),
     }
 }
 

@@ -2,7 +2,7 @@
 //! one loop; `process.rs`: a CLI per prompt; an agent's own, e.g. OpenCode's warm server, through its service and `session/host.rs`), retry with a fresh conversation when
 //! the old one is gone, and record how it ended.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use agent_client_protocol::v1::schema::{
@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 mod drive;
 mod host;
 mod process;
+mod setup;
 
 use super::cli::cli_environment;
 use super::emitter::Emitter;
@@ -23,7 +24,7 @@ use super::{Bridge, UpdateSink, note, prompt};
 use crate::agents::engine::Attempt;
 use crate::agents::{AgentKind, Extras, ModelInfo, TranslateContext, TurnRequest};
 use crate::error::{Error, Result};
-use crate::sandbox::{ExecSpec, Sandbox, install};
+use crate::sandbox::{ExecSpec, Sandbox};
 use crate::store::{SessionRecord, TurnStatus};
 
 /// At most this many characters of earlier turns are handed to a fresh CLI conversation.
@@ -375,134 +376,6 @@ impl Turn<'_> {
     /// stops what it started) or the step says it was.
     pub(super) async fn unless_cancelled<T>(&self, step: impl Future<Output = Result<T>>) -> Result<Option<T>> {
         crate::agents::host::unless_cancelled(&self.cancel, step).await
-    }
-
-    /// The CLI's executable on this machine: the override, PATH, the tools cache, or an install on first use; for
-    /// a version the bridge can drive (see [`Bridge::supported_executable`]).
-    async fn local_executable(&self, emit: &Emitter) -> Result<PathBuf> {
-        // The install hears the cancel itself, so that its card says how it ended.
-        let executable = self.executable(emit).await?;
-        let found = self.bridge.supported_executable(self.agent, &executable, &self.cancel);
-        let executable = match self.unless_cancelled(found).await? {
-            Some((pinned, _)) => pinned,
-            None => return Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled)),
-        };
-        self.companion(emit, &executable).await?;
-        Ok(executable)
-    }
-
-    /// Installs the package the agent wants beside this executable (OpenCode's plugin package) unless the tools
-    /// cache has it, behind a card: without it the agent would install it itself, in every new session, and wait
-    /// on npm before it answers. A failed install is said and the turn goes on.
-    async fn companion(&self, emit: &Emitter, executable: &Path) -> Result<()> {
-        let Some(companion) = self.bridge.companion(self.agent, executable).await else { return Ok(()) };
-        if companion.installed() {
-            return Ok(());
-        }
-        let call_id = format!("install-{}", companion.package);
-        emit.send(SessionUpdate::ToolCall(
-            ToolCall::new(
-                call_id.clone(),
-                format!(
-                    "Installing {} {} for {} (once per version)",
-                    companion.package,
-                    companion.version,
-                    self.agent.display_name()
-                ),
-            )
-            .kind(ToolKind::Other)
-            .status(ToolCallStatus::InProgress)
-            .raw_input(serde_json::json!({ "npm": format!("{}@{}", companion.package, companion.version) })),
-        ))
-        .await?;
-        let (status, said) = match companion.install(&self.bridge.config().data_dir, &self.cancel).await {
-            Ok(_) => (ToolCallStatus::Completed, None),
-            Err(crate::sandbox::SandboxError::Cancelled) => {
-                emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Failed))).await?;
-                return Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled));
-            }
-            Err(e) => (
-                ToolCallStatus::Failed,
-                Some(format!("{e}. {} will try to install it itself.", self.agent.display_name())),
-            ),
-        };
-        let mut fields = ToolCallUpdateFields::new().status(status);
-        if let Some(said) = said {
-            fields = fields.content(vec![ToolCallContent::from(said)]);
-        }
-        emit.send(update(&call_id, fields)).await?;
-        Ok(())
-    }
-
-    /// The CLI's executable: the override, PATH, the tools cache, or an install on first use.
-    async fn executable(&self, emit: &Emitter) -> Result<PathBuf> {
-        if let Some(path) = crate::locate::installed_executable(self.bridge.config(), self.agent) {
-            return Ok(path);
-        }
-        let tools = crate::paths::tools_dir(&self.bridge.config().data_dir);
-        let install = install::install(self.agent.package(), &tools, &self.cancel);
-        let fix = format!(
-            "Put `{}` on PATH or set ACP_SANDBOX_{}_BIN.",
-            self.agent.package().bin,
-            self.agent.as_str().to_uppercase()
-        );
-        self.install_card(emit, "", install, &fix).await
-    }
-
-    /// Runs an install of the CLI behind a tool card that says how it went: done, cancelled, or npm's words. `place`
-    /// says where, for the card and the error (empty: this machine); `fix` what the user can do when it fails.
-    pub(super) async fn install_card(
-        &self,
-        emit: &Emitter,
-        place: &str,
-        install: impl Future<Output = std::result::Result<PathBuf, crate::sandbox::SandboxError>>,
-        fix: &str,
-    ) -> Result<PathBuf> {
-        let package = self.agent.package();
-        let call_id = format!("install-{}", package.bin);
-        emit.send(SessionUpdate::ToolCall(
-            ToolCall::new(
-                call_id.clone(),
-                format!("Installing {} {}{place} (first use)", self.agent.display_name(), package.version),
-            )
-            .kind(ToolKind::Other)
-            .status(ToolCallStatus::InProgress)
-            .raw_input(serde_json::json!({ "npm": format!("{}@{}", package.name, package.version) })),
-        ))
-        .await?;
-        match install.await {
-            Ok(path) => {
-                emit.send(update(&call_id, ToolCallUpdateFields::new().status(ToolCallStatus::Completed))).await?;
-                // The model listing runs on this machine: only a local install changes it.
-                if place.is_empty() {
-                    self.bridge.refresh_models();
-                }
-                Ok(path)
-            }
-            Err(crate::sandbox::SandboxError::Cancelled) => {
-                emit.send(update(
-                    &call_id,
-                    ToolCallUpdateFields::new()
-                        .status(ToolCallStatus::Failed)
-                        .content(vec![ToolCallContent::from("The install was cancelled.".to_string())]),
-                ))
-                .await?;
-                Err(Error::Sandbox(crate::sandbox::SandboxError::Cancelled))
-            }
-            Err(e) => {
-                emit.send(update(
-                    &call_id,
-                    ToolCallUpdateFields::new()
-                        .status(ToolCallStatus::Failed)
-                        .content(vec![ToolCallContent::from(e.to_string())]),
-                ))
-                .await?;
-                Err(Error::CliUnavailable(format!(
-                    "{} is not installed{place} and could not be installed: {e}. {fix}",
-                    self.agent.display_name(),
-                )))
-            }
-        }
     }
 
     /// The review of this turn, in review mode and in every remote sandbox: what the agent changes goes to the
