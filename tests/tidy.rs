@@ -1,5 +1,6 @@
 //! The shape of the source, checked as tests (as rust-analyzer's `tidy`): no module circles, no file too long,
-//! no agent named outside `src/agents/`, every file saying what it is for.
+//! no agent named outside `src/agents/`, every file saying what it is for, every relative link of the docs
+//! leading somewhere.
 //!
 //! Dependencies are read from the paths in the code (`crate::x::…`, `super::…`, `self::…`, one level of braces),
 //! outside comments, strings and `#[cfg(test)]` modules: what `use` and inline paths name.
