@@ -1,4 +1,5 @@
-//! acp-sandbox: an Agent Client Protocol server that runs the Amp and OpenCode CLIs in a sandbox.
+//! acp-sandbox: an Agent Client Protocol server that runs coding agents (Amp, OpenCode, Claude Code, Codex, Gemini CLI,
+//! any ACP agent) in a sandbox.
 //!
 //! `server` speaks ACP and calls `session::Bridge`; the bridge persists sessions in `store`, runs each
 //! turn's CLI through `sandbox`, and turns its output into ACP updates with the pure translators in

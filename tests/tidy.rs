@@ -1,5 +1,6 @@
 //! The shape of the source, checked as tests (as rust-analyzer's `tidy`): no module circles, no file too long,
-//! no agent named outside `src/agents/`, every file saying what it is for.
+//! no agent named outside `src/agents/`, every file saying what it is for, every relative link of the docs
+//! leading somewhere.
 //!
 //! Dependencies are read from the paths in the code (`crate::x::…`, `super::…`, `self::…`, one level of braces),
 //! outside comments, strings and `#[cfg(test)]` modules: what `use` and inline paths name.
@@ -315,4 +316,146 @@ fn the_reader_sees_paths_as_the_compiler_does() {
             "session::review::Review::of"
         ]
     );
+}
+
+/// The docs a reader follows links through: every relative link of theirs must resolve.
+fn doc_files() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<PathBuf> =
+        ["README.md", "ARCHITECTURE.md", "CONTRIBUTING.md"].iter().map(|f| root.join(f)).collect();
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    files
+}
+
+/// The lines of a Markdown text outside fenced code blocks, with inline code spans blanked (a `](` or a `#` in
+/// code is no link and no heading).
+fn prose(text: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            out.push(String::new());
+            continue;
+        }
+        if fenced {
+            out.push(String::new());
+            continue;
+        }
+        let mut kept = String::new();
+        let mut in_code = false;
+        for c in line.chars() {
+            if c == '`' {
+                in_code = !in_code;
+            } else if !in_code {
+                kept.push(c);
+            }
+        }
+        out.push(kept);
+    }
+    out
+}
+
+/// The anchors GitHub gives a file's headings: the text lowercased, what is not a letter, digit, space, `-` or
+/// `_` dropped, spaces made `-`; a repeated slug gets `-1`, `-2`, ….
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        let Some(heading) = line.strip_prefix('#').filter(|_| !fenced) else { continue };
+        let heading = heading.trim_start_matches('#');
+        if !heading.starts_with(' ') {
+            continue;
+        }
+        // A link in a heading shows its text only.
+        let shown = heading.replace(['`', '*'], "");
+        let shown = shown.split("](").enumerate().fold(String::new(), |acc, (i, part)| {
+            if i == 0 { acc + part } else { acc + part.split_once(')').map_or(part, |(_, rest)| rest) }
+        });
+        let slug: String = shown
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let count = seen.entry(slug.clone()).or_insert(0);
+        out.insert(if *count == 0 { slug.clone() } else { format!("{slug}-{count}") });
+        *count += 1;
+    }
+    out
+}
+
+/// Every relative link of a Markdown file (`[text](target)`) that does not resolve: its file or folder is missing,
+/// or its `#anchor` names no heading of the file it points into.
+fn broken_links(file: &Path, text: &str) -> Vec<String> {
+    let dir = file.parent().unwrap();
+    let mut broken = Vec::new();
+    for (number, line) in prose(text).iter().enumerate() {
+        for (_, rest) in line.match_indices("](").map(|(at, _)| ((), &line[at + 2..])) {
+            let Some((target, _)) = rest.split_once(')') else { continue };
+            let target = target.split_whitespace().next().unwrap_or("");
+            if target.contains("://") || target.starts_with("mailto:") || target.is_empty() {
+                continue;
+            }
+            let (path, anchor) = target.split_once('#').map_or((target, None), |(p, a)| (p, Some(a)));
+            let linked = if path.is_empty() { file.to_path_buf() } else { dir.join(path) };
+            let at = format!("{}:{}: {target}", file.display(), number + 1);
+            if !linked.exists() {
+                broken.push(format!("{at} (no such file)"));
+                continue;
+            }
+            if let Some(anchor) = anchor {
+                let linked_text = if path.is_empty() {
+                    text.to_string()
+                } else {
+                    std::fs::read_to_string(&linked).unwrap_or_default()
+                };
+                if !anchors(&linked_text).contains(anchor) {
+                    broken.push(format!("{at} (no such heading)"));
+                }
+            }
+        }
+    }
+    broken
+}
+
+#[test]
+fn every_relative_link_of_the_docs_resolves() {
+    let mut broken = Vec::new();
+    for file in doc_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        broken.extend(broken_links(&file, &text));
+    }
+    assert!(broken.is_empty(), "links that lead nowhere:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_link_check_sees_a_missing_file_and_a_missing_heading() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let text = "# Top\n## A `code` heading, too!\n\nSee [here](#a-code-heading-too), [there](#top), [src](src/lib.rs).\n\
+                Broken: [gone](no/such.md) and [lost](#nowhere) and [far](ARCHITECTURE.md#no-such-heading).\n\
+                ```sh\n# Not a heading\n[not a link](no/where)\n```\n`[code](no/where)`\n";
+    let broken: Vec<String> =
+        broken_links(&file, text).into_iter().map(|b| b.split_once(": ").unwrap().1.to_string()).collect();
+    assert_eq!(
+        broken,
+        [
+            "no/such.md (no such file)",
+            "#nowhere (no such heading)",
+            "ARCHITECTURE.md#no-such-heading (no such heading)"
+        ]
+    );
+    assert!(!anchors(text).contains("not-a-heading"));
 }

@@ -13,6 +13,20 @@
 //! inside the sandbox by `sandbox-init`; every request carries the server's own random password, which the guard
 //! plugin (`guard.rs`) keeps from the server's tools, as Landlock keeps them off its port. The server dies
 //! with the bridge like any command of the sandbox (`--die-with-parent`, or the subreaper's parent-death signal).
+//!
+//! A workspace's shared sandbox is `<sessions>/workspace-<sha256(agent, cwd, its other roots, the bridge's sandbox
+//! settings)[..8] hex>` (`Bridge::shared_sandbox_name`); a session keeps whatever sandbox the store names for it (one
+//! made before sharing stays its own). What is the session's stays per session: its OpenCode conversation, its
+//! permission ruleset (PATCHed per OpenCode session by each turn right before its prompt, never cached: the
+//! sandbox's other server or another bridge may have written it; "always" answers are kept by the bridge in
+//! `permissions::AlwaysAllowed` and put in that ruleset, because OpenCode's own `always` is instance-wide and comes
+//! after every rule), mode, model, cancel (`/abort` of that session; a kill only when the server serves no other
+//! turn or no longer answers), subagent permissions (only those of sessions whose `parentID` chain leads to the
+//! turn's), strays (ended only when no other turn runs there). A different profile (approvals, the workspace's
+//! configuration) is a different key: a second server in the same sandbox. `session/delete` deletes the OpenCode
+//! session on a running shared server (with none running, it is noted in the sandbox's `pending-deletes` for its
+//! next server) and the sandbox with its last session. A server's lock (`<data>/locks`, by key) is held while it
+//! runs: a second bridge on the data dir does not warm a server the first runs (only a turn starts one beside it).
 
 pub mod client;
 pub mod engine;
