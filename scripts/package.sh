@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Release packaging: builds acp-sandbox-<version>-<target>.tar.gz (the executable at the top of the archive, as
-# the ACP registry's `cmd: "./acp-sandbox"` expects, plus the README) and its .sha256 (`sha256sum -c` format).
+# the ACP registry's `cmd: "./acp-sandbox"` expects, plus the README and docs/) and its .sha256 (`sha256sum -c` format).
 #
 #   scripts/package.sh [--target TRIPLE] [--binary PATH] [--out DIR]
 #       --target  a Rust target triple (default: this machine's). Built with `cargo build --release --target`;
@@ -105,8 +105,10 @@ chmod 0755 "$stage/acp-sandbox"
 # A debug build handed in with --binary carries its symbols; the host's strip can only read the host's format.
 if [ "$target" = "$host" ] && command -v strip >/dev/null 2>&1; then strip "$stage/acp-sandbox"; fi
 cp README.md "$stage/README.md"
+# The README links into docs/: the archive carries them.
+cp -R docs "$stage/docs"
 owner=()
 if tar --version 2>/dev/null | grep -q GNU; then owner=(--owner=0 --group=0 --numeric-owner); fi
-tar -C "$stage" "${owner[@]}" -czf "$out/$name" acp-sandbox README.md
+tar -C "$stage" "${owner[@]}" -czf "$out/$name" acp-sandbox README.md docs
 (cd "$out" && printf '%s  %s\n' "$(sha256_of "$name")" "$name" >"$name.sha256")
 echo "$out/$name"

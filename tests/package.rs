@@ -98,7 +98,14 @@ fn the_packaged_host_build_unpacks_alone_checks_out_and_passes_the_registrys_lau
         .map(|entry| entry.unwrap().file_name().into_string().unwrap())
         .collect();
     names.sort();
-    assert_eq!(names, ["README.md", "acp-sandbox"]);
+    assert_eq!(names, ["README.md", "acp-sandbox", "docs"]);
+    // Every page the README links to is there.
+    let mut pages: Vec<String> = std::fs::read_dir(unpacked.path().join("docs"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    pages.sort();
+    assert_eq!(pages, ["agents.md", "configuration.md", "notes", "performance.md", "remote.md", "sandbox.md"]);
     let binary = unpacked.path().join("acp-sandbox");
     assert_eq!(std::fs::metadata(&binary).unwrap().permissions().mode() & 0o777, 0o755);
 
