@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use agent_client_protocol::v1::schema::SessionUpdate;
+use agent_client_protocol::v1::schema::{SessionUpdate, ToolCallStatus};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
@@ -22,6 +22,9 @@ pub(in crate::session) struct Emitter {
     pub(super) prior_cost: f64,
     /// This turn's running cost as the CLI reported it.
     pub(super) turn_cost: std::sync::Mutex<f64>,
+    /// The tool calls this turn ended (`completed`, `failed`): an update that only sets such a call's content after
+    /// that is stale (a terminal's coalesced output racing the agent's own completion) and is dropped.
+    pub(super) ended_calls: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The turn's cancel: once it fires, the turn waits for its store only while the store is not stuck (see
     /// [`Emitter::unless_given_up`]).
     pub(super) cancel: CancellationToken,
@@ -143,6 +146,7 @@ impl Emitter {
             turn_id,
             prior_cost,
             turn_cost: std::sync::Mutex::new(0.0),
+            ended_calls: std::sync::Mutex::default(),
             cancel,
             deadline: std::sync::OnceLock::new(),
             given_up: std::sync::atomic::AtomicBool::new(false),
@@ -166,6 +170,14 @@ impl Emitter {
             }
             other => other,
         };
+        if let SessionUpdate::ToolCallUpdate(call) = &update {
+            let mut ended = self.ended_calls.lock().unwrap_or_else(|p| p.into_inner());
+            if matches!(call.fields.status, Some(ToolCallStatus::Completed | ToolCallStatus::Failed)) {
+                ended.insert(call.tool_call_id.0.to_string());
+            } else if superseding(&update).is_some_and(|key| key.dies) && ended.contains(call.tool_call_id.0.as_ref()) {
+                return Ok(());
+            }
+        }
         let Some(json) = self.serialize(&update) else { return Ok(()) };
         let key = superseding(&update);
         drop(update);
@@ -344,6 +356,7 @@ mod tests {
             turn_id,
             prior_cost: 0.0,
             turn_cost: std::sync::Mutex::new(0.0),
+            ended_calls: std::sync::Mutex::default(),
             cancel,
             deadline: std::sync::OnceLock::new(),
             given_up: std::sync::atomic::AtomicBool::new(false),

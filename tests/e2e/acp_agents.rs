@@ -931,3 +931,20 @@ fn an_agent_sees_the_end_of_its_input_before_the_bridge_stops_it() {
     assert_eq!(said.lines().count(), 1, "killed before it saw the end of its input: {said:?}\n{}", bridge.stderr());
     assert!(said.ends_with(" saw the end of its input\n"), "{said:?}");
 }
+
+/// An agent that dies before it initializes (a sandbox that could not be made, a missing library) is an error that
+/// carries what it wrote on stderr: the editor sees why.
+#[test]
+fn an_agent_that_dies_before_initialize_is_an_error_with_its_stderr() {
+    let dirs = TestDirs::new("acp-dies-at-start");
+    let ws = dirs.workspace("ws");
+    let script = dirs.root().join("dies.sh");
+    std::fs::write(&script, "#!/bin/sh\necho 'boom: the agent cannot start' >&2\nexit 3\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let options = BridgeOptions::new("custom", &dirs.data).arg("--agent-command").arg(&script.display().to_string());
+    let mut bridge = Bridge::start(options);
+    let sid = bridge.new_session(&ws);
+    let error = bridge.prompt(&sid, "SCENARIO:text").result.expect_err("no agent, no turn");
+    assert_eq!(error.data.as_ref().map(|data| data["stderr"].clone()), Some(json!("boom: the agent cannot start")));
+    assert!(error.message.starts_with("ACP agent could not be started: it did not initialize"), "{}", error.message);
+}

@@ -86,7 +86,12 @@ fn a_flooding_terminal_leaves_the_store_and_the_bridge_bounded() {
         .unwrap()
         .map(Result::unwrap)
         .collect();
-    assert!(rows.len() <= 2, "{} rows stored for the call", rows.len());
+    assert!(
+        rows.len() <= 2,
+        "{} rows stored for the call: {:?}",
+        rows.len(),
+        rows.iter().map(|r| r.chars().take(300).collect::<String>()).collect::<Vec<_>>()
+    );
     let stored: Value = serde_json::from_str(rows.last().unwrap()).unwrap();
     assert_eq!(card_text(&stored), last, "the store keeps what the editor saw last");
     assert!(grown < 8 << 20, "the store grew {grown} bytes for 1 MiB kept");

@@ -51,6 +51,15 @@ pub enum ConnectionError {
     /// Its connection ended, or it answered an error.
     #[error("{0}")]
     Protocol(String),
+    /// It did not initialize: why, and the end of what it wrote on stderr (bubblewrap's own error, when the
+    /// sandbox could not be made).
+    #[error("{why}")]
+    NotStarted {
+        /// What went wrong.
+        why: String,
+        /// The end of its stderr.
+        stderr: String,
+    },
 }
 
 /// One running ACP agent and the bridge's connection to it.
@@ -187,15 +196,17 @@ impl Connection {
             }
             Waited::Done(Err(e)) => {
                 let connection = connection(AgentCapabilities::default(), None, Vec::new());
+                // An agent that died answers through its closed transport a moment before the connection says so.
+                connection.ending().await;
                 let why = connection.failure(&format!("it did not initialize: {}", e.message)).await;
                 connection.kill().await;
-                return Err(ConnectionError::Protocol(why));
+                return Err(ConnectionError::NotStarted { why, stderr: connection.stderr_tail() });
             }
             gave_up => {
                 let connection = connection(AgentCapabilities::default(), None, Vec::new());
                 let why = connection.failure(&gave_up.why("answer initialize")).await;
                 connection.kill().await;
-                return Err(ConnectionError::Protocol(why));
+                return Err(ConnectionError::NotStarted { why, stderr: connection.stderr_tail() });
             }
         };
         Ok(Arc::new(started))

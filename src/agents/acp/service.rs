@@ -14,7 +14,7 @@ use agent_client_protocol::v1::schema::{
 };
 use tokio::time::Instant;
 
-use super::connection::Connection;
+use super::connection::{Connection, ConnectionError};
 use super::engine::AcpEngine;
 use super::offers::Offers;
 use super::options::{MODE, MODEL, Selectors, Via, choices, choose, keep_defaults, refused, seeded, take_refused};
@@ -45,8 +45,10 @@ const SESSION_LIMIT: Duration = Duration::from_secs(60);
 const ROOM_WAIT: Duration = Duration::from_secs(120);
 
 /// A start under way, which every waiter shares.
-type Starting =
-    futures::future::Shared<futures::future::BoxFuture<'static, std::result::Result<Arc<Connection>, String>>>;
+/// Its failure is why, and the end of the agent's stderr.
+type Starting = futures::future::Shared<
+    futures::future::BoxFuture<'static, std::result::Result<Arc<Connection>, (String, String)>>,
+>;
 
 /// One session's agent.
 struct Entry {
@@ -244,9 +246,9 @@ impl AcpService {
         let started = crate::agents::host::said_when_slow(start, turn, &slow).await?;
         self.starting.lock().unwrap_or_else(|p| p.into_inner()).remove(&record.id);
         self.room.notify_waiters();
-        let connection = started.map_err(|why| Error::CliFailed {
+        let connection = started.map_err(|(why, stderr_tail)| Error::CliFailed {
             message: format!("{} could not be started: {why}", self.name),
-            stderr_tail: String::new(),
+            stderr_tail,
             exit_code: None,
         })?;
         let mut running = self.running();
@@ -333,12 +335,15 @@ impl AcpService {
             }
             let connection = Connection::start(sandbox, identity, spec, roots, INITIALIZE_LIMIT, forms, outside)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| match e {
+                    ConnectionError::NotStarted { why, stderr } => (why, stderr),
+                    other => (other.to_string(), String::new()),
+                })?;
             let info = connection.info.as_ref().map(|info| format!("{} {}", info.name, info.version));
             tracing::info!(session = %session, agent = ?info, load = connection.capabilities.load_session, "the ACP agent started");
             Ok(connection)
         });
-        async move { task.await.unwrap_or_else(|e| Err(e.to_string())) }.boxed().shared()
+        async move { task.await.unwrap_or_else(|e| Err((e.to_string(), String::new()))) }.boxed().shared()
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use agent_client_protocol::v1::schema::{
     CreateTerminalRequest, Meta, SessionUpdate, TerminalExitStatus, TerminalOutputResponse, ToolCallContent,
-    ToolCallId, ToolCallUpdate, ToolCallUpdateFields,
+    ToolCallId, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields,
 };
 use tokio::io::AsyncReadExt;
 use tokio::sync::{Notify, watch};
@@ -313,6 +313,13 @@ impl Terminals {
     /// agent runs itself and announces in `_meta` is kept and shown the same way, and its `_meta` keys are taken
     /// out. Whether anything is left to send.
     pub fn show(&self, session: &str, update: &mut SessionUpdate) -> bool {
+        // An update that ends the call ends what its terminals show in it: nothing after it updates the card.
+        let closing = match &*update {
+            SessionUpdate::ToolCall(call) => call.status,
+            SessionUpdate::ToolCallUpdate(ToolCallUpdate { fields, .. }) => fields.status.unwrap_or_default(),
+            _ => return true,
+        };
+        let closing = matches!(closing, ToolCallStatus::Completed | ToolCallStatus::Failed);
         let (id, content, meta) = match update {
             SessionUpdate::ToolCall(call) => (&call.tool_call_id, Some(&mut call.content), &mut call.meta),
             SessionUpdate::ToolCallUpdate(ToolCallUpdate { tool_call_id, fields, meta, .. }) => {
@@ -338,7 +345,7 @@ impl Terminals {
                 if !shown.is_empty() || content.iter().any(|item| matches!(item, ToolCallContent::Terminal(_))) {
                     *content = rendered(content, |id| known.find(id), false);
                     // This update shows the end of those that ended: theirs need not show it again.
-                    for terminal in shown.iter().filter(|terminal| terminal.exit.borrow().is_some()) {
+                    for terminal in shown.iter().filter(|terminal| closing || terminal.exit.borrow().is_some()) {
                         terminal.shown_ended.store(true, Ordering::SeqCst);
                     }
                 }
@@ -583,7 +590,7 @@ async fn show(terminal: Arc<Terminal>, known: Known, route: Route) {
             && let Ok(place) = tx.reserve().await
             && {
                 ended = terminal.exit.borrow().is_some();
-                !(ended && terminal.shown_ended.load(Ordering::SeqCst))
+                !terminal.shown_ended.load(Ordering::SeqCst)
             }
         {
             // Shown to its end, even once the agent released it (its last output may come after that).
@@ -598,7 +605,7 @@ async fn show(terminal: Arc<Terminal>, known: Known, route: Route) {
                 place.send(Event::Update(json));
             }
         }
-        if ended {
+        if ended || terminal.shown_ended.load(Ordering::SeqCst) {
             return;
         }
         tokio::time::sleep(SHOW_EVERY).await;
