@@ -977,6 +977,27 @@ fn codex_signs_in_with_chatgpt(sandbox: &str, test: &str) {
     }
 }
 
+/// Gives the ChatGPT login at `path` tokens no other file has: a nonce in both JWTs' claims (their tags, which the
+/// fake model checks, stay) and in the refresh token. Returns the login as written.
+fn unique_tokens(path: &Path) -> Value {
+    use base64::Engine;
+    let b64 = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let nonce = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap().trim().to_string();
+    let mut login: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for name in ["access_token", "id_token"] {
+        let token = login["tokens"][name].as_str().unwrap().to_string();
+        let mut parts: Vec<String> = token.split('.').map(String::from).collect();
+        let mut claims: Value = serde_json::from_slice(&b64.decode(&parts[1]).unwrap()).unwrap();
+        claims["nonce"] = Value::from(nonce.clone());
+        parts[1] = b64.encode(claims.to_string());
+        login["tokens"][name] = Value::from(parts.join("."));
+    }
+    let refresh = format!("{}-{nonce}", login["tokens"]["refresh_token"].as_str().unwrap());
+    login["tokens"]["refresh_token"] = Value::from(refresh);
+    std::fs::write(path, login.to_string()).unwrap();
+    login
+}
+
 /// The model gateway with Codex's ChatGPT login: a hostile tool Codex runs hunts for the login's tokens (access,
 /// refresh, id) in its environment, every process's environment and command line it sees and the files it can read,
 /// and finds none, while the fake model gets the login's access token on every request and the turn works.
@@ -997,8 +1018,9 @@ fn codex_keeps_the_chatgpt_login_out(sandbox: &str, test: &str) {
         .output()
         .unwrap();
     assert!(signed_in.status.success(), "login --own: {}", String::from_utf8_lossy(&signed_in.stderr));
-    let login: Value =
-        serde_json::from_str(&std::fs::read_to_string(world.data.join("logins/codex/auth.json")).unwrap()).unwrap();
+    // Tokens of this run alone: the fake login server issues the same ones to every test, and this file's text names
+    // them, so a hunt under bubblewrap (which shows `/`) would find another test's data dir or this source.
+    let login = unique_tokens(&world.data.join("logins/codex/auth.json"));
     let tokens: Vec<String> = ["access_token", "refresh_token", "id_token"]
         .map(|name| login["tokens"][name].as_str().unwrap().to_string())
         .to_vec();
