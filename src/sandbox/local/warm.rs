@@ -109,7 +109,8 @@ fn made_here(run_dir: &Path, path: &Path, record: &Record) -> bool {
             && dir
                 .components()
                 .all(|part| matches!(part, std::path::Component::RootDir | std::path::Component::Normal(_)))
-            && dir.parent().and_then(Path::file_name).is_some_and(|name| name == "acp-sandbox")
+            // `<base>/acp-sandbox/<session>/<command>`: a command's group inside its session's.
+            && dir.ancestors().nth(2).and_then(Path::file_name).is_some_and(|name| name == "acp-sandbox")
     });
     door && proxy && cgroups && record_path(run_dir, &record.key) == path
 }
@@ -328,7 +329,7 @@ mod tests {
             start: crate::sandbox::process::start_time(server.pid()).unwrap(),
             door: run.join("0123456789ab.door"),
             proxy_socket: Some(proxy_socket(run, key)),
-            cgroups: vec!["/sys/fs/cgroup/user.slice/acp-sandbox/workspace-0011-3".into()],
+            cgroups: vec!["/sys/fs/cgroup/user.slice/acp-sandbox/workspace-0011/3".into()],
             secret: "s3cret".into(),
             linger_secs: 60,
             started_ms: 1,
@@ -393,7 +394,7 @@ mod tests {
         let outside = tempfile::tempdir().unwrap();
         let victim = outside.path().join("precious");
         std::fs::write(&victim, b"keep me").unwrap();
-        let empty_dir = outside.path().join("acp-sandbox").join("empty");
+        let empty_dir = outside.path().join("acp-sandbox").join("s").join("empty");
         std::fs::create_dir_all(&empty_dir).unwrap();
         let server = Server::start(true);
         let honest = record(run.path(), "a", &server);
@@ -402,7 +403,8 @@ mod tests {
             Record { door: run.path().join("../precious.door"), ..honest.clone() },
             Record { proxy_socket: Some(victim.clone()), ..honest.clone() },
             Record { cgroups: vec![empty_dir.clone()], ..honest.clone() },
-            Record { cgroups: vec!["/sys/fs/cgroup/acp-sandbox/../../../tmp".into()], ..honest.clone() },
+            Record { cgroups: vec!["/sys/fs/cgroup/acp-sandbox/s/../../../tmp".into()], ..honest.clone() },
+            Record { cgroups: vec!["/sys/fs/cgroup/acp-sandbox/s".into()], ..honest.clone() },
         ];
         for forged in forgeries {
             write(run.path(), &forged).unwrap();
